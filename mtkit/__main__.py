@@ -1,0 +1,3 @@
+from mtkit.cli import app
+
+app(prog_name="mtkit")

@@ -1,0 +1,327 @@
+"""Typed experiment configuration: frozen dataclasses, YAML loading, dotted overrides.
+
+YAML is only the serialization of `Config`. Loading rejects unknown keys, wrong types
+and out-of-range values with a `ConfigError` whose one-line message names the file, the
+dotted key and, for a typo, the nearest valid key:
+
+    config error: configs/multi30k.yaml: model.dmodel is not a key; did you mean model.d_model?
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from mtkit.atomic import write_atomic
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or a `--set` override (one line)."""
+
+
+def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
+    """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """One split of parallel data. Give exactly one of: `src`+`tgt` (two line-aligned
+    text files, plain or .gz), `path` (TSV, JSONL or Parquet with columns `src_col` and
+    `tgt_col`, or a `translation` dict column), or `hub` (a dataset name or a local
+    dataset folder for `datasets.load_dataset`, with `hub_config` and `split`)."""
+
+    src: str = ""
+    tgt: str = ""
+    path: str = ""
+    hub: str = ""
+    hub_config: str = ""
+    split: str = "train"
+    src_col: str = "src"
+    tgt_col: str = "tgt"
+
+    @property
+    def given(self) -> bool:
+        return bool(self.src or self.tgt or self.path or self.hub)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: CorpusConfig = CorpusConfig()
+    valid: CorpusConfig = CorpusConfig(split="validation")
+    test: CorpusConfig = CorpusConfig(split="test")
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # Cleaning (train only, except that empty pairs are dropped everywhere).
+    max_len: int = field(default=256, metadata=_range(1))  # subword tokens per side
+    min_len: int = field(default=1, metadata=_range(1))
+    max_len_ratio: float = field(default=3.0, metadata=_range(1.0))  # 0 would mean no limit
+    dedup: bool = False
+    workers: int = field(default=2, metadata=_range(1, 256))  # encoding processes
+    loader_workers: int = field(default=1, metadata=_range(0, 64))  # DataLoader workers
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    vocab_size: int = field(default=8000, metadata=_range(8))
+    joint: bool = True  # one model for both languages; False trains spm.src / spm.tgt
+    character_coverage: float = field(default=1.0, metadata=_range(0.9, 1.0))
+    input_sentence_size: int = field(default=2_000_000, metadata=_range(0))  # 0 = all
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    encoder_layers: int = field(default=6, metadata=_range(1, 64))
+    decoder_layers: int = field(default=6, metadata=_range(1, 64))
+    d_model: int = field(default=512, metadata=_range(2))
+    heads: int = field(default=8, metadata=_range(1))
+    ffn_dim: int = field(default=2048, metadata=_range(1))
+    dropout: float = field(default=0.1, metadata=_range(0.0, 0.9))
+    attention_dropout: float = field(default=0.0, metadata=_range(0.0, 0.9))
+    activation: Literal["relu", "gelu"] = "relu"
+    # The paper applies LayerNorm after each residual ("post"); "pre" is the common,
+    # more stable departure (norm first, one final LayerNorm per stack).
+    norm: Literal["post", "pre"] = "post"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = field(default=1024, metadata=_range(8))
+    share_embeddings: bool = True  # one embedding for source, target and output
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_tokens: int = field(default=4096, metadata=_range(16))
+    update_freq: int = field(default=1, metadata=_range(1))
+    lr: float = field(default=7e-4, metadata=_range(0.0, 10.0, lo_open=True))
+    warmup_steps: int = field(default=4000, metadata=_range(0))
+    label_smoothing: float = field(default=0.1, metadata=_range(0.0, 0.99))
+    weight_decay: float = field(default=0.0, metadata=_range(0.0))
+    clip_norm: float = field(default=1.0, metadata=_range(0.0))  # 0 = no clipping
+    max_steps: int = field(default=0, metadata=_range(0))
+    max_epochs: int = field(default=0, metadata=_range(0))
+    max_time: float = field(default=0, metadata=_range(0))  # seconds
+    valid_every: int = field(default=500, metadata=_range(1))
+    patience: int = field(default=10, metadata=_range(0))  # 0 = never stop early
+    keep_last: int = field(default=5, metadata=_range(0))
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    log_every: int = field(default=100, metadata=_range(1))
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    beam: int = field(default=5, metadata=_range(1, 256))
+    lenpen: float = field(default=0.6, metadata=_range(0.0))
+    max_len_a: float = field(default=1.2, metadata=_range(0.0))
+    max_len_b: int = field(default=10, metadata=_range(0))
+    batch_tokens: int = field(default=8000, metadata=_range(16))
+
+
+@dataclass(frozen=True)
+class Config:
+    run_dir: str = "runs/default"
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    decode: DecodeConfig = DecodeConfig()
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)
+
+
+# --- building from plain data -------------------------------------------------------
+
+
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _convert(value: Any, tp, key: str, where: str) -> Any:
+    """Check (and for numbers, widen) one leaf value against its annotated type."""
+    bad = ConfigError(f"{where}{key} must be {_describe(tp)}, got {value!r}")
+    if typing.get_origin(tp) is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise TypeError(f"unsupported config type {tp}")  # a bug in this module
+
+
+def _check_range(value, meta, key: str, where: str) -> None:
+    lo, hi, lo_open = meta.get("lo"), meta.get("hi"), meta.get("lo_open", False)
+    if lo is None and hi is None:
+        return
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    too_high = hi is not None and value > hi
+    if too_low or too_high:
+        left = "(" if lo_open else "["
+        span = f"{left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise ConfigError(f"{where}{key} must be in {span}, got {value!r}")
+
+
+def _build(cls, data: Any, prefix: str, where: str):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}{prefix.rstrip('.') or 'config'} must be a mapping, "
+                          f"got {data!r}")
+    types_ = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            valid = [f"{prefix}{n}" for n in fields]
+            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
+            hint = (f"did you mean {prefix}{close[0]}?" if close
+                    else "valid keys: " + ", ".join(valid))
+            raise ConfigError(f"{where}{key} is not a key; {hint}")
+        tp = types_[name]
+        if dataclasses.is_dataclass(tp):
+            default = fields[name].default
+            base = dataclasses.asdict(default) if default is not dataclasses.MISSING else {}
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{where}{key} must be a mapping, got {value!r}")
+            kwargs[name] = _build(tp, {**base, **(value or {})}, key + ".", where)
+        else:
+            converted = _convert(value, tp, key, where)
+            _check_range(converted, fields[name].metadata, key, where)
+            kwargs[name] = converted
+    return cls(**kwargs)
+
+
+def _check_consistency(cfg: Config, where: str) -> None:
+    m = cfg.model
+    if m.d_model % m.heads:
+        raise ConfigError(f"{where}model.d_model ({m.d_model}) must be divisible by "
+                          f"model.heads ({m.heads})")
+    if m.share_embeddings and not cfg.tokenizer.joint:
+        raise ConfigError(f"{where}model.share_embeddings needs tokenizer.joint: true")
+    for split in ("train", "valid", "test"):
+        c: CorpusConfig = getattr(cfg.data, split)
+        kinds = [bool(c.src or c.tgt), bool(c.path), bool(c.hub)]
+        if sum(kinds) > 1:
+            raise ConfigError(f"{where}data.{split} must give only one of src/tgt, path, hub")
+        if bool(c.src) != bool(c.tgt):
+            raise ConfigError(f"{where}data.{split} needs both src and tgt files")
+
+
+def config_from_dict(data: dict, where: str = "") -> Config:
+    """Build and validate a `Config`; `where` prefixes every error (e.g. the file name)."""
+    prefix = f"{where}: " if where else ""
+    cfg = _build(Config, data, "", prefix)
+    _check_consistency(cfg, prefix)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`model.d_model=512` -> (["model", "d_model"], 512). Values are read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
+    """Return a copy of the plain config dict with dotted overrides applied."""
+    out = _deep_copy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_copy(d: Any) -> Any:
+    return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] = ()) -> Config:
+    """Read a YAML config (or start from defaults when `path` is None) and apply `--set`s."""
+    data: dict = {}
+    where = str(path) if path is not None else "--set"
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read config: {e}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" (line {mark.line + 1})" if mark else ""
+            raise ConfigError(f"{path}: invalid YAML{line}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return config_from_dict(apply_overrides(data, overrides), where)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config atomically (RUN/config.yaml)."""
+    write_atomic(Path(path), dump_config(cfg).encode("utf-8"))

@@ -1,0 +1,149 @@
+"""SentencePiece training and the `Vocab` wrapper. The special ids are fixed here, once."""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from mtkit.atomic import write_atomic
+from mtkit.config import Config, TokenizerConfig, save_config
+from mtkit.data.sources import DataError, clean_pairs, load_pairs
+
+log = logging.getLogger(__name__)
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class TokenizerError(ValueError):
+    """The corpus cannot give the requested vocabulary (one line)."""
+
+
+class Vocab:
+    """A SentencePiece model with mtkit's fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+
+    pad, unk, bos, eos = PAD, UNK, BOS, EOS
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = bytes(model_proto)
+        self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+        if ids != (PAD, UNK, BOS, EOS):
+            raise TokenizerError(f"SentencePiece model has special ids {ids}, mtkit needs "
+                                 f"pad=0 unk=1 bos=2 eos=3; retrain it with `mtkit tokenizer`")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        return cls(Path(path).read_bytes())
+
+    def __len__(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """Sentences -> subword ids, without bos/eos (the batch adds those)."""
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def encode_pieces(self, text: str) -> list[str]:
+        return self._sp.encode(text, out_type=str)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> detokenized text; special ids are dropped, decoding stops at eos."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS:
+                break
+            if i > EOS:
+                out.append(i)
+        return self._sp.decode(out)
+
+    def piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+
+def vocab_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
+    """Where the source and target models live: one file when joint, two otherwise."""
+    if joint:
+        return run_dir / "spm.model", run_dir / "spm.model"
+    return run_dir / "spm.src.model", run_dir / "spm.tgt.model"
+
+
+def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes:
+    """Train one SentencePiece model on `sentences`; returns the serialized model."""
+    lines = [s for s in sentences if s]
+    if not lines:
+        raise TokenizerError("no text to train the tokenizer on")
+    if cfg.input_sentence_size and len(lines) > cfg.input_sentence_size:
+        # Sample here rather than in SentencePiece so the choice follows our seed.
+        lines = random.Random(cfg.seed).sample(lines, cfg.input_sentence_size)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_writer=model,
+            model_type=cfg.model_type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            max_sentence_length=1 << 16,
+            num_threads=2,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        # e.g. "Vocabulary size too high (8000). Please set it to a value <= 1234."
+        reason = str(e).strip().splitlines()[-1]
+        raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} cannot be trained on "
+                             f"{len(lines)} sentences: {reason}") from None
+    return model.getvalue()
+
+
+def write_vocab_files(model_proto: bytes, model_path: Path) -> None:
+    """Write `x.model` and the human-readable `x.vocab` (piece<TAB>score) atomically."""
+    sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    rows = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(len(sp)))
+    write_atomic(model_path.with_suffix(".vocab"), rows.encode("utf-8"))
+    write_atomic(model_path, model_proto)
+
+
+def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig,
+                    run_dir: Path) -> list[Path]:
+    """Train the joint model (or one per side) and write it into the run directory."""
+    src_path, tgt_path = vocab_paths(run_dir, cfg.joint)
+    if cfg.joint:
+        jobs = [(src_path, list(src) + list(tgt))]
+    else:
+        jobs = [(src_path, list(src)), (tgt_path, list(tgt))]
+    protos = [(path, train_sentencepiece(text, cfg)) for path, text in jobs]
+    for path, proto in protos:  # write only once every model trained
+        write_vocab_files(proto, path)
+        log.info("wrote %s (%d pieces)", path, len(Vocab(proto)))
+    return [path for path, _ in protos]
+
+
+def load_vocabs(run_dir: Path, joint: bool) -> tuple[Vocab, Vocab]:
+    """The source and target vocabularies of a run (the same object when joint)."""
+    src_path, tgt_path = vocab_paths(run_dir, joint)
+    for p in {src_path, tgt_path}:
+        if not p.exists():
+            raise FileNotFoundError(f"{p} not found; run `mtkit tokenizer` first")
+    src = Vocab.load(src_path)
+    return src, (src if joint else Vocab.load(tgt_path))
+
+
+def build_tokenizer(cfg: Config) -> list[Path]:
+    """The `mtkit tokenizer` stage: read and clean the training pairs, train, write
+    RUN/spm.model (or spm.src/spm.tgt) and RUN/config.yaml."""
+    if not cfg.data.train.given:
+        raise DataError("data.train is not set")
+    run = cfg.run_path
+    pairs = clean_pairs(load_pairs(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang,
+                                   run / "cache"))
+    if not len(pairs):
+        raise DataError(f"{pairs.origin}: no pairs left after cleaning ({pairs.report})")
+    paths = train_tokenizer(pairs.src, pairs.tgt, cfg.tokenizer, run)
+    save_config(cfg, run / "config.yaml")
+    return paths

@@ -1,0 +1,64 @@
+"""Shared fixtures: small slices of the embedded Multi30k corpus, written to tmp dirs."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from mtkit.config import config_from_dict
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
+
+
+def read_lines(name: str, n: int | None = None) -> list[str]:
+    with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:n] if n else lines
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """2,000 training pairs, 100 valid and 100 test pairs of Multi30k en-de."""
+    root = tmp_path_factory.mktemp("corpus")
+    out = {}
+    for split, name, n in (("train", "train", 2000), ("valid", "val", 100),
+                           ("test", "test2016", 100)):
+        for lang in ("en", "de"):
+            out[f"{split}.{lang}"] = write_lines(root / f"{split}.{lang}",
+                                                 read_lines(f"{name}.{lang}.gz", n))
+    return out
+
+
+def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict:
+    """A config for a tiny model on the corpus slice; `sections` override whole keys."""
+    data = {
+        "run_dir": str(run_dir),
+        "data": {
+            "train": {"src": str(corpus["train.en"]), "tgt": str(corpus["train.de"])},
+            "valid": {"src": str(corpus["valid.en"]), "tgt": str(corpus["valid.de"])},
+            "test": {"src": str(corpus["test.en"]), "tgt": str(corpus["test.de"])},
+            "workers": 1,
+        },
+        "tokenizer": {"vocab_size": 500},
+        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
+                  "ffn_dim": 32, "dropout": 0.0},
+        "train": {"max_tokens": 512, "warmup_steps": 10, "lr": 0.005, "max_steps": 20,
+                  "valid_every": 10, "device": "cpu", "precision": "fp32"},
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return data
+
+
+@pytest.fixture
+def tiny_config(corpus, tmp_path):
+    return config_from_dict(tiny_config_dict(corpus, tmp_path / "run"))
