@@ -33,10 +33,13 @@ SetOpt = Annotated[
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from mtkit.checkpoint import CheckpointError
     from mtkit.data.sources import DataError
     from mtkit.tokenizer import TokenizerError
+    from mtkit.train import TrainError
 
-    return (ConfigError, DataError, TokenizerError, FileNotFoundError)
+    return (ConfigError, DataError, TokenizerError, CheckpointError, TrainError,
+            FileNotFoundError)
 
 
 @contextmanager
@@ -101,9 +104,15 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None) -> None:
 def train(config: ConfigOpt, set_: SetOpt = None,
           resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints.")] = True
           ) -> None:
-    """Train the Transformer (RUN/checkpoints/)."""
-    _config(config, set_)
-    _not_built("train", 3)
+    """Train the Transformer (RUN/checkpoints/); resumes from RUN/checkpoints/last.pt."""
+    from mtkit.train import train as run_training
+
+    cfg = _config(config, set_)
+    with _reported():
+        result = run_training(cfg, resume=resume)
+    typer.echo(f"stopped at step {result.step} ({result.stopped_because}); best valid BLEU "
+               f"{result.best_bleu:.2f}; checkpoints in {result.run_dir / 'checkpoints'}",
+               err=True)
 
 
 @app.command()

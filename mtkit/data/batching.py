@@ -146,10 +146,12 @@ class TokenBatchSampler(Sampler[list[int]]):
 
 
 def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
-                pin_memory: bool = False) -> DataLoader:
-    """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches."""
+                pin_memory: bool = False, generator: torch.Generator | None = None
+                ) -> DataLoader:
+    """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches. Pass a
+    `generator` to keep the loader from drawing on the global RNG (exact resume)."""
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=False)
+                      pin_memory=pin_memory, persistent_workers=False, generator=generator)
 
 
 def padding_share(batches: Sequence[np.ndarray], src_lengths: np.ndarray,

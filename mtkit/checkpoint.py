@@ -1,0 +1,149 @@
+"""Checkpoints: atomic save, safe load, keep-last-N, best, averaging (I/O).
+
+A checkpoint is one self-contained file, a dict of plain values and tensors:
+
+    format        "mtkit-checkpoint-1"
+    config        the resolved `Config` as a plain dict
+    vocab         {"src": bytes, "tgt": bytes}: the SentencePiece models
+    model         the model's state_dict
+    train         (training checkpoints) optimizer state, RNG states, step, epoch,
+                  position in the epoch, best score, patience counter, elapsed time
+
+It is written to a temporary file, fsynced and renamed into place, and read with
+`torch.load(weights_only=True)`: loading a checkpoint never runs code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT = "mtkit-checkpoint-1"
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A missing, corrupt or foreign checkpoint (one line)."""
+
+
+def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    """Write atomically: temporary file in the same folder, fsync, `os.replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint onto the CPU without executing code; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
+            ValueError, KeyError, AttributeError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated, corrupt or "
+                              f"not made by mtkit: {first[:120]})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not an mtkit checkpoint")
+    return payload
+
+
+def _link_atomic(src: Path, dst: Path) -> None:
+    """Make dst name the same file as src (hard link, else copy), atomically."""
+    tmp = dst.with_name(f".{dst.name}.link")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:  # file systems without hard links
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """`step_<N>.pt` files in a folder, oldest first."""
+    found = []
+    for p in Path(folder).glob("step_*.pt"):
+        m = _STEP_FILE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def write_training_checkpoint(payload: dict[str, Any], folder: Path, step: int,
+                              is_best: bool, keep_last: int) -> Path:
+    """Save `step_<step>.pt`, point `last.pt` (and `best.pt` if best) at it, and delete
+    step files beyond the newest `keep_last` (0 keeps only last.pt / best.pt)."""
+    folder = Path(folder)
+    step_path = folder / f"step_{step}.pt"
+    save_checkpoint(payload, step_path)
+    _link_atomic(step_path, folder / "last.pt")
+    if is_best:
+        _link_atomic(step_path, folder / "best.pt")
+    steps = step_checkpoints(folder)
+    for _, old in steps[: max(len(steps) - keep_last, 0)]:
+        old.unlink()
+    return step_path
+
+
+def find_resumable(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable training checkpoint: last.pt, else step files newest first.
+    Unreadable ones are reported and skipped. None when there is none at all."""
+    folder = Path(folder)
+    candidates = [folder / "last.pt"] + [p for _, p in reversed(step_checkpoints(folder))]
+    for path in candidates:
+        if not path.exists():
+            continue
+        try:
+            payload = load_checkpoint(path)
+        except CheckpointError as e:
+            log.warning("skipping %s", e)
+            continue
+        if "train" in payload:
+            return path, payload
+    return None
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """Element-wise mean of the model weights of several checkpoints of one model.
+
+    Returns an inference checkpoint (no training state) with the first one's config and
+    vocabulary."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    first = load_checkpoint(paths[0])
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    for path in paths[1:]:
+        model = load_checkpoint(path)["model"]
+        if model.keys() != total.keys() or any(model[k].shape != total[k].shape for k in total):
+            raise CheckpointError(f"{path}: weights do not match {paths[0]}; "
+                                  f"only checkpoints of one model can be averaged")
+        for k, v in model.items():
+            if v.is_floating_point():
+                total[k] += v.double()
+    dtypes = {k: v.dtype for k, v in first["model"].items()}
+    averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
+                for k, v in total.items()}
+    return {"config": first["config"], "vocab": first["vocab"], "model": averaged,
+            "averaged_from": [str(p) for p in paths]}

@@ -1,0 +1,298 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), batch-first.
+
+    memory, src_mask = model.encode(src)                        # (B, S, D), (B, S)
+    logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  training
+    logits, state = model.decode_step(token, memory, src_mask, state)   # (B, V) inference
+
+Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
+`norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
+gelu`, `positions: learned`. The model knows nothing of decoding; that is `search.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtkit.config import ModelConfig
+from mtkit.tokenizer import PAD
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...): (length, D)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+                     * (-math.log(10000.0) / d_model))  # (D/2,)
+    table = torch.zeros(length, d_model)  # (L, D)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(D), plus positions, then dropout."""
+
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model)
+        if cfg.positions == "learned":
+            self.learned = nn.Embedding(cfg.max_positions, cfg.d_model)
+            nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
+        else:
+            self.learned = None
+            table = sinusoidal_positions(cfg.max_positions, cfg.d_model)
+            self.register_buffer("sinusoidal", table, persistent=False)
+        self.max_positions = cfg.max_positions
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, L) at positions start..start+L-1 -> (B, L, D)."""
+        length = ids.size(1)
+        if start + length > self.max_positions:
+            raise ValueError(f"sequence of {start + length} tokens exceeds "
+                             f"model.max_positions={self.max_positions}")
+        x = self.tokens(ids) * self.scale  # (B, L, D)
+        if self.learned is not None:
+            pos = self.learned.weight[start : start + length]  # (L, D)
+        else:
+            pos = self.sinusoidal[start : start + length]  # (L, D)
+        return self.dropout(x + pos.to(x.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over H heads via `F.scaled_dot_product_attention`."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, d_model // heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, K)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of x (B, S, D), split into heads: 2 x (B, H, S, K)."""
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               causal: bool = False) -> Tensor:
+        """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
+        (B, H, T, S), True = may attend. Returns (B, T, D)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, T, K)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, K)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
+        return self.out_proj(out)
+
+    def forward(self, x: Tensor, context: Tensor, mask: Tensor | None = None,
+                causal: bool = False) -> Tensor:
+        k, v = self.project_kv(context)
+        return self.attend(x, k, v, mask, causal)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(D, F) -> ReLU (or GELU) -> Linear(F, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inner = nn.Linear(cfg.d_model, cfg.ffn_dim)
+        self.outer = nn.Linear(cfg.ffn_dim, cfg.d_model)
+        self.activation = F.gelu if cfg.activation == "gelu" else F.relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.outer(self.activation(self.inner(x)))  # (B, L, F) -> (B, L, D)
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer f with dropout and LayerNorm: post-norm
+    LN(x + drop(f(x))) as in the paper, or pre-norm x + drop(f(LN(x))).
+
+    Used as `after(x, f(before(x)))`, so that f may also return other values."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.norm == "pre"
+
+    def before(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def after(self, x: Tensor, out: Tensor) -> Tensor:
+        x = x + self.dropout(out)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg)
+        self.attn_block, self.ffn_block = Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D)."""
+        h = self.attn_block.before(x)
+        x = self.attn_block.after(x, self.self_attn(h, h, mask))
+        return self.ffn_block.after(x, self.ffn(self.ffn_block.before(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = (Sublayer(cfg), Sublayer(cfg),
+                                                             Sublayer(cfg))
+
+    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
+                past_kv: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """y (B, T, D): new target positions; memory_kv: cross-attention keys/values
+        (B, H, S, K); mask (B, 1, 1, S); past_kv: self-attention keys/values of the
+        positions before y (B, H, t, K), or None. Returns the output (B, T, D) and the
+        self-attention keys/values of all positions so far (B, H, t+T, K)."""
+        h = self.self_block.before(y)
+        k, v = self.self_attn.project_kv(h)  # (B, H, T, K)
+        if past_kv is not None:
+            k = torch.cat([past_kv[0], k], dim=2)  # (B, H, t+T, K)
+            v = torch.cat([past_kv[1], v], dim=2)  # (B, H, t+T, K)
+        # Without a cache the T positions attend causally; with one, the single new
+        # position sees all earlier ones. Targets are right-padded, so no pad key lies
+        # before a real query and no padding mask is needed.
+        causal = past_kv is None and y.size(1) > 1
+        y = self.self_block.after(y, self.self_attn.attend(h, k, v, causal=causal))
+        h = self.cross_block.before(y)
+        y = self.cross_block.after(y, self.cross_attn.attend(h, *memory_kv, mask))
+        return self.ffn_block.after(y, self.ffn(self.ffn_block.before(y))), (k, v)
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """Everything `decode_step` carries between steps, one entry per decoder layer:
+    self-attention keys/values of the tokens so far (B, H, t, K), and cross-attention
+    keys/values of the source, computed once (B, H, S, K)."""
+
+    self_k: tuple[Tensor, ...]
+    self_v: tuple[Tensor, ...]
+    cross_k: tuple[Tensor, ...]
+    cross_v: tuple[Tensor, ...]
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        return self.self_k[0].size(2)
+
+    def index_select(self, index: Tensor) -> DecoderState:
+        """Reorder (or subset) the batch rows: beam search calls this once per step."""
+        pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
+        return DecoderState(pick(self.self_k), pick(self.self_v),
+                            pick(self.cross_k), pick(self.cross_v))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("shared embeddings need one vocabulary for both sides")
+        self.cfg = cfg
+        tgt_tokens = nn.Embedding(tgt_vocab_size, cfg.d_model, padding_idx=PAD)
+        src_tokens = (tgt_tokens if cfg.share_embeddings
+                      else nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=PAD))
+        self.src_embed = Embedding(src_tokens, cfg)
+        self.tgt_embed = Embedding(tgt_tokens, cfg)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm ones do not
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection, tied to the target embedding: (V, D)."""
+        return self.tgt_embed.tokens.weight
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_mask (B, S) (True at real tokens)."""
+        src_mask = src != PAD  # (B, S)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        x = self.src_embed(src)  # (B, S, D)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        return self.encoder_norm(x), src_mask
+
+    def cross_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Each decoder layer's cross-attention keys and values: per layer (B, H, S, K)."""
+        kvs = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+
+    def project(self, y: Tensor) -> Tensor:
+        return F.linear(self.decoder_norm(y), self.output_weight)  # (..., V)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V)."""
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = self.tgt_embed(tgt_in)  # (B, T, D)
+        for layer in self.decoder_layers:
+            y, _ = layer(y, layer.cross_attn.project_kv(memory), attn_mask)
+        return self.project(y)  # (B, T, V)
+
+    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
+                    state: DecoderState | None = None) -> tuple[Tensor, DecoderState]:
+        """One step: token (B,) is the last target token (bos first); returns the next
+        token's logits (B, V) and the state grown by one position."""
+        if state is None:
+            cross_k, cross_v = self.cross_kv(memory)
+            start = 0
+        else:
+            cross_k, cross_v = state.cross_k, state.cross_v
+            start = state.length
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = self.tgt_embed(token[:, None], start=start)  # (B, 1, D)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            past = None if state is None else (state.self_k[i], state.self_v[i])
+            y, (k, v) = layer(y, (cross_k[i], cross_v[i]), attn_mask, past)  # (B, 1, D)
+            new_k.append(k)  # (B, H, t+1, K)
+            new_v.append(v)
+        logits = self.project(y[:, 0])  # (B, V)
+        return logits, DecoderState(tuple(new_k), tuple(new_v), cross_k, cross_v)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, shared tensors counted once."""
+    return sum(p.numel() for p in model.parameters())

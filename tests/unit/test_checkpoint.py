@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from mtkit.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    find_resumable,
+    load_checkpoint,
+    save_checkpoint,
+    write_training_checkpoint,
+)
+
+
+def payload(value: float, train: bool = True) -> dict:
+    out = {"config": {"model": {}}, "vocab": {"src": b"s", "tgt": b"t"},
+           "model": {"w": torch.full((2, 3), value), "n": torch.tensor([7])}}
+    if train:
+        out["train"] = {"progress": {"step": int(value)}}
+    return out
+
+
+def test_save_then_load_round_trips_and_leaves_no_temporary_files(tmp_path):
+    save_checkpoint(payload(1.0), tmp_path / "a.pt")
+    loaded = load_checkpoint(tmp_path / "a.pt")
+    assert torch.equal(loaded["model"]["w"], torch.ones(2, 3)) and loaded["vocab"]["src"] == b"s"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
+
+
+def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
+    save_checkpoint(payload(1.0), tmp_path / "a.pt")
+    data = (tmp_path / "a.pt").read_bytes()
+    (tmp_path / "a.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"a.pt: not a readable checkpoint") as e:
+        load_checkpoint(tmp_path / "a.pt")
+    assert "\n" not in str(e.value)
+
+
+def test_foreign_and_missing_files_are_rejected(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"not an mtkit checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint"):
+        load_checkpoint(tmp_path / "text.pt")
+    with pytest.raises(CheckpointError, match=r"no such checkpoint"):
+        load_checkpoint(tmp_path / "none.pt")
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {Exploit.marker}",))
+
+
+def test_loading_never_runs_code(tmp_path):
+    Exploit.marker = tmp_path / "pwned"
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"format": "mtkit-checkpoint-1", "x": Exploit()}, f)
+    torch.save({"format": "mtkit-checkpoint-1", "x": Exploit()}, tmp_path / "evil2.pt")
+    for name in ("evil.pt", "evil2.pt"):
+        with pytest.raises(CheckpointError):
+            load_checkpoint(tmp_path / name)
+    assert not Exploit.marker.exists()
+
+
+def test_keep_last_and_best_links(tmp_path):
+    for step in (10, 20, 30, 40):
+        write_training_checkpoint(payload(step), tmp_path, step, is_best=step == 20, keep_last=2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["best.pt", "last.pt", "step_30.pt", "step_40.pt"]
+    assert load_checkpoint(tmp_path / "best.pt")["train"]["progress"]["step"] == 20
+    assert load_checkpoint(tmp_path / "last.pt")["train"]["progress"]["step"] == 40
+
+
+def test_resume_falls_back_to_the_newest_valid_checkpoint(tmp_path):
+    for step in (10, 20):
+        write_training_checkpoint(payload(step), tmp_path, step, is_best=False, keep_last=5)
+    os.unlink(tmp_path / "last.pt")  # a half-written last.pt replaces the link
+    (tmp_path / "last.pt").write_bytes((tmp_path / "step_20.pt").read_bytes()[:100])
+    (tmp_path / "step_20.pt").write_bytes(b"garbage")
+    path, loaded = find_resumable(tmp_path)
+    assert path.name == "step_10.pt" and loaded["train"]["progress"]["step"] == 10
+    assert find_resumable(tmp_path / "empty") is None
+
+
+def test_average_is_the_element_wise_mean(tmp_path):
+    save_checkpoint(payload(1.0), tmp_path / "a.pt")
+    save_checkpoint(payload(4.0), tmp_path / "b.pt")
+    avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
+    assert torch.equal(avg["model"]["w"], torch.full((2, 3), 2.5))
+    assert torch.equal(avg["model"]["n"], torch.tensor([7])) and "train" not in avg
+    other = payload(1.0)
+    other["model"]["w"] = torch.zeros(3, 3)
+    save_checkpoint(other, tmp_path / "c.pt")
+    with pytest.raises(CheckpointError, match=r"weights do not match"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "c.pt"])

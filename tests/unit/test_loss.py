@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtkit.loss import label_smoothed_nll
+
+
+def test_hand_computed_example():
+    # Two classes plus pad (id 0); uniform logits -> every class has p = 1/3.
+    logits = torch.zeros(1, 2, 3)
+    target = torch.tensor([[1, 0]])  # second position is padding
+    out = label_smoothed_nll(logits, target, eps=0.3)
+    assert out.tokens == 1
+    assert out.nll.item() == pytest.approx(math.log(3))
+    # (1 - eps) * log 3 + eps * mean(log 3, log 3, log 3) = log 3
+    assert out.loss.item() == pytest.approx(math.log(3))
+    logits = torch.tensor([[[0.0, math.log(3.0), 0.0]]])  # p = (0.2, 0.6, 0.2)
+    out = label_smoothed_nll(logits, torch.tensor([[1]]), eps=0.3)
+    expected = 0.7 * -math.log(0.6) + 0.3 * (-(math.log(0.2) * 2 + math.log(0.6)) / 3)
+    assert out.loss.item() == pytest.approx(expected)
+    assert out.nll.item() == pytest.approx(-math.log(0.6))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.25])
+def test_agrees_with_torch_cross_entropy(eps):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 7, 11)
+    target = torch.randint(1, 11, (4, 7))
+    target[0, 5:] = 0
+    target[2, 3:] = 0
+    ours = label_smoothed_nll(logits, target, eps)
+    ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0,
+                          label_smoothing=eps, reduction="sum")
+    assert ours.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    nll = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    assert ours.nll.item() == pytest.approx(nll.item(), rel=1e-5)
+    assert ours.tokens == int((target != 0).sum())
+
+
+def test_padding_positions_get_no_gradient():
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    target = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    label_smoothed_nll(logits, target).loss.backward()
+    assert logits.grad[0, 2].abs().sum() == 0 and logits.grad[1, 1:].abs().sum() == 0
+    assert logits.grad[0, 0].abs().sum() > 0

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtkit.config import ModelConfig
+from mtkit.model import DecoderState, build_model, count_parameters, sinusoidal_positions
+from mtkit.tokenizer import PAD
+
+V = 40
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(encoder_layers=2, decoder_layers=2, d_model=16, heads=4, ffn_dim=32,
+                dropout=0.0, max_positions=64)
+    return ModelConfig(**{**base, **kw})
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (3, 7), generator=g)
+    src[1, 4:] = PAD
+    src[2, 6:] = PAD
+    tgt = torch.randint(4, V, (3, 6), generator=g)
+    return src, tgt
+
+
+def closed_form_count(cfg: ModelConfig, vocab: int) -> int:
+    d, f = cfg.d_model, cfg.ffn_dim
+    attention = 4 * (d * d + d)  # Q, K, V, output projections with biases
+    ffn = d * f + f + f * d + d
+    norm = 2 * d
+    encoder = cfg.encoder_layers * (attention + ffn + 2 * norm)
+    decoder = cfg.decoder_layers * (2 * attention + ffn + 3 * norm)
+    final_norms = 2 * norm if cfg.norm == "pre" else 0
+    return vocab * d + encoder + decoder + final_norms  # one embedding, tied to the output
+
+
+def test_base_model_parameter_count_matches_the_closed_form():
+    base = ModelConfig()  # the paper's base: 6+6 layers, d 512, 8 heads, FFN 2048
+    model = build_model(base, 37000, 37000)
+    assert count_parameters(model) == closed_form_count(base, 37000) == 63_082_496
+    pre = ModelConfig(norm="pre", encoder_layers=1, decoder_layers=1)
+    assert count_parameters(build_model(pre, 100, 100)) == closed_form_count(pre, 100)
+
+
+def test_separate_embeddings_when_not_shared():
+    cfg = tiny(share_embeddings=False)
+    model = build_model(cfg, 30, 50)
+    shared = closed_form_count(cfg, 50)
+    assert count_parameters(model) == shared + 30 * cfg.d_model
+    assert model.output_weight is model.tgt_embed.tokens.weight
+
+
+def test_padded_source_positions_receive_zero_attention():
+    model = build_model(tiny(), V, V).eval()
+    src, tgt = batch()
+    memory, mask = model.encode(src)
+    logits = model.decode(tgt, memory, mask)
+    noisy = memory.clone()
+    noisy[~mask] = torch.randn(int((~mask).sum()), 16) * 100  # garbage at pad positions
+    assert torch.allclose(model.decode(tgt, noisy, mask), logits, atol=1e-6)
+    # Encoder: extra padding changes nothing at real positions.
+    longer = torch.cat([src, torch.full((3, 5), PAD)], dim=1)
+    memory2, _ = model.encode(longer)
+    assert torch.allclose(memory2[:, :7][mask], memory[mask], atol=1e-5)
+
+
+def test_decoder_is_causal():
+    model = build_model(tiny(), V, V).eval()
+    src, tgt = batch()
+    memory, mask = model.encode(src)
+    logits = model.decode(tgt, memory, mask)
+    changed = tgt.clone()
+    changed[:, 3:] = torch.randint(4, V, (3, 3))
+    other = model.decode(changed, memory, mask)
+    assert torch.allclose(other[:, :3], logits[:, :3], atol=1e-6)
+    assert not torch.allclose(other[:, 3:], logits[:, 3:])
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}, {"positions": "learned"},
+                                {"activation": "gelu", "share_embeddings": False}])
+def test_decode_step_matches_full_decode(kw):
+    torch.manual_seed(0)
+    model = build_model(tiny(**kw), V, V).eval()
+    src, tgt = batch(1)
+    memory, mask = model.encode(src)
+    full = model.decode(tgt, memory, mask)  # (B, T, V)
+    state = None
+    for t in range(tgt.size(1)):
+        step_logits, state = model.decode_step(tgt[:, t], memory, mask, state)
+        assert torch.allclose(step_logits, full[:, t], atol=1e-5), t
+    assert isinstance(state, DecoderState) and state.length == tgt.size(1)
+
+
+def test_state_index_select_reorders_rows():
+    model = build_model(tiny(), V, V).eval()
+    src, tgt = batch()
+    memory, mask = model.encode(src)
+    _, state = model.decode_step(tgt[:, 0], memory, mask)
+    order = torch.tensor([2, 0, 0])
+    picked = state.index_select(order)
+    assert torch.equal(picked.self_k[1], state.self_k[1][order])
+    assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
+    logits, _ = model.decode_step(tgt[order, 1], memory[order], mask[order], picked)
+    reference, _ = model.decode_step(tgt[:, 1], memory, mask, state)
+    assert torch.allclose(logits, reference[order], atol=1e-6)
+
+
+def test_sinusoidal_table_follows_the_paper():
+    table = sinusoidal_positions(10, 8)
+    assert table.shape == (10, 8)
+    assert table[3, 0].item() == pytest.approx(torch.sin(torch.tensor(3.0)).item())
+    assert table[3, 1].item() == pytest.approx(torch.cos(torch.tensor(3.0)).item())
+    assert table[5, 2].item() == pytest.approx(torch.sin(torch.tensor(5 / 10000 ** (2 / 8))).item())
+
+
+def test_embeddings_are_scaled_and_too_long_input_is_an_error():
+    model = build_model(tiny(positions="learned"), V, V).eval()
+    ids = torch.tensor([[5, 6]])
+    with torch.no_grad():
+        model.src_embed.learned.weight.zero_()
+    expected = model.src_embed.tokens(ids) * 4.0  # sqrt(16)
+    assert torch.allclose(model.src_embed(ids), expected)
+    with pytest.raises(ValueError, match=r"exceeds model.max_positions=64"):
+        model.encode(torch.full((1, 65), 5))
+
+
+def test_gradients_reach_every_parameter():
+    model = build_model(tiny(dropout=0.1), V, V)
+    src, tgt = batch()
+    model(src, tgt).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing

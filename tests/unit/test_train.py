@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import tiny_config_dict
+from mtkit.checkpoint import load_checkpoint
+from mtkit.config import config_from_dict
+from mtkit.data.shards import preprocess
+from mtkit.tokenizer import build_tokenizer
+from mtkit.train import TrainError, inverse_sqrt_lr, resolve_device, resolve_precision, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    """A run directory with tokenizer and shards, copied by each test."""
+    run = tmp_path_factory.mktemp("prepared") / "run"
+    cfg = config_from_dict(tiny_config_dict(corpus, run))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    return run
+
+
+def fresh(prepared: Path, tmp_path: Path, corpus, **train) -> tuple:
+    run = tmp_path / "run"
+    shutil.copytree(prepared, run)
+    data = tiny_config_dict(corpus, run, train=train, model={"dropout": 0.1})
+    return config_from_dict(data), data
+
+
+def weights(run: Path) -> dict:
+    return load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+
+
+def test_schedule_warms_up_then_decays_as_inverse_sqrt():
+    assert inverse_sqrt_lr(1, 1e-3, 100) == pytest.approx(1e-5)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
+
+
+def test_cuda_request_without_cuda_is_a_one_line_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(TrainError, match=r"train.device=cuda, but no CUDA device"):
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"
+    assert resolve_precision("bf16", torch.device("cpu")) is torch.bfloat16
+    assert resolve_precision("fp32", torch.device("cuda")) is None
+    assert resolve_precision("auto", torch.device("cuda")) is torch.bfloat16
+
+
+def test_training_lowers_the_loss_and_logs_every_event(prepared, tmp_path, corpus):
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=30, valid_every=15, log_every=5)
+    result = train(cfg)
+    assert result.step == 30 and result.stopped_because == "max_steps"
+    events = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").open()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("valid") == 2
+    losses = [e["loss"] for e in events if e["event"] == "train"]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3
+    valid = [e for e in events if e["event"] == "valid"]
+    assert {"valid_loss", "valid_ppl", "valid_bleu"} <= set(valid[0])
+    names = sorted(p.name for p in (cfg.run_path / "checkpoints").iterdir())
+    assert names == ["best.pt", "last.pt", "step_15.pt", "step_30.pt"]
+    assert load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["vocab"]["src"]
+
+
+def test_resume_gives_bit_identical_weights(prepared, tmp_path, corpus):
+    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=24, valid_every=7,
+                        update_freq=2)
+    train(straight)
+    halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=11, valid_every=7,
+                      update_freq=2)
+    assert train(halves).step == 11
+    halves = dataclasses.replace(halves, train=dataclasses.replace(halves.train, max_steps=24))
+    assert train(halves).step == 24
+    a, b = weights(straight.run_path), weights(halves.run_path)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_across_an_epoch_boundary_is_exact(prepared, tmp_path, corpus):
+    # ~2,000 pairs at 1,024 tokens make about 60 batches an epoch.
+    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=75, valid_every=1000,
+                        max_tokens=1024)
+    train(straight)
+    halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=50, valid_every=1000,
+                      max_tokens=1024)
+    train(halves)
+    halves = dataclasses.replace(halves, train=dataclasses.replace(halves.train, max_steps=75))
+    result = train(halves)
+    assert result.epoch == 2
+    a, b = weights(straight.run_path), weights(halves.run_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path, corpus):
+    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=60, valid_every=10)
+    train(straight)
+    killed, data = fresh(prepared, tmp_path / "b", corpus, max_steps=60, valid_every=10)
+    config = tmp_path / "b.yaml"
+    config.write_text(yaml.safe_dump(data))
+    cmd = [sys.executable, "-m", "mtkit", "train", "-c", str(config)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, cwd=ROOT)
+    deadline = time.time() + 60
+    while not (killed.run_path / "checkpoints" / "step_20.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended too early"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = {p.name for p in (killed.run_path / "checkpoints").glob("step_*.pt")}
+    assert "step_60.pt" not in ckpts
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "resuming from" in done.stderr
+    a, b = weights(straight.run_path), weights(killed.run_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_truncated_last_checkpoint_falls_back_on_resume(prepared, tmp_path, corpus):
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=10)
+    train(cfg)
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    data = last.read_bytes()
+    last.unlink()
+    (cfg.run_path / "checkpoints" / "step_20.pt").write_bytes(data[: len(data) // 3])
+    last.write_bytes(data[: len(data) // 3])
+    more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=30))
+    result = train(more)
+    assert result.step == 30
+    starts = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
+    assert [e["step"] for e in starts if e["event"] == "start"] == [0, 10]
+
+
+def test_changed_model_config_refuses_to_resume(prepared, tmp_path, corpus):
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=10, valid_every=10)
+    train(cfg)
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, ffn_dim=64))
+    with pytest.raises(TrainError, match=r"trained with model.ffn_dim=32, the config says 64"):
+        train(other)
+
+
+def test_non_finite_losses_are_skipped_then_stop(prepared, tmp_path, corpus, monkeypatch):
+    import mtkit.train as train_module
+
+    real = train_module.label_smoothed_nll
+
+    def poisoned(logits, target, eps):
+        out = real(logits, target, eps)
+        return dataclasses.replace(out, loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(train_module, "label_smoothed_nll", poisoned)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=10)
+    with pytest.raises(TrainError, match=r"5 updates in a row had a non-finite loss"):
+        train(cfg)
+    events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
+    assert sum(e["event"] == "nonfinite_skip" for e in events) == 5
+
+
+def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus):
+    cfg, data = fresh(prepared, tmp_path, corpus, max_steps=8, valid_every=4)
+    data["data"]["loader_workers"] = 0
+    config = tmp_path / "ddp.yaml"
+    config.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", "29517", str(ROOT / "tests" / "ddp_worker.py"), str(config),
+           str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
+    assert events[0]["world_size"] == 2 and events[-1]["step"] == 8
