@@ -14,12 +14,13 @@ import pytest
 import torch
 import yaml
 
-from conftest import tiny_config_dict
 from mtkit.checkpoint import load_checkpoint
 from mtkit.config import config_from_dict
 from mtkit.data.shards import preprocess
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import TrainError, inverse_sqrt_lr, resolve_device, resolve_precision, train
+
+from conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
