@@ -10,6 +10,7 @@ its own share of each epoch's batches; only rank 0 validates, logs and saves.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
@@ -76,6 +77,25 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     if device.type == "cuda" or cpu_has_bf16_matrix_units():
         return torch.bfloat16
     return None
+
+
+def tune_cpu_runtime() -> None:
+    """Two process-wide settings that make CPU training markedly faster.
+
+    Flush denormal floats to zero: the exponentials of the loss's backward pass slowed
+    10x on denormal inputs. And make glibc keep large freed blocks instead of returning
+    them to the OS: by default every allocation over 32 MB (logits, their gradient) gets
+    fresh pages from the kernel, and the page faults cost more than the arithmetic on
+    them (1.3x faster training of the Multi30k model on 2 cores). The allocator setting
+    is skipped where the C library is not glibc."""
+    torch.set_flush_denormal(True)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 1 << 30)
+        libc.mallopt(m_trim_threshold, 1 << 31)
+    except (OSError, AttributeError) as e:
+        log.debug("mallopt unavailable (%s); using the allocator's defaults", e)
 
 
 # --- schedule ----------------------------------------------------------------------------
@@ -256,6 +276,8 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
     world = dist.get_world_size() if distributed else 1
     main = rank == 0
     autocast_dtype = resolve_precision(tc.precision, device)
+    if device.type == "cpu":
+        tune_cpu_runtime()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -286,9 +308,10 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
             torch.manual_seed(tc.seed + 1000 * rank + progress.step)
         log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
                  progress.epoch, progress.batch)
-    elif resume is False and ckpt_dir.exists() and any(ckpt_dir.glob("*.pt")) and main:
-        log.warning("--no-resume: starting over; checkpoints in %s will be overwritten",
-                    ckpt_dir)
+    elif not resume and main and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
+        ckpt_dir.rename(aside)
+        log.warning("--no-resume: starting over; earlier checkpoints moved to %s", aside)
     elif distributed:
         torch.manual_seed(tc.seed + 1000 * rank)
 

@@ -47,3 +47,23 @@ def test_padding_positions_get_no_gradient():
     label_smoothed_nll(logits, target).loss.backward()
     assert logits.grad[0, 2].abs().sum() == 0 and logits.grad[1, 1:].abs().sum() == 0
     assert logits.grad[0, 0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_hand_written_gradient_matches_autograd(eps):
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 13, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (3, 5))
+    target[1, 2:] = 0
+    out = label_smoothed_nll(logits, target, eps)
+    (out.loss + 0.5 * out.nll).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    ref = F.cross_entropy(logits.view(-1, 13), target.view(-1), ignore_index=0,
+                          label_smoothing=eps, reduction="sum")
+    ref = ref + 0.5 * F.cross_entropy(logits.view(-1, 13), target.view(-1), ignore_index=0,
+                                      reduction="sum")
+    ref.backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-10)
+    assert torch.autograd.gradcheck(
+        lambda z: label_smoothed_nll(z, target, eps).loss, (logits.detach().requires_grad_(),))

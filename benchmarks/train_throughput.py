@@ -1,0 +1,236 @@
+"""Training throughput: target tokens/s, peak memory and model FLOP utilisation.
+
+    python benchmarks/train_throughput.py --config configs/multi30k.yaml [--compare hf]
+        [--precision auto|fp32|bf16] [--steps 12] [--synthetic 32 32] [--device auto]
+
+Runs full training steps (forward, label-smoothed loss, backward, clipping, AdamW) on
+the same batches: real ones from RUN/data/train (run `mtkit preprocess` first) or, with
+`--synthetic S T`, random batches of source length S and target length T sized to
+train.max_tokens. Steps before the window warm up and are not timed. Prints one JSON
+line. With `--compare hf` it also builds a Hugging Face `transformers` MarianMTModel
+of the same dimensions (random init, nothing downloaded; `pip install mtkit[bench]`),
+runs the same batches through it in the same process (in fp32, its default, and at
+mtkit's precision) and prints the ratios. Achieved model FLOP/s are set beside a large
+matrix product timed in the same run at the same precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import threading
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from mtkit.config import ModelConfig, load_config
+from mtkit.data.batching import Batch, collate, token_batches
+from mtkit.data.shards import ShardDataset
+from mtkit.loss import label_smoothed_nll
+from mtkit.model import build_model
+from mtkit.tokenizer import PAD, Vocab
+from mtkit.train import tune_cpu_runtime, resolve_device, resolve_precision
+
+
+class PeakMemory:
+    """Peak memory during a block: CUDA allocator peak, or sampled process RSS on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.005)
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+
+
+def model_flops(cfg: ModelConfig, vocab: int, batch: Batch) -> float:
+    """Matrix-product FLOPs of one training step (forward x 3) on the padded batch."""
+    b, s = batch.src.shape
+    t = batch.tgt_in.size(1)
+    d, f = cfg.d_model, cfg.ffn_dim
+    enc = cfg.encoder_layers * (b * s * (2 * 4 * d * d + 2 * 2 * d * f) + 2 * 2 * b * s * s * d)
+    dec = cfg.decoder_layers * (
+        b * t * (2 * 4 * d * d + 2 * 2 * d * d + 2 * 2 * d * f)  # self-attn, cross q/o, FFN
+        + b * s * 2 * 2 * d * d  # cross-attention keys and values
+        + 2 * 2 * b * t * t * d + 2 * 2 * b * t * s * d)  # attention scores and sums
+    out = 2 * b * t * d * vocab
+    return 3.0 * (enc + dec + out)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048) -> float:
+    """FLOP/s of a large square matrix product at `dtype`."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    sync(device)
+    reps = 20 if device.type == "cuda" else 5
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def get_batches(cfg, args, vocab_size: int) -> list[Batch]:
+    n = args.warmup + args.steps
+    if args.synthetic:
+        s, t = args.synthetic
+        size = max(cfg.train.max_tokens // (max(s, t) + 1), 1)
+        g = torch.Generator().manual_seed(0)
+        pairs = [[(torch.randint(4, vocab_size, (s,), generator=g).numpy(),
+                   torch.randint(4, vocab_size, (t,), generator=g).numpy())
+                  for _ in range(size)] for _ in range(n)]
+        return [collate(p) for p in pairs]
+    data = ShardDataset(cfg.run_path / "data" / "train")
+    order = token_batches(data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0)
+    return [collate([data[i] for i in idx]) for idx in order[:n]]
+
+
+def time_training(step_fn, params, batches: list[Batch], args, device, autocast_dtype):
+    """Tokens/s over the window after `args.warmup` steps, and peak memory."""
+    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                  fused=device.type == "cuda")
+    amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+           else nullcontext())
+    tokens = 0
+    with PeakMemory(device) as memory:
+        for i, batch in enumerate(batches):
+            if i == args.warmup:
+                sync(device)
+                start, tokens = time.perf_counter(), 0
+            batch = batch.to(device)
+            with amp:
+                loss = step_fn(batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += int((batch.tgt_out != PAD).sum())
+        sync(device)
+        elapsed = time.perf_counter() - start
+    return tokens / elapsed, elapsed, memory.peak
+
+
+def hf_marian(cfg: ModelConfig, vocab: int):
+    from transformers import MarianConfig, MarianMTModel
+
+    hf_cfg = MarianConfig(
+        vocab_size=vocab, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.heads,
+        decoder_attention_heads=cfg.heads, encoder_ffn_dim=cfg.ffn_dim,
+        decoder_ffn_dim=cfg.ffn_dim, dropout=cfg.dropout, attention_dropout=0.0,
+        activation_dropout=0.0, activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_positions, scale_embedding=True, pad_token_id=PAD,
+        decoder_start_token_id=2, eos_token_id=3, share_encoder_decoder_embeddings=True)
+    return MarianMTModel(hf_cfg)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/multi30k.yaml")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="with --synthetic: vocabulary size (default tokenizer.vocab_size)")
+    parser.add_argument("--compare", choices=["hf"], default=None)
+    args = parser.parse_args()
+
+    cfg = load_config(args.config)
+    precision = args.precision or cfg.train.precision
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        tune_cpu_runtime()
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    autocast_dtype = resolve_precision(precision, device)
+    spm = cfg.run_path / "spm.model"
+    vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
+        else len(Vocab.load(spm))
+    batches = get_batches(cfg, args, vocab)
+
+    torch.manual_seed(0)
+    model = build_model(cfg.model, vocab, vocab).to(device).train()
+
+    def mtkit_step(batch: Batch) -> torch.Tensor:
+        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
+                                 cfg.train.label_smoothing)
+        return out.loss / max(out.tokens, 1)
+
+    rate, elapsed, peak = time_training(mtkit_step, list(model.parameters()), batches, args,
+                                        device, autocast_dtype)
+    flops = sum(model_flops(cfg.model, vocab, b) for b in batches[args.warmup:]) / elapsed
+    peak_dtype = autocast_dtype or torch.float32
+    gemm = matmul_peak(device, peak_dtype)
+    result = {
+        "config": args.config, "device": str(device),
+        "precision": "bf16" if autocast_dtype else "fp32",
+        "batches": "synthetic %dx%d" % tuple(args.synthetic) if args.synthetic else "train",
+        "steps": args.steps, "mtkit_tokens_per_s": round(rate),
+        "mtkit_peak_memory_mb": round(peak / 2**20),
+        "mtkit_model_tflops": round(flops / 1e12, 3),
+        "matmul_peak_tflops": round(gemm / 1e12, 3),
+        "mtkit_utilisation": round(flops / gemm, 3),
+    }
+    del model
+    if args.compare == "hf":
+        runs = {"hf_fp32": None}
+        if autocast_dtype is not None:
+            runs["hf_same_precision"] = autocast_dtype
+        for name, dtype in runs.items():
+            torch.manual_seed(0)
+            hf = hf_marian(cfg.model, vocab).to(device).train()
+            eps = cfg.train.label_smoothing
+
+            def hf_step(batch: Batch, hf=hf, eps=eps) -> torch.Tensor:
+                logits = hf(input_ids=batch.src, attention_mask=batch.src != PAD,
+                            decoder_input_ids=batch.tgt_in).logits
+                return F.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                       batch.tgt_out.view(-1), ignore_index=PAD,
+                                       label_smoothing=eps)
+
+            hf_rate, _, hf_peak = time_training(hf_step, list(hf.parameters()), batches, args,
+                                                device, dtype)
+            result[f"{name}_tokens_per_s"] = round(hf_rate)
+            result[f"{name}_peak_memory_mb"] = round(hf_peak / 2**20)
+            result[f"speedup_vs_{name}"] = round(rate / hf_rate, 2)
+            del hf
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
