@@ -32,7 +32,7 @@ from mtkit.data.shards import ShardDataset
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import build_model
 from mtkit.tokenizer import PAD, Vocab
-from mtkit.train import tune_cpu_runtime, resolve_device, resolve_precision
+from mtkit.train import resolve_device, resolve_precision, tune_cpu_runtime
 
 
 class PeakMemory:
@@ -199,14 +199,15 @@ def main() -> None:
     result = {
         "config": args.config, "device": str(device),
         "precision": "bf16" if autocast_dtype else "fp32",
-        "batches": "synthetic %dx%d" % tuple(args.synthetic) if args.synthetic else "train",
+        "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
+                    else "train"),
         "steps": args.steps, "mtkit_tokens_per_s": round(rate),
         "mtkit_peak_memory_mb": round(peak / 2**20),
         "mtkit_model_tflops": round(flops / 1e12, 3),
         "matmul_peak_tflops": round(gemm / 1e12, 3),
         "mtkit_utilisation": round(flops / gemm, 3),
     }
-    del model
+    model = None  # free it before the Hugging Face runs
     if args.compare == "hf":
         runs = {"hf_fp32": None}
         if autocast_dtype is not None:

@@ -35,11 +35,12 @@ SetOpt = Annotated[
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mtkit.checkpoint import CheckpointError
     from mtkit.data.sources import DataError
+    from mtkit.evaluate import EvalError
     from mtkit.tokenizer import TokenizerError
     from mtkit.train import TrainError
 
-    return (ConfigError, DataError, TokenizerError, CheckpointError, TrainError,
-            FileNotFoundError)
+    return (ConfigError, DataError, TokenizerError, CheckpointError, TrainError, EvalError,
+            FileNotFoundError, IsADirectoryError, PermissionError)
 
 
 @contextmanager
@@ -57,11 +58,6 @@ def _reported() -> Iterator[None]:
 def _config(path: Path, overrides: list[str] | None) -> Config:
     with _reported():
         return load_config(path, overrides or [])
-
-
-def _not_built(what: str, issue: int) -> None:
-    typer.echo(f"error: `mtkit {what}` is not built yet (issue #{issue})", err=True)
-    raise typer.Exit(code=2)
 
 
 @app.callback()
@@ -115,50 +111,227 @@ def train(config: ConfigOpt, set_: SetOpt = None,
                err=True)
 
 
+Opt = Optional  # noqa: UP045 (typer reads Optional[...] on every Python it supports)
+
+
 @app.command()
 def translate(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
-    input: Annotated[Optional[Path], typer.Option("--input", "-i")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o")] = None,  # noqa: UP045
-    beam: Annotated[int, typer.Option(help="Beam size.")] = 5,
-    lenpen: Annotated[float, typer.Option(help="GNMT length penalty alpha.")] = 0.6,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per input line.")] = 1,
-    max_len_a: Annotated[float, typer.Option()] = 1.2,
-    max_len_b: Annotated[int, typer.Option()] = 10,
-    batch_tokens: Annotated[int, typer.Option()] = 8000,
+    input: Annotated[Opt[Path], typer.Option("--input", "-i", help="Default: stdin.")] = None,
+    output: Annotated[Opt[Path], typer.Option("--output", "-o", help="Default: stdout.")] = None,
+    beam: Annotated[Opt[int], typer.Option(help="Beam size (default: the checkpoint's).")] = None,
+    lenpen: Annotated[Opt[float], typer.Option(help="GNMT length penalty alpha.")] = None,
+    nbest: Annotated[int, typer.Option(help="Hypotheses per line: 'i ||| text ||| score'.")] = 1,
+    scores: Annotated[bool, typer.Option(help="Append a tab and the score.")] = False,
+    max_len_a: Annotated[Opt[float], typer.Option(help="Output limit a*src_len+b: a.")] = None,
+    max_len_b: Annotated[Opt[int], typer.Option(help="Output limit a*src_len+b: b.")] = None,
+    batch_tokens: Annotated[Opt[int], typer.Option(help="Source tokens per batch.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
 ) -> None:
-    """Translate text from a file or stdin, one output line per input line."""
-    _not_built("translate", 4)
+    """Translate text from a file or stdin, one output line per input line, in order."""
+    from mtkit.translate import DecodeOptions, load_translator, translate_stream
+
+    with _reported():
+        if format not in ("text", "jsonl"):
+            raise ConfigError(f"--format must be text or jsonl, got {format!r}")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device must be auto, cpu or cuda, got {device!r}")
+        translator = load_translator(model, device)
+        opts = DecodeOptions.from_config(
+            translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+            max_len_b=max_len_b, batch_tokens=batch_tokens, nbest=nbest, scores=scores,
+            format=format)
+        source = open(input, "rb") if input else sys.stdin.buffer
+        sink = open(output, "w", encoding="utf-8") if output else sys.stdout
+        try:
+            translate_stream(translator, source, sink, opts)
+        finally:
+            if input:
+                source.close()
+            if output:
+                sink.close()
+
+
+def _read_lines(path: Path) -> list[str]:
+    """A text file's lines (invalid UTF-8 replaced); a last line without newline counts."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 @app.command(name="eval")
 def eval_(
-    hyp: Annotated[Optional[Path], typer.Option(help="Hypotheses, one per line.")] = None,  # noqa: UP045
-    ref: Annotated[Optional[Path], typer.Option(help="References, one per line.")] = None,  # noqa: UP045
-    model: Annotated[Optional[Path], typer.Option("--model", "-m")] = None,  # noqa: UP045
-    src: Annotated[Optional[Path], typer.Option(help="Source text to translate.")] = None,  # noqa: UP045
+    hyp: Annotated[Opt[Path], typer.Option(help="Hypotheses, one per line.")] = None,
+    ref: Annotated[Opt[Path], typer.Option(help="References, one per line.")] = None,
+    model: Annotated[Opt[Path], typer.Option("--model", "-m", help="Translate first.")] = None,
+    src: Annotated[Opt[Path], typer.Option(help="Source text to translate (with -m).")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (with -m).")] = "auto",
 ) -> None:
-    """Score translations with sacrebleu (BLEU, chrF, TER with signatures)."""
-    _not_built("eval", 4)
+    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures)."""
+    import json
+
+    from mtkit.evaluate import EvalError, parse_metrics, score
+    from mtkit.translate import DecodeOptions, load_translator, translate_texts
+
+    with _reported():
+        names = parse_metrics(metrics)
+        if ref is None or (hyp is None) == (model is None) or (model is None) != (src is None):
+            raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
+        references = _read_lines(ref)
+        if model is not None:
+            sources = _read_lines(src)
+            if len(sources) != len(references):
+                raise EvalError(f"line counts differ: {src} has {len(sources)} lines, "
+                                  f"{ref} has {len(references)}")
+            translator = load_translator(model, device)
+            hypotheses = translate_texts(translator, sources,
+                                         DecodeOptions.from_config(translator.config.decode))
+        else:
+            hypotheses = _read_lines(hyp)
+            if len(hypotheses) != len(references):
+                raise EvalError(f"line counts differ: {hyp} has {len(hypotheses)} lines, "
+                                  f"{ref} has {len(references)}")
+        results = score(hypotheses, references, names)
+    if json_:
+        typer.echo(json.dumps({r.metric: {"score": round(r.score, 2), "signature": r.signature,
+                                          "text": r.text} for r in results}))
+    else:
+        for r in results:
+            typer.echo(f"{r.text}\t{r.signature}")
 
 
 @app.command()
 def average(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints to average.")],
-    output: Annotated[Path, typer.Option("--output", "-o")],
+    checkpoints: Annotated[list[Path], typer.Argument(
+        help="Checkpoints to average, or one run's checkpoints folder.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Averaged checkpoint.")],
+    last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
 ) -> None:
-    """Average the weights of several checkpoints into one."""
-    _not_built("average", 4)
+    """Average the weights of several checkpoints into one that translates."""
+    from mtkit.checkpoint import (
+        CheckpointError,
+        average_checkpoints,
+        save_checkpoint,
+        step_checkpoints,
+    )
+
+    with _reported():
+        paths = list(checkpoints)
+        if len(paths) == 1 and paths[0].is_dir():
+            paths = [p for _, p in step_checkpoints(paths[0])][-last:]
+            if not paths:
+                raise CheckpointError(f"{checkpoints[0]}: no step_<N>.pt checkpoints")
+        save_checkpoint(average_checkpoints(paths), output)
+    typer.echo(f"averaged {len(paths)} checkpoints into {output}", err=True)
 
 
 @app.command()
 def run(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Run every stage (tokenizer, preprocess, train, translate, eval), skipping finished ones."""
-    _config(config, set_)
-    _not_built("run", 4)
+    from mtkit.pipeline import run_all
+
+    cfg = _config(config, set_)
+    with _reported():
+        result = run_all(cfg)
+    bleu = next(s for s in result.scores if s.metric == "bleu")
+    typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
+               f"{result.hypotheses}, checkpoint {result.checkpoint}")
+
+
+explain_app = typer.Typer(help="See inside the Transformer: shapes, parameters, attention.",
+                          no_args_is_help=True)
+app.add_typer(explain_app, name="explain")
+CkptOpt = Annotated[Opt[Path], typer.Option("--model", "-m", help="Checkpoint (or --config).")]
+MaybeConfig = Annotated[Opt[Path], typer.Option("--config", "-c", help="Experiment YAML.")]
+
+
+def _explain_model(config: Path | None, model: Path | None, overrides: list[str] | None):
+    """(model, src vocab or None, tgt vocab or None, config) from a checkpoint, or from a
+    config: random weights, the run's tokenizer if trained, else hashed word ids."""
+    from mtkit.model import build_model
+    from mtkit.tokenizer import load_vocabs
+    from mtkit.translate import load_translator
+
+    if (config is None) == (model is None):
+        raise ConfigError("give --config C or -m CKPT")
+    if model is not None:
+        t = load_translator(model, "cpu")
+        return t.model, t.src_vocab, t.tgt_vocab, t.config
+    cfg = load_config(config, overrides or [])
+    try:
+        src_vocab, tgt_vocab = load_vocabs(cfg.run_path, cfg.tokenizer.joint)
+        sizes = (len(src_vocab), len(tgt_vocab))
+    except FileNotFoundError:
+        src_vocab = tgt_vocab = None
+        sizes = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+    return build_model(cfg.model, *sizes), src_vocab, tgt_vocab, cfg
+
+
+@explain_app.command("shapes")
+def explain_shapes(
+    config: MaybeConfig = None, model: CkptOpt = None, set_: SetOpt = None,
+    src: Annotated[Opt[list[str]], typer.Option(help="Source sentence (repeatable).")] = None,
+    tgt: Annotated[Opt[list[str]], typer.Option(help="Target sentence (repeatable).")] = None,
+    values: Annotated[bool, typer.Option(help="Also print the (rounded) numbers.")] = False,
+) -> None:
+    """Trace one small batch through the model: every stage's shape, axes named."""
+    from mtkit.explain import DEFAULT_PAIRS, format_trace, make_batch, trace_shapes
+
+    with _reported():
+        net, src_vocab, tgt_vocab, cfg = _explain_model(config, model, set_)
+        pairs = DEFAULT_PAIRS
+        if src or tgt:
+            if not src or not tgt or len(src) != len(tgt):
+                raise ConfigError("give as many --tgt as --src sentences")
+            pairs = list(zip(src, tgt, strict=True))
+        vocab_size = net.tgt_embed.tokens.num_embeddings
+        batch = make_batch(pairs, src_vocab, tgt_vocab, vocab_size)
+        stages = trace_shapes(net, batch, cfg.train.label_smoothing, values=values)
+    if src_vocab is None:
+        typer.echo("(no tokenizer trained for this run: words are mapped to hashed ids)",
+                   err=True)
+    typer.echo(format_trace(stages, net.cfg, vocab_size, values=values))
+
+
+@explain_app.command("params")
+def explain_params(config: MaybeConfig = None, model: CkptOpt = None,
+                   set_: SetOpt = None) -> None:
+    """Parameters per component with the closed-form count beside each."""
+    from mtkit.explain import format_parameter_table
+
+    with _reported():
+        net, _, _, _ = _explain_model(config, model, set_)
+    typer.echo(format_parameter_table(net))
+
+
+@explain_app.command("attention")
+def explain_attention(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
+    src: Annotated[str, typer.Option(help="The sentence to translate.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the PNGs.")] = Path(
+        "attention"),
+) -> None:
+    """Translate a sentence and draw every layer's and head's attention as PNG heatmaps."""
+    from mtkit.explain import attention_maps, plot_attention
+    from mtkit.translate import load_translator
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        typer.echo("error: drawing needs matplotlib: pip install 'mtkit[viz]'", err=True)
+        raise typer.Exit(code=2) from None
+    with _reported():
+        t = load_translator(model, "cpu")
+        maps = attention_maps(t.model, t.src_vocab, t.tgt_vocab, src,
+                              t.config.decode.max_len_a, t.config.decode.max_len_b)
+        paths = plot_attention(maps, out)
+    typer.echo(maps.translation)
+    typer.echo(f"wrote {len(paths)} images to {out}/ (alignment.png: the mean cross-attention)",
+               err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

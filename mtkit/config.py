@@ -109,8 +109,10 @@ class TrainConfig:
     max_epochs: int = field(default=0, metadata=_range(0))
     max_time: float = field(default=0, metadata=_range(0))  # seconds
     valid_every: int = field(default=500, metadata=_range(1))
+    save_every: int = field(default=0, metadata=_range(0))  # 0 = at each validation only
     patience: int = field(default=10, metadata=_range(0))  # 0 = never stop early
     keep_last: int = field(default=5, metadata=_range(0))
+    average_last: int = field(default=0, metadata=_range(0))  # `mtkit run` averages these
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -240,6 +242,9 @@ def _check_consistency(cfg: Config, where: str) -> None:
                           f"model.heads ({m.heads})")
     if m.share_embeddings and not cfg.tokenizer.joint:
         raise ConfigError(f"{where}model.share_embeddings needs tokenizer.joint: true")
+    if cfg.train.average_last > cfg.train.keep_last:
+        raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
+                          f"exceed train.keep_last ({cfg.train.keep_last})")
     for split in ("train", "valid", "test"):
         c: CorpusConfig = getattr(cfg.data, split)
         kinds = [bool(c.src or c.tgt), bool(c.path), bool(c.hub)]

@@ -12,6 +12,7 @@ gelu`, `positions: learned`. The model knows nothing of decoding; that is `searc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
+        # Set by `mtkit explain` to see each stage: observer(stage name, tensor).
+        self.observer: Callable[[str, Tensor], None] | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -108,12 +111,40 @@ class MultiHeadAttention(nn.Module):
         """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
         (B, H, T, S), True = may attend. Returns (B, T, D)."""
         q = self.split_heads(self.q_proj(x))  # (B, H, T, K)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal,
-            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, K)
+        if self.observer is None:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal,
+                dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, K)
+        else:
+            out = self.attend_step_by_step(q, k, v, mask, causal)  # (B, H, T, K)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
+        if self.observer is not None:
+            self.observer("heads concatenated", out)
         return self.out_proj(out)
+
+    def attend_step_by_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                            causal: bool) -> Tensor:
+        """What `scaled_dot_product_attention` computes, one stage at a time, each shown
+        to `self.observer` (used by `mtkit explain`; same result, no dropout)."""
+        see = self.observer
+        see("queries split into heads", q)
+        see("keys split into heads", k)
+        see("values split into heads", v)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, S)
+        see("scores QK^T / sqrt(d_k)", scores)
+        t, s = scores.shape[-2:]
+        allowed = torch.ones(t, s, dtype=torch.bool, device=q.device)  # (T, S)
+        if causal:
+            allowed = torch.tril(allowed)
+        if mask is not None:
+            allowed = allowed & mask  # (B, 1, T, S)
+        see("causal mask" if causal else "padding mask", allowed)
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        see("attention weights softmax", weights)  # (B, H, T, S)
+        out = weights @ v  # (B, H, T, K)
+        see("weighted values", out)
+        return out
 
     def forward(self, x: Tensor, context: Tensor, mask: Tensor | None = None,
                 causal: bool = False) -> Tensor:

@@ -1,16 +1,45 @@
-"""Decoding: greedy search over `model.decode_step` (pure).
+"""Decoding: greedy and batched beam search over `model.decode_step` (pure).
 
-All decoding choices (maximum length, minimum length) live here; the model only scores
-one step. Sentences that finish leave the batch, so later steps do less work.
+All decoding choices (beam size, length penalty, maximum and minimum length, n-best)
+live here; the model only scores one step. Sentences x beams run as one tensor of
+B*N rows; the decoder state is reordered with one `index_select` per step, and
+sentences that finish leave the batch, so later steps do less work.
+
+Anything with `encode(src) -> (memory, src_mask)`, `decode_step(token, memory,
+src_mask, state) -> (logits, state)` (state with `index_select`) and
+`cfg.max_positions` can be searched: the tests drive it with scripted step functions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import torch
 from torch import Tensor
 
-from mtkit.model import Transformer
 from mtkit.tokenizer import BOS, EOS, PAD
+
+
+class StepModel(Protocol):
+    cfg: Any
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
+                    state: Any) -> tuple[Tensor, Any]: ...
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # output ids, without bos / eos
+    log_prob: float  # sum of the token log-probabilities, eos included
+    score: float  # log_prob / length_penalty(len(tokens) + 1): what beams are ranked by
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
@@ -19,28 +48,44 @@ def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * src_len + b).floor().long().clamp(min=1, max=limit - 1)  # (B,)
 
 
+def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: Tensor,
+                    state: Any, step: int, limits: Tensor, min_len: int
+                    ) -> tuple[Tensor, Any]:
+    """Next-token log-probabilities (rows, V) with the decoding constraints applied:
+    never pad or bos, no eos before `min_len` tokens, only eos once a row's limit is hit."""
+    logits, state = model.decode_step(token, memory, src_mask, state)  # (rows, V)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    lprobs[:, PAD] = float("-inf")
+    lprobs[:, BOS] = float("-inf")
+    if step < min_len:
+        lprobs[:, EOS] = float("-inf")
+    at_limit = step >= limits  # (rows,)
+    if at_limit.any():
+        eos_only = torch.full_like(lprobs[0], float("-inf"))
+        eos_only[EOS] = 0.0
+        lprobs[at_limit] = eos_only
+    return lprobs, state
+
+
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
+def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
                   min_len: int = 1) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos."""
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
     limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
     batch = src.size(0)
-    out = torch.full((batch, int(limits.max())), PAD, dtype=torch.long, device=src.device)
+    out = torch.full((batch, int(limits.max()) + 1), PAD, dtype=torch.long, device=src.device)
     alive = torch.arange(batch, device=src.device)  # row of the shrinking batch -> sentence
     token = torch.full((batch,), BOS, dtype=torch.long, device=src.device)  # (b,)
     state = None
     step = 0
     while alive.numel():
-        logits, state = model.decode_step(token, memory, src_mask, state)  # (b, V)
-        logits[:, PAD] = float("-inf")
-        logits[:, BOS] = float("-inf")
-        if step < min_len:
-            logits[:, EOS] = float("-inf")
-        token = logits.argmax(dim=-1)  # (b,)
+        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
+                                        limits[alive], min_len)  # (b, V)
+        token = lprobs.argmax(dim=-1)  # (b,)
         out[alive, step] = token
         step += 1
-        done = (token == EOS) | (step >= limits[alive])  # (b,)
+        done = token == EOS  # (b,)
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # (b',)
             alive, token = alive[keep], token[keep]
@@ -54,3 +99,90 @@ def strip_specials(ids: list[int]) -> list[int]:
     if EOS in ids:
         ids = ids[: ids.index(EOS)]
     return [i for i in ids if i != PAD]
+
+
+def _choose_candidates(scores: Tensor, lprobs: Tensor, beam: int
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2N best extensions of each sentence's N beams.
+
+    scores (B, N) cumulative log-probs, lprobs (B*N, V) -> candidate scores, source
+    beams and tokens, each (B, 2N), best first. Taking 2N guarantees N candidates that
+    do not end in eos whenever any remain."""
+    b, n = scores.shape
+    vocab = lprobs.size(-1)
+    total = (scores.unsqueeze(-1) + lprobs.view(b, n, vocab)).view(b, n * vocab)  # (B, N*V)
+    k = min(2 * beam, n * vocab)
+    cand_scores, flat = total.topk(k, dim=-1)  # (B, 2N)
+    return cand_scores, flat // vocab, flat % vocab
+
+
+@torch.no_grad()
+def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.6,
+                max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
+                nbest: int = 1) -> list[list[Hypothesis]]:
+    """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
+
+    A hypothesis ends when eos is among the N best candidates of its sentence; a
+    sentence is done once it has N finished hypotheses (or hits its maximum length),
+    and then leaves the batch."""
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
+    device = src.device
+    batch = src.size(0)
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+    limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    memory = memory.repeat_interleave(beam, dim=0)  # (B*N, S, D)
+    src_mask = src_mask.repeat_interleave(beam, dim=0)  # (B*N, S)
+    alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
+    scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
+    token = torch.full((batch * beam,), BOS, dtype=torch.long, device=device)  # (B*N,)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    state = None
+    step = 0
+    while alive.numel():
+        rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
+        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
+                                        rows_limit, min_len)  # (b*N, V)
+        cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
+        _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
+                          beam, lenpen, step)
+        # Continue with the N best candidates that did not end in eos.
+        open_scores = cand_scores.masked_fill(cand_tokens == EOS, float("-inf"))  # (b, 2N)
+        scores, pick = open_scores.topk(beam, dim=-1)  # (b, N)
+        source = cand_beams.gather(1, pick)  # (b, N)
+        token = cand_tokens.gather(1, pick).view(-1)  # (b*N,)
+        offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
+        reorder = (offsets + source).view(-1)  # (b*N,)
+        history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
+        state = state.index_select(reorder)
+        step += 1
+        full = torch.tensor([len(finished[s]) >= beam for s in alive.tolist()], device=device)
+        done = full | (step > limits[alive])  # (b,): after the forced-eos step, stop
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)  # (b',)
+            rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
+            alive, scores = alive[keep], scores[keep]
+            token, history = token[rows], history[rows]
+            memory, src_mask = memory[rows], src_mask[rows]
+            state = state.index_select(rows)
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: Tensor,
+                      cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor,
+                      beam: int, lenpen: float, step: int) -> None:
+    """Record eos candidates ranked among a sentence's N best as finished hypotheses."""
+    ends = (cand_tokens[:, :beam] == EOS) & torch.isfinite(cand_scores[:, :beam])  # (b, N)
+    if not ends.any():
+        return
+    penalty = length_penalty(step + 1, lenpen)
+    for row, rank in ends.nonzero().tolist():
+        sentence = int(alive[row])
+        if len(finished[sentence]) >= beam:
+            continue
+        source = row * beam + int(cand_beams[row, rank])
+        log_prob = float(cand_scores[row, rank])
+        finished[sentence].append(
+            Hypothesis(history[source].tolist(), log_prob, log_prob / penalty))

@@ -123,6 +123,7 @@ class Progress:
     best_bleu: float = -1.0
     bad_validations: int = 0
     elapsed: float = 0.0  # seconds of training, over all sessions
+    early_stopped: bool = False  # patience ran out: resuming changes nothing
 
 
 @dataclass(frozen=True)
@@ -359,8 +360,9 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
                 log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)",
                          progress.step, scores["valid_loss"], scores["valid_ppl"], bleu,
                          progress.best_bleu)
+            progress.early_stopped = 0 < tc.patience <= progress.bad_validations
             save(is_best)
-            stop[0] = float(0 < tc.patience <= progress.bad_validations)
+            stop[0] = float(progress.early_stopped)
         if distributed:
             dist.broadcast(stop, 0)
         return bool(stop.item())
@@ -371,6 +373,8 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
     session_start = time.perf_counter() - progress.elapsed
     stopped_because = ""
     first_step = progress.step
+    if progress.early_stopped:
+        stopped_because = "patience"
     with _StopSignal() as stop_signal:
         while not stopped_because:
             if tc.max_steps and progress.step >= tc.max_steps:
@@ -464,6 +468,8 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
             if progress.step % tc.valid_every == 0:
                 if run_validation():
                     stopped_because = "patience"
+            elif tc.save_every and progress.step % tc.save_every == 0:
+                save(is_best=False)
             if stop_signal.received and not stopped_because:
                 stopped_because = f"signal {stop_signal.received}"
                 save(is_best=False)

@@ -74,3 +74,74 @@ def test_every_design_command_is_registered_with_help():
     for command in ("tokenizer", "preprocess", "train", "translate", "eval", "average", "run"):
         assert command in result.output
         assert runner.invoke(app, [command, "--help"]).exit_code == 0
+
+
+def test_whole_chain_tokenizer_preprocess_train_translate_eval_average(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 20, "valid_every": 10})
+    run = tmp_path / "run"
+    for stage in ("tokenizer", "preprocess", "train"):
+        result = runner.invoke(app, [stage, "-c", str(config)])
+        assert result.exit_code == 0, (stage, result.output)
+    best = run / "checkpoints" / "best.pt"
+    assert best.exists() and (run / "checkpoints" / "step_20.pt").exists()
+
+    lines = ["A dog runs in the park.", "", "   ", "Two men talk.\r", "Zwei \udcff"]
+    source = tmp_path / "in.txt"
+    source.write_bytes("\n".join(lines[:4]).encode() + b"\n\xff\xfe broken\n")
+    out = tmp_path / "out.txt"
+    result = runner.invoke(app, ["translate", "-m", str(best), "-i", str(source), "-o", str(out),
+                                 "--beam", "2"])
+    assert result.exit_code == 0, result.output
+    translated = out.read_text().split("\n")[:-1]
+    assert len(translated) == 5
+    assert translated[1] == translated[2] == "" and translated[0] and translated[4]
+
+    result = runner.invoke(app, ["translate", "-m", str(best), "--nbest", "2", "--beam", "3"],
+                           input="Ein Hund.\nZwei Männer.\n")
+    assert result.exit_code == 0
+    rows = [line.split(" ||| ") for line in result.stdout.strip().split("\n")]
+    assert [r[0] for r in rows] == ["0", "0", "1", "1"] and all(len(r) == 3 for r in rows)
+
+    result = runner.invoke(app, ["translate", "-m", str(best), "--format", "jsonl"],
+                           input="A dog.\n")
+    record = json.loads(result.stdout)
+    assert record["line"] == 0 and record["source"] == "A dog." and "score" in record
+
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("".join(x + "\n" for x in translated))
+    result = runner.invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(out), "--json"])
+    scores = json.loads(result.stdout)
+    assert scores["bleu"]["score"] == 100.0 and scores["bleu"]["signature"].startswith("nrefs:1")
+    assert set(scores) == {"bleu", "chrf", "ter"}
+    result = runner.invoke(app, ["eval", "-m", str(best), "--src", str(corpus["test.en"]),
+                                 "--ref", str(corpus["test.de"]), "--metrics", "bleu"])
+    assert result.exit_code == 0 and result.stdout.startswith("BLEU = ")
+    result = runner.invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(corpus["test.de"])])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: line counts differ: {hyp} has 5 lines, "
+                                      f"{corpus['test.de']} has 100")
+
+    averaged = tmp_path / "avg.pt"
+    result = runner.invoke(app, ["average", str(run / "checkpoints"), "-o", str(averaged)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["translate", "-m", str(averaged)], input="A dog.\n")
+    assert result.exit_code == 0 and len(result.stdout.split("\n")) == 2
+
+
+def test_bad_checkpoints_are_one_line_errors(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    for path, message in ((tmp_path / "missing.pt", "no such checkpoint"),
+                          (garbage, "not a readable checkpoint")):
+        result = runner.invoke(app, ["translate", "-m", str(path)], input="hello\n")
+        assert result.exit_code == 2
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_python_dash_m_works():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mtkit", "--help"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and "translate" in done.stdout

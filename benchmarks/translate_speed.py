@@ -1,0 +1,160 @@
+"""Translation speed: sentences/s, target tokens/s and peak memory, greedy and beam 5.
+
+    python benchmarks/translate_speed.py -m runs/multi30k/checkpoints/best.pt \\
+        [--src data/multi30k/test2016.en.gz] [--limit 1000] [--compare hf] [--device auto]
+
+Translates the source file (Multi30k test2016 by default) with mtkit's batched search,
+greedy and beam 5, on the current device and prints one JSON line. With `--compare hf`
+it copies the checkpoint's weights into a Hugging Face `transformers` MarianMTModel of
+the same dimensions (nothing downloaded; `pip install mtkit[bench]`), runs
+`generate(num_beams=5)` on the same length-sorted batches, and prints the speed ratio
+and the share of sentences whose outputs are identical. For a like-for-like search both
+rank by plain log-probability (length penalty 0; Hugging Face's penalty is not GNMT's),
+stop a sentence once it has 5 finished hypotheses (`early_stopping=True`), forbid pad and
+bos, and allow up to `--max-len` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+
+import torch
+from train_throughput import PeakMemory, sync  # noqa: I001 (a sibling script)
+
+from mtkit.model import Transformer, sinusoidal_positions
+from mtkit.tokenizer import BOS, EOS, PAD
+from mtkit.translate import DecodeOptions, Translator, length_batches, load_translator, pad_rows
+
+
+def read_source(path: str, limit: int) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f][:limit]
+
+
+def time_mtkit(translator: Translator, lines: list[str], opts: DecodeOptions):
+    sync(translator.device)
+    with PeakMemory(translator.device) as memory:
+        start = time.perf_counter()
+        hyps = translator.translate(lines, opts)
+        sync(translator.device)
+        elapsed = time.perf_counter() - start
+    outputs = [h[0].tokens for h in hyps]
+    return outputs, elapsed, memory.peak
+
+
+def marian_copy(model: Transformer):
+    """A MarianMTModel with the mtkit model's dimensions and weights."""
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = model.cfg
+    if cfg.norm != "post" or cfg.positions != "sinusoidal" or not cfg.share_embeddings:
+        raise SystemExit("--compare hf needs a post-norm model with sinusoidal positions "
+                         "and shared embeddings (Marian's layout)")
+    vocab = model.tgt_embed.tokens.num_embeddings
+    hf = MarianMTModel(MarianConfig(
+        vocab_size=vocab, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.heads,
+        decoder_attention_heads=cfg.heads, encoder_ffn_dim=cfg.ffn_dim,
+        decoder_ffn_dim=cfg.ffn_dim, activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_positions, scale_embedding=True, pad_token_id=PAD,
+        eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=True))
+    ours = model.state_dict()
+    theirs = {"model.shared.weight": ours["tgt_embed.tokens.weight"]}
+    table = sinusoidal_positions(cfg.max_positions, cfg.d_model)
+    for side in ("encoder", "decoder"):
+        theirs[f"model.{side}.embed_tokens.weight"] = ours["tgt_embed.tokens.weight"]
+        theirs[f"model.{side}.embed_positions.weight"] = table
+    names = {"self_attn": "self_attn", "cross_attn": "encoder_attn"}
+    for prefix, stack in (("encoder", "encoder_layers"), ("decoder", "decoder_layers")):
+        for i in range(getattr(cfg, stack)):
+            src, dst = f"{stack}.{i}.", f"model.{prefix}.layers.{i}."
+            attns = ["self_attn"] + (["cross_attn"] if prefix == "decoder" else [])
+            for attn in attns:
+                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    for p in ("weight", "bias"):
+                        theirs[f"{dst}{names[attn]}.{proj}.{p}"] = ours[f"{src}{attn}.{proj}.{p}"]
+            norms = ({"attn_block": "self_attn_layer_norm", "ffn_block": "final_layer_norm"}
+                     if prefix == "encoder" else
+                     {"self_block": "self_attn_layer_norm",
+                      "cross_block": "encoder_attn_layer_norm", "ffn_block": "final_layer_norm"})
+            for block, norm in norms.items():
+                for p in ("weight", "bias"):
+                    theirs[f"{dst}{norm}.{p}"] = ours[f"{src}{block}.norm.{p}"]
+            for mine, hf_name in (("inner", "fc1"), ("outer", "fc2")):
+                for p in ("weight", "bias"):
+                    theirs[f"{dst}{hf_name}.{p}"] = ours[f"{src}ffn.{mine}.{p}"]
+    missing, unexpected = hf.load_state_dict(theirs, strict=False)
+    left = [k for k in missing if not k.endswith(("final_logits_bias", "lm_head.weight"))]
+    if left or unexpected:
+        raise SystemExit(f"weight copy incomplete: missing {left[:3]}, unexpected {unexpected[:3]}")
+    return hf.eval()
+
+
+def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, max_len: int):
+    """Hugging Face generate() on the same length-sorted batches mtkit forms."""
+    ids = translator.encode(lines)
+    order = sorted(range(len(ids)), key=lambda k: -len(ids[k]))
+    outputs: list[list[int]] = [[] for _ in lines]
+    device = translator.device
+    with PeakMemory(device) as memory:
+        start = time.perf_counter()
+        for batch in length_batches(order, ids, opts.batch_tokens):
+            src = pad_rows([ids[k] + [EOS] for k in batch]).to(device)
+            with torch.no_grad():
+                out = hf.generate(input_ids=src, attention_mask=src != PAD, num_beams=opts.beam,
+                                  do_sample=False, length_penalty=0.0, early_stopping=True,
+                                  max_new_tokens=max_len + 1, min_new_tokens=1,
+                                  suppress_tokens=[PAD, BOS], num_return_sequences=1)
+            for k, row in zip(batch, out.tolist()):
+                row = row[1:]  # decoder start token
+                outputs[k] = row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD]
+        sync(device)
+        elapsed = time.perf_counter() - start
+    return outputs, elapsed, memory.peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("--src", default="data/multi30k/test2016.en.gz")
+    parser.add_argument("--limit", type=int, default=1000)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-len", type=int, default=60)
+    parser.add_argument("--compare", choices=["hf"], default=None)
+    args = parser.parse_args()
+
+    translator = load_translator(args.model, args.device)
+    lines = read_source(args.src, args.limit)
+    result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
+    runs = {"greedy": 1, "beam5": 5}
+    outputs = {}
+    for name, beam in runs.items():
+        # Plain log-probability ranking and a fixed output limit, as the comparison needs.
+        opts = DecodeOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len,
+                             batch_tokens=translator.config.decode.batch_tokens)
+        out, elapsed, peak = time_mtkit(translator, lines, opts)
+        tokens = sum(len(o) + 1 for o in out)
+        result[f"{name}_sentences_per_s"] = round(len(lines) / elapsed, 1)
+        result[f"{name}_tokens_per_s"] = round(tokens / elapsed)
+        result[f"{name}_peak_memory_mb"] = round(peak / 2**20)
+        outputs[name] = out
+    if args.compare == "hf":
+        hf = marian_copy(translator.model).to(translator.device)
+        opts = DecodeOptions(beam=5, lenpen=0.0, batch_tokens=translator.config.decode.batch_tokens)
+        out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len)
+        result["hf_beam5_sentences_per_s"] = round(len(lines) / elapsed, 1)
+        result["hf_beam5_peak_memory_mb"] = round(peak / 2**20)
+        result["speedup_beam5_vs_hf"] = round(result["beam5_sentences_per_s"]
+                                              / result["hf_beam5_sentences_per_s"], 2)
+        same = sum(a == b for a, b in zip(outputs["beam5"], out))
+        result["identical_outputs_share"] = round(same / len(lines), 3)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""`mtkit run`: every stage in order, skipping those whose outputs are complete.
+
+tokenizer -> preprocess -> train -> (average) -> translate the test set -> eval.
+A stage is complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
+a checkpoint that reached the training limits, RUN/test.hyp newer than the checkpoint
+it came from. Rerunning after an interruption picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtkit.atomic import write_atomic
+from mtkit.checkpoint import average_checkpoints, save_checkpoint, step_checkpoints
+from mtkit.config import Config
+from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.sources import DataError
+from mtkit.evaluate import Score, score
+from mtkit.tokenizer import build_tokenizer, vocab_paths
+from mtkit.train import train
+from mtkit.translate import DecodeOptions, load_translator, translate_texts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    checkpoint: Path
+    hypotheses: Path
+    scores: list[Score]
+
+
+def _newer(path: Path, than: Path) -> bool:
+    return path.exists() and path.stat().st_mtime >= than.stat().st_mtime
+
+
+def final_checkpoint(cfg: Config) -> Path:
+    """The checkpoint the test set is translated with: the average of the last
+    `train.average_last` checkpoints when set, else best.pt (last.pt without validation)."""
+    folder = cfg.run_path / "checkpoints"
+    last = folder / "last.pt"
+    if cfg.train.average_last > 1:
+        out = folder / "average.pt"
+        if _newer(out, last):
+            return out
+        steps = [p for _, p in step_checkpoints(folder)][-cfg.train.average_last:]
+        log.info("averaging %d checkpoints: %s", len(steps), ", ".join(p.name for p in steps))
+        save_checkpoint(average_checkpoints(steps), out)
+        return out
+    best = folder / "best.pt"
+    return best if best.exists() else last
+
+
+def run_all(cfg: Config) -> RunResult:
+    run = cfg.run_path
+    if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
+        log.info("stage tokenizer")
+        build_tokenizer(cfg)
+    if not (run / "data" / "train" / "manifest.json").exists():
+        log.info("stage preprocess")
+        preprocess(cfg)
+    log.info("stage train")
+    train(cfg, resume=True)
+    checkpoint = final_checkpoint(cfg)
+    test_dir = run / "data" / "test"
+    if not (test_dir / "manifest.json").exists():
+        raise DataError("data.test is not set: `mtkit run` ends by scoring the test set")
+    test = ShardDataset(test_dir)
+    sources, references = test.texts("src"), test.texts("tgt")
+    hyp_path = run / "test.hyp"
+    if _newer(hyp_path, checkpoint):
+        hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
+    else:
+        log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
+        translator = load_translator(checkpoint, cfg.train.device)
+        hypotheses = translate_texts(translator, sources, DecodeOptions.from_config(cfg.decode))
+        write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
+    scores = score(hypotheses, references, ["bleu", "chrf", "ter"])
+    report = {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+    report["checkpoint"] = str(checkpoint)
+    write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
+    return RunResult(checkpoint, hyp_path, scores)

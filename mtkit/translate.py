@@ -1,0 +1,213 @@
+"""Text in, text out: load a checkpoint, stream lines, batch by length, restore order.
+
+`translate_stream` reads whatever lines are available (so it works interactively and
+in a pipe), translates them in length-sorted batches of at most `batch_tokens` source
+tokens, and writes exactly one output line per input line (n lines with `nbest` n),
+in input order, flushed after each chunk. Empty lines give empty lines without
+running the model; invalid UTF-8 is replaced, not fatal; a line longer than the model's
+positions is truncated with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Literal, TextIO
+
+import torch
+
+from mtkit.checkpoint import CheckpointError, load_checkpoint
+from mtkit.config import Config, ConfigError, DecodeConfig, config_from_dict
+from mtkit.model import Transformer, build_model
+from mtkit.search import Hypothesis, beam_search
+from mtkit.tokenizer import EOS, PAD, Vocab
+from mtkit.train import resolve_device, resolve_precision
+
+log = logging.getLogger(__name__)
+
+CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    beam: int = 5
+    lenpen: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    batch_tokens: int = 8000
+    nbest: int = 1
+    scores: bool = False
+    format: Literal["text", "jsonl"] = "text"
+
+    @classmethod
+    def from_config(cls, cfg: DecodeConfig, **overrides) -> DecodeOptions:
+        base = {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
+                "max_len_b": cfg.max_len_b, "batch_tokens": cfg.batch_tokens}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        opts = cls(**{**base, **given})
+        if not 1 <= opts.nbest <= opts.beam:
+            raise ConfigError(f"--nbest {opts.nbest} must be between 1 and --beam {opts.beam}")
+        if opts.beam < 1 or opts.batch_tokens < 1:
+            raise ConfigError("--beam and --batch-tokens must be positive")
+        return opts
+
+
+@dataclass
+class Translator:
+    model: Transformer
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    config: Config  # the checkpoint's: decoding defaults in config.decode
+    _warned_long: bool = False
+
+    @property
+    def max_src_tokens(self) -> int:
+        return self.model.cfg.max_positions - 1  # room for eos
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        ids = self.src_vocab.encode(lines)
+        limit = self.max_src_tokens
+        if any(len(x) > limit for x in ids):
+            if not self._warned_long:
+                log.warning("input lines longer than %d subwords are truncated "
+                            "(model.max_positions=%d)", limit, self.model.cfg.max_positions)
+                self._warned_long = True
+            ids = [x[:limit] for x in ids]
+        return ids
+
+    def translate(self, lines: list[str], opts: DecodeOptions) -> list[list[Hypothesis]]:
+        """Hypotheses for each line, in input order; empty lines get one empty one."""
+        out: list[list[Hypothesis]] = [[] for _ in lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        empty = [Hypothesis([], 0.0, 0.0)] * opts.nbest
+        for i in set(range(len(lines))) - set(todo):
+            out[i] = empty
+        if not todo:
+            return out
+        ids = self.encode([lines[i] for i in todo])
+        order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
+        for batch in length_batches(order, ids, opts.batch_tokens):
+            src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                                enabled=self.autocast_dtype is not None):
+                hyps = beam_search(self.model, src, opts.beam, opts.lenpen, opts.max_len_a,
+                                   opts.max_len_b, nbest=opts.nbest)
+            for k, h in zip(batch, hyps, strict=True):
+                out[todo[k]] = h
+        return out
+
+
+def pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
+                    ) -> Iterator[list[int]]:
+    """Consecutive runs of `order` with (rows x longest + 1) <= batch_tokens."""
+    batch: list[int] = []
+    longest = 0
+    for k in order:
+        n = len(ids[k]) + 1
+        if batch and (len(batch) + 1) * max(longest, n) > batch_tokens:
+            yield batch
+            batch, longest = [], 0
+        batch.append(k)
+        longest = max(longest, n)
+    if batch:
+        yield batch
+
+
+def load_translator(path: str | os.PathLike, device: str = "auto") -> Translator:
+    """Everything translation needs comes from the checkpoint file."""
+    payload = load_checkpoint(path)
+    try:
+        cfg = config_from_dict(payload["config"], str(path))
+        src_vocab = Vocab(payload["vocab"]["src"])
+        tgt_vocab = Vocab(payload["vocab"]["tgt"])
+        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
+        model.load_state_dict(payload["model"])
+    except (KeyError, TypeError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
+                              f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+                              ) from None
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    precision = resolve_precision("auto", dev)
+    return Translator(model, src_vocab, tgt_vocab, dev, precision, cfg)
+
+
+def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES) -> Iterator[list[str]]:
+    """Lines as they become available: each chunk holds the complete lines that one read
+    returned (at most `max_lines`), so an interactive user gets each line translated at
+    once and a pipe gets large batches. Invalid UTF-8 is replaced."""
+    fd = stream.fileno() if hasattr(stream, "fileno") and _is_real_fd(stream) else None
+    pending = b""
+    while True:
+        data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
+        if not data:
+            break
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for start in range(0, len(lines), max_lines):
+            yield [_decode(x) for x in lines[start : start + max_lines]]
+    if pending:
+        yield [_decode(pending)]
+
+
+def _is_real_fd(stream) -> bool:
+    try:
+        stream.fileno()
+        return True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def format_lines(index: int, source: str, hyps: list[Hypothesis], tgt_vocab: Vocab,
+                 opts: DecodeOptions) -> list[str]:
+    """The output lines of one input line (n of them with --nbest n in text format)."""
+    texts = [tgt_vocab.decode(h.tokens) for h in hyps]
+    if opts.format == "jsonl":
+        record = {"line": index, "source": source, "translation": texts[0],
+                  "score": round(hyps[0].score, 4)}
+        if opts.nbest > 1:
+            record["nbest"] = [{"translation": t, "score": round(h.score, 4)}
+                               for t, h in zip(texts, hyps, strict=True)]
+        return [json.dumps(record, ensure_ascii=False)]
+    if opts.nbest > 1:
+        return [f"{index} ||| {t} ||| {h.score:.4f}" for t, h in zip(texts, hyps, strict=True)]
+    if opts.scores:
+        return [f"{texts[0]}\t{hyps[0].score:.4f}"]
+    return [texts[0]]
+
+
+def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
+                     opts: DecodeOptions) -> int:
+    """Translate every line of `source` to `sink`; returns the number of input lines."""
+    count = 0
+    for lines in read_chunks(source):
+        results = translator.translate(lines, opts)
+        out = []
+        for offset, (line, hyps) in enumerate(zip(lines, results, strict=True)):
+            out.extend(format_lines(count + offset, line, hyps, translator.tgt_vocab, opts))
+        sink.write("".join(x + "\n" for x in out))
+        sink.flush()
+        count += len(lines)
+    return count
+
+
+def translate_texts(translator: Translator, lines: list[str], opts: DecodeOptions) -> list[str]:
+    """Best translation of each line, in order (for evaluation)."""
+    hyps = translator.translate(lines, opts)
+    return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]

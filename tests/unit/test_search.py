@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mtkit.config import ModelConfig
+from mtkit.model import build_model
+from mtkit.search import Hypothesis, beam_search, greedy_search, length_penalty
+from mtkit.tokenizer import BOS, EOS, PAD
+
+A, B, C = 4, 5, 6
+V = 8
+
+
+class Prefixes:
+    """Decoder state of the scripted model: the tokens so far, (rows, t)."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+
+    def index_select(self, index: torch.Tensor) -> Prefixes:
+        return Prefixes(self.tokens.index_select(0, index))
+
+
+class Scripted:
+    """A step function from a table: prefix (tuple of ids after bos) -> {id: prob};
+    unlisted prefixes put all mass on eos. Records the rows of every step."""
+
+    def __init__(self, table: dict[tuple, dict[int, float]], max_positions: int = 64):
+        self.table = table
+        self.cfg = SimpleNamespace(max_positions=max_positions)
+        self.rows: list[int] = []
+
+    def encode(self, src):
+        return torch.zeros(*src.shape, 1), src != PAD
+
+    def decode_step(self, token, memory, src_mask, state):
+        assert memory.size(0) == token.size(0) == src_mask.size(0)
+        self.rows.append(token.size(0))
+        tokens = token[:, None] if state is None else torch.cat([state.tokens, token[:, None]], 1)
+        logits = torch.full((token.size(0), V), -1e9)
+        for r, prefix in enumerate(tokens[:, 1:].tolist()):
+            for tok, p in self.table.get(tuple(prefix), {EOS: 1.0}).items():
+                logits[r, tok] = math.log(p)
+        return logits, Prefixes(tokens)
+
+
+SRC = torch.tensor([[A, B, C, EOS]])
+
+
+def test_beam_finds_a_higher_scoring_output_than_greedy():
+    model = Scripted({(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, B: 0.3, C: 0.3},
+                      (B,): {EOS: 0.9, C: 0.1}})
+    assert greedy_search(model, SRC) == [[A]]
+    best = beam_search(model, SRC, beam=2, lenpen=0.0)[0][0]
+    assert best.tokens == [B]
+    assert best.log_prob == pytest.approx(math.log(0.36))
+    assert best.log_prob > math.log(0.24)
+
+
+def test_length_penalty_favours_longer_outputs():
+    table = {(): {A: 0.6, B: 0.4}, (A,): {EOS: 1.0}, (B,): {C: 1.0}, (B, C): {A: 1.0},
+             (B, C, A): {B: 1.0}, (B, C, A, B): {EOS: 1.0}}
+    model = Scripted(table)
+    short = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_b=10)[0][0]
+    assert short.tokens == [A]
+    long = beam_search(model, SRC, beam=2, lenpen=2.0, max_len_b=10)[0][0]
+    assert long.tokens == [B, C, A, B]
+    assert long.score == pytest.approx(long.log_prob / length_penalty(5, 2.0))
+    assert length_penalty(1, 0.6) == pytest.approx((6 / 6) ** 0.6)
+
+
+def test_maximum_and_minimum_length():
+    loop = Scripted({(A,) * n: {A: 0.9, EOS: 0.1} for n in range(0, 60)})
+    src = torch.tensor([[A, B, EOS, PAD]])  # 3 real tokens
+    out = beam_search(loop, src, beam=3, max_len_a=1.0, max_len_b=2)[0][0]
+    assert len(out.tokens) <= 5
+    assert len(greedy_search(loop, src, 1.0, 2)[0]) == 5
+    early = Scripted({(): {EOS: 0.9, A: 0.1}, (A,): {EOS: 0.9, B: 0.1}, (A, B): {EOS: 1.0}})
+    assert beam_search(early, SRC, beam=2, min_len=2)[0][0].tokens == [A, B]
+    assert greedy_search(early, SRC, min_len=2)[0] == [A, B]
+
+
+def test_nbest_lists_are_distinct_and_sorted():
+    model = Scripted({(): {A: 0.5, B: 0.3, C: 0.2}})
+    hyps = beam_search(model, SRC, beam=3, lenpen=0.0, nbest=3)[0]
+    assert [h.tokens for h in hyps] == [[A], [B], [C]]
+    assert all(isinstance(h, Hypothesis) for h in hyps)
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    with pytest.raises(ValueError, match=r"nbest must be between 1 and the beam size 3"):
+        beam_search(model, SRC, beam=3, nbest=4)
+
+
+def test_finished_sentences_leave_the_batch():
+    loop = Scripted({(A,) * n: {A: 1.0} for n in range(0, 10)})
+    src = torch.tensor([[A, EOS, PAD, PAD, PAD], [A, B, C, A, EOS]])  # limits 2 and 5
+    hyps = beam_search(loop, src, beam=1, max_len_a=1.0, max_len_b=0)
+    assert [h[0].tokens for h in hyps] == [[A, A], [A] * 5]
+    assert loop.rows == [2, 2, 2, 1, 1, 1]
+    loop.rows.clear()
+    beam_search(loop, src, beam=3, max_len_a=1.0, max_len_b=0)
+    assert loop.rows == [6, 6, 6, 3, 3, 3]
+
+
+def random_model(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=2, decoder_layers=2,
+                      dropout=0.0, max_positions=64)
+    return build_model(cfg, 40, 40).eval()
+
+
+def random_src(n: int = 6, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (n, 9), generator=g)
+    for i in range(n):
+        src[i, 3 + i % 6 :] = PAD
+        src[i, 3 + i % 6 - 1] = EOS
+    return src
+
+
+def test_beam_one_equals_greedy():
+    model, src = random_model(), random_src()
+    greedy = greedy_search(model, src, 1.5, 4)
+    beam = beam_search(model, src, beam=1, max_len_a=1.5, max_len_b=4)
+    assert [h[0].tokens for h in beam] == greedy
+
+
+def test_results_do_not_depend_on_batching():
+    model, src = random_model(2), random_src(6, 3)
+    together = beam_search(model, src, beam=4, nbest=2)
+    alone = [beam_search(model, src[i : i + 1, : int((src[i] != PAD).sum())], beam=4,
+                         nbest=2)[0] for i in range(src.size(0))]
+    for a, b in zip(together, alone):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_beam_never_emits_pad_or_bos():
+    model, src = random_model(3), random_src()
+    for hyps in beam_search(model, src, beam=5, nbest=5):
+        for h in hyps:
+            assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
