@@ -122,9 +122,9 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
                 nbest: int = 1) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
-    A hypothesis ends when eos is among the N best candidates of its sentence; a
-    sentence is done once it has N finished hypotheses (or hits its maximum length),
-    and then leaves the batch."""
+    A hypothesis ends when eos is among the N best candidates of its sentence. A
+    sentence is done, and leaves the batch, once no open beam can beat its N best
+    finished hypotheses (or at its maximum length)."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     device = src.device
@@ -158,8 +158,7 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
         state = state.index_select(reorder)
         step += 1
-        full = torch.tensor([len(finished[s]) >= beam for s in alive.tolist()], device=device)
-        done = full | (step > limits[alive])  # (b,): after the forced-eos step, stop
+        done = _sentences_done(finished, alive, scores, limits, step, beam, lenpen)  # (b,)
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # (b',)
             rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
@@ -167,22 +166,40 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
             token, history = token[rows], history[rows]
             memory, src_mask = memory[rows], src_mask[rows]
             state = state.index_select(rows)
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+    return [hyps[:nbest] for hyps in finished]
 
 
 def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: Tensor,
                       cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor,
                       beam: int, lenpen: float, step: int) -> None:
-    """Record eos candidates ranked among a sentence's N best as finished hypotheses."""
+    """Record eos candidates ranked among a sentence's N best as finished hypotheses;
+    each sentence keeps its N best finished ones, best first."""
     ends = (cand_tokens[:, :beam] == EOS) & torch.isfinite(cand_scores[:, :beam])  # (b, N)
     if not ends.any():
         return
     penalty = length_penalty(step + 1, lenpen)
     for row, rank in ends.nonzero().tolist():
         sentence = int(alive[row])
-        if len(finished[sentence]) >= beam:
-            continue
         source = row * beam + int(cand_beams[row, rank])
         log_prob = float(cand_scores[row, rank])
-        finished[sentence].append(
-            Hypothesis(history[source].tolist(), log_prob, log_prob / penalty))
+        hyps = finished[sentence]
+        hyps.append(Hypothesis(history[source].tolist(), log_prob, log_prob / penalty))
+        hyps.sort(key=lambda h: -h.score)
+        del hyps[beam:]
+
+
+def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Tensor,
+                    limits: Tensor, step: int, beam: int, lenpen: float) -> Tensor:
+    """(b,) True where no open beam can still enter the sentence's N best: it has N
+    finished hypotheses and the best open beam, even ending at the longest allowed
+    length (log-probs only fall; the penalty only grows), scores below the worst of
+    them. Also True once the forced-eos step at the length limit has passed."""
+    best_open = scores[:, 0]  # (b,): beams are kept sorted, best first
+    limit = limits[alive]  # (b,)
+    bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
+    done = step > limit  # (b,)
+    for row, sentence in enumerate(alive.tolist()):
+        hyps = finished[sentence]
+        if len(hyps) >= beam and not bool(bound[row] > hyps[-1].score):
+            done[row] = True
+    return done

@@ -19,9 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("copy") / "run"
-    overrides = [f"run_dir={run}", "model.encoder_layers=1", "model.decoder_layers=1",
-                 "model.ffn_dim=128", "train.max_tokens=1024", "train.lr=0.004",
-                 "train.max_steps=500", "train.valid_every=500", "train.log_every=500"]
+    overrides = [f"run_dir={run}", "train.max_tokens=1024", "train.lr=0.003",
+                 "train.max_steps=1000", "train.valid_every=1000", "train.log_every=1000"]
     data = ROOT / "data" / "copy"
     overrides += [f"data.{split}.{side}={data}/{name}.{side}.gz" for split, name in
                   (("train", "train"), ("valid", "valid"), ("test", "test"))

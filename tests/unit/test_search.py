@@ -105,6 +105,18 @@ def test_finished_sentences_leave_the_batch():
     assert loop.rows == [6, 6, 6, 3, 3, 3]
 
 
+def test_search_goes_on_while_an_open_beam_can_still_win():
+    # Three short hypotheses finish at step 2, all worse than the open beam A A A, which
+    # only ends at step 4: stopping at N finished would lose it.
+    table = {(): {A: 0.6, B: 0.2, C: 0.2}, (B,): {EOS: 0.9, A: 0.1}, (C,): {EOS: 0.9, A: 0.1},
+             (A,): {A: 0.99, EOS: 0.01}, (A, A): {A: 0.99, EOS: 0.01},
+             (A, A, A): {EOS: 1.0}}
+    model = Scripted(table)
+    best = beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10, nbest=3)[0]
+    assert best[0].tokens == [A, A, A]
+    assert best[0].log_prob == pytest.approx(math.log(0.6 * 0.99 * 0.99))
+
+
 def random_model(seed: int = 0):
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=2, decoder_layers=2,
@@ -124,7 +136,7 @@ def random_src(n: int = 6, seed: int = 1) -> torch.Tensor:
 def test_beam_one_equals_greedy():
     model, src = random_model(), random_src()
     greedy = greedy_search(model, src, 1.5, 4)
-    beam = beam_search(model, src, beam=1, max_len_a=1.5, max_len_b=4)
+    beam = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=1.5, max_len_b=4)
     assert [h[0].tokens for h in beam] == greedy
 
 
