@@ -110,9 +110,21 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
         watch(attn.v_proj, f"{prefix} / V projection", _axes(k_len))
         watch(attn.out_proj, f"{prefix} / output projection", _axes(q_len))
 
+    side = {"length": "S"}  # which sequence the (possibly shared) token embedding sees
+
+    def lookup(module, inputs, output):
+        rec.add("token embedding lookup (before the sqrt(D) scale)", output,
+                _axes(side["length"]))
+
+    def entering(length: str):
+        def hook(module, inputs):
+            side["length"] = length
+        return hook
+
+    handles.append(model.src_embed.register_forward_pre_hook(entering("S")))
+    handles.append(model.tgt_embed.register_forward_pre_hook(entering("T")))
     watch(model.src_embed, "source token ids", "(B, S)", before=True)
-    watch(model.src_embed.tokens, "token embedding lookup (before the sqrt(D) scale)",
-          _axes("S"))
+    handles.append(model.src_embed.tokens.register_forward_hook(lookup))
     watch(model.src_embed, "source embeddings * sqrt(D) + positions, dropout", _axes("S"))
     for i, layer in enumerate(model.encoder_layers):
         p = f"encoder layer {i}"
@@ -124,15 +136,13 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
         watch(layer, f"{p} / output", _axes("S"))
     watch(model.tgt_embed, "target input ids (bos + y)", "(B, T)", before=True)
     if model.tgt_embed.tokens is not model.src_embed.tokens:
-        watch(model.tgt_embed.tokens, "token embedding lookup (before the sqrt(D) scale)",
-              _axes("T"))
+        handles.append(model.tgt_embed.tokens.register_forward_hook(lookup))
     watch(model.tgt_embed, "target embeddings * sqrt(D) + positions, dropout", _axes("T"))
     for i, layer in enumerate(model.decoder_layers):
         p = f"decoder layer {i}"
         observe(layer.self_attn, f"{p} / masked self-attention", "T", "T")
         watch(layer.self_block.norm, f"{p} / {norm} (self-attention)", _axes("T"))
-        observe(layer.cross_attn, f"{p} / cross-attention (Q from target, K/V from encoder)",
-                "T", "S")
+        observe(layer.cross_attn, f"{p} / cross-attention", "T", "S")
         watch(layer.cross_block.norm, f"{p} / {norm} (cross-attention)",
               _axes("T"))
         watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation", _axes("T", "F"))
@@ -171,16 +181,19 @@ def trace_shapes(model: Transformer, batch: Batch, label_smoothing: float = 0.1,
 def format_trace(stages: list[Stage], cfg: ModelConfig, vocab_size: int,
                  values: bool = False) -> str:
     """The trace as a text table (and the rounded values, with --values)."""
-    head = (f"axes: B batch, S source length, T target length, D d_model={cfg.d_model}, "
-            f"H heads={cfg.heads}, K head dim={cfg.d_model // cfg.heads}, "
-            f"F ffn_dim={cfg.ffn_dim}, V vocab={vocab_size}")
+    head = [f"axes: B batch, S source length, T target length, D d_model={cfg.d_model}, "
+            f"H heads={cfg.heads}, K head dim={cfg.d_model // cfg.heads},",
+            f"      F ffn_dim={cfg.ffn_dim}, V vocab={vocab_size}; cross-attention takes its "
+            f"queries from the target and its keys/values from the encoder output",
+            "stages are listed in the order the model computes them; the decoder's cross-"
+            "attention keys/values are computed once, before its first layer"]
     width = max(len(s.name) for s in stages) + 2
-    lines = [head, "", f"{'stage':<{width}}{'shape':<22}axes"]
+    lines = [*head, "", f"{'stage':<{width}}{'shape':<16}axes"]
     for s in stages:
-        lines.append(f"{s.name:<{width}}{str(s.shape):<22}{s.axes}")
+        lines.append(f"{s.name:<{width}}{str(s.shape):<16}{s.axes}")
         if values and s.values is not None:
             with _print_options():
-                text = str(s.values.float() if s.values.dtype != torch.bool else s.values.int())
+                text = str(s.values.int() if s.values.dtype == torch.bool else s.values)
             lines.extend("    " + row for row in text.split("\n"))
     return "\n".join(lines)
 
@@ -269,6 +282,7 @@ class AttentionMaps:
     translation: str
     src_tokens: list[str]
     tgt_tokens: list[str]  # the decoder's input: <s> + output pieces
+    out_tokens: list[str]  # what each decoder position predicts: output pieces + </s>
     encoder: list[Tensor]  # per layer (H, S, S)
     decoder: list[Tensor]  # per layer (H, T, T)
     cross: list[Tensor]  # per layer (H, T, S)
@@ -301,7 +315,8 @@ def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, text:
             attn.observer = None
     src_tokens = [src_vocab.piece(i) for i in src_ids] + ["</s>"]
     tgt_tokens = ["<s>"] + [tgt_vocab.piece(i) for i in out_ids]
-    return AttentionMaps(tgt_vocab.decode(out_ids), src_tokens, tgt_tokens,
+    out_tokens = tgt_tokens[1:] + ["</s>"]
+    return AttentionMaps(tgt_vocab.decode(out_ids), src_tokens, tgt_tokens, out_tokens,
                          weights["encoder"], weights["decoder"], weights["cross"])
 
 
@@ -316,16 +331,19 @@ def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def draw(grids: Tensor, rows: list[str], cols: list[str], title: str, path: Path) -> None:
+    def draw(grids: Tensor, rows: list[str], cols: list[str], title: str, path: Path,
+             vmax: float | None = 1.0) -> None:
         heads = grids.size(0)
-        size = max(2.5, 0.35 * max(len(rows), len(cols)))
-        fig, axes = plt.subplots(1, heads, figsize=(size * heads, size + 0.8), squeeze=False)
+        size = max(3.0, 0.35 * max(len(rows), len(cols)))
+        fig, axes = plt.subplots(1, heads, figsize=(max(size * heads, 4.5), size + 0.8),
+                                 squeeze=False)
         for h in range(heads):
             ax = axes[0][h]
-            ax.imshow(grids[h].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.imshow(grids[h].float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
             ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
             ax.set_yticks(range(len(rows)), rows, fontsize=7)
-            ax.set_title(f"head {h}" if heads > 1 else title, fontsize=8)
+            if heads > 1:
+                ax.set_title(f"head {h}", fontsize=8)
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -333,14 +351,14 @@ def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
         written.append(path)
 
     kinds = (("encoder", maps.encoder, maps.src_tokens, maps.src_tokens, "encoder self-attention"),
-             ("decoder", maps.decoder, maps.tgt_tokens, maps.tgt_tokens,
-              "decoder self-attention (causal)"),
-             ("cross", maps.cross, maps.tgt_tokens, maps.src_tokens, "cross-attention"))
+             ("decoder", maps.decoder, maps.out_tokens, maps.tgt_tokens,
+              "decoder self-attention (causal; rows: the token being predicted)"),
+             ("cross", maps.cross, maps.out_tokens, maps.src_tokens,
+              "cross-attention (rows: the token being predicted)"))
     for kind, layers, rows, cols, title in kinds:
         for i, grid in enumerate(layers):
             draw(grid, rows, cols, f"{title}, layer {i}", out_dir / f"{kind}_layer{i}.png")
     mean = torch.stack(maps.cross).mean(dim=(0, 1))[None]  # (1, T, S)
-    draw(mean, maps.tgt_tokens, maps.src_tokens,
-         "cross-attention, mean over layers and heads (soft alignment)",
-         out_dir / "alignment.png")
+    draw(mean, maps.out_tokens, maps.src_tokens, "mean cross-attention (soft alignment)",
+         out_dir / "alignment.png", vmax=None)
     return written

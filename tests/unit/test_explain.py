@@ -48,14 +48,15 @@ def test_shape_trace_lists_the_stages_in_data_flow_order():
         ("target input ids (bos + y)", (2, 6)),
         ("decoder layer 0 / masked self-attention / scores QK^T / sqrt(d_k)", (2, 2, 6, 6)),
         ("decoder layer 0 / masked self-attention / causal mask", (6, 6)),
-        ("decoder layer 0 / cross-attention (Q from target, K/V from encoder) / scores "
-         "QK^T / sqrt(d_k)", (2, 2, 6, 4)),
+        ("decoder layer 0 / cross-attention / scores QK^T / sqrt(d_k)", (2, 2, 6, 4)),
         ("logits (tied output projection D -> V)", (2, 6, 20)),
         ("log-probabilities (log-softmax over V)", (2, 6, 20)),
         ("label-smoothed loss per token (eps 0.1)", ()),
     ]
     positions = [got.index(item) for item in expected]  # raises if a stage is missing
     assert positions == sorted(positions)
+    lookups = [s.axes for s in stages if s.name.startswith("token embedding lookup")]
+    assert lookups == ["(B, S, D)", "(B, T, D)"]  # one shared embedding, seen twice
     text = format_trace(stages, CFG, 20, values=True)
     assert "(B, H, T, S)" in text and "V vocab=20" in text
 
