@@ -188,3 +188,20 @@ def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
     assert events[0]["world_size"] == 2 and events[-1]["step"] == 8
+
+
+def test_max_epochs_and_patience_stop_training(prepared, tmp_path, corpus):
+    cfg, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=0, max_epochs=1,
+                   max_tokens=4096, valid_every=1000)
+    result = train(cfg)
+    per_epoch = 2000 * 20 // 4096  # roughly: 2,000 pairs of ~20 tokens
+    assert result.stopped_because == "max_epochs" and result.epoch == 1
+    assert per_epoch // 3 < result.step < per_epoch * 3
+    # Patience 1: the second validation without a better BLEU stops training. A zero
+    # learning rate after warm-up keeps the BLEU from improving.
+    cfg, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=100, valid_every=2,
+                   patience=1, lr=1e-9)
+    result = train(cfg)
+    assert result.stopped_because == "patience" and result.step == 4
+    again = train(cfg)  # resuming an early-stopped run changes nothing
+    assert again.step == 4 and again.stopped_because == "patience"

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+
+import pytest
+import torch
+
+from mtkit.config import Config, ModelConfig, TokenizerConfig
+from mtkit.model import build_model
+from mtkit.tokenizer import Vocab, train_sentencepiece
+from mtkit.translate import (
+    DecodeOptions,
+    Translator,
+    format_lines,
+    read_chunks,
+    translate_stream,
+)
+
+from conftest import read_lines
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    vocab = Vocab(train_sentencepiece(read_lines("train.en.gz", 300),
+                                      TokenizerConfig(vocab_size=120)))
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
+                      dropout=0.0, max_positions=24)
+    model = build_model(cfg, len(vocab), len(vocab)).eval()
+    return Translator(model, vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
+
+
+def test_one_output_line_per_input_line_in_order(translator):
+    lines = ["A dog.", "", "A man in a blue shirt is standing on a ladder.", "   ", "Hi."]
+    opts = DecodeOptions(beam=3, max_len_a=1.0, max_len_b=3)
+    sink = io.StringIO()
+    assert translate_stream(translator, io.BytesIO("\n".join(lines).encode()), sink, opts) == 5
+    out = sink.getvalue().split("\n")
+    assert len(out) == 6 and out[-1] == "" and out[1] == out[3] == ""
+    # The same lines one at a time give the same outputs: order is restored exactly.
+    one_by_one = [translator.translate([x], opts)[0][0].tokens for x in lines]
+    together = [h[0].tokens for h in translator.translate(lines, opts)]
+    assert one_by_one == together
+
+
+def test_overlong_lines_are_truncated_with_one_warning(translator, caplog):
+    long = " ".join(["A man in a blue shirt is standing on a ladder."] * 10)
+    opts = DecodeOptions(beam=2, max_len_a=0.0, max_len_b=5)
+    with caplog.at_level(logging.WARNING, logger="mtkit.translate"):
+        out = translator.translate([long, long, "A dog."], opts)
+        translator.translate([long], opts)
+    assert len(out) == 3 and all(len(h) == 1 for h in out)
+    warnings = [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(warnings) == 1 and "longer than 23 subwords" in warnings[0].getMessage()
+
+
+def test_invalid_utf8_is_replaced_not_fatal():
+    chunks = list(read_chunks(io.BytesIO(b"ok\n\xff\xfe bad\nlast")))
+    assert chunks == [["ok", "\ufffd\ufffd bad"], ["last"]]
+
+
+def test_lines_are_translated_as_soon_as_they_arrive():
+    read_fd, write_fd = os.pipe()
+    reader = os.fdopen(read_fd, "rb")
+    chunks = read_chunks(reader)
+    os.write(write_fd, b"first line\n")
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(next(chunks)))
+    thread.start()
+    thread.join(timeout=5)
+    assert got == [["first line"]]  # no waiting for more input or end of file
+    os.write(write_fd, b"second\nthird\n")
+    os.close(write_fd)
+    assert list(chunks) == [["second", "third"]]
+    reader.close()
+
+
+def test_output_formats(translator):
+    hyps = translator.translate(["A dog."], DecodeOptions(beam=3, nbest=2, max_len_b=3))[0]
+    nbest = format_lines(7, "A dog.", hyps, translator.tgt_vocab, DecodeOptions(beam=3, nbest=2))
+    assert len(nbest) == 2 and all(line.startswith("7 ||| ") for line in nbest)
+    scored = format_lines(0, "A dog.", hyps[:1], translator.tgt_vocab, DecodeOptions(scores=True))
+    assert scored[0].count("\t") == 1 and float(scored[0].split("\t")[1]) <= 0
+    record = json.loads(format_lines(0, "A dog.", hyps, translator.tgt_vocab,
+                                     DecodeOptions(beam=3, nbest=2, format="jsonl"))[0])
+    assert record["source"] == "A dog." and len(record["nbest"]) == 2
+
+
+def test_nbest_larger_than_beam_is_rejected():
+    from mtkit.config import ConfigError, DecodeConfig
+
+    with pytest.raises(ConfigError, match=r"--nbest 6 must be between 1 and --beam 5"):
+        DecodeOptions.from_config(DecodeConfig(), nbest=6)
