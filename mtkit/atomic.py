@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def _umask() -> int:
@@ -20,21 +21,29 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write bytes to a temporary file beside `path`, fsync, then rename over it."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """Yield a binary file that becomes `path` on success: a temporary file in the same
+    folder, flushed, fsynced and renamed over `path`. On an exception it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Replace `path` with `payload` atomically."""
+    with atomic_file(path) as f:
+        f.write(payload)
 
 
 @contextmanager

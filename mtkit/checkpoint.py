@@ -20,12 +20,13 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from mtkit.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +40,8 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     """Write atomically: temporary file in the same folder, fsync, `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        torch.save({"format": FORMAT, **payload}, f)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
