@@ -145,3 +145,22 @@ def test_python_dash_m_works():
     done = subprocess.run([sys.executable, "-m", "mtkit", "--help"], capture_output=True,
                           text=True)
     assert done.returncode == 0 and "translate" in done.stdout
+
+
+def test_run_does_every_stage_then_skips_finished_ones(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 20, "valid_every": 10,
+                                                   "save_every": 5, "average_last": 2})
+    result = runner.invoke(app, ["run", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("test BLEU ")
+    run = tmp_path / "run"
+    hyps = (run / "test.hyp").read_text().split("\n")[:-1]
+    assert len(hyps) == 100
+    scores = json.loads((run / "test.scores.json").read_text())
+    assert scores["checkpoint"].endswith("average.pt") and "chrf" in scores
+    before = (run / "metrics.jsonl").read_text().count('"event": "train"')
+    mtime = (run / "test.hyp").stat().st_mtime
+    again = runner.invoke(app, ["run", "-c", str(config)])
+    assert again.exit_code == 0 and again.stdout == result.stdout
+    assert (run / "metrics.jsonl").read_text().count('"event": "train"') == before
+    assert (run / "test.hyp").stat().st_mtime == mtime
