@@ -53,9 +53,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
             ValueError, KeyError, AttributeError, ImportError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated, corrupt or "
-                              f"not made by mtkit: {first[:120]})") from None
+        refused = "Weights only load failed" in str(e)
+        why = ("it holds objects that safe loading refuses to build" if refused
+               else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:100]}")
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated, corrupt or not "
+                              f"made by mtkit; {why})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an mtkit checkpoint")
     return payload
