@@ -395,14 +395,11 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
                     progress.epoch = epoch
                 progress.batch = k + 1
                 batch = batch.to(device, non_blocking=True)
-                sync = micro == tc.update_freq - 1 or not distributed
-                ctx = wrapped.no_sync() if not sync else nullcontext()
+                last_micro = micro == tc.update_freq - 1
                 try:
-                    with ctx, torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                             enabled=autocast_dtype is not None):
-                        out = label_smoothed_nll(wrapped(batch.src, batch.tgt_in),
-                                                 batch.tgt_out, tc.label_smoothing)
-                        out.loss.backward()
+                    with wrapped.no_sync() if distributed and not last_micro else nullcontext():
+                        out = _forward_backward(wrapped, batch, tc.label_smoothing, device,
+                                                autocast_dtype)
                 except RuntimeError as e:
                     if not _is_oom(e) or distributed:
                         raise
@@ -419,17 +416,7 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
                 break
             if skipped:
                 continue
-            # Gradients hold sums over this rank's tokens (averaged over ranks by DDP):
-            # divide by the mean token count per rank to get the per-token mean.
-            token_count = torch.tensor([float(tokens)], device=device)
-            if distributed:
-                dist.all_reduce(token_count)
-                token_count /= world
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.div_(token_count.clamp(min=1.0))
-            grad_norm = nn.utils.clip_grad_norm_(
-                model.parameters(), tc.clip_norm if tc.clip_norm > 0 else float("inf"))
+            grad_norm = _per_token_gradients(model, tokens, tc.clip_norm, device, distributed)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
                 bad_steps += 1
@@ -486,6 +473,35 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
         dist.barrier()
     return TrainResult(progress.step, progress.epoch, progress.best_bleu, stopped_because, run,
                        model)
+
+
+def _forward_backward(model: nn.Module, batch: Batch, label_smoothing: float,
+                      device: torch.device, autocast_dtype: torch.dtype | None):
+    """Loss of one batch (summed over its tokens) and its gradients, added to .grad."""
+    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                        enabled=autocast_dtype is not None):
+        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
+                                 label_smoothing)
+    out.loss.backward()
+    return out
+
+
+def _per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
+                         device: torch.device, distributed: bool) -> torch.Tensor:
+    """Turn the summed gradients of one update into per-token means, clip them, and
+    return their norm before clipping (non-finite when the loss was).
+
+    Each rank's gradients hold sums over its own tokens, averaged over ranks by DDP, so
+    they are divided by the mean token count per rank."""
+    count = torch.tensor([float(tokens)], device=device)
+    if distributed:
+        dist.all_reduce(count)
+        count /= dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(count.clamp(min=1.0))
+    return nn.utils.clip_grad_norm_(model.parameters(),
+                                    clip_norm if clip_norm > 0 else float("inf"))
 
 
 def _progress_line(progress: Progress, record: dict, tc) -> None:
