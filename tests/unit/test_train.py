@@ -178,9 +178,8 @@ def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus
     config = tmp_path / "ddp.yaml"
     config.write_text(yaml.safe_dump(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", "29517", str(ROOT / "tests" / "ddp_worker.py"), str(config),
-           str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(ROOT / "tests" / "ddp_worker.py"), str(config), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
