@@ -47,9 +47,6 @@ class Vocab:
         """Sentences -> subword ids, without bos/eos (the batch adds those)."""
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
-    def encode_pieces(self, text: str) -> list[str]:
-        return self._sp.encode(text, out_type=str)
-
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> detokenized text; special ids are dropped, decoding stops at eos."""
         out = []

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtkit.checkpoint import find_resumable, write_training_checkpoint
-from mtkit.config import Config, config_to_dict, save_config
+from mtkit.config import Config, TrainConfig, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.loss import label_smoothed_nll
@@ -504,7 +504,7 @@ def _per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
                                     clip_norm if clip_norm > 0 else float("inf"))
 
 
-def _progress_line(progress: Progress, record: dict, tc) -> None:
+def _progress_line(progress: Progress, record: dict, tc: TrainConfig) -> None:
     """Progress on stderr: step, loss, lr, tokens/s and, with a step limit, the ETA."""
     eta = ""
     if tc.max_steps:
@@ -513,9 +513,10 @@ def _progress_line(progress: Progress, record: dict, tc) -> None:
     elif tc.max_time:
         eta = f" | ETA {_clock(tc.max_time - progress.elapsed)}"
     total = f"/{tc.max_steps}" if tc.max_steps else ""
-    print(f"train | step {progress.step}{total} | epoch {progress.epoch} | loss "
-          f"{record['loss']:.3f} | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
-          f"{eta}", file=sys.stderr, flush=True)
+    line = (f"train | step {progress.step}{total} | epoch {progress.epoch} | loss "
+            f"{record['loss']:.3f} | lr {record['lr']:.2e} | "
+            f"{record['tokens_per_s']:,.0f} tok/s{eta}")
+    print(line, file=sys.stderr, flush=True)
 
 
 def _clock(seconds: float) -> str:

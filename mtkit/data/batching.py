@@ -140,10 +140,6 @@ class TokenBatchSampler(Sampler[list[int]]):
         """Batches this rank runs in the current epoch, from `start_batch` on."""
         return max(len(self._batches) - self.start_batch, 0)
 
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self._batches)
-
 
 def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
                 pin_memory: bool = False, generator: torch.Generator | None = None
