@@ -84,6 +84,14 @@ def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def last_step_checkpoints(folder: Path, n: int) -> list[Path]:
+    """The newest `n` `step_<N>.pt` files of a folder, oldest first; an error if none."""
+    paths = [p for _, p in step_checkpoints(folder)][-n:]
+    if not paths:
+        raise CheckpointError(f"{folder}: no step_<N>.pt checkpoints")
+    return paths
+
+
 def write_training_checkpoint(payload: dict[str, Any], folder: Path, step: int,
                               is_best: bool, keep_last: int) -> Path:
     """Save `step_<step>.pt`, point `last.pt` (and `best.pt` if best) at it, and delete

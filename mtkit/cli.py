@@ -212,19 +212,12 @@ def average(
     last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
 ) -> None:
     """Average the weights of several checkpoints into one that translates."""
-    from mtkit.checkpoint import (
-        CheckpointError,
-        average_checkpoints,
-        save_checkpoint,
-        step_checkpoints,
-    )
+    from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 
     with _reported():
         paths = list(checkpoints)
         if len(paths) == 1 and paths[0].is_dir():
-            paths = [p for _, p in step_checkpoints(paths[0])][-last:]
-            if not paths:
-                raise CheckpointError(f"{checkpoints[0]}: no step_<N>.pt checkpoints")
+            paths = last_step_checkpoints(paths[0], last)
         save_checkpoint(average_checkpoints(paths), output)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}", err=True)
 

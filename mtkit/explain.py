@@ -123,6 +123,12 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
 
     handles.append(model.src_embed.register_forward_pre_hook(entering("S")))
     handles.append(model.tgt_embed.register_forward_pre_hook(entering("T")))
+    def watch_ffn(layer: nn.Module, p: str, length: str) -> None:
+        watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation",
+              _axes(length, "F"))
+        watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes(length))
+        watch(layer.ffn_block.norm, f"{p} / {norm} (FFN)", _axes(length))
+
     watch(model.src_embed, "source token ids", "(B, S)", before=True)
     handles.append(model.src_embed.tokens.register_forward_hook(lookup))
     watch(model.src_embed, "source embeddings * sqrt(D) + positions, dropout", _axes("S"))
@@ -130,9 +136,7 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
         p = f"encoder layer {i}"
         observe(layer.self_attn, f"{p} / self-attention", "S", "S")
         watch(layer.attn_block.norm, f"{p} / {norm} (attention)", _axes("S"))
-        watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation", _axes("S", "F"))
-        watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes("S"))
-        watch(layer.ffn_block.norm, f"{p} / {norm} (FFN)", _axes("S"))
+        watch_ffn(layer, p, "S")
         watch(layer, f"{p} / output", _axes("S"))
     watch(model.tgt_embed, "target input ids (bos + y)", "(B, T)", before=True)
     if model.tgt_embed.tokens is not model.src_embed.tokens:
@@ -143,11 +147,8 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
         observe(layer.self_attn, f"{p} / masked self-attention", "T", "T")
         watch(layer.self_block.norm, f"{p} / {norm} (self-attention)", _axes("T"))
         observe(layer.cross_attn, f"{p} / cross-attention", "T", "S")
-        watch(layer.cross_block.norm, f"{p} / {norm} (cross-attention)",
-              _axes("T"))
-        watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation", _axes("T", "F"))
-        watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes("T"))
-        watch(layer.ffn_block.norm, f"{p} / {norm} (FFN)", _axes("T"))
+        watch(layer.cross_block.norm, f"{p} / {norm} (cross-attention)", _axes("T"))
+        watch_ffn(layer, p, "T")
     try:
         yield
     finally:

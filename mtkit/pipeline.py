@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtkit.atomic import write_atomic
-from mtkit.checkpoint import average_checkpoints, save_checkpoint, step_checkpoints
+from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 from mtkit.config import Config
 from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
@@ -46,7 +46,7 @@ def final_checkpoint(cfg: Config) -> Path:
         out = folder / "average.pt"
         if _newer(out, last):
             return out
-        steps = [p for _, p in step_checkpoints(folder)][-cfg.train.average_last:]
+        steps = last_step_checkpoints(folder, cfg.train.average_last)
         log.info("averaging %d checkpoints: %s", len(steps), ", ".join(p.name for p in steps))
         save_checkpoint(average_checkpoints(steps), out)
         return out

@@ -148,7 +148,7 @@ def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES) -> Iterator[list
     """Lines as they become available: each chunk holds the complete lines that one read
     returned (at most `max_lines`), so an interactive user gets each line translated at
     once and a pipe gets large batches. Invalid UTF-8 is replaced."""
-    fd = stream.fileno() if hasattr(stream, "fileno") and _is_real_fd(stream) else None
+    fd = _fileno(stream)
     pending = b""
     while True:
         data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
@@ -162,12 +162,12 @@ def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES) -> Iterator[list
         yield [_decode(pending)]
 
 
-def _is_real_fd(stream) -> bool:
+def _fileno(stream) -> int | None:
+    """The stream's OS file descriptor, or None for in-memory streams."""
     try:
-        stream.fileno()
-        return True
+        return stream.fileno()
     except (OSError, ValueError, AttributeError):
-        return False
+        return None
 
 
 def _decode(raw: bytes) -> str:

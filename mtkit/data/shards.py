@@ -127,7 +127,6 @@ def preprocess(cfg: Config) -> dict[str, dict]:
             start = time.perf_counter()
             src_ids, tgt_ids = encode_pairs(pairs, src_vocab, tgt_vocab, cfg.data.workers, cache)
             report = dict(pairs.report)
-            keep = None
             if split == "train":  # valid and test keep every non-empty pair
                 keep, dropped = length_filter(src_ids, tgt_ids, cfg.data)
                 report.update(dropped)

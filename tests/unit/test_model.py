@@ -52,11 +52,16 @@ def test_separate_embeddings_when_not_shared():
     assert model.output_weight is model.tgt_embed.tokens.weight
 
 
+def forward(model, seed: int = 0):
+    """A batch through the model: src, tgt, memory, src mask, logits."""
+    src, tgt = batch(seed)
+    memory, mask = model.encode(src)
+    return src, tgt, memory, mask, model.decode(tgt, memory, mask)
+
+
 def test_padded_source_positions_receive_zero_attention():
     model = build_model(tiny(), V, V).eval()
-    src, tgt = batch()
-    memory, mask = model.encode(src)
-    logits = model.decode(tgt, memory, mask)
+    src, tgt, memory, mask, logits = forward(model)
     noisy = memory.clone()
     noisy[~mask] = torch.randn(int((~mask).sum()), 16) * 100  # garbage at pad positions
     assert torch.allclose(model.decode(tgt, noisy, mask), logits, atol=1e-6)
@@ -68,9 +73,7 @@ def test_padded_source_positions_receive_zero_attention():
 
 def test_decoder_is_causal():
     model = build_model(tiny(), V, V).eval()
-    src, tgt = batch()
-    memory, mask = model.encode(src)
-    logits = model.decode(tgt, memory, mask)
+    _, tgt, memory, mask, logits = forward(model)
     changed = tgt.clone()
     changed[:, 3:] = torch.randint(4, V, (3, 3))
     other = model.decode(changed, memory, mask)
@@ -83,9 +86,7 @@ def test_decoder_is_causal():
 def test_decode_step_matches_full_decode(kw):
     torch.manual_seed(0)
     model = build_model(tiny(**kw), V, V).eval()
-    src, tgt = batch(1)
-    memory, mask = model.encode(src)
-    full = model.decode(tgt, memory, mask)  # (B, T, V)
+    _, tgt, memory, mask, full = forward(model, seed=1)  # full: (B, T, V)
     state = None
     for t in range(tgt.size(1)):
         step_logits, state = model.decode_step(tgt[:, t], memory, mask, state)

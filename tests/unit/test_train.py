@@ -80,32 +80,36 @@ def test_training_lowers_the_loss_and_logs_every_event(prepared, tmp_path, corpu
     assert load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["vocab"]["src"]
 
 
-def test_resume_gives_bit_identical_weights(prepared, tmp_path, corpus):
-    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=24, valid_every=7,
-                        update_freq=2)
+def with_max_steps(cfg, steps: int):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
+
+
+def straight_and_resumed(prepared, tmp_path, corpus, total: int, first: int, **train_cfg):
+    """Train `total` steps in one go, and `first` steps then a resume to `total`.
+    Returns both final weights and the results of the two resumed sessions."""
+    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=total, **train_cfg)
     train(straight)
-    halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=11, valid_every=7,
-                      update_freq=2)
-    assert train(halves).step == 11
-    halves = dataclasses.replace(halves, train=dataclasses.replace(halves.train, max_steps=24))
-    assert train(halves).step == 24
-    a, b = weights(straight.run_path), weights(halves.run_path)
+    halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=first, **train_cfg)
+    first_result = train(halves)
+    second_result = train(with_max_steps(halves, total))
+    return (weights(straight.run_path), weights(halves.run_path),
+            first_result, second_result)
+
+
+def test_resume_gives_bit_identical_weights(prepared, tmp_path, corpus):
+    a, b, first, second = straight_and_resumed(prepared, tmp_path, corpus, 24, 11,
+                                               valid_every=7, update_freq=2)
+    assert first.step == 11
+    assert second.step == 24
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resume_across_an_epoch_boundary_is_exact(prepared, tmp_path, corpus):
     # ~2,000 pairs at 1,024 tokens make about 60 batches an epoch.
-    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=75, valid_every=1000,
-                        max_tokens=1024)
-    train(straight)
-    halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=50, valid_every=1000,
-                      max_tokens=1024)
-    train(halves)
-    halves = dataclasses.replace(halves, train=dataclasses.replace(halves.train, max_steps=75))
-    result = train(halves)
+    a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 75, 50,
+                                           valid_every=1000, max_tokens=1024)
     assert result.epoch == 2
-    a, b = weights(straight.run_path), weights(halves.run_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -140,8 +144,7 @@ def test_truncated_last_checkpoint_falls_back_on_resume(prepared, tmp_path, corp
     last.unlink()
     (cfg.run_path / "checkpoints" / "step_20.pt").write_bytes(data[: len(data) // 3])
     last.write_bytes(data[: len(data) // 3])
-    more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=30))
-    result = train(more)
+    result = train(with_max_steps(cfg, 30))
     assert result.step == 30
     starts = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
     assert [e["step"] for e in starts if e["event"] == "start"] == [0, 10]
