@@ -1,3 +1,3 @@
-from mtkit.cli import app
+from mtkit.cli import main
 
-app(prog_name="mtkit")
+main()

@@ -1,18 +1,56 @@
 """Atomic file and directory writes: a reader sees the old version or the new, never half.
 
 Every stage marks its output finished by renaming it into place, so an interrupted
-stage leaves nothing a later stage could take for finished.
+stage leaves nothing a later stage could take for finished, and a user's file given as
+an output is replaced only once the new content is complete. A failed write (disk full,
+read-only folder) becomes one `WriteError` naming the path; the temporary is removed.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
+
+_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for the file system",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
+class WriteError(OSError):
+    """An output that could not be written (one line naming the path)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def reason(e: OSError) -> str:
+    """A short lower-case reason for an OS error: "no space left on device"."""
+    return _REASONS.get(e.errno, (e.strerror or type(e).__name__).lower())
+
+
+def write_failure(e: BaseException, path: Path | str) -> WriteError | None:
+    """The `WriteError` behind `e` (also when a library wrapped the OSError, as
+    `torch.save` does), or None when `e` is not a failed write."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, WriteError):
+            return seen
+        if isinstance(seen, OSError) and seen.errno in _REASONS:
+            return WriteError(seen.errno, f"{_REASONS[seen.errno]} while writing {path}")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _umask() -> int:
@@ -24,26 +62,49 @@ def _umask() -> int:
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Yield a binary file that becomes `path` on success: a temporary file in the same
-    folder, flushed, fsynced and renamed over `path`. On an exception it is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder, flushed, fsynced and renamed over `path`. On an exception it is removed.
+    A symbolic link at `path` is followed: its target is what gets replaced."""
+    path = Path(os.path.realpath(path))
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        failure = write_failure(e, path)
+        if failure is not None:
+            raise failure from None
         raise
+
+
+@contextmanager
+def atomic_text(path: Path) -> Iterator[TextIO]:
+    """`atomic_file` for UTF-8 text with '\\n' line ends."""
+    with atomic_file(path) as f:
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="\n")
+        yield text
+        text.flush()
+        text.detach()  # leave closing the binary file to atomic_file
 
 
 def write_atomic(path: Path, payload: bytes) -> None:
     """Replace `path` with `payload` atomically."""
     with atomic_file(path) as f:
         f.write(payload)
+
+
+def copy_atomic(src: Path, dst: Path) -> None:
+    """Make `dst` an independent copy of `src`, atomically (never a hard link: a later
+    write through one name must not change the other)."""
+    with open(src, "rb") as source, atomic_file(dst) as f:
+        shutil.copyfileobj(source, f, 1 << 20)
 
 
 @contextmanager
@@ -53,17 +114,64 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     On an exception the temporary folder is removed and `path` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial"))
-    os.chmod(tmp, 0o777 & ~_umask())
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.",
+                                    suffix=".partial"))
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        failure = write_failure(e, path)
+        if failure is not None:
+            raise failure from None
         raise
-    old = path.with_name(f".{path.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_leftovers(folder: Path, names: tuple[str, ...]) -> list[Path]:
+    """Delete what killed atomic writes of `names` left in `folder` (`.NAME.*.tmp` files,
+    `.NAME.*.partial` and `.NAME.old` folders). Call it only while holding the folder's
+    run lock, so no live writer's temporary is taken. Returns what was removed."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for name in names:
+        for p in [*folder.glob(f".{name}.*.tmp"), *folder.glob(f".{name}.*.partial"),
+                  folder / f".{name}.old", folder / f".{name}.link"]:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists() or p.is_symlink():
+                p.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(p)
+    return removed
+
+
+def refuse_same_file(output: Path, inputs: dict[str, Path | str]) -> None:
+    """Raise `SameFileError` when `output` is the same file as one of `inputs` (through a
+    hard link or a symbolic link too): writing it would destroy the input.
+
+    `inputs` maps how the user named each input (e.g. "--input") to its path."""
+    output = Path(output)
+    if output.is_dir():
+        raise SameFileError(f"{output} is a folder; the output must be a file")
+    if not output.exists():
+        return
+    for option, path in inputs.items():
+        if path is not None and Path(path).exists() and os.path.samefile(output, path):
+            raise SameFileError(f"the output {output} is the same file as {option} {path}; "
+                                f"writing it would destroy that input")
+
+
+class SameFileError(ValueError):
+    """An output path that names an input (one line)."""

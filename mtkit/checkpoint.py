@@ -7,26 +7,28 @@ A checkpoint is one self-contained file, a dict of plain values and tensors:
     vocab         {"src": bytes, "tgt": bytes}: the SentencePiece models
     model         the model's state_dict
     train         (training checkpoints) optimizer state, RNG states, step, epoch,
-                  position in the epoch, best score, patience counter, elapsed time
+                  position in the epoch, best score, patience counter, elapsed time,
+                  and the fingerprint of the shards it was trained on
+    digest        SHA-256 over everything above (tensors by their bytes), checked on load
 
 It is written to a temporary file, fsynced and renamed into place, and read with
-`torch.load(weights_only=True)`: loading a checkpoint never runs code.
+`torch.load(weights_only=True)`: loading a checkpoint never runs code. Any file that is
+not an intact mtkit checkpoint (truncated, a flipped byte, random bytes, NaN weights) is
+one `CheckpointError`. `last.pt` and `best.pt` are copies of a `step_<N>.pt`, not hard
+links, so that nothing written through one name can change another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
-import pickle
 import re
-import shutil
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtkit.atomic import atomic_file
+from mtkit.atomic import atomic_file, copy_atomic
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +40,54 @@ class CheckpointError(ValueError):
     """A missing, corrupt or foreign checkpoint (one line)."""
 
 
+def payload_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 over a checkpoint's content: every key path, every tensor's dtype, shape
+    and bytes, every other value's repr. The `format` and `digest` keys are left out."""
+    h = hashlib.sha256()
+
+    def walk(key: str, value: Any) -> None:
+        h.update(key.encode("utf-8", "surrogatepass") + b"\0")
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+        elif isinstance(value, dict):
+            h.update(f"dict{len(value)}".encode())
+            for k in sorted(value, key=repr):
+                walk(f"{key}/{k!r}", value[k])
+        elif isinstance(value, (list, tuple)):
+            h.update(f"{type(value).__name__}{len(value)}".encode())
+            for i, v in enumerate(value):
+                walk(f"{key}/{i}", v)
+        elif isinstance(value, (bytes, bytearray)):
+            h.update(bytes(value))
+        else:
+            h.update(repr(value).encode("utf-8", "surrogatepass"))
+
+    for k in sorted(payload):
+        if k not in ("format", "digest"):
+            walk(k, payload[k])
+    return h.hexdigest()
+
+
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     """Write atomically: temporary file in the same folder, fsync, `os.replace`."""
+    body = {k: v for k, v in payload.items() if k not in ("format", "digest")}
     with atomic_file(path) as f:
-        torch.save({"format": FORMAT, **payload}, f)
+        torch.save({"format": FORMAT, **body, "digest": payload_digest(body)}, f)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint onto the CPU without executing code; one-line errors."""
+    """Read a checkpoint onto the CPU without executing code, and check it: the digest
+    of its content, the shape of its parts, finite weights. One-line errors."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
-            ValueError, KeyError, AttributeError, ImportError) as e:
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # untrusted bytes: any failure to parse them means "corrupt"
         refused = "Weights only load failed" in str(e)
         why = ("it holds objects that safe loading refuses to build" if refused
                else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:100]}")
@@ -60,18 +95,29 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                               f"made by mtkit; {why})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an mtkit checkpoint")
+    _check_content(payload, path)
     return payload
 
 
-def _link_atomic(src: Path, dst: Path) -> None:
-    """Make dst name the same file as src (hard link, else copy), atomically."""
-    tmp = dst.with_name(f".{dst.name}.link")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:  # file systems without hard links
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+def _check_content(payload: dict[str, Any], path: Path) -> None:
+    digest = payload.get("digest")
+    if digest is None:
+        log.warning("%s has no digest (written by an older mtkit); its integrity is not "
+                    "checked", path)
+    elif digest != payload_digest(payload):
+        raise CheckpointError(f"{path}: corrupt checkpoint (its content does not match the "
+                              f"digest stored in it)")
+    model, vocab = payload.get("model"), payload.get("vocab")
+    if not isinstance(model, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        raise CheckpointError(f"{path}: not an mtkit checkpoint (no model weights)")
+    if not isinstance(payload.get("config"), dict) or not isinstance(vocab, dict) or not all(
+            isinstance(vocab.get(side), bytes) for side in ("src", "tgt")):
+        raise CheckpointError(f"{path}: not an mtkit checkpoint (no config or vocabulary)")
+    for name, t in model.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: the weights hold NaN or infinite values "
+                                  f"({name}); this checkpoint cannot be used")
 
 
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
@@ -94,14 +140,17 @@ def last_step_checkpoints(folder: Path, n: int) -> list[Path]:
 
 def write_training_checkpoint(payload: dict[str, Any], folder: Path, step: int,
                               is_best: bool, keep_last: int) -> Path:
-    """Save `step_<step>.pt`, point `last.pt` (and `best.pt` if best) at it, and delete
-    step files beyond the newest `keep_last` (0 keeps only last.pt / best.pt)."""
+    """Save `step_<step>.pt`, copy it to `last.pt` (and `best.pt` if best), and delete
+    step files beyond the newest `keep_last` (0 keeps only last.pt / best.pt).
+
+    Copies, not hard links: a user's tool that writes into `last.pt` in place must not
+    change `best.pt` and the step files with it."""
     folder = Path(folder)
     step_path = folder / f"step_{step}.pt"
     save_checkpoint(payload, step_path)
-    _link_atomic(step_path, folder / "last.pt")
+    copy_atomic(step_path, folder / "last.pt")
     if is_best:
-        _link_atomic(step_path, folder / "best.pt")
+        copy_atomic(step_path, folder / "best.pt")
     steps = step_checkpoints(folder)
     for _, old in steps[: max(len(steps) - keep_last, 0)]:
         old.unlink()

@@ -1,20 +1,25 @@
 """The `mtkit` command line: parse options, load the config, call one library function.
 
-User errors (bad config, bad data, missing files) print one line to stderr and exit 2.
+User errors (bad config, bad data, bad options, missing files, a full disk, a run
+directory in use) print one line to stderr and exit 2; Ctrl-C exits 130 (SIGTERM 143)
+after whatever the command was writing is saved or discarded whole.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 
-from mtkit.config import Config, ConfigError, load_config
+from mtkit.config import Config, ConfigError, OptionError, load_config
 
 app = typer.Typer(
     name="mtkit",
@@ -33,26 +38,69 @@ SetOpt = Annotated[
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from mtkit.atomic import SameFileError
     from mtkit.checkpoint import CheckpointError
     from mtkit.data.sources import DataError
     from mtkit.evaluate import EvalError
+    from mtkit.pipeline import Interrupted
+    from mtkit.rundir import RunDirError
     from mtkit.tokenizer import TokenizerError
     from mtkit.train import TrainError
 
-    return (ConfigError, DataError, TokenizerError, CheckpointError, TrainError, EvalError,
-            FileNotFoundError, IsADirectoryError, PermissionError)
+    return (ConfigError, OptionError, DataError, TokenizerError, CheckpointError, TrainError,
+            EvalError, SameFileError, RunDirError, Interrupted, OSError)
+
+
+def _message(e: BaseException) -> str:
+    """One line for a user error: an OSError names its file and the reason."""
+    from mtkit.atomic import WriteError, reason
+
+    if isinstance(e, OSError) and not isinstance(e, WriteError) and e.errno is not None:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{reason(e)}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 @contextmanager
 def _reported() -> Iterator[None]:
-    """Turn known user errors into one line on stderr and exit code 2."""
+    """Turn known user errors into one line on stderr and exit code 2; Ctrl-C into
+    "interrupted" and exit code 130."""
+    from mtkit.pipeline import Interrupted
+
     try:
         yield
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(code=130) from None
     except _user_errors() as e:
         prefix = "config error: " if isinstance(e, ConfigError) else "error: "
-        typer.echo(prefix + str(e).splitlines()[0] if str(e) else prefix + type(e).__name__,
-                   err=True)
-        raise typer.Exit(code=2) from None
+        typer.echo(prefix + _message(e), err=True)
+        code = 2
+        if isinstance(e, Interrupted):
+            code = 128 + signal.Signals[e.signal_name].value
+        raise typer.Exit(code=code) from None
+
+
+def main() -> None:
+    """The `mtkit` console script: the Typer app, with click's usage errors (unknown or
+    missing options, bad types) as one line and exit code 2 like every other error."""
+    try:
+        code = app(prog_name="mtkit", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
+        code = 2
+    except click.UsageError as e:
+        command = e.ctx.command_path if e.ctx else "mtkit"
+        typer.echo(f"error: {e.format_message()} (see `{command} --help`)", err=True)
+        code = 2
+    except click.ClickException as e:
+        typer.echo(f"error: {e.format_message()}", err=True)
+        code = e.exit_code
+    except click.Abort:
+        typer.echo("interrupted", err=True)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _config(path: Path, overrides: list[str] | None) -> Config:
@@ -66,10 +114,12 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug l
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s | %(name)s | %(message)s", datefmt="%H:%M:%S",
                         force=True)
+    if not verbose:  # libraries' own warnings would come before (or twice beside) ours
+        warnings.filterwarnings("ignore", module=r"(datasets|pyarrow|torch|huggingface_hub)\b")
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 @app.command()
@@ -84,13 +134,21 @@ def tokenizer(config: ConfigOpt, set_: SetOpt = None) -> None:
 
 
 @app.command()
-def preprocess(config: ConfigOpt, set_: SetOpt = None) -> None:
+def preprocess(config: ConfigOpt, set_: SetOpt = None,
+               verify: Annotated[bool, typer.Option(
+                   "--verify", help="Only check the existing shards' sizes, offsets and "
+                   "checksums against their manifests; write nothing.")] = False) -> None:
     """Clean, encode and binarize train/valid/test into RUN/data/."""
     from mtkit.data.shards import preprocess as run_preprocess
+    from mtkit.data.shards import verify_shards
 
     cfg = _config(config, set_)
     with _reported():
-        manifests = run_preprocess(cfg)
+        manifests = verify_shards(cfg) if verify else run_preprocess(cfg)
+    if verify:
+        typer.echo(f"verified {', '.join(manifests)}: sizes, offsets, checksums and "
+                   f"tokenizer match their manifests", err=True)
+        return
     for split, m in manifests.items():
         typer.echo(f"{split}: {m['pairs']} pairs, {m['src_tokens']} + {m['tgt_tokens']} tokens, "
                    f"dropped {m['dropped']}", err=True)
@@ -109,6 +167,8 @@ def train(config: ConfigOpt, set_: SetOpt = None,
     typer.echo(f"stopped at step {result.step} ({result.stopped_because}); best valid BLEU "
                f"{result.best_bleu:.2f}; checkpoints in {result.run_dir / 'checkpoints'}",
                err=True)
+    if result.interrupted_by:  # the shell's convention: 128 + the signal's number
+        raise typer.Exit(code=128 + signal.Signals[result.interrupted_by].value)
 
 
 Opt = Optional  # noqa: UP045 (typer reads Optional[...] on every Python it supports)
@@ -129,35 +189,36 @@ def translate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
 ) -> None:
-    """Translate text from a file or stdin, one output line per input line, in order."""
+    """Translate text from a file or stdin, one output line per input line, in order.
+
+    With -o the output file is replaced only when every line is translated."""
+    from mtkit.atomic import atomic_text, refuse_same_file
     from mtkit.translate import DecodeOptions, load_translator, translate_stream
 
     with _reported():
         if format not in ("text", "jsonl"):
-            raise ConfigError(f"--format must be text or jsonl, got {format!r}")
+            raise OptionError(f"--format must be text or jsonl, got {format!r}")
         if device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"--device must be auto, cpu or cuda, got {device!r}")
-        translator = load_translator(model, device)
+            raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
+        if output:
+            refuse_same_file(output, {"--input": input, "--model": model})
+        translator = load_translator(model, device, "--device")
         opts = DecodeOptions.from_config(
             translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, batch_tokens=batch_tokens, nbest=nbest, scores=scores,
             format=format)
-        source = open(input, "rb") if input else sys.stdin.buffer
-        sink = open(output, "w", encoding="utf-8") if output else sys.stdout
-        try:
+        with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
+                (atomic_text(output) if output else nullcontext(sys.stdout)) as sink:
             translate_stream(translator, source, sink, opts)
-        finally:
-            if input:
-                source.close()
-            if output:
-                sink.close()
 
 
 def _read_lines(path: Path) -> list[str]:
-    """A text file's lines (invalid UTF-8 replaced); a last line without newline counts."""
+    """A text file's lines (invalid UTF-8 replaced, a byte-order mark dropped); a last
+    line without newline counts."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
+    lines = text.split("\n")
     return lines[:-1] if lines[-1] == "" else lines
 
 
@@ -182,12 +243,14 @@ def eval_(
         if ref is None or (hyp is None) == (model is None) or (model is None) != (src is None):
             raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
         references = _read_lines(ref)
+        if not references:
+            raise EvalError(f"nothing to score: {ref} is empty")
         if model is not None:
             sources = _read_lines(src)
             if len(sources) != len(references):
                 raise EvalError(f"line counts differ: {src} has {len(sources)} lines, "
                                   f"{ref} has {len(references)}")
-            translator = load_translator(model, device)
+            translator = load_translator(model, device, "--device")
             hypotheses = translate_texts(translator, sources,
                                          DecodeOptions.from_config(translator.config.decode))
         else:
@@ -212,12 +275,16 @@ def average(
     last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
 ) -> None:
     """Average the weights of several checkpoints into one that translates."""
+    from mtkit.atomic import refuse_same_file
     from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 
     with _reported():
+        if last < 1:
+            raise OptionError(f"--last must be at least 1, got {last}")
         paths = list(checkpoints)
         if len(paths) == 1 and paths[0].is_dir():
             paths = last_step_checkpoints(paths[0], last)
+        refuse_same_file(output, {f"checkpoint {i + 1}": p for i, p in enumerate(paths)})
         save_checkpoint(average_checkpoints(paths), output)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}", err=True)
 
@@ -318,6 +385,8 @@ def explain_attention(
         typer.echo("error: drawing needs matplotlib: pip install 'mtkit[viz]'", err=True)
         raise typer.Exit(code=2) from None
     with _reported():
+        if not src.strip():
+            raise OptionError("--src is empty: give a sentence to translate")
         t = load_translator(model, "cpu")
         maps = attention_maps(t.model, t.src_vocab, t.tgt_vocab, src,
                               t.config.decode.max_len_a, t.config.decode.max_len_b)
@@ -328,4 +397,4 @@ def explain_attention(
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

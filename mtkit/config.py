@@ -26,6 +26,10 @@ class ConfigError(ValueError):
     """A user mistake in a config file or a `--set` override (one line)."""
 
 
+class OptionError(ValueError):
+    """A command-line option out of its range (one line naming the option as given)."""
+
+
 def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
     """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
     return {"lo": lo, "hi": hi, "lo_open": lo_open}

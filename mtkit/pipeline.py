@@ -3,7 +3,10 @@
 tokenizer -> preprocess -> train -> (average) -> translate the test set -> eval.
 A stage is complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
 a checkpoint that reached the training limits, RUN/test.hyp newer than the checkpoint
-it came from. Rerunning after an interruption picks up where it stopped.
+it came from. Rerunning after an interruption picks up where it stopped. Ctrl-C (or
+SIGTERM) during training saves a checkpoint and stops the whole pipeline (`Interrupted`):
+nothing is translated with an unfinished model. The run directory's lock is held
+throughout, so the stages it calls cannot race with another process.
 """
 
 from __future__ import annotations
@@ -19,11 +22,20 @@ from mtkit.config import Config
 from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
 from mtkit.evaluate import Score, score
+from mtkit.rundir import run_lock
 from mtkit.tokenizer import build_tokenizer, vocab_paths
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
 
 log = logging.getLogger(__name__)
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal; the pipeline stops after its checkpoint."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} after saving a checkpoint; rerun to go on")
+        self.signal_name = signal_name
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,11 @@ def final_checkpoint(cfg: Config) -> Path:
 
 
 def run_all(cfg: Config) -> RunResult:
+    with run_lock(cfg.run_path, "run"):
+        return _run_all(cfg)
+
+
+def _run_all(cfg: Config) -> RunResult:
     run = cfg.run_path
     if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
         log.info("stage tokenizer")
@@ -63,7 +80,9 @@ def run_all(cfg: Config) -> RunResult:
         log.info("stage preprocess")
         preprocess(cfg)
     log.info("stage train")
-    train(cfg, resume=True)
+    result = train(cfg, resume=True)
+    if result.interrupted_by:
+        raise Interrupted(result.interrupted_by)
     checkpoint = final_checkpoint(cfg)
     test_dir = run / "data" / "test"
     if not (test_dir / "manifest.json").exists():

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from mtkit.atomic import write_atomic
+from mtkit.atomic import remove_leftovers, write_atomic
 from mtkit.config import Config, TokenizerConfig, save_config
 from mtkit.data.sources import DataError, clean_pairs, load_pairs
+from mtkit.rundir import run_lock
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +138,12 @@ def build_tokenizer(cfg: Config) -> list[Path]:
     if not cfg.data.train.given:
         raise DataError("data.train is not set")
     run = cfg.run_path
-    pairs = clean_pairs(load_pairs(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang,
-                                   run / "cache"))
-    if not len(pairs):
-        raise DataError(f"{pairs.origin}: no pairs left after cleaning ({pairs.report})")
-    paths = train_tokenizer(pairs.src, pairs.tgt, cfg.tokenizer, run)
-    save_config(cfg, run / "config.yaml")
+    with run_lock(run, "tokenizer"):
+        remove_leftovers(run, ("spm*", "config.yaml"))
+        pairs = clean_pairs(load_pairs(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang,
+                                       run / "cache"))
+        if not len(pairs):
+            raise DataError(f"{pairs.origin}: no pairs left after cleaning ({pairs.report})")
+        paths = train_tokenizer(pairs.src, pairs.tgt, cfg.tokenizer, run)
+        save_config(cfg, run / "config.yaml")
     return paths

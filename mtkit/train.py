@@ -29,12 +29,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtkit.checkpoint import find_resumable, write_training_checkpoint
+from mtkit.atomic import WriteError, remove_leftovers, write_failure
+from mtkit.checkpoint import CheckpointError, find_resumable, write_training_checkpoint
 from mtkit.config import Config, TrainConfig, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
+from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
 from mtkit.tokenizer import Vocab, load_vocabs
 
@@ -50,12 +52,14 @@ class TrainError(RuntimeError):
 # --- devices and precision -------------------------------------------------------------
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> CUDA when present, else CPU. Asking for CUDA without one is an error."""
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """`auto` -> CUDA when present, else CPU. Asking for CUDA without one is an error
+    whose message names `option`, the way the user asked (`--device` or `train.device`)."""
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise TrainError("train.device=cuda, but no CUDA device is available "
-                             "(use train.device=auto or cpu)")
+            sep = " " if option.startswith("--") else "="
+            raise TrainError(f"{option}{sep}cuda, but no CUDA device is available "
+                             f"(use {option}{sep}auto or cpu)")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
@@ -135,6 +139,13 @@ class TrainResult:
     run_dir: Path
     model: Transformer  # the weights after the last step (not the best checkpoint)
 
+    @property
+    def interrupted_by(self) -> str | None:
+        """"SIGINT" or "SIGTERM" when a signal stopped training, else None."""
+        prefix = "signal "
+        return self.stopped_because[len(prefix):] if self.stopped_because.startswith(
+            prefix) else None
+
 
 def _rng_state() -> dict:
     """The RNG streams training draws on (dropout); batching is seeded by (seed, epoch)."""
@@ -160,8 +171,11 @@ class MetricsLog:
         if self.path is None:
             return
         record = {"event": event, "time": round(time.time(), 3), **fields}
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:  # a log: appended in place
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:
+            raise write_failure(e, self.path) or e from None
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -175,11 +189,12 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
     model.eval()
     batches = token_batches(data.src_lengths, data.tgt_lengths, cfg.decode.batch_tokens,
                             seed=0, epoch=0, shuffle=False)
+    limit = model.cfg.max_positions - 1  # valid pairs are not length-filtered: cut them
     loss_sum = nll_sum = 0.0
     tokens = 0
     hyps: dict[int, str] = {}
     for idx in batches:
-        batch = collate([data[i] for i in idx]).to(device)
+        batch = collate([(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]).to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None):
             out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
@@ -245,13 +260,13 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def _checkpoint_payload(cfg: Config, model: Transformer, optimizer, progress: Progress,
-                        vocabs: tuple[Vocab, Vocab]) -> dict:
+                        vocabs: tuple[Vocab, Vocab], shards: str) -> dict:
     return {
         "config": config_to_dict(cfg),
         "vocab": {"src": vocabs[0].model_proto, "tgt": vocabs[1].model_proto},
         "model": model.state_dict(),
         "train": {"optimizer": optimizer.state_dict(), "rng": _rng_state(),
-                  "progress": dataclasses.asdict(progress)},
+                  "progress": dataclasses.asdict(progress), "shards": shards},
     }
 
 
@@ -265,8 +280,45 @@ def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
                          f"says {now[k]!r}; use another run_dir or --no-resume")
 
 
+def _check_same_data(payload: dict, path: Path, train_data: ShardDataset,
+                     vocabs: tuple[Vocab, Vocab]) -> None:
+    """Refuse to resume on shards or a tokenizer other than those the checkpoint saw."""
+    saved = payload["train"].get("shards")  # absent in checkpoints of older mtkit versions
+    vocab = payload["vocab"]
+    if (saved is not None and saved != train_data.fingerprint) or (
+            vocab["src"], vocab["tgt"]) != (vocabs[0].model_proto, vocabs[1].model_proto):
+        raise TrainError(f"{path} was trained on other data or another tokenizer than "
+                         f"{train_data.folder} (preprocess or tokenizer ran again since); "
+                         f"start over with --no-resume, or use another run_dir")
+
+
+def _check_positions(cfg: Config, data: ShardDataset) -> None:
+    """Every training pair, with its bos/eos, must fit the model's positions."""
+    longest = int(max(data.src_lengths.max(initial=0), data.tgt_lengths.max(initial=0)))
+    if longest + 1 > cfg.model.max_positions:
+        raise TrainError(f"{data.folder} holds pairs of {longest} subwords, more than "
+                         f"model.max_positions={cfg.model.max_positions} allows (it must be at "
+                         f"least data.max_len + 2); rerun `mtkit preprocess` with a smaller "
+                         f"data.max_len or raise model.max_positions")
+
+
 def train(cfg: Config, resume: bool = True) -> TrainResult:
-    """Train on RUN/data with the config; returns how far it got and why it stopped."""
+    """Train on RUN/data with the config; returns how far it got and why it stopped.
+
+    Rank 0 holds the run directory's lock for the whole run. A failed write (disk full)
+    stops training with one line; the checkpoints written before it stay intact."""
+    main = int(os.environ.get("RANK", 0)) == 0
+    with run_lock(cfg.run_path, "train") if main else nullcontext():
+        if main:
+            remove_leftovers(cfg.run_path / "checkpoints", ("*",))
+            remove_leftovers(cfg.run_path, ("config.yaml",))
+        try:
+            return _train(cfg, resume)
+        except WriteError as e:
+            raise TrainError(f"{e}; earlier checkpoints are intact") from None
+
+
+def _train(cfg: Config, resume: bool) -> TrainResult:
     tc = cfg.train
     run = cfg.run_path
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
@@ -287,6 +339,11 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
     train_data = ShardDataset(run / "data" / "train")
     valid_data = ShardDataset(run / "data" / "valid") if (run / "data" / "valid").exists() \
         else None
+    for data in (train_data, valid_data):
+        if data is not None:
+            data.check_tokenizer(*vocabs)
+            data.verify()
+    _check_positions(cfg, train_data)
     ckpt_dir = run / "checkpoints"
 
     torch.manual_seed(tc.seed)
@@ -300,9 +357,14 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
     if found is not None:
         path, payload = found
         _check_same_model(cfg, payload, path)
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["train"]["optimizer"])
-        progress = Progress(**payload["train"]["progress"])
+        _check_same_data(payload, path, train_data, vocabs)
+        try:
+            model.load_state_dict(payload["model"])
+            optimizer.load_state_dict(payload["train"]["optimizer"])
+            progress = Progress(**payload["train"]["progress"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:100]})") from None
         if main:
             _set_rng_state(payload["train"]["rng"])
         else:  # other ranks' RNG streams are not saved; derive fresh ones
@@ -336,7 +398,8 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
     def save(is_best: bool) -> None:
         if main:
-            payload = _checkpoint_payload(cfg, model, optimizer, progress, vocabs)
+            payload = _checkpoint_payload(cfg, model, optimizer, progress, vocabs,
+                                          train_data.fingerprint)
             path = write_training_checkpoint(payload, ckpt_dir, progress.step, is_best,
                                              tc.keep_last)
             metrics.write("checkpoint", step=progress.step, path=str(path), best=is_best)

@@ -4,14 +4,16 @@
 in a pipe), translates them in length-sorted batches of at most `batch_tokens` source
 tokens, and writes exactly one output line per input line (n lines with `nbest` n),
 in input order, flushed after each chunk. Empty lines give empty lines without
-running the model; invalid UTF-8 is replaced, not fatal; a line longer than the model's
-positions is truncated with one warning.
+running the model; invalid UTF-8 is replaced, not fatal; a byte-order mark at the start
+is dropped; a line longer than the model's positions is truncated with one warning, and
+memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are dropped while reading.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from typing import BinaryIO, Literal, TextIO
 import torch
 
 from mtkit.checkpoint import CheckpointError, load_checkpoint
-from mtkit.config import Config, ConfigError, DecodeConfig, config_from_dict
+from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
 from mtkit.model import Transformer, build_model
 from mtkit.search import Hypothesis, beam_search
 from mtkit.tokenizer import EOS, PAD, Vocab
@@ -29,6 +31,10 @@ from mtkit.train import resolve_device, resolve_precision
 log = logging.getLogger(__name__)
 
 CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
+# Longest input line kept, in bytes. A subword is at least one byte, so this is far more
+# than any model's positions (1,024 by default); it only bounds memory on a runaway line.
+MAX_LINE_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,16 @@ class DecodeOptions:
         base = {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
                 "max_len_b": cfg.max_len_b, "batch_tokens": cfg.batch_tokens}
         given = {k: v for k, v in overrides.items() if v is not None}
+        for name, lowest in (("beam", 1), ("lenpen", 0), ("max_len_a", 0), ("max_len_b", 0),
+                             ("batch_tokens", 1), ("nbest", 1)):
+            value = given.get(name)
+            if value is not None and not (math.isfinite(value) and value >= lowest):
+                raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
+                                  f"got {value}")
         opts = cls(**{**base, **given})
-        if not 1 <= opts.nbest <= opts.beam:
-            raise ConfigError(f"--nbest {opts.nbest} must be between 1 and --beam {opts.beam}")
-        if opts.beam < 1 or opts.batch_tokens < 1:
-            raise ConfigError("--beam and --batch-tokens must be positive")
+        if opts.nbest > opts.beam:
+            beam = "--beam" if "beam" in given else "the checkpoint's beam size"
+            raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
         return opts
 
 
@@ -125,8 +136,10 @@ def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
         yield batch
 
 
-def load_translator(path: str | os.PathLike, device: str = "auto") -> Translator:
-    """Everything translation needs comes from the checkpoint file."""
+def load_translator(path: str | os.PathLike, device: str = "auto",
+                    device_option: str = "--device") -> Translator:
+    """Everything translation needs comes from the checkpoint file. `device_option`
+    names the option `device` came from, for the error when it cannot be used."""
     payload = load_checkpoint(path)
     try:
         cfg = config_from_dict(payload["config"], str(path))
@@ -138,28 +151,47 @@ def load_translator(path: str | os.PathLike, device: str = "auto") -> Translator
         raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
                               f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
                               ) from None
-    dev = resolve_device(device)
+    dev = resolve_device(device, device_option)
     model.to(dev).eval()
     precision = resolve_precision("auto", dev)
     return Translator(model, src_vocab, tgt_vocab, dev, precision, cfg)
 
 
-def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES) -> Iterator[list[str]]:
+def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
+                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
     """Lines as they become available: each chunk holds the complete lines that one read
     returned (at most `max_lines`), so an interactive user gets each line translated at
-    once and a pipe gets large batches. Invalid UTF-8 is replaced."""
+    once and a pipe gets large batches. Invalid UTF-8 is replaced; a leading byte-order
+    mark is dropped; a line keeps at most its first `max_line_bytes` bytes, cut while
+    reading, so a huge line without newlines never sits whole in memory."""
     fd = _fileno(stream)
-    pending = b""
+    pending = bytearray()  # the start of a line whose end has not been read yet
+    at_start, warned = True, False
+
+    def bounded(line: bytes) -> bytes:
+        nonlocal warned
+        if len(line) > max_line_bytes and not warned:
+            log.warning("an input line is longer than %d bytes; only its start is "
+                        "translated", max_line_bytes)
+            warned = True
+        return line[:max_line_bytes]
+
     while True:
         data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
         if not data:
             break
-        pending += data
-        *lines, pending = pending.split(b"\n")
+        if at_start:
+            data, at_start = data.removeprefix(BOM), False
+        *lines, rest = data.split(b"\n")
+        if lines:
+            lines[0] = bytes(pending) + lines[0]
+            pending.clear()
+        lines = [bounded(x) for x in lines]
+        pending += rest[: max(max_line_bytes + 1 - len(pending), 0)]  # +1: still "too long"
         for start in range(0, len(lines), max_lines):
             yield [_decode(x) for x in lines[start : start + max_lines]]
     if pending:
-        yield [_decode(pending)]
+        yield [_decode(bounded(bytes(pending)))]
 
 
 def _fileno(stream) -> int | None:

@@ -6,14 +6,19 @@ A split's folder `RUN/data/<split>/` holds
                          vocabularies over 65,535), no bos/eos
     src.idx, tgt.idx     int64 offsets, n+1 of them: sentence i is bin[idx[i]:idx[i+1]]
     src.txt, tgt.txt     the cleaned text (valid and test only: references for BLEU)
-    manifest.json        counts, dtype, filter report; written last
+    manifest.json        counts, dtype, filter report, the SHA-256 of the tokenizer
+                         model(s) the ids come from, and each file's size and SHA-256;
+                         written last
 
 Training reads the .bin files memory-mapped (`ShardDataset`). `RUN/data` is written to a
 temporary folder and renamed into place, so an interrupted run leaves no partial data.
+Opening a shard checks every file's size and the offsets against the data; `verify`
+checks the checksums too (training does at start, `mtkit preprocess --verify` on demand).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -22,15 +27,22 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from mtkit.atomic import atomic_dir
+from mtkit.atomic import atomic_dir, remove_leftovers
 from mtkit.config import Config, DataConfig, save_config
 from mtkit.data.sources import DataError, Pairs, clean_pairs, load_pairs
+from mtkit.rundir import bytes_sha256, file_sha256, run_lock
 from mtkit.tokenizer import Vocab, load_vocabs
 
 log = logging.getLogger(__name__)
 
-FORMAT = "mtkit-shards-1"
+FORMAT = "mtkit-shards-2"
 SPLITS = ("train", "valid", "test")
+RERUN = "rerun `mtkit preprocess`"
+
+
+def tokenizer_fingerprint(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, str]:
+    """SHA-256 of the SentencePiece model(s) that ids were encoded with."""
+    return {"src": bytes_sha256(src_vocab.model_proto), "tgt": bytes_sha256(tgt_vocab.model_proto)}
 
 
 class _Encoder:
@@ -72,13 +84,22 @@ def length_filter(src_ids: list[list[int]], tgt_ids: list[list[int]], cfg: DataC
     return length_ok & ratio_ok, report
 
 
-def _write_side(folder: Path, name: str, ids: list[list[int]], dtype) -> int:
+def _write_file(path: Path, data: bytes | np.ndarray, files: dict) -> None:
+    """Write one shard file (inside the temporary folder) and record its size and hash."""
+    payload = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(
+        data, np.ndarray) else memoryview(data)
+    with open(path, "xb") as f:  # a new file in preprocess's temporary folder
+        f.write(payload)
+    files[path.name] = {"bytes": payload.nbytes, "sha256": hashlib.sha256(payload).hexdigest()}
+
+
+def _write_side(folder: Path, name: str, ids: list[list[int]], dtype, files: dict) -> int:
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.fromiter((i for x in ids for i in x), dtype=dtype, count=int(offsets[-1]))
-    flat.tofile(folder / f"{name}.bin")
-    offsets.tofile(folder / f"{name}.idx")
+    _write_file(folder / f"{name}.bin", flat, files)
+    _write_file(folder / f"{name}.idx", offsets, files)
     return int(offsets[-1])
 
 
@@ -87,25 +108,35 @@ def write_shard(folder: Path, src_ids: list[list[int]], tgt_ids: list[list[int]]
     """Write one split's binarized shard and its manifest (last)."""
     folder.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
+    files: dict[str, dict] = {}
     manifest = {
         "format": FORMAT,
         "pairs": len(src_ids),
         "dtype": np.dtype(dtype).name,
-        "src_tokens": _write_side(folder, "src", src_ids, dtype),
-        "tgt_tokens": _write_side(folder, "tgt", tgt_ids, dtype),
+        "src_tokens": _write_side(folder, "src", src_ids, dtype, files),
+        "tgt_tokens": _write_side(folder, "tgt", tgt_ids, dtype, files),
         **meta,
     }
     if texts is not None:
         for name, lines in (("src", texts.src), ("tgt", texts.tgt)):
-            (folder / f"{name}.txt").write_text("".join(x + "\n" for x in lines), "utf-8")
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _write_file(folder / f"{name}.txt", "".join(x + "\n" for x in lines).encode(),
+                        files)
+    manifest["files"] = files
+    _write_file(folder / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode(), {})
     return manifest
 
 
 def preprocess(cfg: Config) -> dict[str, dict]:
     """Read, clean, encode and store every configured split. Returns the manifests."""
+    with run_lock(cfg.run_path, "preprocess"):
+        remove_leftovers(cfg.run_path, ("data", "config.yaml"))
+        return _preprocess(cfg)
+
+
+def _preprocess(cfg: Config) -> dict[str, dict]:
     run = cfg.run_path
     src_vocab, tgt_vocab = load_vocabs(run, cfg.tokenizer.joint)
+    tokenizer = tokenizer_fingerprint(src_vocab, tgt_vocab)
     cache = run / "cache"
     # Read and check every split before writing anything.
     todo: dict[str, Pairs] = {}
@@ -135,7 +166,7 @@ def preprocess(cfg: Config) -> dict[str, dict]:
             if not src_ids:
                 raise DataError(f"data.{split}: no pairs left after cleaning "
                                 f"({pairs.origin}; dropped: {report})")
-            meta = {"origin": pairs.origin, "dropped": report}
+            meta = {"origin": pairs.origin, "dropped": report, "tokenizer": tokenizer}
             texts = pairs if split != "train" else None
             manifests[split] = write_shard(out / split, src_ids, tgt_ids,
                                            max(len(src_vocab), len(tgt_vocab)), meta, texts)
@@ -146,24 +177,91 @@ def preprocess(cfg: Config) -> dict[str, dict]:
     return manifests
 
 
+def verify_shards(cfg: Config) -> dict[str, dict]:
+    """`mtkit preprocess --verify`: check every split's sizes, offsets, checksums and
+    tokenizer fingerprint without writing anything. Returns the manifests."""
+    src_vocab, tgt_vocab = load_vocabs(cfg.run_path, cfg.tokenizer.joint)
+    manifests = {}
+    for split in SPLITS:
+        folder = cfg.run_path / "data" / split
+        if split == "train" or folder.exists():
+            shard = ShardDataset(folder)
+            shard.verify()
+            shard.check_tokenizer(src_vocab, tgt_vocab)
+            manifests[split] = shard.manifest
+    return manifests
+
+
 class ShardDataset:
     """Random access to one split's pairs, memory-mapped and opened lazily (so that each
-    DataLoader worker maps the files itself instead of receiving copies)."""
+    DataLoader worker maps the files itself instead of receiving copies).
+
+    Opening checks what is cheap: every file's size against the manifest and the offsets
+    against the data, so a truncated or mismatched file is a `DataError` naming it."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         manifest_path = self.folder / "manifest.json"
         if not manifest_path.exists():
             raise DataError(f"{self.folder}: no finished shard here; run `mtkit preprocess`")
-        self.manifest = json.loads(manifest_path.read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise DataError(f"{self.folder}: shard format {self.manifest.get('format')!r}, "
-                            f"expected {FORMAT!r}; rerun `mtkit preprocess`")
-        self.src_offsets = np.fromfile(self.folder / "src.idx", dtype=np.int64)
-        self.tgt_offsets = np.fromfile(self.folder / "tgt.idx", dtype=np.int64)
+        raw = manifest_path.read_bytes()
+        try:
+            self.manifest = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{manifest_path}: corrupt manifest (not JSON); {RERUN}") from None
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
+            raise DataError(f"{self.folder}: shard format {found!r}, expected {FORMAT!r}; "
+                            f"{RERUN}")
+        self.fingerprint = bytes_sha256(raw)  # what a checkpoint records it was trained on
+        try:
+            self._check_sizes()
+            self.src_offsets = self._offsets("src")
+            self.tgt_offsets = self._offsets("tgt")
+            np.dtype(self.manifest["dtype"])
+        except (KeyError, TypeError, AttributeError):
+            raise DataError(f"{manifest_path}: corrupt manifest (fields missing or of the "
+                            f"wrong type); {RERUN}") from None
         self.src_lengths = np.diff(self.src_offsets)
         self.tgt_lengths = np.diff(self.tgt_offsets)
         self._sides: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _check_sizes(self) -> None:
+        for name, expected in self.manifest["files"].items():
+            path = self.folder / name
+            if not path.is_file():
+                raise DataError(f"{path}: missing from the shard; {RERUN}")
+            size = path.stat().st_size
+            if size != expected["bytes"]:
+                raise DataError(f"{path}: {size} bytes, the manifest says {expected['bytes']} "
+                                f"(truncated or changed since preprocessing); {RERUN}")
+
+    def _offsets(self, side: str) -> np.ndarray:
+        """The n+1 offsets of one side, checked: 0 first, never decreasing, the last one
+        the number of ids in the .bin file."""
+        path = self.folder / f"{side}.idx"
+        offsets = np.fromfile(path, dtype=np.int64)
+        n, tokens = self.manifest["pairs"], self.manifest[f"{side}_tokens"]
+        ok = (len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == tokens
+              and bool((np.diff(offsets) >= 0).all()))
+        if not ok:
+            raise DataError(f"{path}: offsets do not match the data ({n} pairs, {tokens} ids "
+                            f"in {side}.bin); the shard is corrupt; {RERUN}")
+        return offsets
+
+    def verify(self) -> None:
+        """Check every file's SHA-256 against the manifest (about 1.5 GB/s)."""
+        for name, expected in self.manifest["files"].items():
+            if file_sha256(self.folder / name) != expected["sha256"]:
+                raise DataError(f"{self.folder / name}: checksum mismatch (the file changed "
+                                f"since preprocessing: corrupt or edited); {RERUN}")
+
+    def check_tokenizer(self, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+        """Refuse shards encoded with another tokenizer than the run's current one."""
+        if self.manifest.get("tokenizer") != tokenizer_fingerprint(src_vocab, tgt_vocab):
+            raise DataError(f"{self.folder} was encoded with another tokenizer than the run's "
+                            f"spm model (the tokenizer was retrained after preprocessing); "
+                            f"{RERUN}")
 
     def __len__(self) -> int:
         return len(self.src_lengths)

@@ -90,8 +90,11 @@ def test_output_formats(translator):
     assert record["source"] == "A dog." and len(record["nbest"]) == 2
 
 
-def test_nbest_larger_than_beam_is_rejected():
-    from mtkit.config import ConfigError, DecodeConfig
+def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
+    from mtkit.config import DecodeConfig, OptionError
 
-    with pytest.raises(ConfigError, match=r"--nbest 6 must be between 1 and --beam 5"):
+    with pytest.raises(OptionError, match=r"--nbest 6 must not exceed the checkpoint's beam "
+                                          r"size 5"):
         DecodeOptions.from_config(DecodeConfig(), nbest=6)
+    with pytest.raises(OptionError, match=r"--nbest 3 must not exceed --beam 2"):
+        DecodeOptions.from_config(DecodeConfig(), nbest=3, beam=2)
