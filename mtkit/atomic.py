@@ -145,15 +145,14 @@ def remove_leftovers(folder: Path, names: tuple[str, ...]) -> list[Path]:
     if not folder.is_dir():
         return removed
     for name in names:
-        for p in [*folder.glob(f".{name}.*.tmp"), *folder.glob(f".{name}.*.partial"),
-                  folder / f".{name}.old", folder / f".{name}.link"]:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            elif p.exists() or p.is_symlink():
-                p.unlink(missing_ok=True)
-            else:
-                continue
-            removed.append(p)
+        for pattern in (f".{name}.*.tmp", f".{name}.*.partial", f".{name}.old",
+                        f".{name}.link"):  # (.link: hard-link temporaries of mtkit < 0.2)
+            for p in folder.glob(pattern):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                removed.append(p)
     return removed
 
 

@@ -74,12 +74,12 @@ def _reported() -> Iterator[None]:
         typer.echo("interrupted", err=True)
         raise typer.Exit(code=130) from None
     except _user_errors() as e:
+        if isinstance(e, Interrupted):
+            typer.echo(f"interrupted: {e}", err=True)
+            raise typer.Exit(code=128 + signal.Signals[e.signal_name].value) from None
         prefix = "config error: " if isinstance(e, ConfigError) else "error: "
         typer.echo(prefix + _message(e), err=True)
-        code = 2
-        if isinstance(e, Interrupted):
-            code = 128 + signal.Signals[e.signal_name].value
-        raise typer.Exit(code=code) from None
+        raise typer.Exit(code=2) from None
 
 
 def main() -> None:

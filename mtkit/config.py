@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ class TokenizerConfig:
     joint: bool = True  # one model for both languages; False trains spm.src / spm.tgt
     character_coverage: float = field(default=1.0, metadata=_range(0.9, 1.0))
     input_sentence_size: int = field(default=2_000_000, metadata=_range(0))  # 0 = all
-    seed: int = 1
+    seed: int = field(default=1, metadata=_range(0))
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class TrainConfig:
     patience: int = field(default=10, metadata=_range(0))  # 0 = never stop early
     keep_last: int = field(default=5, metadata=_range(0))
     average_last: int = field(default=0, metadata=_range(0))  # `mtkit run` averages these
-    seed: int = 1
+    seed: int = field(default=1, metadata=_range(0))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     log_every: int = field(default=100, metadata=_range(1))
@@ -181,11 +182,13 @@ def _convert(value: Any, tp, key: str, where: str) -> Any:
             raise bad
         if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 raise bad from None
         if not isinstance(value, (int, float)):
             raise bad
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}{key} must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -244,6 +247,10 @@ def _check_consistency(cfg: Config, where: str) -> None:
     if m.d_model % m.heads:
         raise ConfigError(f"{where}model.d_model ({m.d_model}) must be divisible by "
                           f"model.heads ({m.heads})")
+    if m.max_positions < cfg.data.max_len + 2:
+        raise ConfigError(f"{where}model.max_positions ({m.max_positions}) must be at least "
+                          f"data.max_len + 2 ({cfg.data.max_len + 2}): a pair's longest side "
+                          f"plus bos/eos must fit the model's positions")
     if m.share_embeddings and not cfg.tokenizer.joint:
         raise ConfigError(f"{where}model.share_embeddings needs tokenizer.joint: true")
     if cfg.train.average_last > cfg.train.keep_last:

@@ -34,6 +34,8 @@ def score(hypotheses: list[str], references: list[str], metrics: list[str]) -> l
     """Corpus-level scores of the hypotheses against one reference each."""
     if len(hypotheses) != len(references):
         raise EvalError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not references:
+        raise EvalError("nothing to score: no hypotheses and no references")
     out = []
     for name in metrics:
         metric = METRICS[name]()

@@ -23,7 +23,7 @@ from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
 from mtkit.evaluate import Score, score
 from mtkit.rundir import run_lock
-from mtkit.tokenizer import build_tokenizer, vocab_paths
+from mtkit.tokenizer import build_tokenizer, load_vocabs, vocab_paths
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
 
@@ -79,6 +79,9 @@ def _run_all(cfg: Config) -> RunResult:
     if not (run / "data" / "train" / "manifest.json").exists():
         log.info("stage preprocess")
         preprocess(cfg)
+    else:  # skipped: the shards must still come from the current tokenizer
+        ShardDataset(run / "data" / "train").check_tokenizer(
+            *load_vocabs(run, cfg.tokenizer.joint))
     log.info("stage train")
     result = train(cfg, resume=True)
     if result.interrupted_by:

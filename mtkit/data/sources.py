@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import csv
 import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import datasets
 
+from mtkit.atomic import write_failure
 from mtkit.config import CorpusConfig
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,9 @@ def _load(builder: str, path: str, cache_dir: Path | None, **kwargs) -> datasets
         return datasets.load_dataset(builder, data_files={"x": path}, split="x",
                                      cache_dir=str(cache_dir) if cache_dir else None, **kwargs)
     except Exception as e:  # datasets wraps the reader's error; report the real one
+        failure = write_failure(e, cache_dir)  # its cache is ours to write, not the input
+        if failure is not None:
+            raise failure from None
         cause = _root_cause(e)
         if isinstance(cause, UnicodeDecodeError):
             raise DataError(f"{path}: not valid UTF-8 (byte {cause.start} of a block: "
@@ -63,13 +71,75 @@ def _load(builder: str, path: str, cache_dir: Path | None, **kwargs) -> datasets
 
 
 def _text_lines(path: str, cache_dir: Path | None) -> list[str]:
+    """A text file's lines; a UTF-8 byte-order mark at its start is dropped."""
     ds = _load("text", path, cache_dir, encoding="utf-8", encoding_errors="strict")
-    return list(ds["text"])
+    lines = list(ds["text"])
+    if lines:
+        lines[0] = lines[0].removeprefix("\ufeff")
+    return lines
+
+
+@contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """Run `datasets` with the hub's offline mode set to `offline` (restored after)."""
+    import huggingface_hub.constants as hub
+
+    before = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = offline
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = before
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host answers a TCP connection within `timeout` seconds."""
+    import huggingface_hub.constants as hub
+
+    url = urlparse(hub.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> datasets.Dataset:
+    """A hub dataset (or a local dataset folder): from the cache when it is there, else
+    downloaded. Without a network it fails in seconds with one line, instead of retrying
+    for half a minute."""
+    def load() -> datasets.Dataset:
+        return datasets.load_dataset(corpus.hub, corpus.hub_config or None, split=corpus.split,
+                                     cache_dir=str(cache_dir) if cache_dir else None)
+
+    try:
+        try:
+            with _hub_offline(True):
+                return load()
+        except Exception:
+            if Path(corpus.hub).exists():
+                raise  # a local folder: the error is about it, not the network
+        if not _hub_reachable():
+            raise DataError(f"{origin}: not in the cache ({cache_dir}) and the hub cannot be "
+                            f"reached (no network?)")
+        return load()
+    except DataError:
+        raise
+    except Exception as e:
+        failure = write_failure(e, cache_dir)
+        if failure is not None:
+            raise failure from None
+        cause = _root_cause(e)
+        raise DataError(f"{origin}: cannot load dataset ({type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0] if str(cause) else ''})") from None
 
 
 def _columns(ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tgt_lang: str,
              origin: str) -> tuple[list[str], list[str]]:
     names = ds.column_names
+    if "__index_level_0__" in names:  # pandas took a first column for the index
+        raise DataError(f"{origin}: the first row has more tab-separated fields than the "
+                        f"header; a tab inside a sentence? (columns would shift)")
     if corpus.src_col in names and corpus.tgt_col in names:
         return list(ds[corpus.src_col]), list(ds[corpus.tgt_col])
     if "translation" in names:
@@ -118,13 +188,7 @@ def load_pairs(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
     elif corpus.hub:
         origin = f"{corpus.hub}" + (f"/{corpus.hub_config}" if corpus.hub_config else "")
         origin += f" [{corpus.split}]"
-        try:
-            ds = datasets.load_dataset(corpus.hub, corpus.hub_config or None, split=corpus.split,
-                                       cache_dir=str(cache_dir) if cache_dir else None)
-        except Exception as e:
-            cause = _root_cause(e)
-            raise DataError(f"{origin}: cannot load dataset ({type(cause).__name__}: "
-                            f"{str(cause).splitlines()[0] if str(cause) else ''})") from None
+        ds = _load_hub(corpus, origin, cache_dir)
     else:
         raise DataError("no data given for this split")
     src, tgt = _columns(ds, corpus, src_lang, tgt_lang, origin)

@@ -1,0 +1,96 @@
+"""Shared set-up for the fault tests: a trained tiny run, CLI calls, byte snapshots.
+
+Every fault test checks three things: the exit code, that stderr is one line without a
+traceback, and that the files the user owned are byte-identical afterwards.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner, Result
+
+from mtkit.cli import app
+from mtkit.config import config_from_dict
+from mtkit.data.shards import preprocess
+from mtkit.tokenizer import build_tokenizer
+from mtkit.train import train
+
+from conftest import tiny_config_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def write_config(folder: Path, corpus, **sections) -> Path:
+    """`folder/exp.yaml` for a tiny model whose run directory is `folder/run`."""
+    path = folder / "exp.yaml"
+    data = tiny_config_dict(corpus, folder / "run", **sections)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained(corpus, tmp_path_factory) -> Path:
+    """A folder with exp.yaml and run/: tokenizer, shards and 20 steps of training
+    (checkpoints at steps 10 and 20). Tests copy it with `work_copy`."""
+    folder = tmp_path_factory.mktemp("trained")
+    config = write_config(folder, corpus)
+    cfg = config_from_dict(yaml.safe_load(config.read_text()))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    train(cfg)
+    return folder
+
+
+@pytest.fixture
+def work(trained, tmp_path, corpus) -> Path:
+    """A private copy of the trained run in tmp_path (config rewritten to point at it)."""
+    shutil.copytree(trained / "run", tmp_path / "run")
+    write_config(tmp_path, corpus)
+    return tmp_path
+
+
+def cli(*args, input: str | bytes | None = None) -> Result:
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def assert_one_line(result, code: int = 2, says: str = "") -> str:
+    """The exit code, one stderr line, no traceback; returns the line."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    assert len(lines) == 1, lines
+    assert says in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(*paths: Path) -> dict[Path, bytes]:
+    """Every file under `paths` with its bytes, to compare before and after a fault."""
+    files = {}
+    for path in paths:
+        for p in [path] if path.is_file() else sorted(path.rglob("*")):
+            if p.is_file():
+                files[p] = p.read_bytes()
+    return files
+
+
+def mtkit_process(*args, **popen) -> subprocess.Popen:
+    """`python -m mtkit ARGS` as a real process (for signals and the lock)."""
+    return subprocess.Popen([sys.executable, "-m", "mtkit", *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process ended early: {proc.communicate()[1][-2000:]}")
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)

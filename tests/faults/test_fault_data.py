@@ -1,0 +1,95 @@
+"""Stages check that their inputs belong together, and corrupt shards are detected."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mtkit.data.shards import ShardDataset
+from mtkit.data.sources import DataError
+
+from faultkit import assert_one_line, cli, snapshot, trained, work
+
+__all__ = ["trained", "work"]  # fixtures
+
+
+def test_a_retrained_tokenizer_makes_train_ask_for_preprocess(work):
+    config, run = work / "exp.yaml", work / "run"
+    assert cli("tokenizer", "-c", config, "--set", "tokenizer.vocab_size=300").exit_code == 0
+    before = snapshot(run / "checkpoints", run / "data")
+    for stage in ("train", "run"):
+        assert_one_line(cli(stage, "-c", config),
+                        says="encoded with another tokenizer than the run's spm model "
+                             "(the tokenizer was retrained after preprocessing); rerun "
+                             "`mtkit preprocess`")
+    assert snapshot(run / "checkpoints", run / "data") == before
+
+
+def test_checkpoints_refuse_to_resume_on_shards_made_again(work):
+    config, run = work / "exp.yaml", work / "run"
+    result = cli("preprocess", "-c", config, "--set", "data.max_len=30")
+    assert result.exit_code == 0, result.output
+    before = snapshot(run / "checkpoints")
+    line = assert_one_line(cli("train", "-c", config, "--set", "data.max_len=30"),
+                           says="was trained on other data or another tokenizer")
+    assert line.endswith("start over with --no-resume, or use another run_dir")
+    assert snapshot(run / "checkpoints") == before
+    # the fingerprint is in the checkpoint, and --no-resume starts over
+    result = cli("train", "-c", config, "--set", "data.max_len=30", "--no-resume",
+                 "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("name, says", [
+    ("tgt.bin", "tgt.bin: "), ("src.idx", "src.idx: "), ("manifest.json", "manifest.json: ")])
+def test_truncated_shard_files_are_one_line_naming_the_file(work, name, says):
+    config, run = work / "exp.yaml", work / "run"
+    path = run / "data" / "train" / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = snapshot(run)
+    for args in (("train", "-c", config), ("preprocess", "-c", config, "--verify")):
+        line = assert_one_line(cli(*args), says=says)
+        assert "rerun `mtkit preprocess`" in line
+    assert snapshot(run) == before
+
+
+def test_a_flipped_byte_in_a_shard_is_caught_by_the_checksum(work):
+    config, run = work / "exp.yaml", work / "run"
+    assert cli("preprocess", "-c", config, "--verify").exit_code == 0
+    path = run / "data" / "train" / "src.bin"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    before = snapshot(run)
+    for args in (("train", "-c", config), ("preprocess", "-c", config, "--verify")):
+        assert_one_line(cli(*args), says="src.bin: checksum mismatch")
+    assert snapshot(run) == before
+
+
+def test_offsets_inconsistent_with_the_data_are_caught_at_open(work):
+    folder = work / "run" / "data" / "valid"
+    offsets = np.fromfile(folder / "tgt.idx", dtype=np.int64)
+    offsets[[3, 4]] = offsets[[4, 3]]  # same size, no longer increasing
+    offsets.tofile(folder / "tgt.idx")
+    with pytest.raises(DataError, match=r"tgt.idx: offsets do not match the data"):
+        ShardDataset(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["pairs"] += 1  # a manifest that disagrees with the files
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"src.idx: offsets do not match the data"):
+        ShardDataset(folder)
+    (folder / "manifest.json").write_text('{"format": "mtkit-shards-2"}')
+    with pytest.raises(DataError, match=r"corrupt manifest"):
+        ShardDataset(folder)
+
+
+def test_leftovers_of_a_killed_preprocess_are_removed_by_the_next_one(work):
+    run = work / "run"
+    (run / ".data.abc123.partial" / "train").mkdir(parents=True)
+    (run / ".data.abc123.partial" / "train" / "src.bin").write_bytes(b"\0" * 100)
+    (run / ".data.old").mkdir()
+    result = cli("preprocess", "-c", work / "exp.yaml")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".data")) == []

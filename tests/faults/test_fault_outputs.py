@@ -1,0 +1,99 @@
+"""Outputs never clobber inputs or checkpoints; an interrupted write leaves the old file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from mtkit.checkpoint import load_checkpoint
+
+from faultkit import assert_one_line, cli, mtkit_process, snapshot, trained, wait_for, work
+
+__all__ = ["trained", "work"]  # fixtures
+
+
+@pytest.fixture
+def ckpts(work):
+    return work / "run" / "checkpoints"
+
+
+def test_output_that_is_the_input_is_refused_and_the_input_kept(work, ckpts):
+    text = work / "a.txt"
+    text.write_text("A dog runs.\nTwo men talk.\n")
+    os.link(text, work / "hard.txt")
+    os.symlink(text, work / "soft.txt")
+    before = snapshot(work)
+    for out in (text, work / "hard.txt", work / "soft.txt"):
+        line = assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
+                               says="is the same file as --input")
+        assert line.startswith("error: the output ")
+    assert snapshot(work) == before
+
+
+def test_output_that_is_the_model_is_refused_and_no_checkpoint_changes(work, ckpts):
+    before = snapshot(ckpts)
+    for out in (ckpts / "last.pt", ckpts / "best.pt"):
+        assert_one_line(cli("translate", "-m", out, "-o", out, input="A dog.\n"),
+                        says="is the same file as --model")
+    assert_one_line(cli("average", ckpts / "step_10.pt", ckpts / "step_20.pt", "-o",
+                        ckpts / "step_10.pt"), says="is the same file as checkpoint 1")
+    assert snapshot(ckpts) == before
+
+
+def test_checkpoints_are_separate_files_so_a_write_through_one_name_spares_the_others(ckpts):
+    names = ("last.pt", "best.pt", "step_10.pt", "step_20.pt")
+    inodes = {os.stat(ckpts / n).st_ino for n in names}
+    assert len(inodes) == len(names)
+    assert all(os.stat(ckpts / n).st_nlink == 1 for n in names)
+    before = snapshot(ckpts)
+    with open(ckpts / "last.pt", "r+b") as f:  # a user's tool writing in place
+        f.write(b"oops")
+    assert snapshot(ckpts / "best.pt", ckpts / "step_20.pt") == {
+        k: v for k, v in before.items() if k.name in ("best.pt", "step_20.pt")}
+
+
+def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpts,
+                                                                      monkeypatch):
+    text, out = work / "in.txt", work / "out.txt"
+    text.write_text("A dog.\n" * 5)
+    out.write_text("the user's earlier translation\n")
+    before = snapshot(work)
+
+    def interrupted(*args, **kwargs):
+        args[2].write("half of the output\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("mtkit.translate.translate_stream", interrupted)
+    assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
+                    code=130, says="interrupted")
+    assert snapshot(work) == before
+
+
+def test_ctrl_c_in_translate_keeps_the_output_file(work, ckpts):
+    out = work / "out.txt"
+    out.write_text("keep me\n")
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
+                         stdin=subprocess.PIPE)
+    proc.stdin.write("A dog runs in the park.\n")
+    proc.stdin.flush()
+    # the first line's translation reaches the temporary file; then Ctrl-C
+    wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
+                         for p in work.iterdir()), proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "interrupted"
+    assert out.read_text() == "keep me\n"
+    assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
+
+
+def test_output_is_written_whole_on_success(work, ckpts):
+    text, out = work / "in.txt", work / "out.txt"
+    text.write_text("A dog.\n\nTwo men.\n")
+    out.write_text("old\n")
+    result = cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().split("\n")) == 4 and out.read_text() != "old\n"
+    assert load_checkpoint(ckpts / "best.pt")["model"]  # untouched and intact
