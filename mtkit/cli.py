@@ -16,8 +16,12 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
+
+try:  # recent Typer vendors click; older releases use the click package
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
 
 from mtkit.config import Config, ConfigError, OptionError, load_config
 
@@ -85,19 +89,20 @@ def _reported() -> Iterator[None]:
 def main() -> None:
     """The `mtkit` console script: the Typer app, with click's usage errors (unknown or
     missing options, bad types) as one line and exit code 2 like every other error."""
+    no_args = getattr(click_errors, "NoArgsIsHelpError", ())
     try:
         code = app(prog_name="mtkit", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as e:
+    except no_args as e:  # `mtkit` or `mtkit explain` alone: the help, as before
         typer.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
         code = 2
-    except click.UsageError as e:
+    except click_errors.UsageError as e:
         command = e.ctx.command_path if e.ctx else "mtkit"
         typer.echo(f"error: {e.format_message()} (see `{command} --help`)", err=True)
         code = 2
-    except click.ClickException as e:
+    except click_errors.ClickException as e:
         typer.echo(f"error: {e.format_message()}", err=True)
         code = e.exit_code
-    except click.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         code = 130
     sys.exit(code if isinstance(code, int) else 0)
@@ -109,9 +114,11 @@ def _config(path: Path, overrides: list[str] | None) -> Config:
 
 
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs.")] = False
-          ) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
+def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs.")] = False,
+          quiet: Annotated[bool, typer.Option(
+              "--quiet", "-q", help="Only warnings and errors on stderr.")] = False) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(stream=sys.stderr, level=level,
                         format="%(asctime)s | %(name)s | %(message)s", datefmt="%H:%M:%S",
                         force=True)
     if not verbose:  # libraries' own warnings would come before (or twice beside) ours

@@ -569,6 +569,8 @@ def _per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
 
 def _progress_line(progress: Progress, record: dict, tc: TrainConfig) -> None:
     """Progress on stderr: step, loss, lr, tokens/s and, with a step limit, the ETA."""
+    if not log.isEnabledFor(logging.INFO):  # mtkit --quiet
+        return
     eta = ""
     if tc.max_steps:
         per_step = progress.elapsed / max(progress.step, 1)

@@ -4,6 +4,7 @@ training falls back to the newest good checkpoint and clears what killed writes 
 from __future__ import annotations
 
 import io
+import pickle
 import random
 import zipfile
 
@@ -114,8 +115,12 @@ def test_junk_given_as_a_checkpoint_is_one_line_everywhere(tmp_path, junk):
 def test_a_checkpoint_of_pickled_objects_is_refused_without_library_warnings(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, path)
-    assert_one_line(cli("translate", "-m", path, input="A dog.\n"),
-                    says="safe loading refuses to build")
+    plain = tmp_path / "plain.pt"  # protocol 4: torch warns about it before refusing
+    plain.write_bytes(pickle.dumps({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")},
+                                   protocol=4))
+    for p in (path, plain):
+        assert_one_line(cli("translate", "-m", p, input="A dog.\n"),
+                        says="safe loading refuses to build")
 
 
 def test_temporaries_of_killed_checkpoint_writes_are_removed_by_the_next_train(work):

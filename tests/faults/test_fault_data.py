@@ -93,3 +93,16 @@ def test_leftovers_of_a_killed_preprocess_are_removed_by_the_next_one(work):
     result = cli("preprocess", "-c", work / "exp.yaml")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".data")) == []
+
+
+def test_a_valid_pair_longer_than_the_positions_does_not_stop_training(work, corpus):
+    valid = work / "long.en"
+    lines = corpus["valid.en"].read_text().splitlines()
+    valid.write_text("\n".join([" ".join(lines[:20])] + lines[1:]) + "\n")  # ~250 subwords
+    config = work / "exp.yaml"
+    args = ("--set", "data.max_len=30", "--set", "model.max_positions=32",
+            "--set", f"data.valid.src={valid}")
+    assert cli("preprocess", "-c", config, *args).exit_code == 0
+    result = cli("train", "-c", config, *args, "--no-resume", "--set", "train.max_steps=10")
+    assert result.exit_code == 0, result.output
+    assert "valid | step 10" in result.stderr

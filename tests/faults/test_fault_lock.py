@@ -54,14 +54,15 @@ def test_every_writing_stage_refuses_a_run_dir_in_use(work):
         holder.wait()
 
 
-def test_a_second_mtkit_train_exits_2_and_the_first_one_finishes(work):
+def test_a_second_mtkit_train_exits_2_and_the_first_one_goes_on(work):
     run = work / "run"
-    first = mtkit_process("train", "-c", work / "exp.yaml", "--set", "train.max_steps=400",
+    first = mtkit_process("train", "-c", work / "exp.yaml", "--set", "train.max_steps=100000",
                           "--set", "train.valid_every=1000")
     try:
         wait_for(lambda: b"mtkit train" in (run / ".lock").read_bytes(), first)
         result = cli("train", "-c", work / "exp.yaml", "--set", "train.max_steps=400")
         assert_one_line(result, says=f"in use by pid {first.pid} (mtkit train)")
+        assert first.poll() is None
     finally:
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)

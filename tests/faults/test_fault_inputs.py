@@ -1,0 +1,176 @@
+"""Bad options, bad config values and awkward input: one line and exit 2 (130 on Ctrl-C)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import signal
+import subprocess
+import sys
+import tracemalloc
+
+import pytest
+import torch
+import yaml
+
+from mtkit.translate import MAX_LINE_BYTES, read_chunks
+
+from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, trained, wait_for, work
+
+__all__ = ["trained", "work"]  # fixtures
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--beam", "0"], "--beam must be at least 1, got 0"),
+    (["--beam", "2", "--nbest", "3"], "--nbest 3 must not exceed --beam 2"),
+    (["--nbest", "9"], "--nbest 9 must not exceed the checkpoint's beam size 5"),
+    (["--nbest", "0"], "--nbest must be at least 1, got 0"),
+    (["--lenpen", "-1"], "--lenpen must be at least 0, got -1.0"),
+    (["--lenpen", "nan"], "--lenpen must be at least 0, got nan"),
+    (["--max-len-a", "-0.5"], "--max-len-a must be at least 0, got -0.5"),
+    (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
+    (["--batch-tokens", "0"], "--batch-tokens must be at least 1, got 0"),
+    (["--format", "xml"], "--format must be text or jsonl, got 'xml'"),
+])
+def test_translate_options_out_of_range_name_the_option(work, args, says):
+    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", *args,
+                 input="A dog.\n")
+    assert assert_one_line(result, says=says) == f"error: {says}"
+    assert result.stdout == ""
+
+
+def test_device_cuda_without_cuda_names_the_option_given(work):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", "--device",
+                 "cuda", input="A dog.\n")
+    assert_one_line(result, says="error: --device cuda, but no CUDA device is available "
+                                 "(use --device auto or cpu)")
+    result = cli("train", "-c", work / "exp.yaml", "--set", "train.device=cuda")
+    assert_one_line(result, says="error: train.device=cuda, but no CUDA device")
+
+
+def test_average_last_below_one_is_refused(work):
+    result = cli("average", work / "run" / "checkpoints", "--last", "0", "-o", work / "a.pt")
+    assert_one_line(result, says="error: --last must be at least 1, got 0")
+    assert not (work / "a.pt").exists()
+
+
+@pytest.mark.parametrize("override, says", [
+    ("train.lr=.nan", "train.lr must be a finite number, got nan"),
+    ("train.max_time=.inf", "train.max_time must be a finite number, got inf"),
+    ("model.dropout=nan", "model.dropout must be a finite number, got nan"),
+    ("train.seed=-1", "train.seed must be in [0, inf], got -1"),
+    ("tokenizer.seed=-3", "tokenizer.seed must be in [0, inf], got -3"),
+    ("model.max_positions=100", "model.max_positions (100) must be at least data.max_len "
+                                "+ 2 (258)"),
+])
+def test_bad_config_values_are_refused_at_load(work, override, says):
+    before = snapshot(work)
+    for stage in ("tokenizer", "train"):
+        result = cli(stage, "-c", work / "exp.yaml", "--set", override)
+        assert_one_line(result, says=f"config error: {work / 'exp.yaml'}: {says}")
+    assert snapshot(work) == before
+
+
+def test_usage_errors_of_the_real_command_are_one_line():
+    for args, says in ((["translate", "--bogus"], "No such option: --bogus"),
+                       (["translate"], "Missing option '--model'"),
+                       (["translate", "-m", "x.pt", "--beam", "two"],
+                        "Invalid value for '--beam'")):
+        done = subprocess.run([sys.executable, "-m", "mtkit", *args], cwd=ROOT,
+                              capture_output=True, text=True)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and says in lines[0], done.stderr
+        assert lines[0].endswith("(see `mtkit translate --help`)")
+
+
+def test_eval_on_empty_files_is_one_line(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("")
+    ref.write_text("")
+    assert_one_line(cli("eval", "--hyp", hyp, "--ref", ref),
+                    says=f"error: nothing to score: {ref} is empty")
+
+
+def test_byte_order_marks_are_dropped_from_corpora_and_references(tmp_path, work, corpus):
+    ref = tmp_path / "ref.txt"
+    ref.write_bytes(b"\xef\xbb\xbfEin Hund rennt.\nZwei M\xc3\xa4nner.\n")
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("Ein Hund rennt.\nZwei Männer.\n")
+    result = cli("eval", "--hyp", hyp, "--ref", ref, "--json", "--metrics", "chrf")
+    assert result.exit_code == 0 and json.loads(result.stdout)["chrf"]["score"] == 100.0
+
+    for name in ("train.en", "train.de"):
+        lines = corpus[name].read_bytes()
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + lines))
+    config = yaml.safe_load((work / "exp.yaml").read_text())
+    config["data"]["train"] = {"src": str(tmp_path / "train.en.gz"),
+                               "tgt": str(tmp_path / "train.de.gz")}
+    (work / "exp.yaml").write_text(yaml.safe_dump(config))
+    assert cli("tokenizer", "-c", work / "exp.yaml").exit_code == 0
+    assert "\ufeff" not in (work / "run" / "spm.vocab").read_text()
+
+
+def test_explain_attention_on_an_empty_source_is_one_line(work, tmp_path):
+    result = cli("explain", "attention", "-m", work / "run" / "checkpoints" / "best.pt",
+                 "--src", "   ", "-o", tmp_path / "pics")
+    assert_one_line(result, says="error: --src is empty: give a sentence to translate")
+    assert not (tmp_path / "pics").exists()
+
+
+class EndlessLine(io.RawIOBase):
+    """`total` bytes of one line without a newline, made on the fly, then one short line."""
+
+    def __init__(self, total: int):
+        self.left, self.tail = total, b"\nshort line\n"
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left > 0:
+            size = min(n, self.left)
+            self.left -= size
+            return b"ab" * (size // 2) + b"a" * (size % 2)
+        out, self.tail = self.tail, b""
+        return out
+
+
+def test_a_50_mb_line_is_cut_while_reading_in_bounded_memory():
+    tracemalloc.start()
+    lines = [line for chunk in read_chunks(EndlessLine(50 << 20)) for line in chunk]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert [len(x) for x in lines] == [MAX_LINE_BYTES, len("short line")]
+    assert peak < 8 * MAX_LINE_BYTES  # a few copies of one bounded line, not 50 MB
+
+
+def test_a_byte_order_mark_on_translate_input_is_dropped():
+    lines = [x for c in read_chunks(io.BytesIO(b"\xef\xbb\xbfHallo\nWelt\n")) for x in c]
+    assert lines == ["Hallo", "Welt"]
+
+
+def test_a_hub_dataset_without_network_is_one_line(work, monkeypatch):
+    monkeypatch.setattr("mtkit.data.sources._hub_reachable", lambda timeout=3.0: False)
+    result = cli("tokenizer", "-c", work / "exp.yaml", "--set", "data.train.src=",
+                 "--set", "data.train.tgt=", "--set", "data.train.hub=nosuch/corpus-xyz")
+    assert_one_line(result, says="nosuch/corpus-xyz [train]: not in the cache")
+
+
+def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
+    run = work / "run"
+    proc = mtkit_process("run", "-c", work / "exp.yaml", "--set", "train.max_steps=2000",
+                         "--set", "train.save_every=5")
+    wait_for(lambda: (run / "checkpoints" / "step_25.pt").exists(), proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("interrupted: stopped by SIGINT after saving a "
+                                            "checkpoint; rerun to go on")
+    assert not (run / "test.hyp").exists() and not (run / "test.scores.json").exists()
+    steps = sorted(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.pt"))
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert last["train"]["progress"]["step"] == steps[-1] > 25

@@ -1,0 +1,105 @@
+"""A full disk and a read-only run directory: one line naming the path, nothing lost."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+import torch
+
+from faultkit import assert_one_line, cli, snapshot, trained, work
+
+__all__ = ["trained", "work"]  # fixtures
+
+ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs (needs root and mount rights; skipped elsewhere)."""
+    mounted = []
+
+    def mount(size: str, readonly: bool = False):
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        opts = f"size={size}" + (",ro" if readonly else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_disk_full_while_saving_a_checkpoint_keeps_the_earlier_ones(work, monkeypatch):
+    ckpts = work / "run" / "checkpoints"
+    before = snapshot(ckpts)
+    real_save = torch.save
+
+    def save_until_full(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):  # a checkpoint written by mtkit
+            f.write(b"PK\x03\x04" + b"\0" * 4000)
+            raise RuntimeError("PytorchStreamWriter failed writing file") from ENOSPC
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    result = cli("--quiet", "train", "-c", work / "exp.yaml", "--set", "train.max_steps=40")
+    line = assert_one_line(result, says="no space left on device while writing ")
+    assert line.endswith(f"{ckpts.resolve()}/step_30.pt; earlier checkpoints are intact")
+    assert snapshot(ckpts) == before  # nothing half-written, no temporary left
+
+
+def test_disk_full_while_preprocessing_leaves_the_old_data(work, monkeypatch):
+    run = work / "run"
+    before = snapshot(run / "data")
+    calls = []
+
+    def write_until_full(path, data, files):
+        calls.append(path)
+        if len(calls) > 2:
+            raise ENOSPC
+        with open(path, "xb") as f:
+            f.write(bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data)
+        files[path.name] = {"bytes": 0, "sha256": ""}
+
+    monkeypatch.setattr("mtkit.data.shards._write_file", write_until_full)
+    assert_one_line(cli("preprocess", "-c", work / "exp.yaml"),
+                    says=f"error: no space left on device while writing {run}/data")
+    assert snapshot(run / "data") == before
+    assert not [p for p in run.iterdir() if p.name.startswith(".data")]
+
+
+def test_a_really_full_disk_is_one_line(work, tmpfs):
+    small = tmpfs("400k")
+    run = small / "run"
+    result = cli("tokenizer", "-c", work / "exp.yaml", "--set", f"run_dir={run}")
+    assert_one_line(result, says="no space left on device while writing ")
+    assert not [p for p in run.rglob("*.tmp")]
+
+
+def test_a_read_only_run_directory_is_one_line_naming_it(work, tmpfs):
+    readonly = tmpfs("1m", readonly=True)
+    for stage in ("tokenizer", "preprocess", "train", "run"):
+        for run in (readonly, readonly / "sub"):
+            assert_one_line(cli(stage, "-c", work / "exp.yaml", "--set", f"run_dir={run}"),
+                            says=f"cannot write to the run directory {run} "
+                                 f"(read-only file system)")
+
+
+def test_an_unwritable_run_directory_is_one_line_naming_it(work, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EACCES, "Permission denied", str(args[0]))
+
+    monkeypatch.setattr("mtkit.rundir.os.open", refuse)  # as a non-root user would meet
+    before = snapshot(work)
+    for stage in ("tokenizer", "preprocess", "train"):
+        assert_one_line(cli(stage, "-c", work / "exp.yaml"),
+                        says=f"cannot write to the run directory {work / 'run'} "
+                             f"(permission denied)")
+    assert snapshot(work) == before
