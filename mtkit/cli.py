@@ -8,6 +8,7 @@ after whatever the command was writing is saved or discarded whole.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -77,6 +78,9 @@ def _reported() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise typer.Exit(code=130) from None
+    except BrokenPipeError:  # `mtkit translate | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(code=128 + signal.SIGPIPE) from None
     except _user_errors() as e:
         if isinstance(e, Interrupted):
             typer.echo(f"interrupted: {e}", err=True)

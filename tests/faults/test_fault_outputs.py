@@ -97,3 +97,14 @@ def test_output_is_written_whole_on_success(work, ckpts):
     assert result.exit_code == 0, result.output
     assert len(out.read_text().split("\n")) == 4 and out.read_text() != "old\n"
     assert load_checkpoint(ckpts / "best.pt")["model"]  # untouched and intact
+
+
+def test_a_reader_that_leaves_the_pipe_stops_translate_quietly(work, ckpts):
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "--beam", "1",
+                         stdin=subprocess.PIPE)
+    proc.stdin.write("A dog runs in the park.\n" * 3000)
+    proc.stdin.close()
+    assert proc.stdout.readline()  # `| head -1`
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == ""
