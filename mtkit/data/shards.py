@@ -40,7 +40,7 @@ SPLITS = ("train", "valid", "test")
 RERUN = "rerun `mtkit preprocess`"
 
 
-def tokenizer_fingerprint(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, str]:
+def tokenizer_digests(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, str]:
     """SHA-256 of the SentencePiece model(s) that ids were encoded with."""
     return {"src": bytes_sha256(src_vocab.model_proto), "tgt": bytes_sha256(tgt_vocab.model_proto)}
 
@@ -136,7 +136,7 @@ def preprocess(cfg: Config) -> dict[str, dict]:
 def _preprocess(cfg: Config) -> dict[str, dict]:
     run = cfg.run_path
     src_vocab, tgt_vocab = load_vocabs(run, cfg.tokenizer.joint)
-    tokenizer = tokenizer_fingerprint(src_vocab, tgt_vocab)
+    tokenizer = tokenizer_digests(src_vocab, tgt_vocab)
     cache = run / "cache"
     # Read and check every split before writing anything.
     todo: dict[str, Pairs] = {}
@@ -258,7 +258,7 @@ class ShardDataset:
 
     def check_tokenizer(self, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
         """Refuse shards encoded with another tokenizer than the run's current one."""
-        if self.manifest.get("tokenizer") != tokenizer_fingerprint(src_vocab, tgt_vocab):
+        if self.manifest.get("tokenizer") != tokenizer_digests(src_vocab, tgt_vocab):
             raise DataError(f"{self.folder} was encoded with another tokenizer than the run's "
                             f"spm model (the tokenizer was retrained after preprocessing); "
                             f"{RERUN}")
