@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint onto the CPU without executing code, and check it: the digest
     of its content, the shape of its parts, finite weights. One-line errors."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise CheckpointError(f"{path}: not a readable checkpoint (not a zip archive: "
+                              f"truncated, corrupt or not made by mtkit)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (KeyboardInterrupt, MemoryError):

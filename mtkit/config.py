@@ -321,6 +321,8 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] 
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path} is a folder, not a config file") from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: cannot read config: {e}") from None
         try:

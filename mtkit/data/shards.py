@@ -218,7 +218,6 @@ class ShardDataset:
             self._check_sizes()
             self.src_offsets = self._offsets("src")
             self.tgt_offsets = self._offsets("tgt")
-            np.dtype(self.manifest["dtype"])
         except (KeyError, TypeError, AttributeError):
             raise DataError(f"{manifest_path}: corrupt manifest (fields missing or of the "
                             f"wrong type); {RERUN}") from None
@@ -242,7 +241,9 @@ class ShardDataset:
         path = self.folder / f"{side}.idx"
         offsets = np.fromfile(path, dtype=np.int64)
         n, tokens = self.manifest["pairs"], self.manifest[f"{side}_tokens"]
+        data_bytes = (self.folder / f"{side}.bin").stat().st_size
         ok = (len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == tokens
+              and data_bytes == tokens * np.dtype(self.manifest["dtype"]).itemsize
               and bool((np.diff(offsets) >= 0).all()))
         if not ok:
             raise DataError(f"{path}: offsets do not match the data ({n} pairs, {tokens} ids "

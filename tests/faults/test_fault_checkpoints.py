@@ -4,8 +4,9 @@ training falls back to the newest good checkpoint and clears what killed writes 
 from __future__ import annotations
 
 import io
-import pickle
 import random
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from mtkit.checkpoint import CheckpointError, find_resumable, load_checkpoint, save_checkpoint
 from mtkit.translate import load_translator
 
-from faultkit import assert_one_line, cli, snapshot, trained, work
+from faultkit import ROOT, assert_one_line, cli, snapshot, trained, work
 
 __all__ = ["trained", "work"]  # fixtures
 
@@ -99,7 +100,8 @@ def test_fuzzed_checkpoints_only_ever_give_a_checkpoint_error(work, tmp_path):
     assert sum(outcomes.values()) == 344 and outcomes["rejected"] >= 300, outcomes
 
 
-@pytest.mark.parametrize("junk", [b"just some text\n", bytes(range(256)) * 8])
+@pytest.mark.parametrize("junk", [b"just some text\n", bytes(range(256)) * 8,
+                                  b"PK\x03\x04" + bytes(range(256)) * 8])
 def test_junk_given_as_a_checkpoint_is_one_line_everywhere(tmp_path, junk):
     path = tmp_path / "junk.pt"
     path.write_bytes(junk)
@@ -116,11 +118,15 @@ def test_a_checkpoint_of_pickled_objects_is_refused_without_library_warnings(tmp
     path = tmp_path / "evil.pt"
     torch.save({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, path)
     plain = tmp_path / "plain.pt"  # protocol 4: torch warns about it before refusing
-    plain.write_bytes(pickle.dumps({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")},
-                                   protocol=4))
+    torch.save({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, plain,
+               pickle_protocol=4)
     for p in (path, plain):
         assert_one_line(cli("translate", "-m", p, input="A dog.\n"),
                         says="safe loading refuses to build")
+    # a real process, where nothing captures Python's warnings but mtkit's own filter
+    done = subprocess.run([sys.executable, "-m", "mtkit", "translate", "-m", str(plain)],
+                          input="A dog.\n", capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_temporaries_of_killed_checkpoint_writes_are_removed_by_the_next_train(work):
