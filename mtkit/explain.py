@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mtkit.atomic import atomic_file
 from mtkit.config import ModelConfig
 from mtkit.data.batching import Batch, collate
 from mtkit.loss import label_smoothed_nll
@@ -347,7 +348,8 @@ def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
                 ax.set_title(f"head {h}", fontsize=8)
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        with atomic_file(path) as f:  # an interrupted run leaves no half-drawn picture
+            fig.savefig(f, dpi=100, format="png")
         plt.close(fig)
         written.append(path)
 
