@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from mtkit.config import ModelConfig, load_config
 from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
+from mtkit.device import calibration_shape, resolve_device, resolve_precision, tune_cpu_runtime
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import build_model
 from mtkit.tokenizer import PAD, Vocab
-from mtkit.train import resolve_device, resolve_precision, tune_cpu_runtime
 
 
 class PeakMemory:
@@ -177,7 +177,9 @@ def main() -> None:
         tune_cpu_runtime()
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
-    autocast_dtype = resolve_precision(precision, device)
+    autocast_dtype, calibration = resolve_precision(
+        precision, device,
+        calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
     spm = cfg.run_path / "spm.model"
     vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
         else len(Vocab.load(spm))
@@ -199,6 +201,7 @@ def main() -> None:
     result = {
         "config": args.config, "device": str(device),
         "precision": "bf16" if autocast_dtype else "fp32",
+        **({"calibration": calibration.as_dict()} if calibration else {}),
         "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
                     else "train"),
         "steps": args.steps, "mtkit_tokens_per_s": round(rate),

@@ -126,6 +126,18 @@ def _check_content(payload: dict[str, Any], path: Path) -> None:
                                   f"({name}); this checkpoint cannot be used")
 
 
+def training_payload(config: dict, vocab: tuple[bytes, bytes], model: dict, optimizer: dict,
+                     rng: dict, progress: dict, shards: str) -> dict[str, Any]:
+    """The layout of a training checkpoint (see the module docstring); `shards` is the
+    fingerprint of the shard manifest it was trained on."""
+    return {
+        "config": config,
+        "vocab": {"src": vocab[0], "tgt": vocab[1]},
+        "model": model,
+        "train": {"optimizer": optimizer, "rng": rng, "progress": progress, "shards": shards},
+    }
+
+
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """`step_<N>.pt` files in a folder, oldest first."""
     found = []

@@ -46,14 +46,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mtkit.atomic import SameFileError
     from mtkit.checkpoint import CheckpointError
     from mtkit.data.sources import DataError
+    from mtkit.device import DeviceError
     from mtkit.evaluate import EvalError
     from mtkit.pipeline import Interrupted
     from mtkit.rundir import RunDirError
     from mtkit.tokenizer import TokenizerError
     from mtkit.train import TrainError
 
-    return (ConfigError, OptionError, DataError, TokenizerError, CheckpointError, TrainError,
-            EvalError, SameFileError, RunDirError, Interrupted, OSError)
+    return (ConfigError, OptionError, DeviceError, DataError, TokenizerError, CheckpointError,
+            TrainError, EvalError, SameFileError, RunDirError, Interrupted, OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -110,6 +111,13 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         code = 130
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _tune_runtime() -> None:
+    """The process-wide CPU settings of `mtkit.device`, for commands that run the model."""
+    from mtkit.device import tune_cpu_runtime
+
+    tune_cpu_runtime()
 
 
 def _config(path: Path, overrides: list[str] | None) -> Config:
@@ -173,6 +181,7 @@ def train(config: ConfigOpt, set_: SetOpt = None,
     from mtkit.train import train as run_training
 
     cfg = _config(config, set_)
+    _tune_runtime()
     with _reported():
         result = run_training(cfg, resume=resume)
     typer.echo(f"stopped at step {result.step} ({result.stopped_because}); best valid BLEU "
@@ -213,6 +222,7 @@ def translate(
             raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
         if output:
             refuse_same_file(output, {"--input": input, "--model": model})
+        _tune_runtime()
         translator = load_translator(model, device, "--device")
         opts = DecodeOptions.from_config(
             translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
@@ -306,11 +316,14 @@ def run(config: ConfigOpt, set_: SetOpt = None) -> None:
     from mtkit.pipeline import run_all
 
     cfg = _config(config, set_)
+    _tune_runtime()
     with _reported():
         result = run_all(cfg)
     bleu = next(s for s in result.scores if s.metric == "bleu")
     typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
                f"{result.hypotheses}, checkpoint {result.checkpoint}")
+    typer.echo(f"trained to step {result.training.step} ({result.training.stopped_because}) "
+               f"in {result.training.precision}", err=True)
 
 
 explain_app = typer.Typer(help="See inside the Transformer: shapes, parameters, attention.",

@@ -24,7 +24,7 @@ from mtkit.data.sources import DataError
 from mtkit.evaluate import Score, score
 from mtkit.rundir import run_lock
 from mtkit.tokenizer import build_tokenizer, load_vocabs, vocab_paths
-from mtkit.train import train
+from mtkit.train import TrainResult, train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class RunResult:
     checkpoint: Path
     hypotheses: Path
     scores: list[Score]
+    training: TrainResult  # where training stopped, why, and in which precision
 
 
 def _newer(path: Path, than: Path) -> bool:
@@ -104,4 +105,4 @@ def _run_all(cfg: Config) -> RunResult:
     report = {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
     report["checkpoint"] = str(checkpoint)
     write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
-    return RunResult(checkpoint, hyp_path, scores)
+    return RunResult(checkpoint, hyp_path, scores, result)

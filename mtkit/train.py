@@ -1,16 +1,18 @@
 """The training loop: AdamW, inverse-square-root warm-up, mixed precision, gradient
 accumulation, validation with BLEU, checkpoints, exact resume, early stopping, DDP.
 
-One optimizer step consumes `train.update_freq` batches. The loop's position (epoch,
-batch within the epoch), the optimizer, every RNG and the step are in each checkpoint,
-so an interrupted run that resumes gives the same weights as one that never stopped.
-Run under `torchrun --nproc_per_node N` for DistributedDataParallel: every rank takes
-its own share of each epoch's batches; only rank 0 validates, logs and saves.
+`train` reads as its loop: `setup` builds one `TrainState` (model, optimizer, progress,
+batch stream); each turn `accumulate`s the `train.update_freq` micro-batches of one
+update, `apply_update` takes the optimizer step, and `stop_reason`, a function of the
+progress and the config alone, says when to stop. The loop's position (epoch, batch
+within the epoch), the optimizer, every RNG and the step are in each checkpoint, so an
+interrupted run that resumes gives the same weights as one that never stopped. Run under
+`torchrun --nproc_per_node N` for DistributedDataParallel: every rank takes its own
+share of each epoch's batches; only rank 0 validates, logs and saves.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import logging
@@ -21,19 +23,25 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import sacrebleu
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mtkit.atomic import WriteError, remove_leftovers, write_failure
-from mtkit.checkpoint import CheckpointError, find_resumable, write_training_checkpoint
+from mtkit.checkpoint import (
+    CheckpointError,
+    find_resumable,
+    training_payload,
+    write_training_checkpoint,
+)
 from mtkit.config import Config, TrainConfig, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, token_batches
 from mtkit.data.shards import ShardDataset
+from mtkit.device import calibration_shape, resolve_device, resolve_precision
+from mtkit.evaluate import score
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.rundir import run_lock
@@ -49,58 +57,6 @@ class TrainError(RuntimeError):
     """A training run that cannot start or go on (one line)."""
 
 
-# --- devices and precision -------------------------------------------------------------
-
-
-def resolve_device(name: str, option: str = "train.device") -> torch.device:
-    """`auto` -> CUDA when present, else CPU. Asking for CUDA without one is an error
-    whose message names `option`, the way the user asked (`--device` or `train.device`)."""
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            sep = " " if option.startswith("--") else "="
-            raise TrainError(f"{option}{sep}cuda, but no CUDA device is available "
-                             f"(use {option}{sep}auto or cpu)")
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def cpu_has_bf16_matrix_units() -> bool:
-    """AMX tiles. AVX512-BF16 alone does not count: on such a CPU (these development
-    machines) a bf16 matrix product measured 0.64x the speed of fp32, not faster."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-
-
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for plain fp32."""
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "fp32":
-        return None
-    if device.type == "cuda" or cpu_has_bf16_matrix_units():
-        return torch.bfloat16
-    return None
-
-
-def tune_cpu_runtime() -> None:
-    """Two process-wide settings that make CPU training markedly faster.
-
-    Flush denormal floats to zero: the exponentials of the loss's backward pass slowed
-    10x on denormal inputs. And make glibc keep large freed blocks instead of returning
-    them to the OS: by default every allocation over 32 MB (logits, their gradient) gets
-    fresh pages from the kernel, and the page faults cost more than the arithmetic on
-    them (1.3x faster training of the Multi30k model on 2 cores). The allocator setting
-    is skipped where the C library is not glibc."""
-    torch.set_flush_denormal(True)
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 1 << 30)
-        libc.mallopt(m_trim_threshold, 1 << 31)
-    except (OSError, AttributeError) as e:
-        log.debug("mallopt unavailable (%s); using the allocator's defaults", e)
-
 
 # --- schedule ----------------------------------------------------------------------------
 
@@ -112,6 +68,7 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     if warmup == 0:
         return peak
     return peak * min(step / warmup, math.sqrt(warmup / step))
+
 
 
 # --- state ---------------------------------------------------------------------------
@@ -138,6 +95,7 @@ class TrainResult:
     stopped_because: str
     run_dir: Path
     model: Transformer  # the weights after the last step (not the best checkpoint)
+    precision: str = "fp32"  # what training ran in: "fp32" or "bf16"
 
     @property
     def interrupted_by(self) -> str | None:
@@ -206,13 +164,11 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
         for i, out_ids in zip(idx.tolist(), ids, strict=True):
             hyps[i] = tgt_vocab.decode(out_ids)
     refs = data.texts("tgt") or [tgt_vocab.decode(data[i][1].tolist()) for i in range(len(data))]
-    bleu = sacrebleu.corpus_bleu([hyps[i] for i in range(len(data))], [refs]).score
+    bleu = score([hyps[i] for i in range(len(data))], refs, ["bleu"])[0].score
     model.train(was_training)
     return {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens,
             "valid_ppl": math.exp(min(nll_sum / tokens, 50.0)), "valid_bleu": bleu}
 
-
-# --- the loop ----------------------------------------------------------------------------
 
 
 def _batches_from(sampler: TokenBatchSampler, dataset: ShardDataset, progress: Progress,
@@ -259,17 +215,6 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-def _checkpoint_payload(cfg: Config, model: Transformer, optimizer, progress: Progress,
-                        vocabs: tuple[Vocab, Vocab], shards: str) -> dict:
-    return {
-        "config": config_to_dict(cfg),
-        "vocab": {"src": vocabs[0].model_proto, "tgt": vocabs[1].model_proto},
-        "model": model.state_dict(),
-        "train": {"optimizer": optimizer.state_dict(), "rng": _rng_state(),
-                  "progress": dataclasses.asdict(progress), "shards": shards},
-    }
-
-
 def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
     saved = payload["config"]["model"]
     now = config_to_dict(cfg)["model"]
@@ -302,6 +247,301 @@ def _check_positions(cfg: Config, data: ShardDataset) -> None:
                          f"data.max_len or raise model.max_positions")
 
 
+# --- the training state ---------------------------------------------------------------
+
+
+@dataclass
+class TrainState:
+    """Everything one training run works on, built once by `setup`."""
+
+    cfg: Config
+    model: Transformer
+    wrapped: nn.Module  # the model, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    progress: Progress
+    batches: Iterator[tuple[int, int, Batch]]  # endless (epoch, index in epoch, batch)
+    batches_per_epoch: int  # this rank's; the same every epoch (see TokenBatchSampler)
+    vocabs: tuple[Vocab, Vocab]
+    train_data: ShardDataset
+    valid_data: ShardDataset | None
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    metrics: MetricsLog
+    rank: int
+    world: int
+    clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
+    saved_step: int  # the step of the newest checkpoint
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def setup(cfg: Config, resume: bool) -> TrainState:
+    """Check the run's data, build the model and optimizer, resume from the newest intact
+    checkpoint when asked, and open the batch stream at the saved position."""
+    tc, run = cfg.train, cfg.run_path
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    device = resolve_device(tc.device)
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    vocabs = load_vocabs(run, cfg.tokenizer.joint)
+    train_data = ShardDataset(run / "data" / "train")
+    valid_data = ShardDataset(run / "data" / "valid") if (run / "data" / "valid").exists() \
+        else None
+    for data in (train_data, valid_data):
+        if data is not None:
+            data.check_tokenizer(*vocabs)
+            data.verify()
+    _check_positions(cfg, train_data)
+    autocast_dtype, calibration = resolve_precision(
+        tc.precision, device,
+        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=inverse_sqrt_lr(1, tc.lr, tc.warmup_steps), betas=(0.9, 0.98),
+        eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
+    progress = _resume(cfg, resume, model, optimizer, train_data, vocabs, rank)
+
+    metrics = MetricsLog(run / "metrics.jsonl" if rank == 0 else None)
+    precision = "bf16" if autocast_dtype else "fp32"
+    if rank == 0:
+        save_config(cfg, run / "config.yaml")
+        log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
+                 device, "bf16 autocast" if autocast_dtype else "fp32", world)
+        metrics.write("start", step=progress.step, parameters=count_parameters(model),
+                      device=str(device), precision=precision, world_size=world,
+                      **({"calibration": calibration.as_dict()} if calibration else {}))
+    wrapped: nn.Module = model
+    if distributed:
+        wrapped = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    wrapped.train()
+    sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
+                                seed=tc.seed, rank=rank, world_size=world)
+    batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
+                            pin=device.type == "cuda")
+    sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
+    return TrainState(cfg, model, wrapped, optimizer, progress, batches, len(sampler),
+                      vocabs, train_data, valid_data,
+                      device, autocast_dtype, metrics, rank, world,
+                      clock_start=time.perf_counter() - progress.elapsed,
+                      saved_step=progress.step)
+
+
+def _resume(cfg: Config, resume: bool, model: Transformer, optimizer, train_data: ShardDataset,
+            vocabs: tuple[Vocab, Vocab], rank: int) -> Progress:
+    """Load the newest intact checkpoint into model and optimizer and return its progress;
+    a fresh `Progress` when there is none (with --no-resume, old checkpoints move aside)."""
+    tc, ckpt_dir = cfg.train, cfg.run_path / "checkpoints"
+    found = find_resumable(ckpt_dir) if resume else None
+    if found is None:
+        if not resume and rank == 0 and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+            aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
+            ckpt_dir.rename(aside)
+            log.warning("--no-resume: starting over; earlier checkpoints moved to %s", aside)
+        if rank > 0:
+            torch.manual_seed(tc.seed + 1000 * rank)
+        return Progress()
+    path, payload = found
+    _check_same_model(cfg, payload, path)
+    _check_same_data(payload, path, train_data, vocabs)
+    try:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["train"]["optimizer"])
+        progress = Progress(**payload["train"]["progress"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:100]})") from None
+    if rank == 0:
+        _set_rng_state(payload["train"]["rng"])
+    else:  # other ranks' RNG streams are not saved; derive fresh ones
+        torch.manual_seed(tc.seed + 1000 * rank + progress.step)
+    log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
+             progress.epoch, progress.batch)
+    return progress
+
+
+# --- one update ----------------------------------------------------------------------
+
+
+@dataclass
+class Update:
+    """The micro-batches of one optimizer update: summed loss, nll and target tokens."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    skipped: bool = False  # a CUDA out-of-memory batch: its gradients were dropped
+
+
+def batches_left(progress: Progress, tc: TrainConfig, per_epoch: int) -> int | None:
+    """Batches this rank may still take before `max_epochs` (None: no epoch limit)."""
+    if not tc.max_epochs:
+        return None
+    return tc.max_epochs * per_epoch - ((progress.epoch - 1) * per_epoch + progress.batch)
+
+
+def accumulate(state: TrainState) -> Update:
+    """Forward and backward `update_freq` micro-batches, summing gradients in .grad. The
+    last update before `max_epochs` may take fewer: the epoch's last batches still count."""
+    tc, p = state.cfg.train, state.progress
+    left = batches_left(p, tc, state.batches_per_epoch)
+    micro_batches = tc.update_freq if left is None else min(tc.update_freq, left)
+    update = Update()
+    for micro in range(micro_batches):
+        epoch, k, batch = next(state.batches)
+        if epoch != p.epoch:
+            state.metrics.write("epoch", epoch=p.epoch, step=p.step)
+            p.epoch = epoch
+        p.batch = k + 1
+        batch = batch.to(state.device, non_blocking=True)
+        sync = not state.distributed or micro == micro_batches - 1  # DDP: all-reduce once
+        try:
+            with nullcontext() if sync else state.wrapped.no_sync():
+                out = _forward_backward(state.wrapped, batch, tc.label_smoothing, state.device,
+                                        state.autocast_dtype)
+        except RuntimeError as e:
+            if not _is_oom(e) or state.distributed:
+                raise
+            state.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            log.warning("out of memory on a batch of %s; skipped", tuple(batch.src.shape))
+            state.metrics.write("oom_skip", step=p.step, shape=list(batch.src.shape))
+            return Update(skipped=True)
+        update.loss += out.loss.item()
+        update.nll += out.nll.item()
+        update.tokens += out.tokens
+    return update
+
+
+def apply_update(state: TrainState, update: Update) -> tuple[float, float] | None:
+    """Per-token gradients, clipping, the learning rate of the next step, AdamW. Returns
+    (lr, gradient norm), or None when the gradients were not finite (update skipped)."""
+    tc, p = state.cfg.train, state.progress
+    grad_norm = _per_token_gradients(state.model, update.tokens, tc.clip_norm, state.device,
+                                     state.distributed)
+    if not torch.isfinite(grad_norm):
+        state.optimizer.zero_grad(set_to_none=True)
+        log.warning("non-finite loss or gradient at step %d; update skipped", p.step + 1)
+        state.metrics.write("nonfinite_skip", step=p.step + 1, loss=update.loss)
+        return None
+    lr = inverse_sqrt_lr(p.step + 1, tc.lr, tc.warmup_steps)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    p.step += 1
+    p.elapsed = time.perf_counter() - state.clock_start
+    return lr, float(grad_norm)
+
+
+def stop_reason(progress: Progress, tc: TrainConfig, per_epoch: int,
+                signal_name: str | None) -> str:
+    """Why training stops now, or "" to go on."""
+    if progress.early_stopped:
+        return "patience"
+    if signal_name:
+        return f"signal {signal_name}"
+    if tc.max_steps and progress.step >= tc.max_steps:
+        return "max_steps"
+    if tc.max_time and progress.elapsed >= tc.max_time:
+        return "max_time"
+    if batches_left(progress, tc, per_epoch) == 0:
+        return "max_epochs"
+    return ""
+
+
+# --- validation, checkpoints, progress -----------------------------------------------------
+
+
+def save(state: TrainState, is_best: bool) -> None:
+    """Rank 0 writes step_<N>.pt (and last.pt, best.pt)."""
+    if not state.main:
+        return
+    p = state.progress
+    payload = training_payload(
+        config_to_dict(state.cfg), (state.vocabs[0].model_proto, state.vocabs[1].model_proto),
+        state.model.state_dict(), state.optimizer.state_dict(), _rng_state(),
+        dataclasses.asdict(p), state.train_data.fingerprint)
+    path = write_training_checkpoint(payload, state.cfg.run_path / "checkpoints", p.step,
+                                     is_best, state.cfg.train.keep_last)
+    state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)
+    state.saved_step = p.step
+
+
+def validate_and_save(state: TrainState) -> None:
+    """Rank 0 validates, keeps the best BLEU and saves; every rank learns whether
+    patience ran out (`progress.early_stopped`)."""
+    p, tc = state.progress, state.cfg.train
+    stop = torch.zeros(1)
+    if state.main:
+        scores = {} if state.valid_data is None else validate(
+            state.model, state.valid_data, state.vocabs[1], state.cfg, state.device,
+            state.autocast_dtype)
+        bleu = scores.get("valid_bleu", -1.0)
+        is_best = bleu > p.best_bleu
+        if is_best:
+            p.best_bleu, p.bad_validations = bleu, 0
+        else:
+            p.bad_validations += 1
+        state.metrics.write("valid", step=p.step, epoch=p.epoch,
+                            **{k: round(v, 4) for k, v in scores.items()},
+                            best_bleu=round(p.best_bleu, 4))
+        if scores:
+            log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)", p.step,
+                     scores["valid_loss"], scores["valid_ppl"], bleu, p.best_bleu)
+        p.early_stopped = 0 < tc.patience <= p.bad_validations
+        save(state, is_best)
+        stop[0] = float(p.early_stopped)
+    if state.distributed:
+        dist.broadcast(stop, 0)
+    p.early_stopped = bool(stop.item())
+
+
+@dataclass
+class Window:
+    """Training figures since the last progress record."""
+
+    tokens: int = 0
+    loss: float = 0.0
+    nll: float = 0.0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, update: Update) -> None:
+        self.tokens += update.tokens
+        self.loss += update.loss
+        self.nll += update.nll
+
+    def report(self, state: TrainState, lr: float, grad_norm: float) -> None:
+        """Rank 0 writes a `train` record and a progress line; the window starts over."""
+        if state.main:
+            p, now = state.progress, time.perf_counter()
+            record = {"step": p.step, "epoch": p.epoch, "loss": self.loss / max(self.tokens, 1),
+                      "ppl": math.exp(min(self.nll / max(self.tokens, 1), 50.0)), "lr": lr,
+                      "grad_norm": grad_norm,
+                      "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9)}
+            state.metrics.write("train", **{k: round(v, 6) if isinstance(v, float) else v
+                                            for k, v in record.items()})
+            _progress_line(p, record, state.cfg.train)
+        self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, time.perf_counter()
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
 def train(cfg: Config, resume: bool = True) -> TrainResult:
     """Train on RUN/data with the config; returns how far it got and why it stopped.
 
@@ -319,223 +559,42 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
-    tc = cfg.train
-    run = cfg.run_path
-    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
-    device = resolve_device(tc.device)
-    if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = dist.get_rank() if distributed else 0
-    world = dist.get_world_size() if distributed else 1
-    main = rank == 0
-    autocast_dtype = resolve_precision(tc.precision, device)
-    if device.type == "cpu":
-        tune_cpu_runtime()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-    vocabs = load_vocabs(run, cfg.tokenizer.joint)
-    train_data = ShardDataset(run / "data" / "train")
-    valid_data = ShardDataset(run / "data" / "valid") if (run / "data" / "valid").exists() \
-        else None
-    for data in (train_data, valid_data):
-        if data is not None:
-            data.check_tokenizer(*vocabs)
-            data.verify()
-    _check_positions(cfg, train_data)
-    ckpt_dir = run / "checkpoints"
-
-    torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=inverse_sqrt_lr(1, tc.lr, tc.warmup_steps), betas=(0.9, 0.98),
-        eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
-    progress = Progress()
-
-    found = find_resumable(ckpt_dir) if resume else None
-    if found is not None:
-        path, payload = found
-        _check_same_model(cfg, payload, path)
-        _check_same_data(payload, path, train_data, vocabs)
-        try:
-            model.load_state_dict(payload["model"])
-            optimizer.load_state_dict(payload["train"]["optimizer"])
-            progress = Progress(**payload["train"]["progress"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:100]})") from None
-        if main:
-            _set_rng_state(payload["train"]["rng"])
-        else:  # other ranks' RNG streams are not saved; derive fresh ones
-            torch.manual_seed(tc.seed + 1000 * rank + progress.step)
-        log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
-                 progress.epoch, progress.batch)
-    elif not resume and main and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-        aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
-        ckpt_dir.rename(aside)
-        log.warning("--no-resume: starting over; earlier checkpoints moved to %s", aside)
-    elif distributed:
-        torch.manual_seed(tc.seed + 1000 * rank)
-
-    metrics = MetricsLog(run / "metrics.jsonl" if main else None)
-    if main:
-        save_config(cfg, run / "config.yaml")
-        log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
-                 device, "bf16 autocast" if autocast_dtype else "fp32", world)
-        metrics.write("start", step=progress.step, parameters=count_parameters(model),
-                      device=str(device), precision="bf16" if autocast_dtype else "fp32",
-                      world_size=world)
-
-    wrapped: nn.Module = model
-    if distributed:
-        wrapped = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
-                                seed=tc.seed, rank=rank, world_size=world)
-    batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
-                            pin=device.type == "cuda")
-
-    def save(is_best: bool) -> None:
-        if main:
-            payload = _checkpoint_payload(cfg, model, optimizer, progress, vocabs,
-                                          train_data.fingerprint)
-            path = write_training_checkpoint(payload, ckpt_dir, progress.step, is_best,
-                                             tc.keep_last)
-            metrics.write("checkpoint", step=progress.step, path=str(path), best=is_best)
-
-    def run_validation() -> bool:
-        """Validate on rank 0, save; returns True when patience is used up."""
-        stop = torch.zeros(1)
-        if main:
-            scores = (validate(model, valid_data, vocabs[1], cfg, device, autocast_dtype)
-                      if valid_data is not None else {})
-            bleu = scores.get("valid_bleu", -1.0)
-            is_best = bleu > progress.best_bleu
-            if is_best:
-                progress.best_bleu, progress.bad_validations = bleu, 0
-            else:
-                progress.bad_validations += 1
-            metrics.write("valid", step=progress.step, epoch=progress.epoch,
-                          **{k: round(v, 4) for k, v in scores.items()},
-                          best_bleu=round(progress.best_bleu, 4))
-            if scores:
-                log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)",
-                         progress.step, scores["valid_loss"], scores["valid_ppl"], bleu,
-                         progress.best_bleu)
-            progress.early_stopped = 0 < tc.patience <= progress.bad_validations
-            save(is_best)
-            stop[0] = float(progress.early_stopped)
-        if distributed:
-            dist.broadcast(stop, 0)
-        return bool(stop.item())
-
-    wrapped.train()
-    bad_steps = 0
-    window_tokens, window_start, window_loss, window_nll = 0, time.perf_counter(), 0.0, 0.0
-    session_start = time.perf_counter() - progress.elapsed
-    stopped_because = ""
-    first_step = progress.step
-    if progress.early_stopped:
-        stopped_because = "patience"
-    with _StopSignal() as stop_signal:
-        while not stopped_because:
-            if tc.max_steps and progress.step >= tc.max_steps:
-                stopped_because = "max_steps"
-                break
-            if tc.max_time and progress.elapsed >= tc.max_time:
-                stopped_because = "max_time"
-                break
-            # One update: accumulate `update_freq` batches.
-            loss_sum, nll_sum, tokens, skipped = 0.0, 0.0, 0, False
-            for micro in range(tc.update_freq):
-                epoch, k, batch = next(batches)
-                if epoch != progress.epoch:
-                    if tc.max_epochs and progress.epoch >= tc.max_epochs:
-                        stopped_because = "max_epochs"
-                        break
-                    metrics.write("epoch", epoch=progress.epoch, step=progress.step)
-                    progress.epoch = epoch
-                progress.batch = k + 1
-                batch = batch.to(device, non_blocking=True)
-                last_micro = micro == tc.update_freq - 1
-                try:
-                    with wrapped.no_sync() if distributed and not last_micro else nullcontext():
-                        out = _forward_backward(wrapped, batch, tc.label_smoothing, device,
-                                                autocast_dtype)
-                except RuntimeError as e:
-                    if not _is_oom(e) or distributed:
-                        raise
-                    optimizer.zero_grad(set_to_none=True)
-                    torch.cuda.empty_cache()
-                    log.warning("out of memory on a batch of %s; skipped", tuple(batch.src.shape))
-                    metrics.write("oom_skip", step=progress.step, shape=list(batch.src.shape))
-                    skipped = True
-                    break
-                loss_sum += out.loss.item()
-                nll_sum += out.nll.item()
-                tokens += out.tokens
-            if stopped_because:
-                break
-            if skipped:
+    state = setup(cfg, resume)
+    tc, p = cfg.train, state.progress
+    first_step, bad_updates, window = p.step, 0, Window()
+    with _StopSignal() as signals:
+        while not (reason := stop_reason(p, tc, state.batches_per_epoch, signals.received)):
+            update = accumulate(state)
+            if update.skipped:
                 continue
-            grad_norm = _per_token_gradients(model, tokens, tc.clip_norm, device, distributed)
-            if not torch.isfinite(grad_norm):
-                optimizer.zero_grad(set_to_none=True)
-                bad_steps += 1
-                log.warning("non-finite loss or gradient at step %d; update skipped",
-                            progress.step + 1)
-                metrics.write("nonfinite_skip", step=progress.step + 1, loss=loss_sum)
-                if bad_steps >= MAX_BAD_STEPS:
-                    raise TrainError(f"{bad_steps} updates in a row had a non-finite loss or "
-                                     f"gradient (step {progress.step + 1}); lower train.lr "
-                                     f"or check the data")
+            stepped = apply_update(state, update)
+            if stepped is None:
+                bad_updates += 1
+                if bad_updates >= MAX_BAD_STEPS:
+                    raise TrainError(f"{bad_updates} updates in a row had a non-finite loss "
+                                     f"or gradient (step {p.step + 1}); lower train.lr or "
+                                     f"check the data")
                 continue
-            bad_steps = 0
-            lr = inverse_sqrt_lr(progress.step + 1, tc.lr, tc.warmup_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            progress.step += 1
-            progress.elapsed = time.perf_counter() - session_start
-            window_tokens += tokens
-            window_loss += loss_sum
-            window_nll += nll_sum
-
-            if main and progress.step % tc.log_every == 0:
-                now = time.perf_counter()
-                rate = window_tokens * world / max(now - window_start, 1e-9)
-                record = {"step": progress.step, "epoch": progress.epoch,
-                          "loss": window_loss / max(window_tokens, 1),
-                          "ppl": math.exp(min(window_nll / max(window_tokens, 1), 50.0)),
-                          "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": rate}
-                metrics.write("train", **{k: round(v, 6) if isinstance(v, float) else v
-                                          for k, v in record.items()})
-                _progress_line(progress, record, tc)
-                window_tokens, window_start, window_loss, window_nll = 0, now, 0.0, 0.0
-
-            if progress.step % tc.valid_every == 0:
-                if run_validation():
-                    stopped_because = "patience"
-            elif tc.save_every and progress.step % tc.save_every == 0:
-                save(is_best=False)
-            if stop_signal.received and not stopped_because:
-                stopped_because = f"signal {stop_signal.received}"
-                save(is_best=False)
-
-        if progress.step > first_step and progress.step % tc.valid_every != 0 and (
-                stopped_because in ("max_steps", "max_epochs", "max_time")):
-            run_validation()
-    if main:
-        metrics.write("end", step=progress.step, reason=stopped_because,
-                      best_bleu=round(progress.best_bleu, 4))
-        log.info("stopped at step %d (%s); best valid BLEU %.2f", progress.step,
-                 stopped_because, progress.best_bleu)
-    if distributed:
+            bad_updates = 0
+            window.add(update)
+            if p.step % tc.log_every == 0:
+                window.report(state, *stepped)
+            if p.step % tc.valid_every == 0:
+                validate_and_save(state)
+            elif tc.save_every and p.step % tc.save_every == 0:
+                save(state, is_best=False)
+    if reason.startswith("signal") and p.step != state.saved_step:
+        save(state, is_best=False)
+    elif reason in ("max_steps", "max_epochs", "max_time") and p.step > first_step \
+            and p.step % tc.valid_every != 0:
+        validate_and_save(state)
+    state.metrics.write("end", step=p.step, reason=reason, best_bleu=round(p.best_bleu, 4))
+    if state.main:
+        log.info("stopped at step %d (%s); best valid BLEU %.2f", p.step, reason, p.best_bleu)
+    if state.distributed:
         dist.barrier()
-    return TrainResult(progress.step, progress.epoch, progress.best_bleu, stopped_because, run,
-                       model)
+    return TrainResult(p.step, p.epoch, p.best_bleu, reason, cfg.run_path, state.model,
+                       "bf16" if state.autocast_dtype else "fp32")
 
 
 def _forward_backward(model: nn.Module, batch: Batch, label_smoothing: float,

@@ -23,10 +23,10 @@ import torch
 
 from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
+from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import Transformer, build_model
 from mtkit.search import Hypothesis, beam_search
 from mtkit.tokenizer import EOS, PAD, Vocab
-from mtkit.train import resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def load_translator(path: str | os.PathLike, device: str = "auto",
                               ) from None
     dev = resolve_device(device, device_option)
     model.to(dev).eval()
-    precision = resolve_precision("auto", dev)
+    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
     return Translator(model, src_vocab, tgt_vocab, dev, precision, cfg)
 
 

@@ -153,6 +153,7 @@ def test_run_does_every_stage_then_skips_finished_ones(tmp_path, corpus):
     result = runner.invoke(app, ["run", "-c", str(config)])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("test BLEU ")
+    assert "trained to step 20 (max_steps) in fp32" in result.stderr
     run = tmp_path / "run"
     hyps = (run / "test.hyp").read_text().split("\n")[:-1]
     assert len(hyps) == 100

@@ -16,9 +16,11 @@ import yaml
 
 from mtkit.checkpoint import load_checkpoint
 from mtkit.config import config_from_dict
-from mtkit.data.shards import preprocess
+from mtkit.data.batching import TokenBatchSampler
+from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.device import Calibration, DeviceError, resolve_device, resolve_precision
 from mtkit.tokenizer import build_tokenizer
-from mtkit.train import TrainError, inverse_sqrt_lr, resolve_device, resolve_precision, train
+from mtkit.train import Progress, TrainError, inverse_sqrt_lr, stop_reason, train
 
 from conftest import tiny_config_dict
 
@@ -56,12 +58,11 @@ def test_schedule_warms_up_then_decays_as_inverse_sqrt():
 def test_cuda_request_without_cuda_is_a_one_line_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(TrainError, match=r"train.device=cuda, but no CUDA device"):
+    with pytest.raises(DeviceError, match=r"train.device=cuda, but no CUDA device"):
         resolve_device("cuda")
     assert resolve_device("auto").type == "cpu"
-    assert resolve_precision("bf16", torch.device("cpu")) is torch.bfloat16
-    assert resolve_precision("fp32", torch.device("cuda")) is None
-    assert resolve_precision("auto", torch.device("cuda")) is torch.bfloat16
+    assert resolve_precision("bf16", torch.device("cpu")) == (torch.bfloat16, None)
+    assert resolve_precision("fp32", torch.device("cuda")) == (None, None)
 
 
 def test_training_lowers_the_loss_and_logs_every_event(prepared, tmp_path, corpus):
@@ -207,3 +208,49 @@ def test_max_epochs_and_patience_stop_training(prepared, tmp_path, corpus):
     assert result.stopped_because == "patience" and result.step == 4
     again = train(cfg)  # resuming an early-stopped run changes nothing
     assert again.step == 4 and again.stopped_because == "patience"
+
+
+def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(prepared, tmp_path,
+                                                                           corpus):
+    # An epoch with an odd number of batches and update_freq 2: the last update of the
+    # last epoch has one batch. It must be applied, not dropped after its position moved.
+    data = ShardDataset(prepared / "data" / "train")
+    for max_tokens in range(1000, 1400, 8):
+        sampler = TokenBatchSampler(data.src_lengths, data.tgt_lengths, max_tokens, seed=1)
+        sampler.set_epoch(1)
+        if len(sampler) % 2:
+            break
+    n = len(sampler)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=0, max_epochs=1, update_freq=2,
+                   max_tokens=max_tokens, valid_every=1000)
+    result = train(cfg)
+    assert result.stopped_because == "max_epochs"
+    assert result.step == (n + 1) // 2
+    progress = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["progress"]
+    assert (progress["epoch"], progress["batch"], progress["step"]) == (1, n, (n + 1) // 2)
+
+
+def test_stop_reason_is_a_function_of_progress_and_config():
+    tc = config_from_dict({"train": {"max_steps": 10, "max_time": 60, "max_epochs": 2}}).train
+    assert stop_reason(Progress(step=3, elapsed=5.0), tc, 7, None) == ""
+    assert stop_reason(Progress(step=10), tc, 7, None) == "max_steps"
+    assert stop_reason(Progress(step=3, elapsed=61.0), tc, 7, None) == "max_time"
+    assert stop_reason(Progress(step=3, epoch=2, batch=7), tc, 7, None) == "max_epochs"
+    assert stop_reason(Progress(step=3, epoch=2, batch=6), tc, 7, None) == ""
+    assert stop_reason(Progress(step=3), tc, 7, "SIGINT") == "signal SIGINT"
+    assert stop_reason(Progress(step=10, early_stopped=True), tc, 7, None) == "patience"
+
+
+def test_precision_auto_on_a_cpu_is_measured_and_recorded(prepared, tmp_path, corpus):
+    assert Calibration(fp32_s=1.0, bf16_s=0.85).bf16_faster
+    assert not Calibration(fp32_s=1.0, bf16_s=0.95).bf16_faster
+    dtype, calibration = resolve_precision("auto", torch.device("cpu"), (256, 64, 128))
+    assert calibration.fp32_s > 0 and calibration.bf16_s > 0
+    assert dtype is (torch.bfloat16 if calibration.bf16_faster else None)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=2, precision="auto")
+    result = train(cfg)
+    start = json.loads((cfg.run_path / "metrics.jsonl").open().readline())
+    assert set(start["calibration"]) == {"fp32_ms", "bf16_ms"}
+    assert start["precision"] == result.precision
+    assert result.precision == ("bf16" if start["calibration"]["bf16_ms"] <= 0.9 * start[
+        "calibration"]["fp32_ms"] else "fp32")
