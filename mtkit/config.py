@@ -122,6 +122,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     log_every: int = field(default=100, metadata=_range(1))
+    tensorboard: bool = False  # also write RUN/tensorboard/ (pip install 'mtkit[tensorboard]')
 
 
 @dataclass(frozen=True)

@@ -120,10 +120,20 @@ def _set_rng_state(state: dict) -> None:
 
 
 class MetricsLog:
-    """RUN/metrics.jsonl: one JSON object per event (rank 0 only)."""
+    """RUN/metrics.jsonl: one JSON object per event (rank 0 only). With `tensorboard`, the
+    same training and validation figures also go to TensorBoard scalars in
+    RUN/tensorboard/ (`train/loss`, `valid/bleu`, ...), at their step."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, tensorboard: Path | None = None):
         self.path = path
+        self.board = None
+        if path is not None and tensorboard is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise TrainError("train.tensorboard needs TensorBoard: pip install "
+                                 "'mtkit[tensorboard]'") from None
+            self.board = SummaryWriter(str(tensorboard))
 
     def write(self, event: str, **fields) -> None:
         if self.path is None:
@@ -134,6 +144,15 @@ class MetricsLog:
                 f.write(json.dumps(record) + "\n")
         except OSError as e:
             raise write_failure(e, self.path) or e from None
+        if self.board is not None and event in ("train", "valid"):
+            for key, value in fields.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    name = key.removeprefix("valid_") if event == "valid" else key
+                    self.board.add_scalar(f"{event}/{name}", value, fields["step"])
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -313,9 +332,9 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=inverse_sqrt_lr(1, tc.lr, tc.warmup_steps), betas=(0.9, 0.98),
         eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
+    metrics = MetricsLog(run / "metrics.jsonl" if rank == 0 else None,
+                         run / "tensorboard" if tc.tensorboard else None)
     progress = _resume(cfg, resume, model, optimizer, train_data, vocabs, rank)
-
-    metrics = MetricsLog(run / "metrics.jsonl" if rank == 0 else None)
     precision = "bf16" if autocast_dtype else "fp32"
     if rank == 0:
         save_config(cfg, run / "config.yaml")
@@ -560,6 +579,15 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
     state = setup(cfg, resume)
+    try:
+        return _loop(state)
+    finally:
+        state.metrics.close()
+
+
+def _loop(state: TrainState) -> TrainResult:
+    """Updates until `stop_reason` says why not; then the last checkpoint or validation."""
+    cfg = state.cfg
     tc, p = cfg.train, state.progress
     first_step, bad_updates, window = p.step, 0, Window()
     with _StopSignal() as signals:

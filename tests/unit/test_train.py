@@ -254,3 +254,31 @@ def test_precision_auto_on_a_cpu_is_measured_and_recorded(prepared, tmp_path, co
     assert start["precision"] == result.precision
     assert result.precision == ("bf16" if start["calibration"]["bf16_ms"] <= 0.9 * start[
         "calibration"]["fp32_ms"] else "fp32")
+
+
+def test_tensorboard_gets_the_same_scalars_as_metrics_jsonl(prepared, tmp_path, corpus):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=10, valid_every=5, log_every=5,
+                   tensorboard=True)
+    train(cfg)
+    board = EventAccumulator(str(cfg.run_path / "tensorboard"))
+    board.Reload()
+    events = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").open()]
+    for kind, names in (("train", ("loss", "lr", "tokens_per_s", "grad_norm", "ppl")),
+                        ("valid", ("loss", "ppl", "bleu"))):
+        records = [e for e in events if e["event"] == kind]
+        for name in names:
+            scalars = board.Scalars(f"{kind}/{name}")
+            key = name if kind == "train" else f"valid_{name}"
+            assert [s.step for s in scalars] == [r["step"] for r in records] == [5, 10]
+            assert [s.value for s in scalars] == pytest.approx([r[key] for r in records])
+
+
+def test_tensorboard_without_the_extra_is_one_line(prepared, tmp_path, corpus, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=2, tensorboard=True)
+    with pytest.raises(TrainError, match=r"^train.tensorboard needs TensorBoard: pip install "
+                                         r"'mtkit\[tensorboard\]'$"):
+        train(cfg)
+    assert not (cfg.run_path / "checkpoints").exists()
