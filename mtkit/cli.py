@@ -213,7 +213,7 @@ def translate(
 
     With -o the output file is replaced only when every line is translated."""
     from mtkit.atomic import atomic_text, refuse_same_file
-    from mtkit.translate import DecodeOptions, load_translator, translate_stream
+    from mtkit.translate import DecodeOptions, load_translator, progress_bar, translate_stream
 
     with _reported():
         if format not in ("text", "jsonl"):
@@ -229,8 +229,9 @@ def translate(
             max_len_b=max_len_b, batch_tokens=batch_tokens, nbest=nbest, scores=scores,
             format=format)
         with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
-                (atomic_text(output) if output else nullcontext(sys.stdout)) as sink:
-            translate_stream(translator, source, sink, opts)
+                (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
+                progress_bar(input) as done:
+            translate_stream(translator, source, sink, opts, done)
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -544,8 +544,9 @@ class Window:
         self.loss += update.loss
         self.nll += update.nll
 
-    def report(self, state: TrainState, lr: float, grad_norm: float) -> None:
-        """Rank 0 writes a `train` record and a progress line; the window starts over."""
+    def report(self, state: TrainState, view: ProgressView, lr: float, grad_norm: float
+               ) -> None:
+        """Rank 0 writes a `train` record and shows it; the window starts over."""
         if state.main:
             p, now = state.progress, time.perf_counter()
             record = {"step": p.step, "epoch": p.epoch, "loss": self.loss / max(self.tokens, 1),
@@ -554,7 +555,7 @@ class Window:
                       "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9)}
             state.metrics.write("train", **{k: round(v, 6) if isinstance(v, float) else v
                                             for k, v in record.items()})
-            _progress_line(p, record, state.cfg.train)
+            view.update(p, record)
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, time.perf_counter()
 
 
@@ -579,13 +580,15 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
     state = setup(cfg, resume)
+    view = ProgressView(cfg.train, state.progress, enabled=state.main)
     try:
-        return _loop(state)
+        return _loop(state, view)
     finally:
+        view.close()
         state.metrics.close()
 
 
-def _loop(state: TrainState) -> TrainResult:
+def _loop(state: TrainState, view: ProgressView) -> TrainResult:
     """Updates until `stop_reason` says why not; then the last checkpoint or validation."""
     cfg = state.cfg
     tc, p = cfg.train, state.progress
@@ -605,8 +608,9 @@ def _loop(state: TrainState) -> TrainResult:
                 continue
             bad_updates = 0
             window.add(update)
+            view.update(p)
             if p.step % tc.log_every == 0:
-                window.report(state, *stepped)
+                window.report(state, view, *stepped)
             if p.step % tc.valid_every == 0:
                 validate_and_save(state)
             elif tc.save_every and p.step % tc.save_every == 0:
@@ -652,6 +656,76 @@ def _per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
             p.grad.div_(count.clamp(min=1.0))
     return nn.utils.clip_grad_norm_(model.parameters(),
                                     clip_norm if clip_norm > 0 else float("inf"))
+
+
+class ProgressView:
+    """Training progress on stderr (rank 0). On a terminal: one live rich bar that moves
+    every step (step/total or time/budget, loss, lr, tok/s, ETA), with log lines printed
+    above it. Elsewhere (a file, a pipe): a line per `train.log_every` steps, as logs read
+    best. `mtkit --quiet` shows neither."""
+
+    def __init__(self, tc: TrainConfig, progress: Progress, enabled: bool = True,
+                 console=None):
+        self.tc = tc
+        self.bar = None
+        self._handlers: list[tuple[logging.StreamHandler, object]] = []
+        if not enabled or not log.isEnabledFor(logging.INFO):
+            return
+        from rich.console import Console
+
+        console = console or Console(file=sys.stderr)
+        if not console.is_terminal:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("train {task.fields[where]}"), BarColumn(),
+                            TextColumn("{task.fields[figures]}"), TextColumn("ETA"),
+                            TimeRemainingColumn(), console=console, transient=False,
+                            redirect_stdout=False, redirect_stderr=False)
+        self.task = self.bar.add_task("train", total=tc.max_steps or tc.max_time or None,
+                                      where="", figures="")
+        self.bar.start()
+        self.update(progress)
+        for handler in logging.getLogger().handlers:  # log lines go above the bar
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+                self._handlers.append((handler, handler.setStream(_ConsoleStream(console))))
+
+    def update(self, progress: Progress, record: dict | None = None) -> None:
+        """Every step; `record` (loss, lr, tok/s) every `log_every` steps."""
+        tc = self.tc
+        if self.bar is None:
+            if record is not None:
+                _progress_line(progress, record, tc)
+            return
+        where = f"step {progress.step}" + (f"/{tc.max_steps}" if tc.max_steps else "") + \
+            f" | epoch {progress.epoch}"
+        done = progress.step if tc.max_steps else progress.elapsed if tc.max_time else None
+        figures = {} if record is None else {"figures": (
+            f"loss {record['loss']:.3f} | lr {record['lr']:.2e} | "
+            f"{record['tokens_per_s']:,.0f} tok/s")}
+        self.bar.update(self.task, completed=done, where=where, **figures)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        for handler, stream in self._handlers:
+            handler.setStream(stream)
+
+
+class _ConsoleStream:
+    """A file-like stream that prints through a rich console (above its live bar)."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.console.print(text.rstrip("\n"), markup=False, highlight=False,
+                               soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.file.flush()
 
 
 def _progress_line(progress: Progress, record: dict, tc: TrainConfig) -> None:

@@ -15,7 +15,10 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, TextIO
 
@@ -91,13 +94,17 @@ class Translator:
             ids = [x[:limit] for x in ids]
         return ids
 
-    def translate(self, lines: list[str], opts: DecodeOptions) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order; empty lines get one empty one."""
+    def translate(self, lines: list[str], opts: DecodeOptions,
+                  done: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+        """Hypotheses for each line, in input order; empty lines get one empty one.
+        `done(n)` is called as lines are finished (for a progress bar)."""
+        done = done or (lambda n: None)
         out: list[list[Hypothesis]] = [[] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         empty = [Hypothesis([], 0.0, 0.0)] * opts.nbest
         for i in set(range(len(lines))) - set(todo):
             out[i] = empty
+        done(len(lines) - len(todo))
         if not todo:
             return out
         ids = self.encode([lines[i] for i in todo])
@@ -110,6 +117,7 @@ class Translator:
                                    opts.max_len_b, nbest=opts.nbest)
             for k, h in zip(batch, hyps, strict=True):
                 out[todo[k]] = h
+            done(len(batch))
         return out
 
 
@@ -225,11 +233,12 @@ def format_lines(index: int, source: str, hyps: list[Hypothesis], tgt_vocab: Voc
 
 
 def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
-                     opts: DecodeOptions) -> int:
-    """Translate every line of `source` to `sink`; returns the number of input lines."""
+                     opts: DecodeOptions, done: Callable[[int], None] | None = None) -> int:
+    """Translate every line of `source` to `sink`; returns the number of input lines.
+    `done(n)` is called as lines are finished (for a progress bar)."""
     count = 0
     for lines in read_chunks(source):
-        results = translator.translate(lines, opts)
+        results = translator.translate(lines, opts, done)
         out = []
         for offset, (line, hyps) in enumerate(zip(lines, results, strict=True)):
             out.extend(format_lines(count + offset, line, hyps, translator.tgt_vocab, opts))
@@ -237,6 +246,57 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         sink.flush()
         count += len(lines)
     return count
+
+
+BAR_MIN_LINES = 300  # files shorter than this translate without a progress bar
+
+
+@contextmanager
+def progress_bar(path: str | os.PathLike | None, console=None
+                 ) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar (lines done, sentences/s, ETA) for translating the file `path`,
+    on stderr when it is a terminal and the file has at least `BAR_MIN_LINES` lines;
+    yields the callback that advances it, or None. Never touches stdout."""
+    if path is None:
+        yield None
+        return
+    from rich.console import Console
+
+    console = console or Console(file=sys.stderr)
+    total = _count_lines(path) if console.is_terminal else 0
+    if total < BAR_MIN_LINES:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                   console=console, redirect_stdout=False, redirect_stderr=False)
+    task = bar.add_task("translate", total=total, rate="")
+    start = time.perf_counter()
+
+    def advance(n: int) -> None:
+        done = bar.tasks[0].completed + n
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        bar.update(task, completed=done, rate=f"{rate:,.1f} sentences/s")
+
+    with bar:
+        yield advance
+
+
+def _count_lines(path: str | os.PathLike) -> int:
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
 
 
 def translate_texts(translator: Translator, lines: list[str], opts: DecodeOptions) -> list[str]:

@@ -98,3 +98,24 @@ def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
         DecodeOptions.from_config(DecodeConfig(), nbest=6)
     with pytest.raises(OptionError, match=r"--nbest 3 must not exceed --beam 2"):
         DecodeOptions.from_config(DecodeConfig(), nbest=3, beam=2)
+
+
+def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mtkit.translate import progress_bar
+
+    long, short = tmp_path / "long.txt", tmp_path / "short.txt"
+    long.write_text("a line\n" * 400)
+    short.write_text("a line\n" * 100)
+    screen = io.StringIO()
+    with progress_bar(long, Console(file=screen, force_terminal=True, width=120)) as done:
+        for _ in range(4):
+            done(100)
+    assert "400/400" in screen.getvalue() and "sentences/s" in screen.getvalue()
+    for path, terminal in ((short, True), (long, False), (None, True)):
+        console = Console(file=io.StringIO(), force_terminal=terminal)
+        with progress_bar(path, console) as done:
+            assert done is None
