@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU check: run it once whenever a CUDA GPU is at hand (about 6-8 minutes on one).
+#   1. the CUDA tests (pytest -m cuda);
+#   2. training throughput of the WMT14 base model on synthetic 32x32 batches in bf16:
+#      target tokens/s and model FLOP utilisation against a bf16 GEMM timed in the run;
+#   3. a short Multi30k training on the GPU (300 steps), then translation speed
+#      (greedy and beam 5) with that checkpoint.
+# Everything lands in $OUT (default gpu_check/): logs and one JSON line per benchmark.
+# The machine needs torch with CUDA, sentencepiece, typer, sacrebleu, datasets, pyyaml
+# and pytest; mtkit itself runs from this checkout (PYTHONPATH), nothing is installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_check}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device')" \
+    || exit 2
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+
+echo "== 1. CUDA tests"
+timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log"
+
+echo "== 2. training throughput, WMT14 base, bf16, synthetic batches"
+timeout 150 python3 benchmarks/train_throughput.py --config configs/wmt14-en-de-base.yaml \
+    --synthetic 32 32 --vocab-size 32000 --precision bf16 --device cuda --steps 40 \
+    --warmup 8 2>"$out/train_throughput.log" | tee "$out/train_throughput.json"
+
+echo "== 3. a short Multi30k training on the GPU, then translation speed"
+run=$(mktemp -d)/multi30k
+set_run=(--set "run_dir=$run" --set train.max_time=0 --set train.max_steps=300
+         --set train.valid_every=300 --set train.save_every=0 --set train.average_last=0)
+for stage in tokenizer preprocess train; do
+  timeout 200 python3 -m mtkit -q "$stage" -c configs/multi30k.yaml "${set_run[@]}" \
+      2>&1 | tee -a "$out/multi30k.log" || exit 1
+done
+timeout 150 python3 benchmarks/translate_speed.py -m "$run/checkpoints/best.pt" --device cuda \
+    2>"$out/translate_speed.log" | tee "$out/translate_speed.json"

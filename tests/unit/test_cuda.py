@@ -1,0 +1,66 @@
+"""The CUDA paths (bf16 autocast, fused AdamW, translation on the GPU). Skipped without a
+GPU; `benchmarks/gpu_check.sh` runs them with `-m cuda` wherever one is at hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtkit.config import config_from_dict
+from mtkit.data.shards import preprocess
+from mtkit.device import resolve_device, resolve_precision
+from mtkit.model import build_model
+from mtkit.tokenizer import build_tokenizer
+from mtkit.train import train
+from mtkit.translate import DecodeOptions, load_translator, translate_texts
+
+from conftest import tiny_config_dict
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def cuda_run(corpus, tmp_path_factory):
+    """A tiny run trained for 30 steps on the GPU with precision auto."""
+    run = tmp_path_factory.mktemp("cuda") / "run"
+    cfg = config_from_dict(tiny_config_dict(corpus, run, train={
+        "device": "auto", "precision": "auto", "max_steps": 30, "valid_every": 15}))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    return cfg, train(cfg)
+
+
+def test_auto_picks_cuda_and_bf16_where_supported(cuda_run):
+    cfg, result = cuda_run
+    assert resolve_device("auto").type == "cuda"
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    assert resolve_precision("auto", torch.device("cuda"))[0] == (
+        torch.bfloat16 if expected == "bf16" else None)
+    assert result.precision == expected and result.step == 30
+    assert next(result.model.parameters()).is_cuda
+
+
+def test_cached_decode_equals_full_decode_on_cuda_in_bf16():
+    torch.manual_seed(0)
+    cfg = config_from_dict({"model": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 64,
+                                      "heads": 4, "ffn_dim": 128, "dropout": 0.0}}).model
+    model = build_model(cfg, 50, 50).cuda().eval()
+    src = torch.randint(4, 50, (3, 7), device="cuda")
+    tgt = torch.randint(4, 50, (3, 6), device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        memory, mask = model.encode(src)
+        full = model.decode(tgt, memory, mask).float()  # (B, T, V)
+        state = None
+        for t in range(tgt.size(1)):
+            step, state = model.decode_step(tgt[:, t], memory, mask, state)
+            assert torch.allclose(step.float(), full[:, t], atol=0.1, rtol=0.05), t
+
+
+def test_translation_on_cuda_gives_one_line_per_input(cuda_run):
+    cfg, _ = cuda_run
+    translator = load_translator(cfg.run_path / "checkpoints" / "last.pt", "cuda")
+    assert translator.device.type == "cuda"
+    lines = ["A dog runs in the park.", "", "Two men are talking."]
+    out = translate_texts(translator, lines, DecodeOptions(beam=3))
+    assert len(out) == 3 and out[1] == "" and out[0]
