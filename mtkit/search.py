@@ -1,7 +1,8 @@
 """Decoding: greedy and batched beam search over `model.decode_step` (pure).
 
-All decoding choices (beam size, length penalty, maximum and minimum length, n-best)
-live here; the model only scores one step. Sentences x beams run as one tensor of
+All decoding choices (beam size, length penalty, maximum and minimum length, n-best,
+no-repeat n-grams, sampling with temperature, top-k and top-p) live here; the model
+only scores one step. Sentences x beams run as one tensor of
 B*N rows; the decoder state is reordered with one `index_select` per step, and
 sentences that finish leave the batch, so later steps do less work.
 
@@ -48,15 +49,32 @@ def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * src_len + b).floor().long().clamp(min=1, max=limit - 1)  # (B,)
 
 
+def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> None:
+    """Forbid (in place) every token that would complete an n-gram already in its row's
+    history: lprobs (rows, V), history (rows, t) of the tokens output so far."""
+    t = history.size(1)
+    if n < 1 or t < n:  # no complete n-gram yet
+        return
+    windows = history.unfold(1, n, 1)  # (rows, t-n+1, n): every n-gram so far
+    suffix = history[:, t - (n - 1):]  # (rows, n-1): the n-gram so far
+    seen = (windows[:, :, : n - 1] == suffix[:, None, :]).all(dim=-1)  # (rows, W)
+    rows, at = seen.nonzero(as_tuple=True)
+    lprobs[rows, windows[rows, at, n - 1]] = float("-inf")
+
+
 def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: Tensor,
-                    state: Any, step: int, limits: Tensor, min_len: int
+                    state: Any, step: int, limits: Tensor, min_len: int,
+                    history: Tensor | None = None, no_repeat_ngram: int = 0
                     ) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
-    never pad or bos, no eos before `min_len` tokens, only eos once a row's limit is hit."""
+    never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
+    `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit."""
     logits, state = model.decode_step(token, memory, src_mask, state)  # (rows, V)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
+    if no_repeat_ngram and history is not None:
+        ban_repeated_ngrams(lprobs, history, no_repeat_ngram)
     if step < min_len:
         lprobs[:, EOS] = float("-inf")
     at_limit = step >= limits  # (rows,)
@@ -69,7 +87,7 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: T
 
 @torch.no_grad()
 def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1) -> list[list[int]]:
+                  min_len: int = 1, no_repeat_ngram: int = 0) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos."""
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
     limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
@@ -81,7 +99,9 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
     step = 0
     while alive.numel():
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        limits[alive], min_len)  # (b, V)
+                                        limits[alive], min_len,
+                                        out[alive, :step] if no_repeat_ngram else None,
+                                        no_repeat_ngram)  # (b, V)
         token = lprobs.argmax(dim=-1)  # (b,)
         out[alive, step] = token
         step += 1
@@ -119,7 +139,7 @@ def _choose_candidates(scores: Tensor, lprobs: Tensor, beam: int
 @torch.no_grad()
 def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.6,
                 max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                nbest: int = 1) -> list[list[Hypothesis]]:
+                nbest: int = 1, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
     A hypothesis ends when eos is among the N best candidates of its sentence. A
@@ -144,7 +164,8 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     while alive.numel():
         rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        rows_limit, min_len)  # (b*N, V)
+                                        rows_limit, min_len, history,
+                                        no_repeat_ngram)  # (b*N, V)
         cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
         _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
                           beam, lenpen, step)

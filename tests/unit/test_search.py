@@ -155,3 +155,38 @@ def test_beam_never_emits_pad_or_bos():
     for hyps in beam_search(model, src, beam=5, nbest=5):
         for h in hyps:
             assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
+
+
+def test_no_repeat_ngram_blocks_exactly_the_repeated_ngram():
+    from mtkit.search import ban_repeated_ngrams
+
+    history = torch.tensor([[A, B, C, A, B]])  # the 2-gram (A, B) and the suffix B
+    lprobs = torch.zeros(1, V)
+    ban_repeated_ngrams(lprobs, history, 3)  # (A, B) then C was seen: C is banned
+    assert lprobs[0].tolist() == [0.0 if t != C else float("-inf") for t in range(V)]
+    lprobs = torch.zeros(1, V)
+    ban_repeated_ngrams(lprobs, history, 2)  # after B came C: C is banned
+    assert torch.isinf(lprobs[0]).nonzero().flatten().tolist() == [C]
+    lprobs = torch.zeros(1, V)
+    ban_repeated_ngrams(lprobs, history, 1)  # every token seen so far
+    assert torch.isinf(lprobs[0]).nonzero().flatten().tolist() == [A, B, C]
+    lprobs = torch.zeros(1, V)
+    ban_repeated_ngrams(lprobs, history, 4)  # (B, C, A) was never followed... by anything
+    assert not torch.isinf(lprobs).any()
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_no_repeat_ngram_stops_a_loop_in_greedy_and_beam(search):
+    loop = Scripted({(A, B) * n: {A: 0.9, EOS: 0.1} for n in range(0, 20)}
+                    | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)})
+    if search == "greedy":
+        free = greedy_search(loop, SRC, max_len_b=12)[0]
+        blocked = greedy_search(loop, SRC, max_len_b=12, no_repeat_ngram=2)[0]
+    else:  # a length penalty that favours long outputs
+        free = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12)[0][0].tokens
+        hyps = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12, nbest=2,
+                           no_repeat_ngram=2)[0]
+        assert all(len(set(zip(h.tokens, h.tokens[1:]))) == len(h.tokens) - 1 for h in hyps)
+        blocked = hyps[0].tokens
+    assert free[:4] == [A, B, A, B]
+    assert blocked == [A, B, A]  # a second (A, B) is forbidden: eos is all that is left
