@@ -224,3 +224,84 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
         if len(hyps) >= beam and not bool(bound[row] > hyps[-1].score):
             done[row] = True
     return done
+
+
+# --- sampling --------------------------------------------------------------------------
+
+
+def sampling_log_probs(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
+                       topp: float = 1.0) -> Tensor:
+    """The sampling distribution, as log-probabilities (rows, V): the model's scaled by
+    1/temperature and renormalized, then cut to the `topk` most likely tokens (0: all)
+    and to the smallest set of most likely tokens whose probability reaches `topp`
+    (nucleus sampling; the most likely token always stays)."""
+    logits = lprobs / temperature  # (rows, V)
+    if 0 < topk < logits.size(-1):
+        kth = logits.topk(topk, dim=-1).values[:, -1:]  # (rows, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if topp < 1.0:
+        ranked, order = logits.sort(dim=-1, descending=True)  # (rows, V)
+        probs = ranked.softmax(dim=-1)
+        beyond = (probs.cumsum(dim=-1) - probs) >= topp  # mass before it already reaches p
+        logits = logits.masked_fill(beyond.scatter(1, order, beyond), float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]:
+    """One CPU generator per sample row, from its sentence's seed and the sample's
+    number, so that a sentence's draws never depend on the batch it is in."""
+    return [torch.Generator().manual_seed((seed * 1_000_003 + j) % (1 << 63))
+            for seed in seeds for j in range(samples)]
+
+
+@torch.no_grad()
+def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int = 1,
+                  temperature: float = 1.0, topk: int = 0, topp: float = 1.0,
+                  lenpen: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10,
+                  min_len: int = 1, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
+    """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
+    from `sampling_log_probs`), best score first. `seeds` (B,): one per sentence. A
+    hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
+    device = src.device
+    batch = src.size(0)
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+    limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    limits = limits.repeat_interleave(samples)  # (R,) with R = B * samples
+    memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
+    src_mask = src_mask.repeat_interleave(samples, dim=0)  # (R, S)
+    generators = sentence_generators(seeds, samples)
+    rows = batch * samples
+    out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
+    log_prob = torch.zeros(rows, device=device)  # (R,)
+    alive = torch.arange(rows, device=device)  # row of the shrinking batch -> sample row
+    token = torch.full((rows,), BOS, dtype=torch.long, device=device)  # (r,)
+    state = None
+    step = 0
+    while alive.numel():
+        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
+                                        limits[alive], min_len,
+                                        out[alive, :step] if no_repeat_ngram else None,
+                                        no_repeat_ngram)  # (r, V)
+        drawn = sampling_log_probs(lprobs, temperature, topk, topp)  # (r, V)
+        gumbel = torch.stack([-torch.log(-torch.log(
+            torch.rand(lprobs.size(1), generator=generators[i]).clamp_(1e-20, 1.0)))
+            for i in alive.tolist()]).to(device)  # (r, V): Gumbel-max draws
+        token = (drawn + gumbel).argmax(dim=-1)  # (r,)
+        log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
+        out[alive, step] = token
+        step += 1
+        done = token == EOS  # (r,)
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)  # (r',)
+            alive, token = alive[keep], token[keep]
+            memory, src_mask = memory[keep], src_mask[keep]
+            state = state.index_select(keep)
+    results: list[list[Hypothesis]] = []
+    for i in range(batch):
+        hyps = []
+        for row in range(i * samples, (i + 1) * samples):
+            tokens = strip_specials(out[row].tolist())
+            lp = float(log_prob[row])
+            hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, lenpen)))
+        results.append(sorted(hyps, key=lambda h: -h.score))
+    return results
