@@ -208,6 +208,15 @@ def translate(
     batch_tokens: Annotated[Opt[int], typer.Option(help="Source tokens per batch.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
+    no_repeat_ngram: Annotated[Opt[int], typer.Option(
+        help="Forbid any n-gram of this size from appearing twice in an output.")] = None,
+    sampling: Annotated[bool, typer.Option(
+        "--sampling", help="Sample instead of searching: --beam N draws N per line.")] = False,
+    temperature: Annotated[Opt[float], typer.Option(help="Sampling temperature.")] = None,
+    topk: Annotated[Opt[int], typer.Option(help="Sample from the k likeliest tokens.")] = None,
+    topp: Annotated[Opt[float], typer.Option(
+        help="Sample from the likeliest tokens whose probability reaches p.")] = None,
+    seed: Annotated[Opt[int], typer.Option(help="Sampling seed (per input line).")] = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -227,7 +236,8 @@ def translate(
         opts = DecodeOptions.from_config(
             translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, batch_tokens=batch_tokens, nbest=nbest, scores=scores,
-            format=format)
+            format=format, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
+            temperature=temperature, topk=topk, topp=topp, seed=seed)
         with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
                 (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
                 progress_bar(input) as done:

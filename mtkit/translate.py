@@ -11,6 +11,7 @@ memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are dropped while r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import Transformer, build_model
-from mtkit.search import Hypothesis, beam_search
+from mtkit.search import Hypothesis, beam_search, sample_search
 from mtkit.tokenizer import EOS, PAD, Vocab
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,12 @@ class DecodeOptions:
     nbest: int = 1
     scores: bool = False
     format: Literal["text", "jsonl"] = "text"
+    no_repeat_ngram: int = 0  # 0: off
+    sampling: bool = False  # draw `beam` samples per sentence instead of searching
+    temperature: float = 1.0
+    topk: int = 0  # 0: all tokens
+    topp: float = 1.0
+    seed: int = 1
 
     @classmethod
     def from_config(cls, cfg: DecodeConfig, **overrides) -> DecodeOptions:
@@ -57,12 +64,22 @@ class DecodeOptions:
                 "max_len_b": cfg.max_len_b, "batch_tokens": cfg.batch_tokens}
         given = {k: v for k, v in overrides.items() if v is not None}
         for name, lowest in (("beam", 1), ("lenpen", 0), ("max_len_a", 0), ("max_len_b", 0),
-                             ("batch_tokens", 1), ("nbest", 1)):
+                             ("batch_tokens", 1), ("nbest", 1), ("no_repeat_ngram", 1),
+                             ("topk", 0), ("seed", 0)):
             value = given.get(name)
             if value is not None and not (math.isfinite(value) and value >= lowest):
                 raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
                                   f"got {value}")
+        for name, check, span in (("temperature", lambda t: t > 0, "above 0"),
+                                  ("topp", lambda p: 0 < p <= 1, "in (0, 1]")):
+            value = given.get(name)
+            if value is not None and not (math.isfinite(value) and check(value)):
+                raise OptionError(f"--{name} must be {span}, got {value}")
         opts = cls(**{**base, **given})
+        if not opts.sampling:
+            for name in ("temperature", "topk", "topp", "seed"):
+                if name in given:
+                    raise OptionError(f"--{name} is a sampling option: add --sampling")
         if opts.nbest > opts.beam:
             beam = "--beam" if "beam" in given else "the checkpoint's beam size"
             raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
@@ -97,7 +114,9 @@ class Translator:
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order; empty lines get one empty one.
-        `done(n)` is called as lines are finished (for a progress bar)."""
+        `done(n)` is called as lines are finished (for a progress bar). With sampling,
+        each line draws from a seed made of `opts.seed` and its text, so its samples are
+        the same in any batch, at any place in the input, alone or not."""
         done = done or (lambda n: None)
         out: list[list[Hypothesis]] = [[] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
@@ -113,12 +132,26 @@ class Translator:
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                                 enabled=self.autocast_dtype is not None):
-                hyps = beam_search(self.model, src, opts.beam, opts.lenpen, opts.max_len_a,
-                                   opts.max_len_b, nbest=opts.nbest)
+                if opts.sampling:
+                    seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch]
+                    hyps = sample_search(self.model, src, seeds, opts.beam, opts.temperature,
+                                         opts.topk, opts.topp, opts.lenpen, opts.max_len_a,
+                                         opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram)
+                    hyps = [h[: opts.nbest] for h in hyps]
+                else:
+                    hyps = beam_search(self.model, src, opts.beam, opts.lenpen,
+                                       opts.max_len_a, opts.max_len_b, nbest=opts.nbest,
+                                       no_repeat_ngram=opts.no_repeat_ngram)
             for k, h in zip(batch, hyps, strict=True):
                 out[todo[k]] = h
             done(len(batch))
         return out
+
+
+def line_seed(seed: int, line: str) -> int:
+    """A sampling seed for one input line: from the user's seed and the line's text."""
+    digest = hashlib.sha256(f"{seed}\0{line}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:7], "little")
 
 
 def pad_rows(rows: list[list[int]]) -> torch.Tensor:

@@ -165,3 +165,32 @@ def test_run_does_every_stage_then_skips_finished_ones(tmp_path, corpus):
     assert again.exit_code == 0 and again.stdout == result.stdout
     assert (run / "metrics.jsonl").read_text().count('"event": "train"') == before
     assert (run / "test.hyp").stat().st_mtime == mtime
+
+
+def test_sampling_is_seeded_per_line_batched_or_alone(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 20, "valid_every": 20})
+    for stage in ("tokenizer", "preprocess", "train"):
+        assert runner.invoke(app, [stage, "-c", str(config)]).exit_code == 0
+    best = str(tmp_path / "run" / "checkpoints" / "best.pt")
+    lines = ["A dog runs in the park.", "Two men talk.", "A woman sings."]
+
+    def sample(text: str, *extra: str) -> list[str]:
+        result = runner.invoke(app, ["translate", "-m", best, "--sampling", "--beam", "2",
+                                     "--nbest", "2", *extra], input=text)
+        assert result.exit_code == 0, result.output
+        # texts only: a batch's scores differ from those of a line alone in float noise
+        return [" ||| ".join(r.split(" ||| ")[:2]) for r in result.stdout.splitlines()]
+
+    together = sample("".join(x + "\n" for x in lines), "--seed", "3")
+    assert len(together) == 6
+    one_per_batch = sample("".join(x + "\n" for x in lines), "--seed", "3",
+                           "--batch-tokens", "16")
+    alone = [row for i, x in enumerate(lines)
+             for row in (r.replace("0 |||", f"{i} |||", 1) for r in sample(x + "\n", "--seed",
+                                                                            "3"))]
+    assert together == one_per_batch == alone
+    assert sample("".join(x + "\n" for x in lines), "--seed", "4") != together
+    greedy_like = sample(lines[0] + "\n", "--temperature", "0.001", "--seed", "5")
+    beam = runner.invoke(app, ["translate", "-m", best, "--beam", "1", "--lenpen", "0"],
+                         input=lines[0] + "\n").stdout.strip()
+    assert greedy_like[0].split(" ||| ")[1] == beam

@@ -174,3 +174,17 @@ def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
     steps = sorted(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.pt"))
     last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert last["train"]["progress"]["step"] == steps[-1] > 25
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sampling", "--topp", "1.5"], "--topp must be in (0, 1], got 1.5"),
+    (["--sampling", "--temperature", "0"], "--temperature must be above 0, got 0.0"),
+    (["--sampling", "--topk", "-1"], "--topk must be at least 0, got -1"),
+    (["--no-repeat-ngram", "0"], "--no-repeat-ngram must be at least 1, got 0"),
+    (["--topk", "5"], "--topk is a sampling option: add --sampling"),
+])
+def test_decoding_options_out_of_range_name_the_option(work, args, says):
+    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", *args,
+                 input="A dog.\n")
+    assert assert_one_line(result, says=says) == f"error: {says}"
+    assert result.stdout == ""
