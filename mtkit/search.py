@@ -260,7 +260,7 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
                   lenpen: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10,
                   min_len: int = 1, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
-    from `sampling_log_probs`), best score first. `seeds` (B,): one per sentence. A
+    from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per sentence. A
     hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
     device = src.device
     batch = src.size(0)
@@ -282,11 +282,12 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
                                         limits[alive], min_len,
                                         out[alive, :step] if no_repeat_ngram else None,
                                         no_repeat_ngram)  # (r, V)
-        drawn = sampling_log_probs(lprobs, temperature, topk, topp)  # (r, V)
-        gumbel = torch.stack([-torch.log(-torch.log(
-            torch.rand(lprobs.size(1), generator=generators[i]).clamp_(1e-20, 1.0)))
-            for i in alive.tolist()]).to(device)  # (r, V): Gumbel-max draws
-        token = (drawn + gumbel).argmax(dim=-1)  # (r,)
+        cdf = sampling_log_probs(lprobs, temperature, topk, topp).exp().cumsum(dim=-1)  # (r, V)
+        # Inverse-CDF draws: one uniform number per row from the row's own generator.
+        u = torch.tensor([torch.rand(1, generator=generators[i]).item() for i in alive.tolist()],
+                         device=device).clamp_(min=1e-12)  # (r,)
+        token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)  # (r,)
+        token = token.clamp_(max=cdf.size(1) - 1)
         log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         step += 1
