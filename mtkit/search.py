@@ -1,8 +1,8 @@
 """Decoding: greedy and batched beam search over `model.decode_step` (pure).
 
 All decoding choices (beam size, length penalty, maximum and minimum length, n-best,
-no-repeat n-grams, sampling with temperature, top-k and top-p) live here; the model
-only scores one step. Sentences x beams run as one tensor of
+no-repeat n-grams, sampling with temperature, top-k and top-p, forced target prefixes)
+live here; the model only scores one step. Sentences x beams run as one tensor of
 B*N rows; the decoder state is reordered with one `index_select` per step, and
 sentences that finish leave the batch, so later steps do less work.
 
@@ -62,15 +62,45 @@ def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> None:
     lprobs[rows, windows[rows, at, n - 1]] = float("-inf")
 
 
+def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
+    """Target prefixes (one id list per sentence, possibly empty) as (B, L) padded with
+    pad, or None when no sentence has one."""
+    if not prefixes or not any(prefixes):
+        return None
+    table = torch.full((len(prefixes), max(len(p) for p in prefixes)), PAD, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        table[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return table.to(device)  # (B, L)
+
+
+def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
+    """Output limits (B,) that leave room for each prefix and the eos after it."""
+    if prefix is None:
+        return limits
+    need = (prefix != PAD).sum(dim=1) + 1  # (B,)
+    return torch.maximum(limits, need).clamp(max=max_positions - 1)
+
+
+def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | None:
+    """(rows,) the prefix token each row must output at `step` (pad: none), or None."""
+    if prefix is None or step >= prefix.size(1):
+        return None
+    return prefix[sentences, step]
+
+
 def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: Tensor,
                     state: Any, step: int, limits: Tensor, min_len: int,
-                    history: Tensor | None = None, no_repeat_ngram: int = 0
-                    ) -> tuple[Tensor, Any]:
+                    history: Tensor | None = None, no_repeat_ngram: int = 0,
+                    forced: Tensor | None = None) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
-    `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit."""
+    `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
+    Rows with a `forced` token (a target prefix) can only take it, at its own score."""
     logits, state = model.decode_step(token, memory, src_mask, state)  # (rows, V)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    if forced is not None:
+        rows = (forced != PAD).nonzero().squeeze(1)  # rows inside their prefix
+        kept = lprobs[rows, forced[rows]]  # (rows',)
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
     if no_repeat_ngram and history is not None:
@@ -82,15 +112,23 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: T
         eos_only = torch.full_like(lprobs[0], float("-inf"))
         eos_only[EOS] = 0.0
         lprobs[at_limit] = eos_only
+    if forced is not None and rows.numel():
+        lprobs[rows] = float("-inf")
+        lprobs[rows, forced[rows]] = kept
     return lprobs, state
 
 
 @torch.no_grad()
 def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1, no_repeat_ngram: int = 0) -> list[list[int]]:
-    """src (B, S) -> for each sentence the argmax output ids, without bos/eos."""
+                  min_len: int = 1, no_repeat_ngram: int = 0,
+                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
+    """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
+    starts with its sentence's prefix, when given."""
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    prefix = prefix_table(prefixes, src.device)  # (B, L) or None
+    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
+                                           model.cfg.max_positions), prefix,
+                               model.cfg.max_positions)  # (B,)
     batch = src.size(0)
     out = torch.full((batch, int(limits.max()) + 1), PAD, dtype=torch.long, device=src.device)
     alive = torch.arange(batch, device=src.device)  # row of the shrinking batch -> sentence
@@ -101,7 +139,7 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
                                         limits[alive], min_len,
                                         out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram)  # (b, V)
+                                        no_repeat_ngram, _forced(prefix, alive, step))  # (b, V)
         token = lprobs.argmax(dim=-1)  # (b,)
         out[alive, step] = token
         step += 1
@@ -139,7 +177,8 @@ def _choose_candidates(scores: Tensor, lprobs: Tensor, beam: int
 @torch.no_grad()
 def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.6,
                 max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                nbest: int = 1, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
+                nbest: int = 1, no_repeat_ngram: int = 0,
+                prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
     A hypothesis ends when eos is among the N best candidates of its sentence. A
@@ -150,7 +189,10 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     device = src.device
     batch = src.size(0)
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    prefix = prefix_table(prefixes, device)  # (B, L) or None
+    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
+                                           model.cfg.max_positions), prefix,
+                               model.cfg.max_positions)  # (B,)
     memory = memory.repeat_interleave(beam, dim=0)  # (B*N, S, D)
     src_mask = src_mask.repeat_interleave(beam, dim=0)  # (B*N, S)
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
@@ -164,8 +206,9 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     while alive.numel():
         rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        rows_limit, min_len, history,
-                                        no_repeat_ngram)  # (b*N, V)
+                                        rows_limit, min_len, history, no_repeat_ngram,
+                                        _forced(prefix, alive.repeat_interleave(beam),
+                                                step))  # (b*N, V)
         cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
         _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
                           beam, lenpen, step)
@@ -258,14 +301,18 @@ def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]
 def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int = 1,
                   temperature: float = 1.0, topk: int = 0, topp: float = 1.0,
                   lenpen: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
+                  min_len: int = 1, no_repeat_ngram: int = 0,
+                  prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per sentence. A
     hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
     device = src.device
     batch = src.size(0)
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    limits = max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    prefix = prefix_table(prefixes, device)  # (B, L) or None
+    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
+                                           model.cfg.max_positions), prefix,
+                               model.cfg.max_positions)  # (B,)
     limits = limits.repeat_interleave(samples)  # (R,) with R = B * samples
     memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
     src_mask = src_mask.repeat_interleave(samples, dim=0)  # (R, S)
@@ -281,7 +328,8 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
                                         limits[alive], min_len,
                                         out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram)  # (r, V)
+                                        no_repeat_ngram,
+                                        _forced(prefix, alive // samples, step))  # (r, V)
         cdf = sampling_log_probs(lprobs, temperature, topk, topp).exp().cumsum(dim=-1)  # (r, V)
         # Inverse-CDF draws: one uniform number per row from the row's own generator.
         u = torch.tensor([torch.rand(1, generator=generators[i]).item() for i in alive.tolist()],

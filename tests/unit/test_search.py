@@ -232,3 +232,45 @@ def test_sampling_is_seeded_and_batched_equals_one_by_one():
     assert [[h.tokens for h in x] for x in again] == [[h.tokens for h in x] for x in together]
     other = sample_search(model, src, seeds=[1, 2, 3], samples=4)
     assert [[h.tokens for h in x] for x in other] != [[h.tokens for h in x] for x in together]
+
+
+PREFIXED = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 1.0}, (B,): {C: 0.6, EOS: 0.4},
+            (B, C): {A: 0.7, EOS: 0.3}, (B, C, A): {EOS: 1.0}}
+
+
+def test_the_prefix_is_kept_and_scored_then_search_goes_on():
+    from mtkit.search import sample_search
+
+    model = Scripted(PREFIXED)
+    assert greedy_search(model, SRC) == [[A]]
+    assert greedy_search(model, SRC, prefixes=[[B]]) == [[B, C, A]]
+    best = beam_search(model, SRC, beam=3, lenpen=0.0, prefixes=[[B]], nbest=3)[0]
+    assert all(h.tokens[0] == B for h in best)
+    assert best[0].tokens == [B, C, A]
+    assert best[0].log_prob == pytest.approx(math.log(0.1 * 0.6 * 0.7))  # the prefix counts
+    drawn = sample_search(model, SRC, seeds=[1], samples=50, prefixes=[[B, C]])[0]
+    assert {tuple(h.tokens) for h in drawn} <= {(B, C), (B, C, A)}
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
+    from mtkit.search import sample_search
+
+    model = Scripted(PREFIXED)
+    src = torch.tensor([[A, B, C, EOS], [A, EOS, PAD, PAD], [B, C, EOS, PAD]])
+    prefixes = [[], [B], [B, C, A]]
+
+    def run(rows, pre, seeds):
+        if search == "greedy":
+            return greedy_search(model, rows, prefixes=pre)
+        if search == "beam":
+            return [[h.tokens for h in x] for x in beam_search(model, rows, beam=2,
+                                                               prefixes=pre, nbest=2)]
+        return [[h.tokens for h in x] for x in sample_search(model, rows, seeds, samples=3,
+                                                             prefixes=pre)]
+
+    together = run(src, prefixes, [4, 5, 6])
+    alone = [run(src[i:i + 1], [prefixes[i]], [4 + i])[0] for i in range(3)]
+    assert together == alone
+    assert all(out[:len(p)] == p for out, p in zip(
+        (x if search == "greedy" else x[0] for x in together), prefixes))
