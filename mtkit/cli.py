@@ -217,12 +217,20 @@ def translate(
     topp: Annotated[Opt[float], typer.Option(
         help="Sample from the likeliest tokens whose probability reaches p.")] = None,
     seed: Annotated[Opt[int], typer.Option(help="Sampling seed (per input line).")] = None,
+    prefix_file: Annotated[Opt[Path], typer.Option(
+        help="A target prefix for each input line: the output starts with it.")] = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
     from mtkit.atomic import atomic_text, refuse_same_file
-    from mtkit.translate import DecodeOptions, load_translator, progress_bar, translate_stream
+    from mtkit.translate import (
+        DecodeOptions,
+        load_translator,
+        progress_bar,
+        read_all_lines,
+        translate_stream,
+    )
 
     with _reported():
         if format not in ("text", "jsonl"):
@@ -230,7 +238,12 @@ def translate(
         if device not in ("auto", "cpu", "cuda"):
             raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
         if output:
-            refuse_same_file(output, {"--input": input, "--model": model})
+            refuse_same_file(output, {"--input": input, "--model": model,
+                                      "--prefix-file": prefix_file})
+        if prefix_file and format == "jsonl":
+            raise OptionError('--prefix-file is for text input; in jsonl give each line a '
+                              '"prefix"')
+        prefixes = _read_lines(prefix_file) if prefix_file else None
         _tune_runtime()
         translator = load_translator(model, device, "--device")
         opts = DecodeOptions.from_config(
@@ -241,7 +254,9 @@ def translate(
         with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
                 (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
                 progress_bar(input) as done:
-            translate_stream(translator, source, sink, opts, done)
+            if prefixes is not None:  # counts must agree before anything is written
+                source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
+            translate_stream(translator, source, sink, opts, done, prefixes)
 
 
 def _read_lines(path: Path) -> list[str]:

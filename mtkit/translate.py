@@ -12,6 +12,7 @@ memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are dropped while r
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import math
@@ -112,8 +113,10 @@ class Translator:
         return ids
 
     def translate(self, lines: list[str], opts: DecodeOptions,
-                  done: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+                  done: Callable[[int], None] | None = None,
+                  prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order; empty lines get one empty one.
+        A line's output starts with its target `prefixes` entry, when given.
         `done(n)` is called as lines are finished (for a progress bar). With sampling,
         each line draws from a seed made of `opts.seed` and its text, so its samples are
         the same in any batch, at any place in the input, alone or not."""
@@ -127,21 +130,25 @@ class Translator:
         if not todo:
             return out
         ids = self.encode([lines[i] for i in todo])
+        forced = ([x[: self.max_src_tokens - 1] for x in self.tgt_vocab.encode(
+            [prefixes[i] for i in todo])] if prefixes else None)
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         for batch in length_batches(order, ids, opts.batch_tokens):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
+            pre = [forced[k] for k in batch] if forced else None
             with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                                 enabled=self.autocast_dtype is not None):
                 if opts.sampling:
                     seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch]
                     hyps = sample_search(self.model, src, seeds, opts.beam, opts.temperature,
                                          opts.topk, opts.topp, opts.lenpen, opts.max_len_a,
-                                         opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram)
+                                         opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram,
+                                         prefixes=pre)
                     hyps = [h[: opts.nbest] for h in hyps]
                 else:
                     hyps = beam_search(self.model, src, opts.beam, opts.lenpen,
                                        opts.max_len_a, opts.max_len_b, nbest=opts.nbest,
-                                       no_repeat_ngram=opts.no_repeat_ngram)
+                                       no_repeat_ngram=opts.no_repeat_ngram, prefixes=pre)
             for k, h in zip(batch, hyps, strict=True):
                 out[todo[k]] = h
             done(len(batch))
@@ -247,12 +254,46 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace").rstrip("\r")
 
 
-def format_lines(index: int, source: str, hyps: list[Hypothesis], tgt_vocab: Vocab,
+@dataclass(frozen=True)
+class Request:
+    """One input line: the source text, an optional target prefix and, in jsonl, an
+    optional `id` echoed back, or why the line could not be read."""
+
+    src: str
+    prefix: str = ""
+    id: object = None
+    error: str = ""
+
+
+def parse_request(line: str, jsonl: bool) -> Request:
+    """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
+    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error."""
+    if not jsonl:
+        return Request(line)
+    try:
+        record = json.loads(line) if line.strip() else {"src": ""}
+    except json.JSONDecodeError as e:
+        return Request("", error=f"not a JSON object: {e.msg} at column {e.colno}")
+    if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
+            isinstance(record.get("prefix", ""), str):
+        got = record if not isinstance(record, dict) else sorted(record)
+        return Request("", id=record.get("id") if isinstance(record, dict) else None,
+                       error=f'expected {{"src": text, "prefix"?: text, "id"?: ...}}, '
+                             f"got {str(got)[:80]}")
+    return Request(record["src"], record.get("prefix", ""), record.get("id"))
+
+
+def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab: Vocab,
                  opts: DecodeOptions) -> list[str]:
     """The output lines of one input line (n of them with --nbest n in text format)."""
+    if request.error:  # jsonl only: the line stays, as an error record
+        return [json.dumps({"line": index, **({"id": request.id} if request.id is not None
+                                              else {}), "error": request.error},
+                           ensure_ascii=False)]
     texts = [tgt_vocab.decode(h.tokens) for h in hyps]
     if opts.format == "jsonl":
-        record = {"line": index, "source": source, "translation": texts[0],
+        record = {"line": index, **({"id": request.id} if request.id is not None else {}),
+                  "source": request.src, "translation": texts[0],
                   "score": round(hyps[0].score, 4)}
         if opts.nbest > 1:
             record["nbest"] = [{"translation": t, "score": round(h.score, 4)}
@@ -265,16 +306,35 @@ def format_lines(index: int, source: str, hyps: list[Hypothesis], tgt_vocab: Voc
     return [texts[0]]
 
 
+def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
+    """All of `source` in memory, after checking that it has `expected` lines (as
+    `read_chunks` counts them); `what` names the file it must match in the error."""
+    data = source.read()
+    lines = data.count(b"\n") + (not data.endswith(b"\n") and len(data) > 0)
+    if lines != expected:
+        raise OptionError(f"{what} has {expected} lines, the input has {lines}")
+    return io.BytesIO(data)
+
+
 def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
-                     opts: DecodeOptions, done: Callable[[int], None] | None = None) -> int:
+                     opts: DecodeOptions, done: Callable[[int], None] | None = None,
+                     prefixes: list[str] | None = None) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
-    `done(n)` is called as lines are finished (for a progress bar)."""
+    In jsonl format the input lines are JSON records too (`parse_request`). `prefixes`:
+    a target prefix for each input line (text format). `done(n)` is called as lines are
+    finished (for a progress bar)."""
     count = 0
     for lines in read_chunks(source):
-        results = translator.translate(lines, opts, done)
+        requests = [parse_request(x, opts.format == "jsonl") for x in lines]
+        chunk_prefixes = [r.prefix for r in requests]
+        if prefixes is not None:
+            chunk_prefixes = prefixes[count : count + len(lines)]
+        results = translator.translate([r.src for r in requests], opts, done,
+                                       chunk_prefixes if any(chunk_prefixes) else None)
         out = []
-        for offset, (line, hyps) in enumerate(zip(lines, results, strict=True)):
-            out.extend(format_lines(count + offset, line, hyps, translator.tgt_vocab, opts))
+        for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
+            out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
+                                    opts))
         sink.write("".join(x + "\n" for x in out))
         sink.flush()
         count += len(lines)

@@ -103,9 +103,11 @@ def test_whole_chain_tokenizer_preprocess_train_translate_eval_average(tmp_path,
     assert [r[0] for r in rows] == ["0", "0", "1", "1"] and all(len(r) == 3 for r in rows)
 
     result = runner.invoke(app, ["translate", "-m", str(best), "--format", "jsonl"],
-                           input="A dog.\n")
-    record = json.loads(result.stdout)
+                           input='{"src": "A dog.", "id": "x7"}\n{"src": 3}\nnot json\n')
+    record, wrong, broken = [json.loads(x) for x in result.stdout.splitlines()]
     assert record["line"] == 0 and record["source"] == "A dog." and "score" in record
+    assert record["id"] == "x7" and wrong["line"] == 1 and "expected" in wrong["error"]
+    assert broken["line"] == 2 and broken["error"].startswith("not a JSON object")
 
     hyp = tmp_path / "hyp.txt"
     hyp.write_text("".join(x + "\n" for x in translated))

@@ -41,3 +41,19 @@ def test_trained_copy_model_copies_held_out_sequences(copy_run, beam):
                                                                max_len_b=5))
     exact = sum(o == s for o, s in zip(outputs, short))
     assert exact == len(short), [(s, o) for s, o in zip(short, outputs) if s != o][:3]
+
+
+def test_a_prefix_of_the_first_symbols_yields_the_full_copy(copy_run):
+    translator, sources = copy_run
+    short = [s for s in sources if 6 <= len(s.split()) <= 12][:40]
+    firsts = [" ".join(s.split()[:3]) for s in short]
+    for beam in (1, 4):
+        hyps = translator.translate(short, DecodeOptions(beam=beam, max_len_a=1.0,
+                                                         max_len_b=5), prefixes=firsts)
+        outputs = [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
+        assert outputs == short
+    # a prefix the model would not write itself is still where the output starts
+    other = [next(c for c in "abcdefghij" if c != s.split()[0]) for s in short]
+    hyps = translator.translate(short, DecodeOptions(beam=4), prefixes=other)
+    assert all(translator.tgt_vocab.decode(h[0].tokens).startswith(o + " ")
+               for h, o in zip(hyps, other))

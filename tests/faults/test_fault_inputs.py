@@ -188,3 +188,23 @@ def test_decoding_options_out_of_range_name_the_option(work, args, says):
                  input="A dog.\n")
     assert assert_one_line(result, says=says) == f"error: {says}"
     assert result.stdout == ""
+
+
+def test_a_prefix_file_must_match_the_input_line_for_line(work, tmp_path):
+    best = work / "run" / "checkpoints" / "best.pt"
+    prefixes, text = tmp_path / "prefix.txt", tmp_path / "in.txt"
+    prefixes.write_text("Ein\nZwei\n")
+    text.write_text("A dog runs.\nTwo men talk.\nA cat.\n")
+    result = cli("translate", "-m", best, "-i", text, "--prefix-file", prefixes)
+    assert_one_line(result, says=f"error: --prefix-file {prefixes} has 2 lines, the input "
+                                 f"has 3")
+    assert result.stdout == ""
+    result = cli("translate", "-m", best, "--prefix-file", prefixes,
+                 input="A dog runs.\nTwo men talk.\n")
+    assert result.exit_code == 0, result.output
+    outputs = result.stdout.splitlines()
+    assert outputs[0].startswith("Ein") and outputs[1].startswith("Zwei")
+    result = cli("translate", "-m", best, "--format", "jsonl",
+                 input='{"src": "A dog runs.", "prefix": "Ein"}\n{"src": "Two men."}\n')
+    first, second = [json.loads(x) for x in result.stdout.splitlines()]
+    assert first["translation"].startswith("Ein") and "translation" in second

@@ -14,6 +14,7 @@ from mtkit.model import build_model
 from mtkit.tokenizer import Vocab, train_sentencepiece
 from mtkit.translate import (
     DecodeOptions,
+    Request,
     Translator,
     format_lines,
     read_chunks,
@@ -81,11 +82,13 @@ def test_lines_are_translated_as_soon_as_they_arrive():
 
 def test_output_formats(translator):
     hyps = translator.translate(["A dog."], DecodeOptions(beam=3, nbest=2, max_len_b=3))[0]
-    nbest = format_lines(7, "A dog.", hyps, translator.tgt_vocab, DecodeOptions(beam=3, nbest=2))
+    nbest = format_lines(7, Request("A dog."), hyps, translator.tgt_vocab,
+                         DecodeOptions(beam=3, nbest=2))
     assert len(nbest) == 2 and all(line.startswith("7 ||| ") for line in nbest)
-    scored = format_lines(0, "A dog.", hyps[:1], translator.tgt_vocab, DecodeOptions(scores=True))
+    scored = format_lines(0, Request("A dog."), hyps[:1], translator.tgt_vocab,
+                          DecodeOptions(scores=True))
     assert scored[0].count("\t") == 1 and float(scored[0].split("\t")[1]) <= 0
-    record = json.loads(format_lines(0, "A dog.", hyps, translator.tgt_vocab,
+    record = json.loads(format_lines(0, Request("A dog."), hyps, translator.tgt_vocab,
                                      DecodeOptions(beam=3, nbest=2, format="jsonl"))[0])
     assert record["source"] == "A dog." and len(record["nbest"]) == 2
 
