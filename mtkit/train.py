@@ -579,42 +579,43 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
-    state = setup(cfg, resume)
-    view = ProgressView(cfg.train, state.progress, enabled=state.main)
-    try:
-        return _loop(state, view)
-    finally:
-        view.close()
-        state.metrics.close()
+    # Ctrl-C is a flag from the start: one that comes during set-up stops before step 1.
+    with _StopSignal() as signals:
+        state = setup(cfg, resume)
+        view = ProgressView(cfg.train, state.progress, enabled=state.main)
+        try:
+            return _loop(state, view, signals)
+        finally:
+            view.close()
+            state.metrics.close()
 
 
-def _loop(state: TrainState, view: ProgressView) -> TrainResult:
+def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainResult:
     """Updates until `stop_reason` says why not; then the last checkpoint or validation."""
     cfg = state.cfg
     tc, p = cfg.train, state.progress
     first_step, bad_updates, window = p.step, 0, Window()
-    with _StopSignal() as signals:
-        while not (reason := stop_reason(p, tc, state.batches_per_epoch, signals.received)):
-            update = accumulate(state)
-            if update.skipped:
-                continue
-            stepped = apply_update(state, update)
-            if stepped is None:
-                bad_updates += 1
-                if bad_updates >= MAX_BAD_STEPS:
-                    raise TrainError(f"{bad_updates} updates in a row had a non-finite loss "
-                                     f"or gradient (step {p.step + 1}); lower train.lr or "
-                                     f"check the data")
-                continue
-            bad_updates = 0
-            window.add(update)
-            view.update(p)
-            if p.step % tc.log_every == 0:
-                window.report(state, view, *stepped)
-            if p.step % tc.valid_every == 0:
-                validate_and_save(state)
-            elif tc.save_every and p.step % tc.save_every == 0:
-                save(state, is_best=False)
+    while not (reason := stop_reason(p, tc, state.batches_per_epoch, signals.received)):
+        update = accumulate(state)
+        if update.skipped:
+            continue
+        stepped = apply_update(state, update)
+        if stepped is None:
+            bad_updates += 1
+            if bad_updates >= MAX_BAD_STEPS:
+                raise TrainError(f"{bad_updates} updates in a row had a non-finite loss "
+                                 f"or gradient (step {p.step + 1}); lower train.lr or "
+                                 f"check the data")
+            continue
+        bad_updates = 0
+        window.add(update)
+        view.update(p)
+        if p.step % tc.log_every == 0:
+            window.report(state, view, *stepped)
+        if p.step % tc.valid_every == 0:
+            validate_and_save(state)
+        elif tc.save_every and p.step % tc.save_every == 0:
+            save(state, is_best=False)
     if reason.startswith("signal") and p.step != state.saved_step:
         save(state, is_best=False)
     elif reason in ("max_steps", "max_epochs", "max_time") and p.step > first_step \
