@@ -81,6 +81,18 @@ def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int)
     return torch.maximum(limits, need).clamp(max=max_positions - 1)
 
 
+def _start(model: StepModel, src: Tensor, prefixes: list[list[int]] | None,
+           max_len_a: float, max_len_b: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Encode the source: memory (B, S, D), its mask (B, S), the prefix table (B, L) or
+    None, and each sentence's output limit (B,), with room for its prefix."""
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+    prefix = prefix_table(prefixes, src.device)  # (B, L) or None
+    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
+                                           model.cfg.max_positions), prefix,
+                               model.cfg.max_positions)  # (B,)
+    return memory, src_mask, prefix, limits
+
+
 def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | None:
     """(rows,) the prefix token each row must output at `step` (pad: none), or None."""
     if prefix is None or step >= prefix.size(1):
@@ -124,11 +136,7 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
                   prefixes: list[list[int]] | None = None) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given."""
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    prefix = prefix_table(prefixes, src.device)  # (B, L) or None
-    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
-                                           model.cfg.max_positions), prefix,
-                               model.cfg.max_positions)  # (B,)
+    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
     batch = src.size(0)
     out = torch.full((batch, int(limits.max()) + 1), PAD, dtype=torch.long, device=src.device)
     alive = torch.arange(batch, device=src.device)  # row of the shrinking batch -> sentence
@@ -188,11 +196,7 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     device = src.device
     batch = src.size(0)
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    prefix = prefix_table(prefixes, device)  # (B, L) or None
-    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
-                                           model.cfg.max_positions), prefix,
-                               model.cfg.max_positions)  # (B,)
+    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
     memory = memory.repeat_interleave(beam, dim=0)  # (B*N, S, D)
     src_mask = src_mask.repeat_interleave(beam, dim=0)  # (B*N, S)
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
@@ -308,11 +312,7 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
     hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
     device = src.device
     batch = src.size(0)
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-    prefix = prefix_table(prefixes, device)  # (B, L) or None
-    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
-                                           model.cfg.max_positions), prefix,
-                               model.cfg.max_positions)  # (B,)
+    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
     limits = limits.repeat_interleave(samples)  # (R,) with R = B * samples
     memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
     src_mask = src_mask.repeat_interleave(samples, dim=0)  # (R, S)

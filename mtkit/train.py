@@ -721,8 +721,7 @@ class _ConsoleStream:
 
     def write(self, text: str) -> int:
         if text.strip():
-            self.console.print(text.rstrip("\n"), markup=False, highlight=False,
-                               soft_wrap=True)
+            self.console.out(text.rstrip("\n"), highlight=False)  # (the console is stderr)
         return len(text)
 
     def flush(self) -> None:
