@@ -153,11 +153,17 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
         step += 1
         done = token == EOS  # (b,)
         if done.any():
-            keep = (~done).nonzero().squeeze(1)  # (b',)
-            alive, token = alive[keep], token[keep]
-            memory, src_mask = memory[keep], src_mask[keep]
-            state = state.index_select(keep)
+            alive, token, memory, src_mask, state = _drop_rows(done, alive, token, memory,
+                                                               src_mask, state)
     return [strip_specials(row) for row in out.tolist()]
+
+
+def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, memory: Tensor, src_mask: Tensor,
+               state: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Any]:
+    """Keep only the rows that are not `done` (one output per row: greedy, sampling)."""
+    keep = (~done).nonzero().squeeze(1)  # (rows',)
+    return (alive[keep], token[keep], memory[keep], src_mask[keep],
+            state.index_select(keep))
 
 
 def strip_specials(ids: list[int]) -> list[int]:
@@ -341,10 +347,8 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
         step += 1
         done = token == EOS  # (r,)
         if done.any():
-            keep = (~done).nonzero().squeeze(1)  # (r',)
-            alive, token = alive[keep], token[keep]
-            memory, src_mask = memory[keep], src_mask[keep]
-            state = state.index_select(keep)
+            alive, token, memory, src_mask, state = _drop_rows(done, alive, token, memory,
+                                                               src_mask, state)
     results: list[list[Hypothesis]] = []
     for i in range(batch):
         hyps = []
