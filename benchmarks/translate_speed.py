@@ -2,6 +2,7 @@
 
     python benchmarks/translate_speed.py -m runs/multi30k/checkpoints/best.pt \\
         [--src data/multi30k/test2016.en.gz] [--limit 1000] [--compare hf] [--device auto]
+    python benchmarks/translate_speed.py -m CKPT --options [--ensemble CKPT2] [--rounds 3]
 
 Translates the source file (Multi30k test2016 by default) with mtkit's batched search,
 greedy and beam 5, on the current device and prints one JSON line. With `--compare hf`
@@ -12,6 +13,11 @@ and the share of sentences whose outputs are identical. For a like-for-like sear
 rank by plain log-probability (length penalty 0; Hugging Face's penalty is not GNMT's),
 stop a sentence once it has 5 finished hypotheses (`early_stopping=True`), forbid pad and
 bos, and allow up to `--max-len` tokens.
+
+With `--options` it times the decoding options against plain beam 5 instead, in
+interleaved rounds (medians): 5 samples per line, no-repeat 3-grams, word alignments,
+and a two-model ensemble (the checkpoint with `--ensemble CKPT2`, by default with a
+second copy of itself), and prints each one's cost as a ratio to beam 5.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import statistics
 import time
+from dataclasses import replace
 
 import torch
 from train_throughput import PeakMemory, sync  # noqa: I001 (a sibling script)
@@ -118,6 +126,27 @@ def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, m
     return outputs, elapsed, memory.peak
 
 
+def time_options(translator: Translator, path: str, lines: list[str], second: str,
+                 rounds: int) -> dict:
+    """Seconds per run (median of `rounds`, interleaved) of beam 5 and of each decoding
+    option, and each option's cost relative to beam 5."""
+    pair = load_translator([path, second], str(translator.device))
+    base = DecodeOptions(batch_tokens=translator.config.decode.batch_tokens)
+    runs = {"beam5": (translator, base),
+            "sampling5": (translator, replace(base, sampling=True)),
+            "no_repeat_ngram3": (translator, replace(base, no_repeat_ngram=3)),
+            "alignments": (translator, replace(base, alignments=True)),
+            "ensemble2": (pair, base)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (t, opts) in runs.items():
+            times[name].append(time_mtkit(t, lines, opts)[1])
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    return {**{f"{name}_sentences_per_s": round(len(lines) / m, 1) for name, m in median.items()},
+            **{f"{name}_cost_vs_beam5": round(m / median["beam5"], 2)
+               for name, m in median.items() if name != "beam5"}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", required=True)
@@ -126,11 +155,20 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-len", type=int, default=60)
     parser.add_argument("--compare", choices=["hf"], default=None)
+    parser.add_argument("--options", action="store_true",
+                        help="time the decoding options against beam 5")
+    parser.add_argument("--ensemble", default=None, help="second model of the ensemble")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     translator = load_translator(args.model, args.device)
     lines = read_source(args.src, args.limit)
     result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
+    if args.options:
+        result |= time_options(translator, args.model, lines, args.ensemble or args.model,
+                               args.rounds)
+        print(json.dumps(result))
+        return
     runs = {"greedy": 1, "beam5": 5}
     outputs = {}
     for name, beam in runs.items():

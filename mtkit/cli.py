@@ -196,7 +196,8 @@ Opt = Optional  # noqa: UP045 (typer reads Optional[...] on every Python it supp
 
 @app.command()
 def translate(
-    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
+    model: Annotated[list[Path], typer.Option(
+        "--model", "-m", help="Checkpoint file; repeat for an ensemble.")],
     input: Annotated[Opt[Path], typer.Option("--input", "-i", help="Default: stdin.")] = None,
     output: Annotated[Opt[Path], typer.Option("--output", "-o", help="Default: stdout.")] = None,
     beam: Annotated[Opt[int], typer.Option(help="Beam size (default: the checkpoint's).")] = None,
@@ -219,6 +220,12 @@ def translate(
     seed: Annotated[Opt[int], typer.Option(help="Sampling seed (per input line).")] = None,
     prefix_file: Annotated[Opt[Path], typer.Option(
         help="A target prefix for each input line: the output starts with it.")] = None,
+    alignments: Annotated[bool, typer.Option(
+        "--alignments", help="Add word alignments (Pharaoh 'src-tgt' pairs) after a tab.")
+        ] = False,
+    align_layer: Annotated[Opt[int], typer.Option(
+        help="Decoder layer whose cross-attention gives the alignments (default: the "
+             "second-to-last).")] = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -238,8 +245,9 @@ def translate(
         if device not in ("auto", "cpu", "cuda"):
             raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
         if output:
-            refuse_same_file(output, {"--input": input, "--model": model,
-                                      "--prefix-file": prefix_file})
+            refuse_same_file(output, {"--input": input, "--prefix-file": prefix_file,
+                                      **{"--model" + (f" #{i + 1}" if i else ""): m
+                                         for i, m in enumerate(model)}})
         if prefix_file and format == "jsonl":
             raise OptionError('--prefix-file is for text input; in jsonl give each line a '
                               '"prefix"')
@@ -250,7 +258,8 @@ def translate(
             translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, batch_tokens=batch_tokens, nbest=nbest, scores=scores,
             format=format, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
-            temperature=temperature, topk=topk, topp=topp, seed=seed)
+            temperature=temperature, topk=topk, topp=topp, seed=seed,
+            alignments=alignments, align_layer=align_layer)
         with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
                 (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
                 progress_bar(input) as done:

@@ -8,12 +8,14 @@ sentences that finish leave the batch, so later steps do less work.
 
 Anything with `encode(src) -> (memory, src_mask)`, `decode_step(token, memory,
 src_mask, state) -> (logits, state)` (state with `index_select`) and
-`cfg.max_positions` can be searched: the tests drive it with scripted step functions.
+`cfg.max_positions` can be searched: the tests drive it with scripted step functions,
+and `Ensemble` makes several models one such step model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import torch
@@ -36,6 +38,7 @@ class Hypothesis:
     tokens: list[int]  # output ids, without bos / eos
     log_prob: float  # sum of the token log-probabilities, eos included
     score: float  # log_prob / length_penalty(len(tokens) + 1): what beams are ranked by
+    alignment: tuple[tuple[int, int], ...] | None = None  # (source word, target word) links
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -358,3 +361,51 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
             hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, lenpen)))
         results.append(sorted(hyps, key=lambda h: -h.score))
     return results
+
+
+# --- ensembles -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnsembleState:
+    """The decoder state of each model of an ensemble (each keeps its own cache)."""
+
+    states: tuple[Any, ...]
+
+    def index_select(self, index: Tensor) -> EnsembleState:
+        return EnsembleState(tuple(s.index_select(index) for s in self.states))
+
+
+class Ensemble:
+    """Several models that share their vocabularies, searched as one step model: at each
+    step the next-token log-probabilities are the mean of the models' log-probabilities
+    (a log-linear ensemble, renormalized by the search), each model with its own cache.
+
+    The models' memories lie side by side on the last axis, (B, S, D1 + D2 + ...), so
+    that the search's row operations (repeat, select) move them together; the widths
+    come from each model's `cfg.d_model`. One model's output is exactly its own: its
+    logits pass through unchanged."""
+
+    def __init__(self, models: list[StepModel]):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.models = list(models)
+        self.widths = [m.cfg.d_model for m in self.models]
+        self.cfg = SimpleNamespace(max_positions=min(m.cfg.max_positions for m in self.models))
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)
+        return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
+
+    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
+                    state: EnsembleState | None) -> tuple[Tensor, EnsembleState]:
+        memories = memory.split(self.widths, dim=-1)  # each (rows, S, Di)
+        states = state.states if state is not None else (None,) * len(self.models)
+        outputs = [m.decode_step(token, mem, src_mask, s)
+                   for m, mem, s in zip(self.models, memories, states, strict=True)]
+        new_state = EnsembleState(tuple(s for _, s in outputs))
+        if len(outputs) == 1:
+            return outputs[0][0], new_state
+        lprobs = torch.stack([torch.log_softmax(logits.float(), dim=-1)
+                              for logits, _ in outputs])  # (models, rows, V)
+        return lprobs.mean(dim=0), new_state  # (rows, V)

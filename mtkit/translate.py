@@ -19,18 +19,19 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO, Literal, TextIO
 
 import torch
 
+from mtkit.align import align, check_layer, pharaoh
 from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import Transformer, build_model
-from mtkit.search import Hypothesis, beam_search, sample_search
+from mtkit.search import Ensemble, Hypothesis, beam_search, sample_search
 from mtkit.tokenizer import EOS, PAD, Vocab
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class DecodeOptions:
     topk: int = 0  # 0: all tokens
     topp: float = 1.0
     seed: int = 1
+    alignments: bool = False  # word alignments from cross-attention, in Pharaoh format
+    align_layer: int | None = None  # None: the second-to-last decoder layer
 
     @classmethod
     def from_config(cls, cfg: DecodeConfig, **overrides) -> DecodeOptions:
@@ -66,7 +69,7 @@ class DecodeOptions:
         given = {k: v for k, v in overrides.items() if v is not None}
         for name, lowest in (("beam", 1), ("lenpen", 0), ("max_len_a", 0), ("max_len_b", 0),
                              ("batch_tokens", 1), ("nbest", 1), ("no_repeat_ngram", 1),
-                             ("topk", 0), ("seed", 0)):
+                             ("topk", 0), ("seed", 0), ("align_layer", 0)):
             value = given.get(name)
             if value is not None and not (math.isfinite(value) and value >= lowest):
                 raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
@@ -81,6 +84,9 @@ class DecodeOptions:
             for name in ("temperature", "topk", "topp", "seed"):
                 if name in given:
                     raise OptionError(f"--{name} is a sampling option: add --sampling")
+        if "align_layer" in given and not opts.alignments:
+            raise OptionError("--align-layer chooses where alignments come from: add "
+                              "--alignments")
         if opts.nbest > opts.beam:
             beam = "--beam" if "beam" in given else "the checkpoint's beam size"
             raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
@@ -89,17 +95,33 @@ class DecodeOptions:
 
 @dataclass
 class Translator:
-    model: Transformer
+    """One model, or an ensemble of models that share their vocabularies."""
+
+    models: list[Transformer]
     src_vocab: Vocab
     tgt_vocab: Vocab
     device: torch.device
     autocast_dtype: torch.dtype | None
-    config: Config  # the checkpoint's: decoding defaults in config.decode
+    config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     _warned_long: bool = False
 
     @property
+    def model(self) -> Transformer:
+        """The (first) model."""
+        return self.models[0]
+
+    @property
+    def step_model(self) -> Transformer | Ensemble:
+        """What search runs: the model, or the ensemble of all of them."""
+        return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+
+    @property
+    def max_positions(self) -> int:
+        return min(m.cfg.max_positions for m in self.models)
+
+    @property
     def max_src_tokens(self) -> int:
-        return self.model.cfg.max_positions - 1  # room for eos
+        return self.max_positions - 1  # room for eos
 
     def encode(self, lines: list[str]) -> list[list[int]]:
         ids = self.src_vocab.encode(lines)
@@ -107,7 +129,7 @@ class Translator:
         if any(len(x) > limit for x in ids):
             if not self._warned_long:
                 log.warning("input lines longer than %d subwords are truncated "
-                            "(model.max_positions=%d)", limit, self.model.cfg.max_positions)
+                            "(model.max_positions=%d)", limit, self.max_positions)
                 self._warned_long = True
             ids = [x[:limit] for x in ids]
         return ids
@@ -119,11 +141,14 @@ class Translator:
         A line's output starts with its target `prefixes` entry, when given.
         `done(n)` is called as lines are finished (for a progress bar). With sampling,
         each line draws from a seed made of `opts.seed` and its text, so its samples are
-        the same in any batch, at any place in the input, alone or not."""
+        the same in any batch, at any place in the input, alone or not. With
+        `opts.alignments`, each hypothesis carries its word alignment."""
+        if opts.alignments and opts.align_layer is not None:
+            check_layer(opts.align_layer, self.models)
         done = done or (lambda n: None)
         out: list[list[Hypothesis]] = [[] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
-        empty = [Hypothesis([], 0.0, 0.0)] * opts.nbest
+        empty = [Hypothesis([], 0.0, 0.0, () if opts.alignments else None)] * opts.nbest
         for i in set(range(len(lines))) - set(todo):
             out[i] = empty
         done(len(lines) - len(todo))
@@ -133,6 +158,7 @@ class Translator:
         forced = ([x[: self.max_src_tokens - 1] for x in self.tgt_vocab.encode(
             [prefixes[i] for i in todo])] if prefixes else None)
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
+        model = self.step_model
         for batch in length_batches(order, ids, opts.batch_tokens):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
             pre = [forced[k] for k in batch] if forced else None
@@ -140,19 +166,34 @@ class Translator:
                                 enabled=self.autocast_dtype is not None):
                 if opts.sampling:
                     seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch]
-                    hyps = sample_search(self.model, src, seeds, opts.beam, opts.temperature,
+                    hyps = sample_search(model, src, seeds, opts.beam, opts.temperature,
                                          opts.topk, opts.topp, opts.lenpen, opts.max_len_a,
                                          opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram,
                                          prefixes=pre)
                     hyps = [h[: opts.nbest] for h in hyps]
                 else:
-                    hyps = beam_search(self.model, src, opts.beam, opts.lenpen,
+                    hyps = beam_search(model, src, opts.beam, opts.lenpen,
                                        opts.max_len_a, opts.max_len_b, nbest=opts.nbest,
                                        no_repeat_ngram=opts.no_repeat_ngram, prefixes=pre)
+                if opts.alignments:
+                    hyps = self.with_alignments([ids[k] for k in batch], hyps,
+                                                opts.align_layer)
             for k, h in zip(batch, hyps, strict=True):
                 out[todo[k]] = h
             done(len(batch))
         return out
+
+
+    def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
+                        layer: int | None) -> list[list[Hypothesis]]:
+        """Each hypothesis with its word links to its source (`mtkit.align`)."""
+        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True)
+                 for h in nbest]
+        links = iter(align(self.models, [src for src, _ in pairs], [out for _, out in pairs],
+                           [[self.src_vocab.piece(i) for i in src] for src, _ in pairs],
+                           [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
+                           layer, self.device))
+        return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
 
 
 def line_seed(seed: int, line: str) -> int:
@@ -184,10 +225,28 @@ def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
         yield batch
 
 
-def load_translator(path: str | os.PathLike, device: str = "auto",
-                    device_option: str = "--device") -> Translator:
-    """Everything translation needs comes from the checkpoint file. `device_option`
-    names the option `device` came from, for the error when it cannot be used."""
+def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                    device: str = "auto", device_option: str = "--device") -> Translator:
+    """Everything translation needs comes from the checkpoint file(s); several files make
+    an ensemble, whose models must share the source and the target vocabulary (decoding
+    defaults come from the first). `device_option` names the option `device` came from,
+    for the error when it cannot be used."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    dev = resolve_device(device, device_option)
+    loaded = [_load_model(p) for p in paths]
+    first, (_, src_vocab, tgt_vocab, cfg) = paths[0], loaded[0]
+    for path, (_, src, tgt, _) in zip(paths[1:], loaded[1:], strict=True):
+        for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
+            if mine.model_proto != theirs.model_proto:
+                raise CheckpointError(f"{path} and {first} have different {side} "
+                                      f"vocabularies; the models of an ensemble must share "
+                                      f"their tokenizers")
+    models = [model.to(dev).eval() for model, *_ in loaded]
+    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
+    return Translator(models, src_vocab, tgt_vocab, dev, precision, cfg)
+
+
+def _load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Config]:
     payload = load_checkpoint(path)
     try:
         cfg = config_from_dict(payload["config"], str(path))
@@ -199,10 +258,7 @@ def load_translator(path: str | os.PathLike, device: str = "auto",
         raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
                               f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
                               ) from None
-    dev = resolve_device(device, device_option)
-    model.to(dev).eval()
-    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
-    return Translator(model, src_vocab, tgt_vocab, dev, precision, cfg)
+    return model, src_vocab, tgt_vocab, cfg
 
 
 def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
@@ -291,19 +347,23 @@ def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab
                                               else {}), "error": request.error},
                            ensure_ascii=False)]
     texts = [tgt_vocab.decode(h.tokens) for h in hyps]
+    links = [pharaoh(h.alignment or ()) for h in hyps]
     if opts.format == "jsonl":
+        def entry(k: int) -> dict:
+            return {"translation": texts[k], "score": round(hyps[k].score, 4),
+                    **({"alignment": links[k]} if opts.alignments else {})}
+
         record = {"line": index, **({"id": request.id} if request.id is not None else {}),
-                  "source": request.src, "translation": texts[0],
-                  "score": round(hyps[0].score, 4)}
+                  "source": request.src, **entry(0)}
         if opts.nbest > 1:
-            record["nbest"] = [{"translation": t, "score": round(h.score, 4)}
-                               for t, h in zip(texts, hyps, strict=True)]
+            record["nbest"] = [entry(k) for k in range(len(hyps))]
         return [json.dumps(record, ensure_ascii=False)]
     if opts.nbest > 1:
-        return [f"{index} ||| {t} ||| {h.score:.4f}" for t, h in zip(texts, hyps, strict=True)]
-    if opts.scores:
-        return [f"{texts[0]}\t{hyps[0].score:.4f}"]
-    return [texts[0]]
+        return [f"{index} ||| {t} ||| {h.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
+                for t, h, a in zip(texts, hyps, links, strict=True)]
+    fields = [texts[0]] + ([f"{hyps[0].score:.4f}"] if opts.scores else []) \
+        + ([links[0]] if opts.alignments else [])
+    return ["\t".join(fields)]
 
 
 def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:

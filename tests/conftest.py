@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mtkit.config import config_from_dict
+from mtkit.data.shards import preprocess
+from mtkit.tokenizer import build_tokenizer
+from mtkit.train import train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
@@ -62,3 +67,32 @@ def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict
 @pytest.fixture
 def tiny_config(corpus, tmp_path):
     return config_from_dict(tiny_config_dict(corpus, tmp_path / "run"))
+
+
+def write_config(folder: Path, corpus, **sections) -> Path:
+    """`folder/exp.yaml` for a tiny model whose run directory is `folder/run`."""
+    path = folder / "exp.yaml"
+    data = tiny_config_dict(corpus, folder / "run", **sections)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained(corpus, tmp_path_factory) -> Path:
+    """A folder with exp.yaml and run/: tokenizer, shards and 20 steps of training
+    (checkpoints at steps 10 and 20). Tests copy it with `work_copy`."""
+    folder = tmp_path_factory.mktemp("trained")
+    config = write_config(folder, corpus)
+    cfg = config_from_dict(yaml.safe_load(config.read_text()))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    train(cfg)
+    return folder
+
+
+@pytest.fixture
+def work(trained, tmp_path, corpus) -> Path:
+    """A private copy of the trained run in tmp_path (config rewritten to point at it)."""
+    shutil.copytree(trained / "run", tmp_path / "run")
+    write_config(tmp_path, corpus)
+    return tmp_path

@@ -9,15 +9,9 @@ from typer.testing import CliRunner
 
 from mtkit.cli import app
 
-from conftest import tiny_config_dict
+from conftest import write_config
 
 runner = CliRunner()
-
-
-def write_config(tmp_path, corpus, **sections):
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(tiny_config_dict(corpus, tmp_path / "run", **sections)))
-    return path
 
 
 def test_tokenizer_then_preprocess(tmp_path, corpus):

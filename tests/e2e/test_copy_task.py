@@ -57,3 +57,18 @@ def test_a_prefix_of_the_first_symbols_yields_the_full_copy(copy_run):
     hyps = translator.translate(short, DecodeOptions(beam=4), prefixes=other)
     assert all(translator.tgt_vocab.decode(h[0].tokens).startswith(o + " ")
                for h, o in zip(hyps, other))
+
+
+def test_the_copy_models_alignment_is_the_diagonal(copy_run):
+    translator, sources = copy_run
+    short = [s for s in sources if len(s.split()) <= 12][:60]
+
+    def links(layer):
+        opts = DecodeOptions(beam=4, max_len_a=1.0, max_len_b=5, alignments=True,
+                             align_layer=layer)
+        return [h[0].alignment for h in translator.translate(short, opts)]
+
+    diagonal = [tuple((i, i) for i in range(len(s.split()))) for s in short]
+    assert links(None) == links(0) == diagonal  # default: the second-to-last of 2 layers
+    last = [link for sentence in links(1) for link in sentence]  # the last layer: mostly
+    assert sum(s == t for s, t in last) / len(last) > 0.8

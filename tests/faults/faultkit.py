@@ -1,4 +1,5 @@
-"""Shared set-up for the fault tests: a trained tiny run, CLI calls, byte snapshots.
+"""Shared helpers for the fault tests: CLI calls, one-line errors, byte snapshots (the
+`trained` and `work` fixtures are in tests/conftest.py).
 
 Every fault test checks three things: the exit code, that stderr is one line without a
 traceback, and that the files the user owned are byte-identical afterwards.
@@ -6,55 +7,17 @@ traceback, and that the files the user owned are byte-identical afterwards.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
-import yaml
 from typer.testing import CliRunner, Result
 
 from mtkit.cli import app
-from mtkit.config import config_from_dict
-from mtkit.data.shards import preprocess
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
-
-from conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-
-
-def write_config(folder: Path, corpus, **sections) -> Path:
-    """`folder/exp.yaml` for a tiny model whose run directory is `folder/run`."""
-    path = folder / "exp.yaml"
-    data = tiny_config_dict(corpus, folder / "run", **sections)
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-@pytest.fixture(scope="session")
-def trained(corpus, tmp_path_factory) -> Path:
-    """A folder with exp.yaml and run/: tokenizer, shards and 20 steps of training
-    (checkpoints at steps 10 and 20). Tests copy it with `work_copy`."""
-    folder = tmp_path_factory.mktemp("trained")
-    config = write_config(folder, corpus)
-    cfg = config_from_dict(yaml.safe_load(config.read_text()))
-    build_tokenizer(cfg)
-    preprocess(cfg)
-    train(cfg)
-    return folder
-
-
-@pytest.fixture
-def work(trained, tmp_path, corpus) -> Path:
-    """A private copy of the trained run in tmp_path (config rewritten to point at it)."""
-    shutil.copytree(trained / "run", tmp_path / "run")
-    write_config(tmp_path, corpus)
-    return tmp_path
 
 
 def cli(*args, input: str | bytes | None = None) -> Result:

@@ -15,9 +15,7 @@ import torch
 from mtkit.checkpoint import CheckpointError, find_resumable, load_checkpoint, save_checkpoint
 from mtkit.translate import load_translator
 
-from faultkit import ROOT, assert_one_line, cli, snapshot, trained, work
-
-__all__ = ["trained", "work"]  # fixtures
+from faultkit import ROOT, assert_one_line, cli, snapshot
 
 
 def flip_inside_a_tensor(path) -> None:

@@ -10,9 +10,7 @@ import pytest
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 
-from faultkit import assert_one_line, cli, snapshot, trained, work
-
-__all__ = ["trained", "work"]  # fixtures
+from faultkit import assert_one_line, cli, snapshot
 
 
 def test_a_retrained_tokenizer_makes_train_ask_for_preprocess(work):

@@ -16,9 +16,8 @@ import yaml
 
 from mtkit.translate import MAX_LINE_BYTES, read_chunks
 
-from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, trained, wait_for, work
-
-__all__ = ["trained", "work"]  # fixtures
+from conftest import write_config
+from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_for
 
 
 @pytest.mark.parametrize("args, says", [
@@ -208,3 +207,19 @@ def test_a_prefix_file_must_match_the_input_line_for_line(work, tmp_path):
                  input='{"src": "A dog runs.", "prefix": "Ein"}\n{"src": "Two men."}\n')
     first, second = [json.loads(x) for x in result.stdout.splitlines()]
     assert first["translation"].startswith("Ein") and "translation" in second
+
+
+def test_an_ensemble_of_models_with_different_vocabularies_is_refused(work, tmp_path, corpus):
+    other = tmp_path / "other"
+    other.mkdir()
+    config = write_config(other, corpus, tokenizer={"vocab_size": 400},
+                          train={"max_steps": 1, "valid_every": 1})
+    for stage in ("tokenizer", "preprocess", "train"):
+        assert cli(stage, "-c", config).exit_code == 0
+    best = work / "run" / "checkpoints" / "best.pt"
+    foreign = other / "run" / "checkpoints" / "last.pt"
+    result = cli("translate", "-m", best, "-m", foreign, input="A dog.\n")
+    assert assert_one_line(result) == (f"error: {foreign} and {best} have different source "
+                                       f"vocabularies; the models of an ensemble must share "
+                                       f"their tokenizers")
+    assert result.stdout == ""

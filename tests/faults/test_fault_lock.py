@@ -11,18 +11,7 @@ import pytest
 
 from mtkit.rundir import RunDirError, run_lock
 
-from faultkit import (
-    ROOT,
-    assert_one_line,
-    cli,
-    mtkit_process,
-    snapshot,
-    trained,
-    wait_for,
-    work,
-)
-
-__all__ = ["trained", "work"]  # fixtures
+from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_for
 
 
 def hold_lock(run, stage="train") -> subprocess.Popen:

@@ -10,9 +10,7 @@ import pytest
 
 from mtkit.checkpoint import load_checkpoint
 
-from faultkit import assert_one_line, cli, mtkit_process, snapshot, trained, wait_for, work
-
-__all__ = ["trained", "work"]  # fixtures
+from faultkit import assert_one_line, cli, mtkit_process, snapshot, wait_for
 
 
 @pytest.fixture

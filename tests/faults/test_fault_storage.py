@@ -9,9 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from faultkit import assert_one_line, cli, snapshot, trained, work
-
-__all__ = ["trained", "work"]  # fixtures
+from faultkit import assert_one_line, cli, snapshot
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 

@@ -32,7 +32,7 @@ def translator() -> Translator:
     cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
                       dropout=0.0, max_positions=24)
     model = build_model(cfg, len(vocab), len(vocab)).eval()
-    return Translator(model, vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
+    return Translator([model], vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
 
 
 def test_one_output_line_per_input_line_in_order(translator):
