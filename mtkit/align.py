@@ -40,7 +40,8 @@ def check_layer(layer: int, models: Sequence[Transformer], option: str = "--alig
 def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int) -> Tensor:
     """Teacher-forced cross-attention weights of decoder `layer`, mean over heads:
     src (B, S), tgt_in (B, T) -> (B, T, S); row t is the attention while predicting
-    the token after tgt_in[:, t]."""
+    the token after tgt_in[:, t]. The layers above `layer` and the output projection
+    are not run."""
     attn = model.decoder_layers[layer].cross_attn
     seen: list[Tensor] = []
 
@@ -50,8 +51,10 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
 
     attn.observer = record
     try:
-        memory, src_mask = model.encode(src)
-        model.decode(tgt_in, memory, src_mask)
+        memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+        y = model.tgt_embed(tgt_in)  # (B, T, D)
+        for block in model.decoder_layers[: layer + 1]:
+            y, _ = block(y, block.cross_attn.project_kv(memory), src_mask[:, None, None, :])
     finally:
         attn.observer = None
     return seen[0]

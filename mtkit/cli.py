@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,6 +26,8 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
 from mtkit.config import Config, ConfigError, OptionError, load_config
+
+log = logging.getLogger(__name__)
 
 app = typer.Typer(
     name="mtkit",
@@ -194,38 +197,59 @@ def train(config: ConfigOpt, set_: SetOpt = None,
 Opt = Optional  # noqa: UP045 (typer reads Optional[...] on every Python it supports)
 
 
+# Decoding options, shared by `translate` and `serve` (one definition each).
+ModelsOpt = Annotated[list[Path], typer.Option(
+    "--model", "-m", help="Checkpoint file; repeat for an ensemble.")]
+BeamOpt = Annotated[Opt[int], typer.Option(help="Beam size (default: the checkpoint's).")]
+LenpenOpt = Annotated[Opt[float], typer.Option(help="GNMT length penalty alpha.")]
+MaxLenAOpt = Annotated[Opt[float], typer.Option(help="Output limit a*src_len+b: a.")]
+MaxLenBOpt = Annotated[Opt[int], typer.Option(help="Output limit a*src_len+b: b.")]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+NoRepeatOpt = Annotated[Opt[int], typer.Option(
+    help="Forbid any n-gram of this size from appearing twice in an output.")]
+SamplingOpt = Annotated[bool, typer.Option(
+    "--sampling", help="Sample instead of searching: --beam N draws N per line.")]
+TemperatureOpt = Annotated[Opt[float], typer.Option(help="Sampling temperature.")]
+TopkOpt = Annotated[Opt[int], typer.Option(help="Sample from the k likeliest tokens.")]
+ToppOpt = Annotated[Opt[float], typer.Option(
+    help="Sample from the likeliest tokens whose probability reaches p.")]
+SeedOpt = Annotated[Opt[int], typer.Option(help="Sampling seed (per input line).")]
+AlignLayerOpt = Annotated[Opt[int], typer.Option(
+    help="Decoder layer whose cross-attention gives the alignments (default: the "
+         "second-to-last).")]
+
+
+def _check_device(device: str) -> None:
+    if device not in ("auto", "cpu", "cuda"):
+        raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
+
+
 @app.command()
 def translate(
-    model: Annotated[list[Path], typer.Option(
-        "--model", "-m", help="Checkpoint file; repeat for an ensemble.")],
+    model: ModelsOpt,
     input: Annotated[Opt[Path], typer.Option("--input", "-i", help="Default: stdin.")] = None,
     output: Annotated[Opt[Path], typer.Option("--output", "-o", help="Default: stdout.")] = None,
-    beam: Annotated[Opt[int], typer.Option(help="Beam size (default: the checkpoint's).")] = None,
-    lenpen: Annotated[Opt[float], typer.Option(help="GNMT length penalty alpha.")] = None,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
     nbest: Annotated[int, typer.Option(help="Hypotheses per line: 'i ||| text ||| score'.")] = 1,
     scores: Annotated[bool, typer.Option(help="Append a tab and the score.")] = False,
-    max_len_a: Annotated[Opt[float], typer.Option(help="Output limit a*src_len+b: a.")] = None,
-    max_len_b: Annotated[Opt[int], typer.Option(help="Output limit a*src_len+b: b.")] = None,
+    max_len_a: MaxLenAOpt = None,
+    max_len_b: MaxLenBOpt = None,
     batch_tokens: Annotated[Opt[int], typer.Option(help="Source tokens per batch.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: DeviceOpt = "auto",
     format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
-    no_repeat_ngram: Annotated[Opt[int], typer.Option(
-        help="Forbid any n-gram of this size from appearing twice in an output.")] = None,
-    sampling: Annotated[bool, typer.Option(
-        "--sampling", help="Sample instead of searching: --beam N draws N per line.")] = False,
-    temperature: Annotated[Opt[float], typer.Option(help="Sampling temperature.")] = None,
-    topk: Annotated[Opt[int], typer.Option(help="Sample from the k likeliest tokens.")] = None,
-    topp: Annotated[Opt[float], typer.Option(
-        help="Sample from the likeliest tokens whose probability reaches p.")] = None,
-    seed: Annotated[Opt[int], typer.Option(help="Sampling seed (per input line).")] = None,
+    no_repeat_ngram: NoRepeatOpt = None,
+    sampling: SamplingOpt = False,
+    temperature: TemperatureOpt = None,
+    topk: TopkOpt = None,
+    topp: ToppOpt = None,
+    seed: SeedOpt = None,
     prefix_file: Annotated[Opt[Path], typer.Option(
         help="A target prefix for each input line: the output starts with it.")] = None,
     alignments: Annotated[bool, typer.Option(
         "--alignments", help="Add word alignments (Pharaoh 'src-tgt' pairs) after a tab.")
         ] = False,
-    align_layer: Annotated[Opt[int], typer.Option(
-        help="Decoder layer whose cross-attention gives the alignments (default: the "
-             "second-to-last).")] = None,
+    align_layer: AlignLayerOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -242,8 +266,7 @@ def translate(
     with _reported():
         if format not in ("text", "jsonl"):
             raise OptionError(f"--format must be text or jsonl, got {format!r}")
-        if device not in ("auto", "cpu", "cuda"):
-            raise OptionError(f"--device must be auto, cpu or cuda, got {device!r}")
+        _check_device(device)
         if output:
             refuse_same_file(output, {"--input": input, "--prefix-file": prefix_file,
                                       **{"--model" + (f" #{i + 1}" if i else ""): m
@@ -359,6 +382,82 @@ def run(config: ConfigOpt, set_: SetOpt = None) -> None:
                f"{result.hypotheses}, checkpoint {result.checkpoint}")
     typer.echo(f"trained to step {result.training.step} ({result.training.stopped_because}) "
                f"in {result.training.precision}", err=True)
+
+
+@app.command()
+def serve(
+    model: ModelsOpt,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    max_len_a: MaxLenAOpt = None,
+    max_len_b: MaxLenBOpt = None,
+    no_repeat_ngram: NoRepeatOpt = None,
+    sampling: SamplingOpt = False,
+    temperature: TemperatureOpt = None,
+    topk: TopkOpt = None,
+    topp: ToppOpt = None,
+    seed: SeedOpt = None,
+    align_layer: AlignLayerOpt = None,
+    device: DeviceOpt = "auto",
+    max_batch_tokens: Annotated[Opt[int], typer.Option(
+        help="Source tokens the model worker takes into one batch (default: the "
+             "checkpoint's decode.batch_tokens).")] = None,
+    max_wait_ms: Annotated[float, typer.Option(
+        help="Longest wait of a sentence for others to batch with.")] = 5.0,
+    max_lines: Annotated[int, typer.Option(help="Sentences per request.")] = 64,
+    max_chars: Annotated[int, typer.Option(help="Characters per request.")] = 20_000,
+    api_key: Annotated[Opt[str], typer.Option(
+        envvar="MTKIT_API_KEY", show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).")] = None,
+) -> None:
+    """Serve translations over HTTP (JSON API, a web page at /, docs at /docs), batching
+    concurrent requests together. SIGTERM or Ctrl-C finishes the requests in flight."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        typer.echo("error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'",
+                   err=True)
+        raise typer.Exit(code=2) from None
+    from mtkit.serve import Batcher, Limits, create_app, serve_forever
+    from mtkit.translate import DecodeOptions, load_translator
+
+    with _reported():
+        _check_device(device)
+        limits = Limits(1 if max_batch_tokens is None else max_batch_tokens, max_wait_ms,
+                        max_lines, max_chars)
+        for name, value in asdict(limits).items():
+            if not (value >= 0 if name == "max_wait_ms" else value > 0):
+                raise OptionError(f"--{name.replace('_', '-')} must be "
+                                  f"{'at least' if name == 'max_wait_ms' else 'above'} 0, "
+                                  f"got {value}")
+        _tune_runtime()
+        translator = load_translator(model, device, "--device")
+        if max_batch_tokens is None:
+            limits = replace(limits, max_batch_tokens=translator.config.decode.batch_tokens)
+        defaults = DecodeOptions.from_config(
+            translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+            max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
+            temperature=temperature, topk=topk, topp=topp, seed=seed,
+            align_layer=align_layer, alignments=align_layer is not None)
+        if align_layer is not None:
+            from mtkit.align import check_layer
+
+            check_layer(align_layer, translator.models)
+        name = " + ".join(m.name for m in model)
+        batcher = Batcher(translator, limits)
+        app_ = create_app(translator, replace(defaults, alignments=False), limits, name,
+                          translator.steps[0], api_key or None, batcher)
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        ready = (f"serving {name} on {url} (page at /, API docs at /docs)"
+                 + ("; API key required" if api_key else ""))
+        stopped_by = serve_forever(app_, batcher, host, port, ready)
+    if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(code=130)
 
 
 explain_app = typer.Typer(help="See inside the Transformer: shapes, parameters, attention.",

@@ -406,6 +406,7 @@ class Ensemble:
         new_state = EnsembleState(tuple(s for _, s in outputs))
         if len(outputs) == 1:
             return outputs[0][0], new_state
-        lprobs = torch.stack([torch.log_softmax(logits.float(), dim=-1)
-                              for logits, _ in outputs])  # (models, rows, V)
-        return lprobs.mean(dim=0), new_state  # (rows, V)
+        total = torch.log_softmax(outputs[0][0].float(), dim=-1)  # (rows, V)
+        for logits, _ in outputs[1:]:
+            total += torch.log_softmax(logits.float(), dim=-1)
+        return total.div_(len(outputs)), new_state  # the mean: (rows, V)

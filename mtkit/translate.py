@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO, Literal, TextIO
 
 import torch
@@ -103,6 +103,7 @@ class Translator:
     device: torch.device
     autocast_dtype: torch.dtype | None
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
+    steps: list[int | None] = field(default_factory=list)  # each model's training step
     _warned_long: bool = False
 
     @property
@@ -234,8 +235,8 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     dev = resolve_device(device, device_option)
     loaded = [_load_model(p) for p in paths]
-    first, (_, src_vocab, tgt_vocab, cfg) = paths[0], loaded[0]
-    for path, (_, src, tgt, _) in zip(paths[1:], loaded[1:], strict=True):
+    first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
+    for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
         for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
             if mine.model_proto != theirs.model_proto:
                 raise CheckpointError(f"{path} and {first} have different {side} "
@@ -243,10 +244,13 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
                                       f"their tokenizers")
     models = [model.to(dev).eval() for model, *_ in loaded]
     precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
-    return Translator(models, src_vocab, tgt_vocab, dev, precision, cfg)
+    return Translator(models, src_vocab, tgt_vocab, dev, precision, cfg,
+                      [step for *_, step in loaded])
 
 
-def _load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Config]:
+def _load_model(path: str | os.PathLike
+                ) -> tuple[Transformer, Vocab, Vocab, Config, int | None]:
+    """A checkpoint's model, vocabularies, config and training step (None: averaged)."""
     payload = load_checkpoint(path)
     try:
         cfg = config_from_dict(payload["config"], str(path))
@@ -258,7 +262,8 @@ def _load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Con
         raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
                               f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
                               ) from None
-    return model, src_vocab, tgt_vocab, cfg
+    progress = payload.get("train", {}).get("progress", {})
+    return model, src_vocab, tgt_vocab, cfg, progress.get("step")
 
 
 def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,

@@ -1,0 +1,197 @@
+"""`mtkit serve`: the API through FastAPI's test client, and a real server process on a
+loopback port for concurrency, disconnects and shutdown. Uses the tiny trained run of
+tests/conftest.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+from fastapi.testclient import TestClient  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from mtkit.cli import app as cli_app  # noqa: E402
+from mtkit.serve import Batcher, Limits, create_app  # noqa: E402
+from mtkit.translate import DecodeOptions, load_translator  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from serverkit import LocalServer  # noqa: E402
+
+SENTENCES = ["A dog runs in the park.", "", "Two men talk on a bench.", "A girl.",
+             "A man in a blue shirt is playing the guitar on a stage."]
+
+
+@pytest.fixture(scope="module")
+def translator(trained):
+    return load_translator(trained / "run" / "checkpoints" / "best.pt", "cpu")
+
+
+def defaults(translator) -> DecodeOptions:
+    return DecodeOptions.from_config(translator.config.decode)
+
+
+def client(translator, **kw) -> TestClient:
+    limits = Limits(**{k: v for k, v in kw.items() if k != "api_key"})
+    return TestClient(create_app(translator, defaults(translator), limits, "best.pt", 20,
+                                 kw.get("api_key")))
+
+
+def alone(translator, lines: list[str], **opts) -> list[str]:
+    """What one-by-one offline translation gives, for comparison."""
+    o = replace(defaults(translator), **opts)
+    return [translator.tgt_vocab.decode(translator.translate([x], o)[0][0].tokens)
+            for x in lines]
+
+
+def test_translate_health_info_page_and_docs(translator):
+    with client(translator) as api:
+        assert api.get("/v1/health").json() == {"status": "ok", "model_loaded": True}
+        info = api.get("/v1/info").json()
+        assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de",
+                                                                                     20)
+        assert info["parameters"] > 0 and info["decoding"]["beam"] == defaults(translator).beam
+        answer = api.post("/v1/translate", json={"text": SENTENCES}).json()
+        texts = [t["text"] for t in answer["translations"]]
+        assert texts == alone(translator, SENTENCES) and texts[1] == ""
+        assert answer["model"] == "best.pt" and answer["elapsed_ms"] >= 0
+        assert "alignment" not in answer["translations"][0]
+        answer = api.post("/v1/translate", json={"text": SENTENCES[:1], "alignments": True,
+                                                 "nbest": 2, "beam": 2}).json()
+        first = answer["translations"][0]
+        assert len(first["nbest"]) == 2 and first["nbest"][0]["text"] == first["text"]
+        assert first["alignment"] and all("-" in pair for pair in first["alignment"].split())
+        assert api.post("/v1/translate", json={"text": []}).json()["translations"] == []
+        page = api.get("/")
+        assert page.status_code == 200 and "<textarea" in page.text
+        assert "http://" not in page.text and "https://" not in page.text  # nothing fetched
+        assert api.get("/docs").status_code == 200
+        assert "/v1/translate" in api.get("/openapi.json").json()["paths"]
+
+
+def test_an_api_key_guards_everything_but_health(translator):
+    with client(translator, api_key="s3cret") as api:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for r in (api.get("/v1/info", headers=headers),
+                      api.post("/v1/translate", json={"text": ["A dog."]}, headers=headers)):
+                assert r.status_code == 401 and "API key" in r.json()["error"]
+                assert r.headers["www-authenticate"] == "Bearer"
+        assert api.get("/v1/health").status_code == 200
+        good = {"Authorization": "Bearer s3cret"}
+        assert api.post("/v1/translate", json={"text": ["A dog."]}, headers=good).status_code \
+            == 200
+
+
+@pytest.mark.parametrize("body, status, says, field", [
+    (b"", 422, "the body is empty", None),
+    (b'{"text": "A dog."}', 422, "text: Input should be a valid list", "text"),
+    (b'{"text": ["A \xff dog."]}', 422, "not UTF-8", None),
+    (b'{"text": ["A dog."], "beam": 0}', 422, "beam: Input should be greater than", "beam"),
+    (b'{"text": ["A dog."], "beam": 2, "nbest": 3}', 422, "nbest 3 must not exceed", "nbest"),
+    (b'{"text": ["A dog."], "colour": 1}', 422, "colour: Extra inputs", "colour"),
+    (b'{"text": [', 422, "not JSON", None),
+    (json.dumps({"text": ["A dog."] * 5}).encode(), 413, "at most 4 sentences", "text"),
+    (json.dumps({"text": ["x" * 300]}).encode(), 413, "at most 200 characters", "text"),
+    (b'{"text": ["' + b"a" * (10 << 20) + b'"]}', 413, "body is over", None),
+])
+def test_bad_requests_get_a_json_error_and_the_server_stays_up(translator, body, status,
+                                                               says, field):
+    with client(translator, max_lines=4, max_chars=200) as api:
+        r = api.post("/v1/translate", content=body)
+        assert r.status_code == status, r.text
+        assert says in r.json()["error"] and r.json().get("field") == field
+        assert api.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
+
+
+def test_the_worker_batches_concurrent_requests_and_answers_each_its_own(translator):
+    calls = []
+    real = translator.translate
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(translator, name)
+
+        def translate(self, lines, opts, *args, **kw):
+            calls.append(len(lines))
+            return real(lines, opts, *args, **kw)
+
+    batcher = Batcher(Counting(), Limits(max_wait_ms=300)).start()
+    opts = replace(defaults(translator), batch_tokens=4000)
+    futures = [batcher.submit([x, x + " Again."], opts) for x in SENTENCES]
+    results = [f.result(timeout=60) for f in futures]
+    batcher.stop()
+    assert calls == [2 * len(SENTENCES)]  # one search for all five requests
+    for x, hyps in zip(SENTENCES, results):
+        texts = [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
+        assert texts == alone(translator, [x, x + " Again."])
+
+
+# --- a real server process -------------------------------------------------------------
+
+
+@pytest.fixture
+def server(trained):
+    s = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "20",
+                    "--device", "cpu")
+    yield s
+    s.stop()
+
+
+def test_concurrent_clients_get_what_one_by_one_translation_gives(server, translator):
+    requests = [SENTENCES[i % 5 : i % 5 + 1 + i % 3] for i in range(24)]
+    answers: dict[int, list[str]] = {}
+
+    def client_thread(i: int) -> None:
+        answers[i] = server.translate(requests[i])
+
+    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expected = dict(zip(SENTENCES, alone(translator, SENTENCES)))
+    assert all(answers[i] == [expected[x] for x in requests[i]] for i in range(24))
+
+
+def test_a_client_that_leaves_mid_request_does_not_hurt_the_server(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 1000\r\n\r\n{\"text\": [\"A do")
+    with socket.create_connection(("127.0.0.1", server.port)) as s:  # waits for nothing
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n"
+                  b'{"text": ["A dog runs in the park."]}')
+    assert server.translate(["A dog."])[0]
+    assert server.proc.poll() is None
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits_0(trained):
+    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "1500",
+                         "--device", "cpu")
+    answer: list = []
+    slow = threading.Thread(target=lambda: answer.append(server.request(
+        "POST", "/v1/translate", {"text": SENTENCES})))
+    slow.start()
+    time.sleep(0.5)  # the request waits in the queue for company (1.5 s)
+    code, err = server.stop()
+    slow.join()
+    assert code == 0, err
+    assert answer and answer[0][0] == 200 and len(answer[0][1]["translations"]) == 5
+    with pytest.raises(OSError):
+        server.get("/v1/health")
+
+
+def test_without_the_extra_serve_says_what_to_install(trained, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ImportError
+    result = CliRunner().invoke(cli_app, ["serve", "-m", str(trained / "run" / "checkpoints"
+                                                              / "best.pt")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: mtkit serve needs FastAPI and uvicorn: pip "
+                                     "install 'mtkit[serve]'")
