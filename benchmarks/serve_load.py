@@ -2,7 +2,8 @@
 clients, against offline translation of the same sentences in the same run.
 
     python benchmarks/serve_load.py -m runs/multi30k/checkpoints/best.pt \\
-        [--src data/multi30k/test2016.en.gz] [--requests 120] [--clients 1,8,32]
+        [--src data/multi30k/test2016.en.gz] [--requests 120] [--clients 1,8,32] \\
+        [--max-wait-ms MS]
 
 A fixed list of requests (1-8 consecutive test sentences each, seeded) is sent by N
 client threads that take the next request as soon as their last one is answered. For
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--src", default="data/multi30k/test2016.en.gz")
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--max-wait-ms", type=float, default=None,
+                        help="the server's --max-wait-ms (default: its own)")
     args = parser.parse_args()
     tune_cpu_runtime()
     requests = make_requests(args.src, args.requests)
@@ -138,7 +141,8 @@ def main() -> None:
     baselines = {beam: offline(args.model, requests, beam) for beam in (1, 5)}
     result["translate_process_peak_rss_mb"] = round(translate_process_rss_mb(args.model,
                                                                              requests))
-    with LocalServer(args.model, "--device", "cpu") as server:
+    extra = [] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]
+    with LocalServer(args.model, "--device", "cpu", *extra) as server:
         for beam in (5, 1):
             base = baselines[beam]
             name = "beam5" if beam == 5 else "greedy"

@@ -161,15 +161,39 @@ def test_concurrent_clients_get_what_one_by_one_translation_gives(server, transl
     assert all(answers[i] == [expected[x] for x in requests[i]] for i in range(24))
 
 
-def test_a_client_that_leaves_mid_request_does_not_hurt_the_server(server):
-    with socket.create_connection(("127.0.0.1", server.port)) as s:
-        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                  b"\r\nContent-Length: 1000\r\n\r\n{\"text\": [\"A do")
-    with socket.create_connection(("127.0.0.1", server.port)) as s:  # waits for nothing
+def test_slow_and_vanishing_clients_do_not_hold_up_others(server):
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    slow.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: 1000\r\n\r\n{\"text\": [\"A do")  # and no more
+    start = time.perf_counter()
+    assert server.translate(["A dog."])[0]  # answered while the slow body is pending
+    assert time.perf_counter() - start < 30
+    slow.close()  # the slow client leaves mid-request
+    with socket.create_connection(("127.0.0.1", server.port)) as s:  # leaves before its answer
         s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n"
                   b'{"text": ["A dog runs in the park."]}')
     assert server.translate(["A dog."])[0]
     assert server.proc.poll() is None
+
+
+def test_the_queue_is_bounded_and_refuses_with_503(translator):
+    from mtkit.serve import ServeError
+
+    batcher = Batcher(translator, Limits(max_queued_lines=6))  # not started: nothing leaves
+    opts = defaults(translator)
+    batcher.submit(["A dog."] * 4, opts)
+    with pytest.raises(ServeError, match="busy") as refused:
+        batcher.submit(["A cat."] * 3, opts)
+    assert refused.value.status == 503
+    batcher.submit(["A cat."] * 2, opts)  # what still fits is taken
+
+
+def test_the_api_key_can_come_from_the_environment(trained):
+    with LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu",
+                     env={"MTKIT_API_KEY": "k3y"}) as server:
+        assert server.request("GET", "/v1/info")[0] == 401
+        status, info = server.request("GET", "/v1/info", headers={"Authorization": "Bearer k3y"})
+        assert status == 200 and info["step"] == 20
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits_0(trained):
