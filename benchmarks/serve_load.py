@@ -22,8 +22,6 @@ import gzip
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from serverkit import LocalServer  # noqa: I001 (a sibling script)
+from train_throughput import process_peak_rss_mb
 
 from mtkit.device import tune_cpu_runtime
 from mtkit.translate import DecodeOptions, load_translator
@@ -116,11 +115,8 @@ def translate_process_rss_mb(checkpoint: str, requests: list[list[str]]) -> floa
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.writelines(x + "\n" for r in requests for x in r)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "mtkit", "translate", "-m", checkpoint,
-                                 "-i", f.name, "--device", "cpu"], stdout=subprocess.DEVNULL)
-        _, _, usage = os.wait4(proc.pid, 0)
-        proc.returncode = 0
-        return usage.ru_maxrss / 1024  # KiB on Linux
+        return process_peak_rss_mb(["translate", "-m", checkpoint, "-i", f.name, "--device",
+                                    "cpu"])
     finally:
         os.unlink(f.name)
 

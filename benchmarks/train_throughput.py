@@ -36,6 +36,32 @@ from mtkit.loss import label_smoothed_nll
 from mtkit.model import build_model
 from mtkit.tokenizer import PAD, Vocab
 
+# Run in the child: at exit, write its own VmHWM (the peak RSS of its memory map, which
+# exec resets) to the file named by $MTKIT_PEAK_FILE. (ru_maxrss from wait4 would not do:
+# Linux carries the parent's peak over fork and exec into the child's figure.)
+_PEAK_PROBE = """
+import atexit, os, re, runpy, sys
+def _write():
+    status = open("/proc/self/status").read()
+    open(os.environ["MTKIT_PEAK_FILE"], "w").write(re.search(r"VmHWM:\\s+(\\d+)", status)[1])
+atexit.register(_write)
+sys.argv = ["mtkit"] + sys.argv[1:]
+runpy.run_module("mtkit", run_name="__main__")
+"""
+
+
+def process_peak_rss_mb(args: list[str]) -> float:
+    """Peak RSS in MB of one `mtkit ARGS` process (stdout discarded)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".peak") as f:
+        subprocess.run([sys.executable, "-c", _PEAK_PROBE, *args], check=True,
+                       stdout=subprocess.DEVNULL, env={**os.environ, "MTKIT_PEAK_FILE": f.name})
+        return int(open(f.name).read()) / 1024
+
 
 class PeakMemory:
     """Peak memory during a block: CUDA allocator peak, or sampled process RSS on CPU."""

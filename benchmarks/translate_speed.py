@@ -3,6 +3,7 @@
     python benchmarks/translate_speed.py -m runs/multi30k/checkpoints/best.pt \\
         [--src data/multi30k/test2016.en.gz] [--limit 1000] [--compare hf] [--device auto]
     python benchmarks/translate_speed.py -m CKPT --options [--ensemble CKPT2] [--rounds 3]
+    python benchmarks/translate_speed.py -m CKPT --compare ct2 [--ref data/multi30k/test2016.de.gz]
 
 Translates the source file (Multi30k test2016 by default) with mtkit's batched search,
 greedy and beam 5, on the current device and prints one JSON line. With `--compare hf`
@@ -18,6 +19,13 @@ With `--options` it times the decoding options against plain beam 5 instead, in
 interleaved rounds (medians): 5 samples per line, no-repeat 3-grams, word alignments,
 and a two-model ensemble (the checkpoint with `--ensemble CKPT2`, by default with a
 second copy of itself), and prints each one's cost as a ratio to beam 5.
+
+With `--compare ct2` it exports the checkpoint to a temporary folder (float32 and int8,
+`pip install mtkit[ct2]`) and times native mtkit and CTranslate2 on the same lines, greedy
+and beam 5 with the checkpoint's length penalty, interleaved, `--rounds` rounds (medians,
+load time excluded). Each engine first gets its best batch size of --batch-sweep source
+tokens. It reports sentences/s, BLEU against `--ref`, the share of outputs identical to
+native mtkit, and the peak RSS of one `mtkit translate` process per engine (beam 5).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import time
 from dataclasses import replace
 
 import torch
-from train_throughput import PeakMemory, sync  # noqa: I001 (a sibling script)
+from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
 from mtkit.model import Transformer, sinusoidal_positions
 from mtkit.tokenizer import BOS, EOS, PAD
@@ -147,6 +155,59 @@ def time_options(translator: Translator, path: str, lines: list[str], second: st
                for name, m in median.items() if name != "beam5"}}
 
 
+def compare_ct2(translator: Translator, args, lines: list[str]) -> dict:
+    """Native mtkit against its CTranslate2 exports (float32, int8); see the docstring."""
+    import os
+    import tempfile
+
+    import sacrebleu
+
+    from mtkit.ct2 import CT2Translator, export_ctranslate2
+
+    refs = read_source(args.ref, args.limit)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = {"native": translator}
+        for q in ("float32", "int8"):
+            export_ctranslate2(args.model, f"{tmp}/{q}", q)
+            engines[f"ct2_{q}"] = CT2Translator(f"{tmp}/{q}", str(translator.device))
+        base = DecodeOptions.from_config(translator.config.decode)
+        for mode, beam in (("greedy", 1), ("beam5", 5)):
+            best = {}
+            for name, engine in engines.items():  # each engine's own best batch size
+                sweep = {int(b): time_mtkit(engine, lines, replace(base, beam=beam,
+                                                                   batch_tokens=int(b)))[1]
+                         for b in args.batch_sweep.split(",")}
+                best[name] = min(sweep, key=sweep.get)
+            times: dict[str, list[float]] = {name: [] for name in engines}
+            texts: dict[str, list[str]] = {}
+            for _ in range(args.rounds):
+                for name, engine in engines.items():
+                    opts = replace(base, beam=beam, batch_tokens=best[name])
+                    outputs, elapsed, _ = time_mtkit(engine, lines, opts)
+                    times[name].append(elapsed)
+                    texts[name] = [engine.tgt_vocab.decode(o) for o in outputs]
+            speed = {n: len(lines) / statistics.median(t) for n, t in times.items()}
+            for name in engines:
+                out[f"{mode}_{name}"] = {
+                    "sentences_per_s": round(speed[name], 1),
+                    "batch_tokens": best[name],
+                    "bleu": round(sacrebleu.corpus_bleu(texts[name], [refs]).score, 2),
+                    "identical_to_native": round(sum(a == b for a, b in zip(
+                        texts[name], texts["native"])) / len(lines), 3)}
+            for q in ("float32", "int8"):
+                out[f"{mode}_native_vs_ct2_{q}"] = round(speed["native"] / speed[f"ct2_{q}"],
+                                                         2)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.writelines(x + "\n" for x in lines)
+        for name, model in (("native", args.model), ("ct2_float32", f"{tmp}/float32"),
+                            ("ct2_int8", f"{tmp}/int8")):
+            out[f"peak_rss_mb_{name}"] = round(process_peak_rss_mb(
+                ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu"]))
+        os.unlink(f.name)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", required=True)
@@ -154,7 +215,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=1000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-len", type=int, default=60)
-    parser.add_argument("--compare", choices=["hf"], default=None)
+    parser.add_argument("--compare", choices=["hf", "ct2"], default=None)
+    parser.add_argument("--ref", default="data/multi30k/test2016.de.gz")
+    parser.add_argument("--batch-sweep", default="2000,8000")
     parser.add_argument("--options", action="store_true",
                         help="time the decoding options against beam 5")
     parser.add_argument("--ensemble", default=None, help="second model of the ensemble")
@@ -164,6 +227,10 @@ def main() -> None:
     translator = load_translator(args.model, args.device)
     lines = read_source(args.src, args.limit)
     result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
+    if args.compare == "ct2":
+        result |= compare_ct2(translator, args, lines)
+        print(json.dumps(result))
+        return
     if args.options:
         result |= time_options(translator, args.model, lines, args.ensemble or args.model,
                                args.rounds)

@@ -48,6 +48,7 @@ SetOpt = Annotated[
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mtkit.atomic import SameFileError
     from mtkit.checkpoint import CheckpointError
+    from mtkit.ct2 import ExportError
     from mtkit.data.sources import DataError
     from mtkit.device import DeviceError
     from mtkit.evaluate import EvalError
@@ -57,7 +58,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mtkit.train import TrainError
 
     return (ConfigError, OptionError, DeviceError, DataError, TokenizerError, CheckpointError,
-            TrainError, EvalError, SameFileError, RunDirError, Interrupted, OSError)
+            TrainError, EvalError, SameFileError, RunDirError, ExportError, Interrupted,
+            OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -138,10 +140,6 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug l
                         force=True)
     if not verbose:  # libraries' own warnings would come before (or twice beside) ours
         warnings.filterwarnings("ignore", module=r"(datasets|pyarrow|torch|huggingface_hub)\b")
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 @app.command()
@@ -385,6 +383,29 @@ def run(config: ConfigOpt, set_: SetOpt = None) -> None:
 
 
 @app.command()
+def export(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write.")],
+    to: Annotated[str, typer.Option(help="Format: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[str, typer.Option(
+        help="float32, int8, int8_float32, int8_float16, int8_bfloat16, bfloat16 or "
+             "float16 (what this machine can run).")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace a non-empty output folder.")] = False,
+) -> None:
+    """Export a checkpoint to a self-contained CTranslate2 folder for deployment.
+
+    The folder holds the weights, the SentencePiece models and the decoding defaults;
+    `mtkit translate -m DIR` runs it."""
+    from mtkit.ct2 import export_ctranslate2
+
+    with _reported():
+        if to != "ctranslate2":
+            raise OptionError(f"--to must be ctranslate2, got {to!r}")
+        export_ctranslate2(model, output, quantization, force)
+    typer.echo(f"exported {model} to {output} ({quantization})", err=True)
+
+
+@app.command()
 def serve(
     model: ModelsOpt,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
@@ -413,8 +434,10 @@ def serve(
         envvar="MTKIT_API_KEY", show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).")] = None,
 ) -> None:
-    """Serve translations over HTTP (JSON API, a web page at /, docs at /docs), batching
-    concurrent requests together. SIGTERM or Ctrl-C finishes the requests in flight."""
+    """Serve translations over HTTP: a JSON API, a page at /, docs at /docs.
+
+    Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
+    flight, then exits."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

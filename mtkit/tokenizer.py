@@ -62,6 +62,9 @@ class Vocab:
     def piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))
 
+    def piece_id(self, piece: str) -> int:
+        return self._sp.piece_to_id(piece)
+
 
 def vocab_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
     """Where the source and target models live: one file when joint, two otherwise."""

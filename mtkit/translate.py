@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import BinaryIO, Literal, TextIO
 
 import torch
@@ -93,8 +94,51 @@ class DecodeOptions:
         return opts
 
 
+class Frontend:
+    """What every translator does to its input before the search: set empty lines
+    aside, encode and truncate the others, encode target prefixes. Needs `src_vocab`,
+    `tgt_vocab`, `max_positions` and `_warned_long`."""
+
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    _warned_long: bool
+
+    @property
+    def max_src_tokens(self) -> int:
+        return self.max_positions - 1  # room for eos
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        ids = self.src_vocab.encode(lines)
+        limit = self.max_src_tokens
+        if any(len(x) > limit for x in ids):
+            if not self._warned_long:
+                log.warning("input lines longer than %d subwords are truncated "
+                            "(model.max_positions=%d)", limit, self.max_positions)
+                self._warned_long = True
+            ids = [x[:limit] for x in ids]
+        return ids
+
+    def blank(self, lines: list[str], opts: DecodeOptions
+              ) -> tuple[list[list[Hypothesis]], list[int]]:
+        """The results with empty lines filled in (an empty hypothesis each), and the
+        indices of the lines left to translate."""
+        out: list[list[Hypothesis]] = [[] for _ in lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        empty = [Hypothesis([], 0.0, 0.0, () if opts.alignments else None)] * opts.nbest
+        for i in set(range(len(lines))) - set(todo):
+            out[i] = empty
+        return out, todo
+
+    def prefix_ids(self, prefixes: list[str] | None, todo: list[int]) -> list[list[int]] | None:
+        """The target prefix ids of the lines in `todo` (None without prefixes)."""
+        if not prefixes:
+            return None
+        return [x[: self.max_src_tokens - 1]
+                for x in self.tgt_vocab.encode([prefixes[i] for i in todo])]
+
+
 @dataclass
-class Translator:
+class Translator(Frontend):
     """One model, or an ensemble of models that share their vocabularies."""
 
     models: list[Transformer]
@@ -120,21 +164,6 @@ class Translator:
     def max_positions(self) -> int:
         return min(m.cfg.max_positions for m in self.models)
 
-    @property
-    def max_src_tokens(self) -> int:
-        return self.max_positions - 1  # room for eos
-
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        ids = self.src_vocab.encode(lines)
-        limit = self.max_src_tokens
-        if any(len(x) > limit for x in ids):
-            if not self._warned_long:
-                log.warning("input lines longer than %d subwords are truncated "
-                            "(model.max_positions=%d)", limit, self.max_positions)
-                self._warned_long = True
-            ids = [x[:limit] for x in ids]
-        return ids
-
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None,
                   prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
@@ -147,17 +176,12 @@ class Translator:
         if opts.alignments and opts.align_layer is not None:
             check_layer(opts.align_layer, self.models)
         done = done or (lambda n: None)
-        out: list[list[Hypothesis]] = [[] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        empty = [Hypothesis([], 0.0, 0.0, () if opts.alignments else None)] * opts.nbest
-        for i in set(range(len(lines))) - set(todo):
-            out[i] = empty
+        out, todo = self.blank(lines, opts)
         done(len(lines) - len(todo))
         if not todo:
             return out
         ids = self.encode([lines[i] for i in todo])
-        forced = ([x[: self.max_src_tokens - 1] for x in self.tgt_vocab.encode(
-            [prefixes[i] for i in todo])] if prefixes else None)
+        forced = self.prefix_ids(prefixes, todo)
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         model = self.step_model
         for batch in length_batches(order, ids, opts.batch_tokens):
@@ -233,6 +257,8 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
     defaults come from the first). `device_option` names the option `device` came from,
     for the error when it cannot be used."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if any(Path(p).is_dir() for p in paths):
+        return _load_export(paths, device, device_option)
     dev = resolve_device(device, device_option)
     loaded = [_load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
@@ -246,6 +272,21 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
     precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
     return Translator(models, src_vocab, tgt_vocab, dev, precision, cfg,
                       [step for *_, step in loaded])
+
+
+def _load_export(paths: list, device: str, device_option: str):
+    """The CTranslate2 translator of an exported folder (`mtkit export`)."""
+    from mtkit.ct2 import CT2Translator, is_export
+
+    folder = next(Path(p) for p in paths if Path(p).is_dir())
+    if not is_export(folder):
+        raise CheckpointError(f"{folder} is a folder but not an exported model (no "
+                              f"mtkit.json and model.bin); -m takes a checkpoint file or a "
+                              f"folder made by mtkit export")
+    if len(paths) > 1:
+        raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
+                          "translates alone")
+    return CT2Translator(folder, device, device_option)
 
 
 def _load_model(path: str | os.PathLike

@@ -24,12 +24,11 @@ import logging
 import time
 from pathlib import Path
 
-import datasets
 import numpy as np
 
 from mtkit.atomic import atomic_dir, remove_leftovers
 from mtkit.config import Config, DataConfig, save_config
-from mtkit.data.sources import DataError, Pairs, clean_pairs, load_pairs
+from mtkit.data.sources import DataError, Pairs, clean_pairs, hf_datasets, load_pairs
 from mtkit.rundir import bytes_sha256, file_sha256, run_lock
 from mtkit.tokenizer import Vocab, load_vocabs
 
@@ -62,7 +61,7 @@ class _Encoder:
 def encode_pairs(pairs: Pairs, src_vocab: Vocab, tgt_vocab: Vocab, workers: int,
                  cache_dir: Path | None = None) -> tuple[list[list[int]], list[list[int]]]:
     """Encode both sides with SentencePiece, in `workers` processes for large inputs."""
-    ds = datasets.Dataset.from_dict({"src": pairs.src, "tgt": pairs.tgt})
+    ds = hf_datasets().Dataset.from_dict({"src": pairs.src, "tgt": pairs.tgt})
     num_proc = workers if workers > 1 and len(pairs) >= 10_000 else None
     encoded = ds.map(_Encoder(src_vocab.model_proto, tgt_vocab.model_proto), batched=True,
                      batch_size=2000, num_proc=num_proc, remove_columns=["src", "tgt"],

@@ -15,14 +15,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
-
-import datasets
 
 from mtkit.atomic import write_failure
 from mtkit.config import CorpusConfig
 
+if TYPE_CHECKING:
+    import datasets
+
 log = logging.getLogger(__name__)
+
+
+def hf_datasets():
+    """The `datasets` library, imported on first use (it takes a second to import, and
+    `translate` never needs it), quiet unless debug logging is on."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    datasets.logging.set_verbosity(logging.DEBUG if debug else logging.CRITICAL)
+    return datasets
 
 _FILE_BUILDERS = {".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -55,7 +68,7 @@ def _load(builder: str, path: str, cache_dir: Path | None, **kwargs) -> datasets
     if not Path(path).is_file():
         raise DataError(f"{path}: no such file")
     try:
-        return datasets.load_dataset(builder, data_files={"x": path}, split="x",
+        return hf_datasets().load_dataset(builder, data_files={"x": path}, split="x",
                                      cache_dir=str(cache_dir) if cache_dir else None, **kwargs)
     except Exception as e:  # datasets wraps the reader's error; report the real one
         failure = write_failure(e, cache_dir)  # its cache is ours to write, not the input
@@ -84,6 +97,7 @@ def _hub_offline(offline: bool) -> Iterator[None]:
     """Run `datasets` with the hub's offline mode set to `offline` (restored after)."""
     import huggingface_hub.constants as hub
 
+    datasets = hf_datasets()
     before = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
     datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = offline
     try:
@@ -109,7 +123,8 @@ def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> data
     downloaded. Without a network it fails in seconds with one line, instead of retrying
     for half a minute."""
     def load() -> datasets.Dataset:
-        return datasets.load_dataset(corpus.hub, corpus.hub_config or None, split=corpus.split,
+        return hf_datasets().load_dataset(corpus.hub, corpus.hub_config or None,
+                                          split=corpus.split,
                                      cache_dir=str(cache_dir) if cache_dir else None)
 
     try:
