@@ -136,28 +136,25 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
         target.position_encodings.encodings = table.detach().float().numpy()
         target.scale_embeddings = True  # tokens * sqrt(d_model), then + positions
 
-    inputs(spec.encoder, model.src_embed)
-    for i, layer in enumerate(spec.encoder.layer):
-        p = f"encoder_layers.{i}"
+    def self_attention_and_ffn(layer, p: str, attn_block: str) -> None:
         linear(layer.self_attention.linear[0], *(f"{p}.self_attn.{x}_proj" for x in "qkv"))
         linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"{p}.attn_block.norm")
+        norm(layer.self_attention.layer_norm, f"{p}.{attn_block}.norm")
         linear(layer.ffn.linear_0, f"{p}.ffn.inner")
         linear(layer.ffn.linear_1, f"{p}.ffn.outer")
         norm(layer.ffn.layer_norm, f"{p}.ffn_block.norm")
+
+    inputs(spec.encoder, model.src_embed)
+    for i, layer in enumerate(spec.encoder.layer):
+        self_attention_and_ffn(layer, f"encoder_layers.{i}", "attn_block")
     inputs(spec.decoder, model.tgt_embed)
     for i, layer in enumerate(spec.decoder.layer):
         p = f"decoder_layers.{i}"
-        linear(layer.self_attention.linear[0], *(f"{p}.self_attn.{x}_proj" for x in "qkv"))
-        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"{p}.self_block.norm")
+        self_attention_and_ffn(layer, p, "self_block")
         linear(layer.attention.linear[0], f"{p}.cross_attn.q_proj")
         linear(layer.attention.linear[1], f"{p}.cross_attn.k_proj", f"{p}.cross_attn.v_proj")
         linear(layer.attention.linear[2], f"{p}.cross_attn.out_proj")
         norm(layer.attention.layer_norm, f"{p}.cross_block.norm")
-        linear(layer.ffn.linear_0, f"{p}.ffn.inner")
-        linear(layer.ffn.linear_1, f"{p}.ffn.outer")
-        norm(layer.ffn.layer_norm, f"{p}.ffn_block.norm")
     if cfg.norm == "pre":
         norm(spec.encoder.layer_norm, "encoder_norm")
         norm(spec.decoder.layer_norm, "decoder_norm")
@@ -206,12 +203,9 @@ class CT2Translator(Frontend):
                   prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
         refuse_unsupported(opts)
         done = done or (lambda n: None)
-        out, todo = self.blank(lines, opts)
-        done(len(lines) - len(todo))
+        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
         if not todo:
             return out
-        ids = self.encode([lines[i] for i in todo])
-        forced = self.prefix_ids(prefixes, todo)
         limits = [min(max(math.floor(opts.max_len_a * (len(x) + 1) + opts.max_len_b), 1,
                           len(forced[k]) + 1 if forced else 1), self.max_positions - 1)
                   for k, x in enumerate(ids)]  # each sentence's output limit, as native

@@ -118,23 +118,23 @@ class Frontend:
             ids = [x[:limit] for x in ids]
         return ids
 
-    def blank(self, lines: list[str], opts: DecodeOptions
-              ) -> tuple[list[list[Hypothesis]], list[int]]:
-        """The results with empty lines filled in (an empty hypothesis each), and the
-        indices of the lines left to translate."""
+    def prepare(self, lines: list[str], opts: DecodeOptions, done: Callable[[int], None],
+                prefixes: list[str] | None
+                ) -> tuple[list[list[Hypothesis]], list[int], list[list[int]],
+                           list[list[int]] | None]:
+        """Empty lines answered (an empty hypothesis each; `done` is told), the others
+        encoded: the results so far, the indices of the lines left, their source ids
+        and their target prefix ids (None without prefixes)."""
         out: list[list[Hypothesis]] = [[] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         empty = [Hypothesis([], 0.0, 0.0, () if opts.alignments else None)] * opts.nbest
         for i in set(range(len(lines))) - set(todo):
             out[i] = empty
-        return out, todo
-
-    def prefix_ids(self, prefixes: list[str] | None, todo: list[int]) -> list[list[int]] | None:
-        """The target prefix ids of the lines in `todo` (None without prefixes)."""
-        if not prefixes:
-            return None
-        return [x[: self.max_src_tokens - 1]
-                for x in self.tgt_vocab.encode([prefixes[i] for i in todo])]
+        done(len(lines) - len(todo))
+        ids = self.encode([lines[i] for i in todo]) if todo else []
+        forced = ([x[: self.max_src_tokens - 1] for x in self.tgt_vocab.encode(
+            [prefixes[i] for i in todo])] if prefixes and todo else None)
+        return out, todo, ids, forced
 
 
 @dataclass
@@ -176,12 +176,9 @@ class Translator(Frontend):
         if opts.alignments and opts.align_layer is not None:
             check_layer(opts.align_layer, self.models)
         done = done or (lambda n: None)
-        out, todo = self.blank(lines, opts)
-        done(len(lines) - len(todo))
+        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
         if not todo:
             return out
-        ids = self.encode([lines[i] for i in todo])
-        forced = self.prefix_ids(prefixes, todo)
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         model = self.step_model
         for batch in length_batches(order, ids, opts.batch_tokens):
