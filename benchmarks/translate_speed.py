@@ -9,8 +9,10 @@ Translates the source file (Multi30k test2016 by default) with mtkit's batched s
 greedy and beam 5, on the current device and prints one JSON line. With `--compare hf`
 it copies the checkpoint's weights into a Hugging Face `transformers` MarianMTModel of
 the same dimensions (nothing downloaded; `pip install mtkit[bench]`), runs
-`generate(num_beams=5)` on the same length-sorted batches, and prints the speed ratio
-and the share of sentences whose outputs are identical. For a like-for-like search both
+`generate(num_beams=5)` on length-sorted batches of 16, 64 and 256 sentences and of
+mtkit's token batches, times mtkit at 2000 and its default batch tokens, and prints the
+speed ratio of each side at its best batch size, and the share of sentences whose
+outputs are identical. For a like-for-like search both
 rank by plain log-probability (length penalty 0; Hugging Face's penalty is not GNMT's),
 stop a sentence once it has 5 finished hypotheses (`early_stopping=True`), forbid pad and
 bos, and allow up to `--max-len` tokens.
@@ -111,15 +113,19 @@ def marian_copy(model: Transformer):
     return hf.eval()
 
 
-def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, max_len: int):
-    """Hugging Face generate() on the same length-sorted batches mtkit forms."""
+def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, max_len: int,
+            sentences: int | None = None):
+    """Hugging Face generate() on length-sorted batches: of `sentences` sentences each,
+    or (None) the token batches mtkit forms."""
     ids = translator.encode(lines)
     order = sorted(range(len(ids)), key=lambda k: -len(ids[k]))
     outputs: list[list[int]] = [[] for _ in lines]
     device = translator.device
+    batches = (list(length_batches(order, ids, opts.batch_tokens)) if sentences is None
+               else [order[i : i + sentences] for i in range(0, len(order), sentences)])
     with PeakMemory(device) as memory:
         start = time.perf_counter()
-        for batch in length_batches(order, ids, opts.batch_tokens):
+        for batch in batches:
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(device)
             with torch.no_grad():
                 out = hf.generate(input_ids=src, attention_mask=src != PAD, num_beams=opts.beam,
@@ -249,14 +255,28 @@ def main() -> None:
         result[f"{name}_peak_memory_mb"] = round(peak / 2**20)
         outputs[name] = out
     if args.compare == "hf":
+        # Each side at its best batch size: Hugging Face's generate() keeps finished
+        # sentences in the batch, so it prefers small batches; mtkit is swept too.
         hf = marian_copy(translator.model).to(translator.device)
-        opts = DecodeOptions(beam=5, lenpen=0.0, batch_tokens=translator.config.decode.batch_tokens)
-        out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len)
-        result["hf_beam5_sentences_per_s"] = round(len(lines) / elapsed, 1)
-        result["hf_beam5_peak_memory_mb"] = round(peak / 2**20)
-        result["speedup_beam5_vs_hf"] = round(result["beam5_sentences_per_s"]
-                                              / result["hf_beam5_sentences_per_s"], 2)
-        same = sum(a == b for a, b in zip(outputs["beam5"], out))
+        tokens = translator.config.decode.batch_tokens
+        opts = DecodeOptions(beam=5, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len,
+                             batch_tokens=tokens)
+        sweep = {}
+        for size in (16, 64, 256, None):  # None: mtkit's token batches
+            out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, size)
+            sweep[f"{size} sentences" if size else f"{tokens} tokens"] = (elapsed, out, peak)
+        ours = {f"{b} tokens": time_mtkit(translator, lines, replace(opts, batch_tokens=b))[1]
+                for b in (2000, tokens)}
+        hf_best = min(sweep, key=lambda k: sweep[k][0])
+        mt_best = min(ours, key=ours.get)
+        result["hf_beam5_sentences_per_s_by_batch"] = {
+            k: round(len(lines) / v[0], 1) for k, v in sweep.items()}
+        result["mtkit_beam5_sentences_per_s_by_batch"] = {
+            k: round(len(lines) / v, 1) for k, v in ours.items()}
+        result["hf_best_batch"], result["mtkit_best_batch"] = hf_best, mt_best
+        result["hf_beam5_peak_memory_mb"] = round(sweep[hf_best][2] / 2**20)
+        result["speedup_beam5_vs_hf_best"] = round(sweep[hf_best][0] / ours[mt_best], 2)
+        same = sum(a == b for a, b in zip(outputs["beam5"], sweep[hf_best][1]))
         result["identical_outputs_share"] = round(same / len(lines), 3)
     print(json.dumps(result))
 

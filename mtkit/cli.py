@@ -233,7 +233,8 @@ def translate(
     scores: Annotated[bool, typer.Option(help="Append a tab and the score.")] = False,
     max_len_a: MaxLenAOpt = None,
     max_len_b: MaxLenBOpt = None,
-    batch_tokens: Annotated[Opt[int], typer.Option(help="Source tokens per batch.")] = None,
+    batch_tokens: Annotated[Opt[int], typer.Option(
+        help="Source tokens per batch, times the beam (the rows the search carries).")] = None,
     device: DeviceOpt = "auto",
     format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
     no_repeat_ngram: NoRepeatOpt = None,

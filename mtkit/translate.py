@@ -1,9 +1,10 @@
 """Text in, text out: load a checkpoint, stream lines, batch by length, restore order.
 
 `translate_stream` reads whatever lines are available (so it works interactively and
-in a pipe), translates them in length-sorted batches of at most `batch_tokens` source
-tokens, and writes exactly one output line per input line (n lines with `nbest` n),
-in input order, flushed after each chunk. Empty lines give empty lines without
+in a pipe), translates them in length-sorted batches of at most `batch_tokens` / beam
+source tokens (the search carries beam rows per sentence), and writes exactly one
+output line per input line (n lines with `nbest` n), in input order, flushed after
+each chunk. Empty lines give empty lines without
 running the model; invalid UTF-8 is replaced, not fatal; a byte-order mark at the start
 is dropped; a line longer than the model's positions is truncated with one warning, and
 memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are dropped while reading.
@@ -50,7 +51,7 @@ class DecodeOptions:
     lenpen: float = 0.6
     max_len_a: float = 1.2
     max_len_b: int = 10
-    batch_tokens: int = 8000
+    batch_tokens: int = 8000  # source tokens x beam (the rows the search carries) per batch
     nbest: int = 1
     scores: bool = False
     format: Literal["text", "jsonl"] = "text"
@@ -181,7 +182,7 @@ class Translator(Frontend):
             return out
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         model = self.step_model
-        for batch in length_batches(order, ids, opts.batch_tokens):
+        for batch in length_batches(order, ids, max(opts.batch_tokens // opts.beam, 1)):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
             pre = [forced[k] for k in batch] if forced else None
             with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
