@@ -95,9 +95,11 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         folder.rmdir()
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
-        manifest = {"format": FORMAT, "checkpoint": str(checkpoint), "step": step,
-                    "quantization": quantization, "config": config_to_dict(cfg)}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n")
+        manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint), "step": step,
+                               "quantization": quantization, "config": config_to_dict(cfg)},
+                              indent=1, default=str)
+        # All of tmp is renamed into place at the end, so a partial file is never seen:
+        (tmp / MANIFEST).write_text(manifest + "\n")  # written in place on purpose
     return output
 
 
