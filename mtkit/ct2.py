@@ -70,7 +70,7 @@ def check_quantization(quantization: str, device: str = "cpu") -> None:
 def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
                        quantization: str = "float32", force: bool = False) -> Path:
     """Write the CTranslate2 folder of `checkpoint` to `output` (atomically)."""
-    from mtkit.translate import _load_model
+    from mtkit.translate import load_model
 
     ct2 = ctranslate2_module()
     check_quantization(quantization)
@@ -79,7 +79,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         raise ExportError(f"{output} is a file; -o must name a folder")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise ExportError(f"{output} exists and is not empty; add --force to replace it")
-    model, src_vocab, tgt_vocab, cfg, step = _load_model(checkpoint)
+    model, src_vocab, tgt_vocab, cfg, step = load_model(checkpoint)
     spec = model_spec(model, [src_vocab.piece(i) for i in range(len(src_vocab))],
                       [tgt_vocab.piece(i) for i in range(len(tgt_vocab))])
 

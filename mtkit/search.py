@@ -14,6 +14,7 @@ and `Ensemble` makes several models one such step model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Protocol
@@ -140,25 +141,40 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given."""
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    batch = src.size(0)
-    out = torch.full((batch, int(limits.max()) + 1), PAD, dtype=torch.long, device=src.device)
-    alive = torch.arange(batch, device=src.device)  # row of the shrinking batch -> sentence
-    token = torch.full((batch,), BOS, dtype=torch.long, device=src.device)  # (b,)
+    out, _ = _one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
+                          no_repeat_ngram, lambda lprobs, alive: lprobs.argmax(dim=-1))
+    return [strip_specials(row) for row in out.tolist()]
+
+
+def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
+                 limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
+                 pick: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """Decode one output per row (greedy, sampling): R rows, `samples` consecutive rows per
+    sentence; `pick(lprobs (r, V), alive (r,)) -> (r,)` chooses each step's tokens. Rows
+    leave the batch as they end. Returns the outputs (R, L), padded, and their
+    log-probabilities (R,)."""
+    rows, device = memory.size(0), memory.device
+    out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
+    log_prob = torch.zeros(rows, device=device)  # (R,)
+    alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
+    token = torch.full((rows,), BOS, dtype=torch.long, device=device)  # (r,)
     state = None
     step = 0
     while alive.numel():
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
                                         limits[alive], min_len,
                                         out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram, _forced(prefix, alive, step))  # (b, V)
-        token = lprobs.argmax(dim=-1)  # (b,)
+                                        no_repeat_ngram,
+                                        _forced(prefix, alive // samples, step))  # (r, V)
+        token = pick(lprobs, alive)  # (r,)
+        log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         step += 1
-        done = token == EOS  # (b,)
+        done = token == EOS  # (r,)
         if done.any():
             alive, token, memory, src_mask, state = _drop_rows(done, alive, token, memory,
                                                                src_mask, state)
-    return [strip_specials(row) for row in out.tolist()]
+    return out, log_prob
 
 
 def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, memory: Tensor, src_mask: Tensor,
@@ -317,7 +333,8 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
                   min_len: int = 1, no_repeat_ngram: int = 0,
                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
-    from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per sentence. A
+    from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per
+    sentence. A
     hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
     device = src.device
     batch = src.size(0)
@@ -326,32 +343,17 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
     memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
     src_mask = src_mask.repeat_interleave(samples, dim=0)  # (R, S)
     generators = sentence_generators(seeds, samples)
-    rows = batch * samples
-    out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
-    log_prob = torch.zeros(rows, device=device)  # (R,)
-    alive = torch.arange(rows, device=device)  # row of the shrinking batch -> sample row
-    token = torch.full((rows,), BOS, dtype=torch.long, device=device)  # (r,)
-    state = None
-    step = 0
-    while alive.numel():
-        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        limits[alive], min_len,
-                                        out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram,
-                                        _forced(prefix, alive // samples, step))  # (r, V)
-        cdf = sampling_log_probs(lprobs, temperature, topk, topp).exp().cumsum(dim=-1)  # (r, V)
-        # Inverse-CDF draws: one uniform number per row from the row's own generator.
-        u = torch.tensor([torch.rand(1, generator=generators[i]).item() for i in alive.tolist()],
-                         device=device).clamp_(min=1e-12)  # (r,)
+
+    def draw(lprobs: Tensor, alive: Tensor) -> Tensor:
+        """Inverse-CDF draws: one uniform number per row from the row's own generator."""
+        cdf = sampling_log_probs(lprobs, temperature, topk, topp).exp().cumsum(dim=-1)
+        u = torch.tensor([torch.rand(1, generator=generators[i]).item()
+                          for i in alive.tolist()], device=device).clamp_(min=1e-12)  # (r,)
         token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)  # (r,)
-        token = token.clamp_(max=cdf.size(1) - 1)
-        log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
-        out[alive, step] = token
-        step += 1
-        done = token == EOS  # (r,)
-        if done.any():
-            alive, token, memory, src_mask, state = _drop_rows(done, alive, token, memory,
-                                                               src_mask, state)
+        return token.clamp_(max=cdf.size(1) - 1)
+
+    out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, samples, min_len,
+                                 no_repeat_ngram, draw)
     results: list[list[Hypothesis]] = []
     for i in range(batch):
         hyps = []

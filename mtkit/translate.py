@@ -258,7 +258,7 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
     if any(Path(p).is_dir() for p in paths):
         return _load_export(paths, device, device_option)
     dev = resolve_device(device, device_option)
-    loaded = [_load_model(p) for p in paths]
+    loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
     for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
         for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
@@ -287,7 +287,7 @@ def _load_export(paths: list, device: str, device_option: str):
     return CT2Translator(folder, device, device_option)
 
 
-def _load_model(path: str | os.PathLike
+def load_model(path: str | os.PathLike
                 ) -> tuple[Transformer, Vocab, Vocab, Config, int | None]:
     """A checkpoint's model, vocabularies, config and training step (None: averaged)."""
     payload = load_checkpoint(path)
