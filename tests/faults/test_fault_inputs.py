@@ -172,7 +172,9 @@ def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
     assert not (run / "test.hyp").exists() and not (run / "test.scores.json").exists()
     steps = sorted(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.pt"))
     last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
-    assert last["train"]["progress"]["step"] == steps[-1] > 25
+    # The signal may land while step 25 is still being saved; then step 25 is the stop's
+    # checkpoint and nothing newer is written.
+    assert last["train"]["progress"]["step"] == steps[-1] >= 25
 
 
 @pytest.mark.parametrize("args, says", [
