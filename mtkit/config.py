@@ -41,7 +41,10 @@ class CorpusConfig:
     """One split of parallel data. Give exactly one of: `src`+`tgt` (two line-aligned
     text files, plain or .gz), `path` (TSV, JSONL or Parquet with columns `src_col` and
     `tgt_col`, or a `translation` dict column), or `hub` (a dataset name or a local
-    dataset folder for `datasets.load_dataset`, with `hub_config` and `split`)."""
+    dataset folder for `datasets.load_dataset`, with `hub_config` and `split`).
+
+    A split may list several corpora; `weight` k repeats a corpus's pairs k times in the
+    split (upsampling a small in-domain corpus, as WMT recipes do)."""
 
     src: str = ""
     tgt: str = ""
@@ -51,17 +54,21 @@ class CorpusConfig:
     split: str = "train"
     src_col: str = "src"
     tgt_col: str = "tgt"
+    weight: int = field(default=1, metadata=_range(1, 1000))
 
     @property
     def given(self) -> bool:
         return bool(self.src or self.tgt or self.path or self.hub)
 
 
+Corpora = tuple[CorpusConfig, ...]  # in YAML: one mapping, or a list of them
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    train: CorpusConfig = CorpusConfig()
-    valid: CorpusConfig = CorpusConfig(split="validation")
-    test: CorpusConfig = CorpusConfig(split="test")
+    train: Corpora = (CorpusConfig(),)
+    valid: Corpora = (CorpusConfig(split="validation"),)
+    test: Corpora = (CorpusConfig(split="test"),)
     src_lang: str = "en"
     tgt_lang: str = "de"
     # Cleaning (train only, except that empty pairs are dropped everywhere).
@@ -71,6 +78,10 @@ class DataConfig:
     dedup: bool = False
     workers: int = field(default=2, metadata=_range(1, 256))  # encoding processes
     loader_workers: int = field(default=1, metadata=_range(0, 64))  # DataLoader workers
+
+    def corpora(self, split: str) -> Corpora:
+        """The corpora given for `split` (empty when the split is not set)."""
+        return tuple(c for c in getattr(self, split) if c.given)
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,10 @@ def _build(cls, data: Any, prefix: str, where: str):
                     else "valid keys: " + ", ".join(valid))
             raise ConfigError(f"{where}{key} is not a key; {hint}")
         tp = types_[name]
-        if dataclasses.is_dataclass(tp):
+        if typing.get_origin(tp) is tuple:  # a list of corpora (or one mapping)
+            kwargs[name] = _build_list(typing.get_args(tp)[0], value, fields[name].default[0],
+                                       key, where)
+        elif dataclasses.is_dataclass(tp):
             default = fields[name].default
             base = dataclasses.asdict(default) if default is not dataclasses.MISSING else {}
             if value is not None and not isinstance(value, dict):
@@ -241,6 +255,21 @@ def _build(cls, data: Any, prefix: str, where: str):
             _check_range(converted, fields[name].metadata, key, where)
             kwargs[name] = converted
     return cls(**kwargs)
+
+
+def _build_list(cls, value: Any, default, key: str, where: str) -> tuple:
+    """A tuple of `cls` from one mapping or a list of mappings; each starts from `default`."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]  # tuple: a default
+    if not items:
+        raise ConfigError(f"{where}{key} is an empty list; give at least one corpus")
+    base = dataclasses.asdict(default)
+    out = []
+    for i, item in enumerate(items):
+        item_key = f"{key}.{i}" if len(items) > 1 else key
+        if item is not None and not isinstance(item, dict):
+            raise ConfigError(f"{where}{item_key} must be a mapping, got {item!r}")
+        out.append(_build(cls, {**base, **(item or {})}, item_key + ".", where))
+    return tuple(out)
 
 
 def _check_consistency(cfg: Config, where: str) -> None:
@@ -258,12 +287,19 @@ def _check_consistency(cfg: Config, where: str) -> None:
         raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
                           f"exceed train.keep_last ({cfg.train.keep_last})")
     for split in ("train", "valid", "test"):
-        c: CorpusConfig = getattr(cfg.data, split)
-        kinds = [bool(c.src or c.tgt), bool(c.path), bool(c.hub)]
-        if sum(kinds) > 1:
-            raise ConfigError(f"{where}data.{split} must give only one of src/tgt, path, hub")
-        if bool(c.src) != bool(c.tgt):
-            raise ConfigError(f"{where}data.{split} needs both src and tgt files")
+        corpora = getattr(cfg.data, split)
+        for i, c in enumerate(corpora):
+            name = f"data.{split}" + (f".{i}" if len(corpora) > 1 else "")
+            kinds = [bool(c.src or c.tgt), bool(c.path), bool(c.hub)]
+            if sum(kinds) > 1:
+                raise ConfigError(f"{where}{name} must give only one of src/tgt, path, hub")
+            if bool(c.src) != bool(c.tgt):
+                raise ConfigError(f"{where}{name} needs both src and tgt files")
+            if len(corpora) > 1 and not c.given:
+                raise ConfigError(f"{where}{name}: no data given (src/tgt, path or hub)")
+            if c.weight != 1 and split != "train":
+                raise ConfigError(f"{where}{name}.weight: weights apply to data.train only "
+                                  f"(a {split} set is scored as it is)")
 
 
 def config_from_dict(data: dict, where: str = "") -> Config:
@@ -275,7 +311,12 @@ def config_from_dict(data: dict, where: str = "") -> Config:
 
 
 def config_to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """Plain data for YAML: a split of one corpus is a mapping, of several a list."""
+    out = dataclasses.asdict(cfg)
+    for split in ("train", "valid", "test"):
+        corpora = out["data"][split]
+        out["data"][split] = corpora[0] if len(corpora) == 1 else list(corpora)
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -299,18 +340,35 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
     for text in overrides:
         parts, value = parse_override(text)
         node = out
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[parts[-1]] = value
+        for depth, part in enumerate(parts[:-1]):
+            node = _child(node, part, ".".join(parts[:depth + 1]))
+        if isinstance(node, list):
+            _child(node, parts[-1], ".".join(parts))  # checks the index
+            node[int(parts[-1])] = value
+        else:
+            node[parts[-1]] = value
     return out
 
 
+def _child(node: dict | list, part: str, key: str) -> dict | list:
+    """The mapping (made when missing) or list under `part`; a list is indexed by number
+    (`data.train.1.weight=3`)."""
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise ConfigError(f"--set {key}: {key.rsplit('.', 1)[0]} is a list of "
+                              f"{len(node)}; address an item by its index, 0 to {len(node) - 1}")
+        return node[int(part)]
+    child = node.get(part)
+    if not isinstance(child, (dict, list)):
+        child = {}
+        node[part] = child
+    return child
+
+
 def _deep_copy(d: Any) -> Any:
-    return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    return [_deep_copy(v) for v in d] if isinstance(d, list) else d
 
 
 def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] = ()) -> Config:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 import logging
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from mtkit.atomic import remove_leftovers, write_atomic
 from mtkit.config import Config, TokenizerConfig, save_config
-from mtkit.data.sources import DataError, clean_pairs, load_pairs
+from mtkit.data.sources import Corpus, DataError, clean, open_split
 from mtkit.rundir import run_lock
 
 log = logging.getLogger(__name__)
@@ -74,13 +74,11 @@ def vocab_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
 
 
 def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes:
-    """Train one SentencePiece model on `sentences`; returns the serialized model."""
+    """Train one SentencePiece model on `sentences` (all of them: `sample_pairs` chooses
+    them); returns the serialized model."""
     lines = [s for s in sentences if s]
     if not lines:
         raise TokenizerError("no text to train the tokenizer on")
-    if cfg.input_sentence_size and len(lines) > cfg.input_sentence_size:
-        # Sample here rather than in SentencePiece so the choice follows our seed.
-        lines = random.Random(cfg.seed).sample(lines, cfg.input_sentence_size)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -100,6 +98,31 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes
         raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} cannot be trained on "
                              f"{len(lines)} sentences: {reason}") from None
     return model.getvalue()
+
+
+def sample_pairs(corpora: Sequence[Corpus], sentences: int, seed: int
+                 ) -> tuple[list[str], list[str]]:
+    """A seeded uniform sample of `sentences` pairs (0: all) over the corpora taken as one
+    stream, cleaned; pairs with an empty side are left out. Only the sampled pairs are
+    kept in memory, and the sample is the same whatever the chunk size."""
+    total = sum(c.size for c in corpora)
+    if sentences and sentences < total:
+        chosen = np.sort(np.random.default_rng(seed).choice(total, sentences, replace=False))
+    else:
+        chosen = np.arange(total)
+    src: list[str] = []
+    tgt: list[str] = []
+    start = 0  # index of the chunk's first pair in the whole stream
+    for corpus in corpora:
+        for chunk_src, chunk_tgt in corpus.chunks():
+            end = start + len(chunk_src)
+            lo, hi = np.searchsorted(chosen, [start, end])
+            picked = (chosen[lo:hi] - start).tolist()
+            s, t, keep = clean([chunk_src[i] for i in picked], [chunk_tgt[i] for i in picked])
+            src += [x for x, k in zip(s, keep, strict=True) if k]
+            tgt += [x for x, k in zip(t, keep, strict=True) if k]
+            start = end
+    return src, tgt
 
 
 def write_vocab_files(model_proto: bytes, model_path: Path) -> None:
@@ -136,17 +159,25 @@ def load_vocabs(run_dir: Path, joint: bool) -> tuple[Vocab, Vocab]:
 
 
 def build_tokenizer(cfg: Config) -> list[Path]:
-    """The `mtkit tokenizer` stage: read and clean the training pairs, train, write
-    RUN/spm.model (or spm.src/spm.tgt) and RUN/config.yaml."""
-    if not cfg.data.train.given:
+    """The `mtkit tokenizer` stage: sample and clean training pairs (streamed, so the
+    corpus never sits whole in memory), train, write RUN/spm.model (or spm.src/spm.tgt)
+    and RUN/config.yaml. A joint model samples `input_sentence_size` sentences as half
+    as many pairs; separate models take that many pairs, one side each."""
+    if not cfg.data.corpora("train"):
         raise DataError("data.train is not set")
     run = cfg.run_path
     with run_lock(run, "tokenizer"):
         remove_leftovers(run, ("spm*", "config.yaml"))
-        pairs = clean_pairs(load_pairs(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang,
-                                       run / "cache"))
-        if not len(pairs):
-            raise DataError(f"{pairs.origin}: no pairs left after cleaning ({pairs.report})")
-        paths = train_tokenizer(pairs.src, pairs.tgt, cfg.tokenizer, run)
+        corpora = open_split(cfg.data, "train", run / "cache")
+        tc = cfg.tokenizer
+        size = tc.input_sentence_size
+        src, tgt = sample_pairs(corpora, max(size // 2, 1) if size and tc.joint else size,
+                                tc.seed)
+        if not src:
+            raise DataError(f"{' and '.join(c.origin for c in corpora)}: no pairs left after "
+                            f"cleaning")
+        log.info("training the tokenizer on %d sampled pairs of %d", len(src),
+                 sum(c.size for c in corpora))
+        paths = train_tokenizer(src, tgt, tc, run)
         save_config(cfg, run / "config.yaml")
     return paths

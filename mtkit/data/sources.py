@@ -1,25 +1,37 @@
-"""Reading parallel text through Hugging Face `datasets`, and cleaning it (I/O).
+"""Reading parallel text as a stream of chunks, and cleaning it (I/O).
 
-Every source becomes two aligned lists of strings, `src` and `tgt`. Supported sources
-(see `CorpusConfig`): two line-aligned text files (plain or .gz), a TSV / JSONL / Parquet
-file with source and target columns or a `translation` dict column, or a hub dataset
-(name or local dataset folder) with a config and split.
+Every source is opened as a `Corpus`: its size is known before a pair is read (so that
+line counts are checked before anything is written), and it yields chunks of aligned
+source and target strings, so that no stage holds a whole corpus in memory. Supported
+sources (see `CorpusConfig`): two line-aligned text files (plain or .gz), streamed line
+by line; a TSV / JSONL / Parquet file with source and target columns or a `translation`
+dict column, or a hub dataset (name or local dataset folder) with a config and split,
+both read through Hugging Face `datasets`, whose Arrow files are memory-mapped.
+
+Cleaning is per chunk (`clean`); exact duplicates are found by a 64-bit hash of the
+cleaned pair (`pair_hashes`, `SeenHashes`), so dedup keeps 8 bytes per pair, not the text.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import hashlib
 import logging
 import socket
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import islice, zip_longest
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import urlparse
 
-from mtkit.atomic import write_failure
-from mtkit.config import CorpusConfig
+import numpy as np
+
+from mtkit.atomic import reason, write_failure
+from mtkit.config import CorpusConfig, DataConfig
 
 if TYPE_CHECKING:
     import datasets
@@ -44,17 +56,24 @@ class DataError(ValueError):
     """Unusable input data (one line naming the file)."""
 
 
-@dataclass
-class Pairs:
-    """Aligned source and target sentences, and where they came from."""
+CHUNK_PAIRS = 10_000  # pairs per chunk: large enough to batch, small enough to stream
 
-    src: list[str]
-    tgt: list[str]
+Chunk = tuple[list[str], list[str]]  # aligned source and target sentences
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One opened corpus: where it came from, how many raw pairs it has (before
+    cleaning), its weight (times its pairs are repeated) and its chunks, read on demand."""
+
     origin: str
-    report: dict[str, int] = field(default_factory=dict)  # filter name -> pairs dropped
+    size: int
+    weight: int
+    _read: Callable[[int], Iterator[Chunk]]
 
-    def __len__(self) -> int:
-        return len(self.src)
+    def chunks(self, size: int = CHUNK_PAIRS) -> Iterator[Chunk]:
+        """The corpus's pairs in order, `size` at a time (the last chunk may be shorter)."""
+        return self._read(size)
 
 
 def _root_cause(e: BaseException) -> BaseException:
@@ -81,15 +100,6 @@ def _load(builder: str, path: str, cache_dir: Path | None, **kwargs) -> datasets
         raise DataError(f"{path}: cannot read ({type(cause).__name__}: "
                         f"{str(cause).splitlines()[0] if str(cause) else 'unknown error'})"
                         ) from None
-
-
-def _text_lines(path: str, cache_dir: Path | None) -> list[str]:
-    """A text file's lines; a UTF-8 byte-order mark at its start is dropped."""
-    ds = _load("text", path, cache_dir, encoding="utf-8", encoding_errors="strict")
-    lines = list(ds["text"])
-    if lines:
-        lines[0] = lines[0].removeprefix("\ufeff")
-    return lines
 
 
 @contextmanager
@@ -149,48 +159,134 @@ def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> data
                         f"{str(cause).splitlines()[0] if str(cause) else ''})") from None
 
 
-def _columns(ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tgt_lang: str,
-             origin: str) -> tuple[list[str], list[str]]:
+
+
+# --- two line-aligned text files, streamed -------------------------------------------
+
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+
+
+def _open_bytes(path: str) -> BinaryIO:
+    try:
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({reason(e)})") from None
+
+
+def _read_failure(path: str, line: int, e: Exception) -> DataError:
+    """A one-line error for a file that failed while being read, after `line` lines."""
+    if isinstance(e, _GZIP_ERRORS):
+        detail = str(e) or type(e).__name__
+        return DataError(f"{path}: corrupt or truncated gzip data after line {line} ({detail})")
+    return DataError(f"{path}: cannot read after line {line} ({reason(e)})")
+
+
+def count_lines(path: str) -> int:
+    """Lines in a text file (plain or .gz) as `_text_chunks` reads them: a last line without
+    its newline counts. Reads the whole file once, in blocks, without decoding it."""
+    lines, last = 0, b"\n"
+    with _open_bytes(path) as f:
+        try:
+            while block := f.read(1 << 20):
+                lines += block.count(b"\n")
+                last = block[-1:]
+        except (*_GZIP_ERRORS, OSError) as e:
+            raise _read_failure(path, lines, e) from None
+    return lines + (last != b"\n")
+
+
+def _decode(lines: list[bytes], path: str, first_line: int) -> list[str]:
+    try:
+        return [x.decode("utf-8").removesuffix("\n") for x in lines]
+    except UnicodeDecodeError:
+        for i, x in enumerate(lines):
+            try:
+                x.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: line {first_line + i} is not valid UTF-8 (byte "
+                                f"{e.start}: {x[e.start:e.start + 4]!r})") from None
+        raise
+
+
+def _text_chunks(path: str, size: int) -> Iterator[list[str]]:
+    """A text file's lines, `size` at a time; a UTF-8 byte-order mark at its start is
+    dropped. Errors name the file and the line."""
+    done = 0
+    with _open_bytes(path) as f:
+        while True:
+            try:
+                raw = list(islice(f, size))
+            except (*_GZIP_ERRORS, OSError) as e:
+                raise _read_failure(path, done, e) from None
+            if not raw:
+                return
+            lines = _decode(raw, path, done + 1)
+            if done == 0:
+                lines[0] = lines[0].removeprefix("\ufeff")
+            done += len(lines)
+            yield lines
+
+
+def _open_text_pair(corpus: CorpusConfig) -> Corpus:
+    n_src, n_tgt = count_lines(corpus.src), count_lines(corpus.tgt)
+    if n_src != n_tgt:
+        raise DataError(f"line counts differ: {corpus.src} has {n_src} lines, "
+                        f"{corpus.tgt} has {n_tgt}")
+
+    def read(size: int) -> Iterator[Chunk]:
+        for src, tgt in zip_longest(_text_chunks(corpus.src, size),
+                                    _text_chunks(corpus.tgt, size), fillvalue=[]):
+            if len(src) != len(tgt):
+                raise DataError(f"{corpus.src} and {corpus.tgt} changed while being read")
+            yield src, tgt
+
+    return Corpus(f"{corpus.src} + {corpus.tgt}", n_src, corpus.weight, read)
+
+
+# --- tables (TSV, JSONL, Parquet, hub datasets), through memory-mapped Arrow ----------
+
+
+def _table_columns(ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tgt_lang: str,
+                   origin: str) -> Callable[[dict], Chunk]:
+    """Check the columns once; returns how to take (src, tgt) out of a batch of rows."""
     names = ds.column_names
     if "__index_level_0__" in names:  # pandas took a first column for the index
         raise DataError(f"{origin}: the first row has more tab-separated fields than the "
                         f"header; a tab inside a sentence? (columns would shift)")
     if corpus.src_col in names and corpus.tgt_col in names:
-        return list(ds[corpus.src_col]), list(ds[corpus.tgt_col])
-    if "translation" in names:
-        rows = ds["translation"]
+        return lambda batch: (batch[corpus.src_col], batch[corpus.tgt_col])
+    if "translation" not in names:
+        raise DataError(f"{origin}: no columns {corpus.src_col!r} and {corpus.tgt_col!r} "
+                        f"(nor 'translation'); it has {names}")
+
+    def split(batch: dict) -> Chunk:
+        rows = batch["translation"]
         try:
             return [r[src_lang] for r in rows], [r[tgt_lang] for r in rows]
         except (KeyError, TypeError):
-            first = rows[0] if len(rows) else {}
+            first = rows[0] if rows else {}
             keys = sorted(first) if isinstance(first, dict) else first
             raise DataError(f"{origin}: the translation column has keys {keys}, not "
-                            f"data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r}") from None
-    raise DataError(f"{origin}: no columns {corpus.src_col!r} and {corpus.tgt_col!r} "
-                    f"(nor 'translation'); it has {names}")
+                            f"data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r}"
+                            ) from None
+
+    return split
 
 
-def _as_str(values: list, origin: str) -> list[str]:
-    out = []
+def _as_str(values: list, origin: str, first_row: int) -> list[str]:
     for i, v in enumerate(values):
-        if v is None:
-            v = ""
         if not isinstance(v, str):
-            raise DataError(f"{origin}: row {i + 1} is {type(v).__name__}, not text")
-        out.append(v)
-    return out
+            if v is not None:
+                raise DataError(f"{origin}: row {first_row + i} is {type(v).__name__}, "
+                                f"not text")
+            values[i] = ""
+    return values
 
 
-def load_pairs(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
-               cache_dir: Path | None = None) -> Pairs:
-    """Read one split as aligned pairs. A line-count mismatch is a `DataError`."""
-    if corpus.src:
-        src = _text_lines(corpus.src, cache_dir)
-        tgt = _text_lines(corpus.tgt, cache_dir)
-        if len(src) != len(tgt):
-            raise DataError(f"line counts differ: {corpus.src} has {len(src)} lines, "
-                            f"{corpus.tgt} has {len(tgt)}")
-        return Pairs(src, tgt, f"{corpus.src} + {corpus.tgt}")
+def _open_table(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
+                cache_dir: Path | None) -> Corpus:
     if corpus.path:
         origin = corpus.path
         suffix = Path(corpus.path.removesuffix(".gz")).suffix.lower()
@@ -200,34 +296,83 @@ def load_pairs(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
                             f"or .parquet (or src/tgt for two text files)")
         extra = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if builder == "csv" else {}
         ds = _load(builder, corpus.path, cache_dir, **extra)
-    elif corpus.hub:
+    else:
         origin = f"{corpus.hub}" + (f"/{corpus.hub_config}" if corpus.hub_config else "")
         origin += f" [{corpus.split}]"
         ds = _load_hub(corpus, origin, cache_dir)
-    else:
-        raise DataError("no data given for this split")
-    src, tgt = _columns(ds, corpus, src_lang, tgt_lang, origin)
-    return Pairs(_as_str(src, origin), _as_str(tgt, origin), origin)
+    columns = _table_columns(ds, corpus, src_lang, tgt_lang, origin)
+    if len(ds):
+        columns(ds[:1])  # a translation column without the languages fails now, not later
+
+    def read(size: int) -> Iterator[Chunk]:
+        for start in range(0, len(ds), size):
+            src, tgt = columns(ds[start:start + size])
+            yield _as_str(src, origin, start + 1), _as_str(tgt, origin, start + 1)
+
+    return Corpus(origin, len(ds), corpus.weight, read)
 
 
-def clean_pairs(pairs: Pairs, dedup: bool = False) -> Pairs:
-    """Strip whitespace, drop pairs with an empty side and (optionally) exact duplicates.
+def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
+                cache_dir: Path | None = None) -> Corpus:
+    """Open one corpus: check that it can be read and count its pairs (a line-count
+    mismatch between two text files is a `DataError` here, before anything is read)."""
+    if corpus.src:
+        return _open_text_pair(corpus)
+    if corpus.path or corpus.hub:
+        return _open_table(corpus, src_lang, tgt_lang, cache_dir)
+    raise DataError("no data given for this split")
 
-    Length filters need subword counts and run at encoding time (`data/shards.py`).
-    """
-    src, tgt = [], []
-    report = {"empty": 0, "duplicate": 0}
-    seen: set[tuple[str, str]] = set()
-    for s, t in zip(pairs.src, pairs.tgt, strict=True):
-        s, t = " ".join(s.split()), " ".join(t.split())  # strip, collapse inner whitespace
-        if not s or not t:
-            report["empty"] += 1
-            continue
-        if dedup:
-            if (s, t) in seen:
-                report["duplicate"] += 1
-                continue
-            seen.add((s, t))
-        src.append(s)
-        tgt.append(t)
-    return Pairs(src, tgt, pairs.origin, {**pairs.report, **report})
+
+def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> list[Corpus]:
+    """Every corpus of a split, opened (empty when the split is not set)."""
+    return [open_corpus(c, cfg.src_lang, cfg.tgt_lang, cache_dir) for c in cfg.corpora(split)]
+
+
+# --- cleaning and exact-duplicate removal --------------------------------------------
+
+
+def clean(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], np.ndarray]:
+    """Strip and collapse whitespace on both sides; returns the cleaned sides and the
+    mask of pairs to keep (both sides non-empty). Length filters need subword counts and
+    run at encoding time (`data/shards.py`)."""
+    src = [" ".join(x.split()) for x in src]
+    tgt = [" ".join(x.split()) for x in tgt]
+    keep = np.fromiter((bool(s) and bool(t) for s, t in zip(src, tgt, strict=True)),
+                       dtype=bool, count=len(src))
+    return src, tgt, keep
+
+
+def pair_hashes(src: list[str], tgt: list[str]) -> np.ndarray:
+    """A 64-bit hash of each cleaned pair (BLAKE2b, so the same in every process and run).
+    Cleaned sentences hold no tab, so "src<TAB>tgt" is unambiguous."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest(), "little")
+         for s, t in zip(src, tgt, strict=True)), dtype=np.uint64, count=len(src))
+
+
+class SeenHashes:
+    """The set of pair hashes seen so far, as a few sorted uint64 arrays (8 bytes a pair).
+
+    Arrays are merged like the digits of a binary counter, so there are O(log n) of them
+    and each hash is merged O(log n) times."""
+
+    def __init__(self) -> None:
+        self._levels: list[np.ndarray] = []  # sorted, largest first
+
+    def __len__(self) -> int:
+        return sum(len(x) for x in self._levels)
+
+    def first_seen(self, hashes: np.ndarray) -> np.ndarray:
+        """Mask of the hashes never seen before (a repeat within `hashes` counts as seen
+        after its first place); adds them to the set."""
+        new = np.zeros(len(hashes), dtype=bool)
+        new[np.unique(hashes, return_index=True)[1]] = True
+        for level in self._levels:
+            pos = np.minimum(np.searchsorted(level, hashes), len(level) - 1)
+            new &= level[pos] != hashes
+        added = np.sort(hashes[new])
+        while self._levels and len(self._levels[-1]) <= len(added):
+            added = np.sort(np.concatenate([self._levels.pop(), added]), kind="stable")
+        if len(added):
+            self._levels.append(added)
+        return new
