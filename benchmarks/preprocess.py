@@ -8,12 +8,14 @@ synthetic corpus of issue 9 in a temporary folder: the embedded Multi30k trainin
 repeated with a numbered suffix (" 17" on both sides), so no two of the N pairs are
 equal, as two plain text files. Valid and test stay the config's.
 
-Each stage runs as its own `mtkit` process (`tokenizer`, then `preprocess`). Peak RSS is
+Each stage runs as its own `mtkit` process (`tokenizer`, then `preprocess`, and with
+`--train` one step of `mtkit train`, timed from launch to the step). Peak RSS is
 of the whole process tree (encoding workers included), sampled every 20 ms. Then one
 epoch of token-bucketed batches is formed from the shard, as `mtkit train` does at start,
 and its padding share is reported next to a sentence-count batcher (random batches of
 the same mean size). Prints one JSON line. Goals (issue 9, at 4.5M pairs): preprocess
-peak RSS <= 1 GB, >= 50,000 pairs/s; tokenizer <= 60 s; padding < 5%.
+peak RSS <= 1 GB, >= 50,000 pairs/s; tokenizer <= 60 s; padding < 5%; train's first
+step within 30 s of launch.
 """
 
 from __future__ import annotations
@@ -106,6 +108,21 @@ def run_stage(args: list[str]) -> dict:
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak / 2**20)}
 
 
+def first_step(common: list[str], run_dir: Path) -> dict:
+    """`mtkit train` for one step: seconds from launch to its first step's record in
+    metrics.jsonl (start-up: opening and verifying the shards, the sampler, the model),
+    and the peak RSS of the run."""
+    launched = time.time()
+    stats = run_stage(["train", *common, "--no-resume", "--set", "train.max_steps=1",
+                       "--set", "train.log_every=1", "--set", "train.valid_every=1000000",
+                       "--set", "train.max_time=0"])
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "train" and record["step"] == 1:
+            return {"first_step_s": round(record["time"] - launched, 2), **stats}
+    sys.exit("no training step was logged")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k.yaml")
@@ -113,6 +130,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--workers", type=int, default=0, help="data.workers (0: config's)")
     parser.add_argument("--keep", help="build the run here and keep it (default: temp)")
+    parser.add_argument("--train", action="store_true",
+                        help="also time `mtkit train` from launch to its first step")
     args = parser.parse_args()
     config = yaml.safe_load((ROOT / args.config).read_text())
 
@@ -129,6 +148,7 @@ def main() -> None:
         common = ["-c", str(ROOT / args.config), *sets]
         tokenizer = run_stage(["tokenizer", *common])
         preprocess = run_stage(["preprocess", *common])
+        train = first_step(common, run_dir) if args.train else None
         start = time.perf_counter()
         data = ShardDataset(run_dir / "data" / "train")
         src, tgt = data.src_lengths, data.tgt_lengths
@@ -148,6 +168,7 @@ def main() -> None:
         "tokenizer": {**tokenizer, "pairs_per_s": round(read / tokenizer["wall_s"])},
         "preprocess": {**preprocess, "pairs_per_s": round(read / preprocess["wall_s"])},
         "open_and_batch_s": round(sampler_s, 2),
+        **({"train": train} if train else {}),
         "max_tokens": args.max_tokens,
         "batches": len(batches),
         "mean_batch_pairs": round(mean_size, 1),

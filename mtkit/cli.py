@@ -45,21 +45,20 @@ SetOpt = Annotated[
 ]
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from mtkit.atomic import SameFileError
-    from mtkit.checkpoint import CheckpointError
-    from mtkit.ct2 import ExportError
-    from mtkit.data.sources import DataError
-    from mtkit.device import DeviceError
-    from mtkit.evaluate import EvalError
-    from mtkit.pipeline import Interrupted
-    from mtkit.rundir import RunDirError
-    from mtkit.tokenizer import TokenizerError
-    from mtkit.train import TrainError
+_USER_ERRORS = (("mtkit.device", "DeviceError"), ("mtkit.data.sources", "DataError"),
+                ("mtkit.tokenizer", "TokenizerError"), ("mtkit.checkpoint", "CheckpointError"),
+                ("mtkit.train", "TrainError"), ("mtkit.evaluate", "EvalError"),
+                ("mtkit.atomic", "SameFileError"), ("mtkit.rundir", "RunDirError"),
+                ("mtkit.ct2", "ExportError"), ("mtkit.pipeline", "Interrupted"))
 
-    return (ConfigError, OptionError, DeviceError, DataError, TokenizerError, CheckpointError,
-            TrainError, EvalError, SameFileError, RunDirError, ExportError, Interrupted,
-            OSError)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that are user errors. Only modules already imported can have raised
+    one, so this imports nothing (importing them all would pull in torch, 2 s, into
+    commands that never use it)."""
+    loaded = tuple(getattr(sys.modules[module], name) for module, name in _USER_ERRORS
+                   if module in sys.modules)
+    return (ConfigError, OptionError, *loaded, OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -77,8 +76,6 @@ def _message(e: BaseException) -> str:
 def _reported() -> Iterator[None]:
     """Turn known user errors into one line on stderr and exit code 2; Ctrl-C into
     "interrupted" and exit code 130."""
-    from mtkit.pipeline import Interrupted
-
     try:
         yield
     except KeyboardInterrupt:
@@ -88,7 +85,8 @@ def _reported() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(code=128 + signal.SIGPIPE) from None
     except _user_errors() as e:
-        if isinstance(e, Interrupted):
+        pipeline = sys.modules.get("mtkit.pipeline")
+        if pipeline is not None and isinstance(e, pipeline.Interrupted):
             typer.echo(f"interrupted: {e}", err=True)
             raise typer.Exit(code=128 + signal.Signals[e.signal_name].value) from None
         prefix = "config error: " if isinstance(e, ConfigError) else "error: "

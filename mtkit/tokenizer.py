@@ -176,7 +176,7 @@ def build_tokenizer(cfg: Config) -> list[Path]:
         if not src:
             raise DataError(f"{' and '.join(c.origin for c in corpora)}: no pairs left after "
                             f"cleaning")
-        log.info("training the tokenizer on %d sampled pairs of %d", len(src),
+        log.debug("training the tokenizer on %d sampled pairs of %d", len(src),
                  sum(c.size for c in corpora))
         paths = train_tokenizer(src, tgt, tc, run)
         save_config(cfg, run / "config.yaml")

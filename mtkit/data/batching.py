@@ -80,18 +80,19 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     s, t = src_cost[order], tgt_cost[order]
     bucket = t // 2
     snake = np.where(bucket % 2 == 0, s, -s)
-    order = order[np.lexsort((t, snake, bucket))]  # stable: keeps ties in shuffled order
+    order = order[np.lexsort((t, snake, bucket))].astype(np.int32)  # stable: ties stay shuffled
+    cost = np.maximum(src_cost, tgt_cost)[order]  # a pair's padded width, in batch order
+    # Greedy cut: a batch grows while (pairs) * (widest pair so far) fits `max_tokens`.
+    # That product never falls as the batch grows, so each cut is found with one
+    # vectorized look at the widest the batch could be: max_tokens // its first width.
     batches, start = [], 0
-    max_s = max_t = 0
-    sorted_costs = zip(src_cost[order].tolist(), tgt_cost[order].tolist(), strict=True)
-    for pos, (s, t) in enumerate(sorted_costs):
-        s, t = max(max_s, s), max(max_t, t)
-        if pos > start and (pos - start + 1) * max(s, t) > max_tokens:
-            batches.append(order[start:pos])
-            start, s, t = pos, int(src_cost[order[pos]]), int(tgt_cost[order[pos]])
-        max_s, max_t = s, t
-    if n > start:
-        batches.append(order[start:])
+    while start < n:
+        window = cost[start:start + max_tokens // max(int(cost[start]), 1) + 1]
+        fits = np.arange(1, len(window) + 1) * np.maximum.accumulate(window) <= max_tokens
+        fits[0] = True  # a pair wider than max_tokens forms a batch of one
+        end = start + (int(np.argmin(fits)) if not fits.all() else len(window))
+        batches.append(order[start:end])
+        start = end
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches

@@ -175,12 +175,21 @@ def _open_bytes(path: str) -> BinaryIO:
         raise DataError(f"{path}: cannot read ({reason(e)})") from None
 
 
-def _read_failure(path: str, line: int, e: Exception) -> DataError:
-    """A one-line error for a file that failed while being read, after `line` lines."""
+def _read_failure(path: str, e: Exception) -> DataError:
+    """A one-line error for a file that failed while being read, naming the line: the
+    file is read again, line by line, up to the failure."""
+    lines = 0
+    try:
+        with _open_bytes(path) as f:
+            for _ in f:
+                lines += 1
+    except (*_GZIP_ERRORS, OSError):
+        pass
     if isinstance(e, _GZIP_ERRORS):
         detail = str(e) or type(e).__name__
-        return DataError(f"{path}: corrupt or truncated gzip data after line {line} ({detail})")
-    return DataError(f"{path}: cannot read after line {line} ({reason(e)})")
+        return DataError(f"{path}: corrupt or truncated gzip data at line {lines + 1} "
+                         f"({detail})")
+    return DataError(f"{path}: cannot read at line {lines + 1} ({reason(e)})")
 
 
 def count_lines(path: str) -> int:
@@ -193,7 +202,7 @@ def count_lines(path: str) -> int:
                 lines += block.count(b"\n")
                 last = block[-1:]
         except (*_GZIP_ERRORS, OSError) as e:
-            raise _read_failure(path, lines, e) from None
+            raise _read_failure(path, e) from None
     return lines + (last != b"\n")
 
 
@@ -219,7 +228,7 @@ def _text_chunks(path: str, size: int) -> Iterator[list[str]]:
             try:
                 raw = list(islice(f, size))
             except (*_GZIP_ERRORS, OSError) as e:
-                raise _read_failure(path, done, e) from None
+                raise _read_failure(path, e) from None
             if not raw:
                 return
             lines = _decode(raw, path, done + 1)

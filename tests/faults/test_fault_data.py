@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -91,6 +95,49 @@ def test_leftovers_of_a_killed_preprocess_are_removed_by_the_next_one(work):
     result = cli("preprocess", "-c", work / "exp.yaml")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".data")) == []
+
+
+def test_preprocess_killed_mid_way_then_rerun_writes_the_same_shards(work):
+    """SIGKILL right after the first chunk of train reached the shard files."""
+    run = work / "run"
+    finished = {s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
+                for s in ("train", "valid", "test")}  # from one uninterrupted preprocess
+    shutil.rmtree(run / "data")
+    killer = ("import os, signal, sys\n"
+              "from mtkit.data import shards\n"
+              "append = shards.ShardWriter.append\n"
+              "def append_then_die(self, chunk, keep):\n"
+              "    append(self, chunk, keep)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "shards.ShardWriter.append = append_then_die\n"
+              "from mtkit.cli import app\n"
+              "app(['preprocess', '-c', sys.argv[1]])\n")
+    killed = subprocess.run([sys.executable, "-c", killer, str(work / "exp.yaml")],
+                            capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    partial = [p for p in run.iterdir() if p.name.startswith(".data.")]
+    assert partial and (partial[0] / "train" / "src.bin").stat().st_size > 0
+    assert not (run / "data").exists()  # nothing a later stage could take for finished
+    with pytest.raises(DataError, match=r"no finished shard here"):
+        ShardDataset(partial[0] / "train")
+    assert cli("preprocess", "-c", work / "exp.yaml").exit_code == 0
+    again = {s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
+             for s in ("train", "valid", "test")}
+    assert again == finished
+    assert not [p for p in run.iterdir() if p.name.startswith(".data.")]
+
+
+def test_corpora_whose_sides_differ_stop_before_anything_is_written(work, corpus):
+    short = work / "short.de"
+    short.write_text("".join(corpus["train.de"].read_text().splitlines(True)[:1999]))
+    before = snapshot(work / "run")
+    config = work / "exp.yaml"
+    extra = (f"data.train=[{{src: {corpus['train.en']}, tgt: {corpus['train.de']}}}, "
+             f"{{src: {corpus['train.en']}, tgt: {short}, weight: 2}}]")
+    assert_one_line(cli("preprocess", "-c", config, "--set", extra),
+                    says=f"error: line counts differ: {corpus['train.en']} has 2000 lines, "
+                         f"{short} has 1999")
+    assert snapshot(work / "run") == before
 
 
 def test_a_valid_pair_longer_than_the_positions_does_not_stop_training(work, corpus):

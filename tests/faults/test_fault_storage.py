@@ -9,6 +9,8 @@ import subprocess
 import pytest
 import torch
 
+from mtkit.data.shards import _HashedFile
+
 from faultkit import assert_one_line, cli, snapshot
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -57,16 +59,15 @@ def test_disk_full_while_preprocessing_leaves_the_old_data(work, monkeypatch):
     run = work / "run"
     before = snapshot(run / "data")
     calls = []
+    write = _HashedFile.write
 
-    def write_until_full(path, data, files):
-        calls.append(path)
-        if len(calls) > 2:
+    def write_until_full(self, data):
+        calls.append(self.path)
+        if len(calls) > 4:  # mid-way through the first chunk of train
             raise ENOSPC
-        with open(path, "xb") as f:
-            f.write(bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data)
-        files[path.name] = {"bytes": 0, "sha256": ""}
+        write(self, data)
 
-    monkeypatch.setattr("mtkit.data.shards._write_file", write_until_full)
+    monkeypatch.setattr(_HashedFile, "write", write_until_full)
     assert_one_line(cli("preprocess", "-c", work / "exp.yaml"),
                     says=f"error: no space left on device while writing {run}/data")
     assert snapshot(run / "data") == before

@@ -85,9 +85,35 @@ def test_yaml_round_trip_gives_an_equal_config(tmp_path):
 
 def test_defaults_and_nested_corpus_defaults():
     cfg = config_from_dict({"data": {"train": {"src": "a", "tgt": "b"}}})
-    assert cfg.data.valid.split == "validation" and not cfg.data.valid.given
-    assert cfg.data.train.given and config_to_dict(cfg)["data"]["train"]["src"] == "a"
+    assert cfg.data.valid[0].split == "validation" and not cfg.data.corpora("valid")
+    assert cfg.data.train[0].given and config_to_dict(cfg)["data"]["train"]["src"] == "a"
     assert Config() == config_from_dict({})
+
+
+def test_a_split_may_list_several_corpora_with_weights(tmp_path):
+    data = {"data": {"train": [{"src": "a.en", "tgt": "a.de"}, {"path": "b.tsv", "weight": 4}],
+                     "valid": [{"hub": "wmt14", "hub_config": "de-en"}]}}
+    cfg = config_from_dict(data)
+    assert [c.weight for c in cfg.data.corpora("train")] == [1, 4]
+    assert cfg.data.valid[0].split == "validation"  # the split's defaults hold in a list
+    assert config_to_dict(cfg)["data"]["train"][1]["path"] == "b.tsv"
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    again = load_config(tmp_path / "config.yaml", ["data.train.1.weight=2"])
+    assert again.data.train[1].weight == 2 and again.data.train[0] == cfg.data.train[0]
+    with pytest.raises(ConfigError, match=r"--set data.train.src: data.train is a list of 2; "
+                                          r"address an item by its index, 0 to 1"):
+        load_config(tmp_path / "config.yaml", ["data.train.src=x"])
+    with pytest.raises(ConfigError, match=r"data.train.1.weigth is not a key; did you mean "
+                                          r"data.train.1.weight\?"):
+        config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"}, {"weigth": 2}]}})
+    with pytest.raises(ConfigError, match=r"data.train.1: no data given"):
+        config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"}, {"weight": 2}]}})
+    with pytest.raises(ConfigError, match=r"data.valid.weight: weights apply to data.train "
+                                          r"only"):
+        config_from_dict({"data": {"valid": {"src": "a", "tgt": "b", "weight": 2}}})
+    with pytest.raises(ConfigError, match=r"data.train.weight must be in \[1, 1000\], got 0"):
+        config_from_dict({"data": {"train": {"src": "a", "tgt": "b", "weight": 0}}})
 
 
 def test_corpus_needs_both_sides_and_one_kind_of_source():

@@ -6,19 +6,27 @@ import numpy as np
 import pytest
 
 from mtkit.config import DataConfig
-from mtkit.data.shards import ShardDataset, length_filter, preprocess
-from mtkit.data.sources import DataError
+from mtkit.data.batching import TokenBatchSampler, collate
+from mtkit.data.shards import (
+    Encoded,
+    EncoderPool,
+    ShardDataset,
+    ShardWriter,
+    WordCache,
+    _write_corpus,
+    length_filter,
+    preprocess,
+)
+from mtkit.data.sources import Corpus, DataError, SeenHashes
 from mtkit.tokenizer import build_tokenizer, load_vocabs
 
 
-def test_length_filter_reports_each_reason():
-    src = [[5] * 3, [5] * 30, [5] * 4, [5] * 2]
-    tgt = [[6] * 3, [6] * 3, [6] * 20, [6] * 2]
-    keep, report = length_filter(src, tgt, DataConfig(max_len=10, max_len_ratio=2.0))
-    assert keep.tolist() == [True, False, False, True]
-    assert report == {"length": 2, "ratio": 0}
-    keep, report = length_filter(src, tgt, DataConfig(max_len=100, max_len_ratio=2.0))
-    assert keep.tolist() == [True, False, False, True] and report == {"length": 0, "ratio": 2}
+def test_length_filter_gives_each_reason_its_mask():
+    src, tgt = np.array([3, 30, 4, 2]), np.array([3, 3, 20, 2])
+    length_ok, ratio_ok = length_filter(src, tgt, DataConfig(max_len=10, max_len_ratio=2.0))
+    assert length_ok.tolist() == [True, False, False, True]
+    length_ok, ratio_ok = length_filter(src, tgt, DataConfig(max_len=100, max_len_ratio=2.0))
+    assert length_ok.all() and ratio_ok.tolist() == [True, False, False, True]
 
 
 def test_preprocess_writes_shards_that_read_back_as_the_encoded_text(tiny_config):
@@ -47,7 +55,7 @@ def test_failed_preprocess_leaves_no_data_behind(tiny_config, tmp_path):
     bad = tmp_path / "empty.de"
     bad.write_text("\n" * 100)
     data = dataclasses.replace(
-        tiny_config.data, test=dataclasses.replace(tiny_config.data.test, tgt=str(bad)))
+        tiny_config.data, test=(dataclasses.replace(tiny_config.data.test[0], tgt=str(bad)),))
     cfg = dataclasses.replace(tiny_config, data=data)
     with pytest.raises(DataError, match=r"data.test: no pairs left after cleaning"):
         preprocess(cfg)
@@ -59,3 +67,155 @@ def test_unfinished_shard_folder_is_not_taken_for_data(tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(DataError, match=r"no finished shard here; run `mtkit preprocess`"):
         ShardDataset(tmp_path / "train")
+
+
+# --- the streaming writer --------------------------------------------------------------
+
+def corpus_of(src: list[str], tgt: list[str], weight: int = 1, origin: str = "mem") -> Corpus:
+    """An in-memory corpus that yields its pairs in chunks, like a file would."""
+    def read(size):
+        for i in range(0, len(src), size):
+            yield src[i:i + size], tgt[i:i + size]
+    return Corpus(origin, len(src), weight, read)
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    from mtkit.config import TokenizerConfig
+    from mtkit.tokenizer import Vocab, train_sentencepiece
+
+    from conftest import read_lines
+
+    text = read_lines("train.en.gz", 500) + read_lines("train.de.gz", 500)
+    return Vocab(train_sentencepiece(text, TokenizerConfig(vocab_size=300)))
+
+
+def write_split(folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=False, chunk=None,
+                workers=1):
+    pool_args = ((vocab.model_proto, vocab.model_proto, "uint16"), workers)
+    writer = ShardWriter(folder, len(vocab), texts=not train)
+    seen = SeenHashes() if dedup else None
+    with EncoderPool(*pool_args) as pool:
+        if chunk:  # re-chunk every corpus
+            corpora = [Corpus(c.origin, c.size, c.weight,
+                              lambda size, c=c: c.chunks(chunk)) for c in corpora]
+        reports = [_write_corpus(c, pool, writer, cfg, train, seen) for c in corpora]
+    return writer.finish({"corpora": reports}), reports
+
+
+PAIRS = ([f"A dog number {i}." for i in range(25)] + [""] * 10 + ["A dog number 3."]
+         + ["word " * 40] + ["Two cats."]),  \
+        ([f"Ein Hund Nummer {i}." for i in range(25)] + ["x"] * 10 + ["Ein Hund Nummer 3."]
+         + ["Wort"] + ["Zwei Katzen."])
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 10, 1000])
+def test_streamed_shards_are_the_same_at_any_chunk_size(tmp_path, vocab, chunk):
+    """Chunks of 1, of a size that does not divide the split, one whose pairs are all
+    dropped (ten empty sources), and the whole split at once give the same shard."""
+    cfg = DataConfig(max_len=30)
+    manifest, (report,) = write_split(tmp_path / "s", [corpus_of(*PAIRS)], vocab, cfg,
+                                      dedup=True, chunk=chunk)
+    assert report["read"] == 38 and report["kept"] == manifest["pairs"] == 26
+    assert report["dropped"] == {"empty": 10, "duplicate": 1, "length": 1, "ratio": 0}
+    shard = ShardDataset(tmp_path / "s")
+    keep = [i for i in range(25)] + [37]
+    for row, i in enumerate(keep):
+        x, y = shard[row]
+        assert x.tolist() == vocab.encode([PAIRS[0][i]])[0]
+        assert y.tolist() == vocab.encode([PAIRS[1][i]])[0]
+    assert shard.src_lengths.dtype == np.int32
+    reference = write_split(tmp_path / "whole", [corpus_of(*PAIRS)], vocab, cfg, dedup=True)[0]
+    assert manifest["files"] == reference["files"]
+
+
+def test_a_split_of_one_pair_and_texts_for_valid(tmp_path, vocab):
+    manifest, _ = write_split(tmp_path / "v", [corpus_of([" A  dog. "], ["Ein Hund."])], vocab,
+                              train=False)
+    shard = ShardDataset(tmp_path / "v")
+    assert len(shard) == manifest["pairs"] == 1
+    assert shard.texts("src") == ["A dog."] and shard.texts("tgt") == ["Ein Hund."]
+    assert shard[0][0].tolist() == vocab.encode(["A dog."])[0]
+
+
+def test_worker_processes_write_the_same_shard_as_one_process(tmp_path, vocab):
+    from conftest import read_lines
+
+    src, tgt = read_lines("train.en.gz", 3000), read_lines("train.de.gz", 3000)
+    one = write_split(tmp_path / "one", [corpus_of(src, tgt)], vocab, chunk=256)[0]
+    two = write_split(tmp_path / "two", [corpus_of(src, tgt)], vocab, chunk=256, workers=2)[0]
+    assert one["files"] == two["files"] and one["pairs"] == 3000
+
+
+def test_weights_repeat_a_corpus_and_the_manifest_counts_each(tmp_path, vocab):
+    big = corpus_of([f"Dog {i}." for i in range(7)], [f"Hund {i}." for i in range(7)],
+                    origin="big")
+    small = corpus_of(["Cat.", "", "Bird."], ["Katze.", "Leer", "Vogel."], weight=3,
+                      origin="small")
+    manifest, reports = write_split(tmp_path / "w", [big, small], vocab, chunk=2)
+    assert [(r["origin"], r["read"], r["kept"], r["weight"], r["written"]) for r in reports] \
+        == [("big", 7, 7, 1, 7), ("small", 3, 2, 3, 6)]
+    shard = ShardDataset(tmp_path / "w")
+    assert len(shard) == 13
+    rows = [shard[i][0].tolist() for i in range(13)]
+    assert rows[7:] == vocab.encode(["Cat.", "Bird."]) * 3
+    assert rows[:7] == vocab.encode([f"Dog {i}." for i in range(7)])
+
+
+def test_ids_past_65536_pieces_are_stored_as_uint32(tmp_path):
+    writer = ShardWriter(tmp_path / "big", vocab_size=70_000, texts=False)
+    lengths = np.array([3, 1], dtype=np.int32)
+    ids = np.array([69_999, 65_536, 4, 12], dtype=np.uint32)
+    chunk = Encoded(0, lengths, lengths, ids, ids[::-1].copy(), None, None)
+    writer.append(chunk, np.array([True, True]))
+    manifest = writer.finish({})
+    shard = ShardDataset(tmp_path / "big")
+    assert manifest["dtype"] == "uint32" and shard[0][0].tolist() == [69_999, 65_536, 4]
+    batch = collate([shard[0], shard[1]])
+    assert batch.src[0, :3].tolist() == [69_999, 65_536, 4] and batch.tgt_in[0, 3] == 65_536
+    assert ShardWriter(tmp_path / "small", vocab_size=65_536, texts=False).dtype == np.uint16
+
+
+def test_the_word_cache_encodes_exactly_as_sentencepiece(vocab):
+    from conftest import read_lines
+
+    tricky = ["ｈｅｌｌｏ wide", "x\u200by zero-width", "e\u0301 combining", "日本語 テキスト",
+              "🙂 emoji", "Ein Mädchen, das läuft.", "tab\there", "non\u00a0breaking"]
+    sentences = read_lines("val.en.gz", 300) + read_lines("val.de.gz", 300) + tricky
+    cache = WordCache(vocab, np.dtype(np.uint16))
+    cache.MAX_WORDS = 500  # starts over a few times on the way
+    for start in range(0, len(sentences), 97):
+        part = sentences[start:start + 97]
+        lengths, flat = cache.encode(part)
+        expected = vocab.encode(part)
+        assert lengths.tolist() == [len(x) for x in expected]
+        assert flat.tolist() == [i for x in expected for i in x]
+    assert cache.exact and 0 < len(cache._index) <= 500
+
+
+def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 100_000
+    writer = ShardWriter(tmp_path / "t", vocab_size=1000, texts=False)
+    for start in range(0, n, 30_000):
+        m = min(30_000, n - start)
+        s_len = rng.integers(1, 60, m).astype(np.int32)
+        t_len = rng.integers(1, 60, m).astype(np.int32)
+        chunk = Encoded(0, s_len, t_len, rng.integers(4, 1000, s_len.sum()).astype(np.uint16),
+                        rng.integers(4, 1000, t_len.sum()).astype(np.uint16), None, None)
+        writer.append(chunk, np.ones(m, dtype=bool))
+    writer.finish({})
+    data = ShardDataset(tmp_path / "t")
+    assert len(data) == n and data.src_lengths.dtype == data.tgt_lengths.dtype == np.int32
+    assert "_maps" in data.__getstate__() and data.__getstate__()["_maps"] is None
+    sampler = TokenBatchSampler(data.src_lengths, data.tgt_lengths, 4096, seed=3)
+    batches = list(sampler)
+    seen = np.concatenate([np.asarray(b) for b in batches])
+    assert len(seen) == n and len(np.unique(seen)) == n  # every pair once
+    for b in batches[:50]:
+        cost = len(b) * max(data.src_lengths[b].max(), data.tgt_lengths[b].max()) + len(b)
+        assert cost <= 4096 or len(b) == 1
+    sampler.set_epoch(0, start_batch=17)  # exact resume mid-epoch
+    assert list(sampler) == batches[17:]
+    x, y = data[int(batches[5][0])]
+    assert len(x) == data.src_lengths[batches[5][0]] and isinstance(x, np.ndarray)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from mtkit.config import TokenizerConfig
+from mtkit.data.sources import Corpus
 from mtkit.tokenizer import (
     BOS,
     EOS,
@@ -11,6 +12,7 @@ from mtkit.tokenizer import (
     TokenizerError,
     Vocab,
     load_vocabs,
+    sample_pairs,
     train_sentencepiece,
     train_tokenizer,
 )
@@ -56,11 +58,27 @@ def test_vocab_size_the_corpus_cannot_support_is_one_line_error():
         train_sentencepiece(EN[:20], TokenizerConfig(vocab_size=50000))
 
 
-def test_sentence_sampling_limits_the_training_input():
-    small = TokenizerConfig(vocab_size=200, input_sentence_size=100)
-    a = train_sentencepiece(EN, small)
-    assert a == train_sentencepiece(EN, small)  # the sample follows the seed
-    assert a != train_sentencepiece(EN, TokenizerConfig(vocab_size=200))
+def in_chunks(src, tgt, size):
+    return Corpus("mem", len(src), 1,
+                  lambda _: ((src[i:i + size], tgt[i:i + size]) for i in range(0, len(src), size)))
+
+
+def test_the_stream_sample_follows_the_seed_not_the_chunks():
+    src = EN[:300] + [""] * 5
+    tgt = DE[:300] + ["x"] * 5
+    everything = sample_pairs([in_chunks(src, tgt, 7)], 0, seed=1)
+    a = sample_pairs([in_chunks(src, tgt, 7)], 100, seed=1)
+    assert a == sample_pairs([in_chunks(src, tgt, 64)], 100, seed=1)  # same seed, same pairs
+    assert a != sample_pairs([in_chunks(src, tgt, 7)], 100, seed=2)
+    assert 95 <= len(a[0]) <= 100 and set(a[0]) <= set(everything[0])  # empties left out
+    pairs = set(zip(*everything))
+    assert all(p in pairs for p in zip(*a))  # sides stay aligned
+    both = sample_pairs([in_chunks(src[:150], tgt[:150], 10),
+                         in_chunks(src[150:], tgt[150:], 10)], 100, seed=1)
+    assert both == a  # several corpora are sampled as one stream
+    assert everything == tuple([" ".join(x.split()) for x in side] for side in (EN[:300], DE[:300]))
+    cfg = TokenizerConfig(vocab_size=200)
+    assert train_sentencepiece(a[0], cfg) == train_sentencepiece(a[0], cfg)
 
 
 def test_separate_models_when_not_joint(tmp_path):
