@@ -75,11 +75,18 @@ def test_disk_full_while_preprocessing_leaves_the_old_data(work, monkeypatch):
 
 
 def test_a_really_full_disk_is_one_line(work, tmpfs):
-    small = tmpfs("400k")
+    small = tmpfs("200k")  # smaller than the 240 KB spm.model
     run = small / "run"
     result = cli("tokenizer", "-c", work / "exp.yaml", "--set", f"run_dir={run}")
     assert_one_line(result, says="no space left on device while writing ")
     assert not [p for p in run.rglob("*.tmp")]
+    run = tmpfs("300k") / "run"  # the tokenizer fits; the shards do not
+    run.mkdir()
+    for name in ("spm.model", "spm.vocab"):
+        (run / name).write_bytes((work / "run" / name).read_bytes())
+    result = cli("preprocess", "-c", work / "exp.yaml", "--set", f"run_dir={run}")
+    assert_one_line(result, says=f"error: no space left on device while writing {run}/data")
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "spm.model", "spm.vocab"]
 
 
 def test_a_read_only_run_directory_is_one_line_naming_it(work, tmpfs):

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
-from mtkit.config import DataConfig
+from mtkit.config import CorpusConfig, DataConfig
 from mtkit.data.batching import TokenBatchSampler, collate
 from mtkit.data.shards import (
     Encoded,
@@ -219,3 +220,39 @@ def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
     assert list(sampler) == batches[17:]
     x, y = data[int(batches[5][0])]
     assert len(x) == data.src_lengths[batches[5][0]] and isinstance(x, np.ndarray)
+
+
+def test_preprocess_of_a_list_of_corpora_reports_each_in_the_manifest(tiny_config, tmp_path):
+    from conftest import read_lines
+
+    extra = tmp_path / "extra.jsonl"
+    rows = [{"src": e, "tgt": d} for e, d in zip(read_lines("val.en.gz", 40),
+                                                  read_lines("val.de.gz", 40), strict=True)]
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:5] + [{"src": "",
+                                                                              "tgt": "x"}]))
+    first = tiny_config.data.train[0]
+    data = dataclasses.replace(tiny_config.data, dedup=True, train=(
+        first, CorpusConfig(path=str(extra), weight=2)))
+    cfg = dataclasses.replace(tiny_config, data=data)
+    build_tokenizer(cfg)
+    manifest = preprocess(cfg)["train"]
+    a, b = manifest["corpora"]
+    assert (a["origin"], a["read"], a["weight"]) == (f"{first.src} + {first.tgt}", 2000, 1)
+    assert (b["origin"], b["read"], b["kept"], b["written"]) == (str(extra), 46, 40, 80)
+    assert b["dropped"]["empty"] == 1 and b["dropped"]["duplicate"] == 5
+    assert manifest["pairs"] == a["written"] + 80
+    assert manifest["dropped"] == {f: a["dropped"][f] + b["dropped"][f] for f in a["dropped"]}
+    assert manifest["origin"] == f"{a['origin']} and {extra}"
+    shard = ShardDataset(cfg.run_path / "data" / "train")
+    assert shard[a["written"]][0].tolist() == shard[a["written"] + 40][0].tolist()
+
+
+def test_the_tokenizer_is_the_same_for_the_same_seed(tiny_config, tmp_path):
+    small = dataclasses.replace(tiny_config.tokenizer, input_sentence_size=600)
+    models = []
+    for seed, name in ((1, "a"), (1, "b"), (2, "c")):
+        cfg = dataclasses.replace(tiny_config, run_dir=str(tmp_path / name),
+                                  tokenizer=dataclasses.replace(small, seed=seed))
+        build_tokenizer(cfg)
+        models.append((tmp_path / name / "spm.model").read_bytes())
+    assert models[0] == models[1] != models[2]
