@@ -92,7 +92,7 @@ class WordCache:
     a difference turns the cache off for good (logged)."""
 
     CHECKS = 16  # sentences per chunk encoded both ways
-    MAX_WORDS = 1 << 16  # cache entries; the cache starts over beyond (bounds memory)
+    MAX_WORDS = 1 << 17  # cache entries; the cache starts over beyond (bounds memory)
 
     def __init__(self, vocab: Vocab, dtype: np.dtype):
         self.vocab = vocab
