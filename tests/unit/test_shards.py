@@ -14,6 +14,7 @@ from mtkit.data.shards import (
     ShardDataset,
     ShardWriter,
     WordCache,
+    _Encoder,
     _write_corpus,
     length_filter,
     preprocess,
@@ -175,6 +176,13 @@ def test_ids_past_65536_pieces_are_stored_as_uint32(tmp_path):
     batch = collate([shard[0], shard[1]])
     assert batch.src[0, :3].tolist() == [69_999, 65_536, 4] and batch.tgt_in[0, 3] == 65_536
     assert ShardWriter(tmp_path / "small", vocab_size=65_536, texts=False).dtype == np.uint16
+
+
+def test_the_encoder_writes_uint32_ids_when_asked(vocab):
+    encoder = _Encoder(vocab.model_proto, vocab.model_proto, "uint32")
+    chunk = encoder((["A dog runs.", ""], ["Ein Hund rennt.", "x"]), hashes=False, texts=False)
+    assert chunk.src_ids.dtype == chunk.tgt_ids.dtype == np.uint32 and chunk.empty == 1
+    assert chunk.src_ids.tolist() == vocab.encode(["A dog runs."])[0]
 
 
 def test_the_word_cache_encodes_exactly_as_sentencepiece(vocab):
