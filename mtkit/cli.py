@@ -49,7 +49,8 @@ _USER_ERRORS = (("mtkit.device", "DeviceError"), ("mtkit.data.sources", "DataErr
                 ("mtkit.tokenizer", "TokenizerError"), ("mtkit.checkpoint", "CheckpointError"),
                 ("mtkit.train", "TrainError"), ("mtkit.evaluate", "EvalError"),
                 ("mtkit.atomic", "SameFileError"), ("mtkit.rundir", "RunDirError"),
-                ("mtkit.ct2", "ExportError"), ("mtkit.pipeline", "Interrupted"))
+                ("mtkit.ct2", "ExportError"), ("mtkit.pipeline", "Interrupted"),
+                ("mtkit.data.shards", "EncodingError"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -30,6 +30,8 @@ import time
 import unicodedata
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -203,36 +205,46 @@ def _encode_in_worker(chunk: Chunk, hashes: bool, texts: bool) -> Encoded:
     return _worker_encoder(chunk, hashes, texts)
 
 
+class EncodingError(RuntimeError):
+    """An encoding worker process died (one line)."""
+
+
 class EncoderPool:
     """Encodes chunks in `workers` processes (in this one when `workers` is 1), in order,
-    with at most two chunks per worker in flight, so memory stays flat."""
+    with at most two chunks per worker in flight, so memory stays flat. A worker that
+    dies (killed, out of memory) stops preprocessing with an `EncodingError`."""
 
     def __init__(self, encoder_args: tuple, workers: int):
         self.workers = workers
         self._local = _Encoder(*encoder_args) if workers <= 1 else None
-        self._pool = None if workers <= 1 else mp.get_context("spawn").Pool(
-            workers, initializer=_start_worker, initargs=encoder_args)
+        self._pool = None if workers <= 1 else ProcessPoolExecutor(
+            workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
+            initargs=encoder_args)
 
     def __enter__(self) -> EncoderPool:
         return self
 
     def __exit__(self, *exc) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def encode(self, chunks: Iterator[Chunk], hashes: bool, texts: bool) -> Iterator[Encoded]:
         if self._pool is None:
             for chunk in chunks:
                 yield self._local(chunk, hashes, texts)
             return
-        pending: deque = deque()
-        for chunk in chunks:
-            pending.append(self._pool.apply_async(_encode_in_worker, (chunk, hashes, texts)))
-            if len(pending) >= 2 * self.workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        pending: deque[Future] = deque()
+        try:
+            for chunk in chunks:
+                pending.append(self._pool.submit(_encode_in_worker, chunk, hashes, texts))
+                if len(pending) >= 2 * self.workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except BrokenProcessPool:
+            raise EncodingError("an encoding worker process died (killed, or out of "
+                                "memory?); nothing was written; rerun `mtkit preprocess`"
+                                ) from None
 
 
 def length_filter(src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: DataConfig

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -147,6 +148,20 @@ def test_worker_processes_write_the_same_shard_as_one_process(tmp_path, vocab):
     one = write_split(tmp_path / "one", [corpus_of(src, tgt)], vocab, chunk=256)[0]
     two = write_split(tmp_path / "two", [corpus_of(src, tgt)], vocab, chunk=256, workers=2)[0]
     assert one["files"] == two["files"] and one["pairs"] == 3000
+
+
+class _DiesWhenUnpickled:
+    def __reduce__(self):
+        return os._exit, (1,)  # what a worker killed mid-chunk looks like to the pool
+
+
+def test_a_worker_that_dies_is_one_error_not_a_hang(vocab):
+    from mtkit.data.shards import EncodingError
+
+    with EncoderPool(((vocab.model_proto, vocab.model_proto, "uint16")), 2) as pool:
+        chunks = iter([(["A dog."], ["Ein Hund."]), _DiesWhenUnpickled()])
+        with pytest.raises(EncodingError, match=r"an encoding worker process died"):
+            list(pool.encode(chunks, hashes=False, texts=False))
 
 
 def test_weights_repeat_a_corpus_and_the_manifest_counts_each(tmp_path, vocab):
