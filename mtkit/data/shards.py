@@ -220,13 +220,25 @@ class EncoderPool:
         self._pool = None if workers <= 1 else ProcessPoolExecutor(
             workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
             initargs=encoder_args)
+        self._broken = False
 
     def __enter__(self) -> EncoderPool:
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, exc_type, *exc) -> None:
+        if self._pool is None:
+            return
+        if exc_type is None and not self._broken:
+            self._pool.shutdown(wait=True)
+            return
+        # Stopped early (an error, Ctrl-C, a dead worker): the workers' results are not
+        # wanted; stop them now rather than wait (a pool broken by a dead worker can wait
+        # forever on the survivors).
+        workers = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.terminate()
+            worker.join()
 
     def encode(self, chunks: Iterator[Chunk], hashes: bool, texts: bool) -> Iterator[Encoded]:
         if self._pool is None:
@@ -242,6 +254,7 @@ class EncoderPool:
             while pending:
                 yield pending.popleft().result()
         except BrokenProcessPool:
+            self._broken = True
             raise EncodingError("an encoding worker process died (killed, or out of "
                                 "memory?); nothing was written; rerun `mtkit preprocess`"
                                 ) from None
