@@ -222,22 +222,27 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     device = src.device
     batch = src.size(0)
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    memory = memory.repeat_interleave(beam, dim=0)  # (B*N, S, D)
-    src_mask = src_mask.repeat_interleave(beam, dim=0)  # (B*N, S)
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
-    token = torch.full((batch * beam,), BOS, dtype=torch.long, device=device)  # (B*N,)
+    # The first step runs one row per sentence (its beams are identical until then), and
+    # the model's state is copied to the N beams after it: the cross-attention keys and
+    # values are projected once per sentence, not N times.
+    width = 1  # rows per sentence: 1 for the first step, N after
+    token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B*width,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     state = None
     step = 0
     while alive.numel():
-        rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
+        rows_limit = limits[alive].repeat_interleave(width)  # (b*width,)
         lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        rows_limit, min_len, history, no_repeat_ngram,
-                                        _forced(prefix, alive.repeat_interleave(beam),
-                                                step))  # (b*N, V)
+                                        rows_limit, min_len, history[::beam // width],
+                                        no_repeat_ngram,
+                                        _forced(prefix, alive.repeat_interleave(width),
+                                                step))  # (b*width, V)
+        if width == 1:
+            lprobs = lprobs.repeat_interleave(beam, dim=0)  # (b*N, V)
         cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
         _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
                           beam, lenpen, step)
@@ -249,7 +254,11 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
         reorder = (offsets + source).view(-1)  # (b*N,)
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
-        state = state.index_select(reorder)
+        state = state.index_select(reorder // (beam // width))  # rows of the step's state
+        if width == 1:
+            memory = memory.repeat_interleave(beam, dim=0)  # (b*N, S, D)
+            src_mask = src_mask.repeat_interleave(beam, dim=0)  # (b*N, S)
+            width = beam
         step += 1
         done = _sentences_done(finished, alive, scores, limits, step, beam, lenpen)  # (b,)
         if done.any():

@@ -102,7 +102,7 @@ def test_finished_sentences_leave_the_batch():
     assert loop.rows == [2, 2, 2, 1, 1, 1]
     loop.rows.clear()
     beam_search(loop, src, beam=3, max_len_a=1.0, max_len_b=0)
-    assert loop.rows == [6, 6, 6, 3, 3, 3]
+    assert loop.rows == [2, 6, 6, 3, 3, 3]  # the first step: one row per sentence
 
 
 def test_search_goes_on_while_an_open_beam_can_still_win():
