@@ -371,6 +371,18 @@ class ShardWriter:
         self.src.repeat(first, times)
         self.tgt.repeat(first, times)
 
+    def close(self) -> None:
+        """Close every file, even when closing one fails (its buffer cannot be flushed to
+        a full disk), so no descriptor outlives a failed run. Raises the first failure."""
+        failure = None
+        for out in (self.src.bin, self.src.idx, self.tgt.bin, self.tgt.idx, *(self.texts or ())):
+            try:
+                out.close()
+            except OSError as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
     def finish(self, meta: dict) -> dict:
         """Close the files and write the manifest (last). Returns the manifest."""
         files: dict[str, dict] = {}
@@ -449,9 +461,13 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
         for split, corpora in splits.items():
             start = time.perf_counter()
             train = split == "train"
-            writer = ShardWriter(out / split, vocab_size, texts=not train)
             seen = SeenHashes() if cfg.data.dedup and train else None
-            reports = [_write_corpus(c, pool, writer, cfg.data, train, seen) for c in corpora]
+            writer = ShardWriter(out / split, vocab_size, texts=not train)
+            try:
+                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen)
+                           for c in corpora]
+            finally:
+                writer.close()
             dropped = {f: sum(r["dropped"][f] for r in reports) for f in FILTERS}
             origin = " and ".join(c.origin for c in corpora)
             if not len(writer):

@@ -74,6 +74,17 @@ def test_disk_full_while_preprocessing_leaves_the_old_data(work, monkeypatch):
     assert not [p for p in run.iterdir() if p.name.startswith(".data")]
 
 
+def open_files() -> list[str]:
+    """What this process's file descriptors point at."""
+    paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the descriptor of the listing itself, closed by now
+            pass
+    return paths
+
+
 def test_a_really_full_disk_is_one_line(work, tmpfs):
     small = tmpfs("200k")  # smaller than the 240 KB spm.model
     run = small / "run"
@@ -87,6 +98,7 @@ def test_a_really_full_disk_is_one_line(work, tmpfs):
     result = cli("preprocess", "-c", work / "exp.yaml", "--set", f"run_dir={run}")
     assert_one_line(result, says=f"error: no space left on device while writing {run}/data")
     assert sorted(p.name for p in run.iterdir()) == [".lock", "spm.model", "spm.vocab"]
+    assert not [p for p in open_files() if p.startswith(str(run))]  # no descriptor left
 
 
 def test_a_read_only_run_directory_is_one_line_naming_it(work, tmpfs):
