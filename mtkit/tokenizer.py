@@ -100,14 +100,14 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes
     return model.getvalue()
 
 
-def sample_pairs(corpora: Sequence[Corpus], sentences: int, seed: int
+def sample_pairs(corpora: Sequence[Corpus], pairs: int, seed: int
                  ) -> tuple[list[str], list[str]]:
-    """A seeded uniform sample of `sentences` pairs (0: all) over the corpora taken as one
+    """A seeded uniform sample of `pairs` pairs (0: all) over the corpora taken as one
     stream, cleaned; pairs with an empty side are left out. Only the sampled pairs are
     kept in memory, and the sample is the same whatever the chunk size."""
     total = sum(c.size for c in corpora)
-    if sentences and sentences < total:
-        chosen = np.sort(np.random.default_rng(seed).choice(total, sentences, replace=False))
+    if pairs and pairs < total:
+        chosen = np.sort(np.random.default_rng(seed).choice(total, pairs, replace=False))
     else:
         chosen = np.arange(total)
     src: list[str] = []
@@ -177,7 +177,7 @@ def build_tokenizer(cfg: Config) -> list[Path]:
             raise DataError(f"{' and '.join(c.origin for c in corpora)}: no pairs left after "
                             f"cleaning")
         log.debug("training the tokenizer on %d sampled pairs of %d", len(src),
-                 sum(c.size for c in corpora))
+                  sum(c.size for c in corpora))
         paths = train_tokenizer(src, tgt, tc, run)
         save_config(cfg, run / "config.yaml")
     return paths
