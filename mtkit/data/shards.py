@@ -406,13 +406,35 @@ def write_new_file(path: Path, payload: bytes) -> None:
 FILTERS = ("empty", "duplicate", "length", "ratio")
 
 
+class ProgressLog:
+    """Logs how far preprocessing is, at most every `every` seconds: pairs read of the
+    total (known from the opened corpora), pairs/s and the time left."""
+
+    def __init__(self, total: int, every: float = 10.0):
+        self.total, self.every = total, every
+        self.done = 0
+        self.start = self.last = time.perf_counter()
+
+    def advance(self, pairs: int) -> None:
+        self.done += pairs
+        now = time.perf_counter()
+        if now - self.last < self.every or not self.total:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        log.info("preprocess: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
+                 f"{self.done:,}", f"{self.total:,}", 100 * self.done / self.total,
+                 f"{rate:,.0f}", (self.total - self.done) / max(rate, 1e-9))
+
+
 def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: DataConfig,
-                  train: bool, seen: SeenHashes | None) -> dict:
+                  train: bool, seen: SeenHashes | None, progress: ProgressLog) -> dict:
     """Clean, filter, encode and append one corpus (then its weight's repeats). Returns
     its report: pairs read, kept, written (kept times weight) and dropped per filter."""
     dropped = dict.fromkeys(FILTERS, 0)
     first, read = len(writer), 0
     for chunk in pool.encode(corpus.chunks(), hashes=seen is not None, texts=not train):
+        progress.advance(chunk.empty + len(chunk))
         read += chunk.empty + len(chunk)
         dropped["empty"] += chunk.empty
         keep = np.ones(len(chunk), dtype=bool)
@@ -455,6 +477,7 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
     vocab_size = max(len(src_vocab), len(tgt_vocab))
     dtype = ids_dtype(vocab_size).name
     workers = cfg.data.workers if total >= parallel_from else 1
+    progress = ProgressLog(total)
     manifests = {}
     with (atomic_dir(run / "data") as out,
           EncoderPool((src_vocab.model_proto, tgt_vocab.model_proto, dtype), workers) as pool):
@@ -464,7 +487,7 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
             seen = SeenHashes() if cfg.data.dedup and train else None
             writer = ShardWriter(out / split, vocab_size, texts=not train)
             try:
-                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen)
+                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen, progress)
                            for c in corpora]
             finally:
                 writer.close()

@@ -12,6 +12,7 @@ from mtkit.data.batching import TokenBatchSampler, collate
 from mtkit.data.shards import (
     Encoded,
     EncoderPool,
+    ProgressLog,
     ShardDataset,
     ShardWriter,
     WordCache,
@@ -102,7 +103,8 @@ def write_split(folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=Fals
         if chunk:  # re-chunk every corpus
             corpora = [Corpus(c.origin, c.size, c.weight,
                               lambda size, c=c: c.chunks(chunk)) for c in corpora]
-        reports = [_write_corpus(c, pool, writer, cfg, train, seen) for c in corpora]
+        reports = [_write_corpus(c, pool, writer, cfg, train, seen, ProgressLog(0))
+                   for c in corpora]
     return writer.finish({"corpora": reports}), reports
 
 
@@ -279,3 +281,15 @@ def test_the_tokenizer_is_the_same_for_the_same_seed(tiny_config, tmp_path):
         build_tokenizer(cfg)
         models.append((tmp_path / name / "spm.model").read_bytes())
     assert models[0] == models[1] != models[2]
+
+
+def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkeypatch):
+    clock = iter([0.0, 5.0, 12.0, 14.0, 30.0])
+    monkeypatch.setattr("mtkit.data.shards.time.perf_counter", lambda: next(clock))
+    progress = ProgressLog(total=1000, every=10.0)  # starts at 0 s
+    with caplog.at_level("INFO", logger="mtkit.data.shards"):
+        for pairs in (100, 200, 100, 400):  # at 5, 12, 14 and 30 s
+            progress.advance(pairs)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["preprocess: 300 of 1,000 pairs (30%), 25 pairs/s, ~28 s left",
+                     "preprocess: 800 of 1,000 pairs (80%), 27 pairs/s, ~8 s left"]
