@@ -175,16 +175,22 @@ def _open_bytes(path: str) -> BinaryIO:
         raise DataError(f"{path}: cannot read ({reason(e)})") from None
 
 
-def _read_failure(path: str, e: Exception) -> DataError:
-    """A one-line error for a file that failed while being read, naming the line: the
-    file is read again, line by line, up to the failure."""
+def _lines_before_failure(path: str) -> int:
+    """How many whole lines a file gives before it fails to read: it is read again, line
+    by line, up to the failure being reported."""
     lines = 0
     try:
         with _open_bytes(path) as f:
             for _ in f:
                 lines += 1
     except (*_GZIP_ERRORS, OSError):
-        pass
+        return lines  # the same failure, met again where it lies
+    return lines  # read through this time: the failure was not in the data
+
+
+def _read_failure(path: str, e: Exception) -> DataError:
+    """A one-line error for a file that failed while being read, naming the line."""
+    lines = _lines_before_failure(path)
     if isinstance(e, _GZIP_ERRORS):
         detail = str(e) or type(e).__name__
         return DataError(f"{path}: corrupt or truncated gzip data at line {lines + 1} "
