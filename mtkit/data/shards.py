@@ -295,8 +295,11 @@ class _HashedFile:
     def flush(self) -> None:
         self._file.flush()
 
-    def close(self) -> dict:
+    def close(self) -> None:
         self._file.close()
+
+    def summary(self) -> dict:
+        """What the manifest records of the file."""
         return {"bytes": self.bytes, "sha256": self._sha.hexdigest()}
 
 
@@ -333,10 +336,6 @@ class _Side:
                                   offset=int(offsets[a]) * self.dtype.itemsize)
                 self.append(np.diff(offsets[a:b + 1]), ids)
 
-    def close(self, files: dict) -> None:
-        files[self.bin.path.name] = self.bin.close()
-        files[self.idx.path.name] = self.idx.close()
-
 
 class ShardWriter:
     """Writes one split's shard as its pairs stream in; the manifest comes last."""
@@ -371,11 +370,14 @@ class ShardWriter:
         self.src.repeat(first, times)
         self.tgt.repeat(first, times)
 
+    def _files(self) -> tuple[_HashedFile, ...]:
+        return (self.src.bin, self.src.idx, self.tgt.bin, self.tgt.idx, *(self.texts or ()))
+
     def close(self) -> None:
         """Close every file, even when closing one fails (its buffer cannot be flushed to
         a full disk), so no descriptor outlives a failed run. Raises the first failure."""
         failure = None
-        for out in (self.src.bin, self.src.idx, self.tgt.bin, self.tgt.idx, *(self.texts or ())):
+        for out in self._files():
             try:
                 out.close()
             except OSError as e:
@@ -385,22 +387,13 @@ class ShardWriter:
 
     def finish(self, meta: dict) -> dict:
         """Close the files and write the manifest (last). Returns the manifest."""
-        files: dict[str, dict] = {}
-        self.src.close(files)
-        self.tgt.close(files)
-        for out in self.texts or ():
-            files[out.path.name] = out.close()
+        self.close()
         manifest = {"format": FORMAT, "pairs": self.src.pairs, "dtype": self.dtype.name,
                     "src_tokens": self.src.tokens, "tgt_tokens": self.tgt.tokens, **meta,
-                    "files": files}
-        write_new_file(self.folder / "manifest.json",
-                       (json.dumps(manifest, indent=2) + "\n").encode())
+                    "files": {out.path.name: out.summary() for out in self._files()}}
+        with open(self.folder / "manifest.json", "xb") as f:  # new, in the temporary folder
+            f.write((json.dumps(manifest, indent=2) + "\n").encode())
         return manifest
-
-
-def write_new_file(path: Path, payload: bytes) -> None:
-    with open(path, "xb") as f:
-        f.write(payload)
 
 
 FILTERS = ("empty", "duplicate", "length", "ratio")
@@ -434,8 +427,9 @@ def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: D
     dropped = dict.fromkeys(FILTERS, 0)
     first, read = len(writer), 0
     for chunk in pool.encode(corpus.chunks(), hashes=seen is not None, texts=not train):
-        progress.advance(chunk.empty + len(chunk))
-        read += chunk.empty + len(chunk)
+        pairs = chunk.empty + len(chunk)  # as read, before cleaning
+        progress.advance(pairs)
+        read += pairs
         dropped["empty"] += chunk.empty
         keep = np.ones(len(chunk), dtype=bool)
         if seen is not None:
