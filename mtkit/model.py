@@ -211,8 +211,9 @@ class DecoderLayer(nn.Module):
     def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
                 past_kv: tuple[Tensor, Tensor] | None = None
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """y (B, T, D): new target positions; memory_kv: cross-attention keys/values
-        (B, H, S, K); mask (B, 1, 1, S); past_kv: self-attention keys/values of the
+        """y (B*W, T, D): new target positions, W consecutive rows per sentence (W > 1
+        in a beam search); memory_kv: cross-attention keys/values (B, H, S, K), one per
+        sentence; mask (B, 1, 1, S); past_kv: self-attention keys/values of the
         positions before y (B, H, t, K), or None. Returns the output (B, T, D) and the
         self-attention keys/values of all positions so far (B, H, t+T, K)."""
         h = self.self_block.before(y)
@@ -226,15 +227,21 @@ class DecoderLayer(nn.Module):
         causal = past_kv is None and y.size(1) > 1
         y = self.self_block.after(y, self.self_attn.attend(h, k, v, causal=causal))
         h = self.cross_block.before(y)
-        y = self.cross_block.after(y, self.cross_attn.attend(h, *memory_kv, mask))
+        # In a search, a sentence's rows (its beams) share its source keys/values, held
+        # once: its rows' positions are then queries of one attention over its source.
+        rows, length, d = h.shape
+        sentences = memory_kv[0].size(0)
+        q = h.reshape(sentences, rows // sentences * length, d)  # (B, W*T, D)
+        out = self.cross_attn.attend(q, *memory_kv, mask).reshape(rows, length, d)
+        y = self.cross_block.after(y, out)
         return self.ffn_block.after(y, self.ffn(self.ffn_block.before(y))), (k, v)
 
 
 @dataclass(frozen=True)
 class DecoderState:
     """Everything `decode_step` carries between steps, one entry per decoder layer:
-    self-attention keys/values of the tokens so far (B, H, t, K), and cross-attention
-    keys/values of the source, computed once (B, H, S, K)."""
+    self-attention keys/values of each row's tokens so far (B*W, H, t, K), and
+    cross-attention keys/values of each sentence's source, computed once (B, H, S, K)."""
 
     self_k: tuple[Tensor, ...]
     self_v: tuple[Tensor, ...]
@@ -246,11 +253,15 @@ class DecoderState:
         """Target positions decoded so far."""
         return self.self_k[0].size(2)
 
-    def index_select(self, index: Tensor) -> DecoderState:
-        """Reorder (or subset) the batch rows: beam search calls this once per step."""
-        pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
-        return DecoderState(pick(self.self_k), pick(self.self_v),
-                            pick(self.cross_k), pick(self.cross_v))
+    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> DecoderState:
+        """Reorder (or subset) the rows: beam search calls this once per step. The
+        source's keys/values belong to sentences, not rows: `sentences` picks those that
+        stay (None: all of them, as when beams are only reordered)."""
+        def pick(ts: tuple[Tensor, ...], index: Tensor | None) -> tuple[Tensor, ...]:
+            return ts if index is None else tuple(t.index_select(0, index) for t in ts)
+
+        return DecoderState(pick(self.self_k, rows), pick(self.self_v, rows),
+                            pick(self.cross_k, sentences), pick(self.cross_v, sentences))
 
 
 class Transformer(nn.Module):
@@ -314,8 +325,9 @@ class Transformer(nn.Module):
 
     def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
                     state: DecoderState | None = None) -> tuple[Tensor, DecoderState]:
-        """One step: token (B,) is the last target token (bos first); returns the next
-        token's logits (B, V) and the state grown by one position."""
+        """One step: token (B*W,) is the last target token of each row (bos first), W
+        consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
+        the next token's logits (B*W, V) and the state grown by one position."""
         if state is None:
             cross_k, cross_v = self.cross_kv(memory)
             start = 0
@@ -323,14 +335,14 @@ class Transformer(nn.Module):
             cross_k, cross_v = state.cross_k, state.cross_v
             start = state.length
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = self.tgt_embed(token[:, None], start=start)  # (B, 1, D)
+        y = self.tgt_embed(token[:, None], start=start)  # (B*W, 1, D)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
             past = None if state is None else (state.self_k[i], state.self_v[i])
-            y, (k, v) = layer(y, (cross_k[i], cross_v[i]), attn_mask, past)  # (B, 1, D)
-            new_k.append(k)  # (B, H, t+1, K)
+            y, (k, v) = layer(y, (cross_k[i], cross_v[i]), attn_mask, past)  # (B*W, 1, D)
+            new_k.append(k)  # (B*W, H, t+1, K)
             new_v.append(v)
-        logits = self.project(y[:, 0])  # (B, V)
+        logits = self.project(y[:, 0])  # (B*W, V)
         return logits, DecoderState(tuple(new_k), tuple(new_v), cross_k, cross_v)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

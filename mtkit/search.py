@@ -4,12 +4,14 @@ All decoding choices (beam size, length penalty, maximum and minimum length, n-b
 no-repeat n-grams, sampling with temperature, top-k and top-p, forced target prefixes)
 live here; the model only scores one step. Sentences x beams run as one tensor of
 B*N rows; the decoder state is reordered with one `index_select` per step, and
-sentences that finish leave the batch, so later steps do less work.
+sentences that finish leave the batch, so later steps do less work. The source side
+(memory, its mask, its attention keys/values) is held once per sentence, never per beam.
 
 Anything with `encode(src) -> (memory, src_mask)`, `decode_step(token, memory,
-src_mask, state) -> (logits, state)` (state with `index_select`) and
-`cfg.max_positions` can be searched: the tests drive it with scripted step functions,
-and `Ensemble` makes several models one such step model.
+src_mask, state) -> (logits, state)` (token: W consecutive rows per sentence of memory;
+state with `index_select(rows, sentences=None)`) and `cfg.max_positions` can be
+searched: the tests drive it with scripted step functions, and `Ensemble` makes several
+models one such step model.
 """
 
 from __future__ import annotations
@@ -179,10 +181,11 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
 
 def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, memory: Tensor, src_mask: Tensor,
                state: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Any]:
-    """Keep only the rows that are not `done` (one output per row: greedy, sampling)."""
+    """Keep only the rows that are not `done` (one output per row, so a row is its own
+    sentence to the model: greedy, sampling)."""
     keep = (~done).nonzero().squeeze(1)  # (rows',)
     return (alive[keep], token[keep], memory[keep], src_mask[keep],
-            state.index_select(keep))
+            state.index_select(keep, keep))
 
 
 def strip_specials(ids: list[int]) -> list[int]:
@@ -215,8 +218,9 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
     A hypothesis ends when eos is among the N best candidates of its sentence. A
-    sentence is done, and leaves the batch, once no open beam can beat its N best
-    finished hypotheses (or at its maximum length)."""
+    sentence is done, and leaves the batch, once no open beam can beat its `nbest` best
+    finished hypotheses (or at its maximum length): the output is what a search that
+    waits for N finished hypotheses would give, in fewer steps."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     device = src.device
@@ -227,8 +231,8 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
     # The first step runs one row per sentence (its beams are identical until then), and
-    # the model's state is copied to the N beams after it: the cross-attention keys and
-    # values are projected once per sentence, not N times.
+    # the model's state is copied to the N beams after it. memory and src_mask stay one
+    # per sentence: the model reads a sentence's N rows against its one source.
     width = 1  # rows per sentence: 1 for the first step, N after
     token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B*width,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
@@ -255,19 +259,16 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         reorder = (offsets + source).view(-1)  # (b*N,)
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
         state = state.index_select(reorder // (beam // width))  # rows of the step's state
-        if width == 1:
-            memory = memory.repeat_interleave(beam, dim=0)  # (b*N, S, D)
-            src_mask = src_mask.repeat_interleave(beam, dim=0)  # (b*N, S)
-            width = beam
+        width = beam
         step += 1
-        done = _sentences_done(finished, alive, scores, limits, step, beam, lenpen)  # (b,)
+        done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # (b',)
             rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
             alive, scores = alive[keep], scores[keep]
             token, history = token[rows], history[rows]
-            memory, src_mask = memory[rows], src_mask[rows]
-            state = state.index_select(rows)
+            memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
+            state = state.index_select(rows, keep)
     return [hyps[:nbest] for hyps in finished]
 
 
@@ -291,18 +292,18 @@ def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: 
 
 
 def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Tensor,
-                    limits: Tensor, step: int, beam: int, lenpen: float) -> Tensor:
-    """(b,) True where no open beam can still enter the sentence's N best: it has N
-    finished hypotheses and the best open beam, even ending at the longest allowed
-    length (log-probs only fall; the penalty only grows), scores below the worst of
-    them. Also True once the forced-eos step at the length limit has passed."""
+                    limits: Tensor, step: int, nbest: int, lenpen: float) -> Tensor:
+    """(b,) True where no open beam can still enter the sentence's `nbest` best: it has
+    `nbest` finished hypotheses and the best open beam, even ending at the longest
+    allowed length (log-probs only fall; the penalty only grows), scores below the
+    worst of them. Also True once the forced-eos step at the length limit has passed."""
     best_open = scores[:, 0]  # (b,): beams are kept sorted, best first
     limit = limits[alive]  # (b,)
     bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
     done = step > limit  # (b,)
     for row, sentence in enumerate(alive.tolist()):
         hyps = finished[sentence]
-        if len(hyps) >= beam and not bool(bound[row] > hyps[-1].score):
+        if len(hyps) >= nbest and not bool(bound[row] > hyps[nbest - 1].score):
             done[row] = True
     return done
 
@@ -383,8 +384,8 @@ class EnsembleState:
 
     states: tuple[Any, ...]
 
-    def index_select(self, index: Tensor) -> EnsembleState:
-        return EnsembleState(tuple(s.index_select(index) for s in self.states))
+    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleState:
+        return EnsembleState(tuple(s.index_select(rows, sentences) for s in self.states))
 
 
 class Ensemble:

@@ -100,12 +100,33 @@ def test_state_index_select_reorders_rows():
     memory, mask = model.encode(src)
     _, state = model.decode_step(tgt[:, 0], memory, mask)
     order = torch.tensor([2, 0, 0])
-    picked = state.index_select(order)
+    picked = state.index_select(order, order)
     assert torch.equal(picked.self_k[1], state.self_k[1][order])
     assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
     logits, _ = model.decode_step(tgt[order, 1], memory[order], mask[order], picked)
     reference, _ = model.decode_step(tgt[:, 1], memory, mask, state)
     assert torch.allclose(logits, reference[order], atol=1e-6)
+    beams = state.index_select(order)  # rows reordered; the sources stay one per sentence
+    assert beams.cross_v[0] is state.cross_v[0]
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}])
+def test_rows_of_a_sentence_share_its_source_once(kw):
+    """W rows per sentence against one memory row each give what W copies of the memory
+    give: a beam search holds the source once per sentence."""
+    torch.manual_seed(0)
+    model = build_model(tiny(**kw), V, V).eval()
+    src, tgt = batch()  # 3 sentences
+    memory, mask = model.encode(src)
+    width = 2
+    rows = torch.arange(3).repeat_interleave(width)  # (6,): sentence of each row
+    shared = copied = None
+    for t in range(tgt.size(1)):
+        token = tgt[rows, 0] if t == 0 else torch.randint(4, V, (6,))  # beams differ
+        a, shared = model.decode_step(token, memory, mask, shared)
+        b, copied = model.decode_step(token, memory[rows], mask[rows], copied)
+        assert a.shape == (6, V) and torch.allclose(a, b, atol=1e-5), t
+    assert shared.cross_k[0].size(0) == 3 and copied.cross_k[0].size(0) == 6
 
 
 def test_sinusoidal_table_follows_the_paper():

@@ -21,8 +21,8 @@ class Prefixes:
     def __init__(self, tokens: torch.Tensor):
         self.tokens = tokens
 
-    def index_select(self, index: torch.Tensor) -> Prefixes:
-        return Prefixes(self.tokens.index_select(0, index))
+    def index_select(self, rows: torch.Tensor, sentences=None) -> Prefixes:
+        return Prefixes(self.tokens.index_select(0, rows))
 
 
 class Scripted:
@@ -38,7 +38,7 @@ class Scripted:
         return torch.zeros(*src.shape, 1), src != PAD
 
     def decode_step(self, token, memory, src_mask, state):
-        assert memory.size(0) == token.size(0) == src_mask.size(0)
+        assert memory.size(0) == src_mask.size(0) and token.size(0) % memory.size(0) == 0
         self.rows.append(token.size(0))
         tokens = token[:, None] if state is None else torch.cat([state.tokens, token[:, None]], 1)
         logits = torch.full((token.size(0), V), -1e9)
@@ -115,6 +115,23 @@ def test_search_goes_on_while_an_open_beam_can_still_win():
     best = beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10, nbest=3)[0]
     assert best[0].tokens == [A, A, A]
     assert best[0].log_prob == pytest.approx(math.log(0.6 * 0.99 * 0.99))
+
+    model.rows.clear()  # with nbest 1 the same best, though fewer than 3 have finished
+    assert beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10)[0][0] == best[0]
+
+
+def test_a_sentence_stops_once_no_open_beam_can_beat_its_nbest():
+    # A eos (p 0.855) ends at step 1; the open beams (B C C ..., A C ...) loop to the limit
+    # and score below it from then on: with nbest 1 nothing can beat it any more.
+    table = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.95, C: 0.05}, (B,): {C: 1.0}}
+    table.update({(A,) + (C,) * n: {C: 1.0} for n in range(1, 30)})
+    table.update({(B,) + (C,) * n: {C: 1.0} for n in range(1, 30)})
+    model = Scripted(table)
+    one = beam_search(model, SRC, beam=2, lenpen=0.6, max_len_b=10)[0]
+    assert [h.tokens for h in one] == [[A]] and model.rows == [1, 2]
+    model.rows.clear()
+    two = beam_search(model, SRC, beam=2, lenpen=0.6, max_len_b=10, nbest=2)[0]
+    assert two[0] == one[0] and len(two) == 2 and len(model.rows) > 10
 
 
 def random_model(seed: int = 0):
