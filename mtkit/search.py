@@ -136,16 +136,29 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: T
     return lprobs, state
 
 
-@torch.no_grad()
 def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
                   min_len: int = 1, no_repeat_ngram: int = 0,
                   prefixes: list[list[int]] | None = None) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given."""
+    return [hyps[0].tokens for hyps in greedy_hypotheses(model, src, 0.0, max_len_a,
+                                                         max_len_b, min_len,
+                                                         no_repeat_ngram, prefixes)]
+
+
+@torch.no_grad()
+def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = 0.6,
+                      max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
+                      no_repeat_ngram: int = 0, prefixes: list[list[int]] | None = None
+                      ) -> list[list[Hypothesis]]:
+    """Greedy decoding (the most likely token at each step, until eos) with each output
+    scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
+    length penalty only scores; unlike a beam of one, it never keeps a sentence going
+    past the eos it chose."""
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    out, _ = _one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
-                          no_repeat_ngram, lambda lprobs, alive: lprobs.argmax(dim=-1))
-    return [strip_specials(row) for row in out.tolist()]
+    out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
+                                 no_repeat_ngram, lambda lprobs, alive: lprobs.argmax(dim=-1))
+    return _hypotheses(out, log_prob, 1, lenpen)
 
 
 def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
@@ -344,10 +357,9 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per
-    sentence. A
-    hypothesis' log_prob is the model's own (before temperature and cut-offs)."""
+    sentence. A hypothesis' log_prob is the model's own (before temperature and
+    cut-offs)."""
     device = src.device
-    batch = src.size(0)
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
     limits = limits.repeat_interleave(samples)  # (R,) with R = B * samples
     memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
@@ -364,15 +376,19 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
 
     out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, samples, min_len,
                                  no_repeat_ngram, draw)
-    results: list[list[Hypothesis]] = []
-    for i in range(batch):
-        hyps = []
-        for row in range(i * samples, (i + 1) * samples):
-            tokens = strip_specials(out[row].tolist())
-            lp = float(log_prob[row])
-            hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, lenpen)))
-        results.append(sorted(hyps, key=lambda h: -h.score))
-    return results
+    return _hypotheses(out, log_prob, samples, lenpen)
+
+
+def _hypotheses(out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
+                ) -> list[list[Hypothesis]]:
+    """Outputs (R, L) and their log-probabilities (R,), `per_sentence` consecutive rows
+    per sentence, as each sentence's hypotheses, best score first."""
+    hyps = []
+    for ids, lp in zip(out.tolist(), log_prob.tolist(), strict=True):
+        tokens = strip_specials(ids)
+        hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, lenpen)))
+    return [sorted(hyps[i : i + per_sentence], key=lambda h: -h.score)
+            for i in range(0, len(hyps), per_sentence)]
 
 
 # --- ensembles -------------------------------------------------------------------------

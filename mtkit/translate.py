@@ -33,7 +33,7 @@ from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import Transformer, build_model
-from mtkit.search import Ensemble, Hypothesis, beam_search, sample_search
+from mtkit.search import Ensemble, Hypothesis, beam_search, greedy_hypotheses, sample_search
 from mtkit.tokenizer import EOS, PAD, Vocab
 
 log = logging.getLogger(__name__)
@@ -194,6 +194,11 @@ class Translator(Frontend):
                                          opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram,
                                          prefixes=pre)
                     hyps = [h[: opts.nbest] for h in hyps]
+                elif opts.beam == 1:
+                    hyps = greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a,
+                                             opts.max_len_b,
+                                             no_repeat_ngram=opts.no_repeat_ngram,
+                                             prefixes=pre)
                 else:
                     hyps = beam_search(model, src, opts.beam, opts.lenpen,
                                        opts.max_len_a, opts.max_len_b, nbest=opts.nbest,

@@ -1,52 +1,21 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from scripted import A, B, C, Scripted, V
 
 from mtkit.config import ModelConfig
 from mtkit.model import build_model
-from mtkit.search import Hypothesis, beam_search, greedy_search, length_penalty
+from mtkit.search import (
+    Hypothesis,
+    beam_search,
+    greedy_hypotheses,
+    greedy_search,
+    length_penalty,
+)
 from mtkit.tokenizer import BOS, EOS, PAD
-
-A, B, C = 4, 5, 6
-V = 8
-
-
-class Prefixes:
-    """Decoder state of the scripted model: the tokens so far, (rows, t)."""
-
-    def __init__(self, tokens: torch.Tensor):
-        self.tokens = tokens
-
-    def index_select(self, rows: torch.Tensor, sentences=None) -> Prefixes:
-        return Prefixes(self.tokens.index_select(0, rows))
-
-
-class Scripted:
-    """A step function from a table: prefix (tuple of ids after bos) -> {id: prob};
-    unlisted prefixes put all mass on eos. Records the rows of every step."""
-
-    def __init__(self, table: dict[tuple, dict[int, float]], max_positions: int = 64):
-        self.table = table
-        self.cfg = SimpleNamespace(max_positions=max_positions, d_model=1)
-        self.rows: list[int] = []
-
-    def encode(self, src):
-        return torch.zeros(*src.shape, 1), src != PAD
-
-    def decode_step(self, token, memory, src_mask, state):
-        assert memory.size(0) == src_mask.size(0) and token.size(0) % memory.size(0) == 0
-        self.rows.append(token.size(0))
-        tokens = token[:, None] if state is None else torch.cat([state.tokens, token[:, None]], 1)
-        logits = torch.full((token.size(0), V), -1e9)
-        for r, prefix in enumerate(tokens[:, 1:].tolist()):
-            for tok, p in self.table.get(tuple(prefix), {EOS: 1.0}).items():
-                logits[r, tok] = math.log(p)
-        return logits, Prefixes(tokens)
-
 
 SRC = torch.tensor([[A, B, C, EOS]])
 
@@ -132,6 +101,18 @@ def test_a_sentence_stops_once_no_open_beam_can_beat_its_nbest():
     model.rows.clear()
     two = beam_search(model, SRC, beam=2, lenpen=0.6, max_len_b=10, nbest=2)[0]
     assert two[0] == one[0] and len(two) == 2 and len(model.rows) > 10
+
+
+def test_greedy_stops_at_its_eos_where_a_beam_of_one_goes_on():
+    # eos is the argmax after A (0.6 > 0.4), but A B C A eos scores better under a strong
+    # length penalty: a beam of one keeps that open beam and finds it; greedy does not.
+    table = {(): {A: 1.0}, (A,): {EOS: 0.6, B: 0.4}, (A, B): {C: 1.0}, (A, B, C): {A: 1.0},
+             (A, B, C, A): {EOS: 1.0}}
+    greedy = greedy_hypotheses(Scripted(table), SRC, lenpen=2.0)[0]
+    assert [h.tokens for h in greedy] == [[A]]
+    assert greedy[0].log_prob == pytest.approx(math.log(0.6))
+    assert greedy[0].score == pytest.approx(math.log(0.6) / length_penalty(2, 2.0))
+    assert beam_search(Scripted(table), SRC, beam=1, lenpen=2.0)[0][0].tokens == [A, B, C, A]
 
 
 def random_model(seed: int = 0):

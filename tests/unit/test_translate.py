@@ -3,15 +3,18 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import threading
 
 import pytest
 import torch
+from scripted import A, B, C, Scripted
 
 from mtkit.config import Config, ModelConfig, TokenizerConfig
 from mtkit.model import build_model
-from mtkit.tokenizer import Vocab, train_sentencepiece
+from mtkit.search import length_penalty
+from mtkit.tokenizer import EOS, Vocab, train_sentencepiece
 from mtkit.translate import (
     DecodeOptions,
     Request,
@@ -46,6 +49,25 @@ def test_one_output_line_per_input_line_in_order(translator):
     one_by_one = [translator.translate([x], opts)[0][0].tokens for x in lines]
     together = [h[0].tokens for h in translator.translate(lines, opts)]
     assert one_by_one == together
+
+
+def test_beam_one_is_greedy_decoding(translator):
+    # eos is the argmax after A, but A B C A eos scores better under a strong length
+    # penalty: a search with a beam of one would go on to it; greedy stops at its eos.
+    table = {(): {A: 1.0}, (A,): {EOS: 0.6, B: 0.4}, (A, B): {C: 1.0}, (A, B, C): {A: 1.0},
+             (A, B, C, A): {EOS: 1.0}}
+
+    class ScriptedTranslator(Translator):
+        step_model = Scripted(table)
+
+    scripted = ScriptedTranslator(translator.models, translator.src_vocab,
+                                  translator.tgt_vocab, translator.device, None,
+                                  translator.config)
+    (hyp,), _ = scripted.translate(["A dog.", ""], DecodeOptions(beam=1, lenpen=2.0))
+    assert hyp.tokens == [A]
+    assert hyp.score == pytest.approx(math.log(0.6) / length_penalty(2, 2.0))
+    (longer,), _ = scripted.translate(["A dog.", ""], DecodeOptions(beam=2, lenpen=2.0))
+    assert longer.tokens == [A, B, C, A]
 
 
 def test_overlong_lines_are_truncated_with_one_warning(translator, caplog):

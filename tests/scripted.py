@@ -1,0 +1,46 @@
+"""A scripted step model for search tests: next-token probabilities from a table."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from mtkit.tokenizer import EOS, PAD
+
+A, B, C = 4, 5, 6
+V = 8
+
+
+class Prefixes:
+    """Decoder state of the scripted model: the tokens so far, (rows, t)."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+
+    def index_select(self, rows: torch.Tensor, sentences=None) -> Prefixes:
+        return Prefixes(self.tokens.index_select(0, rows))
+
+
+class Scripted:
+    """A step function from a table: prefix (tuple of ids after bos) -> {id: prob};
+    unlisted prefixes put all mass on eos. Records the rows of every step."""
+
+    def __init__(self, table: dict[tuple, dict[int, float]], max_positions: int = 64):
+        self.table = table
+        self.cfg = SimpleNamespace(max_positions=max_positions, d_model=1)
+        self.rows: list[int] = []
+
+    def encode(self, src):
+        return torch.zeros(*src.shape, 1), src != PAD
+
+    def decode_step(self, token, memory, src_mask, state):
+        assert memory.size(0) == src_mask.size(0) and token.size(0) % memory.size(0) == 0
+        self.rows.append(token.size(0))
+        tokens = token[:, None] if state is None else torch.cat([state.tokens, token[:, None]], 1)
+        logits = torch.full((token.size(0), V), -1e9)
+        for r, prefix in enumerate(tokens[:, 1:].tolist()):
+            for tok, p in self.table.get(tuple(prefix), {EOS: 1.0}).items():
+                logits[r, tok] = math.log(p)
+        return logits, Prefixes(tokens)
