@@ -43,8 +43,9 @@ import torch
 from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
 from mtkit.model import Transformer, sinusoidal_positions
+from mtkit.native import Translator, pad_rows
 from mtkit.tokenizer import BOS, EOS, PAD
-from mtkit.translate import DecodeOptions, Translator, length_batches, load_translator, pad_rows
+from mtkit.translate import DecodeOptions, length_batches, load_translator
 
 
 def read_source(path: str, limit: int) -> list[str]:
@@ -54,11 +55,12 @@ def read_source(path: str, limit: int) -> list[str]:
 
 
 def time_mtkit(translator: Translator, lines: list[str], opts: DecodeOptions):
-    sync(translator.device)
-    with PeakMemory(translator.device) as memory:
+    device = torch.device(str(translator.device))  # CT2Translator's is a string
+    sync(device)
+    with PeakMemory(device) as memory:
         start = time.perf_counter()
         hyps = translator.translate(lines, opts)
-        sync(translator.device)
+        sync(device)
         elapsed = time.perf_counter() - start
     outputs = [h[0].tokens for h in hyps]
     return outputs, elapsed, memory.peak

@@ -89,11 +89,6 @@ def word_links(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequenc
                          if tgt_pieces[t] != WORD_START}))
 
 
-def pharaoh(links: Sequence[tuple[int, int]]) -> str:
-    """Links as "i-j" pairs: source word i, target word j."""
-    return " ".join(f"{s}-{t}" for s, t in links)
-
-
 @torch.no_grad()
 def align(models: Sequence[Transformer], sources: list[list[int]], outputs: list[list[int]],
           src_pieces: list[list[str]], tgt_pieces: list[list[str]], layer: int | None,

@@ -78,9 +78,12 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
         torch.save({"format": FORMAT, **body, "digest": payload_digest(body)}, f)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint onto the CPU without executing code, and check it: the digest
-    of its content, the shape of its parts, finite weights. One-line errors."""
+    of its content, the shape of its parts, finite weights. One-line errors.
+
+    `mmap`: the tensors stay in the file's pages (copy-on-write) instead of being read
+    into the process's own memory; for reading only, as translation does."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
@@ -90,7 +93,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a readable checkpoint (not a zip archive: "
                               f"truncated, corrupt or not made by mtkit)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:  # untrusted bytes: any failure to parse them means "corrupt"

@@ -273,7 +273,8 @@ def translate(
             raise OptionError('--prefix-file is for text input; in jsonl give each line a '
                               '"prefix"')
         prefixes = _read_lines(prefix_file) if prefix_file else None
-        _tune_runtime()
+        if not any(m.is_dir() for m in model):  # an exported folder runs without torch
+            _tune_runtime()
         translator = load_translator(model, device, "--device")
         opts = DecodeOptions.from_config(
             translator.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,

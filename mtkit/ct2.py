@@ -12,6 +12,8 @@ sinusoidal or learned positions (the exact table is stored: mtkit's sinusoids in
 sin and cos, which CTranslate2's built-in table does not), ReLU or GELU, shared or
 separate embeddings. The output projection is tied to the target embedding, without bias.
 The folder is written beside its final place and renamed when complete.
+
+Translating with a folder needs no torch: this module imports it only to export.
 """
 
 from __future__ import annotations
@@ -19,18 +21,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from mtkit.atomic import atomic_dir
 from mtkit.config import OptionError, config_from_dict, config_to_dict
-from mtkit.device import resolve_device
-from mtkit.model import Transformer
-from mtkit.search import Hypothesis, length_penalty
+from mtkit.hypothesis import Hypothesis, length_penalty
 from mtkit.tokenizer import BOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend
+
+if TYPE_CHECKING:
+    from mtkit.model import Transformer
 
 MANIFEST = "mtkit.json"
 FORMAT = "mtkit-ct2-1"
@@ -70,7 +75,7 @@ def check_quantization(quantization: str, device: str = "cpu") -> None:
 def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
                        quantization: str = "float32", force: bool = False) -> Path:
     """Write the CTranslate2 folder of `checkpoint` to `output` (atomically)."""
-    from mtkit.translate import load_model
+    from mtkit.native import load_model
 
     ct2 = ctranslate2_module()
     check_quantization(quantization)
@@ -123,9 +128,9 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
 
     def linear(target, *names: str, bias: bool = True) -> None:
         """Set a (possibly fused) linear layer from mtkit's `names` (concatenated)."""
-        target.weight = torch.cat([torch.from_numpy(get(f"{n}.weight")) for n in names]).numpy()
+        target.weight = np.concatenate([get(f"{n}.weight") for n in names])
         if bias:
-            target.bias = torch.cat([torch.from_numpy(get(f"{n}.bias")) for n in names]).numpy()
+            target.bias = np.concatenate([get(f"{n}.bias") for n in names])
 
     def norm(target, name: str) -> None:
         target.gamma, target.beta = get(f"{name}.weight"), get(f"{name}.bias")
@@ -191,14 +196,16 @@ class CT2Translator(Frontend):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ExportError(f"{folder}: not a readable mtkit export ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:100] if str(e) else ''})") from None
-        dev = resolve_device(device, device_option)
-        self.device = dev
+        self.device = ct2_device(ct2, device, device_option)
         self.steps = [manifest.get("step")]
         self.quantization = manifest.get("quantization", "float32")
         self.max_positions = self.config.model.max_positions
         self._warned_long = False
-        self.engine = ct2.Translator(str(folder), device=dev.type, compute_type="default",
-                                     intra_threads=torch.get_num_threads())
+        # Where torch is loaded too (tests, benchmarks), keep its thread count:
+        # CTranslate2 would otherwise set OpenMP's for the whole process.
+        torch = sys.modules.get("torch")
+        self.engine = ct2.Translator(str(folder), device=self.device, compute_type="default",
+                                     intra_threads=torch.get_num_threads() if torch else 0)
 
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None,
@@ -249,6 +256,17 @@ class CT2Translator(Frontend):
             hyps.append(Hypothesis(ids, log_prob,
                                    log_prob / length_penalty(len(ids) + 1, opts.lenpen)))
         return sorted(hyps, key=lambda h: -h.score)[: opts.nbest]
+
+
+def ct2_device(ct2, name: str, option: str = "--device") -> str:
+    """`auto` -> "cuda" when CTranslate2 sees a CUDA device, else "cpu"; asking for CUDA
+    without one is an error naming `option`, as for a checkpoint."""
+    if name == "cuda" or (name == "auto" and ct2.get_cuda_device_count() > 0):
+        if ct2.get_cuda_device_count() == 0:
+            raise OptionError(f"{option} cuda, but no CUDA device is available (use "
+                              f"{option} auto or cpu)")
+        return "cuda"
+    return "cpu"
 
 
 def refuse_unsupported(opts: DecodeOptions) -> None:

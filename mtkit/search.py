@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from mtkit.hypothesis import Hypothesis, length_penalty
 from mtkit.tokenizer import BOS, EOS, PAD
 
 
@@ -34,19 +35,6 @@ class StepModel(Protocol):
 
     def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
                     state: Any) -> tuple[Tensor, Any]: ...
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    tokens: list[int]  # output ids, without bos / eos
-    log_prob: float  # sum of the token log-probabilities, eos included
-    score: float  # log_prob / length_penalty(len(tokens) + 1): what beams are ranked by
-    alignment: tuple[tuple[int, int], ...] | None = None  # (source word, target word) links
-
-
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:

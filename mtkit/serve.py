@@ -34,10 +34,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mtkit.align import pharaoh
+from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.model import count_parameters
-from mtkit.search import Hypothesis
-from mtkit.translate import DecodeOptions, Translator
+from mtkit.native import Translator
+from mtkit.translate import DecodeOptions
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("serve_page.html")

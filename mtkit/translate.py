@@ -1,4 +1,8 @@
-"""Text in, text out: load a checkpoint, stream lines, batch by length, restore order.
+"""Text in, text out: load a translator, stream lines, batch by length, restore order.
+
+The translator is `mtkit.native.Translator` for checkpoints (PyTorch) or
+`mtkit.ct2.CT2Translator` for an exported folder; this module imports neither until
+`load_translator` chooses one, so translating with an exported folder never loads torch.
 
 `translate_stream` reads whatever lines are available (so it works interactively and
 in a pipe), translates them in length-sorted batches of at most `batch_tokens` / beam
@@ -22,19 +26,17 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, TextIO
+from typing import TYPE_CHECKING, BinaryIO, Literal, TextIO
 
-import torch
+from mtkit.config import DecodeConfig, OptionError
+from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.tokenizer import Vocab
 
-from mtkit.align import align, check_layer, pharaoh
-from mtkit.checkpoint import CheckpointError, load_checkpoint
-from mtkit.config import Config, DecodeConfig, OptionError, config_from_dict
-from mtkit.device import resolve_device, resolve_precision
-from mtkit.model import Transformer, build_model
-from mtkit.search import Ensemble, Hypothesis, beam_search, greedy_hypotheses, sample_search
-from mtkit.tokenizer import EOS, PAD, Vocab
+if TYPE_CHECKING:
+    from mtkit.ct2 import CT2Translator
+    from mtkit.native import Translator
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +100,17 @@ class DecodeOptions:
 class Frontend:
     """What every translator does to its input before the search: set empty lines
     aside, encode and truncate the others, encode target prefixes. Needs `src_vocab`,
-    `tgt_vocab`, `max_positions` and `_warned_long`."""
+    `tgt_vocab`, `max_positions` and `_warned_long`; subclasses search in `translate`."""
 
     src_vocab: Vocab
     tgt_vocab: Vocab
     _warned_long: bool
+
+    def translate(self, lines: list[str], opts: DecodeOptions,
+                  done: Callable[[int], None] | None = None,
+                  prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
+        """Hypotheses for each line, in input order; empty lines get one empty one."""
+        raise NotImplementedError
 
     @property
     def max_src_tokens(self) -> int:
@@ -138,103 +146,10 @@ class Frontend:
         return out, todo, ids, forced
 
 
-@dataclass
-class Translator(Frontend):
-    """One model, or an ensemble of models that share their vocabularies."""
-
-    models: list[Transformer]
-    src_vocab: Vocab
-    tgt_vocab: Vocab
-    device: torch.device
-    autocast_dtype: torch.dtype | None
-    config: Config  # the (first) checkpoint's: decoding defaults in config.decode
-    steps: list[int | None] = field(default_factory=list)  # each model's training step
-    _warned_long: bool = False
-
-    @property
-    def model(self) -> Transformer:
-        """The (first) model."""
-        return self.models[0]
-
-    @property
-    def step_model(self) -> Transformer | Ensemble:
-        """What search runs: the model, or the ensemble of all of them."""
-        return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
-
-    @property
-    def max_positions(self) -> int:
-        return min(m.cfg.max_positions for m in self.models)
-
-    def translate(self, lines: list[str], opts: DecodeOptions,
-                  done: Callable[[int], None] | None = None,
-                  prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order; empty lines get one empty one.
-        A line's output starts with its target `prefixes` entry, when given.
-        `done(n)` is called as lines are finished (for a progress bar). With sampling,
-        each line draws from a seed made of `opts.seed` and its text, so its samples are
-        the same in any batch, at any place in the input, alone or not. With
-        `opts.alignments`, each hypothesis carries its word alignment."""
-        if opts.alignments and opts.align_layer is not None:
-            check_layer(opts.align_layer, self.models)
-        done = done or (lambda n: None)
-        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
-        if not todo:
-            return out
-        order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
-        model = self.step_model
-        for batch in length_batches(order, ids, max(opts.batch_tokens // opts.beam, 1)):
-            src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
-            pre = [forced[k] for k in batch] if forced else None
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                enabled=self.autocast_dtype is not None):
-                if opts.sampling:
-                    seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch]
-                    hyps = sample_search(model, src, seeds, opts.beam, opts.temperature,
-                                         opts.topk, opts.topp, opts.lenpen, opts.max_len_a,
-                                         opts.max_len_b, no_repeat_ngram=opts.no_repeat_ngram,
-                                         prefixes=pre)
-                    hyps = [h[: opts.nbest] for h in hyps]
-                elif opts.beam == 1:
-                    hyps = greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a,
-                                             opts.max_len_b,
-                                             no_repeat_ngram=opts.no_repeat_ngram,
-                                             prefixes=pre)
-                else:
-                    hyps = beam_search(model, src, opts.beam, opts.lenpen,
-                                       opts.max_len_a, opts.max_len_b, nbest=opts.nbest,
-                                       no_repeat_ngram=opts.no_repeat_ngram, prefixes=pre)
-                if opts.alignments:
-                    hyps = self.with_alignments([ids[k] for k in batch], hyps,
-                                                opts.align_layer)
-            for k, h in zip(batch, hyps, strict=True):
-                out[todo[k]] = h
-            done(len(batch))
-        return out
-
-
-    def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
-                        layer: int | None) -> list[list[Hypothesis]]:
-        """Each hypothesis with its word links to its source (`mtkit.align`)."""
-        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True)
-                 for h in nbest]
-        links = iter(align(self.models, [src for src, _ in pairs], [out for _, out in pairs],
-                           [[self.src_vocab.piece(i) for i in src] for src, _ in pairs],
-                           [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
-                           layer, self.device))
-        return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
-
-
 def line_seed(seed: int, line: str) -> int:
     """A sampling seed for one input line: from the user's seed and the line's text."""
     digest = hashlib.sha256(f"{seed}\0{line}".encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:7], "little")
-
-
-def pad_rows(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
 
 
 def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
@@ -254,27 +169,18 @@ def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
 
 
 def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                    device: str = "auto", device_option: str = "--device") -> Translator:
-    """Everything translation needs comes from the checkpoint file(s); several files make
-    an ensemble, whose models must share the source and the target vocabulary (decoding
-    defaults come from the first). `device_option` names the option `device` came from,
-    for the error when it cannot be used."""
+                    device: str = "auto", device_option: str = "--device"
+                    ) -> Translator | CT2Translator:
+    """The translator of checkpoint file(s) (several make an ensemble) or of a folder
+    made by `mtkit export`. `device_option` names the option `device` came from, for
+    the error when it cannot be used. Each backend is imported only when chosen: an
+    exported folder is translated without loading torch."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if any(Path(p).is_dir() for p in paths):
         return _load_export(paths, device, device_option)
-    dev = resolve_device(device, device_option)
-    loaded = [load_model(p) for p in paths]
-    first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
-    for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
-        for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
-            if mine.model_proto != theirs.model_proto:
-                raise CheckpointError(f"{path} and {first} have different {side} "
-                                      f"vocabularies; the models of an ensemble must share "
-                                      f"their tokenizers")
-    models = [model.to(dev).eval() for model, *_ in loaded]
-    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
-    return Translator(models, src_vocab, tgt_vocab, dev, precision, cfg,
-                      [step for *_, step in loaded])
+    from mtkit.native import load_checkpoints
+
+    return load_checkpoints(paths, device, device_option)
 
 
 def _load_export(paths: list, device: str, device_option: str):
@@ -283,31 +189,13 @@ def _load_export(paths: list, device: str, device_option: str):
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())
     if not is_export(folder):
-        raise CheckpointError(f"{folder} is a folder but not an exported model (no "
+        raise OptionError(f"{folder} is a folder but not an exported model (no "
                               f"mtkit.json and model.bin); -m takes a checkpoint file or a "
                               f"folder made by mtkit export")
     if len(paths) > 1:
         raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
                           "translates alone")
     return CT2Translator(folder, device, device_option)
-
-
-def load_model(path: str | os.PathLike
-                ) -> tuple[Transformer, Vocab, Vocab, Config, int | None]:
-    """A checkpoint's model, vocabularies, config and training step (None: averaged)."""
-    payload = load_checkpoint(path)
-    try:
-        cfg = config_from_dict(payload["config"], str(path))
-        src_vocab = Vocab(payload["vocab"]["src"])
-        tgt_vocab = Vocab(payload["vocab"]["tgt"])
-        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
-        model.load_state_dict(payload["model"])
-    except (KeyError, TypeError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
-                              f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
-                              ) from None
-    progress = payload.get("train", {}).get("progress", {})
-    return model, src_vocab, tgt_vocab, cfg, progress.get("step")
 
 
 def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
@@ -425,7 +313,7 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     return io.BytesIO(data)
 
 
-def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
+def translate_stream(translator: Frontend, source: BinaryIO, sink: TextIO,
                      opts: DecodeOptions, done: Callable[[int], None] | None = None,
                      prefixes: list[str] | None = None) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
@@ -501,7 +389,7 @@ def _count_lines(path: str | os.PathLike) -> int:
     return count + (last != b"\n")
 
 
-def translate_texts(translator: Translator, lines: list[str], opts: DecodeOptions) -> list[str]:
+def translate_texts(translator: Frontend, lines: list[str], opts: DecodeOptions) -> list[str]:
     """Best translation of each line, in order (for evaluation)."""
     hyps = translator.translate(lines, opts)
     return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]

@@ -4,6 +4,7 @@ tiny trained run of tests/conftest.py."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -40,6 +41,19 @@ def test_the_export_is_self_contained(exported):
     manifest = json.loads((exported / "mtkit.json").read_text())
     assert manifest["step"] == 20 and manifest["config"]["decode"]["beam"] >= 1
     assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_an_export_translates_without_loading_torch(exported):
+    # In a fresh process (this one has torch loaded): the whole CLI path of -m DIR.
+    code = ("import sys, io; sys.argv = ['mtkit', 'translate', '-m', sys.argv[1]]\n"
+            "from mtkit.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, str(exported)], input="A dog.\n\n",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "False"
+    assert len(done.stdout.splitlines()) == 2 and done.stdout.splitlines()[0]
 
 
 def test_translating_an_export_keeps_the_native_line_guarantees(exported, trained):

@@ -8,12 +8,12 @@ from mtkit.align import (
     check_layer,
     cross_attention,
     default_layer,
-    pharaoh,
     word_index,
     word_links,
 )
 from mtkit.config import ModelConfig, OptionError
 from mtkit.data.batching import collate
+from mtkit.hypothesis import pharaoh
 from mtkit.model import build_model
 
 

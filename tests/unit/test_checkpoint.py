@@ -31,12 +31,24 @@ def test_save_then_load_round_trips_and_leaves_no_temporary_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
 
 
-def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
+def test_a_memory_mapped_load_is_the_same_and_outlives_a_new_save(tmp_path):
+    save_checkpoint(payload(1.0), tmp_path / "a.pt")
+    mapped = load_checkpoint(tmp_path / "a.pt", mmap=True)
+    assert torch.equal(mapped["model"]["w"], torch.ones(2, 3))
+    save_checkpoint(payload(2.0), tmp_path / "a.pt")  # replaced, as training does
+    mapped["model"]["w"].add_(1)  # copy-on-write: the file is never written through
+    assert torch.equal(mapped["model"]["w"], torch.full((2, 3), 2.0))
+    assert torch.equal(load_checkpoint(tmp_path / "a.pt", mmap=True)["model"]["w"],
+                       torch.full((2, 3), 2.0))
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_truncated_checkpoint_is_a_one_line_error(tmp_path, mmap):
     save_checkpoint(payload(1.0), tmp_path / "a.pt")
     data = (tmp_path / "a.pt").read_bytes()
     (tmp_path / "a.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"a.pt: not a readable checkpoint") as e:
-        load_checkpoint(tmp_path / "a.pt")
+        load_checkpoint(tmp_path / "a.pt", mmap=mmap)
     assert "\n" not in str(e.value)
 
 
@@ -62,8 +74,9 @@ def test_loading_never_runs_code(tmp_path):
         pickle.dump({"format": "mtkit-checkpoint-1", "x": Exploit()}, f)
     torch.save({"format": "mtkit-checkpoint-1", "x": Exploit()}, tmp_path / "evil2.pt")
     for name in ("evil.pt", "evil2.pt"):
-        with pytest.raises(CheckpointError):
-            load_checkpoint(tmp_path / name)
+        for mmap in (False, True):
+            with pytest.raises(CheckpointError):
+                load_checkpoint(tmp_path / name, mmap=mmap)
     assert not Exploit.marker.exists()
 
 

@@ -13,12 +13,12 @@ from scripted import A, B, C, Scripted
 
 from mtkit.config import Config, ModelConfig, TokenizerConfig
 from mtkit.model import build_model
+from mtkit.native import Translator
 from mtkit.search import length_penalty
 from mtkit.tokenizer import EOS, Vocab, train_sentencepiece
 from mtkit.translate import (
     DecodeOptions,
     Request,
-    Translator,
     format_lines,
     read_chunks,
     translate_stream,
