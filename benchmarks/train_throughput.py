@@ -32,9 +32,9 @@ from mtkit.config import ModelConfig, load_config
 from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.device import calibration_shape, resolve_device, resolve_precision, tune_cpu_runtime
-from mtkit.loss import label_smoothed_nll
 from mtkit.model import build_model
 from mtkit.tokenizer import PAD, Vocab
+from mtkit.train import batch_loss
 
 # Run in the child: at exit, write its own VmHWM (the peak RSS of its memory map, which
 # exec resets) to the file named by $MTKIT_PEAK_FILE. (ru_maxrss from wait4 would not do:
@@ -236,8 +236,7 @@ def main() -> None:
     model = build_model(cfg.model, vocab, vocab).to(device).train()
 
     def mtkit_step(batch: Batch) -> torch.Tensor:
-        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
-                                 cfg.train.label_smoothing)
+        out = batch_loss(model, batch, cfg.train.label_smoothing)  # the trainer's own
         return out.loss / max(out.tokens, 1)
 
     rate, elapsed, peak = time_training(mtkit_step, list(model.parameters()), batches, args,

@@ -10,7 +10,8 @@ greedy and beam 5, on the current device and prints one JSON line. With `--compa
 it copies the checkpoint's weights into a Hugging Face `transformers` MarianMTModel of
 the same dimensions (nothing downloaded; `pip install mtkit[bench]`), runs
 `generate(num_beams=5)` on length-sorted batches of 16, 64 and 256 sentences and of
-mtkit's token batches, times mtkit at 2000 and its default batch tokens, and prints the
+mtkit's token batches, with its `sdpa` and its `eager` attention, times mtkit at 2000 and
+its default batch tokens, and prints the
 speed ratio of each side at its best batch size, and the share of sentences whose
 outputs are identical. For a like-for-like search both
 rank by plain log-probability (length penalty 0; Hugging Face's penalty is not GNMT's),
@@ -66,8 +67,9 @@ def time_mtkit(translator: Translator, lines: list[str], opts: DecodeOptions):
     return outputs, elapsed, memory.peak
 
 
-def marian_copy(model: Transformer):
-    """A MarianMTModel with the mtkit model's dimensions and weights."""
+def marian_copy(model: Transformer, attention: str = "sdpa"):
+    """A MarianMTModel with the mtkit model's dimensions and weights, and the attention
+    implementation `attention` (eager or sdpa)."""
     from transformers import MarianConfig, MarianMTModel
 
     cfg = model.cfg
@@ -82,7 +84,8 @@ def marian_copy(model: Transformer):
         decoder_ffn_dim=cfg.ffn_dim, activation_function=cfg.activation,
         max_position_embeddings=cfg.max_positions, scale_embedding=True, pad_token_id=PAD,
         eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=True))
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=True,
+        attn_implementation=attention))
     ours = model.state_dict()
     theirs = {"model.shared.weight": ours["tgt_embed.tokens.weight"]}
     table = sinusoidal_positions(cfg.max_positions, cfg.d_model)
@@ -259,14 +262,17 @@ def main() -> None:
     if args.compare == "hf":
         # Each side at its best batch size: Hugging Face's generate() keeps finished
         # sentences in the batch, so it prefers small batches; mtkit is swept too.
-        hf = marian_copy(translator.model).to(translator.device)
+        # Its attention implementations are swept too (eager was faster on CPUs in training).
         tokens = translator.config.decode.batch_tokens
         opts = DecodeOptions(beam=5, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len,
                              batch_tokens=tokens)
         sweep = {}
-        for size in (16, 64, 256, None):  # None: mtkit's token batches
-            out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, size)
-            sweep[f"{size} sentences" if size else f"{tokens} tokens"] = (elapsed, out, peak)
+        for attention in ("sdpa", "eager"):
+            hf = marian_copy(translator.model, attention).to(translator.device)
+            for size in (16, 64, 256, None):  # None: mtkit's token batches
+                out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, size)
+                batch = f"{size} sentences" if size else f"{tokens} tokens"
+                sweep[f"{attention}, {batch}"] = (elapsed, out, peak)
         ours = {f"{b} tokens": time_mtkit(translator, lines, replace(opts, batch_tokens=b))[1]
                 for b in (2000, tokens)}
         hf_best = min(sweep, key=lambda k: sweep[k][0])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -237,6 +238,13 @@ class DecoderLayer(nn.Module):
         return self.ffn_block.after(y, self.ffn(self.ffn_block.before(y))), (k, v)
 
 
+class Projection(NamedTuple):
+    """Logits not yet made: the decoder's output (B, T, D) and the output weight (V, D)."""
+
+    hidden: Tensor
+    weight: Tensor
+
+
 @dataclass(frozen=True)
 class DecoderState:
     """Everything `decode_step` carries between steps, one entry per decoder layer:
@@ -315,12 +323,16 @@ class Transformer(nn.Module):
     def project(self, y: Tensor) -> Tensor:
         return F.linear(self.decoder_norm(y), self.output_weight)  # (..., V)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V)."""
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
+               project: bool = True) -> Tensor | Projection:
+        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V), or with `project`
+        False the `Projection` that would make them."""
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         y = self.tgt_embed(tgt_in)  # (B, T, D)
         for layer in self.decoder_layers:
             y, _ = layer(y, layer.cross_attn.project_kv(memory), attn_mask)
+        if not project:
+            return Projection(self.decoder_norm(y), self.output_weight)
         return self.project(y)  # (B, T, V)
 
     def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
@@ -345,10 +357,13 @@ class Transformer(nn.Module):
         logits = self.project(y[:, 0])  # (B*W, V)
         return logits, DecoderState(tuple(new_k), tuple(new_v), cross_k, cross_v)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True
+                ) -> Tensor | Projection:
+        """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V), or with
+        `project` False the `Projection` that would make them (for the loss to make in
+        chunks: `mtkit.loss`)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+        return self.decode(tgt_in, memory, src_mask, project)
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:

@@ -42,7 +42,7 @@ from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, 
 from mtkit.data.shards import ShardDataset
 from mtkit.device import calibration_shape, resolve_device, resolve_precision
 from mtkit.evaluate import score
-from mtkit.loss import label_smoothed_nll
+from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
@@ -630,13 +630,20 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
                        "bf16" if state.autocast_dtype else "fp32")
 
 
+def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
+    """The loss of one batch, summed over its tokens, as training computes it: the loss
+    makes the output projection a chunk at a time (`mtkit.loss`), so the logits of the
+    whole batch never exist at once."""
+    return label_smoothed_nll(model(batch.src, batch.tgt_in, project=False), batch.tgt_out,
+                              label_smoothing)
+
+
 def _forward_backward(model: nn.Module, batch: Batch, label_smoothing: float,
                       device: torch.device, autocast_dtype: torch.dtype | None):
     """Loss of one batch (summed over its tokens) and its gradients, added to .grad."""
     with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                         enabled=autocast_dtype is not None):
-        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
-                                 label_smoothing)
+        out = batch_loss(model, batch, label_smoothing)
     out.loss.backward()
     return out
 

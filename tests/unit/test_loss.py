@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import mtkit.loss
 from mtkit.loss import label_smoothed_nll
+from mtkit.model import Projection
 
 
 def test_hand_computed_example():
@@ -67,3 +69,41 @@ def test_hand_written_gradient_matches_autograd(eps):
     assert torch.allclose(ours, logits.grad, atol=1e-10)
     assert torch.autograd.gradcheck(
         lambda z: label_smoothed_nll(z, target, eps).loss, (logits.detach().requires_grad_(),))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_a_projection_in_chunks_gives_the_loss_and_gradients_of_its_logits(eps, monkeypatch):
+    monkeypatch.setattr(mtkit.loss, "CHUNK_ELEMENTS", 16 * 13)  # 16 rows per chunk
+    torch.manual_seed(2)
+    hidden = torch.randn(3, 20, 6, dtype=torch.float64, requires_grad=True)  # 60 rows
+    weight = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (3, 20))
+    target[0, 9:] = 0
+    target[2, 17:] = 0  # pad rows inside and across chunk boundaries
+    full = label_smoothed_nll(F.linear(hidden, weight), target, eps)
+    (0.25 * full.loss).backward()
+    expected = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    chunked = label_smoothed_nll(Projection(hidden, weight), target, eps)
+    (0.25 * chunked.loss).backward()
+    assert chunked.tokens == full.tokens == int((target != 0).sum())
+    assert chunked.loss.item() == pytest.approx(full.loss.item(), rel=1e-6)
+    assert chunked.nll.item() == pytest.approx(full.nll.item(), rel=1e-6)
+    assert torch.allclose(hidden.grad, expected[0], atol=1e-6)
+    assert torch.allclose(weight.grad, expected[1], atol=1e-6)
+    assert hidden.grad[0, 9:].abs().sum() == 0  # pad positions get no gradient
+
+
+def test_a_projection_under_bf16_autocast_stays_close_to_fp32():
+    torch.manual_seed(3)
+    hidden = torch.randn(64, 32, requires_grad=True)
+    weight = torch.randn(50, 32, requires_grad=True) * 0.1
+    weight.retain_grad()
+    target = torch.randint(1, 50, (64,))
+    fp32 = label_smoothed_nll(Projection(hidden, weight), target)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = label_smoothed_nll(Projection(hidden, weight), target)
+    assert bf16.loss.dtype == torch.float32
+    assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
+    bf16.loss.backward()
+    assert hidden.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32

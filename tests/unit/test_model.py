@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mtkit.config import ModelConfig
 from mtkit.model import DecoderState, build_model, count_parameters, sinusoidal_positions
@@ -57,6 +58,15 @@ def forward(model, seed: int = 0):
     src, tgt = batch(seed)
     memory, mask = model.encode(src)
     return src, tgt, memory, mask, model.decode(tgt, memory, mask)
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}])
+def test_the_unprojected_forward_makes_the_same_logits(kw):
+    model = build_model(tiny(**kw), V, V).eval()
+    src, tgt = batch()
+    hidden, weight = model(src, tgt, project=False)
+    assert hidden.shape == (3, 6, 16) and weight is model.output_weight
+    assert torch.allclose(F.linear(hidden, weight), model(src, tgt), atol=1e-6)
 
 
 def test_padded_source_positions_receive_zero_attention():
