@@ -89,10 +89,42 @@ def label_smoothed_nll(logits: Tensor | Projection, target: Tensor, eps: float =
     return LossOutput(loss, nll, int(keep.sum()))
 
 
+def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
+                  ignore_index: int, chunk_rows: int, want_hidden: bool, want_weight: bool
+                  ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """hidden (N, D), weight (V, D), target (N,) -> the summed smoothed loss and NLL over
+    the rows whose target is not `ignore_index`, and (when wanted) the loss's gradients
+    with respect to hidden and weight, made `chunk_rows` rows of logits at a time."""
+    vocab = weight.size(0)
+    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    nll = torch.zeros_like(loss)
+    grad_hidden = torch.empty_like(hidden) if want_hidden else None
+    grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+                   if want_weight else None)
+    for start in range(0, hidden.size(0), chunk_rows):
+        h = hidden[start : start + chunk_rows]  # (n, D)
+        t = target[start : start + chunk_rows]  # (n,)
+        keep = t != ignore_index  # (n,)
+        lprobs = torch.log_softmax(F.linear(h, weight).float(), dim=-1)  # (n, V)
+        row_nll = -lprobs.gather(1, t[:, None]).squeeze(1)  # (n,)
+        row_loss = (1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)  # (n,)
+        loss += torch.where(keep, row_loss, 0.0).sum()
+        nll += torch.where(keep, row_nll, 0.0).sum()
+        if not (want_hidden or want_weight):
+            continue
+        # d loss_i / d z_ij = p_ij - (1 - eps) [j = t_i] - eps / V, 0 on pad rows
+        grad = lprobs.exp_().sub_(eps / vocab)  # (n, V), in place of lprobs
+        grad.scatter_add_(1, t[:, None], grad.new_full((t.size(0), 1), eps - 1.0))
+        grad = grad.mul_(keep[:, None]).to(h.dtype)
+        if want_hidden:
+            grad_hidden[start : start + chunk_rows] = grad @ weight.to(h.dtype)
+        if want_weight:
+            grad_weight += (grad.t() @ h).float()
+    return loss, nll, grad_hidden, grad_weight
+
+
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
-    """The output projection and the summed smoothed loss in one, a chunk of rows at a
-    time: hidden (N, D), weight (V, D), target (N,) -> summed loss and NLL over the rows
-    whose target is not `ignore_index`.
+    """The output projection and the summed smoothed loss in one (`_chunked_loss`).
 
     The loss is the last thing a training step computes, so its gradient is known in the
     forward pass up to the scale backward brings: each chunk's d loss / d logits =
@@ -103,30 +135,8 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
                 ignore_index: int, chunk_rows: int):
-        vocab = weight.size(0)
-        want_hidden, want_weight = ctx.needs_input_grad[:2]
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        nll = torch.zeros_like(loss)
-        grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32,
-                                  device=weight.device) if want_weight else None
-        for start in range(0, hidden.size(0), chunk_rows):
-            h = hidden[start : start + chunk_rows]  # (n, D)
-            t = target[start : start + chunk_rows]  # (n,)
-            keep = t != ignore_index  # (n,)
-            lprobs = torch.log_softmax(F.linear(h, weight).float(), dim=-1)  # (n, V)
-            row_nll = -lprobs.gather(1, t[:, None]).squeeze(1)  # (n,)
-            row_loss = (1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)  # (n,)
-            loss += torch.where(keep, row_loss, 0.0).sum()
-            nll += torch.where(keep, row_nll, 0.0).sum()
-            # d loss_i / d z_ij = p_ij - (1 - eps) [j = t_i] - eps / V, 0 on pad rows
-            grad = lprobs.exp_().sub_(eps / vocab)  # (n, V), in place of lprobs
-            grad.scatter_add_(1, t[:, None], grad.new_full((t.size(0), 1), eps - 1.0))
-            grad.mul_(keep[:, None])
-            if want_hidden:
-                grad_hidden[start : start + chunk_rows] = grad.to(h.dtype) @ weight.to(h.dtype)
-            if want_weight:
-                grad_weight += (grad.t().to(h.dtype) @ h).float()
+        loss, nll, grad_hidden, grad_weight = _chunked_loss(
+            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2])
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
@@ -145,6 +155,10 @@ def _projected_nll(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
     flat = hidden.reshape(-1, hidden.size(-1))  # (B*T, D)
     target = target.reshape(-1)  # (B*T,)
     chunk_rows = max(1, CHUNK_ELEMENTS // weight.size(0))
-    loss, nll = _ProjectedSmoothedCrossEntropy.apply(flat, weight, target, eps, ignore_index,
-                                                     chunk_rows)
+    if torch.is_grad_enabled():
+        loss, nll = _ProjectedSmoothedCrossEntropy.apply(flat, weight, target, eps,
+                                                         ignore_index, chunk_rows)
+    else:  # validation: no gradients to take
+        loss, nll, _, _ = _chunked_loss(flat, weight, target, eps, ignore_index, chunk_rows,
+                                        False, False)
     return LossOutput(loss, nll, int((target != ignore_index).sum()))

@@ -174,8 +174,7 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
         batch = collate([(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]).to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None):
-            out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out,
-                                     cfg.train.label_smoothing)
+            out = batch_loss(model, batch, cfg.train.label_smoothing)
             ids = greedy_search(model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b)
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()

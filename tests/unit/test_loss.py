@@ -107,3 +107,16 @@ def test_a_projection_under_bf16_autocast_stays_close_to_fp32():
     assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
     bf16.loss.backward()
     assert hidden.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
+
+
+def test_a_projection_without_gradients_gives_the_same_loss(monkeypatch):
+    monkeypatch.setattr(mtkit.loss, "CHUNK_ELEMENTS", 8 * 13)  # 8 rows per chunk
+    torch.manual_seed(4)
+    hidden, weight = torch.randn(2, 15, 6), torch.randn(13, 6, requires_grad=True)
+    target = torch.randint(0, 13, (2, 15))
+    with torch.no_grad():
+        chunked = label_smoothed_nll(Projection(hidden, weight), target, 0.1)
+        full = label_smoothed_nll(F.linear(hidden, weight), target, 0.1)
+    assert not chunked.loss.requires_grad
+    assert chunked.loss.item() == pytest.approx(full.loss.item(), rel=1e-6)
+    assert chunked.nll.item() == pytest.approx(full.nll.item(), rel=1e-6)
