@@ -9,7 +9,8 @@
 
 Every request's sentences go into one queue. One model worker thread (`Batcher`) takes
 sentences from it, up to `max_batch_tokens` source tokens or until `max_wait_ms` has
-passed since the oldest waiting one, translates them in one batched search per decoding
+passed since the oldest waiting one arrived (or since the last round ended, if later,
+so that the clients it answered can join), translates them in one batched search per decoding
 setting, and answers each request once its own sentences are done. The event loop only
 parses and answers; it never runs the model, so a slow client never holds up others.
 """
@@ -88,6 +89,7 @@ class Batcher:
         self._queued_lines = 0
         self._lock = threading.Lock()
         self._held: _Job | None = None  # taken from the queue, left for the next batch
+        self._round_end = 0.0  # time.monotonic() when the last round was answered
         self._thread: threading.Thread | None = None
 
     def start(self) -> Batcher:
@@ -121,7 +123,10 @@ class Batcher:
         if first is None:
             return None
         jobs, tokens = [first], first.tokens
-        deadline = first.arrived + self.limits.max_wait_ms / 1000
+        # The wait counts from the oldest sentence's arrival, or from the end of the last
+        # round if later: the clients it just answered can then join this round with
+        # their next requests, instead of forming a half-empty round of their own.
+        deadline = max(first.arrived, self._round_end) + self.limits.max_wait_ms / 1000
         while tokens < self.limits.max_batch_tokens:
             wait = deadline - time.monotonic()
             try:  # past the deadline, still take what is already queued
@@ -145,6 +150,7 @@ class Batcher:
                 groups.setdefault(job.opts, []).append(job)
             for opts, group in groups.items():
                 self._translate(group, opts)
+            self._round_end = time.monotonic()
 
     def _translate(self, jobs: list[_Job], opts: DecodeOptions) -> None:
         lines = [line for job in jobs for line in job.lines]

@@ -134,6 +134,36 @@ def test_the_worker_batches_concurrent_requests_and_answers_each_its_own(transla
         assert texts == alone(translator, [x, x + " Again."])
 
 
+def test_requests_sent_as_a_round_is_answered_join_the_next_round(translator):
+    """The wait for company counts from the end of the last round as well: a client
+    answered by round 1 that comes back at once joins the request that waited through
+    round 1, instead of that one leaving alone."""
+    rounds, real = [], translator.translate
+
+    class Slow:
+        def __getattr__(self, name):
+            return getattr(translator, name)
+
+        def translate(self, lines, opts, *args, **kw):
+            rounds.append(list(lines))
+            if len(rounds) == 1:
+                time.sleep(1.0)  # far longer than max_wait: "B" waits through it
+            return real(lines, opts, *args, **kw)
+
+    batcher = Batcher(Slow(), Limits(max_wait_ms=400)).start()
+    opts = replace(defaults(translator), batch_tokens=4000)
+    first = batcher.submit(["A dog."], opts)
+    while not rounds:  # round 1 ("A dog." alone, after waiting 400 ms) has started
+        time.sleep(0.01)
+    waiting = batcher.submit(["B cat."], opts)
+    first.result(timeout=60)
+    time.sleep(0.05)  # the answered client comes back, well within 400 ms
+    again = batcher.submit(["C bird."], opts)
+    waiting.result(timeout=60), again.result(timeout=60)
+    batcher.stop()
+    assert rounds == [["A dog."], ["B cat.", "C bird."]]
+
+
 # --- a real server process -------------------------------------------------------------
 
 
