@@ -467,7 +467,14 @@ def serve(
             max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
             temperature=temperature, topk=topk, topp=topp, seed=seed,
             align_layer=align_layer, alignments=align_layer is not None)
-        if align_layer is not None:
+        from mtkit.ct2 import CT2Translator, refuse_unsupported
+
+        if isinstance(translator, CT2Translator):  # refused now, not in every request
+            if align_layer is not None:
+                raise OptionError("--align-layer needs a checkpoint (-m FILE.pt), not an "
+                                  "exported CTranslate2 folder")
+            refuse_unsupported(defaults)
+        elif align_layer is not None:
             from mtkit.align import check_layer
 
             check_layer(align_layer, translator.models)

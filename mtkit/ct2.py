@@ -184,6 +184,8 @@ class CT2Translator(Frontend):
     beam's N finished hypotheses by the GNMT score, as mtkit reports it. Sampling (per-
     line seeds), alignments and ensembles need a checkpoint."""
 
+    can_align = False
+
     def __init__(self, folder: str | os.PathLike, device: str = "auto",
                  device_option: str = "--device"):
         ct2 = ctranslate2_module()
@@ -206,6 +208,10 @@ class CT2Translator(Frontend):
         torch = sys.modules.get("torch")
         self.engine = ct2.Translator(str(folder), device=self.device, compute_type="default",
                                      intra_threads=torch.get_num_threads() if torch else 0)
+
+    def describe(self) -> dict:
+        return {"engine": f"ctranslate2 ({self.quantization})", "models": 1,
+                "parameters": None}
 
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None,

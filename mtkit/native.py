@@ -19,7 +19,7 @@ from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.hypothesis import Hypothesis
-from mtkit.model import Transformer, build_model
+from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.search import Ensemble, beam_search, greedy_hypotheses, sample_search
 from mtkit.tokenizer import EOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend, length_batches, line_seed
@@ -51,6 +51,10 @@ class Translator(Frontend):
     @property
     def max_positions(self) -> int:
         return min(m.cfg.max_positions for m in self.models)
+
+    def describe(self) -> dict:
+        return {"engine": "pytorch", "models": len(self.models),
+                "parameters": sum(count_parameters(m) for m in self.models)}
 
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None,

@@ -36,9 +36,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.model import count_parameters
-from mtkit.native import Translator
-from mtkit.translate import DecodeOptions
+from mtkit.translate import DecodeOptions, Frontend
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("serve_page.html")
@@ -83,7 +81,7 @@ class Batcher:
     `mtkit serve` runs the model on the main thread (and HTTP on another): the same
     search ran 1.2-1.5x slower in a second thread on the 2-core machine measured."""
 
-    def __init__(self, translator: Translator, limits: Limits):
+    def __init__(self, translator: Frontend, limits: Limits):
         self.translator, self.limits = translator, limits
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._queued_lines = 0
@@ -245,7 +243,7 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(translator: Translator, defaults: DecodeOptions, limits: Limits,
+def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
                model_name: str, step: int | None = None, api_key: str | None = None,
                batcher: Batcher | None = None) -> FastAPI:
     """The service for one loaded model (or ensemble). `defaults`: the decoding options
@@ -292,6 +290,9 @@ def create_app(translator: Translator, defaults: DecodeOptions, limits: Limits,
         if chars > limits.max_chars:
             raise ServeError(413, f"at most {limits.max_chars} characters per request, "
                                   f"got {chars}", "text")
+        if body.alignments and not translator.can_align:
+            raise ServeError(422, "alignments need a checkpoint: this server runs an "
+                                  "exported CTranslate2 model", "alignments")
         beam = body.beam or defaults.beam
         nbest = body.nbest or 1
         if nbest > beam:
@@ -317,9 +318,7 @@ def create_app(translator: Translator, defaults: DecodeOptions, limits: Limits,
         cfg = translator.config
         return {"model": model_name, "source_language": cfg.data.src_lang,
                 "target_language": cfg.data.tgt_lang, "step": step,
-                "models": len(translator.models),
-                "parameters": sum(count_parameters(m) for m in translator.models),
-                "device": str(translator.device),
+                **translator.describe(), "device": str(translator.device),
                 "decoding": {k: v for k, v in asdict(defaults).items()
                              if k not in ("format", "scores", "nbest", "alignments")},
                 "limits": asdict(limits)}
@@ -331,7 +330,7 @@ def create_app(translator: Translator, defaults: DecodeOptions, limits: Limits,
     return app
 
 
-def _entry(hyps: list[Hypothesis], translator: Translator, opts: DecodeOptions) -> dict:
+def _entry(hyps: list[Hypothesis], translator: Frontend, opts: DecodeOptions) -> dict:
     """One sentence's answer: its best translation, and the n-best list when asked."""
 
     def one(h: Hypothesis) -> dict:

@@ -105,6 +105,12 @@ class Frontend:
     src_vocab: Vocab
     tgt_vocab: Vocab
     _warned_long: bool
+    can_align = True  # whether `translate` honours `opts.alignments`
+
+    def describe(self) -> dict:
+        """What runs the search, for `mtkit serve`'s /v1/info: engine, models,
+        parameters (None where unknown)."""
+        raise NotImplementedError
 
     def translate(self, lines: list[str], opts: DecodeOptions,
                   done: Callable[[int], None] | None = None,

@@ -121,3 +121,27 @@ def test_int8_export_translates(trained, tmp_path):
     assert result.exit_code == 0, result.output
     out = cli("translate", "-m", folder, input=LINES)
     assert out.exit_code == 0 and len(out.stdout.splitlines()) == 4
+
+
+def test_an_export_is_served_and_what_it_cannot_do_is_refused(exported):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mtkit.ct2 import CT2Translator
+    from mtkit.serve import Limits, create_app
+    from mtkit.translate import DecodeOptions
+
+    translator = CT2Translator(exported, "cpu")
+    defaults = DecodeOptions.from_config(translator.config.decode)
+    with TestClient(create_app(translator, defaults, Limits(), "ct2", 20)) as api:
+        info = api.get("/v1/info").json()
+        assert info["engine"] == "ctranslate2 (float32)" and info["parameters"] is None
+        answer = api.post("/v1/translate", json={"text": ["A dog.", ""]})
+        assert answer.status_code == 200
+        assert [t["text"] for t in answer.json()["translations"]][1] == ""
+        refused = api.post("/v1/translate", json={"text": ["A dog."], "alignments": True})
+        assert refused.status_code == 422 and refused.json()["field"] == "alignments"
+        assert api.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
+    one_line_error(cli("serve", "-m", exported, "--sampling"), "--sampling needs a checkpoint")
+    one_line_error(cli("serve", "-m", exported, "--align-layer", "0"),
+                   "--align-layer needs a checkpoint")
