@@ -256,6 +256,7 @@ def translate(
     from mtkit.translate import (
         DecodeOptions,
         load_translator,
+        names_export,
         progress_bar,
         read_all_lines,
         translate_stream,
@@ -273,7 +274,7 @@ def translate(
             raise OptionError('--prefix-file is for text input; in jsonl give each line a '
                               '"prefix"')
         prefixes = _read_lines(prefix_file) if prefix_file else None
-        if not any(m.is_dir() for m in model):  # an exported folder runs without torch
+        if not names_export(model):  # an exported folder runs without torch
             _tune_runtime()
         translator = load_translator(model, device, "--device")
         opts = DecodeOptions.from_config(
@@ -447,7 +448,7 @@ def serve(
                    err=True)
         raise typer.Exit(code=2) from None
     from mtkit.serve import Batcher, Limits, create_app, serve_forever
-    from mtkit.translate import DecodeOptions, load_translator
+    from mtkit.translate import DecodeOptions, load_translator, names_export
 
     with _reported():
         _check_device(device)
@@ -458,7 +459,8 @@ def serve(
                 raise OptionError(f"--{name.replace('_', '-')} must be "
                                   f"{'at least' if name == 'max_wait_ms' else 'above'} 0, "
                                   f"got {value}")
-        _tune_runtime()
+        if not names_export(model):
+            _tune_runtime()
         translator = load_translator(model, device, "--device")
         if max_batch_tokens is None:
             limits = replace(limits, max_batch_tokens=translator.config.decode.batch_tokens)

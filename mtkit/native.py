@@ -102,7 +102,6 @@ class Translator(Frontend):
             done(len(batch))
         return out
 
-
     def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
                         layer: int | None) -> list[list[Hypothesis]]:
         """Each hypothesis with its word links to its source (`mtkit.align`)."""

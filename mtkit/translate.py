@@ -174,6 +174,12 @@ def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
         yield batch
 
 
+def names_export(paths: Sequence[str | os.PathLike]) -> bool:
+    """Whether `-m` names a folder (made by `mtkit export`) rather than checkpoint files:
+    then CTranslate2 translates, and torch is never loaded."""
+    return any(Path(p).is_dir() for p in paths)
+
+
 def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
                     device: str = "auto", device_option: str = "--device"
                     ) -> Translator | CT2Translator:
@@ -182,7 +188,7 @@ def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
     the error when it cannot be used. Each backend is imported only when chosen: an
     exported folder is translated without loading torch."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    if any(Path(p).is_dir() for p in paths):
+    if names_export(paths):
         return _load_export(paths, device, device_option)
     from mtkit.native import load_checkpoints
 
