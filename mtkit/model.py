@@ -71,17 +71,20 @@ class Embedding(nn.Module):
         self.max_positions = cfg.max_positions
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """ids (B, L) at positions start..start+L-1 -> (B, L, D)."""
+    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+        """ids (B, L) at positions start..start+L-1 -> (B, L, D). `start` may also give
+        each row its own position, (B,), for one token per row (L = 1)."""
         length = ids.size(1)
-        if start + length > self.max_positions:
-            raise ValueError(f"sequence of {start + length} tokens exceeds "
+        last = (int(start.max()) if isinstance(start, Tensor) else start) + length
+        if last > self.max_positions:
+            raise ValueError(f"sequence of {last} tokens exceeds "
                              f"model.max_positions={self.max_positions}")
         x = self.tokens(ids) * self.scale  # (B, L, D)
-        if self.learned is not None:
-            pos = self.learned.weight[start : start + length]  # (L, D)
+        table = self.learned.weight if self.learned is not None else self.sinusoidal
+        if isinstance(start, Tensor):
+            pos = table.index_select(0, start)[:, None]  # (B, 1, D)
         else:
-            pos = self.sinusoidal[start : start + length]  # (L, D)
+            pos = table[start : start + length]  # (L, D)
         return self.dropout(x + pos.to(x.dtype))
 
 
@@ -210,23 +213,28 @@ class DecoderLayer(nn.Module):
                                                              Sublayer(cfg))
 
     def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
-                past_kv: tuple[Tensor, Tensor] | None = None
+                past_kv: tuple[Tensor, Tensor] | SlotKV | None = None
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """y (B*W, T, D): new target positions, W consecutive rows per sentence (W > 1
         in a beam search); memory_kv: cross-attention keys/values (B, H, S, K), one per
         sentence; mask (B, 1, 1, S); past_kv: self-attention keys/values of the
-        positions before y (B, H, t, K), or None. Returns the output (B, T, D) and the
-        self-attention keys/values of all positions so far (B, H, t+T, K)."""
+        positions before y (B, H, t, K), or a `SlotKV` to write the new position into,
+        or None. Returns the output (B, T, D) and the self-attention keys/values of all
+        positions so far (B, H, t+T, K)."""
         h = self.self_block.before(y)
         k, v = self.self_attn.project_kv(h)  # (B, H, T, K)
-        if past_kv is not None:
+        self_mask = None
+        if isinstance(past_kv, SlotKV):  # each row at its own position (T = 1)
+            k, v, self_mask = past_kv.write(k, v)  # (B, H, width, K), (B, 1, 1, width)
+        elif past_kv is not None:
             k = torch.cat([past_kv[0], k], dim=2)  # (B, H, t+T, K)
             v = torch.cat([past_kv[1], v], dim=2)  # (B, H, t+T, K)
         # Without a cache the T positions attend causally; with one, the single new
-        # position sees all earlier ones. Targets are right-padded, so no pad key lies
-        # before a real query and no padding mask is needed.
+        # position sees all earlier ones (of its own sentence: `self_mask`). Targets are
+        # right-padded, so no pad key lies before a real query and no padding mask is
+        # needed.
         causal = past_kv is None and y.size(1) > 1
-        y = self.self_block.after(y, self.self_attn.attend(h, k, v, causal=causal))
+        y = self.self_block.after(y, self.self_attn.attend(h, k, v, self_mask, causal))
         h = self.cross_block.before(y)
         # In a search, a sentence's rows (its beams) share its source keys/values, held
         # once: its rows' positions are then queries of one attention over its source.
@@ -270,6 +278,108 @@ class DecoderState:
 
         return DecoderState(pick(self.self_k, rows), pick(self.self_v, rows),
                             pick(self.cross_k, sentences), pick(self.cross_v, sentences))
+
+
+class SlotKV(NamedTuple):
+    """One decoder layer's self-attention cache in a `SlotState`, for one step: keys and
+    values (slots, H, C, K); rows (B,) = 0..B-1, the slots that step; positions (B,),
+    the column each writes its new token to; width, the columns attention reads."""
+
+    k: Tensor
+    v: Tensor
+    rows: Tensor
+    positions: Tensor
+    width: int
+
+    def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store the new keys/values (B, H, 1, K) at each row's position; return the
+        keys/values to attend to (B, H, width, K) and which of them each row may see,
+        its own positions so far (B, 1, 1, width)."""
+        self.k[self.rows, :, self.positions] = k[:, :, 0]
+        self.v[self.rows, :, self.positions] = v[:, :, 0]
+        b = self.rows.numel()
+        columns = torch.arange(self.width, device=k.device)  # (width,)
+        seen = (columns <= self.positions[:, None])[:, None, None, :]  # (B, 1, 1, width)
+        return self.k[:b, :, : self.width], self.v[:b, :, : self.width], seen
+
+
+@dataclass
+class SlotState:
+    """The decoder state of continuous batching (`search.GreedyStream`): caches in a
+    fixed number of slots, each holding one sentence (one row) or free. A step runs the
+    first B slots (B = the tokens given to `decode_step`), and each live one writes its
+    new position at its own column: sentences that joined at different steps each see
+    only their own tokens, and none is copied when others join or leave.
+
+    Capacities (slots, columns C, source positions S) change by `resized`; `move` lets
+    live slots fill free ones nearer the front. Free slots step too (cheap garbage): their
+    source mask keeps one position so that they stay finite."""
+
+    self_k: list[Tensor]  # per layer: (slots, H, C, K)
+    self_v: list[Tensor]
+    cross_k: list[Tensor]  # per layer: (slots, H, S, K)
+    cross_v: list[Tensor]
+    src_mask: Tensor  # (slots, S), True at real source tokens
+    positions: Tensor  # (slots,) target tokens each slot holds
+    live: Tensor  # (slots,) bool
+
+    @property
+    def slots(self) -> int:
+        return self.live.numel()
+
+    @property
+    def columns(self) -> int:
+        return self.self_k[0].size(2)
+
+    @property
+    def source(self) -> int:
+        return self.src_mask.size(1)
+
+    def fill(self, slots: Tensor, cross_k: tuple[Tensor, ...], cross_v: tuple[Tensor, ...],
+             src_mask: Tensor) -> None:
+        """New sentences take `slots` (n,): their sources' keys/values (n, H, S', K) per
+        layer and mask (n, S'), S' <= the state's source capacity."""
+        width = src_mask.size(1)
+        for mine, theirs in ((self.cross_k, cross_k), (self.cross_v, cross_v)):
+            for cache, new in zip(mine, theirs, strict=True):
+                cache[slots, :, :width] = new
+        self.src_mask[slots] = False
+        self.src_mask[slots, :width] = src_mask
+        self.positions[slots] = 0
+        self.live[slots] = True
+
+    def free(self, slots: Tensor) -> None:
+        self.live[slots] = False
+        self.positions[slots] = 0
+
+    def resized(self, slots: int, columns: int, source: int) -> SlotState:
+        """A copy with these capacities, bigger or smaller: what fits is kept (the caller
+        keeps every live slot's sentence inside)."""
+        def resize(t: Tensor, width: int) -> Tensor:
+            out = t.new_zeros(slots, t.size(1), width, t.size(3))
+            n, w = min(slots, t.size(0)), min(width, t.size(2))
+            out[:n, :, :w] = t[:n, :, :w]
+            return out
+
+        n, w = min(slots, self.slots), min(source, self.source)
+        src_mask = self.src_mask.new_zeros(slots, source)
+        src_mask[:, 0] = True
+        src_mask[:n, :w] = self.src_mask[:n, :w]
+        positions = self.positions.new_zeros(slots)
+        positions[:n] = self.positions[:n]
+        live = self.live.new_zeros(slots)
+        live[:n] = self.live[:n]
+        return SlotState([resize(t, columns) for t in self.self_k],
+                         [resize(t, columns) for t in self.self_v],
+                         [resize(t, source) for t in self.cross_k],
+                         [resize(t, source) for t in self.cross_v], src_mask, positions, live)
+
+    def move(self, source: Tensor, target: Tensor) -> None:
+        """Move the sentences in slots `source` (n,) to the free slots `target` (n,)."""
+        for t in (*self.self_k, *self.self_v, *self.cross_k, *self.cross_v, self.src_mask,
+                  self.positions, self.live):
+            t[target] = t[source]
+        self.free(source)
 
 
 class Transformer(nn.Module):
@@ -335,11 +445,32 @@ class Transformer(nn.Module):
             return Projection(self.decoder_norm(y), self.output_weight)
         return self.project(y)  # (B, T, V)
 
-    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
-                    state: DecoderState | None = None) -> tuple[Tensor, DecoderState]:
+    def slot_state(self, slots: int, columns: int, source: int, like: Tensor) -> SlotState:
+        """An empty `SlotState` with these capacities, in the dtype and on the device of
+        `like` (a memory)."""
+        h, k = self.cfg.heads, self.cfg.d_model // self.cfg.heads
+        layers = len(self.decoder_layers)
+
+        def zeros(width: int) -> list[Tensor]:
+            return [like.new_zeros(slots, h, width, k) for _ in range(layers)]
+
+        src_mask = torch.zeros(slots, source, dtype=torch.bool, device=like.device)
+        src_mask[:, 0] = True
+        return SlotState(zeros(columns), zeros(columns), zeros(source), zeros(source),
+                         src_mask, torch.zeros(slots, dtype=torch.long, device=like.device),
+                         torch.zeros(slots, dtype=torch.bool, device=like.device))
+
+    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
+                    state: DecoderState | SlotState | None = None
+                    ) -> tuple[Tensor, DecoderState | SlotState]:
         """One step: token (B*W,) is the last target token of each row (bos first), W
         consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
-        the next token's logits (B*W, V) and the state grown by one position."""
+        the next token's logits (B*W, V) and the state grown by one position. With a
+        `SlotState`, token (B,) is that of its first B slots (memory is unused, src_mask
+        their rows of the state's, possibly cut after the longest source), and the state
+        is updated in place."""
+        if isinstance(state, SlotState):
+            return self._slot_step(token, src_mask, state), state
         if state is None:
             cross_k, cross_v = self.cross_kv(memory)
             start = 0
@@ -356,6 +487,22 @@ class Transformer(nn.Module):
             new_v.append(v)
         logits = self.project(y[:, 0])  # (B*W, V)
         return logits, DecoderState(tuple(new_k), tuple(new_v), cross_k, cross_v)
+
+    def _slot_step(self, token: Tensor, src_mask: Tensor, state: SlotState) -> Tensor:
+        """`decode_step` on the first B slots of a `SlotState`: logits (B, V)."""
+        b = token.size(0)
+        positions = state.positions[:b]  # (B,)
+        width = int(positions.max()) + 1
+        rows = torch.arange(b, device=token.device)
+        y = self.tgt_embed(token[:, None], start=positions)  # (B, 1, D)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        source = src_mask.size(1)  # may be narrower than the state's
+        for i, layer in enumerate(self.decoder_layers):
+            past = SlotKV(state.self_k[i], state.self_v[i], rows, positions, width)
+            memory_kv = state.cross_k[i][:b, :, :source], state.cross_v[i][:b, :, :source]
+            y, _ = layer(y, memory_kv, attn_mask, past)
+        state.positions[:b] += state.live[:b]
+        return self.project(y[:, 0])  # (B, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True
                 ) -> Tensor | Projection:

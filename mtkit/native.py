@@ -9,7 +9,8 @@ files. The text side (streaming, formats, order) is `mtkit.translate`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -20,7 +21,7 @@ from mtkit.config import Config, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
-from mtkit.search import Ensemble, beam_search, greedy_hypotheses, sample_search
+from mtkit.search import Ensemble, GreedyStream, beam_search, greedy_hypotheses, sample_search
 from mtkit.tokenizer import EOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend, length_batches, line_seed
 
@@ -76,8 +77,7 @@ class Translator(Frontend):
         for batch in length_batches(order, ids, max(opts.batch_tokens // opts.beam, 1)):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
             pre = [forced[k] for k in batch] if forced else None
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                enabled=self.autocast_dtype is not None):
+            with self.autocast():
                 if opts.sampling:
                     seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch]
                     hyps = sample_search(model, src, seeds, opts.beam, opts.temperature,
@@ -102,6 +102,17 @@ class Translator(Frontend):
             done(len(batch))
         return out
 
+    def autocast(self) -> AbstractContextManager:
+        """The precision searches run in: bf16 autocast on CUDA, none on a CPU."""
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
+    def stream(self, opts: DecodeOptions) -> LineStream | None:
+        """Continuous batching for greedy decoding with one model (`LineStream`)."""
+        if not LineStream.can_take(opts) or len(self.models) > 1:
+            return None
+        return LineStream(self, opts)
+
     def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
                         layer: int | None) -> list[list[Hypothesis]]:
         """Each hypothesis with its word links to its source (`mtkit.align`)."""
@@ -112,6 +123,68 @@ class Translator(Frontend):
                            [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
                            layer, self.device))
         return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
+
+
+class LineStream:
+    """Lines translated with continuous batching, for `mtkit serve`: `add` lines (a key
+    each) between any two steps and they join the running greedy search
+    (`search.GreedyStream`); each `step` returns the lines that ended, with their
+    hypotheses. A line's output is what `Translator.translate` gives it alone.
+
+    Takes the requests whose options differ from the first's at most in alignments."""
+
+    def __init__(self, translator: Translator, opts: DecodeOptions):
+        self.translator, self.opts = translator, opts
+        self.search = GreedyStream(translator.model, opts.lenpen, opts.max_len_a,
+                                   opts.max_len_b)
+        self.ready: list[tuple[Hashable, list[Hypothesis]]] = []  # empty lines
+        self.joining: list[tuple[Hashable, list[int]]] = []  # key, source ids
+        self.aligned: dict[Hashable, tuple[list[int], int | None]] = {}  # key -> ids, layer
+
+    @staticmethod
+    def can_take(opts: DecodeOptions) -> bool:
+        """Whether these options decode greedily, with nothing a stream cannot do."""
+        return opts.beam == 1 and not opts.sampling and not opts.no_repeat_ngram
+
+    def accepts(self, opts: DecodeOptions) -> bool:
+        return self.can_take(opts) and replace(opts, alignments=False, align_layer=None,
+                                               batch_tokens=self.opts.batch_tokens) == \
+            replace(self.opts, alignments=False, align_layer=None)
+
+    def __len__(self) -> int:
+        """Lines taken and not yet returned."""
+        return len(self.search) + len(self.ready) + len(self.joining)
+
+    def add(self, lines: list[str], keys: list[Hashable], opts: DecodeOptions) -> None:
+        """Lines (a key each) that join the search at the next step: all those added
+        between two steps are encoded together."""
+        if opts.alignments and opts.align_layer is not None:
+            check_layer(opts.align_layer, self.translator.models)
+        out, todo, ids, _ = self.translator.prepare(lines, opts, lambda n: None, None)
+        taken = set(todo)
+        self.ready += [(keys[i], out[i]) for i in range(len(lines)) if i not in taken]
+        self.joining += [(keys[i], x) for i, x in zip(todo, ids, strict=True)]
+        if opts.alignments:
+            self.aligned.update((keys[i], (x, opts.align_layer))
+                                for i, x in zip(todo, ids, strict=True))
+
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """One token for every line; the lines that ended: (key, hypotheses) each."""
+        finished, self.ready = self.ready, []
+        with self.translator.autocast():
+            if self.joining:
+                src = pad_rows([x + [EOS] for _, x in self.joining])  # (B, S)
+                self.search.add(src.to(self.translator.device), [k for k, _ in self.joining])
+                self.joining = []
+            ended = self.search.step()
+        for key, hyp in ended:
+            if key in self.aligned:
+                ids, layer = self.aligned.pop(key)
+                finished.append((key, self.translator.with_alignments([ids], [[hyp]],
+                                                                      layer)[0]))
+            else:
+                finished.append((key, [hyp]))
+        return finished
 
 
 def pad_rows(rows: list[list[int]]) -> torch.Tensor:

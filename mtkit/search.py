@@ -67,6 +67,36 @@ def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tens
     return table.to(device)  # (B, L)
 
 
+# Source tokens (with padding) encoded together on a CPU by `GreedyStream`, whose
+# sentences join unsorted. Encoding them sorted by length in chunks of about 512 tokens
+# took 2.1-2.2 s for 1,771 Multi30k sentences joining in groups of ~22, against 2.5-2.8 s
+# unsplit (2-core AMD EPYC; `benchmarks/serve_load.py`'s requests). A GPU takes them whole.
+ENCODE_CHUNK_TOKENS = 512
+
+
+def encode(model: StepModel, src: Tensor) -> tuple[Tensor, Tensor]:
+    """`model.encode(src)`; on a CPU, rows of similar length are encoded together, in
+    chunks of at most `ENCODE_CHUNK_TOKENS` tokens with padding (the memory and mask
+    padded back to src's width, rows in src's order)."""
+    rows, width = src.shape
+    if src.device.type != "cpu" or rows * width <= ENCODE_CHUNK_TOKENS:
+        return model.encode(src)
+    lengths = (src != PAD).sum(dim=1)  # (B,)
+    order = lengths.argsort(descending=True)
+    sorted_lengths = lengths[order].tolist()
+    memories, masks, start = [], [], 0
+    while start < rows:  # a chunk as wide as its first (longest) row
+        longest = max(sorted_lengths[start], 1)
+        count = max(1, ENCODE_CHUNK_TOKENS // longest)
+        chunk = src.index_select(0, order[start : start + count])[:, :longest]
+        memory, src_mask = model.encode(chunk)
+        memories.append(torch.nn.functional.pad(memory, (0, 0, 0, width - longest)))
+        masks.append(torch.nn.functional.pad(src_mask, (0, width - longest), value=False))
+        start += count
+    back = order.argsort()  # sorted position of each row
+    return torch.cat(memories).index_select(0, back), torch.cat(masks).index_select(0, back)
+
+
 def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
     """Output limits (B,) that leave room for each prefix and the eos after it."""
     if prefix is None:
@@ -94,14 +124,16 @@ def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | Non
     return prefix[sentences, step]
 
 
-def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: Tensor,
-                    state: Any, step: int, limits: Tensor, min_len: int,
+def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
+                    src_mask: Tensor, state: Any, step: int | Tensor, limits: Tensor,
+                    min_len: int,
                     history: Tensor | None = None, no_repeat_ngram: int = 0,
                     forced: Tensor | None = None) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
     `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
-    Rows with a `forced` token (a target prefix) can only take it, at its own score."""
+    Rows with a `forced` token (a target prefix) can only take it, at its own score.
+    `step` is the tokens output so far: one count for all rows, or one per row (rows,)."""
     logits, state = model.decode_step(token, memory, src_mask, state)  # (rows, V)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
     if forced is not None:
@@ -111,7 +143,9 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor, src_mask: T
     lprobs[:, BOS] = float("-inf")
     if no_repeat_ngram and history is not None:
         ban_repeated_ngrams(lprobs, history, no_repeat_ngram)
-    if step < min_len:
+    if isinstance(step, Tensor):  # each row at its own step (`GreedyStream`)
+        lprobs[step < min_len, EOS] = float("-inf")
+    elif step < min_len:
         lprobs[:, EOS] = float("-inf")
     at_limit = step >= limits  # (rows,)
     if at_limit.any():
@@ -187,6 +221,145 @@ def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, memory: Tensor, src_m
     keep = (~done).nonzero().squeeze(1)  # (rows',)
     return (alive[keep], token[keep], memory[keep], src_mask[keep],
             state.index_select(keep, keep))
+
+
+class GreedyStream:
+    """Greedy decoding with continuous batching: sentences `add`ed between any two steps
+    join the running batch, and each `step` returns those that ended. A server keeps its
+    batch full this way, where fixed rounds wait for their slowest sentence and then
+    start small. Each output is the one `greedy_hypotheses` gives its sentence alone.
+
+    The sentences live in the slots of the model's `SlotState` (`slot_state(slots,
+    columns, source, like)`; `decode_step` takes it): one joining or leaving copies
+    no other's cache. When sentences end, those in the last slots move into the
+    freed ones, so that a step runs live slots only."""
+
+    def __init__(self, model: StepModel, lenpen: float = 0.6, max_len_a: float = 1.2,
+                 max_len_b: int = 10, min_len: int = 1):
+        self.model, self.lenpen, self.min_len = model, lenpen, min_len
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.keys: list[Any] = []  # the caller's key of each slot (None: free)
+        self.state: Any = None
+        # Per slot: last token, output limit, tokens so far, log-probability, output.
+        self.token = self.limits = self.steps = self.log_prob = self.out = None
+
+    def __len__(self) -> int:
+        """Sentences being decoded."""
+        return sum(k is not None for k in self.keys)
+
+    @torch.no_grad()
+    def add(self, src: Tensor, keys: list[Any]) -> None:
+        """Sentences src (B, S), one key each, join the search at its next step."""
+        memory, src_mask = encode(self.model, src)  # (B, S, D), (B, S)
+        limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
+                             self.model.cfg.max_positions)  # (B,)
+        b, n = len(self), src.size(0)
+        if self.state is None:
+            self.state = self.model.slot_state(n, int(limits.max()) + 1, src.size(1), memory)
+            self._resize_rows(n, self.state.columns)
+        else:
+            self._fit(b + n, int(limits.max()) + 1, src.size(1))
+        free = list(range(b, b + n))  # live slots are 0..b-1 (`_compact`)
+        slots = torch.tensor(free, dtype=torch.long, device=src.device)
+        self.state.fill(slots, *self.model.cross_kv(memory), src_mask)
+        self.token[slots] = BOS
+        self.limits[slots] = limits
+        self.steps[slots] = 0
+        self.log_prob[slots] = 0.0
+        self.out[slots] = PAD
+        for slot, key in zip(free, keys, strict=True):
+            self.keys[slot] = key
+
+    def _fit(self, slots: int, columns: int, source: int) -> None:
+        """Make the state hold `slots` sentences of up to `columns` output tokens and
+        `source` source tokens, with those live now. It grows with a quarter to spare,
+        and shrinks once it is over twice what is needed (as after a long sentence)."""
+        b = len(self)
+        if b:
+            columns = max(columns, int(self.limits[:b].max()) + 1)
+            source = max(source, int(self.state.src_mask[:b].sum(dim=1).max()))
+        have = (self.state.slots, self.state.columns, self.state.source)
+        need = (slots, columns, source)
+        if (all(h >= n for h, n in zip(have, need, strict=True))
+                and all(h <= 2 * n + 8 for h, n in zip(have, need, strict=True))):
+            return
+        new = [n + n // 4 for n in need]
+        self.state = self.state.resized(*new)
+        self._resize_rows(new[0], new[1])
+
+    def _resize_rows(self, slots: int, columns: int) -> None:
+        """Per-slot tensors for `slots` slots and outputs of `columns` tokens (what
+        fits is kept)."""
+        old = 0 if self.token is None else min(slots, self.token.size(0))
+        device = self.state.live.device
+
+        def resize(t: Tensor | None, fill: Any, dtype: torch.dtype,
+                   width: int | None = None) -> Tensor:
+            out = torch.full((slots,) if width is None else (slots, width), fill,
+                             dtype=dtype, device=device)
+            if t is not None and width is None:
+                out[:old] = t[:old]
+            elif t is not None:
+                w = min(width, t.size(1))
+                out[:old, :w] = t[:old, :w]
+            return out
+
+        self.token = resize(self.token, BOS, torch.long)
+        self.limits = resize(self.limits, 1, torch.long)
+        self.steps = resize(self.steps, 0, torch.long)
+        self.log_prob = resize(self.log_prob, 0.0, torch.float)
+        self.out = resize(self.out, PAD, torch.long, columns)
+        self.keys = (self.keys + [None] * slots)[:slots]
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, Hypothesis]]:
+        """One token for every sentence; those that end leave: (key, hypothesis) each."""
+        b = len(self)  # the live slots: 0..b-1 (`_compact`)
+        if not b:
+            return []
+        src_mask = self.state.src_mask[:b]
+        src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
+        lprobs, _ = _step_log_probs(self.model, self.token[:b], None, src_mask, self.state,
+                                    self.steps[:b], self.limits[:b], self.min_len)  # (b, V)
+        token = lprobs.argmax(dim=-1)  # (b,)
+        rows = torch.arange(b, device=token.device)
+        self.log_prob[:b] += lprobs[rows, token]
+        self.out[rows, self.steps[:b]] = token
+        self.steps[:b] += 1
+        self.token[:b] = token
+        ended = (token == EOS).nonzero().squeeze(1)
+        if not ended.numel():
+            return []
+        hyps = _hypotheses(self.out[ended], self.log_prob[ended], 1, self.lenpen)
+        finished = []
+        for slot, h in zip(ended.tolist(), hyps, strict=True):
+            finished.append((self.keys[slot], h[0]))
+            self.keys[slot] = None
+        self.state.free(ended)
+        self._compact()
+        if len(self):
+            self._fit(len(self), 1, 1)
+        else:  # nothing left: let the memory go
+            self.state, self.keys = None, []
+            self.token = self.limits = self.steps = self.log_prob = self.out = None
+        return finished
+
+    def _compact(self) -> None:
+        """Live slots at the back move into the free ones at the front, so that steps
+        run live slots only."""
+        live = [i for i, k in enumerate(self.keys) if k is not None]
+        holes = [i for i, k in enumerate(self.keys[: len(live)]) if k is None]
+        if not holes:
+            return
+        movers = [i for i in live if i >= len(live)]
+        device = self.state.live.device
+        source, target = (torch.tensor(x, dtype=torch.long, device=device)
+                          for x in (movers, holes))
+        self.state.move(source, target)
+        for t in (self.token, self.limits, self.steps, self.log_prob, self.out):
+            t[target] = t[source]
+        for i, j in zip(movers, holes, strict=True):
+            self.keys[j], self.keys[i] = self.keys[i], None
 
 
 def strip_specials(ids: list[int]) -> list[int]:

@@ -36,7 +36,7 @@ from mtkit.tokenizer import Vocab
 
 if TYPE_CHECKING:
     from mtkit.ct2 import CT2Translator
-    from mtkit.native import Translator
+    from mtkit.native import LineStream, Translator
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,12 @@ class Frontend:
                   prefixes: list[str] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order; empty lines get one empty one."""
         raise NotImplementedError
+
+    def stream(self, opts: DecodeOptions) -> LineStream | None:
+        """A continuous-batching stream for these options (`mtkit.native.LineStream`:
+        lines join a running search and leave it as they end), or None where this
+        translator has none for them: then `translate` them in rounds."""
+        return None
 
     @property
     def max_src_tokens(self) -> int:

@@ -164,6 +164,68 @@ def test_requests_sent_as_a_round_is_answered_join_the_next_round(translator):
     assert rounds == [["A dog."], ["B cat.", "C bird."]]
 
 
+class Recording:
+    """The translator, with the lines of each `translate` call (a round) recorded."""
+
+    def __init__(self, translator):
+        self.translator, self.rounds = translator, []
+
+    def __getattr__(self, name):
+        return getattr(self.translator, name)
+
+    def translate(self, lines, opts, *args, **kw):
+        self.rounds.append(list(lines))
+        return self.translator.translate(lines, opts, *args, **kw)
+
+
+def test_greedy_requests_join_one_running_search_and_get_what_alone_gives(translator):
+    """Greedy requests go through the stream (continuous batching), never a round;
+    empty lines and alignments come back as `translate` gives them; a beam request
+    sent meanwhile runs in a round of its own."""
+    recording = Recording(translator)
+    batcher = Batcher(recording, Limits(max_wait_ms=50)).start()
+    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    futures = [batcher.submit([x, x + " Again."], greedy) for x in SENTENCES]
+    aligned = batcher.submit(SENTENCES[:1], replace(greedy, alignments=True))
+    beam = batcher.submit(SENTENCES[:1], replace(greedy, beam=2))
+    results = [f.result(timeout=60) for f in futures]
+    batcher.stop()
+    assert recording.rounds == [SENTENCES[:1]]  # the beam request alone
+    for x, hyps in zip(SENTENCES, results):
+        assert [translator.tgt_vocab.decode(h[0].tokens) for h in hyps] == \
+            alone(translator, [x, x + " Again."], beam=1)
+    expected = translator.translate(SENTENCES[:1], replace(greedy, alignments=True))
+    assert aligned.result(timeout=60) == expected and expected[0][0].alignment
+    assert beam.result(timeout=60)[0][0].tokens
+    assert results[1][0] == [translator.translate([""], greedy)[0][0]]  # an empty line
+
+
+def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(translator,
+                                                                             monkeypatch):
+    from mtkit.native import LineStream
+
+    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    real_step, failures = LineStream.step, []
+
+    def step(self):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("out of memory")
+        return real_step(self)
+
+    monkeypatch.setattr(LineStream, "step", step)
+    batcher = Batcher(translator, Limits(max_wait_ms=50)).start()
+    failed = [batcher.submit(SENTENCES[:2], greedy), batcher.submit(SENTENCES[2:], greedy)]
+    for f in failed:  # both were in the stream when its step failed
+        with pytest.raises(RuntimeError, match="out of memory"):
+            f.result(timeout=60)
+    later = [batcher.submit([x], greedy) for x in SENTENCES]
+    batcher.stop()  # returns once the stream is empty
+    assert all(f.done() for f in later)
+    assert [f.result()[0][0].tokens for f in later] == \
+        [translator.translate([x], greedy)[0][0].tokens for x in SENTENCES]
+
+
 # --- a real server process -------------------------------------------------------------
 
 
@@ -175,19 +237,21 @@ def server(trained):
     s.stop()
 
 
-def test_concurrent_clients_get_what_one_by_one_translation_gives(server, translator):
+@pytest.mark.parametrize("beam", [None, 1], ids=["default beam", "greedy, streamed"])
+def test_concurrent_clients_get_what_one_by_one_translation_gives(server, translator, beam):
     requests = [SENTENCES[i % 5 : i % 5 + 1 + i % 3] for i in range(24)]
     answers: dict[int, list[str]] = {}
+    extra = {"beam": beam} if beam else {}
 
     def client_thread(i: int) -> None:
-        answers[i] = server.translate(requests[i])
+        answers[i] = server.translate(requests[i], **extra)
 
     threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(24)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    expected = dict(zip(SENTENCES, alone(translator, SENTENCES)))
+    expected = dict(zip(SENTENCES, alone(translator, SENTENCES, **extra)))
     assert all(answers[i] == [expected[x] for x in requests[i]] for i in range(24))
 
 

@@ -9,6 +9,7 @@ from scripted import A, B, C, Scripted, V
 from mtkit.config import ModelConfig
 from mtkit.model import build_model
 from mtkit.search import (
+    GreedyStream,
     Hypothesis,
     beam_search,
     greedy_hypotheses,
@@ -146,6 +147,36 @@ def test_results_do_not_depend_on_batching():
     for a, b in zip(together, alone):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
+    """Sentences join a running `GreedyStream` at every step, a long one among them (the
+    slots, their columns and source positions grow, and shrink once it has gone); each
+    output and score is that of greedy decoding alone."""
+    model = random_model(4)
+    short = random_src(10, 5)
+    long = torch.randint(4, 40, (1, 30), generator=torch.Generator().manual_seed(6))
+    long[0, -1] = EOS
+    stream = GreedyStream(model, lenpen=0.6, max_len_a=1.5, max_len_b=4)
+    sources, got, widest, after = {}, {}, 0, None
+    while 0 not in got:  # key 0, the long sentence, joins first; 1-3 short ones a step
+        batch = long if not sources else short[len(sources) % 10 :][: 1 + len(sources) % 3]
+        keys = list(range(len(sources), len(sources) + batch.size(0)))
+        sources.update(zip(keys, batch))
+        stream.add(batch, keys)
+        widest = max(widest, stream.state.columns)
+        got.update(stream.step())
+    while len(stream):
+        after = stream.state.columns if after is None else after
+        got.update(stream.step())
+    assert sorted(got) == list(sources) and len(sources) > 20
+    for k, row in sources.items():
+        alone = greedy_hypotheses(model, row[None, : int((row != PAD).sum())], 0.6, 1.5, 4)
+        assert got[k].tokens == alone[0][0].tokens
+        assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
+    assert widest >= 1.5 * 30 + 4  # the long sentence's output fitted
+    assert after < widest / 2  # and the room it took went with it
+    assert stream.state is None  # an empty stream holds no memory
 
 
 def test_beam_never_emits_pad_or_bos():
