@@ -12,7 +12,8 @@ p99 latency (ms), errors, and the ratio to offline throughput (`Translator.trans
 all the sentences at once, in this process: the mean of a run before the server starts
 and one after its load). At 1 client it also gives p99 latency over the p99 of each
 request translated alone, offline. Memory: the server's peak RSS (VmHWM) and that of one
-`mtkit translate` process on the same input. The server runs on a free loopback port and is stopped at the end.
+`mtkit translate` process on the same input. The server runs on a free loopback port
+and is stopped at the end.
 """
 
 from __future__ import annotations
