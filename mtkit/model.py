@@ -225,7 +225,7 @@ class DecoderLayer(nn.Module):
         k, v = self.self_attn.project_kv(h)  # (B, H, T, K)
         self_mask = None
         if isinstance(past_kv, SlotKV):  # each row at its own position (T = 1)
-            k, v, self_mask = past_kv.write(k, v)  # (B, H, width, K), (B, 1, 1, width)
+            k, v, self_mask = past_kv.write(k, v)  # (B, H, W, K), (B, 1, 1, W)
         elif past_kv is not None:
             k = torch.cat([past_kv[0], k], dim=2)  # (B, H, t+T, K)
             v = torch.cat([past_kv[1], v], dim=2)  # (B, H, t+T, K)
@@ -283,24 +283,22 @@ class DecoderState:
 class SlotKV(NamedTuple):
     """One decoder layer's self-attention cache in a `SlotState`, for one step: keys and
     values (slots, H, C, K); rows (B,) = 0..B-1, the slots that step; positions (B,),
-    the column each writes its new token to; width, the columns attention reads."""
+    the column each writes its new token to; seen (B, 1, 1, W), the columns each may
+    attend to (its own positions so far) among the first W."""
 
     k: Tensor
     v: Tensor
     rows: Tensor
     positions: Tensor
-    width: int
+    seen: Tensor
 
     def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store the new keys/values (B, H, 1, K) at each row's position; return the
-        keys/values to attend to (B, H, width, K) and which of them each row may see,
-        its own positions so far (B, 1, 1, width)."""
+        keys/values to attend to (B, H, W, K) and `seen`."""
         self.k[self.rows, :, self.positions] = k[:, :, 0]
         self.v[self.rows, :, self.positions] = v[:, :, 0]
-        b = self.rows.numel()
-        columns = torch.arange(self.width, device=k.device)  # (width,)
-        seen = (columns <= self.positions[:, None])[:, None, None, :]  # (B, 1, 1, width)
-        return self.k[:b, :, : self.width], self.v[:b, :, : self.width], seen
+        b, width = self.rows.numel(), self.seen.size(-1)
+        return self.k[:b, :, :width], self.v[:b, :, :width], self.seen
 
 
 @dataclass
@@ -492,13 +490,14 @@ class Transformer(nn.Module):
         """`decode_step` on the first B slots of a `SlotState`: logits (B, V)."""
         b = token.size(0)
         positions = state.positions[:b]  # (B,)
-        width = int(positions.max()) + 1
+        columns = torch.arange(int(positions.max()) + 1, device=token.device)  # (W,)
+        seen = (columns <= positions[:, None])[:, None, None, :]  # (B, 1, 1, W)
         rows = torch.arange(b, device=token.device)
         y = self.tgt_embed(token[:, None], start=positions)  # (B, 1, D)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         source = src_mask.size(1)  # may be narrower than the state's
         for i, layer in enumerate(self.decoder_layers):
-            past = SlotKV(state.self_k[i], state.self_v[i], rows, positions, width)
+            past = SlotKV(state.self_k[i], state.self_v[i], rows, positions, seen)
             memory_kv = state.cross_k[i][:b, :, :source], state.cross_v[i][:b, :, :source]
             y, _ = layer(y, memory_kv, attn_mask, past)
         state.positions[:b] += state.live[:b]

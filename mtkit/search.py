@@ -239,13 +239,14 @@ class GreedyStream:
         self.model, self.lenpen, self.min_len = model, lenpen, min_len
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.keys: list[Any] = []  # the caller's key of each slot (None: free)
+        self.live = 0  # sentences in the slots
         self.state: Any = None
         # Per slot: last token, output limit, tokens so far, log-probability, output.
         self.token = self.limits = self.steps = self.log_prob = self.out = None
 
     def __len__(self) -> int:
-        """Sentences being decoded."""
-        return sum(k is not None for k in self.keys)
+        """Sentences being decoded (in slots 0..len-1: `_compact`)."""
+        return self.live
 
     @torch.no_grad()
     def add(self, src: Tensor, keys: list[Any]) -> None:
@@ -269,6 +270,7 @@ class GreedyStream:
         self.out[slots] = PAD
         for slot, key in zip(free, keys, strict=True):
             self.keys[slot] = key
+        self.live += n
 
     def _fit(self, slots: int, columns: int, source: int) -> None:
         """Make the state hold `slots` sentences of up to `columns` output tokens and
@@ -335,6 +337,7 @@ class GreedyStream:
         for slot, h in zip(ended.tolist(), hyps, strict=True):
             finished.append((self.keys[slot], h[0]))
             self.keys[slot] = None
+        self.live -= len(finished)
         self.state.free(ended)
         self._compact()
         if len(self):
@@ -347,11 +350,10 @@ class GreedyStream:
     def _compact(self) -> None:
         """Live slots at the back move into the free ones at the front, so that steps
         run live slots only."""
-        live = [i for i, k in enumerate(self.keys) if k is not None]
-        holes = [i for i, k in enumerate(self.keys[: len(live)]) if k is None]
+        holes = [i for i, k in enumerate(self.keys[: self.live]) if k is None]
         if not holes:
             return
-        movers = [i for i in live if i >= len(live)]
+        movers = [i for i, k in enumerate(self.keys) if k is not None and i >= self.live]
         device = self.state.live.device
         source, target = (torch.tensor(x, dtype=torch.long, device=device)
                           for x in (movers, holes))
