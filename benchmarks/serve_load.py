@@ -3,7 +3,7 @@ clients, against offline translation of the same sentences in the same run.
 
     python benchmarks/serve_load.py -m runs/multi30k/checkpoints/best.pt \\
         [--src data/multi30k/test2016.en.gz] [--requests 120] [--clients 1,8,32] \\
-        [--max-wait-ms MS]
+        [--max-wait-ms MS] [--rounds]
 
 A fixed list of requests (1-8 consecutive test sentences each, seeded) is sent by N
 client threads that take the next request as soon as their last one is answered. For
@@ -13,7 +13,8 @@ all the sentences at once, in this process: the mean of a run before the server 
 and one after its load). At 1 client it also gives p99 latency over the p99 of each
 request translated alone, offline. Memory: the server's peak RSS (VmHWM) and that of one
 `mtkit translate` process on the same input. The server runs on a free loopback port
-and is stopped at the end.
+and is stopped at the end. `--rounds` also serves greedy with `mtkit serve --rounds`
+(no continuous batching), in the same run, for comparison.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def main() -> None:
     parser.add_argument("--src", default="data/multi30k/test2016.en.gz")
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--rounds", action="store_true",
+                        help="also serve greedy with --rounds (no continuous batching)")
     parser.add_argument("--max-wait-ms", type=float, default=None,
                         help="the server's --max-wait-ms (default: its own)")
     args = parser.parse_args()
@@ -145,30 +148,37 @@ def main() -> None:
     result["translate_process_peak_rss_mb"] = round(translate_process_rss_mb(args.model,
                                                                              requests))
     extra = [] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]
+    clients = [int(c) for c in args.clients.split(",")]
+
+    def measure(server: LocalServer, beam: int) -> dict[int, dict]:
+        load(server, requests[:10], 1, beam)  # warm-up
+        return {n: load(server, requests, n, beam) for n in clients}
+
     with LocalServer(args.model, "--device", "cpu", *extra) as server:
-        for beam in (5, 1):
-            base = baselines[beam]
-            name = "beam5" if beam == 5 else "greedy"
-            load(server, requests[:10], 1, beam)  # warm-up
-            runs = {clients: load(server, requests, clients, beam)
-                    for clients in map(int, args.clients.split(","))}
-            # Offline again, after the load: the machine's speed drifts, and the ratio
-            # uses the mean of the figures taken before and after.
-            offline_runs = [base["sentences_per_s"], base["again"]()]
-            base["sentences_per_s"] = sum(offline_runs) / 2
-            result[f"{name}_offline_sentences_per_s"] = [round(x, 1) for x in offline_runs]
-            for clients, run in runs.items():
-                lat = run["latencies"]
-                entry = {"sentences_per_s": round(run["sentences_per_s"], 1),
-                         "vs_offline": round(run["sentences_per_s"] / base["sentences_per_s"],
-                                             2),
-                         **{f"p{q}_ms": round(percentile(lat, q)) for q in (50, 95, 99)},
-                         "errors": run["errors"]}
-                if clients == 1:
-                    entry["p99_vs_alone_p99"] = round(percentile(lat, 99)
-                                                      / percentile(base["alone_ms"], 99), 2)
-                result[f"{name}_clients{clients}"] = entry
+        loads = {"beam5": (5, measure(server, 5)), "greedy": (1, measure(server, 1))}
         result["server_peak_rss_mb"] = round(peak_rss_mb(server.proc.pid))
+    if args.rounds:
+        with LocalServer(args.model, "--device", "cpu", "--rounds", *extra) as server:
+            loads["greedy_rounds"] = (1, measure(server, 1))
+    # Offline again, after the load: the machine's speed drifts, and the ratios use the
+    # mean of the figures taken before and after.
+    for beam, base in baselines.items():
+        runs = [base["sentences_per_s"], base["again"]()]
+        base["sentences_per_s"] = sum(runs) / 2
+        name = "beam5" if beam == 5 else "greedy"
+        result[f"{name}_offline_sentences_per_s"] = [round(x, 1) for x in runs]
+    for name, (beam, runs) in loads.items():
+        base = baselines[beam]
+        for n, run in runs.items():
+            lat = run["latencies"]
+            entry = {"sentences_per_s": round(run["sentences_per_s"], 1),
+                     "vs_offline": round(run["sentences_per_s"] / base["sentences_per_s"], 2),
+                     **{f"p{q}_ms": round(percentile(lat, q)) for q in (50, 95, 99)},
+                     "errors": run["errors"]}
+            if n == 1:
+                entry["p99_vs_alone_p99"] = round(percentile(lat, 99)
+                                                  / percentile(base["alone_ms"], 99), 2)
+            result[f"{name}_clients{n}"] = entry
     result["server_rss_vs_translate"] = round(result["server_peak_rss_mb"]
                                               / result["translate_process_peak_rss_mb"], 2)
     print(json.dumps(result))

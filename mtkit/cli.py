@@ -430,6 +430,11 @@ def serve(
              "checkpoint's decode.batch_tokens).")] = None,
     max_wait_ms: Annotated[float, typer.Option(
         help="Longest wait of a sentence for others to batch with.")] = 5.0,
+    continuous: Annotated[bool, typer.Option(
+        "--continuous/--rounds",
+        help="Greedy requests join one running search between its steps and leave it "
+             "as each sentence ends (continuous batching); --rounds batches them as "
+             "other requests are: in rounds, each answered when its round ends.")] = True,
     max_lines: Annotated[int, typer.Option(help="Sentences per request.")] = 64,
     max_chars: Annotated[int, typer.Option(help="Characters per request.")] = 20_000,
     api_key: Annotated[Opt[str], typer.Option(
@@ -481,7 +486,7 @@ def serve(
 
             check_layer(align_layer, translator.models)
         name = " + ".join(m.name for m in model)
-        batcher = Batcher(translator, limits)
+        batcher = Batcher(translator, limits, continuous)
         app_ = create_app(translator, replace(defaults, alignments=False), limits, name,
                           translator.steps[0], api_key or None, batcher)
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"

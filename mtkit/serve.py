@@ -95,7 +95,8 @@ class Batcher:
     """The queue and the one worker that runs the model (dynamic batching): `run` in the
     calling thread, or `start` a thread for it.
 
-    Greedy requests, where the translator can stream them (`Frontend.stream`), join one
+    With `continuous` (the default) greedy requests, where the translator can stream
+    them (`Frontend.stream`), join one
     running search between any two of its steps and leave it as each sentence ends:
     continuous batching. A request is answered once its last sentence ends. Other
     requests run in rounds: the waiting ones up to the token budget, in one search per
@@ -104,8 +105,8 @@ class Batcher:
     `mtkit serve` runs the model on the main thread (and HTTP on another): the same
     search ran 1.2-1.5x slower in a second thread on the 2-core machine measured."""
 
-    def __init__(self, translator: Frontend, limits: Limits):
-        self.translator, self.limits = translator, limits
+    def __init__(self, translator: Frontend, limits: Limits, continuous: bool = True):
+        self.translator, self.limits, self.continuous = translator, limits, continuous
         self._queue: queue.Queue[_Job | None] = queue.Queue()  # None: stop
         self._queued_lines = 0
         self._lock = threading.Lock()
@@ -182,6 +183,8 @@ class Batcher:
 
     def _streams(self, job: _Job) -> bool:
         """Whether the job goes to the stream (made here for the first that can)."""
+        if not self.continuous:
+            return False
         if self._stream is not None and self._stream.accepts(job.opts):
             return True
         if self._streaming:  # the running stream decodes with other settings

@@ -200,6 +200,18 @@ def test_greedy_requests_join_one_running_search_and_get_what_alone_gives(transl
     assert results[1][0] == [translator.translate([""], greedy)[0][0]]  # an empty line
 
 
+def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
+    recording = Recording(translator)
+    batcher = Batcher(recording, Limits(max_wait_ms=300), continuous=False).start()
+    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    futures = [batcher.submit([x], greedy) for x in SENTENCES]
+    results = [f.result(timeout=60)[0][0] for f in futures]
+    batcher.stop()
+    assert recording.rounds == [SENTENCES]
+    assert [translator.tgt_vocab.decode(h.tokens) for h in results] == \
+        alone(translator, SENTENCES, beam=1)
+
+
 def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(translator,
                                                                              monkeypatch):
     from mtkit.native import LineStream
@@ -230,14 +242,17 @@ def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(tra
 
 
 @pytest.fixture
-def server(trained):
+def server(trained, request):
+    flags = getattr(request, "param", [])
     s = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "20",
-                    "--device", "cpu")
+                    "--device", "cpu", *flags)
     yield s
     s.stop()
 
 
-@pytest.mark.parametrize("beam", [None, 1], ids=["default beam", "greedy, streamed"])
+@pytest.mark.parametrize("server, beam", [([], None), ([], 1), (["--rounds"], 1)],
+                         ids=["default beam", "greedy, continuous", "greedy, --rounds"],
+                         indirect=["server"])
 def test_concurrent_clients_get_what_one_by_one_translation_gives(server, translator, beam):
     requests = [SENTENCES[i % 5 : i % 5 + 1 + i % 3] for i in range(24)]
     answers: dict[int, list[str]] = {}
