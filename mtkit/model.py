@@ -310,8 +310,9 @@ class SlotState:
     only their own tokens, and none is copied when others join or leave.
 
     Capacities (slots, columns C, source positions S) change by `resized`; `move` lets
-    live slots fill free ones nearer the front. Free slots step too (cheap garbage): their
-    source mask keeps one position so that they stay finite."""
+    live slots fill free ones nearer the front, so that a step need not run free ones. A
+    free slot that does step computes finite garbage: its source mask keeps one
+    position."""
 
     self_k: list[Tensor]  # per layer: (slots, H, C, K)
     self_v: list[Tensor]
@@ -445,7 +446,7 @@ class Transformer(nn.Module):
 
     def slot_state(self, slots: int, columns: int, source: int, like: Tensor) -> SlotState:
         """An empty `SlotState` with these capacities, in the dtype and on the device of
-        `like` (a memory)."""
+        `like` (attention keys)."""
         h, k = self.cfg.heads, self.cfg.d_model // self.cfg.heads
         layers = len(self.decoder_layers)
 

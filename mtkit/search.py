@@ -254,15 +254,17 @@ class GreedyStream:
         memory, src_mask = encode(self.model, src)  # (B, S, D), (B, S)
         limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
                              self.model.cfg.max_positions)  # (B,)
+        cross_k, cross_v = self.model.cross_kv(memory)  # per layer (B, H, S, K)
         b, n = len(self), src.size(0)
-        if self.state is None:
-            self.state = self.model.slot_state(n, int(limits.max()) + 1, src.size(1), memory)
+        if self.state is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
+            self.state = self.model.slot_state(n, int(limits.max()) + 1, src.size(1),
+                                               cross_k[0])
             self._resize_rows(n, self.state.columns)
         else:
             self._fit(b + n, int(limits.max()) + 1, src.size(1))
         free = list(range(b, b + n))  # live slots are 0..b-1 (`_compact`)
         slots = torch.tensor(free, dtype=torch.long, device=src.device)
-        self.state.fill(slots, *self.model.cross_kv(memory), src_mask)
+        self.state.fill(slots, cross_k, cross_v, src_mask)
         self.token[slots] = BOS
         self.limits[slots] = limits
         self.steps[slots] = 0

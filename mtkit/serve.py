@@ -7,11 +7,14 @@
     GET  /              a page: translate text and see each sentence's word alignment
     GET  /docs          the OpenAPI documentation
 
-Every request's sentences go into one queue. One model worker thread (`Batcher`) takes
-sentences from it, up to `max_batch_tokens` source tokens or until `max_wait_ms` has
-passed since the oldest waiting one arrived (or since the last round ended, if later,
-so that the clients it answered can join), translates them in one batched search per decoding
-setting, and answers each request once its own sentences are done. The event loop only
+Every request's sentences go into one queue, and one model worker thread (`Batcher`) runs
+the model. Greedy requests join one running greedy search between any two of its steps
+and leave it as each sentence ends (continuous batching, `search.GreedyStream`); each
+request is answered once its own last sentence ends. Other requests run in rounds: the
+worker takes sentences up to `max_batch_tokens` source tokens or until `max_wait_ms` has
+passed since the oldest waiting one arrived (or since answers last went out, if later,
+so that the clients it answered can join), translates them in one batched search per
+decoding setting, and answers each request at the round's end. The event loop only
 parses and answers; it never runs the model, so a slow client never holds up others.
 """
 
@@ -57,10 +60,11 @@ class Limits:
 
 
 # When waiting greedy requests join the running stream (`Batcher._join_stream`): each
-# join runs the encoder, which costs as much for a few sentences as for dozens, so they
-# wait until they are half as many as those decoding, or for 3 steps. At 32 clients this
-# gave 0.66-0.73 of offline throughput in-process, against 0.62-0.64 joining at every step
-# (2-core AMD EPYC).
+# join runs the encoder, which costs nearly as much for a few sentences as for dozens, so
+# they wait until they are half as many as those decoding, or for 3 steps. In-process at
+# 32 clients (serve_load's requests, 2-core AMD EPYC, an earlier version of the stream)
+# this served 0.66-0.73 of offline throughput, joining at every step 0.62-0.64; at 8
+# clients the two did not differ beyond noise.
 JOIN_SHARE = 0.5
 JOIN_AFTER_STEPS = 3
 

@@ -10,7 +10,8 @@ from mtkit.config import config_from_dict
 from mtkit.data.shards import preprocess
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import build_model
-from mtkit.tokenizer import build_tokenizer
+from mtkit.search import GreedyStream, greedy_hypotheses
+from mtkit.tokenizer import EOS, build_tokenizer
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
 
@@ -64,3 +65,27 @@ def test_translation_on_cuda_gives_one_line_per_input(cuda_run):
     lines = ["A dog runs in the park.", "", "Two men are talking."]
     out = translate_texts(translator, lines, DecodeOptions(beam=3))
     assert len(out) == 3 and out[1] == "" and out[0]
+
+
+def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
+    """bf16 rounding depends on the batch's shapes, so a near tie may go either way: most
+    outputs, not all, must be those of batched greedy decoding."""
+    torch.manual_seed(0)
+    cfg = config_from_dict({"model": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 64,
+                                      "heads": 4, "ffn_dim": 128, "dropout": 0.0}}).model
+    model = build_model(cfg, 50, 50).cuda().eval()
+    src = torch.randint(4, 50, (8, 7), device="cuda")
+    src[:, -1] = EOS
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        stream, got = GreedyStream(model, 0.6, 1.0, 3), {}
+        stream.add(src[:4], [0, 1, 2, 3])
+        assert stream.state.self_k[0].dtype == torch.bfloat16  # the keys' dtype
+        got.update(stream.step())
+        stream.add(src[4:], [4, 5, 6, 7])  # joins one step later
+        while len(stream):
+            got.update(stream.step())
+        alone = greedy_hypotheses(model, src, 0.6, 1.0, 3)
+    assert sorted(got) == list(range(8))
+    assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score))
+               for k in got)
+    assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
