@@ -179,6 +179,25 @@ def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
     assert stream.state is None  # an empty stream holds no memory
 
 
+def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
+    """The dtype path CUDA takes, on the CPU: the slots hold what the attention
+    projections give (bf16), not the memory's fp32. bf16 rounding depends on the batch's
+    shapes, so most outputs, not all, must be those of batched greedy decoding."""
+    model = random_model(5)
+    src = random_src(8, 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stream, got = GreedyStream(model, 0.6, 1.5, 4), {}
+        stream.add(src[:4], [0, 1, 2, 3])
+        assert stream.state.self_k[0].dtype == torch.bfloat16
+        got.update(stream.step())
+        stream.add(src[4:], [4, 5, 6, 7])  # joins one step later
+        while len(stream):
+            got.update(stream.step())
+        alone = greedy_hypotheses(model, src, 0.6, 1.5, 4)
+    assert sorted(got) == list(range(8))
+    assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
+
+
 def test_beam_never_emits_pad_or_bos():
     model, src = random_model(3), random_src()
     for hyps in beam_search(model, src, beam=5, nbest=5):
