@@ -1,4 +1,5 @@
-"""A scripted step model for search tests: next-token probabilities from a table."""
+"""A scripted step model for search tests: next-token probabilities from a table; and a
+helper that runs a real model's `GreedyStream` with sentences joining at two steps."""
 
 from __future__ import annotations
 
@@ -44,3 +45,20 @@ class Scripted:
             for tok, p in self.table.get(tuple(prefix), {EOS: 1.0}).items():
                 logits[r, tok] = math.log(p)
         return logits, Prefixes(tokens)
+
+
+def stream_in_two_joins(model, src: torch.Tensor, max_len_a: float, max_len_b: int
+                        ) -> tuple[dict, torch.dtype]:
+    """Half of src's rows join a `GreedyStream` (lenpen 0.6), the rest one step later:
+    each row's hypothesis by row, and the dtype of the stream's caches."""
+    from mtkit.search import GreedyStream
+
+    half = src.size(0) // 2
+    stream, got = GreedyStream(model, 0.6, max_len_a, max_len_b), {}
+    stream.add(src[:half], list(range(half)))
+    dtype = stream.state.self_k[0].dtype
+    got.update(stream.step())
+    stream.add(src[half:], list(range(half, src.size(0))))
+    while len(stream):
+        got.update(stream.step())
+    return got, dtype

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scripted import stream_in_two_joins
 
 from mtkit.config import config_from_dict
 from mtkit.data.shards import preprocess
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import build_model
-from mtkit.search import GreedyStream, greedy_hypotheses
+from mtkit.search import greedy_hypotheses
 from mtkit.tokenizer import EOS, build_tokenizer
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
@@ -77,14 +78,9 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
     src = torch.randint(4, 50, (8, 7), device="cuda")
     src[:, -1] = EOS
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        stream, got = GreedyStream(model, 0.6, 1.0, 3), {}
-        stream.add(src[:4], [0, 1, 2, 3])
-        assert stream.state.self_k[0].dtype == torch.bfloat16  # the keys' dtype
-        got.update(stream.step())
-        stream.add(src[4:], [4, 5, 6, 7])  # joins one step later
-        while len(stream):
-            got.update(stream.step())
+        got, dtype = stream_in_two_joins(model, src, 1.0, 3)
         alone = greedy_hypotheses(model, src, 0.6, 1.0, 3)
+    assert dtype == torch.bfloat16  # the attention keys' dtype, not the memory's
     assert sorted(got) == list(range(8))
     assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score))
                for k in got)

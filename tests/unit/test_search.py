@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from scripted import A, B, C, Scripted, V
+from scripted import A, B, C, Scripted, V, stream_in_two_joins
 
 from mtkit.config import ModelConfig
 from mtkit.model import build_model
@@ -186,14 +186,9 @@ def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
     model = random_model(5)
     src = random_src(8, 7)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        stream, got = GreedyStream(model, 0.6, 1.5, 4), {}
-        stream.add(src[:4], [0, 1, 2, 3])
-        assert stream.state.self_k[0].dtype == torch.bfloat16
-        got.update(stream.step())
-        stream.add(src[4:], [4, 5, 6, 7])  # joins one step later
-        while len(stream):
-            got.update(stream.step())
+        got, dtype = stream_in_two_joins(model, src, 1.5, 4)
         alone = greedy_hypotheses(model, src, 0.6, 1.5, 4)
+    assert dtype == torch.bfloat16
     assert sorted(got) == list(range(8))
     assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
 
