@@ -12,6 +12,10 @@ src_mask, state) -> (logits, state)` (token: W consecutive rows per sentence of 
 state with `index_select(rows, sentences=None)`) and `cfg.max_positions` can be
 searched: the tests drive it with scripted step functions, and `Ensemble` makes several
 models one such step model.
+
+`GreedyStream` is greedy decoding for a server (continuous batching): sentences join the
+running search between any two steps and leave it as they end, each in its own slot of
+the model's `SlotState`.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tens
 ENCODE_CHUNK_TOKENS = 512
 
 
-def encode(model: StepModel, src: Tensor) -> tuple[Tensor, Tensor]:
+def encode_in_chunks(model: StepModel, src: Tensor) -> tuple[Tensor, Tensor]:
     """`model.encode(src)`; on a CPU, rows of similar length are encoded together, in
     chunks of at most `ENCODE_CHUNK_TOKENS` tokens with padding (the memory and mask
     padded back to src's width, rows in src's order)."""
@@ -251,7 +255,7 @@ class GreedyStream:
     @torch.no_grad()
     def add(self, src: Tensor, keys: list[Any]) -> None:
         """Sentences src (B, S), one key each, join the search at its next step."""
-        memory, src_mask = encode(self.model, src)  # (B, S, D), (B, S)
+        memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
         limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
                              self.model.cfg.max_positions)  # (B,)
         cross_k, cross_v = self.model.cross_kv(memory)  # per layer (B, H, S, K)
