@@ -200,6 +200,18 @@ def test_greedy_requests_join_one_running_search_and_get_what_alone_gives(transl
     assert results[1][0] == [translator.translate([""], greedy)[0][0]]  # an empty line
 
 
+def test_stop_while_a_round_gathers_answers_it_and_returns(translator):
+    """The stop signal that arrives while the worker waits for company is kept: the
+    request is answered, then the worker returns (it once waited on the queue forever)."""
+    batcher = Batcher(translator, Limits(max_wait_ms=2000)).start()
+    future = batcher.submit(["A dog."], defaults(translator))
+    time.sleep(0.2)  # the worker now waits for company
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    stopper.join(timeout=60)
+    assert not stopper.is_alive() and future.result(timeout=1)[0][0].tokens
+
+
 def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
     recording = Recording(translator)
     batcher = Batcher(recording, Limits(max_wait_ms=300), continuous=False).start()
