@@ -4,6 +4,9 @@
     logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  training
     logits, state = model.decode_step(token, memory, src_mask, state)   # (B, V) inference
 
+The decoder state is a `DecoderState` (beam search: rows reordered by `index_select`),
+or a `SlotState` (continuous batching: a slot per sentence, written in place).
+
 Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
 `norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
 gelu`, `positions: learned`. The model knows nothing of decoding; that is `search.py`.
