@@ -308,26 +308,25 @@ class SlotKV(NamedTuple):
 class SlotState:
     """The decoder state of continuous batching (`search.GreedyStream`): caches in a
     fixed number of slots, each holding one sentence (one row) or free. A step runs the
-    first B slots (B = the tokens given to `decode_step`), and each live one writes its
-    new position at its own column: sentences that joined at different steps each see
-    only their own tokens, and none is copied when others join or leave.
+    first B slots (B = the tokens given to `decode_step`), which the caller keeps live,
+    and each writes its new position at its own column: sentences that joined at
+    different steps each see only their own tokens, and none is copied when others join
+    or leave.
 
     Capacities (slots, columns C, source positions S) change by `resized`; `move` lets
-    live slots fill free ones nearer the front, so that a step need not run free ones. A
-    free slot that does step computes finite garbage: its source mask keeps one
-    position."""
+    live slots fill free ones nearer the front. A slot never filled keeps one source
+    position in its mask, so that its attention stays finite."""
 
     self_k: list[Tensor]  # per layer: (slots, H, C, K)
     self_v: list[Tensor]
     cross_k: list[Tensor]  # per layer: (slots, H, S, K)
     cross_v: list[Tensor]
     src_mask: Tensor  # (slots, S), True at real source tokens
-    positions: Tensor  # (slots,) target tokens each slot holds
-    live: Tensor  # (slots,) bool
+    positions: Tensor  # (slots,) target tokens each slot holds (0 in a free one)
 
     @property
     def slots(self) -> int:
-        return self.live.numel()
+        return self.positions.numel()
 
     @property
     def columns(self) -> int:
@@ -348,10 +347,8 @@ class SlotState:
         self.src_mask[slots] = False
         self.src_mask[slots, :width] = src_mask
         self.positions[slots] = 0
-        self.live[slots] = True
 
     def free(self, slots: Tensor) -> None:
-        self.live[slots] = False
         self.positions[slots] = 0
 
     def resized(self, slots: int, columns: int, source: int) -> SlotState:
@@ -369,17 +366,15 @@ class SlotState:
         src_mask[:n, :w] = self.src_mask[:n, :w]
         positions = self.positions.new_zeros(slots)
         positions[:n] = self.positions[:n]
-        live = self.live.new_zeros(slots)
-        live[:n] = self.live[:n]
         return SlotState([resize(t, columns) for t in self.self_k],
                          [resize(t, columns) for t in self.self_v],
                          [resize(t, source) for t in self.cross_k],
-                         [resize(t, source) for t in self.cross_v], src_mask, positions, live)
+                         [resize(t, source) for t in self.cross_v], src_mask, positions)
 
     def move(self, source: Tensor, target: Tensor) -> None:
         """Move the sentences in slots `source` (n,) to the free slots `target` (n,)."""
         for t in (*self.self_k, *self.self_v, *self.cross_k, *self.cross_v, self.src_mask,
-                  self.positions, self.live):
+                  self.positions):
             t[target] = t[source]
         self.free(source)
 
@@ -459,8 +454,7 @@ class Transformer(nn.Module):
         src_mask = torch.zeros(slots, source, dtype=torch.bool, device=like.device)
         src_mask[:, 0] = True
         return SlotState(zeros(columns), zeros(columns), zeros(source), zeros(source),
-                         src_mask, torch.zeros(slots, dtype=torch.long, device=like.device),
-                         torch.zeros(slots, dtype=torch.bool, device=like.device))
+                         src_mask, torch.zeros(slots, dtype=torch.long, device=like.device))
 
     def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
                     state: DecoderState | SlotState | None = None
@@ -504,7 +498,7 @@ class Transformer(nn.Module):
             past = SlotKV(state.self_k[i], state.self_v[i], rows, positions, seen)
             memory_kv = state.cross_k[i][:b, :, :source], state.cross_v[i][:b, :, :source]
             y, _ = layer(y, memory_kv, attn_mask, past)
-        state.positions[:b] += state.live[:b]
+        state.positions[:b] += 1
         return self.project(y[:, 0])  # (B, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True

@@ -299,7 +299,7 @@ class GreedyStream:
         """Per-slot tensors for `slots` slots and outputs of `columns` tokens (what
         fits is kept)."""
         old = 0 if self.token is None else min(slots, self.token.size(0))
-        device = self.state.live.device
+        device = self.state.positions.device
 
         def resize(t: Tensor | None, fill: Any, dtype: torch.dtype,
                    width: int | None = None) -> Tensor:
@@ -360,7 +360,7 @@ class GreedyStream:
         if not holes:
             return
         movers = [i for i, k in enumerate(self.keys) if k is not None and i >= self.live]
-        device = self.state.live.device
+        device = self.state.positions.device
         source, target = (torch.tensor(x, dtype=torch.long, device=device)
                           for x in (movers, holes))
         self.state.move(source, target)

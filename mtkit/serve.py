@@ -199,7 +199,8 @@ class Batcher:
         return stream is not None
 
     def _taken(self, jobs: list[_Job]) -> None:
-        self._backlog = [j for j in self._backlog if all(j is not k for k in jobs)]
+        taken = {id(j) for j in jobs}
+        self._backlog = [j for j in self._backlog if id(j) not in taken]
         with self._lock:
             self._queued_lines -= sum(len(j.lines) for j in jobs)
 
