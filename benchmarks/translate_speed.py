@@ -19,7 +19,8 @@ stop a sentence once it has 5 finished hypotheses (`early_stopping=True`), forbi
 bos, and allow up to `--max-len` tokens.
 
 With `--options` it times the decoding options against plain beam 5 instead, in
-interleaved rounds (medians): 5 samples per line, no-repeat 3-grams, word alignments,
+interleaved rounds (medians): 1 sample per line (as for back-translation), 5 samples per
+line, no-repeat 3-grams, word alignments,
 and a two-model ensemble (the checkpoint with `--ensemble CKPT2`, by default with a
 second copy of itself), and prints each one's cost as a ratio to beam 5.
 
@@ -152,6 +153,7 @@ def time_options(translator: Translator, path: str, lines: list[str], second: st
     pair = load_translator([path, second], str(translator.device))
     base = DecodeOptions(batch_tokens=translator.config.decode.batch_tokens)
     runs = {"beam5": (translator, base),
+            "sampling1": (translator, replace(base, sampling=True, beam=1)),
             "sampling5": (translator, replace(base, sampling=True)),
             "no_repeat_ngram3": (translator, replace(base, no_repeat_ngram=3)),
             "alignments": (translator, replace(base, alignments=True)),

@@ -37,8 +37,8 @@ class StepModel(Protocol):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...
 
-    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
-                    state: Any) -> tuple[Tensor, Any]: ...
+    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
+                    state: Any) -> tuple[Tensor, Any]: ...  # memory: None once in `state`
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
@@ -190,41 +190,50 @@ def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = 0.6,
 def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
                  limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
                  pick: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
-    """Decode one output per row (greedy, sampling): R rows, `samples` consecutive rows per
-    sentence; `pick(lprobs (r, V), alive (r,)) -> (r,)` chooses each step's tokens. Rows
-    leave the batch as they end. Returns the outputs (R, L), padded, and their
-    log-probabilities (R,)."""
-    rows, device = memory.size(0), memory.device
+    """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
+    limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
+    alive (r,)) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
+    Returns the outputs (R, L), padded, and their log-probabilities (R,)."""
+    sentences, device = memory.size(0), memory.device
+    rows = sentences * samples
     out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
     log_prob = torch.zeros(rows, device=device)  # (R,)
+    # The first step runs one row per sentence (its samples are identical until then),
+    # then the state is copied to the sample rows: as in beam search, each source's
+    # cross-attention keys/values are projected once, not once per sample.
+    token = torch.full((sentences,), BOS, dtype=torch.long, device=device)  # (B,)
+    lprobs, state = _step_log_probs(model, token, memory, src_mask, None, 0, limits,
+                                    min_len, forced=_forced(prefix, torch.arange(sentences,
+                                                                     device=device), 0))
+    if samples > 1:
+        copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
+        lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
+        state = state.index_select(copy, copy)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
-    token = torch.full((rows,), BOS, dtype=torch.long, device=device)  # (r,)
-    state = None
     step = 0
-    while alive.numel():
-        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        limits[alive], min_len,
-                                        out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram,
-                                        _forced(prefix, alive // samples, step))  # (r, V)
+    while True:  # the state holds the source's keys/values now: memory is not needed
         token = pick(lprobs, alive)  # (r,)
         log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         step += 1
         done = token == EOS  # (r,)
         if done.any():
-            alive, token, memory, src_mask, state = _drop_rows(done, alive, token, memory,
-                                                               src_mask, state)
-    return out, log_prob
+            alive, token, src_mask, state = _drop_rows(done, alive, token, src_mask, state)
+            if not alive.numel():
+                return out, log_prob
+        lprobs, state = _step_log_probs(model, token, None, src_mask, state, step,
+                                        limits[alive], min_len,
+                                        out[alive, :step] if no_repeat_ngram else None,
+                                        no_repeat_ngram,
+                                        _forced(prefix, alive // samples, step))  # (r, V)
 
 
-def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, memory: Tensor, src_mask: Tensor,
-               state: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Any]:
+def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, state: Any
+               ) -> tuple[Tensor, Tensor, Tensor, Any]:
     """Keep only the rows that are not `done` (one output per row, so a row is its own
     sentence to the model: greedy, sampling)."""
     keep = (~done).nonzero().squeeze(1)  # (rows',)
-    return (alive[keep], token[keep], memory[keep], src_mask[keep],
-            state.index_select(keep, keep))
+    return alive[keep], token[keep], src_mask[keep], state.index_select(keep, keep)
 
 
 class GreedyStream:
@@ -499,7 +508,12 @@ def sampling_log_probs(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
     1/temperature and renormalized, then cut to the `topk` most likely tokens (0: all)
     and to the smallest set of most likely tokens whose probability reaches `topp`
     (nucleus sampling; the most likely token always stays)."""
-    logits = lprobs / temperature  # (rows, V)
+    return torch.log_softmax(_sampling_logits(lprobs, temperature, topk, topp), dim=-1)
+
+
+def _sampling_logits(lprobs: Tensor, temperature: float, topk: int, topp: float) -> Tensor:
+    """`sampling_log_probs` before its normalization (rows, V)."""
+    logits = lprobs / temperature if temperature != 1.0 else lprobs  # (rows, V)
     if 0 < topk < logits.size(-1):
         kth = logits.topk(topk, dim=-1).values[:, -1:]  # (rows, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -508,7 +522,7 @@ def sampling_log_probs(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
         probs = ranked.softmax(dim=-1)
         beyond = (probs.cumsum(dim=-1) - probs) >= topp  # mass before it already reaches p
         logits = logits.masked_fill(beyond.scatter(1, order, beyond), float("-inf"))
-    return torch.log_softmax(logits, dim=-1)
+    return logits
 
 
 def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]:
@@ -530,14 +544,13 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
     cut-offs)."""
     device = src.device
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    limits = limits.repeat_interleave(samples)  # (R,) with R = B * samples
-    memory = memory.repeat_interleave(samples, dim=0)  # (R, S, D)
-    src_mask = src_mask.repeat_interleave(samples, dim=0)  # (R, S)
     generators = sentence_generators(seeds, samples)
 
     def draw(lprobs: Tensor, alive: Tensor) -> Tensor:
         """Inverse-CDF draws: one uniform number per row from the row's own generator."""
-        cdf = sampling_log_probs(lprobs, temperature, topk, topp).exp().cumsum(dim=-1)
+        logits = _sampling_logits(lprobs, temperature, topk, topp)  # (r, V)
+        # Unnormalized: the draw scales u by the total (cdf[:, -1]) instead.
+        cdf = (logits - logits.amax(dim=-1, keepdim=True)).exp_().cumsum(dim=-1)  # (r, V)
         u = torch.tensor([torch.rand(1, generator=generators[i]).item()
                           for i in alive.tolist()], device=device).clamp_(min=1e-12)  # (r,)
         token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)  # (r,)
@@ -594,9 +607,10 @@ class Ensemble:
         encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)
         return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
 
-    def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
+    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
                     state: EnsembleState | None) -> tuple[Tensor, EnsembleState]:
-        memories = memory.split(self.widths, dim=-1)  # each (rows, S, Di)
+        memories = (memory.split(self.widths, dim=-1) if memory is not None  # (rows, S, Di)
+                    else (None,) * len(self.models))  # after the first step
         states = state.states if state is not None else (None,) * len(self.models)
         outputs = [m.decode_step(token, mem, src_mask, s)
                    for m, mem, s in zip(self.models, memories, states, strict=True)]

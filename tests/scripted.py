@@ -37,7 +37,10 @@ class Scripted:
         return torch.zeros(*src.shape, 1), src != PAD
 
     def decode_step(self, token, memory, src_mask, state):
-        assert memory.size(0) == src_mask.size(0) and token.size(0) % memory.size(0) == 0
+        # memory (one row per sentence) is needed only until the state holds the source
+        assert memory is not None or state is not None
+        assert memory is None or memory.size(0) == src_mask.size(0)
+        assert token.size(0) % src_mask.size(0) == 0
         self.rows.append(token.size(0))
         tokens = token[:, None] if state is None else torch.cat([state.tokens, token[:, None]], 1)
         logits = torch.full((token.size(0), V), -1e9)

@@ -218,19 +218,28 @@ def test_no_repeat_ngram_blocks_exactly_the_repeated_ngram():
     assert not torch.isinf(lprobs).any()
 
 
-@pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_no_repeat_ngram_stops_a_loop_in_greedy_and_beam(search):
+@pytest.mark.parametrize("search", ["greedy", "beam", "sampling"])
+def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
+    from mtkit.search import sample_search
+
     loop = Scripted({(A, B) * n: {A: 0.9, EOS: 0.1} for n in range(0, 20)}
                     | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)})
     if search == "greedy":
         free = greedy_search(loop, SRC, max_len_b=12)[0]
         blocked = greedy_search(loop, SRC, max_len_b=12, no_repeat_ngram=2)[0]
-    else:  # a length penalty that favours long outputs
+    elif search == "beam":  # a length penalty that favours long outputs
         free = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12)[0][0].tokens
         hyps = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12, nbest=2,
                            no_repeat_ngram=2)[0]
         assert all(len(set(zip(h.tokens, h.tokens[1:]))) == len(h.tokens) - 1 for h in hyps)
         blocked = hyps[0].tokens
+    else:  # 200 samples: each one is cut at the repeat, whatever it drew before
+        free = max((h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12)[0]),
+                   key=len)
+        drawn = [h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12,
+                                                 no_repeat_ngram=2)[0]]
+        assert all(tokens == [A, B, A][:len(tokens)] for tokens in drawn)
+        blocked = max(drawn, key=len)
     assert free[:4] == [A, B, A, B]
     assert blocked == [A, B, A]  # a second (A, B) is forbidden: eos is all that is left
 
@@ -268,6 +277,10 @@ def test_sampling_is_seeded_and_batched_equals_one_by_one():
                       (B,): {A: 0.5, EOS: 0.5}, (C,): {A: 0.5, EOS: 0.5}})
     src = torch.tensor([[A, B, C, EOS], [A, EOS, PAD, PAD], [B, C, EOS, PAD]])
     together = sample_search(model, src, seeds=[7, 8, 9], samples=4)
+    # The first step runs one row per sentence; then each sample has its own row, which
+    # leaves the batch when the sample ends.
+    rows = model.rows[1:]
+    assert model.rows[0] == 3 and rows[0] == 12 and rows == sorted(rows, reverse=True)
     alone = [sample_search(model, src[i:i + 1, :], seeds=[s], samples=4)[0]
              for i, s in enumerate((7, 8, 9))]
     assert [[h.tokens for h in x] for x in together] == [[h.tokens for h in x] for x in alone]
