@@ -183,16 +183,17 @@ def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = 0.6,
     past the eos it chose."""
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
     out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
-                                 no_repeat_ngram, lambda lprobs, alive: lprobs.argmax(dim=-1))
+                                 no_repeat_ngram,
+                                 lambda lprobs, alive, step: lprobs.argmax(dim=-1))
     return _hypotheses(out, log_prob, 1, lenpen)
 
 
 def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
                  limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
-                 pick: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+                 pick: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
-    alive (r,)) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
+    alive (r,), step) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
     Returns the outputs (R, L), padded, and their log-probabilities (R,)."""
     sentences, device = memory.size(0), memory.device
     rows = sentences * samples
@@ -212,7 +213,7 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
     step = 0
     while True:  # the state holds the source's keys/values now: memory is not needed
-        token = pick(lprobs, alive)  # (r,)
+        token = pick(lprobs, alive, step)  # (r,)
         log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         step += 1
@@ -542,18 +543,20 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
     from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per
     sentence. A hypothesis' log_prob is the model's own (before temperature and
     cut-offs)."""
-    device = src.device
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    generators = sentence_generators(seeds, samples)
+    # Each row's uniform numbers, one per step it may take, drawn at once from its own
+    # generator: (R, L), padded. A row's numbers depend on its sentence alone.
+    steps = (limits + 1).repeat_interleave(samples).tolist()  # (R,)
+    uniforms = torch.nn.utils.rnn.pad_sequence(
+        [torch.rand(n, generator=g) for g, n in zip(sentence_generators(seeds, samples),
+                                                    steps, strict=True)],
+        batch_first=True).clamp_(min=1e-12).to(src.device)  # (R, L)
 
-    def draw(lprobs: Tensor, alive: Tensor) -> Tensor:
-        """Inverse-CDF draws: one uniform number per row from the row's own generator."""
-        logits = _sampling_logits(lprobs, temperature, topk, topp)  # (r, V)
-        # Unnormalized: the draw scales u by the total (cdf[:, -1]) instead.
-        cdf = (logits - logits.amax(dim=-1, keepdim=True)).exp_().cumsum(dim=-1)  # (r, V)
-        u = torch.tensor([torch.rand(1, generator=generators[i]).item()
-                          for i in alive.tolist()], device=device).clamp_(min=1e-12)  # (r,)
-        token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)  # (r,)
+    def draw(lprobs: Tensor, alive: Tensor, step: int) -> Tensor:
+        """Inverse-CDF draws of the rows `alive` at `step`."""
+        cdf = _sampling_logits(lprobs, temperature, topk, topp).softmax(dim=-1).cumsum_(-1)
+        u = uniforms[alive, step] * cdf[:, -1]  # (r,), scaled to the total's rounding
+        token = torch.searchsorted(cdf, u[:, None]).squeeze(1)  # (r,)
         return token.clamp_(max=cdf.size(1) - 1)
 
     out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, samples, min_len,
