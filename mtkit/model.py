@@ -461,10 +461,11 @@ class Transformer(nn.Module):
                     ) -> tuple[Tensor, DecoderState | SlotState]:
         """One step: token (B*W,) is the last target token of each row (bos first), W
         consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
-        the next token's logits (B*W, V) and the state grown by one position. With a
-        `SlotState`, token (B,) is that of its first B slots (memory is unused, src_mask
-        their rows of the state's, possibly cut after the longest source), and the state
-        is updated in place."""
+        the next token's logits (B*W, V) and the state grown by one position. memory is
+        read at the first step only (state None): the state holds its keys/values, so
+        later steps may pass None. With a `SlotState`, token (B,) is that of its first B
+        slots (memory is unused, src_mask their rows of the state's, possibly cut after
+        the longest source), and the state is updated in place."""
         if isinstance(state, SlotState):
             return self._slot_step(token, src_mask, state), state
         if state is None:
