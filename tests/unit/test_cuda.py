@@ -85,3 +85,22 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
     assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score))
                for k in got)
     assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
+
+
+def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
+    """Sampling, no-repeat n-grams, prefixes, alignments and a two-model ensemble in one
+    search on the GPU; the seeded samples come out the same twice, batched or alone."""
+    cfg, _ = cuda_run
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    pair = load_translator([last, last], "cuda")
+    lines, prefixes = ["A dog runs in the park.", "", "Two men are talking."], ["Ein", "", ""]
+    opts = DecodeOptions(beam=3, nbest=3, sampling=True, topp=0.9, seed=3,
+                         no_repeat_ngram=2, alignments=True)
+    first = pair.translate(lines, opts, prefixes=prefixes)
+    again = pair.translate(lines, opts, prefixes=prefixes)
+    alone = pair.translate(lines[2:], opts)
+    assert [[h.tokens for h in x] for x in first] == [[h.tokens for h in x] for x in again]
+    assert [h.tokens for h in first[2]] == [h.tokens for h in alone[0]]
+    assert len(first[0]) == 3 and first[1][0].tokens == []
+    assert all(pair.tgt_vocab.decode(h.tokens).startswith("Ein") for h in first[0])
+    assert all(h.alignment is not None for h in first[0])
