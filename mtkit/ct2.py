@@ -202,7 +202,7 @@ class CT2Translator(Frontend):
         self.steps = [manifest.get("step")]
         self.quantization = manifest.get("quantization", "float32")
         self.max_positions = self.config.model.max_positions
-        self._warned_long = False
+        self._truncated: set[str] = set()
         # Where torch is loaded too (tests, benchmarks), keep its thread count:
         # CTranslate2 would otherwise set OpenMP's for the whole process.
         torch = sys.modules.get("torch")

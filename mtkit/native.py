@@ -37,7 +37,7 @@ class Translator(Frontend):
     autocast_dtype: torch.dtype | None
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     steps: list[int | None] = field(default_factory=list)  # each model's training step
-    _warned_long: bool = False
+    _truncated: set[str] = field(default_factory=set)
 
     @property
     def model(self) -> Transformer:

@@ -100,11 +100,12 @@ class DecodeOptions:
 class Frontend:
     """What every translator does to its input before the search: set empty lines
     aside, encode and truncate the others, encode target prefixes. Needs `src_vocab`,
-    `tgt_vocab`, `max_positions` and `_warned_long`; subclasses search in `translate`."""
+    `tgt_vocab`, `max_positions` and `_truncated` (the kinds of text already warned
+    about); subclasses search in `translate`."""
 
     src_vocab: Vocab
     tgt_vocab: Vocab
-    _warned_long: bool
+    _truncated: set[str]
     can_align = True  # whether `translate` honours `opts.alignments`
 
     def describe(self) -> dict:
@@ -129,15 +130,17 @@ class Frontend:
         return self.max_positions - 1  # room for eos
 
     def encode(self, lines: list[str]) -> list[list[int]]:
-        ids = self.src_vocab.encode(lines)
-        limit = self.max_src_tokens
-        if any(len(x) > limit for x in ids):
-            if not self._warned_long:
-                log.warning("input lines longer than %d subwords are truncated "
-                            "(model.max_positions=%d)", limit, self.max_positions)
-                self._warned_long = True
-            ids = [x[:limit] for x in ids]
-        return ids
+        return self._cut(self.src_vocab.encode(lines), self.max_src_tokens, "input lines")
+
+    def _cut(self, ids: list[list[int]], limit: int, what: str) -> list[list[int]]:
+        """Each of `ids` cut to `limit` pieces; the first cut of each kind is logged."""
+        if all(len(x) <= limit for x in ids):
+            return ids
+        if what not in self._truncated:
+            log.warning("%s longer than %d subwords are truncated (model.max_positions=%d)",
+                        what, limit, self.max_positions)
+            self._truncated.add(what)
+        return [x[:limit] for x in ids]
 
     def prepare(self, lines: list[str], opts: DecodeOptions, done: Callable[[int], None],
                 prefixes: list[str] | None
@@ -153,8 +156,9 @@ class Frontend:
             out[i] = empty
         done(len(lines) - len(todo))
         ids = self.encode([lines[i] for i in todo]) if todo else []
-        forced = ([x[: self.max_src_tokens - 1] for x in self.tgt_vocab.encode(
-            [prefixes[i] for i in todo])] if prefixes and todo else None)
+        forced = (self._cut(self.tgt_vocab.encode([prefixes[i] for i in todo]),
+                            self.max_src_tokens - 1, "target prefixes")  # room for eos
+                  if prefixes and todo else None)
         return out, todo, ids, forced
 
 

@@ -78,7 +78,15 @@ def test_overlong_lines_are_truncated_with_one_warning(translator, caplog):
         translator.translate([long], opts)
     assert len(out) == 3 and all(len(h) == 1 for h in out)
     warnings = [r for r in caplog.records if "truncated" in r.getMessage()]
-    assert len(warnings) == 1 and "longer than 23 subwords" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "input lines longer than 23 subwords" in warnings[0].getMessage()
+    # A target prefix is cut too, leaving room for eos, with a warning of its own.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mtkit.translate"):
+        (hyp,) = translator.translate(["A dog."], opts, prefixes=[long])[0]
+    cut = translator.tgt_vocab.encode([long])[0][:22]
+    assert hyp.tokens[:22] == cut and len(hyp.tokens) <= 23  # within the positions
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "target prefixes longer than 22 subwords are truncated"]
 
 
 def test_invalid_utf8_is_replaced_not_fatal():
