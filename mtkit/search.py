@@ -203,16 +203,16 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
     # then the state is copied to the sample rows: as in beam search, each source's
     # cross-attention keys/values are projected once, not once per sample.
     token = torch.full((sentences,), BOS, dtype=torch.long, device=device)  # (B,)
+    first = _forced(prefix, torch.arange(sentences, device=device), 0)  # (B,) or None
     lprobs, state = _step_log_probs(model, token, memory, src_mask, None, 0, limits,
-                                    min_len, forced=_forced(prefix, torch.arange(sentences,
-                                                                     device=device), 0))
+                                    min_len, forced=first)
     if samples > 1:
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
         state = state.index_select(copy, copy)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
     step = 0
-    while True:  # the state holds the source's keys/values now: memory is not needed
+    while True:
         token = pick(lprobs, alive, step)  # (r,)
         log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
@@ -222,6 +222,7 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
             alive, token, src_mask, state = _drop_rows(done, alive, token, src_mask, state)
             if not alive.numel():
                 return out, log_prob
+        # memory None: the state holds the source's keys/values from the first step
         lprobs, state = _step_log_probs(model, token, None, src_mask, state, step,
                                         limits[alive], min_len,
                                         out[alive, :step] if no_repeat_ngram else None,
@@ -503,17 +504,12 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
 # --- sampling --------------------------------------------------------------------------
 
 
-def sampling_log_probs(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
-                       topp: float = 1.0) -> Tensor:
-    """The sampling distribution, as log-probabilities (rows, V): the model's scaled by
-    1/temperature and renormalized, then cut to the `topk` most likely tokens (0: all)
-    and to the smallest set of most likely tokens whose probability reaches `topp`
-    (nucleus sampling; the most likely token always stays)."""
-    return torch.log_softmax(_sampling_logits(lprobs, temperature, topk, topp), dim=-1)
-
-
-def _sampling_logits(lprobs: Tensor, temperature: float, topk: int, topp: float) -> Tensor:
-    """`sampling_log_probs` before its normalization (rows, V)."""
+def sampling_logits(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
+                    topp: float = 1.0) -> Tensor:
+    """The sampling distribution, as unnormalized log-probabilities (rows, V): the model's
+    scaled by 1/temperature, then cut to the `topk` most likely tokens (0: all) and to the
+    smallest set of most likely tokens whose probability reaches `topp` (nucleus
+    sampling; the most likely token always stays)."""
     logits = lprobs / temperature if temperature != 1.0 else lprobs  # (rows, V)
     if 0 < topk < logits.size(-1):
         kth = logits.topk(topk, dim=-1).values[:, -1:]  # (rows, 1)
@@ -540,7 +536,7 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
                   min_len: int = 1, no_repeat_ngram: int = 0,
                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
-    from `sampling_log_probs`, by inverse CDF), best score first. `seeds` (B,): one per
+    from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
     sentence. A hypothesis' log_prob is the model's own (before temperature and
     cut-offs)."""
     memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
@@ -554,7 +550,7 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
 
     def draw(lprobs: Tensor, alive: Tensor, step: int) -> Tensor:
         """Inverse-CDF draws of the rows `alive` at `step`."""
-        cdf = _sampling_logits(lprobs, temperature, topk, topp).softmax(dim=-1).cumsum_(-1)
+        cdf = sampling_logits(lprobs, temperature, topk, topp).softmax(dim=-1).cumsum_(-1)
         u = uniforms[alive, step] * cdf[:, -1]  # (r,), scaled to the total's rounding
         token = torch.searchsorted(cdf, u[:, None]).squeeze(1)  # (r,)
         return token.clamp_(max=cdf.size(1) - 1)
