@@ -8,7 +8,8 @@ A checkpoint is one self-contained file, a dict of plain values and tensors:
     model         the model's state_dict
     train         (training checkpoints) optimizer state, RNG states, step, epoch,
                   position in the epoch, best score, patience counter, elapsed time,
-                  and the fingerprint of the shards it was trained on
+                  the fingerprint of the shards it was trained on, and the precision
+                  the run trains in (decided at its first start, with the calibration)
     digest        SHA-256 over everything above (tensors by their bytes), checked on load
 
 It is written to a temporary file, fsynced and renamed into place, and read with
@@ -130,14 +131,17 @@ def _check_content(payload: dict[str, Any], path: Path) -> None:
 
 
 def training_payload(config: dict, vocab: tuple[bytes, bytes], model: dict, optimizer: dict,
-                     rng: dict, progress: dict, shards: str) -> dict[str, Any]:
+                     rng: dict, progress: dict, shards: str, precision: dict
+                     ) -> dict[str, Any]:
     """The layout of a training checkpoint (see the module docstring); `shards` is the
-    fingerprint of the shard manifest it was trained on."""
+    fingerprint of the shard manifest it was trained on, `precision` the run's precision
+    record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?})."""
     return {
         "config": config,
         "vocab": {"src": vocab[0], "tgt": vocab[1]},
         "model": model,
-        "train": {"optimizer": optimizer, "rng": rng, "progress": progress, "shards": shards},
+        "train": {"optimizer": optimizer, "rng": rng, "progress": progress, "shards": shards,
+                  "precision": precision},
     }
 
 

@@ -11,10 +11,14 @@ takes bf16 only when it is clearly faster. On CUDA, `auto` is bf16 where support
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
+import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -43,7 +47,8 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Seconds per forward+backward of one Linear layer, in fp32 and in bf16."""
+    """Seconds per forward+backward of one Linear layer, in fp32 and in bf16: the fastest
+    of interleaved runs of each."""
 
     fp32_s: float
     bf16_s: float
@@ -56,17 +61,17 @@ class Calibration:
         return {"fp32_ms": round(self.fp32_s * 1e3, 3), "bf16_ms": round(self.bf16_s * 1e3, 3)}
 
 
-def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 3) -> Calibration:
-    """Time forward+backward of Linear(d_in, d_out) on (rows, d_in) inputs, in fp32 and
-    under bf16 autocast: the best of `repeats` runs after a warm-up run. bf16 is first
-    probed on 1/16 of the rows: on a CPU without bf16 instructions it ran 40x slower
-    than fp32, and a hopeless probe ends the calibration with its extrapolated time, so
-    the whole calibration stays well under a second."""
+# One timed forward+backward: (autocast dtype or None for fp32, rows) -> seconds.
+Measure = Callable[[torch.dtype | None, int], float]
+
+
+def linear_timer(rows: int, d_in: int, d_out: int) -> Measure:
+    """A `Measure` of forward+backward of Linear(d_in, d_out) on up to `rows` inputs."""
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(d_in, d_out)
     x = torch.randn(rows, d_in, generator=generator)
 
-    def once(dtype: torch.dtype | None, n: int = rows) -> float:
+    def once(dtype: torch.dtype | None, n: int) -> float:
         inputs = x[:n].clone().requires_grad_()
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -75,14 +80,65 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 3) -> Calibra
         layer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    once(None)
-    fp32 = min(once(None) for _ in range(repeats))
+    return once
+
+
+def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
+                  measure: Measure | None = None) -> Calibration:
+    """Time forward+backward of Linear(d_in, d_out) on (rows, d_in) inputs in fp32 and
+    under bf16 autocast, robustly enough that a busy machine makes the same choice as an
+    idle one:
+
+    - every candidate is warmed up before it is timed (the first bf16 call pays for
+      kernel selection and JIT: timing it once made bf16 look 70x slower than it was);
+    - fp32 and bf16 runs alternate, so a stretch of load from another process falls on
+      both, and each side's figure is its fastest run: load only ever adds time, so the
+      fastest of several runs is the one least disturbed (a median still moves when
+      most runs are slowed, as on a machine that another training keeps busy);
+    - bf16 is first probed on 1/16 of the rows (warmed up, fastest of three): without
+      bf16 instructions it runs 40x slower than fp32, and a hopeless probe ends the
+      calibration at once, so that it stays well under a second there too.
+
+    `measure` replaces the real timer (tests fake the timings)."""
+    once = measure or linear_timer(rows, d_in, d_out)
+    bf16 = torch.bfloat16
     probe_rows = max(1, rows // 16)
-    estimate = once(torch.bfloat16, probe_rows) * rows / probe_rows
-    if estimate > 10 * fp32:
-        return Calibration(fp32_s=fp32, bf16_s=estimate)
-    once(torch.bfloat16)
-    return Calibration(fp32_s=fp32, bf16_s=min(once(torch.bfloat16) for _ in range(repeats)))
+    once(None, rows)
+    once(bf16, probe_rows)
+    fp32_quick = min(once(None, rows) for _ in range(3))
+    probe = min(once(bf16, probe_rows) for _ in range(3)) * rows / probe_rows
+    if probe > 10 * fp32_quick:
+        return Calibration(fp32_s=fp32_quick, bf16_s=probe)
+    once(bf16, rows)
+    fp32_s = bf16_s = float("inf")
+    for i in range(repeats):  # alternate which goes first, so neither always follows
+        order = (None, bf16) if i % 2 == 0 else (bf16, None)
+        for dtype in order:
+            seconds = once(dtype, rows)
+            if dtype is None:
+                fp32_s = min(fp32_s, seconds)
+            else:
+                bf16_s = min(bf16_s, seconds)
+    return Calibration(fp32_s=min(fp32_s, fp32_quick), bf16_s=bf16_s)
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the flags that decide bf16 speed (AVX-512, AVX512-BF16,
+    AMX), e.g. "AMD EPYC (avx512f avx512_bf16)": stored with a run's precision choice
+    and printed beside every benchmark figure."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        return platform.processor() or model
+    shown = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model} ({' '.join(shown) or 'no avx512'})"
 
 
 def calibration_shape(max_tokens: int, d_model: int, ffn_dim: int) -> tuple[int, int, int]:
@@ -113,6 +169,17 @@ def resolve_precision(precision: str, device: torch.device,
              "%.2f ms in fp32 and %.2f ms in bf16 on this CPU: %s", shape[0], shape[1],
              shape[1], shape[2], calibration.fp32_s * 1e3, calibration.bf16_s * 1e3, chosen)
     return (torch.bfloat16 if calibration.bf16_faster else None), calibration
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the OS (glibc's `malloc_trim`): after
+    training, so that `mtkit run` translates in the memory translation needs, not in
+    what training left free (`tune_cpu_runtime` tells glibc to keep freed blocks)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError) as e:
+        log.debug("malloc_trim unavailable (%s)", e)
 
 
 def tune_cpu_runtime() -> None:

@@ -21,6 +21,7 @@ from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_ch
 from mtkit.config import Config
 from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
+from mtkit.device import release_freed_memory
 from mtkit.evaluate import Score, score
 from mtkit.rundir import run_lock
 from mtkit.tokenizer import build_tokenizer, load_vocabs, vocab_paths
@@ -85,6 +86,7 @@ def _run_all(cfg: Config) -> RunResult:
             *load_vocabs(run, cfg.tokenizer.joint))
     log.info("stage train")
     result = train(cfg, resume=True)
+    release_freed_memory()  # the trained model is gone: translation starts from less
     if result.interrupted_by:
         raise Interrupted(result.interrupted_by)
     checkpoint = final_checkpoint(cfg)

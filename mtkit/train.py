@@ -40,7 +40,12 @@ from mtkit.checkpoint import (
 from mtkit.config import Config, TrainConfig, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, token_batches
 from mtkit.data.shards import ShardDataset
-from mtkit.device import calibration_shape, resolve_device, resolve_precision
+from mtkit.device import (
+    calibration_shape,
+    cpu_description,
+    resolve_device,
+    resolve_precision,
+)
 from mtkit.evaluate import score
 from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
@@ -94,7 +99,6 @@ class TrainResult:
     best_bleu: float
     stopped_because: str
     run_dir: Path
-    model: Transformer  # the weights after the last step (not the best checkpoint)
     precision: str = "fp32"  # what training ran in: "fp32" or "bf16"
 
     @property
@@ -284,6 +288,7 @@ class TrainState:
     valid_data: ShardDataset | None
     device: torch.device
     autocast_dtype: torch.dtype | None
+    precision: dict  # {"precision", "asked", "cpu", "calibration"?}: decided at the first start
     metrics: MetricsLog
     rank: int
     world: int
@@ -322,9 +327,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
             data.check_tokenizer(*vocabs)
             data.verify()
     _check_positions(cfg, train_data)
-    autocast_dtype, calibration = resolve_precision(
-        tc.precision, device,
-        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+    found = find_resumable(run / "checkpoints") if resume else None
+    autocast_dtype, precision = run_precision(cfg, device, found, distributed)
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
@@ -333,15 +337,14 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
     metrics = MetricsLog(run / "metrics.jsonl" if rank == 0 else None,
                          run / "tensorboard" if tc.tensorboard else None)
-    progress = _resume(cfg, resume, model, optimizer, train_data, vocabs, rank)
-    precision = "bf16" if autocast_dtype else "fp32"
+    progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
     if rank == 0:
         save_config(cfg, run / "config.yaml")
         log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
                  device, "bf16 autocast" if autocast_dtype else "fp32", world)
         metrics.write("start", step=progress.step, parameters=count_parameters(model),
-                      device=str(device), precision=precision, world_size=world,
-                      **({"calibration": calibration.as_dict()} if calibration else {}))
+                      device=str(device), world_size=world, resumed=found is not None,
+                      **precision)
     wrapped: nn.Module = model
     if distributed:
         wrapped = nn.parallel.DistributedDataParallel(
@@ -354,17 +357,57 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
     return TrainState(cfg, model, wrapped, optimizer, progress, batches, len(sampler),
                       vocabs, train_data, valid_data,
-                      device, autocast_dtype, metrics, rank, world,
+                      device, autocast_dtype, precision, metrics, rank, world,
                       clock_start=time.perf_counter() - progress.elapsed,
                       saved_step=progress.step)
 
 
-def _resume(cfg: Config, resume: bool, model: Transformer, optimizer, train_data: ShardDataset,
-            vocabs: tuple[Vocab, Vocab], rank: int) -> Progress:
-    """Load the newest intact checkpoint into model and optimizer and return its progress;
-    a fresh `Progress` when there is none (with --no-resume, old checkpoints move aside)."""
+def run_precision(cfg: Config, device: torch.device,
+                  found: tuple[Path, dict] | None, distributed: bool = False
+                  ) -> tuple[torch.dtype | None, dict]:
+    """The precision a run trains in, decided once, at its first start, and kept in every
+    checkpoint: a resumed run reuses it and never measures again (a second measurement on
+    a busy machine could switch precision mid-run). A resume whose `train.precision` names
+    the other precision is refused. Returns the autocast dtype (None for fp32) and the
+    record stored with the run: {"precision", "asked", "cpu" (the machine of the first
+    start), "calibration" (when measured)}."""
+    asked = cfg.train.precision
+    stored = found[1]["train"].get("precision") if found is not None else None
+    if stored is not None:
+        name = stored["precision"]
+        if asked not in ("auto", name):
+            raise TrainError(f"{found[0]} was trained in {name}, the config says "
+                             f"train.precision={asked}; resume with train.precision={name} "
+                             f"(or auto), or start over with --no-resume")
+        measured = stored.get("calibration")
+        log.info("precision %s, as decided at this run's first start (%s); not measured "
+                 "again", name, f"fp32 {measured['fp32_ms']} ms, bf16 {measured['bf16_ms']} "
+                 f"ms" if measured else f"train.precision={stored['asked']}")
+        return (torch.bfloat16 if name == "bf16" else None), dict(stored)
+    if found is not None:
+        log.warning("%s does not say which precision it was trained in (an older mtkit); "
+                    "deciding it now", found[0])
+    tc = cfg.train
+    dtype, calibration = resolve_precision(
+        asked, device, calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
+        flag = torch.tensor([float(dtype is not None)])
+        dist.broadcast(flag, 0)
+        dtype = torch.bfloat16 if flag.item() else None
+    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked,
+              "cpu": cpu_description() if device.type == "cpu" else str(device)}
+    if calibration is not None:
+        record["calibration"] = calibration.as_dict()
+    return dtype, record
+
+
+def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,
+            optimizer, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab],
+            rank: int) -> Progress:
+    """Load the newest intact checkpoint (`found`) into model and optimizer and return its
+    progress; a fresh `Progress` when there is none (with --no-resume, old checkpoints
+    move aside)."""
     tc, ckpt_dir = cfg.train, cfg.run_path / "checkpoints"
-    found = find_resumable(ckpt_dir) if resume else None
     if found is None:
         if not resume and rank == 0 and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
             aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
@@ -493,7 +536,7 @@ def save(state: TrainState, is_best: bool) -> None:
     payload = training_payload(
         config_to_dict(state.cfg), (state.vocabs[0].model_proto, state.vocabs[1].model_proto),
         state.model.state_dict(), state.optimizer.state_dict(), _rng_state(),
-        dataclasses.asdict(p), state.train_data.fingerprint)
+        dataclasses.asdict(p), state.train_data.fingerprint, state.precision)
     path = write_training_checkpoint(payload, state.cfg.run_path / "checkpoints", p.step,
                                      is_best, state.cfg.train.keep_last)
     state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)
@@ -625,8 +668,8 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
         log.info("stopped at step %d (%s); best valid BLEU %.2f", p.step, reason, p.best_bleu)
     if state.distributed:
         dist.barrier()
-    return TrainResult(p.step, p.epoch, p.best_bleu, reason, cfg.run_path, state.model,
-                       "bf16" if state.autocast_dtype else "fp32")
+    return TrainResult(p.step, p.epoch, p.best_bleu, reason, cfg.run_path,
+                       state.precision["precision"])
 
 
 def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:

@@ -69,6 +69,25 @@ def tiny_config(corpus, tmp_path):
     return config_from_dict(tiny_config_dict(corpus, tmp_path / "run"))
 
 
+SCORE_TOLERANCE = {"rel": 1e-5, "abs": 1e-6}
+
+
+def assert_same_hypotheses(got, expected) -> None:
+    """Hypotheses of one search run in different batch compositions (a stream vs alone,
+    batched vs one by one): tokens and alignments exactly, log-probabilities and scores
+    within `SCORE_TOLERANCE`. On AVX-512 kernels the order of a float sum depends on the
+    batch's shape, so the last bits of a score differ between compositions (STYLE.md 11).
+    `got` and `expected` are equally nested lists of `Hypothesis`."""
+    if isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), (got, expected)
+        for g, e in zip(got, expected):
+            assert_same_hypotheses(g, e)
+        return
+    assert (got.tokens, got.alignment) == (expected.tokens, expected.alignment)
+    assert got.log_prob == pytest.approx(expected.log_prob, **SCORE_TOLERANCE)
+    assert got.score == pytest.approx(expected.score, **SCORE_TOLERANCE)
+
+
 def write_config(folder: Path, corpus, **sections) -> Path:
     """`folder/exp.yaml` for a tiny model whose run directory is `folder/run`."""
     path = folder / "exp.yaml"

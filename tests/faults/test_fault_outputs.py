@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 
@@ -71,20 +72,32 @@ def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpt
 
 
 def test_ctrl_c_in_translate_keeps_the_output_file(work, ckpts):
+    """The signal comes after an observable event (the first batch's translation reached
+    the temporary file) and while thousands of lines are still to translate, so it
+    cannot arrive after the work is done, however fast the machine."""
     out = work / "out.txt"
     out.write_text("keep me\n")
     proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
                          stdin=subprocess.PIPE)
-    proc.stdin.write("A dog runs in the park.\n")
-    proc.stdin.flush()
-    # the first line's translation reaches the temporary file; then Ctrl-C
+    feeder = threading.Thread(target=_feed, args=(proc, "A dog runs in the park.\n" * 20000))
+    feeder.start()
     wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
                          for p in work.iterdir()), proc)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.strip() == "interrupted"
+    assert proc.wait(timeout=120) == 130
+    feeder.join(timeout=60)
+    assert proc.stderr.read().strip() == "interrupted"
     assert out.read_text() == "keep me\n"
     assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
+
+
+def _feed(proc: subprocess.Popen, text: str) -> None:
+    """Write `text` to the process's stdin, as far as it reads it, then close it."""
+    try:
+        proc.stdin.write(text)
+        proc.stdin.close()
+    except (BrokenPipeError, ValueError, OSError):  # it stopped reading: interrupted
+        pass
 
 
 def test_output_is_written_whole_on_success(work, ckpts):

@@ -18,7 +18,13 @@ from mtkit.checkpoint import load_checkpoint
 from mtkit.config import config_from_dict
 from mtkit.data.batching import TokenBatchSampler
 from mtkit.data.shards import ShardDataset, preprocess
-from mtkit.device import Calibration, DeviceError, resolve_device, resolve_precision
+from mtkit.device import (
+    Calibration,
+    DeviceError,
+    cpu_description,
+    resolve_device,
+    resolve_precision,
+)
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import Progress, TrainError, inverse_sqrt_lr, stop_reason, train
 
@@ -114,15 +120,22 @@ def test_resume_across_an_epoch_boundary_is_exact(prepared, tmp_path, corpus):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path, corpus):
-    straight, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=60, valid_every=10)
-    train(straight)
-    killed, data = fresh(prepared, tmp_path / "b", corpus, max_steps=60, valid_every=10)
+def _train_process(config: Path) -> list[str]:
+    return [sys.executable, "-m", "mtkit", "train", "-c", str(config)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "auto"])
+def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path, corpus,
+                                                               precision):
+    """Bit-identity is promised here: a resumed run is the run that never stopped. Under
+    `precision: auto` the resumed start reuses the first start's choice (stored in the
+    checkpoint) instead of measuring again; the straight run trains in that precision."""
+    killed, data = fresh(prepared, tmp_path / "b", corpus, max_steps=60, valid_every=10,
+                         precision=precision)
     config = tmp_path / "b.yaml"
     config.write_text(yaml.safe_dump(data))
-    cmd = [sys.executable, "-m", "mtkit", "train", "-c", str(config)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, cwd=ROOT)
-    deadline = time.time() + 60
+    proc = subprocess.Popen(_train_process(config), stderr=subprocess.DEVNULL, cwd=ROOT)
+    deadline = time.time() + 120
     while not (killed.run_path / "checkpoints" / "step_20.pt").exists():
         assert proc.poll() is None and time.time() < deadline, "training ended too early"
         time.sleep(0.05)
@@ -130,11 +143,55 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path
     proc.wait()
     ckpts = {p.name for p in (killed.run_path / "checkpoints").glob("step_*.pt")}
     assert "step_60.pt" not in ckpts
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    chosen = load_checkpoint(killed.run_path / "checkpoints" / "step_20.pt")["train"][
+        "precision"]
+    assert chosen["asked"] == precision and chosen["precision"] in ("fp32", "bf16")
+    assert ("calibration" in chosen) == (precision == "auto")
+    done = subprocess.run(_train_process(config), capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "resuming from" in done.stderr
-    a, b = weights(straight.run_path), weights(killed.run_path)
+    starts = [json.loads(x) for x in (killed.run_path / "metrics.jsonl").open()
+              if '"start"' in x]
+    assert [s["resumed"] for s in starts] == [False, True]
+    assert starts[1]["precision"] == chosen["precision"]
+    assert starts[1].get("calibration") == starts[0].get("calibration")  # not measured again
+    _, straight_data = fresh(prepared, tmp_path / "a", corpus, max_steps=60, valid_every=10,
+                             precision=chosen["precision"])
+    straight_config = tmp_path / "a.yaml"
+    straight_config.write_text(yaml.safe_dump(straight_data))
+    straight = subprocess.run(_train_process(straight_config), capture_output=True,
+                              text=True, cwd=ROOT)
+    assert straight.returncode == 0, straight.stderr
+    a, b = weights(tmp_path / "a" / "run"), weights(killed.run_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, tmp_path,
+                                                                     corpus, monkeypatch):
+    import mtkit.device as device_module
+
+    monkeypatch.setattr(device_module, "calibrate_cpu",
+                        lambda *shape: Calibration(fp32_s=0.002, bf16_s=0.001))
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, precision="auto")
+    assert train(cfg).precision == "bf16"
+
+    def measured_again(*shape):
+        raise AssertionError("a resumed run measured its precision again")
+
+    monkeypatch.setattr(device_module, "calibrate_cpu", measured_again)
+    result = train(with_max_steps(cfg, 6))
+    assert (result.step, result.precision) == (6, "bf16")
+    stored = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["precision"]
+    assert stored == {"precision": "bf16", "asked": "auto", "cpu": cpu_description(),
+                      "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0}}
+    fp32 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32",
+                                                              max_steps=8))
+    with pytest.raises(TrainError, match=r"last.pt was trained in bf16, the config says "
+                                         r"train.precision=fp32; resume with "
+                                         r"train.precision=bf16 \(or auto\), or start over "
+                                         r"with --no-resume"):
+        train(fp32)
+    assert train(fp32, resume=False).precision == "fp32"  # starting over may choose anew
 
 
 def test_truncated_last_checkpoint_falls_back_on_resume(prepared, tmp_path, corpus):
@@ -251,7 +308,7 @@ def test_precision_auto_on_a_cpu_is_measured_and_recorded(prepared, tmp_path, co
     result = train(cfg)
     start = json.loads((cfg.run_path / "metrics.jsonl").open().readline())
     assert set(start["calibration"]) == {"fp32_ms", "bf16_ms"}
-    assert start["precision"] == result.precision
+    assert (start["precision"], start["asked"]) == (result.precision, "auto")
     assert result.precision == ("bf16" if start["calibration"]["bf16_ms"] <= 0.9 * start[
         "calibration"]["fp32_ms"] else "fp32")
 
