@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,9 @@ class Case:
     interrupt_when: object = None  # function(work) -> bool: send SIGINT once true
     needs_mount: bool = False
     changes: list[str] = field(default_factory=list)  # files the command may replace
+    # function(work, stdout) -> str | None: a broken promise the byte snapshot cannot
+    # see (a FIFO replaced by a file, a file named "-", a one-word translation)
+    check: object = None
 
 
 def lines(name: str, n: int) -> list[str]:
@@ -110,6 +114,48 @@ def nan_checkpoint(work: Path) -> None:
     payload = load_checkpoint(work / "run/checkpoints/best.pt")
     next(iter(payload["model"].values())).view(-1)[0] = float("nan")
     save_checkpoint(payload, work / "nan.pt")
+
+
+def export(work: Path, damage=None) -> None:
+    """RUN's best checkpoint exported to work/ct2; `damage(folder)` then breaks it."""
+    done = mtkit("export", "-m", CKPT, "-o", "ct2", cwd=work)
+    assert done.returncode == 0, done.stderr.decode()
+    if damage:
+        damage(work / "ct2")
+
+
+def fifo_with_reader(work: Path) -> None:
+    """work/pipe, a FIFO that a background `cat` reads (and ends with)."""
+    os.mkfifo(work / "pipe")
+    subprocess.Popen(["cat", str(work / "pipe")], stdout=subprocess.DEVNULL)
+
+
+def still_fifo(work: Path, stdout: bytes) -> str | None:
+    return None if stat.S_ISFIFO(os.stat(work / "pipe").st_mode) else "pipe is a file now"
+
+
+def still_null(work: Path, stdout: bytes) -> str | None:
+    return None if stat.S_ISCHR(os.stat(os.devnull).st_mode) else "/dev/null is a file now"
+
+
+def on_stdout(work: Path, stdout: bytes) -> str | None:
+    if (work / "-").exists():
+        return "wrote a file named -"
+    return None if len(stdout.splitlines()) == 2 else "not one stdout line per input line"
+
+
+def many_words(work: Path, stdout: bytes) -> str | None:
+    rows = stdout.decode("utf-8", "replace").splitlines()
+    return None if len(rows) == 2 and all(len(r.split()) > 1 for r in rows) else \
+        f"outputs cut short: {[r[:30] for r in rows]}"
+
+
+def config_in_run_dir(work: Path) -> None:
+    """work/self.yaml, a commented config whose run directory is work itself."""
+    config = yaml.safe_load((work / "exp.yaml").read_text())
+    config["run_dir"] = "."
+    (work / "self.yaml").write_text("# my experiment, with my comments\n"
+                                    + yaml.safe_dump(config))
 
 
 def mount(work: Path, name: str, opts: str) -> None:
@@ -226,6 +272,72 @@ CASES = [
                                  "--set", "train.save_every=5"], code=130,
          interrupt_when=lambda w: (w / "run/checkpoints/step_40.pt").exists(),
          changes=["run/checkpoints/*", "run/metrics.jsonl", "run/config.yaml"]),
+    # data loss (issue 21): export --force replaces only a previous export
+    Case("dataloss: export --force -o RUN/checkpoints", ["export", "-m", CKPT, "-o",
+                                                         "run/checkpoints", "--force"]),
+    Case("dataloss: export --force -o RUN", ["export", "-m", CKPT, "-o", "run", "--force"]),
+    Case("dataloss: export --force -o RUN, checkpoint elsewhere", ["export", "-m", "b.pt", "-o",
+                                                                   "run", "--force"],
+         setup=lambda w: shutil.copy(w / CKPT, w / "b.pt")),
+    Case("dataloss: export --force -o .", ["export", "-m", CKPT, "-o", ".", "--force"]),
+    Case("dataloss: export --force -o a folder of the user's", ["export", "-m", CKPT, "-o",
+                                                                "mine", "--force"],
+         setup=lambda w: ((w / "mine").mkdir(), (w / "mine/notes.txt").write_text("mine\n"))),
+    Case("dataloss: export --force over an export with a file added",
+         ["export", "-m", CKPT, "-o", "ct2", "--force"],
+         setup=lambda w: export(w, lambda d: (d / "notes.txt").write_text("mine\n"))),
+    Case("dataloss: export --force over an export", ["export", "-m", CKPT, "-o", "ct2",
+                                                     "--force"], code=0,
+         setup=export, changes=["ct2/*"]),
+    # no output is a file the run reads
+    *[Case(f"dataloss: translate -m DIR -o DIR/{name}", ["translate", "-m", "ct2", "-i",
+                                                         "in.txt", "-o", f"ct2/{name}"],
+           setup=export)
+      for name in ("model.bin", "mtkit.json", "source.spm", "shared_vocabulary.json")],
+    Case("dataloss: translate -o = --prefix-file", ["translate", "-m", CKPT, "-i", "in.txt",
+                                                    "--prefix-file", "in.txt", "-o", "in.txt"]),
+    # devices, FIFOs and - are written in place
+    Case("dataloss: translate -o /dev/null", ["translate", "-m", CKPT, "-i", "in.txt", "-o",
+                                              os.devnull], code=0, check=still_null),
+    Case("dataloss: average -o /dev/null", ["average", CKPT, "run/checkpoints/step_10.pt",
+                                            "-o", os.devnull], code=0, check=still_null),
+    Case("dataloss: translate -o a FIFO", ["translate", "-m", CKPT, "-i", "in.txt", "-o",
+                                           "pipe"], code=0, setup=fifo_with_reader,
+         check=still_fifo),
+    Case("dataloss: translate -i - -o -", ["translate", "-m", CKPT, "-i", "-", "-o", "-"],
+         code=0, stdin=b"A dog.\nTwo men.\n", check=on_stdout),
+    Case("dataloss: translate -o /dev/stdout", ["translate", "-m", CKPT, "-i", "in.txt", "-o",
+                                                "/dev/stdout"], code=0, check=on_stdout),
+    # a config in its own run directory is kept
+    *[Case(f"dataloss: {stage} -c a config in its own run dir", [stage, "-c", "self.yaml"],
+           code=0, setup=config_in_run_dir)
+      for stage in ("tokenizer", "run")],
+    # exported folders are checked
+    Case("dataloss: translate an export with a truncated model.bin", ["translate", "-m", "ct2",
+                                                                     "-i", "in.txt"],
+         setup=lambda w: export(w, lambda d: (d / "model.bin").write_bytes(
+             (d / "model.bin").read_bytes()[:1000]))),
+    Case("dataloss: translate an export with a flipped bit in model.bin",
+         ["translate", "-m", "ct2", "-i", "in.txt"],
+         setup=lambda w: export(w, lambda d: (d / "model.bin").write_bytes(
+             flip((d / "model.bin").read_bytes())))),
+    Case("dataloss: translate an export without its vocabulary",
+         ["translate", "-m", "ct2", "-i", "in.txt"],
+         setup=lambda w: export(w, lambda d: (d / "shared_vocabulary.json").unlink())),
+    Case("dataloss: serve an export with a truncated model.bin", ["serve", "-m", "ct2"],
+         setup=lambda w: export(w, lambda d: (d / "model.bin").write_bytes(
+             (d / "model.bin").read_bytes()[:1000]))),
+    # every split the config names is verified
+    Case("dataloss: preprocess --verify without RUN/data/valid", ["preprocess", "-c",
+                                                                  "exp.yaml", "--verify"],
+         setup=lambda w: shutil.rmtree(w / "run/data/valid")),
+    # huge length limits are the model's positions
+    *[Case(f"dataloss: translate -m {model} {option} {value}",
+           ["translate", "-m", model, "-i", "in.txt", "--beam", "1", option, value],
+           code=0, check=many_words, setup=export if model == "ct2" else None)
+      for model in (CKPT, "ct2")
+      for option, value in (("--max-len-a", "1e20"),
+                            ("--max-len-b", "9223372036854775807"))],
 ]
 
 
@@ -256,11 +368,12 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
                 time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=120)
-            code = proc.returncode
+            code, out = proc.returncode, b""
         else:
             done = mtkit(*case.args, cwd=work, stdin=case.stdin)
-            code, err = done.returncode, done.stderr
+            code, err, out = done.returncode, done.stderr, done.stdout
         after = snapshot(work, case.changes)
+        broken = case.check(work, out) if case.check else None
     finally:
         for p in (work / "ro", work / "full"):
             if p.is_dir():
@@ -270,7 +383,7 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
     quiet_ok = case.code == 0 or len(text.splitlines()) == 1
     if case.interrupt_when:  # training logs before it stops: judge the last line
         quiet_ok = text.splitlines()[-1].startswith("interrupted") if text else False
-    lost = sorted(k for k in before if after.get(k) != before[k])
+    lost = sorted(k for k in before if after.get(k) != before[k]) + ([broken] if broken else [])
     return {"case": case.name, "code": code, "expected": case.code,
             "traceback": "Traceback" in text, "one_line": quiet_ok, "lost": lost,
             "message": text.splitlines()[-1][:110] if text else ""}

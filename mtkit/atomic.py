@@ -4,6 +4,11 @@ Every stage marks its output finished by renaming it into place, so an interrupt
 stage leaves nothing a later stage could take for finished, and a user's file given as
 an output is replaced only once the new content is complete. A failed write (disk full,
 read-only folder) becomes one `WriteError` naming the path; the temporary is removed.
+
+Only regular files are replaced that way. An output that is a device or a FIFO
+(`/dev/null`, a named pipe), or that names an open descriptor (`/dev/stdout`,
+`/dev/fd/N`, `/proc/self/fd/N`, as a shell's `>(...)` does) is written in place, as any
+Unix tool writes it: renaming a file over it would replace the device with a file.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import errno
 import io
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,11 +65,59 @@ def _umask() -> int:
     return mask
 
 
+def descriptor_of(path: str | os.PathLike) -> int | None:
+    """The open file descriptor that `path` names (/dev/stdout, /dev/stderr, /dev/fd/N,
+    /proc/self/fd/N), or None."""
+    text = os.path.abspath(path)
+    if text in ("/dev/stdout", "/dev/stderr"):
+        return 1 if text == "/dev/stdout" else 2
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        if text.startswith(prefix) and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
+    return None
+
+
+def writes_in_place(path: str | os.PathLike) -> bool:
+    """Whether an output at `path` is written in place rather than through a temporary
+    file and a rename: `path` names an open descriptor, or an existing file that is
+    neither regular nor a folder (a character or block device, a FIFO, a socket)."""
+    if descriptor_of(path) is not None:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+@contextmanager
+def _in_place(path: Path) -> Iterator[BinaryIO]:
+    """The file at `path` opened for writing as it is (no temporary, no rename, never
+    created or truncated); a descriptor it names is duplicated, so closing ours leaves
+    the caller's open."""
+    fd = descriptor_of(path)
+    try:
+        f = os.fdopen(os.dup(fd) if fd is not None else os.open(path, os.O_WRONLY), "wb")
+        with f:
+            yield f
+            f.flush()
+    except BaseException as e:
+        failure = write_failure(e, path)
+        if failure is not None:
+            raise failure from None
+        raise
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Yield a binary file that becomes `path` on success: a temporary file in the same
     folder, flushed, fsynced and renamed over `path`. On an exception it is removed.
-    A symbolic link at `path` is followed: its target is what gets replaced."""
+    A symbolic link at `path` is followed: its target is what gets replaced. A device,
+    a FIFO or a descriptor's name (`writes_in_place`) is written in place instead."""
+    if writes_in_place(path):
+        with _in_place(Path(path)) as f:
+            yield f
+        return
     path = Path(os.path.realpath(path))
     tmp = None
     try:
@@ -156,20 +210,23 @@ def remove_leftovers(folder: Path, names: tuple[str, ...]) -> list[Path]:
     return removed
 
 
-def refuse_same_file(output: Path, inputs: dict[str, Path | str]) -> None:
+def refuse_same_file(output: Path,
+                     inputs: dict[str, Path | str | list[Path] | None]) -> None:
     """Raise `SameFileError` when `output` is the same file as one of `inputs` (through a
     hard link or a symbolic link too): writing it would destroy the input.
 
-    `inputs` maps how the user named each input (e.g. "--input") to its path."""
+    `inputs` maps how the user named each input (e.g. "--input") to its path, or to the
+    list of files it stands for (every file of a folder the command reads)."""
     output = Path(output)
     if output.is_dir():
         raise SameFileError(f"{output} is a folder; the output must be a file")
-    if not output.exists():
+    if not output.is_file():  # nothing there, or a device or FIFO: written in place
         return
-    for option, path in inputs.items():
-        if path is not None and Path(path).exists() and os.path.samefile(output, path):
-            raise SameFileError(f"the output {output} is the same file as {option} {path}; "
-                                f"writing it would destroy that input")
+    for option, given in inputs.items():
+        for path in given if isinstance(given, list) else [given]:
+            if path is not None and Path(path).exists() and os.path.samefile(output, path):
+                raise SameFileError(f"the output {output} is the same file as {option} "
+                                    f"{path}; writing it would destroy that input")
 
 
 class SameFileError(ValueError):

@@ -199,8 +199,10 @@ ModelsOpt = Annotated[list[Path], typer.Option(
     "--model", "-m", help="Checkpoint file; repeat for an ensemble.")]
 BeamOpt = Annotated[Opt[int], typer.Option(help="Beam size (default: the checkpoint's).")]
 LenpenOpt = Annotated[Opt[float], typer.Option(help="GNMT length penalty alpha.")]
-MaxLenAOpt = Annotated[Opt[float], typer.Option(help="Output limit a*src_len+b: a.")]
-MaxLenBOpt = Annotated[Opt[int], typer.Option(help="Output limit a*src_len+b: b.")]
+MaxLenAOpt = Annotated[Opt[float], typer.Option(
+    help="Output limit a*src_len+b: a (the limit never exceeds the model's positions).")]
+MaxLenBOpt = Annotated[Opt[int], typer.Option(
+    help="Output limit a*src_len+b: b (the limit never exceeds the model's positions).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 NoRepeatOpt = Annotated[Opt[int], typer.Option(
     help="Forbid any n-gram of this size from appearing twice in an output.")]
@@ -224,8 +226,11 @@ def _check_device(device: str) -> None:
 @app.command()
 def translate(
     model: ModelsOpt,
-    input: Annotated[Opt[Path], typer.Option("--input", "-i", help="Default: stdin.")] = None,
-    output: Annotated[Opt[Path], typer.Option("--output", "-o", help="Default: stdout.")] = None,
+    input: Annotated[Opt[Path], typer.Option(
+        "--input", "-i", help="Default (or -): stdin.")] = None,
+    output: Annotated[Opt[Path], typer.Option(
+        "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in "
+        "place.")] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     nbest: Annotated[int, typer.Option(help="Hypotheses per line: 'i ||| text ||| score'.")] = 1,
@@ -259,17 +264,18 @@ def translate(
         names_export,
         progress_bar,
         read_all_lines,
+        read_files,
         translate_stream,
     )
 
+    input, output = _dash(input), _dash(output)
     with _reported():
         if format not in ("text", "jsonl"):
             raise OptionError(f"--format must be text or jsonl, got {format!r}")
         _check_device(device)
         if output:
             refuse_same_file(output, {"--input": input, "--prefix-file": prefix_file,
-                                      **{"--model" + (f" #{i + 1}" if i else ""): m
-                                         for i, m in enumerate(model)}})
+                                      **read_files(model)})
         if prefix_file and format == "jsonl":
             raise OptionError('--prefix-file is for text input; in jsonl give each line a '
                               '"prefix"')
@@ -289,6 +295,11 @@ def translate(
             if prefixes is not None:  # counts must agree before anything is written
                 source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
             translate_stream(translator, source, sink, opts, done, prefixes)
+
+
+def _dash(path: Path | None) -> Path | None:
+    """None (stdin or stdout) for `-`, as Unix tools read it; else `path`."""
+    return None if path is not None and str(path) == "-" else path
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -350,7 +361,8 @@ def eval_(
 def average(
     checkpoints: Annotated[list[Path], typer.Argument(
         help="Checkpoints to average, or one run's checkpoints folder.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Averaged checkpoint.")],
+    output: Annotated[Path, typer.Option(
+        "--output", "-o", help="Averaged checkpoint (- for stdout, not a terminal).")],
     last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
 ) -> None:
     """Average the weights of several checkpoints into one that translates."""
@@ -360,6 +372,12 @@ def average(
     with _reported():
         if last < 1:
             raise OptionError(f"--last must be at least 1, got {last}")
+        if str(output) == "-":  # written in place, as every descriptor is (mtkit.atomic)
+            if sys.stdout.isatty():
+                raise OptionError("-o - would write a binary checkpoint to the terminal; "
+                                  "redirect stdout to a file or a pipe")
+            sys.stdout.flush()
+            output = Path("/dev/stdout")
         paths = list(checkpoints)
         if len(paths) == 1 and paths[0].is_dir():
             paths = last_step_checkpoints(paths[0], last)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import typing
@@ -21,6 +22,12 @@ from typing import Any, Literal
 import yaml
 
 from mtkit.atomic import write_atomic
+
+log = logging.getLogger(__name__)
+
+# The config files `load_config` has read in this process. `save_config` never writes
+# over one of them: with `run_dir: .`, RUN/config.yaml is the user's own file.
+_read_configs: list[Path] = []
 
 
 class ConfigError(ValueError):
@@ -392,6 +399,7 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] 
             raise ConfigError(f"{path}: invalid YAML{line}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        _read_configs.append(Path(path))
     return config_from_dict(apply_overrides(data, overrides), where)
 
 
@@ -400,5 +408,24 @@ def dump_config(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config atomically (RUN/config.yaml)."""
-    write_atomic(Path(path), dump_config(cfg).encode("utf-8"))
+    """Write the resolved config atomically (RUN/config.yaml), unless `path` is a config
+    file this process read (`load_config`; the same file by any name): that file is the
+    user's, with their comments, and is left alone with a warning. Nothing is lost by
+    not writing it: every checkpoint (and export) holds the resolved config. Refusing
+    instead would forbid a config kept in its own run directory (`run_dir: .`)."""
+    path = Path(path)
+    payload = dump_config(cfg).encode("utf-8")
+    mine = next((src for src in _read_configs if _same_file(src, path)), None)
+    if mine is not None:
+        if path.read_bytes() != payload:
+            log.warning("the resolved config is not written to %s: it is the config file "
+                        "given with -c (%s), which it would overwrite", path, mine)
+        return
+    write_atomic(path, payload)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either one is not there (any more)
+        return False

@@ -5,13 +5,18 @@ folder, and `CT2Translator` translates with one (`pip install 'mtkit[ct2]'`).
     DIR/shared_vocabulary.json or source_/target_vocabulary.json   CTranslate2's vocabularies
     DIR/source.spm, target.spm                                      the SentencePiece models
     DIR/mtkit.json           the checkpoint's config (decoding defaults, languages,
-                             architecture) and step, the quantization
+                             architecture) and step, the quantization, and every other
+                             file's size and SHA-256
 
 Every variant mtkit trains maps onto CTranslate2's `TransformerSpec`: post- or pre-norm,
 sinusoidal or learned positions (the exact table is stored: mtkit's sinusoids interleave
 sin and cos, which CTranslate2's built-in table does not), ReLU or GELU, shared or
 separate embeddings. The output projection is tied to the target embedding, without bias.
-The folder is written beside its final place and renamed when complete.
+The folder is written beside its final place and renamed when complete. `--force`
+replaces only a previous export: never a folder that holds anything else (a checkpoint,
+a run directory, the current folder). Loading a folder checks every file against
+mtkit.json first, so a damaged or truncated file is one line naming it, not a wrong
+translation or a CTranslate2 traceback.
 
 Translating with a folder needs no torch: this module imports it only to export.
 """
@@ -19,6 +24,7 @@ Translating with a folder needs no torch: this module imports it only to export.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -31,14 +37,24 @@ import numpy as np
 from mtkit.atomic import atomic_dir
 from mtkit.config import OptionError, config_from_dict, config_to_dict
 from mtkit.hypothesis import Hypothesis, length_penalty
+from mtkit.rundir import file_sha256
 from mtkit.tokenizer import BOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend
 
 if TYPE_CHECKING:
     from mtkit.model import Transformer
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "mtkit.json"
 FORMAT = "mtkit-ct2-1"
+# Every name an export holds (CTranslate2's files, of this release and older ones, then
+# mtkit's): `--force` replaces a folder that holds nothing else.
+EXPORT_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json",
+                          "source_vocabulary.json", "target_vocabulary.json",
+                          "shared_vocabulary.txt", "source_vocabulary.txt",
+                          "target_vocabulary.txt", "source.spm", "target.spm", MANIFEST})
+AGAIN = "export the checkpoint again"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
                  "bfloat16", "float16")
 
@@ -72,18 +88,58 @@ def check_quantization(quantization: str, device: str = "cpu") -> None:
                           f"{device.upper()} (supported: {', '.join(sorted(supported))})")
 
 
+def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
+                  force: bool = False) -> Path:
+    """The folder that exporting `checkpoint` to `-o output` may (re)place: `output` with
+    its symbolic links resolved. Refused in one line: a file, `-`, the current folder or
+    a folder above it, a folder that holds the checkpoint, and a non-empty folder unless
+    `force` is given and it is a previous export that holds nothing else."""
+    if str(output) == "-":
+        raise ExportError("-o -: an export is a folder, not a stream; name a folder")
+    target = Path(os.path.realpath(output))
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"{output} is a file; -o must name a folder")
+    here = Path(os.path.realpath(os.curdir))
+    if target == here or target in here.parents:
+        raise ExportError(f"-o {output} is the current folder or one above it, which "
+                          f"exporting would replace; name a new folder")
+    if target in Path(os.path.realpath(checkpoint)).parents:
+        raise ExportError(f"{output} holds the checkpoint {checkpoint}; export to another "
+                          f"folder")
+    if not target.is_dir() or not any(target.iterdir()):
+        return target
+    if not force:
+        raise ExportError(f"{output} exists and is not empty; add --force to replace it")
+    foreign = sorted((p.name for p in target.iterdir()
+                      if p.name not in EXPORT_FILES or p.is_symlink() or not p.is_file()),
+                     key=lambda name: (name.startswith("."), name))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ExportError(f"{output} holds {foreign[0]}{more}, which an export does not; "
+                          f"--force replaces only a previous export")
+    if not is_export(target) or _manifest_format(target) != FORMAT:
+        raise ExportError(f"{output} is not an mtkit export (no readable {MANIFEST} and "
+                          f"model.bin); --force replaces only a previous export")
+    return target
+
+
+def _manifest_format(folder: Path) -> object:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else None
+
+
 def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
                        quantization: str = "float32", force: bool = False) -> Path:
-    """Write the CTranslate2 folder of `checkpoint` to `output` (atomically)."""
+    """Write the CTranslate2 folder of `checkpoint` to `output` (atomically); `force`
+    replaces a previous export there (`export_target`)."""
     from mtkit.native import load_model
 
     ct2 = ctranslate2_module()
     check_quantization(quantization)
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise ExportError(f"{output} is a file; -o must name a folder")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise ExportError(f"{output} exists and is not empty; add --force to replace it")
+    target = export_target(output, checkpoint, force)
     model, src_vocab, tgt_vocab, cfg, step = load_model(checkpoint)
     spec = model_spec(model, [src_vocab.piece(i) for i in range(len(src_vocab))],
                       [tgt_vocab.piece(i) for i in range(len(tgt_vocab))])
@@ -92,7 +148,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         def _load(self):
             return spec
 
-    with atomic_dir(output) as tmp:
+    with atomic_dir(target) as tmp:
         folder = tmp / "model"  # the converter makes its own folder
         Converter().convert(str(folder), quantization=quantization)
         for item in folder.iterdir():
@@ -100,9 +156,11 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         folder.rmdir()
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+                 for p in sorted(tmp.iterdir())}
         manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint), "step": step,
-                               "quantization": quantization, "config": config_to_dict(cfg)},
-                              indent=1, default=str)
+                               "quantization": quantization, "files": files,
+                               "config": config_to_dict(cfg)}, indent=1, default=str)
         # All of tmp is renamed into place at the end, so a partial file is never seen:
         (tmp / MANIFEST).write_text(manifest + "\n")  # written in place on purpose
     return output
@@ -192,10 +250,13 @@ class CT2Translator(Frontend):
         folder = Path(folder)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
+            checked = check_files(folder, manifest)
             self.config = config_from_dict(manifest["config"], str(folder / MANIFEST))
             self.src_vocab = Vocab.load(folder / "source.spm")
             self.tgt_vocab = Vocab.load(folder / "target.spm")
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except ExportError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ExportError(f"{folder}: not a readable mtkit export ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:100] if str(e) else ''})") from None
         self.device = ct2_device(ct2, device, device_option)
@@ -206,8 +267,18 @@ class CT2Translator(Frontend):
         # Where torch is loaded too (tests, benchmarks), keep its thread count:
         # CTranslate2 would otherwise set OpenMP's for the whole process.
         torch = sys.modules.get("torch")
-        self.engine = ct2.Translator(str(folder), device=self.device, compute_type="default",
-                                     intra_threads=torch.get_num_threads() if torch else 0)
+        try:
+            self.engine = ct2.Translator(str(folder), device=self.device,
+                                         compute_type="default",
+                                         intra_threads=torch.get_num_threads() if torch else 0)
+        except (RuntimeError, ValueError, OSError) as e:  # an export without checksums
+            where = folder if checked else folder / "model.bin"  # (checked: files intact)
+            raise ExportError(f"{where}: CTranslate2 cannot load the export "
+                              f"({str(e).splitlines()[0][:100] if str(e) else type(e).__name__}"
+                              f"); {AGAIN}") from None
+        if not checked:  # after loading: a folder that fails to load says only why
+            log.warning("%s was exported without checksums (an older mtkit): its files are "
+                        "not checked; %s to have them", folder, AGAIN)
 
     def describe(self) -> dict:
         return {"engine": f"ctranslate2 ({self.quantization})", "models": 1,
@@ -221,8 +292,10 @@ class CT2Translator(Frontend):
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
         if not todo:
             return out
-        limits = [min(max(math.floor(opts.max_len_a * (len(x) + 1) + opts.max_len_b), 1,
-                          len(forced[k]) + 1 if forced else 1), self.max_positions - 1)
+        top = self.max_positions - 1
+        a, b = min(opts.max_len_a, top), min(opts.max_len_b, top)  # huge: no overflow
+        limits = [min(max(math.floor(a * (len(x) + 1) + b), 1,
+                          len(forced[k]) + 1 if forced else 1), top)
                   for k, x in enumerate(ids)]  # each sentence's output limit, as native
         # One call with the longest limit; the few outputs that run past their own limit
         # are searched again with it (CTranslate2 takes one limit per call).
@@ -262,6 +335,33 @@ class CT2Translator(Frontend):
             hyps.append(Hypothesis(ids, log_prob,
                                    log_prob / length_penalty(len(ids) + 1, opts.lenpen)))
         return sorted(hyps, key=lambda h: -h.score)[: opts.nbest]
+
+
+def check_files(folder: Path, manifest: dict) -> bool:
+    """Every file that mtkit.json lists, against its size and SHA-256 there: the first
+    that is missing or differs is one line naming it. False for an export made before
+    mtkit recorded them (nothing to check)."""
+    files = manifest.get("files")
+    if files is None:
+        return False
+    if not isinstance(files, dict) or "model.bin" not in files:
+        raise ExportError(f"{folder / MANIFEST}: corrupt (its list of files is damaged); "
+                          f"{AGAIN}")
+    for name, expected in files.items():
+        path = folder / name
+        if Path(name).name != name or not isinstance(expected, dict):
+            raise ExportError(f"{folder / MANIFEST}: corrupt (bad entry {name[:60]!r}); "
+                              f"{AGAIN}")
+        if not path.is_file():
+            raise ExportError(f"{path}: missing from the export; {AGAIN}")
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            raise ExportError(f"{path}: {size} bytes, {MANIFEST} says {expected.get('bytes')} "
+                              f"(truncated or changed since the export); {AGAIN}")
+        if file_sha256(path) != expected.get("sha256"):
+            raise ExportError(f"{path}: its SHA-256 does not match {MANIFEST} (corrupt or "
+                              f"changed since the export); {AGAIN}")
+    return True
 
 
 def ct2_device(ct2, name: str, option: str = "--device") -> str:

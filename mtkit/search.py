@@ -42,9 +42,12 @@ class StepModel(Protocol):
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """Per-sentence output limit a * src_len + b, capped by the model's positions: (B,)."""
-    src_len = src_mask.sum(dim=1).float()  # (B,)
-    return (a * src_len + b).floor().long().clamp(min=1, max=limit - 1)  # (B,)
+    """Per-sentence output limit a * src_len + b, capped by the model's positions: (B,).
+    A huge `a` or `b` means "as long as the model's positions allow"; capped before any
+    float or int64 conversion, which would overflow and wrap to a tiny limit."""
+    a, b = min(a, limit), min(b, limit)  # beyond the positions, all values mean the same
+    src_len = src_mask.sum(dim=1).double()  # (B,)
+    return (a * src_len + b).floor().clamp(min=1, max=limit - 1).long()  # (B,)
 
 
 def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> None:

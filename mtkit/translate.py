@@ -51,7 +51,7 @@ BOM = b"\xef\xbb\xbf"
 class DecodeOptions:
     beam: int = 5
     lenpen: float = 0.6
-    max_len_a: float = 1.2
+    max_len_a: float = 1.2  # output limit a * src_len + b, never past the model's positions
     max_len_b: int = 10
     batch_tokens: int = 8000  # source tokens x beam (the rows the search carries) per batch
     nbest: int = 1
@@ -75,13 +75,13 @@ class DecodeOptions:
                              ("batch_tokens", 1), ("nbest", 1), ("no_repeat_ngram", 1),
                              ("topk", 0), ("seed", 0), ("align_layer", 0)):
             value = given.get(name)
-            if value is not None and not (math.isfinite(value) and value >= lowest):
+            if value is not None and not (_finite(value) and value >= lowest):
                 raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
                                   f"got {value}")
         for name, check, span in (("temperature", lambda t: t > 0, "above 0"),
                                   ("topp", lambda p: 0 < p <= 1, "in (0, 1]")):
             value = given.get(name)
-            if value is not None and not (math.isfinite(value) and check(value)):
+            if value is not None and not (_finite(value) and check(value)):
                 raise OptionError(f"--{name} must be {span}, got {value}")
         opts = cls(**{**base, **given})
         if not opts.sampling:
@@ -95,6 +95,12 @@ class DecodeOptions:
             beam = "--beam" if "beam" in given else "the checkpoint's beam size"
             raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
         return opts
+
+
+def _finite(value: float) -> bool:
+    """Whether a number is finite (an int of any size is; `math.isfinite` cannot take
+    one beyond a float's range)."""
+    return isinstance(value, int) or math.isfinite(value)
 
 
 class Frontend:
@@ -188,6 +194,17 @@ def names_export(paths: Sequence[str | os.PathLike]) -> bool:
     """Whether `-m` names a folder (made by `mtkit export`) rather than checkpoint files:
     then CTranslate2 translates, and torch is never loaded."""
     return any(Path(p).is_dir() for p in paths)
+
+
+def read_files(paths: Sequence[str | os.PathLike]) -> dict[str, list[Path]]:
+    """Every file that loading `-m paths` reads, under the option's name ("--model",
+    "--model #2", ...): a checkpoint file, or each file of an exported folder. An output
+    must be none of them."""
+    files = {}
+    for i, p in enumerate(map(Path, paths)):
+        files["--model" + (f" #{i + 1}" if i else "")] = (
+            sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+    return files
 
 
 def load_translator(paths: str | os.PathLike | Sequence[str | os.PathLike],
@@ -375,7 +392,8 @@ def progress_bar(path: str | os.PathLike | None, console=None
     from rich.console import Console
 
     console = console or Console(file=sys.stderr)
-    total = _count_lines(path) if console.is_terminal else 0
+    # (counting reads the file: never a pipe's, which the translation reads)
+    total = _count_lines(path) if console.is_terminal and Path(path).is_file() else 0
     if total < BAR_MIN_LINES:
         yield None
         return

@@ -503,12 +503,16 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
 
 def verify_shards(cfg: Config) -> dict[str, dict]:
     """`mtkit preprocess --verify`: check every split's sizes, offsets, checksums and
-    tokenizer fingerprint without writing anything. Returns the manifests."""
+    tokenizer fingerprint without writing anything. Every split the config names must
+    be there (a missing one is one line naming it). Returns the manifests."""
     src_vocab, tgt_vocab = load_vocabs(cfg.run_path, cfg.tokenizer.joint)
     manifests = {}
     for split in SPLITS:
         folder = cfg.run_path / "data" / split
-        if split == "train" or folder.exists():
+        named = split == "train" or bool(cfg.data.corpora(split))
+        if named and not (folder / "manifest.json").exists():
+            raise DataError(f"{folder}: missing, but the config names data.{split}; {RERUN}")
+        if named or folder.exists():
             shard = ShardDataset(folder)
             shard.verify()
             shard.check_tokenizer(src_vocab, tgt_vocab)

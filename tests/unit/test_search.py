@@ -15,6 +15,7 @@ from mtkit.search import (
     greedy_hypotheses,
     greedy_search,
     length_penalty,
+    max_lengths,
 )
 from mtkit.tokenizer import BOS, EOS, PAD
 
@@ -52,6 +53,14 @@ def test_maximum_and_minimum_length():
     early = Scripted({(): {EOS: 0.9, A: 0.1}, (A,): {EOS: 0.9, B: 0.1}, (A, B): {EOS: 1.0}})
     assert beam_search(early, SRC, beam=2, min_len=2)[0][0].tokens == [A, B]
     assert greedy_search(early, SRC, min_len=2)[0] == [A, B]
+
+
+def test_a_huge_length_limit_is_the_models_positions_not_an_overflow():
+    loop = Scripted({(A,) * n: {A: 0.9, EOS: 0.1} for n in range(0, 60)}, max_positions=12)
+    for a, b in ((1e20, 0), (1e300, 10), (1.2, 2**63 - 1), (0.0, 10**30)):
+        assert len(greedy_search(loop, SRC, a, b)[0]) == 11  # was 1 token, or none
+        assert len(beam_search(loop, SRC, 2, 0.0, a, b)[0][0].tokens) == 11
+        assert max_lengths(SRC != PAD, a, b, 12).tolist() == [11]  # GreedyStream's too
 
 
 def test_nbest_lists_are_distinct_and_sorted():
