@@ -184,9 +184,7 @@ def train(config: ConfigOpt, set_: SetOpt = None,
     _tune_runtime()
     with _reported():
         result = run_training(cfg, resume=resume)
-    typer.echo(f"stopped at step {result.step} ({result.stopped_because}); best valid BLEU "
-               f"{result.best_bleu:.2f}; checkpoints in {result.run_dir / 'checkpoints'}",
-               err=True)
+    typer.echo(f"{result.summary()}; checkpoints in {result.run_dir / 'checkpoints'}", err=True)
     if result.interrupted_by:  # the shell's convention: 128 + the signal's number
         raise typer.Exit(code=128 + signal.Signals[result.interrupted_by].value)
 

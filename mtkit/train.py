@@ -96,10 +96,16 @@ class Progress:
 class TrainResult:
     step: int
     epoch: int
-    best_bleu: float
+    best_bleu: float | None  # None: the run has no validation data (data.valid)
     stopped_because: str
     run_dir: Path
     precision: str = "fp32"  # what training ran in: "fp32" or "bf16"
+
+    def summary(self) -> str:
+        """"stopped at step N (why); best valid BLEU B" or "...; no validation"."""
+        scored = ("no validation (data.valid is not set)" if self.best_bleu is None
+                  else f"best valid BLEU {self.best_bleu:.2f}")
+        return f"stopped at step {self.step} ({self.stopped_because}); {scored}"
 
     @property
     def interrupted_by(self) -> str | None:
@@ -548,11 +554,12 @@ def validate_and_save(state: TrainState) -> None:
     patience ran out (`progress.early_stopped`)."""
     p, tc = state.progress, state.cfg.train
     stop = torch.zeros(1)
-    if state.main:
-        scores = {} if state.valid_data is None else validate(
-            state.model, state.valid_data, state.vocabs[1], state.cfg, state.device,
-            state.autocast_dtype)
-        bleu = scores.get("valid_bleu", -1.0)
+    if state.main and state.valid_data is None:  # nothing to validate on: just save
+        save(state, is_best=False)
+    elif state.main:
+        scores = validate(state.model, state.valid_data, state.vocabs[1], state.cfg,
+                          state.device, state.autocast_dtype)
+        bleu = scores["valid_bleu"]
         is_best = bleu > p.best_bleu
         if is_best:
             p.best_bleu, p.bad_validations = bleu, 0
@@ -561,9 +568,8 @@ def validate_and_save(state: TrainState) -> None:
         state.metrics.write("valid", step=p.step, epoch=p.epoch,
                             **{k: round(v, 4) for k, v in scores.items()},
                             best_bleu=round(p.best_bleu, 4))
-        if scores:
-            log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)", p.step,
-                     scores["valid_loss"], scores["valid_ppl"], bleu, p.best_bleu)
+        log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)", p.step,
+                 scores["valid_loss"], scores["valid_ppl"], bleu, p.best_bleu)
         p.early_stopped = 0 < tc.patience <= p.bad_validations
         save(state, is_best)
         stop[0] = float(p.early_stopped)
@@ -663,13 +669,16 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
     elif reason in ("max_steps", "max_epochs", "max_time") and p.step > first_step \
             and p.step % tc.valid_every != 0:
         validate_and_save(state)
-    state.metrics.write("end", step=p.step, reason=reason, best_bleu=round(p.best_bleu, 4))
+    validated = state.valid_data is not None
+    state.metrics.write("end", step=p.step, reason=reason,
+                        best_bleu=round(p.best_bleu, 4) if validated else None)
+    result = TrainResult(p.step, p.epoch, p.best_bleu if validated else None, reason,
+                         cfg.run_path, state.precision["precision"])
     if state.main:
-        log.info("stopped at step %d (%s); best valid BLEU %.2f", p.step, reason, p.best_bleu)
+        log.info("%s", result.summary())
     if state.distributed:
         dist.barrier()
-    return TrainResult(p.step, p.epoch, p.best_bleu, reason, cfg.run_path,
-                       state.precision["precision"])
+    return result
 
 
 def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:

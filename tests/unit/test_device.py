@@ -3,11 +3,14 @@ the speed of the machine the tests run on."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import torch
 
-from mtkit.device import BF16_MARGIN, calibrate_cpu
+from mtkit.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, calibrate_cpu
 
 ROWS = 1024
 
@@ -73,3 +76,21 @@ def test_the_real_timer_runs_and_reports_its_figures():
     figures = calibration.as_dict()
     assert set(figures) == {"fp32_ms", "bf16_ms"}
     assert figures["fp32_ms"] > 0 and figures["bf16_ms"] > 0
+
+
+def test_the_runtime_settings_cap_onednns_kernel_caches_unless_the_user_set_them():
+    """Both caches read their size at first use, so the setting must be in the
+    environment before the first bf16 matrix product (benchmarks/memory.py shows the
+    effect: bf16 training at the memory of fp32)."""
+    probe = ("import os; from mtkit.device import tune_cpu_runtime; tune_cpu_runtime(); "
+             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
+             "os.environ['LRU_CACHE_CAPACITY'])")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    ours = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert ours == [str(ONEDNN_CACHE_ENTRIES)] * 2
+    theirs = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "500"},
+                            check=True).stdout.split()
+    assert theirs == ["500", str(ONEDNN_CACHE_ENTRIES)]

@@ -287,6 +287,22 @@ def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(prepa
     assert (progress["epoch"], progress["batch"], progress["step"]) == (1, n, (n + 1) // 2)
 
 
+def test_a_run_without_validation_says_so_and_never_runs_out_of_patience(prepared, tmp_path,
+                                                                        corpus):
+    cfg, data = fresh(prepared, tmp_path, corpus, max_steps=6, valid_every=2, patience=1)
+    del data["data"]["valid"]
+    shutil.rmtree(cfg.run_path / "data" / "valid")
+    result = train(config_from_dict(data))
+    assert (result.step, result.stopped_because, result.best_bleu) == (6, "max_steps", None)
+    assert result.summary() == "stopped at step 6 (max_steps); no validation (data.valid is " \
+                               "not set)"
+    events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
+    assert not [e for e in events if e["event"] == "valid"]
+    assert events[-1]["best_bleu"] is None
+    assert sorted(p.name for p in (cfg.run_path / "checkpoints").glob("step_*")) == [
+        "step_2.pt", "step_4.pt", "step_6.pt"]
+
+
 def test_stop_reason_is_a_function_of_progress_and_config():
     tc = config_from_dict({"train": {"max_steps": 10, "max_time": 60, "max_epochs": 2}}).train
     assert stop_reason(Progress(step=3, elapsed=5.0), tc, 7, None) == ""
