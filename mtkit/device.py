@@ -107,10 +107,20 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
       most runs are slowed, as on a machine that another training keeps busy);
     - bf16 is first probed on 1/16 of the rows (warmed up, fastest of three): without
       bf16 instructions it runs 40x slower than fp32, and a hopeless probe ends the
-      calibration at once, so that it stays well under a second there too.
+      calibration at once, so that it stays well under a second there too;
+    - it runs on one thread: the ratio of the two precisions is a property of a core,
+      and a parallel region whose threads share cores with another process waits for
+      the slowest of them (16x spikes with two threads on a busy 2-core machine).
 
     `measure` replaces the real timer (tests fake the timings)."""
-    once = measure or linear_timer(rows, d_in, d_out)
+    if measure is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return calibrate_cpu(rows, d_in, d_out, repeats, linear_timer(rows, d_in, d_out))
+        finally:
+            torch.set_num_threads(threads)
+    once = measure
     bf16 = torch.bfloat16
     probe_rows = max(1, rows // 16)
     once(None, rows)
