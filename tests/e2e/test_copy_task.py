@@ -19,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("copy") / "run"
+    # fp32 on every machine: `precision: auto` would pick bf16 where the CPU has it, and
+    # what this test checks (exact copies after 1,000 steps) must not depend on the CPU.
     overrides = [f"run_dir={run}", "train.max_tokens=1024", "train.lr=0.003",
-                 "train.max_steps=1000", "train.valid_every=1000", "train.log_every=1000"]
+                 "train.max_steps=1000", "train.valid_every=1000", "train.log_every=1000",
+                 "train.precision=fp32"]
     data = ROOT / "data" / "copy"
     overrides += [f"data.{split}.{side}={data}/{name}.{side}.gz" for split, name in
                   (("train", "train"), ("valid", "valid"), ("test", "test"))

@@ -35,7 +35,7 @@ def test_alignments_follow_the_text_in_every_output_format(trained):
             assert 0 <= s < len(source.split()) and 0 <= t < len(text.split())
         if text:  # every target word is linked
             assert {t for _, t in links(alignment)} == set(range(len(text.split())))
-    scored = translate("-m", best, "--alignments", "--scores")
+    scored = translate("-m", best, "--alignments", "--scores")  # the same batches again
     assert [r.split("\t")[::2] for r in scored] == [r.split("\t") for r in rows]
     nbest = translate("-m", best, "--alignments", "--nbest", "2", "--beam", "2")
     assert len(nbest) == 6 and all(len(r.split(" ||| ")) == 4 for r in nbest)

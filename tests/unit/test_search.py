@@ -346,6 +346,9 @@ def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
 def test_an_ensemble_of_identical_models_equals_the_single_model(search):
+    """An ensemble of one is bit-identical to its model (the code promises it: one
+    model's logits pass through, in the same batch); two copies of a model agree in
+    tokens, and in scores within a tolerance (their mean is computed in another order)."""
     from mtkit.search import Ensemble, sample_search
 
     model, src = random_model(3), random_src(6, 4)
