@@ -334,6 +334,9 @@ def setup(cfg: Config, resume: bool) -> TrainState:
             data.verify()
     _check_positions(cfg, train_data)
     found = find_resumable(run / "checkpoints") if resume else None
+    if found is not None:  # refused before anything is decided or logged
+        _check_same_model(cfg, found[1], found[0])
+        _check_same_data(found[1], found[0], train_data, vocabs)
     autocast_dtype, precision = run_precision(cfg, device, found, distributed)
 
     torch.manual_seed(tc.seed)
@@ -423,8 +426,6 @@ def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: T
             torch.manual_seed(tc.seed + 1000 * rank)
         return Progress()
     path, payload = found
-    _check_same_model(cfg, payload, path)
-    _check_same_data(payload, path, train_data, vocabs)
     try:
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["train"]["optimizer"])

@@ -1,14 +1,25 @@
-"""Run under torchrun by tests/unit/test_train.py: train, then save this rank's weights."""
+"""Run under torchrun by tests/unit/test_train.py: train, then save this rank's weights
+(only rank 0 writes checkpoints, so the worker keeps a hand on each rank's model)."""
 
 import sys
 
 import torch
 
+import mtkit.train as train_module
 from mtkit.config import load_config
-from mtkit.train import train
 
 config, out = sys.argv[1], sys.argv[2]
-result = train(load_config(config))
+models = []
+real_loop = train_module._loop
+
+
+def loop(state, view, signals):
+    models.append(state.model)
+    return real_loop(state, view, signals)
+
+
+train_module._loop = loop
+train_module.train(load_config(config))
 rank = torch.distributed.get_rank()
-torch.save(result.model.state_dict(), f"{out}/rank{rank}.pt")
+torch.save(models[0].state_dict(), f"{out}/rank{rank}.pt")
 torch.distributed.destroy_process_group()
