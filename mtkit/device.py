@@ -2,10 +2,12 @@
 process-wide CPU runtime settings, applied once by the CLI.
 
 CPUs differ: with AMX, bf16 matrix products run several times fp32; with AVX512-BF16
-alone they ran 2.6-2.9x fp32 on one machine and 0.64x on another. So `precision: auto`
+alone they ran 2.6-3.5x fp32 on some machines and 0.64x on another. So `precision: auto`
 on a CPU does not guess from CPU flags: it times a forward and backward pass of one
-Linear layer of the model's own shapes in fp32 and in bf16 (well under a second) and
-takes bf16 only when it is clearly faster. On CUDA, `auto` is bf16 where supported.
+Linear layer of the model's own shapes in fp32 and in bf16 (`calibrate_cpu`: warmed up,
+interleaved, on one thread, about 0.2 s) and takes bf16 only when it is clearly faster.
+On CUDA, `auto` is bf16 where supported. Training decides once per run and stores the
+choice (`mtkit.train.run_precision`).
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
       the slowest of them (16x spikes with two threads on a busy 2-core machine).
 
     `measure` replaces the real timer (tests fake the timings)."""
-    if measure is None:
+    if measure is None:  # the real timer, on one thread
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
