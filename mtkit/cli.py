@@ -73,6 +73,16 @@ def _message(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that what it was writing is discarded
+    whole (a temporary output file removed) before it exits 143. A BaseException, like
+    KeyboardInterrupt: no `except Exception` on the way may take it for an error."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
 @contextmanager
 def _reported() -> Iterator[None]:
     """Turn known user errors into one line on stderr and exit code 2; Ctrl-C into
@@ -82,6 +92,9 @@ def _reported() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise typer.Exit(code=130) from None
+    except Terminated:
+        typer.echo("terminated", err=True)
+        raise typer.Exit(code=128 + signal.SIGTERM) from None
     except BrokenPipeError:  # `mtkit translate | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(code=128 + signal.SIGPIPE) from None
@@ -99,6 +112,7 @@ def main() -> None:
     """The `mtkit` console script: the Typer app, with click's usage errors (unknown or
     missing options, bad types) as one line and exit code 2 like every other error."""
     no_args = getattr(click_errors, "NoArgsIsHelpError", ())
+    signal.signal(signal.SIGTERM, _raise_terminated)  # (train and serve set their own)
     try:
         code = app(prog_name="mtkit", standalone_mode=False)
     except no_args as e:  # `mtkit` or `mtkit explain` alone: the help, as before
@@ -114,6 +128,9 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         code = 130
+    except Terminated:
+        typer.echo("terminated", err=True)
+        code = 128 + signal.SIGTERM
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -91,6 +91,24 @@ def test_ctrl_c_in_translate_keeps_the_output_file(work, ckpts):
     assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
 
 
+def test_sigterm_in_translate_keeps_the_output_file_and_leaves_no_temporary(work, ckpts):
+    """As Ctrl-C, with exit code 143: the temporary output is removed (it was left)."""
+    out = work / "out.txt"
+    out.write_text("keep me\n")
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
+                         stdin=subprocess.PIPE)
+    feeder = threading.Thread(target=_feed, args=(proc, "A dog runs in the park.\n" * 20000))
+    feeder.start()
+    wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
+                         for p in work.iterdir()), proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    feeder.join(timeout=60)
+    assert proc.stderr.read().strip() == "terminated"
+    assert out.read_text() == "keep me\n"
+    assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
+
+
 def _feed(proc: subprocess.Popen, text: str) -> None:
     """Write `text` to the process's stdin, as far as it reads it, then close it."""
     try:
