@@ -319,9 +319,11 @@ def _dash(path: Path | None) -> Path | None:
 
 def _read_lines(path: Path) -> list[str]:
     """A text file's lines (invalid UTF-8 replaced, a byte-order mark dropped); a last
-    line without newline counts."""
-    if not path.is_file():
+    line without newline counts. Read once, so a pipe works too (`--ref <(...)`)."""
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a text file")
     text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
     lines = text.split("\n")
     return lines[:-1] if lines[-1] == "" else lines
