@@ -163,6 +163,22 @@ def mount(work: Path, name: str, opts: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(work / name)], check=True)
 
 
+def error_records(n: int):
+    """A check: stdout is n jsonl records, the odd ones errors, the even ones translated
+    (a bad line between good ones is its own error record, and the stream goes on)."""
+    def check(work: Path, stdout: bytes) -> str | None:
+        try:
+            records = [json.loads(x) for x in stdout.splitlines()]
+        except ValueError:
+            return "stdout is not jsonl"
+        if len(records) != n:
+            return f"{len(records)} records for {n} lines"
+        if any(("error" in r) != (k % 2 == 1) for k, r in enumerate(records)):
+            return f"not an error record for each bad line: {stdout[:200]!r}"
+        return None
+    return check
+
+
 CKPT = "run/checkpoints/best.pt"
 CASES = [
     # outputs never clobber inputs
@@ -338,6 +354,23 @@ CASES = [
       for model in (CKPT, "ct2")
       for option, value in (("--max-len-a", "1e20"),
                             ("--max-len-b", "9223372036854775807"))],
+    # every fault is one line (or one JSON error record), never a traceback
+    *[Case(f"oneline: translate -m {model} --format jsonl, {what}", ["translate", "-m", model,
+                                                                    "--format", "jsonl"],
+           stdin=b"".join(b'{"src": "A dog."}\n' + bad + b"\n" for _ in range(2))
+           + b'{"src": "A dog."}\n', code=0, check=error_records(5),
+           setup=export if model == "ct2" else None)
+      for model in (CKPT, "ct2")
+      for what, bad in (("a lone surrogate", b'{"src": "a \\ud800"}'),
+                        ("a lone surrogate in the prefix", b'{"src": "a", "prefix": "\\udfff"}'),
+                        ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000),
+                        ("an id of 5,000 digits", b'{"src": "a", "id": ' + b"9" * 5000 + b"}"),
+                        ("an id of 100 bits", b'{"src": "a", "id": ' + b"9" * 30 + b"}"),
+                        ("an object as id", b'{"src": "a", "id": {"x": [1, {"y": 2}]}}'),
+                        ("an id nested 900 deep",
+                         b'{"src": "a", "id": ' + b"[" * 900 + b"]" * 900 + b"}"),
+                        ("a lone surrogate in the id", b'{"src": "a", "id": "\\ud800"}'),
+                        ("a lone surrogate as a key", b'{"\\ud800": "a"}'))],
 ]
 
 

@@ -299,20 +299,87 @@ class Request:
 
 def parse_request(line: str, jsonl: bool) -> Request:
     """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
-    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error."""
+    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error: not JSON,
+    nested too deeply to parse, a number too long to read, text with a lone surrogate
+    (an escape such as \\ud800 that is no character), or an `id` that is not text, a
+    number or null (`check_id`)."""
     if not jsonl:
         return Request(line)
     try:
         record = json.loads(line) if line.strip() else {"src": ""}
     except json.JSONDecodeError as e:
         return Request("", error=f"not a JSON object: {e.msg} at column {e.colno}")
+    except RecursionError:
+        return Request("", error="not a JSON object: nested too deeply")
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        return Request("", error="not a JSON object: a number has too many digits to read")
     if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
             isinstance(record.get("prefix", ""), str):
         got = record if not isinstance(record, dict) else sorted(record)
-        return Request("", id=record.get("id") if isinstance(record, dict) else None,
+        return Request("", id=_echoed_id(record),
                        error=f'expected {{"src": text, "prefix"?: text, "id"?: ...}}, '
-                             f"got {str(got)[:80]}")
+                             f"got {_shown(got)}")
+    id_error = check_id(record.get("id"))
+    if id_error:
+        return Request("", error=id_error)
+    for name in ("src", "prefix"):
+        bad = _surrogate(record.get(name, ""))
+        if bad:
+            return Request("", id=record.get("id"), error=f"{name}: {bad}")
     return Request(record["src"], record.get("prefix", ""), record.get("id"))
+
+
+MAX_ID_CHARS = 1000  # the longest `id` echoed back
+
+
+def check_id(value: object) -> str:
+    """Why a jsonl line's `id` cannot be echoed back, or "" if it can: text of at most
+    `MAX_ID_CHARS` characters (valid Unicode), an integer of at most 64 bits, a finite
+    number, or null: never an object, a list or a boolean."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        if len(value) > MAX_ID_CHARS:
+            return f"id: text of at most {MAX_ID_CHARS} characters, got {len(value)}"
+        bad = _surrogate(value)
+        return f"id: {bad}" if bad else ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if -(1 << 63) <= value < 1 << 63:
+            return ""
+        return f"id: an integer of at most 64 bits, got one of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"id: a finite number, got {value}"
+    return f"id: text, a number or null, got {type(value).__name__} {_shown(value)}"
+
+
+def _echoed_id(record: object) -> object:
+    """The record's `id` if it can be echoed back in its error record, else None."""
+    if isinstance(record, dict) and not check_id(record.get("id")):
+        return record.get("id")
+    return None
+
+
+def _surrogate(text: object) -> str:
+    """Why `text` is not valid Unicode (a lone surrogate, from an escape such as
+    \\ud800), or "" if it is (or is not text)."""
+    if not isinstance(text, str):
+        return ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start} "
+                f"is not a character")
+    return ""
+
+
+def _shown(value: object) -> str:
+    """At most 80 characters of `value`, printable whatever it holds (a lone surrogate
+    is escaped; a value nested too deeply is not shown)."""
+    try:
+        text = str(value)[:80]
+    except RecursionError:
+        return "(nested too deeply to show)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab: Vocab,

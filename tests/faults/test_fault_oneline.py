@@ -1,0 +1,67 @@
+"""Every fault is one line (or one JSON error), never a traceback or a 500 (issue 21):
+bad jsonl lines are error records and the stream goes on, bad request bodies are 422
+naming the field, bad serve options and extreme decoding values are refused in one
+line, explain refuses an exported folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faultkit import cli, snapshot
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE = "9" * 5000
+# (a jsonl line, what its error record says)
+BAD_LINES = [
+    ('{"src": "a \\ud800"}', "src: a lone surrogate \\ud800"),
+    ('{"src": "a", "prefix": "\\udc00"}', "prefix: a lone surrogate \\udc00"),
+    (DEEP, "nested too deeply"),
+    ('{"src": "a", "x": ' + DEEP + "}", "nested too deeply"),
+    ('{"src": "a", "id": ' + HUGE + "}", "too many digits"),
+    ('{"src": "a", "id": ' + "9" * 40 + "}", "id: an integer of at most 64 bits"),
+    ('{"src": "a", "id": {"a": [1, {"b": 2}]}}', "id: text, a number or null, got dict"),
+    ('{"src": "a", "id": ' + "[" * 500 + "]" * 500 + "}", "id: text, a number or null"),
+    ('{"src": "a", "id": true}', "id: text, a number or null, got bool"),
+    ('{"src": "a", "id": "' + "x" * 1001 + '"}', "id: text of at most 1000 characters"),
+    ('{"src": "a", "id": "\\ud800"}', "id: a lone surrogate"),
+    ('{"\\ud800": 1}', "expected"),
+]
+
+
+@pytest.fixture
+def best(work):
+    return work / "run" / "checkpoints" / "best.pt"
+
+
+# 1. jsonl: each bad line is an error record for that line, and the stream goes on
+
+
+def test_jsonl_bad_lines_are_error_records_and_the_stream_goes_on(work, best):
+    good = '{"src": "A dog runs in the park.", "id": "g"}'
+    lines = [good]
+    for line, _ in BAD_LINES:
+        lines += [line, good]
+    before = snapshot(work)
+    result = cli("translate", "-m", best, "--format", "jsonl", input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and not result.stderr.strip()
+    records = [json.loads(x) for x in result.stdout.splitlines()]
+    assert len(records) == len(lines)
+    assert [r["line"] for r in records] == list(range(len(lines)))
+    for k, (_, says) in enumerate(BAD_LINES):
+        error, after = records[2 * k + 1], records[2 * k + 2]
+        assert says in error["error"], (says, error)
+        assert "id" not in error or error["id"] is None or isinstance(error["id"], (str, int))
+        assert after["id"] == "g" and after["translation"]
+    assert records[0]["translation"] == records[-1]["translation"]
+    assert snapshot(work) == before
+
+
+def test_jsonl_good_ids_are_echoed(best):
+    result = cli("translate", "-m", best, "--format", "jsonl",
+                 input='{"src": "A dog.", "id": 9223372036854775807}\n'
+                       '{"src": "A dog.", "id": 1.5}\n{"src": "A dog.", "id": "\\u00e9"}\n')
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["id"] for x in result.stdout.splitlines()] == [2**63 - 1, 1.5, "é"]
