@@ -65,3 +65,46 @@ def test_jsonl_good_ids_are_echoed(best):
                        '{"src": "A dog.", "id": 1.5}\n{"src": "A dog.", "id": "\\u00e9"}\n')
     assert result.exit_code == 0, result.output
     assert [json.loads(x)["id"] for x in result.stdout.splitlines()] == [2**63 - 1, 1.5, "é"]
+
+
+# 2. serve: the same bodies are 422 naming the field, never 500
+
+
+@pytest.fixture(scope="module")
+def api(trained):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from mtkit.serve import Limits, create_app
+    from mtkit.translate import DecodeOptions, load_translator
+
+    translator = load_translator(trained / "run" / "checkpoints" / "best.pt", "cpu")
+    app = create_app(translator, DecodeOptions.from_config(translator.config.decode),
+                     Limits(), "best.pt", 20)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.mark.parametrize(("body", "field", "says"), [
+    ('{"text": ["a \\ud800"]}', "text.0", "lone surrogate \\ud800"),
+    ('{"text": ["A dog.", "\\udfff b"]}', "text.1", "lone surrogate \\udfff"),
+    ('{"text": ' + DEEP + "}", None, "nested too deeply"),
+    ('{"text": [' + "[" * 500 + "]" * 500 + "]}", "text.0", "valid string"),
+    ('{"text": ["a"], "beam": ' + HUGE + "}", None, "too many digits"),
+    ('{"text": ["a"], "beam": ' + "9" * 40 + "}", "beam", "less than or equal to 64"),
+    ('{"text": ["a"], "beam": 1e20}', "beam", "valid integer"),
+    ('{"text": ["a"], "nbest": 1e20}', "nbest", "valid integer"),
+    ('{"text": ["a"], "nbest": -1}', "nbest", "greater than or equal to 1"),
+    ('{"text": ["a"], "id": {"a": [1, {"b": 2}]}}', "id", "Extra inputs"),
+    ('{"text": ["a"], "\\ud800": 1}', None, "a field name holds a lone surrogate \\ud800"),
+], ids=["surrogate", "surrogate-2nd", "deep", "deep-text", "5000-digits", "huge-beam",
+        "float-beam", "float-nbest", "negative-nbest", "object-id", "surrogate-key"])
+def test_serve_bad_bodies_are_422_naming_the_field(api, body, field, says):
+    answer = api.post("/v1/translate", content=body.encode(),
+                      headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()
+    assert says in error["error"], error
+    assert error.get("field") == field, error
+    assert api.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
