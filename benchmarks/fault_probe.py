@@ -371,6 +371,10 @@ CASES = [
                          b'{"src": "a", "id": ' + b"[" * 900 + b"]" * 900 + b"}"),
                         ("a lone surrogate in the id", b'{"src": "a", "id": "\\ud800"}'),
                         ("a lone surrogate as a key", b'{"\\ud800": "a"}'))],
+    *[Case(f"oneline: serve {option} {value}", ["serve", "-m", CKPT, option, value])
+      for option, value in (("--max-wait-ms", "inf"), ("--max-wait-ms", "nan"),
+                            ("--max-wait-ms", "1e300"), ("--port", "99999"), ("--port", "-1"),
+                            ("--port", "0"), ("--max-lines", "0"))],
 ]
 
 

@@ -425,12 +425,15 @@ def export(
     typer.echo(f"exported {model} to {output} ({quantization})", err=True)
 
 
+MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+
+
 @app.command()
 def serve(
     model: ModelsOpt,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
                     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option(help="Port to listen on (1 to 65535).")] = 8080,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -447,7 +450,7 @@ def serve(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,
     max_wait_ms: Annotated[float, typer.Option(
-        help="Longest wait of a sentence for others to batch with.")] = 5.0,
+        help="Longest wait of a sentence for others to batch with (0 to 60,000).")] = 5.0,
     continuous: Annotated[bool, typer.Option(
         "--continuous/--rounds",
         help="Greedy requests join one running search between its steps and leave it "
@@ -477,11 +480,14 @@ def serve(
         _check_device(device)
         limits = Limits(1 if max_batch_tokens is None else max_batch_tokens, max_wait_ms,
                         max_lines, max_chars)
+        if not 1 <= port <= 65535:
+            raise OptionError(f"--port must be from 1 to 65535, got {port}")
         for name, value in asdict(limits).items():
-            if not (value >= 0 if name == "max_wait_ms" else value > 0):
-                raise OptionError(f"--{name.replace('_', '-')} must be "
-                                  f"{'at least' if name == 'max_wait_ms' else 'above'} 0, "
-                                  f"got {value}")
+            if name == "max_wait_ms" and not 0 <= value <= MAX_WAIT_MS:  # nan fails too
+                raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got "
+                                  f"{value}")
+            if name != "max_wait_ms" and value <= 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be above 0, got {value}")
         if not names_export(model):
             _tune_runtime()
         translator = load_translator(model, device, "--device")

@@ -6,10 +6,12 @@ line, explain refuses an exported folder."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from faultkit import cli, snapshot
+from faultkit import ROOT, cli, snapshot
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE = "9" * 5000
@@ -108,3 +110,32 @@ def test_serve_bad_bodies_are_422_naming_the_field(api, body, field, says):
     assert says in error["error"], error
     assert error.get("field") == field, error
     assert api.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
+
+
+# 3. serve options out of range are refused at start, in one line
+
+
+def serve_refused(*args, env: dict | None = None) -> str:
+    """`mtkit serve ARGS` as a process (a server that starts anyway is killed after 60 s):
+    exit 2 and one stderr line without a traceback; returns the line."""
+    pytest.importorskip("fastapi")
+    proc = subprocess.run([sys.executable, "-m", "mtkit", "serve", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--max-wait-ms", "inf", "--max-wait-ms must be from 0 to 60,000, got inf"),
+    ("--max-wait-ms", "nan", "--max-wait-ms must be from 0 to 60,000, got nan"),
+    ("--max-wait-ms", "-1", "--max-wait-ms must be from 0"),
+    ("--port", "99999", "--port must be from 1 to 65535, got 99999"),
+    ("--port", "-1", "--port must be from 1 to 65535, got -1"),
+    ("--port", "0", "--port must be from 1 to 65535"),
+])
+def test_serve_options_out_of_range_are_refused_at_start(work, best, option, value, says):
+    before = snapshot(work)
+    assert says in serve_refused("-m", best, option, value)
+    assert snapshot(work) == before
