@@ -375,6 +375,9 @@ CASES = [
       for option, value in (("--max-wait-ms", "inf"), ("--max-wait-ms", "nan"),
                             ("--max-wait-ms", "1e300"), ("--port", "99999"), ("--port", "-1"),
                             ("--port", "0"), ("--max-lines", "0"))],
+    *[Case(f"oneline: explain {' '.join(args)} -m an exported folder",
+           ["explain", args[0], "-m", "ct2", *args[1:]], setup=export)
+      for args in (["params"], ["shapes"], ["attention", "--src", "A dog."])],
 ]
 
 

@@ -529,17 +529,29 @@ CkptOpt = Annotated[Opt[Path], typer.Option("--model", "-m", help="Checkpoint (o
 MaybeConfig = Annotated[Opt[Path], typer.Option("--config", "-c", help="Experiment YAML.")]
 
 
+def _explain_checkpoint(model: Path):
+    """The translator of the checkpoint `model`; an exported folder is refused in one
+    line (explain reads PyTorch weights, which CTranslate2's model.bin does not hold)."""
+    from mtkit.translate import load_translator
+
+    if model.is_dir():
+        from mtkit.ct2 import is_export
+
+        what = "an exported CTranslate2 folder" if is_export(model) else "a folder"
+        raise OptionError(f"explain needs a checkpoint (-m FILE.pt): {model} is {what}")
+    return load_translator(model, "cpu")
+
+
 def _explain_model(config: Path | None, model: Path | None, overrides: list[str] | None):
     """(model, src vocab or None, tgt vocab or None, config) from a checkpoint, or from a
     config: random weights, the run's tokenizer if trained, else hashed word ids."""
     from mtkit.model import build_model
     from mtkit.tokenizer import load_vocabs
-    from mtkit.translate import load_translator
 
     if (config is None) == (model is None):
         raise ConfigError("give --config C or -m CKPT")
     if model is not None:
-        t = load_translator(model, "cpu")
+        t = _explain_checkpoint(model)
         return t.model, t.src_vocab, t.tgt_vocab, t.config
     cfg = load_config(config, overrides or [])
     try:
@@ -597,7 +609,6 @@ def explain_attention(
 ) -> None:
     """Translate a sentence and draw every layer's and head's attention as PNG heatmaps."""
     from mtkit.explain import attention_maps, plot_attention
-    from mtkit.translate import load_translator
 
     try:
         import matplotlib  # noqa: F401
@@ -607,7 +618,7 @@ def explain_attention(
     with _reported():
         if not src.strip():
             raise OptionError("--src is empty: give a sentence to translate")
-        t = load_translator(model, "cpu")
+        t = _explain_checkpoint(model)
         maps = attention_maps(t.model, t.src_vocab, t.tgt_vocab, src,
                               t.config.decode.max_len_a, t.config.decode.max_len_b)
         paths = plot_attention(maps, out)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from faultkit import ROOT, cli, snapshot
+from faultkit import ROOT, assert_one_line, cli, snapshot
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE = "9" * 5000
@@ -139,3 +139,31 @@ def test_serve_options_out_of_range_are_refused_at_start(work, best, option, val
     before = snapshot(work)
     assert says in serve_refused("-m", best, option, value)
     assert snapshot(work) == before
+
+
+# 4. explain needs a checkpoint: an exported folder is one line
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    pytest.importorskip("ctranslate2")
+    folder = tmp_path_factory.mktemp("oneline") / "ct2"
+    result = cli("export", "-m", trained / "run" / "checkpoints" / "best.pt", "-o", folder)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+@pytest.mark.parametrize("args", [["params"], ["shapes"],
+                                  ["attention", "--src", "A dog.", "-o", "maps"]])
+def test_explain_refuses_an_exported_folder_in_one_line(exported, tmp_path, monkeypatch, args):
+    if args[0] == "attention":
+        pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(exported)
+    assert_one_line(cli("explain", args[0], "-m", exported, *args[1:]),
+                    says=f"explain needs a checkpoint (-m FILE.pt): {exported} is an exported "
+                         f"CTranslate2 folder")
+    assert_one_line(cli("explain", args[0], "-m", tmp_path, *args[1:]),
+                    says="explain needs a checkpoint (-m FILE.pt)")
+    assert snapshot(exported) == before
+    assert not (tmp_path / "maps").exists()
