@@ -144,6 +144,14 @@ def on_stdout(work: Path, stdout: bytes) -> str | None:
     return None if len(stdout.splitlines()) == 2 else "not one stdout line per input line"
 
 
+def on_stdout_lines(n: int):
+    """A check: n non-empty lines on stdout."""
+    def check(work: Path, stdout: bytes) -> str | None:
+        rows = stdout.splitlines()
+        return None if len(rows) == n and all(rows) else f"stdout: {stdout[:200]!r}"
+    return check
+
+
 def many_words(work: Path, stdout: bytes) -> str | None:
     rows = stdout.decode("utf-8", "replace").splitlines()
     return None if len(rows) == 2 and all(len(r.split()) > 1 for r in rows) else \
@@ -378,6 +386,23 @@ CASES = [
     *[Case(f"oneline: explain {' '.join(args)} -m an exported folder",
            ["explain", args[0], "-m", "ct2", *args[1:]], setup=export)
       for args in (["params"], ["shapes"], ["attention", "--src", "A dog."])],
+    *[Case(f"oneline: translate -m {model} {' '.join(o)}", ["translate", "-m", model, "-i",
+                                                            "in.txt", *o],
+           code=0 if o[0] == "--sampling" else 2, check=on_stdout_lines(2) if o[0] ==
+           "--sampling" else None, setup=export if model == "ct2" else None)
+      for model in (CKPT, "ct2")
+      for o in (["--beam", "1" + "0" * 20], ["--beam", "257"], ["--beam", "1e20"],
+                ["--nbest", "1" + "0" * 20], ["--batch-tokens", "1" + "0" * 30],
+                ["--lenpen", "1e300"], ["--lenpen", "inf"], ["--no-repeat-ngram", "1" + "0" * 20],
+                *([["--sampling", "--topp", "1e-38"], ["--sampling", "--topp", "1e-45"],
+                   ["--sampling", "--temperature", "1e-30"],
+                   ["--sampling", "--temperature", "1e-300"],
+                   ["--sampling", "--temperature", "1e300"],
+                   ["--sampling", "--beam", "4", "--temperature", "1e-300", "--topp", "1e-38"]]
+                  if model == CKPT else []))],
+    *[Case(f"oneline: serve {' '.join(o)}", ["serve", "-m", CKPT, *o])
+      for o in (["--beam", "1" + "0" * 20], ["--lenpen", "1e300"],
+                ["--sampling", "--temperature", "nan"], ["--sampling", "--topp", "0"])],
 ]
 
 

@@ -26,11 +26,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal, TextIO
 
-from mtkit.config import DecodeConfig, OptionError
+from mtkit.config import MAX_COUNT, DecodeConfig, OptionError
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.tokenizer import Vocab
 
@@ -71,13 +71,13 @@ class DecodeOptions:
         base = {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
                 "max_len_b": cfg.max_len_b, "batch_tokens": cfg.batch_tokens}
         given = {k: v for k, v in overrides.items() if v is not None}
-        for name, lowest in (("beam", 1), ("lenpen", 0), ("max_len_a", 0), ("max_len_b", 0),
-                             ("batch_tokens", 1), ("nbest", 1), ("no_repeat_ngram", 1),
-                             ("topk", 0), ("seed", 0), ("align_layer", 0)):
+        for name, (lowest, highest) in OPTION_RANGES.items():
             value = given.get(name)
-            if value is not None and not (_finite(value) and value >= lowest):
-                raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
-                                  f"got {value}")
+            if value is not None and not (_finite(value) and lowest <= value
+                                          and (highest is None or value <= highest)):
+                span = (f"at least {lowest}" if highest is None
+                        else f"from {lowest} to {_number(highest)}")
+                raise OptionError(f"--{name.replace('_', '-')} must be {span}, got {value}")
         for name, check, span in (("temperature", lambda t: t > 0, "above 0"),
                                   ("topp", lambda p: 0 < p <= 1, "in (0, 1]")):
             value = given.get(name)
@@ -95,6 +95,24 @@ class DecodeOptions:
             beam = "--beam" if "beam" in given else "the checkpoint's beam size"
             raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
         return opts
+
+
+_DECODE = {f.name: f.metadata for f in fields(DecodeConfig)}
+# The range of each numeric option (None: no upper bound; a huge length limit means the
+# model's positions, a huge top-k all tokens). The highest beam, length penalty and
+# batch are decode.*'s in the config; counts stay within what CTranslate2's C++ holds.
+OPTION_RANGES = {
+    "beam": (1, _DECODE["beam"]["hi"]), "lenpen": (0, _DECODE["lenpen"]["hi"]),
+    "max_len_a": (0, None), "max_len_b": (0, None),
+    "batch_tokens": (1, _DECODE["batch_tokens"]["hi"]), "nbest": (1, _DECODE["beam"]["hi"]),
+    "no_repeat_ngram": (1, MAX_COUNT), "topk": (0, None), "seed": (0, None),
+    "align_layer": (0, None),
+}
+
+
+def _number(value: float) -> str:
+    """A range's bound as a user reads it: 10, 2,147,483,647, 0.5."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def _finite(value: float) -> bool:

@@ -167,3 +167,77 @@ def test_explain_refuses_an_exported_folder_in_one_line(exported, tmp_path, monk
                     says="explain needs a checkpoint (-m FILE.pt)")
     assert snapshot(exported) == before
     assert not (tmp_path / "maps").exists()
+
+
+# 5. extreme decoding values: they work (a tiny temperature or top-p is greedy) or are
+# refused in one line naming the option and its range
+
+
+@pytest.mark.parametrize("extreme", [["--topp", "1e-38"], ["--topp", "1e-45"],
+                                     ["--temperature", "1e-30"], ["--temperature", "1e-300"],
+                                     ["--temperature", "1e-300", "--topp", "1e-38"]])
+def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(work, best, extreme):
+    text = "A dog runs in the park.\n\nTwo men talk on a bench.\n"
+    greedy = cli("translate", "-m", best, "--beam", "1", input=text)
+    assert greedy.exit_code == 0, greedy.output
+    before = snapshot(work)
+    result = cli("translate", "-m", best, "--sampling", "--beam", "1", *extreme, input=text)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == greedy.stdout and not result.stderr.strip()
+    assert snapshot(work) == before
+
+
+def test_a_huge_temperature_samples_every_token_alike(best):
+    result = cli("translate", "-m", best, "--sampling", "--temperature", "1e300",
+                 input="A dog.\nTwo men.\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2
+
+
+HUGE_OPTIONS = [
+    (["--beam", str(10**20)], f"--beam must be from 1 to 256, got {10**20}"),
+    (["--beam", "257"], "--beam must be from 1 to 256, got 257"),
+    (["--nbest", str(10**20)], f"--nbest must be from 1 to 256, got {10**20}"),
+    (["--batch-tokens", str(10**30)], f"--batch-tokens must be from 1 to 2,147,483,647, got "
+                                      f"{10**30}"),
+    (["--lenpen", "1e300"], "--lenpen must be from 0 to 10, got 1e+300"),
+    (["--lenpen", "inf"], "--lenpen must be from 0 to 10, got inf"),
+    (["--no-repeat-ngram", str(10**20)], "--no-repeat-ngram must be from 1 to 2,147,483,647"),
+    (["--max-len-b", str(10**30)], ""),  # works: the model's positions (3cc65ae)
+]
+
+
+@pytest.mark.parametrize(("args", "says"), HUGE_OPTIONS)
+def test_translate_huge_option_values_name_the_option_and_its_range(work, best, exported,
+                                                                    args, says):
+    (work / "in.txt").write_text("A dog.\n")
+    before = snapshot(work)
+    for model in (best, exported):
+        result = cli("translate", "-m", model, "-i", work / "in.txt", "-o", work / "out.txt",
+                     *args)
+        if not says:
+            assert result.exit_code == 0 and (work / "out.txt").read_text().strip()
+            (work / "out.txt").unlink()
+            continue
+        assert says in assert_one_line(result), result.stderr
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("option", ["--beam", "--nbest", "--batch-tokens"])
+def test_a_float_for_an_integer_option_is_one_line(option):
+    proc = subprocess.run([sys.executable, "-m", "mtkit", "translate", "-m", "x.pt", option,
+                           "1e20"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"'{option}'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), HUGE_OPTIONS[:2] + HUGE_OPTIONS[4:6] + [
+    (["--sampling", "--temperature", "nan"], "--temperature must be above 0, got nan")])
+def test_serve_huge_option_values_are_refused_at_start(best, args, says):
+    assert says in serve_refused("-m", best, "--port", "1", *args)
+
+
+def test_config_lenpen_and_batch_tokens_have_a_highest_value(work):
+    for key, says in (("decode.lenpen=1e300", "decode.lenpen"),
+                      ("decode.batch_tokens=" + str(10**30), "decode.batch_tokens")):
+        assert says in assert_one_line(cli("tokenizer", "-c", work / "exp.yaml", "--set", key))
