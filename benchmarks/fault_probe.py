@@ -48,6 +48,7 @@ class Case:
     # function(work, stdout) -> str | None: a broken promise the byte snapshot cannot
     # see (a FIFO replaced by a file, a file named "-", a one-word translation)
     check: object = None
+    env: dict = field(default_factory=dict)  # set for the command (over this process's)
 
 
 def lines(name: str, n: int) -> list[str]:
@@ -55,9 +56,10 @@ def lines(name: str, n: int) -> list[str]:
         return [next(f).rstrip("\n") for _ in range(n)]
 
 
-def mtkit(*args, cwd: Path, stdin: bytes = b"", timeout: float = 300):
+def mtkit(*args, cwd: Path, stdin: bytes = b"", timeout: float = 300, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "mtkit", *args], cwd=cwd, input=stdin,
-                          capture_output=True, timeout=timeout)
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, **env} if env else None)
 
 
 def prepare(folder: Path) -> None:
@@ -403,6 +405,9 @@ CASES = [
     *[Case(f"oneline: serve {' '.join(o)}", ["serve", "-m", CKPT, *o])
       for o in (["--beam", "1" + "0" * 20], ["--lenpen", "1e300"],
                 ["--sampling", "--temperature", "nan"], ["--sampling", "--topp", "0"])],
+    Case("oneline: serve --api-key ''", ["serve", "-m", CKPT, "--api-key", ""]),
+    Case("oneline: serve --api-key ' '", ["serve", "-m", CKPT, "--api-key", " "]),
+    Case("oneline: serve with MTKIT_API_KEY=", ["serve", "-m", CKPT], env={"MTKIT_API_KEY": ""}),
 ]
 
 
@@ -435,7 +440,7 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
             _, err = proc.communicate(timeout=120)
             code, out = proc.returncode, b""
         else:
-            done = mtkit(*case.args, cwd=work, stdin=case.stdin)
+            done = mtkit(*case.args, cwd=work, stdin=case.stdin, env=case.env)
             code, err, out = done.returncode, done.stderr, done.stdout
         after = snapshot(work, case.changes)
         broken = case.check(work, out) if case.check else None

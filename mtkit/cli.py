@@ -478,6 +478,11 @@ def serve(
 
     with _reported():
         _check_device(device)
+        if api_key is None and os.environ.get("MTKIT_API_KEY") is not None:
+            api_key = os.environ["MTKIT_API_KEY"]  # click takes an empty one for unset
+        if api_key is not None and not api_key.strip():
+            raise OptionError("the API key is empty (--api-key or MTKIT_API_KEY): give a "
+                              "key, or neither to serve without one")
         limits = Limits(1 if max_batch_tokens is None else max_batch_tokens, max_wait_ms,
                         max_lines, max_chars)
         if not 1 <= port <= 65535:

@@ -6,6 +6,7 @@ line, explain refuses an exported folder."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -241,3 +242,15 @@ def test_config_lenpen_and_batch_tokens_have_a_highest_value(work):
     for key, says in (("decode.lenpen=1e300", "decode.lenpen"),
                       ("decode.batch_tokens=" + str(10**30), "decode.batch_tokens")):
         assert says in assert_one_line(cli("tokenizer", "-c", work / "exp.yaml", "--set", key))
+
+
+# 6. an empty API key is refused at start
+
+
+@pytest.mark.parametrize(("args", "env"), [(["--api-key", ""], {}), (["--api-key", "  "], {}),
+                                           ([], {"MTKIT_API_KEY": ""}),
+                                           ([], {"MTKIT_API_KEY": " \t"})])
+def test_serve_refuses_an_empty_api_key(best, args, env):
+    line = serve_refused("-m", best, "--port", "1", *args, env={**os.environ, **env})
+    assert line == ("error: the API key is empty (--api-key or MTKIT_API_KEY): give a key, or "
+                    "neither to serve without one")
