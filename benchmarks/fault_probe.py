@@ -49,6 +49,7 @@ class Case:
     # see (a FIFO replaced by a file, a file named "-", a one-word translation)
     check: object = None
     env: dict = field(default_factory=dict)  # set for the command (over this process's)
+    says: str = ""  # what stderr must hold (a plural, a range)
 
 
 def lines(name: str, n: int) -> list[str]:
@@ -408,6 +409,17 @@ CASES = [
     Case("oneline: serve --api-key ''", ["serve", "-m", CKPT, "--api-key", ""]),
     Case("oneline: serve --api-key ' '", ["serve", "-m", CKPT, "--api-key", " "]),
     Case("oneline: serve with MTKIT_API_KEY=", ["serve", "-m", CKPT], env={"MTKIT_API_KEY": ""}),
+    # one line, one checkpoint, one layer
+    Case("oneline: eval a hypothesis of 1 line", ["eval", "--hyp", "one.txt", "--ref", "in.txt"],
+         setup=lambda w: (w / "one.txt").write_text("A dog.\n"), says="one.txt has 1 line,"),
+    Case("oneline: translate --prefix-file of 1 line", ["translate", "-m", CKPT, "-i", "in.txt",
+                                                        "--prefix-file", "one.txt"],
+         setup=lambda w: (w / "one.txt").write_text("Ein\n"), says="one.txt has 1 line,"),
+    Case("oneline: translate --align-layer 3 with 1 decoder layer",
+         ["translate", "-m", CKPT, "-i", "in.txt", "--alignments", "--align-layer", "3"],
+         says="must be 0 (the model has 1 decoder layer), got 3"),
+    Case("oneline: average 1 checkpoint", ["average", CKPT, "-o", "avg.pt"], code=0,
+         says="averaged 1 checkpoint into avg.pt"),
 ]
 
 
@@ -453,6 +465,8 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
     quiet_ok = case.code == 0 or len(text.splitlines()) == 1
     if case.interrupt_when:  # training logs before it stops: judge the last line
         quiet_ok = text.splitlines()[-1].startswith("interrupted") if text else False
+    if case.says and case.says not in text:
+        broken = f"stderr does not say {case.says!r}"
     lost = sorted(k for k in before if after.get(k) != before[k]) + ([broken] if broken else [])
     return {"case": case.name, "code": code, "expected": case.code,
             "traceback": "Traceback" in text, "one_line": quiet_ok, "lost": lost,

@@ -25,7 +25,7 @@ try:  # recent Typer vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
-from mtkit.config import Config, ConfigError, OptionError, load_config
+from mtkit.config import Config, ConfigError, OptionError, load_config, plural
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,8 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None,
                    f"tokenizer match their manifests", err=True)
         return
     for split, m in manifests.items():
-        typer.echo(f"{split}: {m['pairs']} pairs, {m['src_tokens']} + {m['tgt_tokens']} tokens, "
-                   f"dropped {m['dropped']}", err=True)
+        typer.echo(f"{split}: {plural(m['pairs'], 'pair')}, {m['src_tokens']} + "
+                   f"{plural(m['tgt_tokens'], 'token')}, dropped {m['dropped']}", err=True)
 
 
 @app.command()
@@ -338,7 +338,8 @@ def eval_(
         if model is not None:
             sources = _read_lines(src)
             if len(sources) != len(references):
-                raise EvalError(f"line counts differ: {src} has {len(sources)} lines, "
+                raise EvalError(f"line counts differ: {src} has "
+                                f"{plural(len(sources), 'line')}, "
                                   f"{ref} has {len(references)}")
             translator = load_translator(model, device, "--device")
             hypotheses = translate_texts(translator, sources,
@@ -346,7 +347,8 @@ def eval_(
         else:
             hypotheses = _read_lines(hyp)
             if len(hypotheses) != len(references):
-                raise EvalError(f"line counts differ: {hyp} has {len(hypotheses)} lines, "
+                raise EvalError(f"line counts differ: {hyp} has "
+                                f"{plural(len(hypotheses), 'line')}, "
                                   f"{ref} has {len(references)}")
         results = score(hypotheses, references, names)
     if json_:
@@ -383,7 +385,7 @@ def average(
             paths = last_step_checkpoints(paths[0], last)
         refuse_same_file(output, {f"checkpoint {i + 1}": p for i, p in enumerate(paths)})
         save_checkpoint(average_checkpoints(paths), output)
-    typer.echo(f"averaged {len(paths)} checkpoints into {output}", err=True)
+    typer.echo(f"averaged {plural(len(paths), 'checkpoint')} into {output}", err=True)
 
 
 @app.command()
@@ -628,8 +630,8 @@ def explain_attention(
                               t.config.decode.max_len_a, t.config.decode.max_len_b)
         paths = plot_attention(maps, out)
     typer.echo(maps.translation)
-    typer.echo(f"wrote {len(paths)} images to {out}/ (alignment.png: the mean cross-attention)",
-               err=True)
+    typer.echo(f"wrote {plural(len(paths), 'image')} to {out}/ (alignment.png: the mean "
+               f"cross-attention)", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

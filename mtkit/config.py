@@ -41,6 +41,11 @@ class OptionError(ValueError):
 MAX_COUNT = 2**31 - 1  # the largest count a decoding option may hold (a C++ int's)
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
     """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
     return {"lo": lo, "hi": hi, "lo_open": lo_open}

@@ -39,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mtkit.config import plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.translate import DecodeOptions, Frontend
 
@@ -443,11 +444,12 @@ def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
         """Translate sentences; the answer keeps their order."""
         body = parse_request(await request.body())
         if len(body.text) > limits.max_lines:
-            raise ServeError(413, f"at most {limits.max_lines} sentences per request, "
+            raise ServeError(413, f"at most {plural(limits.max_lines, 'sentence')} per request, "
                                   f"got {len(body.text)}", "text")
         chars = sum(len(x) for x in body.text)
         if chars > limits.max_chars:
-            raise ServeError(413, f"at most {limits.max_chars} characters per request, "
+            raise ServeError(413, f"at most {plural(limits.max_chars, 'character')} per "
+                                  f"request, "
                                   f"got {chars}", "text")
         if body.alignments and not translator.can_align:
             raise ServeError(422, "alignments need a checkpoint: this server runs an "

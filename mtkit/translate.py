@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal, TextIO
 
-from mtkit.config import MAX_COUNT, DecodeConfig, OptionError
+from mtkit.config import MAX_COUNT, DecodeConfig, OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.tokenizer import Vocab
 
@@ -433,7 +433,7 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     data = source.read()
     lines = data.count(b"\n") + (not data.endswith(b"\n") and len(data) > 0)
     if lines != expected:
-        raise OptionError(f"{what} has {expected} lines, the input has {lines}")
+        raise OptionError(f"{what} has {plural(expected, 'line')}, the input has {lines}")
     return io.BytesIO(data)
 
 

@@ -254,3 +254,36 @@ def test_serve_refuses_an_empty_api_key(best, args, env):
     line = serve_refused("-m", best, "--port", "1", *args, env={**os.environ, **env})
     assert line == ("error: the API key is empty (--api-key or MTKIT_API_KEY): give a key, or "
                     "neither to serve without one")
+
+
+# 7. one line, one checkpoint, one layer: no "1 lines"
+
+
+def test_messages_say_one_line_not_one_lines(work, best):
+    (work / "one.txt").write_text("A dog.\n")
+    (work / "two.txt").write_text("A dog.\nTwo men.\n")
+    before = snapshot(work)
+    assert_one_line(cli("eval", "--hyp", work / "one.txt", "--ref", work / "two.txt"),
+                    says=f"{work / 'one.txt'} has 1 line, {work / 'two.txt'} has 2")
+    assert_one_line(cli("eval", "-m", best, "--src", work / "one.txt", "--ref",
+                        work / "two.txt"), says="has 1 line,")
+    assert_one_line(cli("translate", "-m", best, "-i", work / "two.txt", "--prefix-file",
+                        work / "one.txt"), says=f"{work / 'one.txt'} has 1 line, the input "
+                                                f"has 2")
+    assert_one_line(cli("translate", "-m", best, "--alignments", "--align-layer", "3",
+                        input="A dog.\n"),
+                    says="--align-layer must be 0 (the model has 1 decoder layer), got 3")
+    assert snapshot(work) == before
+
+
+def test_averaging_one_checkpoint_says_one_checkpoint(work, best):
+    result = cli("average", best, "-o", work / "avg.pt")
+    assert result.exit_code == 0, result.output
+    assert f"averaged 1 checkpoint into {work / 'avg.pt'}" in result.stderr
+
+
+def test_score_counts_one_hypothesis():
+    from mtkit.evaluate import EvalError, score
+
+    with pytest.raises(EvalError, match="^1 hypothesis but 2 references$"):
+        score(["a"], ["a", "b"], ["bleu"])
