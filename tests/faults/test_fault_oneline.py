@@ -1,7 +1,8 @@
 """Every fault is one line (or one JSON error), never a traceback or a 500 (issue 21):
 bad jsonl lines are error records and the stream goes on, bad request bodies are 422
-naming the field, bad serve options and extreme decoding values are refused in one
-line, explain refuses an exported folder."""
+naming the field, serve options out of range (and an empty API key) are refused at
+start, explain refuses an exported folder, extreme decoding values work or are refused
+naming the range, and counts agree with their noun ("1 line")."""
 
 from __future__ import annotations
 
