@@ -48,6 +48,8 @@ class Case:
     # function(work, stdout) -> str | None: a broken promise the byte snapshot cannot
     # see (a FIFO replaced by a file, a file named "-", a one-word translation)
     check: object = None
+    env: dict = field(default_factory=dict)  # set for the command (over this process's)
+    says: str = ""  # what stderr must hold (a plural, a range)
 
 
 def lines(name: str, n: int) -> list[str]:
@@ -55,9 +57,10 @@ def lines(name: str, n: int) -> list[str]:
         return [next(f).rstrip("\n") for _ in range(n)]
 
 
-def mtkit(*args, cwd: Path, stdin: bytes = b"", timeout: float = 300):
+def mtkit(*args, cwd: Path, stdin: bytes = b"", timeout: float = 300, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "mtkit", *args], cwd=cwd, input=stdin,
-                          capture_output=True, timeout=timeout)
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, **env} if env else None)
 
 
 def prepare(folder: Path) -> None:
@@ -144,6 +147,14 @@ def on_stdout(work: Path, stdout: bytes) -> str | None:
     return None if len(stdout.splitlines()) == 2 else "not one stdout line per input line"
 
 
+def on_stdout_lines(n: int):
+    """A check: n non-empty lines on stdout."""
+    def check(work: Path, stdout: bytes) -> str | None:
+        rows = stdout.splitlines()
+        return None if len(rows) == n and all(rows) else f"stdout: {stdout[:200]!r}"
+    return check
+
+
 def many_words(work: Path, stdout: bytes) -> str | None:
     rows = stdout.decode("utf-8", "replace").splitlines()
     return None if len(rows) == 2 and all(len(r.split()) > 1 for r in rows) else \
@@ -161,6 +172,22 @@ def config_in_run_dir(work: Path) -> None:
 def mount(work: Path, name: str, opts: str) -> None:
     (work / name).mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(work / name)], check=True)
+
+
+def error_records(n: int):
+    """A check: stdout is n jsonl records, the odd ones errors, the even ones translated
+    (a bad line between good ones is its own error record, and the stream goes on)."""
+    def check(work: Path, stdout: bytes) -> str | None:
+        try:
+            records = [json.loads(x) for x in stdout.splitlines()]
+        except ValueError:
+            return "stdout is not jsonl"
+        if len(records) != n:
+            return f"{len(records)} records for {n} lines"
+        if any(("error" in r) != (k % 2 == 1) for k, r in enumerate(records)):
+            return f"not an error record for each bad line: {stdout[:200]!r}"
+        return None
+    return check
 
 
 CKPT = "run/checkpoints/best.pt"
@@ -338,6 +365,61 @@ CASES = [
       for model in (CKPT, "ct2")
       for option, value in (("--max-len-a", "1e20"),
                             ("--max-len-b", "9223372036854775807"))],
+    # every fault is one line (or one JSON error record), never a traceback
+    *[Case(f"oneline: translate -m {model} --format jsonl, {what}", ["translate", "-m", model,
+                                                                    "--format", "jsonl"],
+           stdin=b"".join(b'{"src": "A dog."}\n' + bad + b"\n" for _ in range(2))
+           + b'{"src": "A dog."}\n', code=0, check=error_records(5),
+           setup=export if model == "ct2" else None)
+      for model in (CKPT, "ct2")
+      for what, bad in (("a lone surrogate", b'{"src": "a \\ud800"}'),
+                        ("a lone surrogate in the prefix", b'{"src": "a", "prefix": "\\udfff"}'),
+                        ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000),
+                        ("an id of 5,000 digits", b'{"src": "a", "id": ' + b"9" * 5000 + b"}"),
+                        ("an id of 100 bits", b'{"src": "a", "id": ' + b"9" * 30 + b"}"),
+                        ("an object as id", b'{"src": "a", "id": {"x": [1, {"y": 2}]}}'),
+                        ("an id nested 900 deep",
+                         b'{"src": "a", "id": ' + b"[" * 900 + b"]" * 900 + b"}"),
+                        ("a lone surrogate in the id", b'{"src": "a", "id": "\\ud800"}'),
+                        ("a lone surrogate as a key", b'{"\\ud800": "a"}'))],
+    *[Case(f"oneline: serve {option} {value}", ["serve", "-m", CKPT, option, value])
+      for option, value in (("--max-wait-ms", "inf"), ("--max-wait-ms", "nan"),
+                            ("--max-wait-ms", "1e300"), ("--port", "99999"), ("--port", "-1"),
+                            ("--port", "0"), ("--max-lines", "0"))],
+    *[Case(f"oneline: explain {' '.join(args)} -m an exported folder",
+           ["explain", args[0], "-m", "ct2", *args[1:]], setup=export)
+      for args in (["params"], ["shapes"], ["attention", "--src", "A dog."])],
+    *[Case(f"oneline: translate -m {model} {' '.join(o)}", ["translate", "-m", model, "-i",
+                                                            "in.txt", *o],
+           code=0 if o[0] == "--sampling" else 2, check=on_stdout_lines(2) if o[0] ==
+           "--sampling" else None, setup=export if model == "ct2" else None)
+      for model in (CKPT, "ct2")
+      for o in (["--beam", "1" + "0" * 20], ["--beam", "257"], ["--beam", "1e20"],
+                ["--nbest", "1" + "0" * 20], ["--batch-tokens", "1" + "0" * 30],
+                ["--lenpen", "1e300"], ["--lenpen", "inf"], ["--no-repeat-ngram", "1" + "0" * 20],
+                *([["--sampling", "--topp", "1e-38"], ["--sampling", "--topp", "1e-45"],
+                   ["--sampling", "--temperature", "1e-30"],
+                   ["--sampling", "--temperature", "1e-300"],
+                   ["--sampling", "--temperature", "1e300"],
+                   ["--sampling", "--beam", "4", "--temperature", "1e-300", "--topp", "1e-38"]]
+                  if model == CKPT else []))],
+    *[Case(f"oneline: serve {' '.join(o)}", ["serve", "-m", CKPT, *o])
+      for o in (["--beam", "1" + "0" * 20], ["--lenpen", "1e300"],
+                ["--sampling", "--temperature", "nan"], ["--sampling", "--topp", "0"])],
+    Case("oneline: serve --api-key ''", ["serve", "-m", CKPT, "--api-key", ""]),
+    Case("oneline: serve --api-key ' '", ["serve", "-m", CKPT, "--api-key", " "]),
+    Case("oneline: serve with MTKIT_API_KEY=", ["serve", "-m", CKPT], env={"MTKIT_API_KEY": ""}),
+    # one line, one checkpoint, one layer
+    Case("oneline: eval a hypothesis of 1 line", ["eval", "--hyp", "one.txt", "--ref", "in.txt"],
+         setup=lambda w: (w / "one.txt").write_text("A dog.\n"), says="one.txt has 1 line,"),
+    Case("oneline: translate --prefix-file of 1 line", ["translate", "-m", CKPT, "-i", "in.txt",
+                                                        "--prefix-file", "one.txt"],
+         setup=lambda w: (w / "one.txt").write_text("Ein\n"), says="one.txt has 1 line,"),
+    Case("oneline: translate --align-layer 3 with 1 decoder layer",
+         ["translate", "-m", CKPT, "-i", "in.txt", "--alignments", "--align-layer", "3"],
+         says="must be 0 (the model has 1 decoder layer), got 3"),
+    Case("oneline: average 1 checkpoint", ["average", CKPT, "-o", "avg.pt"], code=0,
+         says="averaged 1 checkpoint into avg.pt"),
 ]
 
 
@@ -370,7 +452,7 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
             _, err = proc.communicate(timeout=120)
             code, out = proc.returncode, b""
         else:
-            done = mtkit(*case.args, cwd=work, stdin=case.stdin)
+            done = mtkit(*case.args, cwd=work, stdin=case.stdin, env=case.env)
             code, err, out = done.returncode, done.stderr, done.stdout
         after = snapshot(work, case.changes)
         broken = case.check(work, out) if case.check else None
@@ -383,6 +465,8 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
     quiet_ok = case.code == 0 or len(text.splitlines()) == 1
     if case.interrupt_when:  # training logs before it stops: judge the last line
         quiet_ok = text.splitlines()[-1].startswith("interrupted") if text else False
+    if case.says and case.says not in text:
+        broken = f"stderr does not say {case.says!r}"
     lost = sorted(k for k in before if after.get(k) != before[k]) + ([broken] if broken else [])
     return {"case": case.name, "code": code, "expected": case.code,
             "traceback": "Traceback" in text, "one_line": quiet_ok, "lost": lost,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtkit.config import OptionError
+from mtkit.config import OptionError, plural
 from mtkit.data.batching import collate
 from mtkit.model import Transformer
 
@@ -32,8 +32,9 @@ def check_layer(layer: int, models: Sequence[Transformer], option: str = "--alig
                 ) -> None:
     fewest = min(m.cfg.decoder_layers for m in models)
     if not 0 <= layer < fewest:
-        raise OptionError(f"{option} must be between 0 and {fewest - 1} (the model has "
-                         f"{fewest} decoder layers), got {layer}")
+        span = "0" if fewest == 1 else f"between 0 and {fewest - 1}"
+        raise OptionError(f"{option} must be {span} (the model has "
+                          f"{plural(fewest, 'decoder layer')}), got {layer}")
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ try:  # recent Typer vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
-from mtkit.config import Config, ConfigError, OptionError, load_config
+from mtkit.config import Config, ConfigError, OptionError, load_config, plural
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +186,8 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None,
                    f"tokenizer match their manifests", err=True)
         return
     for split, m in manifests.items():
-        typer.echo(f"{split}: {m['pairs']} pairs, {m['src_tokens']} + {m['tgt_tokens']} tokens, "
-                   f"dropped {m['dropped']}", err=True)
+        typer.echo(f"{split}: {plural(m['pairs'], 'pair')}, {m['src_tokens']} + "
+                   f"{plural(m['tgt_tokens'], 'token')}, dropped {m['dropped']}", err=True)
 
 
 @app.command()
@@ -355,7 +355,8 @@ def eval_(
         if model is not None:
             sources = _read_lines(src)
             if len(sources) != len(references):
-                raise EvalError(f"line counts differ: {src} has {len(sources)} lines, "
+                raise EvalError(f"line counts differ: {src} has "
+                                f"{plural(len(sources), 'line')}, "
                                   f"{ref} has {len(references)}")
             translator = load_translator(model, device, "--device")
             hypotheses = translate_texts(translator, sources,
@@ -363,7 +364,8 @@ def eval_(
         else:
             hypotheses = _read_lines(hyp)
             if len(hypotheses) != len(references):
-                raise EvalError(f"line counts differ: {hyp} has {len(hypotheses)} lines, "
+                raise EvalError(f"line counts differ: {hyp} has "
+                                f"{plural(len(hypotheses), 'line')}, "
                                   f"{ref} has {len(references)}")
         results = score(hypotheses, references, names)
     if json_:
@@ -400,7 +402,7 @@ def average(
             paths = last_step_checkpoints(paths[0], last)
         refuse_same_file(output, {f"checkpoint {i + 1}": p for i, p in enumerate(paths)})
         save_checkpoint(average_checkpoints(paths), output)
-    typer.echo(f"averaged {len(paths)} checkpoints into {output}", err=True)
+    typer.echo(f"averaged {plural(len(paths), 'checkpoint')} into {output}", err=True)
 
 
 @app.command()
@@ -442,12 +444,15 @@ def export(
     typer.echo(f"exported {model} to {output} ({quantization})", err=True)
 
 
+MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+
+
 @app.command()
 def serve(
     model: ModelsOpt,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
                     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option(help="Port to listen on (1 to 65535).")] = 8080,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -464,7 +469,7 @@ def serve(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,
     max_wait_ms: Annotated[float, typer.Option(
-        help="Longest wait of a sentence for others to batch with.")] = 5.0,
+        help="Longest wait of a sentence for others to batch with (0 to 60,000).")] = 5.0,
     continuous: Annotated[bool, typer.Option(
         "--continuous/--rounds",
         help="Greedy requests join one running search between its steps and leave it "
@@ -492,13 +497,21 @@ def serve(
 
     with _reported():
         _check_device(device)
+        if api_key is None and os.environ.get("MTKIT_API_KEY") is not None:
+            api_key = os.environ["MTKIT_API_KEY"]  # click takes an empty one for unset
+        if api_key is not None and not api_key.strip():
+            raise OptionError("the API key is empty (--api-key or MTKIT_API_KEY): give a "
+                              "key, or neither to serve without one")
         limits = Limits(1 if max_batch_tokens is None else max_batch_tokens, max_wait_ms,
                         max_lines, max_chars)
+        if not 1 <= port <= 65535:
+            raise OptionError(f"--port must be from 1 to 65535, got {port}")
         for name, value in asdict(limits).items():
-            if not (value >= 0 if name == "max_wait_ms" else value > 0):
-                raise OptionError(f"--{name.replace('_', '-')} must be "
-                                  f"{'at least' if name == 'max_wait_ms' else 'above'} 0, "
-                                  f"got {value}")
+            if name == "max_wait_ms" and not 0 <= value <= MAX_WAIT_MS:  # nan fails too
+                raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got "
+                                  f"{value}")
+            if name != "max_wait_ms" and value <= 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be above 0, got {value}")
         if not names_export(model):
             _tune_runtime()
         translator = load_translator(model, device, "--device")
@@ -540,17 +553,29 @@ CkptOpt = Annotated[Opt[Path], typer.Option("--model", "-m", help="Checkpoint (o
 MaybeConfig = Annotated[Opt[Path], typer.Option("--config", "-c", help="Experiment YAML.")]
 
 
+def _explain_checkpoint(model: Path):
+    """The translator of the checkpoint `model`; an exported folder is refused in one
+    line (explain reads PyTorch weights, which CTranslate2's model.bin does not hold)."""
+    from mtkit.translate import load_translator
+
+    if model.is_dir():
+        from mtkit.ct2 import is_export
+
+        what = "an exported CTranslate2 folder" if is_export(model) else "a folder"
+        raise OptionError(f"explain needs a checkpoint (-m FILE.pt): {model} is {what}")
+    return load_translator(model, "cpu")
+
+
 def _explain_model(config: Path | None, model: Path | None, overrides: list[str] | None):
     """(model, src vocab or None, tgt vocab or None, config) from a checkpoint, or from a
     config: random weights, the run's tokenizer if trained, else hashed word ids."""
     from mtkit.model import build_model
     from mtkit.tokenizer import load_vocabs
-    from mtkit.translate import load_translator
 
     if (config is None) == (model is None):
         raise ConfigError("give --config C or -m CKPT")
     if model is not None:
-        t = load_translator(model, "cpu")
+        t = _explain_checkpoint(model)
         return t.model, t.src_vocab, t.tgt_vocab, t.config
     cfg = load_config(config, overrides or [])
     try:
@@ -608,7 +633,6 @@ def explain_attention(
 ) -> None:
     """Translate a sentence and draw every layer's and head's attention as PNG heatmaps."""
     from mtkit.explain import attention_maps, plot_attention
-    from mtkit.translate import load_translator
 
     try:
         import matplotlib  # noqa: F401
@@ -618,13 +642,13 @@ def explain_attention(
     with _reported():
         if not src.strip():
             raise OptionError("--src is empty: give a sentence to translate")
-        t = load_translator(model, "cpu")
+        t = _explain_checkpoint(model)
         maps = attention_maps(t.model, t.src_vocab, t.tgt_vocab, src,
                               t.config.decode.max_len_a, t.config.decode.max_len_b)
         paths = plot_attention(maps, out)
     typer.echo(maps.translation)
-    typer.echo(f"wrote {len(paths)} images to {out}/ (alignment.png: the mean cross-attention)",
-               err=True)
+    typer.echo(f"wrote {plural(len(paths), 'image')} to {out}/ (alignment.png: the mean "
+               f"cross-attention)", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,14 @@ class OptionError(ValueError):
     """A command-line option out of its range (one line naming the option as given)."""
 
 
+MAX_COUNT = 2**31 - 1  # the largest count a decoding option may hold (a C++ int's)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
     """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
     return {"lo": lo, "hi": hi, "lo_open": lo_open}
@@ -146,10 +154,11 @@ class TrainConfig:
 @dataclass(frozen=True)
 class DecodeConfig:
     beam: int = field(default=5, metadata=_range(1, 256))
-    lenpen: float = field(default=0.6, metadata=_range(0.0))
-    max_len_a: float = field(default=1.2, metadata=_range(0.0))
-    max_len_b: int = field(default=10, metadata=_range(0))
-    batch_tokens: int = field(default=8000, metadata=_range(16))
+    # ((5 + length) / 6) ** lenpen must stay a float32 for any length a model can have
+    lenpen: float = field(default=0.6, metadata=_range(0.0, 10.0))
+    max_len_a: float = field(default=1.2, metadata=_range(0.0))  # capped to the positions
+    max_len_b: int = field(default=10, metadata=_range(0))  # capped to the positions
+    batch_tokens: int = field(default=8000, metadata=_range(16, MAX_COUNT))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from mtkit.config import plural
+
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
 
 
@@ -33,7 +35,8 @@ def parse_metrics(spec: str) -> list[str]:
 def score(hypotheses: list[str], references: list[str], metrics: list[str]) -> list[Score]:
     """Corpus-level scores of the hypotheses against one reference each."""
     if len(hypotheses) != len(references):
-        raise EvalError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise EvalError(f"{plural(len(hypotheses), 'hypothesis', 'hypotheses')} but "
+                        f"{plural(len(references), 'reference')}")
     if not references:
         raise EvalError("nothing to score: no hypotheses and no references")
     out = []

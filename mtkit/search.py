@@ -512,8 +512,19 @@ def sampling_logits(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
     """The sampling distribution, as unnormalized log-probabilities (rows, V): the model's
     scaled by 1/temperature, then cut to the `topk` most likely tokens (0: all) and to the
     smallest set of most likely tokens whose probability reaches `topp` (nucleus
-    sampling; the most likely token always stays)."""
-    logits = lprobs / temperature if temperature != 1.0 else lprobs  # (rows, V)
+    sampling; the most likely token always stays).
+
+    Any temperature above 0 is safe: the scaled values are each token's distance below
+    the most likely one, so that one stays at 0 (a tiny temperature is greedy, where a
+    plain division left no finite value), a forbidden token stays -inf (a huge one, as
+    float32 inf, would make it nan) and the others go to -inf or 0. The most likely
+    token is kept by position, never by comparing with `topp` (a float32 subnormal such
+    as 1e-38 is 0 where the CPU flushes subnormals)."""
+    logits = lprobs  # (rows, V)
+    if temperature != 1.0:
+        top = lprobs.max(dim=-1, keepdim=True).values  # (rows, 1)
+        logits = torch.where(lprobs == top, 0.0, (lprobs - top) / temperature)  # (rows, V)
+        logits = logits.masked_fill(lprobs == float("-inf"), float("-inf"))
     if 0 < topk < logits.size(-1):
         kth = logits.topk(topk, dim=-1).values[:, -1:]  # (rows, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -521,6 +532,7 @@ def sampling_logits(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
         ranked, order = logits.sort(dim=-1, descending=True)  # (rows, V)
         probs = ranked.softmax(dim=-1)
         beyond = (probs.cumsum(dim=-1) - probs) >= topp  # mass before it already reaches p
+        beyond[:, 0] = False  # the most likely token
         logits = logits.masked_fill(beyond.scatter(1, order, beyond), float("-inf"))
     return logits
 

@@ -39,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mtkit.config import plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.translate import DecodeOptions, Frontend
 
@@ -326,12 +327,34 @@ def parse_request(raw: bytes) -> TranslateRequest:
         raise ServeError(422, f"the body is not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ServeError(422, f"the body is not JSON: {e.msg} at character {e.pos}") from None
+    except RecursionError:
+        raise ServeError(422, "the body is not JSON: nested too deeply") from None
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ServeError(422, "the body is not JSON: a number has too many digits to read"
+                         ) from None
+    for key in data if isinstance(data, dict) else ():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ServeError(422, f"body: a field name holds a lone surrogate "
+                                  f"\\u{ord(key[e.start]):04x}; the fields are "
+                                  f"{', '.join(TranslateRequest.model_fields)}") from None
     try:
-        return TranslateRequest.model_validate(data)
+        body = TranslateRequest.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         name = ".".join(str(x) for x in first["loc"]) or None
-        raise ServeError(422, f"{name or 'body'}: {first['msg']}", name) from None
+        message = f"{name or 'body'}: {first['msg']}"
+        raise ServeError(422, message.encode("utf-8", "backslashreplace").decode(), name
+                         ) from None
+    for i, text in enumerate(body.text):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # an escape such as \ud800 that is no character
+            raise ServeError(422, f"text.{i}: a lone surrogate \\u{ord(text[e.start]):04x} "
+                                  f"at character {e.start} is not a character",
+                             f"text.{i}") from None
+    return body
 
 
 def _error(status: int, message: str, field_name: str | None = None,
@@ -421,11 +444,12 @@ def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
         """Translate sentences; the answer keeps their order."""
         body = parse_request(await request.body())
         if len(body.text) > limits.max_lines:
-            raise ServeError(413, f"at most {limits.max_lines} sentences per request, "
+            raise ServeError(413, f"at most {plural(limits.max_lines, 'sentence')} per request, "
                                   f"got {len(body.text)}", "text")
         chars = sum(len(x) for x in body.text)
         if chars > limits.max_chars:
-            raise ServeError(413, f"at most {limits.max_chars} characters per request, "
+            raise ServeError(413, f"at most {plural(limits.max_chars, 'character')} per "
+                                  f"request, "
                                   f"got {chars}", "text")
         if body.alignments and not translator.can_align:
             raise ServeError(422, "alignments need a checkpoint: this server runs an "

@@ -11,7 +11,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mtkit.atomic import remove_leftovers, write_atomic
-from mtkit.config import Config, TokenizerConfig, save_config
+from mtkit.config import Config, TokenizerConfig, plural, save_config
 from mtkit.data.sources import Corpus, DataError, clean, open_split
 from mtkit.rundir import run_lock
 
@@ -96,7 +96,7 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 1234."
         reason = str(e).strip().splitlines()[-1]
         raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} cannot be trained on "
-                             f"{len(lines)} sentences: {reason}") from None
+                             f"{plural(len(lines), 'sentence')}: {reason}") from None
     return model.getvalue()
 
 

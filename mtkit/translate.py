@@ -26,11 +26,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal, TextIO
 
-from mtkit.config import DecodeConfig, OptionError
+from mtkit.config import MAX_COUNT, DecodeConfig, OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.tokenizer import Vocab
 
@@ -71,13 +71,13 @@ class DecodeOptions:
         base = {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a,
                 "max_len_b": cfg.max_len_b, "batch_tokens": cfg.batch_tokens}
         given = {k: v for k, v in overrides.items() if v is not None}
-        for name, lowest in (("beam", 1), ("lenpen", 0), ("max_len_a", 0), ("max_len_b", 0),
-                             ("batch_tokens", 1), ("nbest", 1), ("no_repeat_ngram", 1),
-                             ("topk", 0), ("seed", 0), ("align_layer", 0)):
+        for name, (lowest, highest) in OPTION_RANGES.items():
             value = given.get(name)
-            if value is not None and not (_finite(value) and value >= lowest):
-                raise OptionError(f"--{name.replace('_', '-')} must be at least {lowest}, "
-                                  f"got {value}")
+            if value is not None and not (_finite(value) and lowest <= value
+                                          and (highest is None or value <= highest)):
+                span = (f"at least {lowest}" if highest is None
+                        else f"from {lowest} to {_number(highest)}")
+                raise OptionError(f"--{name.replace('_', '-')} must be {span}, got {value}")
         for name, check, span in (("temperature", lambda t: t > 0, "above 0"),
                                   ("topp", lambda p: 0 < p <= 1, "in (0, 1]")):
             value = given.get(name)
@@ -95,6 +95,24 @@ class DecodeOptions:
             beam = "--beam" if "beam" in given else "the checkpoint's beam size"
             raise OptionError(f"--nbest {opts.nbest} must not exceed {beam} {opts.beam}")
         return opts
+
+
+_DECODE = {f.name: f.metadata for f in fields(DecodeConfig)}
+# The range of each numeric option (None: no upper bound; a huge length limit means the
+# model's positions, a huge top-k all tokens). The highest beam, length penalty and
+# batch are decode.*'s in the config; counts stay within what CTranslate2's C++ holds.
+OPTION_RANGES = {
+    "beam": (1, _DECODE["beam"]["hi"]), "lenpen": (0, _DECODE["lenpen"]["hi"]),
+    "max_len_a": (0, None), "max_len_b": (0, None),
+    "batch_tokens": (1, _DECODE["batch_tokens"]["hi"]), "nbest": (1, _DECODE["beam"]["hi"]),
+    "no_repeat_ngram": (1, MAX_COUNT), "topk": (0, None), "seed": (0, None),
+    "align_layer": (0, None),
+}
+
+
+def _number(value: float) -> str:
+    """A range's bound as a user reads it: 10, 2,147,483,647, 0.5."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def _finite(value: float) -> bool:
@@ -299,20 +317,87 @@ class Request:
 
 def parse_request(line: str, jsonl: bool) -> Request:
     """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
-    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error."""
+    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error: not JSON,
+    nested too deeply to parse, a number too long to read, text with a lone surrogate
+    (an escape such as \\ud800 that is no character), or an `id` that is not text, a
+    number or null (`check_id`)."""
     if not jsonl:
         return Request(line)
     try:
         record = json.loads(line) if line.strip() else {"src": ""}
     except json.JSONDecodeError as e:
         return Request("", error=f"not a JSON object: {e.msg} at column {e.colno}")
+    except RecursionError:
+        return Request("", error="not a JSON object: nested too deeply")
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        return Request("", error="not a JSON object: a number has too many digits to read")
     if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
             isinstance(record.get("prefix", ""), str):
         got = record if not isinstance(record, dict) else sorted(record)
-        return Request("", id=record.get("id") if isinstance(record, dict) else None,
+        return Request("", id=_echoed_id(record),
                        error=f'expected {{"src": text, "prefix"?: text, "id"?: ...}}, '
-                             f"got {str(got)[:80]}")
+                             f"got {_shown(got)}")
+    id_error = check_id(record.get("id"))
+    if id_error:
+        return Request("", error=id_error)
+    for name in ("src", "prefix"):
+        bad = _surrogate(record.get(name, ""))
+        if bad:
+            return Request("", id=record.get("id"), error=f"{name}: {bad}")
     return Request(record["src"], record.get("prefix", ""), record.get("id"))
+
+
+MAX_ID_CHARS = 1000  # the longest `id` echoed back
+
+
+def check_id(value: object) -> str:
+    """Why a jsonl line's `id` cannot be echoed back, or "" if it can: text of at most
+    `MAX_ID_CHARS` characters (valid Unicode), an integer of at most 64 bits, a finite
+    number, or null: never an object, a list or a boolean."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        if len(value) > MAX_ID_CHARS:
+            return f"id: text of at most {MAX_ID_CHARS} characters, got {len(value)}"
+        bad = _surrogate(value)
+        return f"id: {bad}" if bad else ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if -(1 << 63) <= value < 1 << 63:
+            return ""
+        return f"id: an integer of at most 64 bits, got one of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"id: a finite number, got {value}"
+    return f"id: text, a number or null, got {type(value).__name__} {_shown(value)}"
+
+
+def _echoed_id(record: object) -> object:
+    """The record's `id` if it can be echoed back in its error record, else None."""
+    if isinstance(record, dict) and not check_id(record.get("id")):
+        return record.get("id")
+    return None
+
+
+def _surrogate(text: object) -> str:
+    """Why `text` is not valid Unicode (a lone surrogate, from an escape such as
+    \\ud800), or "" if it is (or is not text)."""
+    if not isinstance(text, str):
+        return ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start} "
+                f"is not a character")
+    return ""
+
+
+def _shown(value: object) -> str:
+    """At most 80 characters of `value`, printable whatever it holds (a lone surrogate
+    is escaped; a value nested too deeply is not shown)."""
+    try:
+        text = str(value)[:80]
+    except RecursionError:
+        return "(nested too deeply to show)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab: Vocab,
@@ -348,7 +433,7 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     data = source.read()
     lines = data.count(b"\n") + (not data.endswith(b"\n") and len(data) > 0)
     if lines != expected:
-        raise OptionError(f"{what} has {expected} lines, the input has {lines}")
+        raise OptionError(f"{what} has {plural(expected, 'line')}, the input has {lines}")
     return io.BytesIO(data)
 
 

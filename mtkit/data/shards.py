@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from mtkit.atomic import atomic_dir, remove_leftovers
-from mtkit.config import Config, DataConfig, save_config
+from mtkit.config import Config, DataConfig, plural, save_config
 from mtkit.data.sources import (
     CHUNK_PAIRS,
     Chunk,
@@ -573,8 +573,8 @@ class ShardDataset:
               and data_bytes == tokens * np.dtype(self.manifest["dtype"]).itemsize
               and bool((np.diff(offsets) >= 0).all()))
         if not ok:
-            raise DataError(f"{path}: offsets do not match the data ({n} pairs, {tokens} ids "
-                            f"in {side}.bin); the shard is corrupt; {RERUN}")
+            raise DataError(f"{path}: offsets do not match the data ({plural(n, 'pair')}, "
+                            f"{tokens} ids in {side}.bin); the shard is corrupt; {RERUN}")
         return offsets
 
     def verify(self) -> None:

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from mtkit.atomic import reason, write_failure
-from mtkit.config import CorpusConfig, DataConfig
+from mtkit.config import CorpusConfig, DataConfig, plural
 
 if TYPE_CHECKING:
     import datasets
@@ -247,7 +247,7 @@ def _text_chunks(path: str, size: int) -> Iterator[list[str]]:
 def _open_text_pair(corpus: CorpusConfig) -> Corpus:
     n_src, n_tgt = count_lines(corpus.src), count_lines(corpus.tgt)
     if n_src != n_tgt:
-        raise DataError(f"line counts differ: {corpus.src} has {n_src} lines, "
+        raise DataError(f"line counts differ: {corpus.src} has {plural(n_src, 'line')}, "
                         f"{corpus.tgt} has {n_tgt}")
 
     def read(size: int) -> Iterator[Chunk]:

@@ -21,15 +21,15 @@ from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_f
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--beam", "0"], "--beam must be at least 1, got 0"),
+    (["--beam", "0"], "--beam must be from 1 to 256, got 0"),
     (["--beam", "2", "--nbest", "3"], "--nbest 3 must not exceed --beam 2"),
     (["--nbest", "9"], "--nbest 9 must not exceed the checkpoint's beam size 5"),
-    (["--nbest", "0"], "--nbest must be at least 1, got 0"),
-    (["--lenpen", "-1"], "--lenpen must be at least 0, got -1.0"),
-    (["--lenpen", "nan"], "--lenpen must be at least 0, got nan"),
+    (["--nbest", "0"], "--nbest must be from 1 to 256, got 0"),
+    (["--lenpen", "-1"], "--lenpen must be from 0 to 10, got -1.0"),
+    (["--lenpen", "nan"], "--lenpen must be from 0 to 10, got nan"),
     (["--max-len-a", "-0.5"], "--max-len-a must be at least 0, got -0.5"),
     (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
-    (["--batch-tokens", "0"], "--batch-tokens must be at least 1, got 0"),
+    (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
     (["--format", "xml"], "--format must be text or jsonl, got 'xml'"),
 ])
 def test_translate_options_out_of_range_name_the_option(work, args, says):
@@ -181,7 +181,7 @@ def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
     (["--sampling", "--topp", "1.5"], "--topp must be in (0, 1], got 1.5"),
     (["--sampling", "--temperature", "0"], "--temperature must be above 0, got 0.0"),
     (["--sampling", "--topk", "-1"], "--topk must be at least 0, got -1"),
-    (["--no-repeat-ngram", "0"], "--no-repeat-ngram must be at least 1, got 0"),
+    (["--no-repeat-ngram", "0"], "--no-repeat-ngram must be from 1 to 2,147,483,647, got 0"),
     (["--topk", "5"], "--topk is a sampling option: add --sampling"),
 ])
 def test_decoding_options_out_of_range_name_the_option(work, args, says):
