@@ -327,10 +327,21 @@ def _open_table(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
     return Corpus(origin, len(ds), corpus.weight, read)
 
 
+def _refuse_a_pipe(path: str | None) -> None:
+    """A corpus is read more than once (its lines counted before they are encoded, and
+    by `mtkit tokenizer` before `mtkit preprocess`): a pipe (`<(...)`, a FIFO) or a
+    device would give its lines to the first reading only."""
+    if path and Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
+        raise DataError(f"{path} is a pipe or a device, not a file: a corpus is read more "
+                        f"than once (counted, then encoded); save it to a file first")
+
+
 def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
                 cache_dir: Path | None = None) -> Corpus:
     """Open one corpus: check that it can be read and count its pairs (a line-count
     mismatch between two text files is a `DataError` here, before anything is read)."""
+    for path in (corpus.src, corpus.tgt, corpus.path):
+        _refuse_a_pipe(path)
     if corpus.src:
         return _open_text_pair(corpus)
     if corpus.path or corpus.hub:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-from faultkit import assert_one_line, cli
+from faultkit import assert_one_line, cli, snapshot
 
 
 def fifo_with(path, text: str) -> threading.Thread:
@@ -49,3 +49,14 @@ def test_a_folder_given_as_a_text_file_is_one_line(tmp_path):
     hyp.write_text("a\n")
     assert_one_line(cli("eval", "--hyp", hyp, "--ref", tmp_path),
                     says="is a folder, not a text file")
+
+
+def test_a_corpus_given_as_a_pipe_is_refused_with_the_reason(work):
+    """It used to say "no pairs left after cleaning": counting its lines used the pipe up."""
+    os.mkfifo(work / "train.fifo")  # never opened: the refusal comes before any read
+    before = snapshot(work / "run")
+    assert_one_line(cli("preprocess", "-c", work / "exp.yaml", "--set",
+                        f"data.train.src={work / 'train.fifo'}"),
+                    says="train.fifo is a pipe or a device, not a file: a corpus is read "
+                         "more than once")
+    assert snapshot(work / "run") == before
