@@ -114,6 +114,7 @@ class Batcher:
         self.translator, self.limits, self.continuous = translator, limits, continuous
         self._queue: queue.Queue[_Job | None] = queue.Queue()  # None: stop
         self._queued_lines = 0
+        self.received = 0  # requests accepted since start (never falls: a client can wait on it)
         self._lock = threading.Lock()
         self._backlog: list[_Job] = []  # taken from the queue, not yet run or streaming
         self._stream: LineStream | None = None
@@ -136,9 +137,15 @@ class Batcher:
                 raise ServeError(503, "the server is busy: too many sentences are waiting; "
                                       "retry shortly")
             self._queued_lines += len(lines)
+            self.received += 1
         job = _Job(lines, opts, sum(lengths), max(lengths, default=0))
         self._queue.put(job)
         return job.future
+
+    @property
+    def waiting_lines(self) -> int:
+        """Sentences accepted and not yet taken into a round or the stream."""
+        return self._queued_lines
 
     def stop(self) -> None:
         """Let the worker translate what is queued, then return from `run`."""
@@ -475,14 +482,16 @@ def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
 
     @app.get("/v1/info")
     async def info() -> dict:
-        """What is served: languages, model size, decoding defaults, limits."""
+        """What is served: languages, model size, decoding defaults, limits, load."""
         cfg = translator.config
         return {"model": model_name, "source_language": cfg.data.src_lang,
                 "target_language": cfg.data.tgt_lang, "step": step,
                 **translator.describe(), "device": str(translator.device),
                 "decoding": {k: v for k, v in asdict(defaults).items()
                              if k not in ("format", "scores", "nbest", "alignments")},
-                "limits": asdict(limits)}
+                "limits": asdict(limits),
+                "load": {"requests_received": running.received,
+                         "waiting_lines": running.waiting_lines}}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:

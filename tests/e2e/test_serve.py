@@ -61,9 +61,12 @@ def test_translate_health_info_page_and_docs(translator):
         assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de",
                                                                                      20)
         assert info["parameters"] > 0 and info["decoding"]["beam"] == defaults(translator).beam
+        assert info["load"] == {"requests_received": 0, "waiting_lines": 0}
         answer = api.post("/v1/translate", json={"text": SENTENCES}).json()
         texts = [t["text"] for t in answer["translations"]]
         assert texts == alone(translator, SENTENCES) and texts[1] == ""
+        assert api.get("/v1/info").json()["load"] == {"requests_received": 1,
+                                                      "waiting_lines": 0}
         assert answer["model"] == "best.pt" and answer["elapsed_ms"] >= 0
         assert "alignment" not in answer["translations"][0]
         answer = api.post("/v1/translate", json={"text": SENTENCES[:1], "alignments": True,
@@ -328,7 +331,10 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(trained):
     slow = threading.Thread(target=lambda: answer.append(server.request(
         "POST", "/v1/translate", {"text": SENTENCES})))
     slow.start()
-    time.sleep(0.5)  # the request waits in the queue for company (1.5 s)
+    deadline = time.time() + 60  # the request is in; it waits for company (1.5 s)
+    while server.get("/v1/info")[1]["load"]["requests_received"] < 1:
+        assert time.time() < deadline, "the request never reached the server"
+        time.sleep(0.02)
     code, err = server.stop()
     slow.join()
     assert code == 0, err
