@@ -484,7 +484,7 @@ def serve(
     """Serve translations over HTTP: a JSON API, a page at /, docs at /docs.
 
     Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
-    flight, then exits."""
+    flight and one last round of the waiting ones, answers the rest 503, then exits."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

@@ -16,6 +16,8 @@ passed since the oldest waiting one arrived (or since answers last went out, if 
 so that the clients it answered can join), translates them in one batched search per
 decoding setting, and answers each request at the round's end. The event loop only
 parses and answers; it never runs the model, so a slow client never holds up others.
+At shutdown (`Batcher.close`) what is in flight is finished, one last round takes the
+waiting requests up to the budget, and the rest get 503 (`Batcher._finish`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ JOIN_SHARE = 0.5
 JOIN_AFTER_STEPS = 3
 
 
+SHUTTING_DOWN = "the server is shutting down; retry shortly"
+
+
 class ServeError(Exception):
     """An error answered as JSON {"error": message, "field"?: name} with `status`."""
 
@@ -115,6 +120,7 @@ class Batcher:
         self._queue: queue.Queue[_Job | None] = queue.Queue()  # None: stop
         self._queued_lines = 0
         self.received = 0  # requests accepted since start (never falls: a client can wait on it)
+        self._stopping = False  # `close` was called: new requests get 503
         self._lock = threading.Lock()
         self._backlog: list[_Job] = []  # taken from the queue, not yet run or streaming
         self._stream: LineStream | None = None
@@ -133,6 +139,8 @@ class Batcher:
         """Queue a request's sentences; the future gets one hypothesis list per line."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
+            if self._stopping:
+                raise ServeError(503, SHUTTING_DOWN)
             if self._queued_lines + len(lines) > self.limits.max_queued_lines:
                 raise ServeError(503, "the server is busy: too many sentences are waiting; "
                                       "retry shortly")
@@ -147,22 +155,40 @@ class Batcher:
         """Sentences accepted and not yet taken into a round or the stream."""
         return self._queued_lines
 
-    def stop(self) -> None:
-        """Let the worker translate what is queued, then return from `run`."""
+    def close(self) -> None:
+        """Stop taking requests (new ones get 503) and let `run` finish what it has (see
+        `_finish`), then return. Returns at once; safe to call more than once."""
+        with self._lock:
+            self._stopping = True
         self._queue.put(None)
+
+    def stop(self) -> None:
+        """`close`, and wait until the worker thread (if `start`ed) has returned."""
+        self.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def run(self) -> None:
-        """Translate queued sentences until `stop`."""
-        while True:
-            busy = bool(self._backlog or self._streaming)
-            if not busy and self._closing:
-                return
-            self._take(wait=not busy)
+        """Translate queued sentences until `close`."""
+        while not self._closing:
+            self._take(wait=not (self._backlog or self._streaming))
             self._run_round()
             self._join_stream()
             self._step_stream()
+        self._finish()
+
+    def _finish(self) -> None:
+        """What shutdown promises: the requests in flight are finished, and the waiting
+        ones join one last round or the stream, up to the token budget, without waiting
+        for company; the rest are answered 503 at once. So a long backlog costs a round
+        at shutdown, not the time to translate all of it."""
+        self._run_round()
+        self._join_stream(eager=True)
+        while self._streaming:
+            self._step_stream()
+        refused = self._taken(list(self._backlog))
+        for job in refused:
+            job.future.set_exception(ServeError(503, SHUTTING_DOWN))
 
     def _take(self, wait: bool) -> None:
         """Move queued requests to the backlog. With `wait`, block for the first, then
@@ -173,6 +199,7 @@ class Batcher:
         requests, instead of forming a half-empty round of their own."""
         tokens, deadline = 0, None
         while not self._closing:
+            wait = wait and not self._stopping  # closing: take all that is queued, now
             if wait and deadline is None:
                 job = self._queue.get()
             else:
@@ -206,11 +233,15 @@ class Batcher:
             self._stream = stream
         return stream is not None
 
-    def _taken(self, jobs: list[_Job]) -> None:
+    def _taken(self, jobs: list[_Job]) -> list[_Job]:
+        """Take `jobs` out of the backlog; returns those whose client still waits (a
+        request whose client has gone, its future cancelled, is dropped untranslated;
+        the others' futures can no longer be cancelled, so answering them never fails)."""
         taken = {id(j) for j in jobs}
         self._backlog = [j for j in self._backlog if id(j) not in taken]
         with self._lock:
             self._queued_lines -= sum(len(j.lines) for j in jobs)
+        return [j for j in jobs if j.future.set_running_or_notify_cancel()]
 
     def _run_round(self) -> None:
         """The backlog's requests that do not stream, oldest first, up to the budget."""
@@ -220,9 +251,9 @@ class Batcher:
                                            <= self.limits.max_batch_tokens):
                 jobs.append(job)
                 tokens += job.tokens
+        jobs = self._taken(jobs)
         if not jobs:
             return
-        self._taken(jobs)
         groups: dict[DecodeOptions, list[_Job]] = {}
         for job in jobs:
             groups.setdefault(job.opts, []).append(job)
@@ -244,14 +275,14 @@ class Batcher:
             job.future.set_result(hyps[start : start + len(job.lines)])
             start += len(job.lines)
 
-    def _join_stream(self) -> None:
+    def _join_stream(self, eager: bool = False) -> None:
         """Waiting greedy requests join the stream, up to the token budget, when that is
-        worth an encoder run: once they are at least `JOIN_SHARE` of the sentences
-        decoding, or the oldest has waited `JOIN_AFTER_STEPS` steps."""
+        worth an encoder run (or at once, `eager`): once they are at least `JOIN_SHARE`
+        of the sentences decoding, or the oldest has waited `JOIN_AFTER_STEPS` steps."""
         waiting = [j for j in self._backlog if self._streams(j)]
         if not waiting:
             return
-        if self._streaming:
+        if self._streaming and not eager:
             lines = sum(len(j.lines) for j in waiting)
             if (lines < JOIN_SHARE * len(self._stream)
                     and self._steps - waiting[0].seen_at_step < JOIN_AFTER_STEPS):
@@ -268,8 +299,7 @@ class Batcher:
             joining.append(job)
         if not joining:
             return
-        self._taken(joining)
-        for job in joining:
+        for job in self._taken(joining):
             job.results, job.left = [None] * len(job.lines), len(job.lines)
             try:
                 self._stream.add(job.lines, [(id(job), i) for i in range(len(job.lines))],
@@ -533,6 +563,10 @@ def serve_forever(app: FastAPI, batcher: Batcher, host: str, port: int, ready: s
 
     def stop(sig: int, frame) -> None:
         stopped_by.append(sig)
+        # The batcher first, so that waiting requests get 503 now and uvicorn's graceful
+        # shutdown waits only for the last round; from a thread, as the main thread may
+        # hold the lock that `close` takes.
+        threading.Thread(target=batcher.close, name="mtkit-close", daemon=True).start()
         server.should_exit = True  # uvicorn's own graceful shutdown
 
     sock = _listen(host, port)
