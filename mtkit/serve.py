@@ -234,9 +234,10 @@ class Batcher:
         return stream is not None
 
     def _taken(self, jobs: list[_Job]) -> list[_Job]:
-        """Take `jobs` out of the backlog; returns those whose client still waits (a
-        request whose client has gone, its future cancelled, is dropped untranslated;
-        the others' futures can no longer be cancelled, so answering them never fails)."""
+        """Take `jobs` out of the backlog; returns those still awaited (a request whose
+        future was cancelled, as uvicorn's shutdown timeout cancels waiting handlers, is
+        dropped untranslated; the others' futures can no longer be cancelled, so
+        answering them never fails with InvalidStateError)."""
         taken = {id(j) for j in jobs}
         self._backlog = [j for j in self._backlog if id(j) not in taken]
         with self._lock:
