@@ -26,16 +26,6 @@ def ckpts(work):
     return work / "run" / "checkpoints"
 
 
-@pytest.fixture(scope="module")
-def exported(trained, tmp_path_factory):
-    """A CTranslate2 export of the trained run (tests copy it before damaging it)."""
-    pytest.importorskip("ctranslate2")
-    folder = tmp_path_factory.mktemp("dataloss") / "ct2"
-    result = cli("export", "-m", trained / "run" / "checkpoints" / "best.pt", "-o", folder)
-    assert result.exit_code == 0, result.output
-    return folder
-
-
 @pytest.fixture
 def export_copy(exported, tmp_path):
     shutil.copytree(exported, tmp_path / "ct2")

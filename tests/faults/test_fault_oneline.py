@@ -146,15 +146,6 @@ def test_serve_options_out_of_range_are_refused_at_start(work, best, option, val
 # 4. explain needs a checkpoint: an exported folder is one line
 
 
-@pytest.fixture(scope="module")
-def exported(trained, tmp_path_factory):
-    pytest.importorskip("ctranslate2")
-    folder = tmp_path_factory.mktemp("oneline") / "ct2"
-    result = cli("export", "-m", trained / "run" / "checkpoints" / "best.pt", "-o", folder)
-    assert result.exit_code == 0, result.output
-    return folder
-
-
 @pytest.mark.parametrize("args", [["params"], ["shapes"],
                                   ["attention", "--src", "A dog.", "-o", "maps"]])
 def test_explain_refuses_an_exported_folder_in_one_line(exported, tmp_path, monkeypatch, args):

@@ -71,10 +71,14 @@ def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpt
     assert snapshot(work) == before
 
 
-def test_ctrl_c_in_translate_keeps_the_output_file(work, ckpts):
-    """The signal comes after an observable event (the first batch's translation reached
-    the temporary file) and while thousands of lines are still to translate, so it
-    cannot arrive after the work is done, however fast the machine."""
+@pytest.mark.parametrize("sig, code, says", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_in_translate_keeps_the_output_file_and_leaves_no_temporary(work, ckpts, sig,
+                                                                             code, says):
+    """Ctrl-C, and SIGTERM (which left the temporary file behind). The signal comes after
+    an observable event (the first batch's translation reached the temporary file) and
+    while thousands of lines are still to translate, so it cannot arrive after the work
+    is done, however fast the machine."""
     out = work / "out.txt"
     out.write_text("keep me\n")
     proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
@@ -83,28 +87,10 @@ def test_ctrl_c_in_translate_keeps_the_output_file(work, ckpts):
     feeder.start()
     wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
                          for p in work.iterdir()), proc)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == code
     feeder.join(timeout=60)
-    assert proc.stderr.read().strip() == "interrupted"
-    assert out.read_text() == "keep me\n"
-    assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
-
-
-def test_sigterm_in_translate_keeps_the_output_file_and_leaves_no_temporary(work, ckpts):
-    """As Ctrl-C, with exit code 143: the temporary output is removed (it was left)."""
-    out = work / "out.txt"
-    out.write_text("keep me\n")
-    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
-                         stdin=subprocess.PIPE)
-    feeder = threading.Thread(target=_feed, args=(proc, "A dog runs in the park.\n" * 20000))
-    feeder.start()
-    wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
-                         for p in work.iterdir()), proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 143
-    feeder.join(timeout=60)
-    assert proc.stderr.read().strip() == "terminated"
+    assert proc.stderr.read().strip() == says
     assert out.read_text() == "keep me\n"
     assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
 
