@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from mtkit.config import plural
 from mtkit.hypothesis import Hypothesis, pharaoh
@@ -73,6 +74,7 @@ JOIN_AFTER_STEPS = 3
 
 
 SHUTTING_DOWN = "the server is shutting down; retry shortly"
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
 class ServeError(Exception):
@@ -441,6 +443,17 @@ class _TooLarge(Exception):
     pass
 
 
+async def _awaited(request: Request, future: Future) -> list | None:
+    """The future's result, or None when the client disconnects first: then the future
+    is cancelled, and the worker drops the request if its search has not begun."""
+    waiting = asyncio.wrap_future(future)
+    while not (await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S))[0]:
+        if await request.is_disconnected():
+            waiting.cancel()
+            return None
+    return waiting.result()
+
+
 def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
                model_name: str, step: int | None = None, api_key: str | None = None,
                batcher: Batcher | None = None) -> FastAPI:
@@ -480,7 +493,11 @@ def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
     @app.post("/v1/translate", openapi_extra={"requestBody": schema})
     async def translate(request: Request) -> dict:
         """Translate sentences; the answer keeps their order."""
-        body = parse_request(await request.body())
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left mid-body: no one to answer or log for
+            return Response(status_code=400)
+        body = parse_request(raw)
         if len(body.text) > limits.max_lines:
             raise ServeError(413, f"at most {plural(limits.max_lines, 'sentence')} per request, "
                                   f"got {len(body.text)}", "text")
@@ -501,7 +518,9 @@ def create_app(translator: Frontend, defaults: DecodeOptions, limits: Limits,
                        batch_tokens=limits.max_batch_tokens)
         start = time.perf_counter()
         lines = [" ".join(x.split()) for x in body.text]  # a sentence is one line
-        hyps = await asyncio.wrap_future(running.submit(lines, opts)) if lines else []
+        hyps = await _awaited(request, running.submit(lines, opts)) if lines else []
+        if hyps is None:  # the client left while its request waited: dropped
+            return Response(status_code=400)
         return {"translations": [_entry(h, translator, opts) for h in hyps],
                 "model": model_name, "elapsed_ms": round(1000 * (time.perf_counter() - start),
                                                          1)}

@@ -4,6 +4,7 @@ tests/conftest.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sys
@@ -219,6 +220,44 @@ def test_stop_while_a_round_gathers_answers_it_and_returns(translator):
     assert not stopper.is_alive() and future.result(timeout=1)[0][0].tokens
 
 
+def test_a_request_whose_wait_is_cancelled_is_never_translated(translator):
+    """A client gone (its future cancelled) while an earlier round runs: the worker drops
+    its request untranslated and answers the others (setting a result on a cancelled
+    future raised InvalidStateError in the worker)."""
+    release = threading.Event()
+
+    class Held(Recording):
+        def translate(self, lines, opts, *args, **kw):
+            release.wait(timeout=60)  # the first round holds the worker
+            return super().translate(lines, opts, *args, **kw)
+
+    held = Held(translator)
+    batcher = Batcher(held, Limits(max_wait_ms=0, max_batch_tokens=1)).start()
+    opts = replace(defaults(translator), batch_tokens=4000)
+    first = batcher.submit(["A dog."], opts)
+    gone = batcher.submit(["B cat."], opts)
+    later = batcher.submit(["C bird."], opts)
+    assert gone.cancel()  # not begun: the worker is still in the first round
+    release.set()
+    assert first.result(timeout=60)[0][0].tokens and later.result(timeout=60)[0][0].tokens
+    batcher.stop()
+    assert held.rounds == [["A dog."], ["C bird."]]
+
+
+def test_a_waiting_handler_whose_client_left_cancels_its_request():
+    from concurrent.futures import Future
+
+    from mtkit.serve import _awaited
+
+    class Gone:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    future = Future()
+    assert asyncio.run(_awaited(Gone(), future)) is None
+    assert future.cancelled()
+
+
 def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
     recording = Recording(translator)
     batcher = Batcher(recording, Limits(max_wait_ms=300), continuous=False).start()
@@ -372,6 +411,16 @@ def test_sigterm_under_a_backlog_finishes_a_round_answers_the_rest_503_and_exits
     assert "Traceback" not in err and "InvalidStateError" not in err, err[-2000:]
     assert len(statuses) == 40 and set(statuses) <= {200, 503}, statuses
     assert 503 in statuses and 200 in statuses
+
+
+def test_a_client_that_leaves_mid_body_is_no_traceback(trained):
+    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
+    with socket.create_connection(("127.0.0.1", server.port)) as half:
+        half.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 1000\r\n\r\n{\"text\": [")
+    assert server.translate(["A dog."])[0]  # served on
+    code, err = server.stop()
+    assert code == 0 and "Traceback" not in err and "ClientDisconnect" not in err, err[-2000:]
 
 
 def test_without_the_extra_serve_says_what_to_install(trained, monkeypatch):
