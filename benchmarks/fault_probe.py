@@ -42,7 +42,8 @@ class Case:
     code: int = 2
     stdin: bytes = b""
     setup: object = None  # function(work: Path) -> None, run before the snapshot
-    interrupt_when: object = None  # function(work) -> bool: send SIGINT once true
+    interrupt_when: object = None  # function(work) -> bool: send `interrupt_with` once true
+    interrupt_with: int = signal.SIGINT
     needs_mount: bool = False
     changes: list[str] = field(default_factory=list)  # files the command may replace
     # function(work, stdout) -> str | None: a broken promise the byte snapshot cannot
@@ -131,6 +132,20 @@ def fifo_with_reader(work: Path) -> None:
     """work/pipe, a FIFO that a background `cat` reads (and ends with)."""
     os.mkfifo(work / "pipe")
     subprocess.Popen(["cat", str(work / "pipe")], stdout=subprocess.DEVNULL)
+
+
+def fifo_writing(text: str):
+    """A setup: work/pipe, a FIFO that a background process writes `text` into."""
+    def setup(work: Path) -> None:
+        os.mkfifo(work / "pipe")
+        subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'w')"
+                          ".write(sys.argv[2])", str(work / "pipe"), text])
+    return setup
+
+
+def no_temporary(work: Path, stdout: bytes) -> str | None:
+    left = [p.name for p in work.iterdir() if p.name.startswith(".") and ".tmp" in p.name]
+    return f"temporary files left: {left}" if left else None
 
 
 def still_fifo(work: Path, stdout: bytes) -> str | None:
@@ -420,6 +435,19 @@ CASES = [
          says="must be 0 (the model has 1 decoder layer), got 3"),
     Case("oneline: average 1 checkpoint", ["average", CKPT, "-o", "avg.pt"], code=0,
          says="averaged 1 checkpoint into avg.pt"),
+    # signals and pipes
+    Case("signal: SIGTERM in translate -o", ["translate", "-m", CKPT, "-o", "out.txt"],
+         code=143, stdin=b"A dog.\n" * 200000, interrupt_with=signal.SIGTERM,
+         interrupt_when=lambda w: any(p.name.startswith(".out.txt.") for p in w.iterdir()),
+         check=no_temporary),
+    Case("pipe: eval --ref a FIFO", ["eval", "--hyp", "in.txt", "--ref", "pipe"], code=0,
+         setup=fifo_writing("A dog runs in the park.\nTwo men talk.\n")),
+    Case("pipe: translate --prefix-file a FIFO", ["translate", "-m", CKPT, "-i", "in.txt",
+                                                  "--prefix-file", "pipe"], code=0,
+         setup=fifo_writing("Ein\n\n")),
+    Case("pipe: preprocess with a corpus that is a FIFO",
+         ["preprocess", "-c", "exp.yaml", "--set", "data.train.src=pipe"],
+         setup=lambda w: os.mkfifo(w / "pipe"), says="is a pipe or a device, not a file"),
 ]
 
 
@@ -448,7 +476,7 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
             deadline = time.time() + 120
             while not case.interrupt_when(work) and proc.poll() is None and time.time() < deadline:
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(case.interrupt_with)
             _, err = proc.communicate(timeout=120)
             code, out = proc.returncode, b""
         else:
@@ -464,7 +492,8 @@ def run_case(case: Case, base: Path, scratch: Path) -> dict:
     text = err.decode("utf-8", "replace").strip()
     quiet_ok = case.code == 0 or len(text.splitlines()) == 1
     if case.interrupt_when:  # training logs before it stops: judge the last line
-        quiet_ok = text.splitlines()[-1].startswith("interrupted") if text else False
+        quiet_ok = text.splitlines()[-1].startswith(("interrupted", "terminated")) \
+            if text else False
     if case.says and case.says not in text:
         broken = f"stderr does not say {case.says!r}"
     lost = sorted(k for k in before if after.get(k) != before[k]) + ([broken] if broken else [])
