@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import queue
 import signal
@@ -44,7 +43,7 @@ from starlette.requests import ClientDisconnect
 
 from mtkit.config import plural
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.translate import DecodeOptions, Frontend
+from mtkit.translate import DecodeOptions, Frontend, lone_surrogate, read_json
 
 if TYPE_CHECKING:
     from mtkit.native import LineStream
@@ -362,23 +361,18 @@ def parse_request(raw: bytes) -> TranslateRequest:
     if not raw.strip():
         raise ServeError(422, 'the body is empty: send {"text": ["..."]}')
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ServeError(422, f"the body is not UTF-8 (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise ServeError(422, f"the body is not JSON: {e.msg} at character {e.pos}") from None
-    except RecursionError:
-        raise ServeError(422, "the body is not JSON: nested too deeply") from None
-    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
-        raise ServeError(422, "the body is not JSON: a number has too many digits to read"
-                         ) from None
+    try:
+        data = read_json(text)
+    except ValueError as e:
+        raise ServeError(422, f"the body is not JSON: {e}") from None
     for key in data if isinstance(data, dict) else ():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ServeError(422, f"body: a field name holds a lone surrogate "
-                                  f"\\u{ord(key[e.start]):04x}; the fields are "
-                                  f"{', '.join(TranslateRequest.model_fields)}") from None
+        bad = lone_surrogate(key)
+        if bad:
+            raise ServeError(422, f"body: a field name holds {bad}; the fields are "
+                                  f"{', '.join(TranslateRequest.model_fields)}")
     try:
         body = TranslateRequest.model_validate(data)
     except ValidationError as e:
@@ -387,13 +381,10 @@ def parse_request(raw: bytes) -> TranslateRequest:
         message = f"{name or 'body'}: {first['msg']}"
         raise ServeError(422, message.encode("utf-8", "backslashreplace").decode(), name
                          ) from None
-    for i, text in enumerate(body.text):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # an escape such as \ud800 that is no character
-            raise ServeError(422, f"text.{i}: a lone surrogate \\u{ord(text[e.start]):04x} "
-                                  f"at character {e.start} is not a character",
-                             f"text.{i}") from None
+    for i, sentence in enumerate(body.text):
+        bad = lone_surrogate(sentence)  # an escape such as \ud800 that is no character
+        if bad:
+            raise ServeError(422, f"text.{i}: {bad}", f"text.{i}")
     return body
 
 

@@ -324,13 +324,9 @@ def parse_request(line: str, jsonl: bool) -> Request:
     if not jsonl:
         return Request(line)
     try:
-        record = json.loads(line) if line.strip() else {"src": ""}
-    except json.JSONDecodeError as e:
-        return Request("", error=f"not a JSON object: {e.msg} at column {e.colno}")
-    except RecursionError:
-        return Request("", error="not a JSON object: nested too deeply")
-    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
-        return Request("", error="not a JSON object: a number has too many digits to read")
+        record = read_json(line) if line.strip() else {"src": ""}
+    except ValueError as e:
+        return Request("", error=f"not a JSON object: {e}")
     if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
             isinstance(record.get("prefix", ""), str):
         got = record if not isinstance(record, dict) else sorted(record)
@@ -341,10 +337,23 @@ def parse_request(line: str, jsonl: bool) -> Request:
     if id_error:
         return Request("", error=id_error)
     for name in ("src", "prefix"):
-        bad = _surrogate(record.get(name, ""))
+        bad = lone_surrogate(record.get(name, ""))
         if bad:
             return Request("", id=record.get("id"), error=f"{name}: {bad}")
     return Request(record["src"], record.get("prefix", ""), record.get("id"))
+
+
+def read_json(text: str) -> object:
+    """`json.loads`, with each way it fails as one ValueError that says why: a syntax
+    error (and where), nesting too deep to parse, a number too long to read."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ValueError("a number has too many digits to read") from None
 
 
 MAX_ID_CHARS = 1000  # the longest `id` echoed back
@@ -359,7 +368,7 @@ def check_id(value: object) -> str:
     if isinstance(value, str):
         if len(value) > MAX_ID_CHARS:
             return f"id: text of at most {MAX_ID_CHARS} characters, got {len(value)}"
-        bad = _surrogate(value)
+        bad = lone_surrogate(value)
         return f"id: {bad}" if bad else ""
     if isinstance(value, int) and not isinstance(value, bool):
         if -(1 << 63) <= value < 1 << 63:
@@ -377,7 +386,7 @@ def _echoed_id(record: object) -> object:
     return None
 
 
-def _surrogate(text: object) -> str:
+def lone_surrogate(text: object) -> str:
     """Why `text` is not valid Unicode (a lone surrogate, from an escape such as
     \\ud800), or "" if it is (or is not text)."""
     if not isinstance(text, str):
