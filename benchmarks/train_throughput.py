@@ -33,8 +33,8 @@ from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.device import calibration_shape, resolve_device, resolve_precision, tune_cpu_runtime
 from mtkit.model import build_model
-from mtkit.tokenizer import PAD, Vocab
 from mtkit.train import batch_loss
+from mtkit.vocab import PAD, Vocab
 
 # Run in the child: at exit, write its own VmHWM (the peak RSS of its memory map, which
 # exec resets) to the file named by $MTKIT_PEAK_FILE. (ru_maxrss from wait4 would not do:

@@ -46,8 +46,8 @@ from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001
 
 from mtkit.model import Transformer, sinusoidal_positions
 from mtkit.native import Translator, pad_rows
-from mtkit.tokenizer import BOS, EOS, PAD
 from mtkit.translate import DecodeOptions, length_batches, load_translator
+from mtkit.vocab import BOS, EOS, PAD
 
 
 def read_source(path: str, limit: int) -> list[str]:

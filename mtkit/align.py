@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtkit.config import OptionError, plural
 from mtkit.data.batching import collate
+from mtkit.errors import OptionError, plural
 from mtkit.model import Transformer
 
 WORD_START = "\u2581"  # SentencePiece's whitespace marker

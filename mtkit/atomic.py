@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from mtkit.errors import UserError
+
 _REASONS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
@@ -229,5 +231,5 @@ def refuse_same_file(output: Path,
                                     f"{path}; writing it would destroy that input")
 
 
-class SameFileError(ValueError):
+class SameFileError(UserError, ValueError):
     """An output path that names an input (one line)."""

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mtkit.atomic import atomic_file, copy_atomic
+from mtkit.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ FORMAT = "mtkit-checkpoint-1"
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A missing, corrupt or foreign checkpoint (one line)."""
 
 

@@ -25,7 +25,8 @@ try:  # recent Typer vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
-from mtkit.config import Config, ConfigError, OptionError, load_config, plural
+from mtkit.config import Config, ConfigError, load_config
+from mtkit.errors import OptionError, UserError, plural
 
 log = logging.getLogger(__name__)
 
@@ -45,32 +46,14 @@ SetOpt = Annotated[
 ]
 
 
-_USER_ERRORS = (("mtkit.device", "DeviceError"), ("mtkit.data.sources", "DataError"),
-                ("mtkit.tokenizer", "TokenizerError"), ("mtkit.checkpoint", "CheckpointError"),
-                ("mtkit.train", "TrainError"), ("mtkit.evaluate", "EvalError"),
-                ("mtkit.atomic", "SameFileError"), ("mtkit.rundir", "RunDirError"),
-                ("mtkit.ct2", "ExportError"), ("mtkit.pipeline", "Interrupted"),
-                ("mtkit.data.shards", "EncodingError"))
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that are user errors. Only modules already imported can have raised
-    one, so this imports nothing (importing them all would pull in torch, 2 s, into
-    commands that never use it)."""
-    loaded = tuple(getattr(sys.modules[module], name) for module, name in _USER_ERRORS
-                   if module in sys.modules)
-    return (ConfigError, OptionError, *loaded, OSError)
-
-
-def _message(e: BaseException) -> str:
-    """One line for a user error: an OSError names its file and the reason."""
+def _message(e: OSError) -> str:
+    """One line for an OSError: the file it names and the reason."""
     from mtkit.atomic import WriteError, reason
 
-    if isinstance(e, OSError) and not isinstance(e, WriteError) and e.errno is not None:
-        where = f"{e.filename}: " if e.filename else ""
-        return f"{where}{reason(e)}"
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    if isinstance(e, WriteError) or e.errno is None:
+        text = str(e).strip()
+        return text.splitlines()[0] if text else type(e).__name__
+    return f"{e.filename}: {reason(e)}" if e.filename else reason(e)
 
 
 class Terminated(BaseException):
@@ -85,8 +68,8 @@ def _raise_terminated(signum, frame) -> None:
 
 @contextmanager
 def _reported() -> Iterator[None]:
-    """Turn known user errors into one line on stderr and exit code 2; Ctrl-C into
-    "interrupted" and exit code 130."""
+    """Turn user errors (`UserError`, `OSError`) into one line on stderr and their exit
+    code (2); Ctrl-C into "interrupted" and exit code 130."""
     try:
         yield
     except KeyboardInterrupt:
@@ -98,13 +81,11 @@ def _reported() -> Iterator[None]:
     except BrokenPipeError:  # `mtkit translate | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(code=128 + signal.SIGPIPE) from None
-    except _user_errors() as e:
-        pipeline = sys.modules.get("mtkit.pipeline")
-        if pipeline is not None and isinstance(e, pipeline.Interrupted):
-            typer.echo(f"interrupted: {e}", err=True)
-            raise typer.Exit(code=128 + signal.Signals[e.signal_name].value) from None
-        prefix = "config error: " if isinstance(e, ConfigError) else "error: "
-        typer.echo(prefix + _message(e), err=True)
+    except UserError as e:  # every mtkit error the user can fix (`mtkit.errors`)
+        typer.echo(e.label + e.line(), err=True)
+        raise typer.Exit(code=e.exit_code) from None
+    except OSError as e:  # a missing file, a full disk, a read-only folder
+        typer.echo("error: " + _message(e), err=True)
         raise typer.Exit(code=2) from None
 
 
@@ -570,7 +551,7 @@ def _explain_model(config: Path | None, model: Path | None, overrides: list[str]
     """(model, src vocab or None, tgt vocab or None, config) from a checkpoint, or from a
     config: random weights, the run's tokenizer if trained, else hashed word ids."""
     from mtkit.model import build_model
-    from mtkit.tokenizer import load_vocabs
+    from mtkit.vocab import load_vocabs
 
     if (config is None) == (model is None):
         raise ConfigError("give --config C or -m CKPT")

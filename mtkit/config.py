@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from mtkit.atomic import write_atomic
+from mtkit.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +31,13 @@ log = logging.getLogger(__name__)
 _read_configs: list[Path] = []
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A user mistake in a config file or a `--set` override (one line)."""
 
-
-class OptionError(ValueError):
-    """A command-line option out of its range (one line naming the option as given)."""
+    label = "config error: "
 
 
 MAX_COUNT = 2**31 - 1  # the largest count a decoding option may hold (a C++ int's)
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """"1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):

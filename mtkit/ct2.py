@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mtkit.atomic import atomic_dir
-from mtkit.config import OptionError, config_from_dict, config_to_dict
+from mtkit.checksum import file_sha256
+from mtkit.config import config_from_dict, config_to_dict
+from mtkit.errors import OptionError, UserError
 from mtkit.hypothesis import Hypothesis, length_penalty
-from mtkit.rundir import file_sha256
-from mtkit.tokenizer import BOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend
+from mtkit.vocab import BOS, PAD, Vocab
 
 if TYPE_CHECKING:
     from mtkit.model import Transformer
@@ -59,7 +60,7 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat
                  "bfloat16", "float16")
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """A user error of `mtkit export` (one line)."""
 
 

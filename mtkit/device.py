@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from mtkit.errors import UserError
+
 log = logging.getLogger(__name__)
 
 BF16_MARGIN = 0.9  # bf16 is taken when it needs at most 90% of the fp32 time
@@ -39,7 +41,7 @@ BF16_MARGIN = 0.9  # bf16 is taken when it needs at most 90% of the fp32 time
 ONEDNN_CACHE_ENTRIES = 32
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """A device that was asked for and is not there (one line naming the option)."""
 
 

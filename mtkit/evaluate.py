@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from mtkit.config import plural
+from mtkit.errors import UserError, plural
 
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """Hypotheses and references that cannot be scored together (one line)."""
 
 

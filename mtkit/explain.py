@@ -27,7 +27,7 @@ from mtkit.data.batching import Batch, collate
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import MultiHeadAttention, Transformer, count_parameters
 from mtkit.search import greedy_search
-from mtkit.tokenizer import EOS, Vocab
+from mtkit.vocab import EOS, Vocab
 
 DEFAULT_PAIRS = [("A dog runs.", "Ein Hund rennt."),
                  ("Two men are talking.", "Zwei Männer unterhalten sich.")]

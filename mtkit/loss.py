@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtkit.tokenizer import PAD
+from mtkit.vocab import PAD
 
 if TYPE_CHECKING:
     from mtkit.model import Projection

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtkit.config import ModelConfig
-from mtkit.tokenizer import PAD
+from mtkit.vocab import PAD
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:

@@ -22,8 +22,8 @@ from mtkit.device import resolve_device, resolve_precision
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.search import Ensemble, GreedyStream, beam_search, greedy_hypotheses, sample_search
-from mtkit.tokenizer import EOS, PAD, Vocab
 from mtkit.translate import DecodeOptions, Frontend, length_batches, line_seed
+from mtkit.vocab import EOS, PAD, Vocab
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,21 +23,30 @@ from mtkit.config import Config
 from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
 from mtkit.device import release_freed_memory
+from mtkit.errors import UserError
 from mtkit.evaluate import Score, score
 from mtkit.rundir import run_lock
-from mtkit.tokenizer import build_tokenizer, load_vocabs, vocab_paths
+from mtkit.tokenizer import build_tokenizer
 from mtkit.train import TrainResult, train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
+from mtkit.vocab import load_vocabs, vocab_paths
 
 log = logging.getLogger(__name__)
 
 
-class Interrupted(Exception):
-    """Training stopped on a signal; the pipeline stops after its checkpoint."""
+class Interrupted(UserError):
+    """Training stopped on a signal; the pipeline stops after its checkpoint, and the
+    CLI exits as the shell does for that signal (128 + its number)."""
+
+    label = "interrupted: "
 
     def __init__(self, signal_name: str):
         super().__init__(f"stopped by {signal_name} after saving a checkpoint; rerun to go on")
         self.signal_name = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + signal.Signals[self.signal_name].value
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The run directory's guards: one writer at a time, and fingerprints of stage outputs.
+"""The run directory's guard: one writer at a time.
 
 Every stage that writes into RUN holds an exclusive lock on `RUN/.lock` while it runs;
 a second writer stops at once with one line naming the first one's pid. The kernel drops
@@ -10,28 +10,28 @@ It is a POSIX record lock (`fcntl.lockf`), not `flock`: an flock belongs to the 
 file, so forked DataLoader workers would inherit it and hold it after their trainer
 was killed; a POSIX lock belongs to the process that took it.
 
-Stages tie their outputs to their inputs with SHA-256 fingerprints: the shard manifest
-records the tokenizer model it was encoded with, a checkpoint records the shard manifest
-it was trained on, and the next stage refuses a mismatch.
+(Stages tie their outputs to their inputs with SHA-256 fingerprints, `mtkit.checksum`:
+the shard manifest records the tokenizer model it was encoded with, a checkpoint records
+the shard manifest it was trained on, and the next stage refuses a mismatch.)
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from mtkit.atomic import reason
+from mtkit.errors import UserError
 
 LOCK_NAME = ".lock"
 _held: dict[Path, int] = {}  # run dir -> nesting depth of this process's lock
 
 
-class RunDirError(RuntimeError):
+class RunDirError(UserError, RuntimeError):
     """The run directory is in use by another process, or cannot be written (one line)."""
 
 
@@ -76,16 +76,3 @@ def run_lock(run_dir: Path, stage: str) -> Iterator[None]:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing releases the lock
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MB blocks (about 1.5 GB/s with SHA-NI)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def bytes_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

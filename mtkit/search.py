@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mtkit.hypothesis import Hypothesis, length_penalty
-from mtkit.tokenizer import BOS, EOS, PAD
+from mtkit.vocab import BOS, EOS, PAD
 
 
 class StepModel(Protocol):

@@ -41,7 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.config import plural
+from mtkit.errors import plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.translate import DecodeOptions, Frontend, lone_surrogate, read_json
 

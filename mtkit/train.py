@@ -46,19 +46,20 @@ from mtkit.device import (
     resolve_device,
     resolve_precision,
 )
+from mtkit.errors import UserError
 from mtkit.evaluate import score
 from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
-from mtkit.tokenizer import Vocab, load_vocabs
+from mtkit.vocab import Vocab, load_vocabs
 
 log = logging.getLogger(__name__)
 
 MAX_BAD_STEPS = 5  # consecutive non-finite updates before giving up
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError, RuntimeError):
     """A training run that cannot start or go on (one line)."""
 
 

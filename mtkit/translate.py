@@ -30,9 +30,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal, TextIO
 
-from mtkit.config import MAX_COUNT, DecodeConfig, OptionError, plural
+from mtkit.config import MAX_COUNT, DecodeConfig
+from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.tokenizer import Vocab
+from mtkit.vocab import Vocab
 
 if TYPE_CHECKING:
     from mtkit.ct2 import CT2Translator

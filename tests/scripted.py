@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mtkit.tokenizer import EOS, PAD
+from mtkit.vocab import EOS, PAD
 
 A, B, C = 4, 5, 6
 V = 8

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mtkit.tokenizer import BOS, EOS, PAD
+from mtkit.vocab import BOS, EOS, PAD
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from mtkit.atomic import atomic_dir, remove_leftovers
-from mtkit.config import Config, DataConfig, plural, save_config
+from mtkit.checksum import bytes_sha256, file_sha256
+from mtkit.config import Config, DataConfig, save_config
 from mtkit.data.sources import (
     CHUNK_PAIRS,
     Chunk,
@@ -50,8 +51,9 @@ from mtkit.data.sources import (
     open_split,
     pair_hashes,
 )
-from mtkit.rundir import bytes_sha256, file_sha256, run_lock
-from mtkit.tokenizer import Vocab, load_vocabs
+from mtkit.errors import UserError, plural
+from mtkit.rundir import run_lock
+from mtkit.vocab import Vocab, load_vocabs
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +207,7 @@ def _encode_in_worker(chunk: Chunk, hashes: bool, texts: bool) -> Encoded:
     return _worker_encoder(chunk, hashes, texts)
 
 
-class EncodingError(RuntimeError):
+class EncodingError(UserError, RuntimeError):
     """An encoding worker process died (one line)."""
 
 

@@ -31,7 +31,8 @@ from urllib.parse import urlparse
 import numpy as np
 
 from mtkit.atomic import reason, write_failure
-from mtkit.config import CorpusConfig, DataConfig, plural
+from mtkit.config import CorpusConfig, DataConfig
+from mtkit.errors import UserError, plural
 
 if TYPE_CHECKING:
     import datasets
@@ -52,7 +53,7 @@ def hf_datasets():
 _FILE_BUILDERS = {".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Unusable input data (one line naming the file)."""
 
 

@@ -187,7 +187,7 @@ def test_a_config_elsewhere_still_gets_its_resolved_copy(work):
 
 
 def test_an_export_records_every_file_size_and_checksum(exported):
-    from mtkit.rundir import file_sha256
+    from mtkit.checksum import file_sha256
 
     files = json.loads((exported / "mtkit.json").read_text())["files"]
     assert set(files) == {p.name for p in exported.iterdir()} - {"mtkit.json"}

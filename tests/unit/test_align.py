@@ -11,8 +11,9 @@ from mtkit.align import (
     word_index,
     word_links,
 )
-from mtkit.config import ModelConfig, OptionError
+from mtkit.config import ModelConfig
 from mtkit.data.batching import collate
+from mtkit.errors import OptionError
 from mtkit.hypothesis import pharaoh
 from mtkit.model import build_model
 

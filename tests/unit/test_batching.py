@@ -11,7 +11,7 @@ from mtkit.data.batching import (
     padding_share,
     token_batches,
 )
-from mtkit.tokenizer import BOS, EOS, PAD
+from mtkit.vocab import BOS, EOS, PAD
 
 RNG = np.random.default_rng(0)
 SRC = RNG.integers(1, 40, size=3000)

@@ -12,7 +12,7 @@ from mtkit.config import ModelConfig  # noqa: E402
 from mtkit.ct2 import model_spec  # noqa: E402
 from mtkit.model import build_model  # noqa: E402
 from mtkit.search import greedy_search  # noqa: E402
-from mtkit.tokenizer import BOS, EOS, PAD  # noqa: E402
+from mtkit.vocab import BOS, EOS, PAD  # noqa: E402
 
 V = 40
 PIECES = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, V)]

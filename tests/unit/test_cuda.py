@@ -12,9 +12,10 @@ from mtkit.data.shards import preprocess
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import build_model
 from mtkit.search import greedy_hypotheses
-from mtkit.tokenizer import EOS, build_tokenizer
+from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts
+from mtkit.vocab import EOS
 
 from conftest import tiny_config_dict
 

@@ -16,7 +16,7 @@ from mtkit.explain import (
     trace_shapes,
 )
 from mtkit.model import build_model, count_parameters
-from mtkit.tokenizer import PAD, Vocab
+from mtkit.vocab import PAD, Vocab
 
 CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, heads=2, ffn_dim=32,
                   dropout=0.0, max_positions=32)

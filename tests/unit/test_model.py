@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from mtkit.config import ModelConfig
 from mtkit.model import DecoderState, build_model, count_parameters, sinusoidal_positions
-from mtkit.tokenizer import PAD
+from mtkit.vocab import PAD
 
 V = 40
 

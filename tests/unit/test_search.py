@@ -17,7 +17,7 @@ from mtkit.search import (
     length_penalty,
     max_lengths,
 )
-from mtkit.tokenizer import BOS, EOS, PAD
+from mtkit.vocab import BOS, EOS, PAD
 
 SRC = torch.tensor([[A, B, C, EOS]])
 

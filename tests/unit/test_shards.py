@@ -22,7 +22,8 @@ from mtkit.data.shards import (
     preprocess,
 )
 from mtkit.data.sources import Corpus, DataError, SeenHashes
-from mtkit.tokenizer import build_tokenizer, load_vocabs
+from mtkit.tokenizer import build_tokenizer
+from mtkit.vocab import load_vocabs
 
 
 def test_length_filter_gives_each_reason_its_mask():
@@ -86,7 +87,8 @@ def corpus_of(src: list[str], tgt: list[str], weight: int = 1, origin: str = "me
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     from mtkit.config import TokenizerConfig
-    from mtkit.tokenizer import Vocab, train_sentencepiece
+    from mtkit.tokenizer import train_sentencepiece
+    from mtkit.vocab import Vocab
 
     from conftest import read_lines
 

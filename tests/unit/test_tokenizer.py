@@ -4,18 +4,8 @@ import pytest
 
 from mtkit.config import TokenizerConfig
 from mtkit.data.sources import Corpus
-from mtkit.tokenizer import (
-    BOS,
-    EOS,
-    PAD,
-    UNK,
-    TokenizerError,
-    Vocab,
-    load_vocabs,
-    sample_pairs,
-    train_sentencepiece,
-    train_tokenizer,
-)
+from mtkit.tokenizer import TokenizerError, sample_pairs, train_sentencepiece, train_tokenizer
+from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, load_vocabs
 
 from conftest import read_lines
 

@@ -15,7 +15,7 @@ from mtkit.config import Config, ModelConfig, TokenizerConfig
 from mtkit.model import build_model
 from mtkit.native import Translator
 from mtkit.search import length_penalty
-from mtkit.tokenizer import EOS, Vocab, train_sentencepiece
+from mtkit.tokenizer import train_sentencepiece
 from mtkit.translate import (
     DecodeOptions,
     Request,
@@ -23,6 +23,7 @@ from mtkit.translate import (
     read_chunks,
     translate_stream,
 )
+from mtkit.vocab import EOS, Vocab
 
 from conftest import read_lines
 
@@ -124,7 +125,8 @@ def test_output_formats(translator):
 
 
 def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
-    from mtkit.config import DecodeConfig, OptionError
+    from mtkit.config import DecodeConfig
+    from mtkit.errors import OptionError
 
     with pytest.raises(OptionError, match=r"--nbest 6 must not exceed the checkpoint's beam "
                                           r"size 5"):

@@ -1,0 +1,33 @@
+"""The one kind of error the user can fix: `UserError`, which the CLI catches once.
+
+Each module raises its own subclass (`ConfigError`, `DataError`, `CheckpointError`, ...)
+with a message that is already the line to print: it names the file, the key or the
+option at fault and what to do. The CLI prints `label` + the message's first line to
+stderr and exits with `exit_code`; anything else that escapes is a bug, and keeps its
+traceback. An `OSError` (a missing file, a full disk) is reported the same way, by the
+CLI, from its errno.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input, options or files, told in one line."""
+
+    label = "error: "  # what the CLI prints before the message
+    exit_code = 2
+
+    def line(self) -> str:
+        """The message as one line: its first line, or the class name if it is empty."""
+        text = str(self).strip()
+        return text.splitlines()[0] if text else type(self).__name__
+
+
+class OptionError(UserError, ValueError):
+    """A command-line option (or a request's field) out of its range or at odds with
+    another."""
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
