@@ -33,8 +33,9 @@ from pathlib import Path
 from serverkit import LocalServer  # noqa: I001 (a sibling script)
 from train_throughput import process_peak_rss_mb
 
+from mtkit.decoding import SearchOptions
 from mtkit.device import tune_cpu_runtime
-from mtkit.translate import DecodeOptions, load_translator
+from mtkit.engines.loader import load_engine
 
 
 def make_requests(path: str, count: int, seed: int = 1) -> list[list[str]]:
@@ -57,8 +58,8 @@ def percentile(values: list[float], q: float) -> float:
 def offline(checkpoint: str, requests: list[list[str]], beam: int) -> dict:
     """Offline figures in this process: all sentences at once, and each request alone;
     `again()` measures the first once more (the load's ratio uses the mean of both)."""
-    translator = load_translator(checkpoint, "cpu")
-    opts = replace(DecodeOptions.from_config(translator.config.decode), beam=beam)
+    translator = load_engine(checkpoint, "cpu")
+    opts = replace(SearchOptions.from_config(translator.config.decode), beam=beam)
     sentences = [x for r in requests for x in r]
     translator.translate(sentences[:50], opts)  # warm-up
 

@@ -44,9 +44,10 @@ from dataclasses import replace
 import torch
 from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
+from mtkit.decoding import SearchOptions
+from mtkit.engines.loader import load_engine
+from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
 from mtkit.model import Transformer, sinusoidal_positions
-from mtkit.native import Translator, pad_rows
-from mtkit.translate import DecodeOptions, length_batches, load_translator
 from mtkit.vocab import BOS, EOS, PAD
 
 
@@ -56,12 +57,13 @@ def read_source(path: str, limit: int) -> list[str]:
         return [line.rstrip("\n") for line in f][:limit]
 
 
-def time_mtkit(translator: Translator, lines: list[str], opts: DecodeOptions):
-    device = torch.device(str(translator.device))  # CT2Translator's is a string
+def time_mtkit(translator: TorchEngine, lines: list[str], opts: SearchOptions,
+               batch_tokens: int):
+    device = torch.device(str(translator.device))  # CT2Engine's is a string
     sync(device)
     with PeakMemory(device) as memory:
         start = time.perf_counter()
-        hyps = translator.translate(lines, opts)
+        hyps = translator.translate(lines, opts, batch_tokens=batch_tokens)
         sync(device)
         elapsed = time.perf_counter() - start
     outputs = [h[0].tokens for h in hyps]
@@ -119,15 +121,15 @@ def marian_copy(model: Transformer, attention: str = "sdpa"):
     return hf.eval()
 
 
-def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, max_len: int,
-            sentences: int | None = None):
+def time_hf(hf, translator: TorchEngine, lines: list[str], opts: SearchOptions, max_len: int,
+            batch_tokens: int, sentences: int | None = None):
     """Hugging Face generate() on length-sorted batches: of `sentences` sentences each,
     or (None) the token batches mtkit forms."""
     ids = translator.encode(lines)
     order = sorted(range(len(ids)), key=lambda k: -len(ids[k]))
     outputs: list[list[int]] = [[] for _ in lines]
     device = translator.device
-    batches = (list(length_batches(order, ids, opts.batch_tokens)) if sentences is None
+    batches = (list(length_batches(order, ids, batch_tokens)) if sentences is None
                else [order[i : i + sentences] for i in range(0, len(order), sentences)])
     with PeakMemory(device) as memory:
         start = time.perf_counter()
@@ -146,12 +148,12 @@ def time_hf(hf, translator: Translator, lines: list[str], opts: DecodeOptions, m
     return outputs, elapsed, memory.peak
 
 
-def time_options(translator: Translator, path: str, lines: list[str], second: str,
+def time_options(translator: TorchEngine, path: str, lines: list[str], second: str,
                  rounds: int) -> dict:
     """Seconds per run (median of `rounds`, interleaved) of beam 5 and of each decoding
     option, and each option's cost relative to beam 5."""
-    pair = load_translator([path, second], str(translator.device))
-    base = DecodeOptions(batch_tokens=translator.config.decode.batch_tokens)
+    pair = load_engine([path, second], str(translator.device))
+    base, tokens = SearchOptions(), translator.config.decode.batch_tokens
     runs = {"beam5": (translator, base),
             "sampling1": (translator, replace(base, sampling=True, beam=1)),
             "sampling5": (translator, replace(base, sampling=True)),
@@ -161,21 +163,22 @@ def time_options(translator: Translator, path: str, lines: list[str], second: st
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, (t, opts) in runs.items():
-            times[name].append(time_mtkit(t, lines, opts)[1])
+            times[name].append(time_mtkit(t, lines, opts, tokens)[1])
     median = {name: statistics.median(ts) for name, ts in times.items()}
     return {**{f"{name}_sentences_per_s": round(len(lines) / m, 1) for name, m in median.items()},
             **{f"{name}_cost_vs_beam5": round(m / median["beam5"], 2)
                for name, m in median.items() if name != "beam5"}}
 
 
-def compare_ct2(translator: Translator, args, lines: list[str]) -> dict:
+def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
     """Native mtkit against its CTranslate2 exports (float32, int8); see the docstring."""
     import os
     import tempfile
 
     import sacrebleu
 
-    from mtkit.ct2 import CT2Translator, export_ctranslate2
+    from mtkit.engines.ct2 import CT2Engine
+    from mtkit.export.ct2 import export_ctranslate2
 
     refs = read_source(args.ref, args.limit)
     out: dict = {}
@@ -183,21 +186,20 @@ def compare_ct2(translator: Translator, args, lines: list[str]) -> dict:
         engines = {"native": translator}
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
-            engines[f"ct2_{q}"] = CT2Translator(f"{tmp}/{q}", str(translator.device))
-        base = DecodeOptions.from_config(translator.config.decode)
+            engines[f"ct2_{q}"] = CT2Engine(f"{tmp}/{q}", str(translator.device))
+        base = SearchOptions.from_config(translator.config.decode)
         for mode, beam in (("greedy", 1), ("beam5", 5)):
             best = {}
             for name, engine in engines.items():  # each engine's own best batch size
-                sweep = {int(b): time_mtkit(engine, lines, replace(base, beam=beam,
-                                                                   batch_tokens=int(b)))[1]
+                sweep = {int(b): time_mtkit(engine, lines, replace(base, beam=beam), int(b))[1]
                          for b in args.batch_sweep.split(",")}
                 best[name] = min(sweep, key=sweep.get)
             times: dict[str, list[float]] = {name: [] for name in engines}
             texts: dict[str, list[str]] = {}
             for _ in range(args.rounds):
                 for name, engine in engines.items():
-                    opts = replace(base, beam=beam, batch_tokens=best[name])
-                    outputs, elapsed, _ = time_mtkit(engine, lines, opts)
+                    opts = replace(base, beam=beam)
+                    outputs, elapsed, _ = time_mtkit(engine, lines, opts, best[name])
                     times[name].append(elapsed)
                     texts[name] = [engine.tgt_vocab.decode(o) for o in outputs]
             speed = {n: len(lines) / statistics.median(t) for n, t in times.items()}
@@ -237,7 +239,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    translator = load_translator(args.model, args.device)
+    translator = load_engine(args.model, args.device)
     lines = read_source(args.src, args.limit)
     result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
     if args.compare == "ct2":
@@ -253,9 +255,9 @@ def main() -> None:
     outputs = {}
     for name, beam in runs.items():
         # Plain log-probability ranking and a fixed output limit, as the comparison needs.
-        opts = DecodeOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len,
-                             batch_tokens=translator.config.decode.batch_tokens)
-        out, elapsed, peak = time_mtkit(translator, lines, opts)
+        opts = SearchOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len)
+        out, elapsed, peak = time_mtkit(translator, lines, opts,
+                                        translator.config.decode.batch_tokens)
         tokens = sum(len(o) + 1 for o in out)
         result[f"{name}_sentences_per_s"] = round(len(lines) / elapsed, 1)
         result[f"{name}_tokens_per_s"] = round(tokens / elapsed)
@@ -266,16 +268,16 @@ def main() -> None:
         # sentences in the batch, so it prefers small batches; mtkit is swept too.
         # Its attention implementations are swept too (eager was faster on CPUs in training).
         tokens = translator.config.decode.batch_tokens
-        opts = DecodeOptions(beam=5, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len,
-                             batch_tokens=tokens)
+        opts = SearchOptions(beam=5, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len)
         sweep = {}
         for attention in ("sdpa", "eager"):
             hf = marian_copy(translator.model, attention).to(translator.device)
             for size in (16, 64, 256, None):  # None: mtkit's token batches
-                out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, size)
+                out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, tokens,
+                                             size)
                 batch = f"{size} sentences" if size else f"{tokens} tokens"
                 sweep[f"{attention}, {batch}"] = (elapsed, out, peak)
-        ours = {f"{b} tokens": time_mtkit(translator, lines, replace(opts, batch_tokens=b))[1]
+        ours = {f"{b} tokens": time_mtkit(translator, lines, opts, b)[1]
                 for b in (2000, tokens)}
         hf_best = min(sweep, key=lambda k: sweep[k][0])
         mt_best = min(ours, key=ours.get)

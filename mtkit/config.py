@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from mtkit.atomic import write_atomic
+from mtkit.decoding import OPTIONS
 from mtkit.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,15 @@ class ConfigError(UserError, ValueError):
     label = "config error: "
 
 
-MAX_COUNT = 2**31 - 1  # the largest count a decoding option may hold (a C++ int's)
-
-
 def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
     """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
     return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+def _option(name: str):
+    """A `decode:` field: the decoding option's default and range (`OPTIONS`)."""
+    option = OPTIONS[name]
+    return field(default=option.default, metadata=_range(option.low, option.high, option.above))
 
 
 @dataclass(frozen=True)
@@ -147,12 +151,15 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    beam: int = field(default=5, metadata=_range(1, 256))
-    # ((5 + length) / 6) ** lenpen must stay a float32 for any length a model can have
-    lenpen: float = field(default=0.6, metadata=_range(0.0, 10.0))
-    max_len_a: float = field(default=1.2, metadata=_range(0.0))  # capped to the positions
-    max_len_b: int = field(default=10, metadata=_range(0))  # capped to the positions
-    batch_tokens: int = field(default=8000, metadata=_range(16, MAX_COUNT))
+    """The decoding defaults a checkpoint carries (`decode:`): the YAML form of
+    `mtkit.decoding.SearchOptions`' length and beam settings, plus `batch_tokens`.
+    Defaults and ranges are the options' own (`mtkit.decoding.OPTIONS`)."""
+
+    beam: int = _option("beam")
+    lenpen: float = _option("lenpen")
+    max_len_a: float = _option("max_len_a")  # capped to the positions
+    max_len_b: int = _option("max_len_b")  # capped to the positions
+    batch_tokens: int = _option("batch_tokens")
 
 
 @dataclass(frozen=True)

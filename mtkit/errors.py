@@ -25,7 +25,12 @@ class UserError(Exception):
 
 class OptionError(UserError, ValueError):
     """A command-line option (or a request's field) out of its range or at odds with
-    another."""
+    another; `option` names it where one is at fault (a field of `mtkit serve`'s
+    requests)."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

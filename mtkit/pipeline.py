@@ -22,13 +22,15 @@ from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_ch
 from mtkit.config import Config
 from mtkit.data.shards import ShardDataset, preprocess
 from mtkit.data.sources import DataError
+from mtkit.decoding import SearchOptions
 from mtkit.device import release_freed_memory
+from mtkit.engines.loader import load_engine
 from mtkit.errors import UserError
 from mtkit.evaluate import Score, score
 from mtkit.rundir import run_lock
+from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import TrainResult, train
-from mtkit.translate import DecodeOptions, load_translator, translate_texts
 from mtkit.vocab import load_vocabs, vocab_paths
 
 log = logging.getLogger(__name__)
@@ -110,8 +112,9 @@ def _run_all(cfg: Config) -> RunResult:
         hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
     else:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
-        translator = load_translator(checkpoint, cfg.train.device)
-        hypotheses = translate_texts(translator, sources, DecodeOptions.from_config(cfg.decode))
+        engine = load_engine(checkpoint, cfg.train.device)
+        hypotheses = translate_texts(engine, sources, SearchOptions.from_config(cfg.decode),
+                                     cfg.decode.batch_tokens)
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
     scores = score(hypotheses, references, ["bleu", "chrf", "ter"])
     report = {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}

@@ -122,7 +122,7 @@ def exported(trained, tmp_path_factory) -> Path:
     """A CTranslate2 export of the trained run's best.pt (tests copy it before damaging
     it); skipped without the `ct2` extra."""
     pytest.importorskip("ctranslate2")
-    from mtkit.ct2 import export_ctranslate2
+    from mtkit.export.ct2 import export_ctranslate2
 
     folder = tmp_path_factory.mktemp("export") / "ct2"
     export_ctranslate2(trained / "run" / "checkpoints" / "best.pt", folder)

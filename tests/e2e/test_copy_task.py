@@ -9,9 +9,11 @@ import pytest
 
 from mtkit.config import load_config
 from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.decoding import SearchOptions
+from mtkit.engines.loader import load_engine
+from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
-from mtkit.translate import DecodeOptions, load_translator, translate_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +35,14 @@ def copy_run(tmp_path_factory):
     preprocess(cfg)
     train(cfg)
     test = ShardDataset(run / "data" / "test")
-    return load_translator(run / "checkpoints" / "last.pt", "cpu"), test.texts("src")
+    return load_engine(run / "checkpoints" / "last.pt", "cpu"), test.texts("src")
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_trained_copy_model_copies_held_out_sequences(copy_run, beam):
     translator, sources = copy_run
     short = [s for s in sources if len(s.split()) <= 12][:100]
-    outputs = translate_texts(translator, short, DecodeOptions(beam=beam, max_len_a=1.0,
+    outputs = translate_texts(translator, short, SearchOptions(beam=beam, max_len_a=1.0,
                                                                max_len_b=5))
     exact = sum(o == s for o, s in zip(outputs, short))
     assert exact == len(short), [(s, o) for s, o in zip(short, outputs) if s != o][:3]
@@ -51,13 +53,13 @@ def test_a_prefix_of_the_first_symbols_yields_the_full_copy(copy_run):
     short = [s for s in sources if 6 <= len(s.split()) <= 12][:40]
     firsts = [" ".join(s.split()[:3]) for s in short]
     for beam in (1, 4):
-        hyps = translator.translate(short, DecodeOptions(beam=beam, max_len_a=1.0,
+        hyps = translator.translate(short, SearchOptions(beam=beam, max_len_a=1.0,
                                                          max_len_b=5), prefixes=firsts)
         outputs = [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
         assert outputs == short
     # a prefix the model would not write itself is still where the output starts
     other = [next(c for c in "abcdefghij" if c != s.split()[0]) for s in short]
-    hyps = translator.translate(short, DecodeOptions(beam=4), prefixes=other)
+    hyps = translator.translate(short, SearchOptions(beam=4), prefixes=other)
     assert all(translator.tgt_vocab.decode(h[0].tokens).startswith(o + " ")
                for h, o in zip(hyps, other))
 
@@ -67,7 +69,7 @@ def test_the_copy_models_alignment_is_the_diagonal(copy_run):
     short = [s for s in sources if len(s.split()) <= 12][:60]
 
     def links(layer):
-        opts = DecodeOptions(beam=4, max_len_a=1.0, max_len_b=5, alignments=True,
+        opts = SearchOptions(beam=4, max_len_a=1.0, max_len_b=5, alignments=True,
                              align_layer=layer)
         return [h[0].alignment for h in translator.translate(short, opts)]
 

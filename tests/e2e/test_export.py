@@ -127,12 +127,13 @@ def test_an_export_is_served_and_what_it_cannot_do_is_refused(exported):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.ct2 import CT2Translator
-    from mtkit.serve import Limits, create_app
-    from mtkit.translate import DecodeOptions
+    from mtkit.decoding import SearchOptions
+    from mtkit.engines.ct2 import CT2Engine
+    from mtkit.serving.app import create_app
+    from mtkit.serving.scheduler import Limits
 
-    translator = CT2Translator(exported, "cpu")
-    defaults = DecodeOptions.from_config(translator.config.decode)
+    translator = CT2Engine(exported, "cpu")
+    defaults = SearchOptions.from_config(translator.config.decode)
     with TestClient(create_app(translator, defaults, Limits(), "ct2", 20)) as api:
         info = api.get("/v1/info").json()
         assert info["engine"] == "ctranslate2 (float32)" and info["parameters"] is None

@@ -21,8 +21,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from mtkit.cli import app as cli_app  # noqa: E402
-from mtkit.serve import Batcher, Limits, create_app  # noqa: E402
-from mtkit.translate import DecodeOptions, load_translator  # noqa: E402
+from mtkit.decoding import SearchOptions
+from mtkit.engines.loader import load_engine  # noqa: E402
+from mtkit.serving.app import create_app  # noqa: E402
+from mtkit.serving.scheduler import Batcher, Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from serverkit import LocalServer  # noqa: E402
@@ -35,11 +37,11 @@ SENTENCES = ["A dog runs in the park.", "", "Two men talk on a bench.", "A girl.
 
 @pytest.fixture(scope="module")
 def translator(trained):
-    return load_translator(trained / "run" / "checkpoints" / "best.pt", "cpu")
+    return load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu")
 
 
-def defaults(translator) -> DecodeOptions:
-    return DecodeOptions.from_config(translator.config.decode)
+def defaults(translator) -> SearchOptions:
+    return SearchOptions.from_config(translator.config.decode)
 
 
 def client(translator, **kw) -> TestClient:
@@ -130,7 +132,7 @@ def test_the_worker_batches_concurrent_requests_and_answers_each_its_own(transla
             return real(lines, opts, *args, **kw)
 
     batcher = Batcher(Counting(), Limits(max_wait_ms=300)).start()
-    opts = replace(defaults(translator), batch_tokens=4000)
+    opts = defaults(translator)
     futures = [batcher.submit([x, x + " Again."], opts) for x in SENTENCES]
     results = [f.result(timeout=60) for f in futures]
     batcher.stop()
@@ -157,7 +159,7 @@ def test_requests_sent_as_a_round_is_answered_join_the_next_round(translator):
             return real(lines, opts, *args, **kw)
 
     batcher = Batcher(Slow(), Limits(max_wait_ms=400)).start()
-    opts = replace(defaults(translator), batch_tokens=4000)
+    opts = defaults(translator)
     first = batcher.submit(["A dog."], opts)
     while not rounds:  # round 1 ("A dog." alone, after waiting 400 ms) has started
         time.sleep(0.01)
@@ -191,7 +193,7 @@ def test_greedy_requests_join_one_running_search_and_get_what_alone_gives(transl
     one sentence alone); a beam request sent meanwhile runs in a round of its own."""
     recording = Recording(translator)
     batcher = Batcher(recording, Limits(max_wait_ms=50)).start()
-    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    greedy = replace(defaults(translator), beam=1, nbest=1)
     futures = [batcher.submit([x, x + " Again."], greedy) for x in SENTENCES]
     aligned = batcher.submit(SENTENCES[:1], replace(greedy, alignments=True))
     beam = batcher.submit(SENTENCES[:1], replace(greedy, beam=2))
@@ -233,7 +235,7 @@ def test_a_request_whose_wait_is_cancelled_is_never_translated(translator):
 
     held = Held(translator)
     batcher = Batcher(held, Limits(max_wait_ms=0, max_batch_tokens=1)).start()
-    opts = replace(defaults(translator), batch_tokens=4000)
+    opts = defaults(translator)
     first = batcher.submit(["A dog."], opts)
     gone = batcher.submit(["B cat."], opts)
     later = batcher.submit(["C bird."], opts)
@@ -247,7 +249,7 @@ def test_a_request_whose_wait_is_cancelled_is_never_translated(translator):
 def test_a_waiting_handler_whose_client_left_cancels_its_request():
     from concurrent.futures import Future
 
-    from mtkit.serve import _awaited
+    from mtkit.serving.app import _awaited
 
     class Gone:
         async def is_disconnected(self) -> bool:
@@ -261,7 +263,7 @@ def test_a_waiting_handler_whose_client_left_cancels_its_request():
 def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
     recording = Recording(translator)
     batcher = Batcher(recording, Limits(max_wait_ms=300), continuous=False).start()
-    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    greedy = replace(defaults(translator), beam=1, nbest=1)
     futures = [batcher.submit([x], greedy) for x in SENTENCES]
     results = [f.result(timeout=60)[0][0] for f in futures]
     batcher.stop()
@@ -272,9 +274,9 @@ def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
 
 def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(translator,
                                                                              monkeypatch):
-    from mtkit.native import LineStream
+    from mtkit.serving.stream import LineStream
 
-    greedy = replace(defaults(translator), beam=1, nbest=1, batch_tokens=4000)
+    greedy = replace(defaults(translator), beam=1, nbest=1)
     real_step, failures = LineStream.step, []
 
     def step(self):
@@ -344,7 +346,7 @@ def test_slow_and_vanishing_clients_do_not_hold_up_others(server):
 
 
 def test_the_queue_is_bounded_and_refuses_with_503(translator):
-    from mtkit.serve import ServeError
+    from mtkit.serving.scheduler import ServeError
 
     batcher = Batcher(translator, Limits(max_queued_lines=6))  # not started: nothing leaves
     opts = defaults(translator)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mtkit.checkpoint import CheckpointError, find_resumable, load_checkpoint, save_checkpoint
-from mtkit.translate import load_translator
+from mtkit.engines.loader import load_engine
 
 from faultkit import ROOT, assert_one_line, cli, snapshot
 
@@ -86,7 +86,7 @@ def test_fuzzed_checkpoints_only_ever_give_a_checkpoint_error(work, tmp_path):
     for data in mutations(good):
         path.write_bytes(data)
         try:
-            model = load_translator(path, "cpu").model
+            model = load_engine(path, "cpu").model
         except CheckpointError as e:
             assert "\n" not in str(e)
             outcomes["rejected"] += 1

@@ -80,11 +80,13 @@ def api(trained):
     pytest.importorskip("httpx")
     from fastapi.testclient import TestClient
 
-    from mtkit.serve import Limits, create_app
-    from mtkit.translate import DecodeOptions, load_translator
+    from mtkit.decoding import SearchOptions
+    from mtkit.engines.loader import load_engine
+    from mtkit.serving.app import create_app
+    from mtkit.serving.scheduler import Limits
 
-    translator = load_translator(trained / "run" / "checkpoints" / "best.pt", "cpu")
-    app = create_app(translator, DecodeOptions.from_config(translator.config.decode),
+    translator = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu")
+    app = create_app(translator, SearchOptions.from_config(translator.config.decode),
                      Limits(), "best.pt", 20)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client

@@ -9,7 +9,7 @@ import torch
 ct2 = pytest.importorskip("ctranslate2")
 
 from mtkit.config import ModelConfig  # noqa: E402
-from mtkit.ct2 import model_spec  # noqa: E402
+from mtkit.export.ct2 import model_spec  # noqa: E402
 from mtkit.model import build_model  # noqa: E402
 from mtkit.search import greedy_search  # noqa: E402
 from mtkit.vocab import BOS, EOS, PAD  # noqa: E402

@@ -9,12 +9,14 @@ from scripted import stream_in_two_joins
 
 from mtkit.config import config_from_dict
 from mtkit.data.shards import preprocess
+from mtkit.decoding import SearchOptions
 from mtkit.device import resolve_device, resolve_precision
+from mtkit.engines.loader import load_engine
 from mtkit.model import build_model
 from mtkit.search import greedy_hypotheses
+from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
-from mtkit.translate import DecodeOptions, load_translator, translate_texts
 from mtkit.vocab import EOS
 
 from conftest import tiny_config_dict
@@ -62,10 +64,10 @@ def test_cached_decode_equals_full_decode_on_cuda_in_bf16():
 
 def test_translation_on_cuda_gives_one_line_per_input(cuda_run):
     cfg, _ = cuda_run
-    translator = load_translator(cfg.run_path / "checkpoints" / "last.pt", "cuda")
+    translator = load_engine(cfg.run_path / "checkpoints" / "last.pt", "cuda")
     assert translator.device.type == "cuda"
     lines = ["A dog runs in the park.", "", "Two men are talking."]
-    out = translate_texts(translator, lines, DecodeOptions(beam=3))
+    out = translate_texts(translator, lines, SearchOptions(beam=3))
     assert len(out) == 3 and out[1] == "" and out[0]
 
 
@@ -93,9 +95,9 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
     search on the GPU; the seeded samples come out the same twice, batched or alone."""
     cfg, _ = cuda_run
     last = cfg.run_path / "checkpoints" / "last.pt"
-    pair = load_translator([last, last], "cuda")
+    pair = load_engine([last, last], "cuda")
     lines, prefixes = ["A dog runs in the park.", "", "Two men are talking."], ["Ein", "", ""]
-    opts = DecodeOptions(beam=3, nbest=3, sampling=True, topp=0.9, seed=3,
+    opts = SearchOptions(beam=3, nbest=3, sampling=True, topp=0.9, seed=3,
                          no_repeat_ngram=2, alignments=True)
     first = pair.translate(lines, opts, prefixes=prefixes)
     again = pair.translate(lines, opts, prefixes=prefixes)

@@ -1,0 +1,75 @@
+"""The stage commands: tokenizer, preprocess, train, and run (all of them)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated
+
+import typer
+
+from mtkit.cli.app import ConfigOpt, SetOpt, app, load, reported, tune_runtime
+from mtkit.errors import plural
+
+
+@app.command()
+def tokenizer(config: ConfigOpt, set_: SetOpt = None) -> None:
+    """Train SentencePiece on the training text (RUN/spm.model)."""
+    from mtkit.tokenizer import build_tokenizer
+
+    cfg = load(config, set_)
+    with reported():
+        paths = build_tokenizer(cfg)
+    typer.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
+@app.command()
+def preprocess(config: ConfigOpt, set_: SetOpt = None,
+               verify: Annotated[bool, typer.Option(
+                   "--verify", help="Only check the existing shards' sizes, offsets and "
+                   "checksums against their manifests; write nothing.")] = False) -> None:
+    """Clean, encode and binarize train/valid/test into RUN/data/."""
+    from mtkit.data.shards import preprocess as run_preprocess
+    from mtkit.data.shards import verify_shards
+
+    cfg = load(config, set_)
+    with reported():
+        manifests = verify_shards(cfg) if verify else run_preprocess(cfg)
+    if verify:
+        typer.echo(f"verified {', '.join(manifests)}: sizes, offsets, checksums and "
+                   f"tokenizer match their manifests", err=True)
+        return
+    for split, m in manifests.items():
+        typer.echo(f"{split}: {plural(m['pairs'], 'pair')}, {m['src_tokens']} + "
+                   f"{plural(m['tgt_tokens'], 'token')}, dropped {m['dropped']}", err=True)
+
+
+@app.command()
+def train(config: ConfigOpt, set_: SetOpt = None,
+          resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints.")] = True
+          ) -> None:
+    """Train the Transformer (RUN/checkpoints/); resumes from RUN/checkpoints/last.pt."""
+    from mtkit.train import train as run_training
+
+    cfg = load(config, set_)
+    tune_runtime()
+    with reported():
+        result = run_training(cfg, resume=resume)
+    typer.echo(f"{result.summary()}; checkpoints in {result.run_dir / 'checkpoints'}", err=True)
+    if result.interrupted_by:  # the shell's convention: 128 + the signal's number
+        raise typer.Exit(code=128 + signal.Signals[result.interrupted_by].value)
+
+
+@app.command()
+def run(config: ConfigOpt, set_: SetOpt = None) -> None:
+    """Run every stage (tokenizer, preprocess, train, translate, eval), skipping finished ones."""
+    from mtkit.pipeline import run_all
+
+    cfg = load(config, set_)
+    tune_runtime()
+    with reported():
+        result = run_all(cfg)
+    bleu = next(s for s in result.scores if s.metric == "bleu")
+    typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
+               f"{result.hypotheses}, checkpoint {result.checkpoint}")
+    typer.echo(f"trained to step {result.training.step} ({result.training.stopped_because}) "
+               f"in {result.training.precision}", err=True)

@@ -1,0 +1,64 @@
+"""The commands that work on checkpoints: average, export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtkit.cli.app import app, reported
+from mtkit.errors import OptionError, plural
+
+
+@app.command()
+def average(
+    checkpoints: Annotated[list[Path], typer.Argument(
+        help="Checkpoints to average, or one run's checkpoints folder.")],
+    output: Annotated[Path, typer.Option(
+        "--output", "-o", help="Averaged checkpoint (- for stdout, not a terminal).")],
+    last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
+) -> None:
+    """Average the weights of several checkpoints into one that translates."""
+    from mtkit.atomic import refuse_same_file
+    from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
+
+    with reported():
+        if last < 1:
+            raise OptionError(f"--last must be at least 1, got {last}")
+        if str(output) == "-":  # written in place, as every descriptor is (mtkit.atomic)
+            if sys.stdout.isatty():
+                raise OptionError("-o - would write a binary checkpoint to the terminal; "
+                                  "redirect stdout to a file or a pipe")
+            sys.stdout.flush()
+            output = Path("/dev/stdout")
+        paths = list(checkpoints)
+        if len(paths) == 1 and paths[0].is_dir():
+            paths = last_step_checkpoints(paths[0], last)
+        refuse_same_file(output, {f"checkpoint {i + 1}": p for i, p in enumerate(paths)})
+        save_checkpoint(average_checkpoints(paths), output)
+    typer.echo(f"averaged {plural(len(paths), 'checkpoint')} into {output}", err=True)
+
+
+@app.command()
+def export(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write.")],
+    to: Annotated[str, typer.Option(help="Format: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[str, typer.Option(
+        help="float32, int8, int8_float32, int8_float16, int8_bfloat16, bfloat16 or "
+             "float16 (what this machine can run).")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace a non-empty output folder.")] = False,
+) -> None:
+    """Export a checkpoint to a self-contained CTranslate2 folder for deployment.
+
+    The folder holds the weights, the SentencePiece models and the decoding defaults;
+    `mtkit translate -m DIR` runs it."""
+    from mtkit.export.ct2 import export_ctranslate2
+
+    with reported():
+        if to != "ctranslate2":
+            raise OptionError(f"--to must be ctranslate2, got {to!r}")
+        export_ctranslate2(model, output, quantization, force)
+    typer.echo(f"exported {model} to {output} ({quantization})", err=True)

@@ -1,0 +1,299 @@
+"""The commands that translate: translate, eval, serve. The decoding options are
+`mtkit.decoding.OPTIONS`' (their help, their checks), the same for all three."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtkit.cli.app import (
+    DeviceOpt,
+    Opt,
+    app,
+    check_device,
+    dash,
+    read_lines,
+    reported,
+    tune_runtime,
+)
+from mtkit.config import ConfigError
+from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_value
+from mtkit.errors import OptionError, plural
+
+
+def _help(name: str, **option) -> typer.models.OptionInfo:
+    """A decoding option's typer.Option, its help from `OPTIONS`."""
+    return typer.Option(help=OPTIONS[name].help, **option)
+
+
+ModelsOpt = Annotated[list[Path], typer.Option(
+    "--model", "-m", help="Checkpoint file; repeat for an ensemble.")]
+BeamOpt = Annotated[Opt[int], _help("beam")]
+LenpenOpt = Annotated[Opt[float], _help("lenpen")]
+MaxLenAOpt = Annotated[Opt[float], _help("max_len_a")]
+MaxLenBOpt = Annotated[Opt[int], _help("max_len_b")]
+NbestOpt = Annotated[int, _help("nbest")]
+BatchTokensOpt = Annotated[Opt[int], _help("batch_tokens")]
+NoRepeatOpt = Annotated[Opt[int], _help("no_repeat_ngram")]
+SamplingOpt = Annotated[bool, typer.Option("--sampling", help=OPTIONS["sampling"].help)]
+TemperatureOpt = Annotated[Opt[float], _help("temperature")]
+TopkOpt = Annotated[Opt[int], _help("topk")]
+ToppOpt = Annotated[Opt[float], _help("topp")]
+SeedOpt = Annotated[Opt[int], _help("seed")]
+AlignmentsOpt = Annotated[bool, typer.Option("--alignments", help=OPTIONS["alignments"].help)]
+AlignLayerOpt = Annotated[Opt[int], _help("align_layer")]
+InputOpt = Annotated[Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.")]
+OutputOpt = Annotated[Opt[Path], typer.Option(
+    "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in place.")]
+PrefixOpt = Annotated[Opt[Path], typer.Option(
+    help="A target prefix for each input line: the output starts with it.")]
+
+
+def _engine(model: list[Path], device: str) -> Translator:
+    """The engine `-m` names (`mtkit.engines.loader`)."""
+    from mtkit.engines.loader import load_engine, wants_ctranslate2
+
+    check_device(device)
+    if not wants_ctranslate2(model):  # an exported folder runs without torch
+        tune_runtime()
+    return load_engine(model, device, "--device")
+
+
+def _batch_tokens(engine: Translator, given: int | None) -> int:
+    """--batch-tokens, or the checkpoint's decode.batch_tokens."""
+    if given is None:
+        return engine.config.decode.batch_tokens
+    check_value("batch_tokens", given)
+    return given
+
+
+@app.command()
+def translate(
+    model: ModelsOpt, input: InputOpt = None, output: OutputOpt = None,
+    beam: BeamOpt = None, lenpen: LenpenOpt = None, nbest: NbestOpt = 1,
+    scores: Annotated[bool, typer.Option(help="Append a tab and the score.")] = False,
+    max_len_a: MaxLenAOpt = None, max_len_b: MaxLenBOpt = None,
+    batch_tokens: BatchTokensOpt = None, device: DeviceOpt = "auto",
+    format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
+    no_repeat_ngram: NoRepeatOpt = None, sampling: SamplingOpt = False,
+    temperature: TemperatureOpt = None, topk: TopkOpt = None, topp: ToppOpt = None,
+    seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
+    align_layer: AlignLayerOpt = None,
+) -> None:
+    """Translate text from a file or stdin, one output line per input line, in order.
+
+    With -o the output file is replaced only when every line is translated."""
+    from mtkit.textio import OutputFormat
+
+    input, output = dash(input), dash(output)
+    with reported():
+        written = OutputFormat(format, scores)
+        _refuse_overwriting_inputs(output, input, prefix_file, model)
+        if prefix_file and written.kind == "jsonl":
+            raise OptionError('--prefix-file is for text input; in jsonl give each line a '
+                              '"prefix"')
+        prefixes = read_lines(prefix_file) if prefix_file else None
+        engine = _engine(model, device)
+        opts = SearchOptions.from_config(
+            engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+            max_len_b=max_len_b, nbest=nbest, no_repeat_ngram=no_repeat_ngram,
+            sampling=sampling, temperature=temperature, topk=topk, topp=topp, seed=seed,
+            alignments=alignments, align_layer=align_layer)
+        engine.check(opts)
+        _translate_file(engine, input, output, opts, written,
+                        _batch_tokens(engine, batch_tokens), prefixes, prefix_file)
+
+
+def _refuse_overwriting_inputs(output: Path | None, input: Path | None,
+                               prefix_file: Path | None, model: list[Path]) -> None:
+    from mtkit.atomic import refuse_same_file
+    from mtkit.engines.loader import model_files
+
+    if output:
+        refuse_same_file(output, {"--input": input, "--prefix-file": prefix_file,
+                                  **model_files(model)})
+
+
+def _translate_file(engine: Translator, input: Path | None, output: Path | None,
+                    opts: SearchOptions, written, batch_tokens: int,
+                    prefixes: list[str] | None, prefix_file: Path | None) -> None:
+    """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
+    only once complete), with a progress bar on a terminal."""
+    from mtkit.atomic import atomic_text
+    from mtkit.textio import progress_bar, read_all_lines, translate_stream
+
+    with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
+            (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
+            progress_bar(input) as done:
+        if prefixes is not None:  # counts must agree before anything is written
+            source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
+        translate_stream(engine, source, sink, opts, done, prefixes, output=written,
+                         batch_tokens=batch_tokens)
+
+
+@app.command(name="eval")
+def eval_(
+    hyp: Annotated[Opt[Path], typer.Option(help="Hypotheses, one per line.")] = None,
+    ref: Annotated[Opt[Path], typer.Option(help="References, one per line.")] = None,
+    model: Annotated[Opt[Path], typer.Option("--model", "-m", help="Translate first.")] = None,
+    src: Annotated[Opt[Path], typer.Option(help="Source text to translate (with -m).")] = None,
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (with -m).")] = "auto",
+) -> None:
+    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures)."""
+    import json
+
+    from mtkit.evaluate import parse_metrics, score
+
+    with reported():
+        names = parse_metrics(metrics)
+        if ref is None or (hyp is None) == (model is None) or (model is None) != (src is None):
+            raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
+        references = read_lines(ref)
+        hypotheses = (_translated(model, src, references, ref, device) if model is not None
+                      else _lines_like(hyp, references, ref))
+        results = score(hypotheses, references, names)
+    if json_:
+        typer.echo(json.dumps({r.metric: {"score": round(r.score, 2), "signature": r.signature,
+                                          "text": r.text} for r in results}))
+    else:
+        for r in results:
+            typer.echo(f"{r.text}\t{r.signature}")
+
+
+def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
+    """The lines of `path`, as many as the references (or one line saying not)."""
+    from mtkit.evaluate import EvalError
+
+    if not references:
+        raise EvalError(f"nothing to score: {ref} is empty")
+    lines = read_lines(path)
+    if len(lines) != len(references):
+        raise EvalError(f"line counts differ: {path} has {plural(len(lines), 'line')}, "
+                        f"{ref} has {len(references)}")
+    return lines
+
+
+def _translated(model: Path, src: Path, references: list[str], ref: Path,
+                device: str) -> list[str]:
+    """`src` translated by `model` with the checkpoint's decoding defaults."""
+    from mtkit.textio import translate_texts
+
+    sources = _lines_like(src, references, ref)
+    engine = _engine([model], device)
+    return translate_texts(engine, sources, SearchOptions.from_config(engine.config.decode),
+                           engine.config.decode.batch_tokens)
+
+
+MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+
+
+@app.command()
+def serve(
+    model: ModelsOpt,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (1 to 65535).")] = 8080,
+    beam: BeamOpt = None, lenpen: LenpenOpt = None, max_len_a: MaxLenAOpt = None,
+    max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
+    sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
+    topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
+    device: DeviceOpt = "auto",
+    max_batch_tokens: Annotated[Opt[int], typer.Option(
+        help="Source tokens the model worker takes into one batch (default: the "
+             "checkpoint's decode.batch_tokens).")] = None,
+    max_wait_ms: Annotated[float, typer.Option(
+        help="Longest wait of a sentence for others to batch with (0 to 60,000).")] = 5.0,
+    continuous: Annotated[bool, typer.Option(
+        "--continuous/--rounds",
+        help="Greedy requests join one running search between its steps and leave it "
+             "as each sentence ends (continuous batching); --rounds batches them as "
+             "other requests are: in rounds, each answered when its round ends.")] = True,
+    max_lines: Annotated[int, typer.Option(help="Sentences per request.")] = 64,
+    max_chars: Annotated[int, typer.Option(help="Characters per request.")] = 20_000,
+    api_key: Annotated[Opt[str], typer.Option(
+        envvar="MTKIT_API_KEY", show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).")] = None,
+) -> None:
+    """Serve translations over HTTP: a JSON API, a page at /, docs at /docs.
+
+    Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
+    flight and one last round of the waiting ones, answers the rest 503, then exits."""
+    _need_serve_extra()
+    with reported():
+        api_key = _api_key(api_key)
+        limits = _limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
+        engine = _engine(model, device)
+        defaults = SearchOptions.from_config(
+            engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+            max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
+            temperature=temperature, topk=topk, topp=topp, seed=seed,
+            align_layer=align_layer, alignments=align_layer is not None)
+        engine.check(defaults)  # refused now, not in every request
+        stopped_by = _serve(engine, defaults.but(alignments=False), limits, model, host,
+                            port, continuous, api_key)
+    if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(code=130)
+
+
+def _need_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        typer.echo("error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'",
+                   err=True)
+        raise typer.Exit(code=2) from None
+
+
+def _api_key(given: str | None) -> str | None:
+    if given is None and os.environ.get("MTKIT_API_KEY") is not None:
+        given = os.environ["MTKIT_API_KEY"]  # click takes an empty one for unset
+    if given is not None and not given.strip():
+        raise OptionError("the API key is empty (--api-key or MTKIT_API_KEY): give a "
+                          "key, or neither to serve without one")
+    return given or None
+
+
+def _limits(port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int,
+            max_chars: int):
+    """The server's limits, each checked (max_batch_tokens None: 0, the checkpoint's)."""
+    from mtkit.serving.scheduler import Limits
+
+    if not 1 <= port <= 65535:
+        raise OptionError(f"--port must be from 1 to 65535, got {port}")
+    if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
+        raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got "
+                          f"{max_wait_ms}")
+    for name, value in (("max_batch_tokens", max_batch_tokens), ("max_lines", max_lines),
+                        ("max_chars", max_chars)):
+        if value is not None and value <= 0:
+            raise OptionError(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
+
+
+def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path], host: str,
+           port: int, continuous: bool, api_key: str | None) -> int | None:
+    """Run the service until a signal; returns the signal."""
+    from dataclasses import replace
+
+    from mtkit.serving.app import create_app, serve_forever
+    from mtkit.serving.scheduler import Batcher
+
+    if not limits.max_batch_tokens:
+        limits = replace(limits, max_batch_tokens=engine.config.decode.batch_tokens)
+    name = " + ".join(m.name for m in model)
+    batcher = Batcher(engine, limits, continuous)
+    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    ready = (f"serving {name} on {url} (page at /, API docs at /docs)"
+             + ("; API key required" if api_key else ""))
+    return serve_forever(app_, batcher, host, port, ready)

@@ -1,0 +1,52 @@
+"""The one place that knows both engines: `-m` names checkpoint file(s) (the PyTorch
+engine; several make an ensemble) or a folder made by `mtkit export` (CTranslate2).
+Each engine is imported only when chosen: an exported folder is translated without
+loading torch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from mtkit.decoding import Translator
+from mtkit.errors import OptionError
+
+
+def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:
+    """Whether `-m` names a folder (made by `mtkit export`) rather than checkpoint files:
+    then CTranslate2 translates, and torch is never loaded."""
+    return any(Path(p).is_dir() for p in paths)
+
+
+def model_files(paths: Sequence[str | os.PathLike]) -> dict[str, list[Path]]:
+    """Every file that loading `-m paths` reads, under the option's name ("--model",
+    "--model #2", ...): a checkpoint file, or each file of an exported folder. An output
+    must be none of them."""
+    files = {}
+    for i, p in enumerate(map(Path, paths)):
+        files["--model" + (f" #{i + 1}" if i else "")] = (
+            sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+    return files
+
+
+def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                device: str = "auto", device_option: str = "--device") -> Translator:
+    """The engine of checkpoint file(s) or of an exported folder. `device_option` names
+    the option `device` came from, for the error when it cannot be used."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not wants_ctranslate2(paths):
+        from mtkit.engines.pytorch import load_torch_engine
+
+        return load_torch_engine(paths, device, device_option)
+    from mtkit.engines.ct2 import CT2Engine, looks_exported
+
+    folder = next(Path(p) for p in paths if Path(p).is_dir())
+    if not looks_exported(folder):
+        raise OptionError(f"{folder} is a folder but not an exported model (no "
+                          f"mtkit.json and model.bin); -m takes a checkpoint file or a "
+                          f"folder made by mtkit export")
+    if len(paths) > 1:
+        raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
+                          "translates alone")
+    return CT2Engine(folder, device, device_option)

@@ -1,0 +1,201 @@
+"""The PyTorch engine: checkpoints' models behind `mtkit.search`.
+
+`TorchEngine.translate` takes lines, sets empty ones aside (`Engine.prepare`), sorts the
+rest by length, and runs each batch of at most `batch_tokens` source tokens x beam (the
+rows the search carries) through greedy decoding, beam search or sampling;
+`load_torch_engine` builds one from checkpoint files (several make an ensemble).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from mtkit.align import align, check_layer
+from mtkit.checkpoint import CheckpointError, load_checkpoint
+from mtkit.config import Config, config_from_dict
+from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
+from mtkit.device import resolve_device, resolve_precision
+from mtkit.engines.base import Engine
+from mtkit.hypothesis import Hypothesis
+from mtkit.model import Transformer, build_model, count_parameters
+from mtkit.search import Ensemble, beam_search, greedy_hypotheses, sample_search
+from mtkit.vocab import EOS, PAD, Vocab
+
+
+@dataclass
+class TorchEngine(Engine):
+    """One model, or an ensemble of models that share their vocabularies."""
+
+    models: list[Transformer]
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    config: Config  # the (first) checkpoint's: decoding defaults in config.decode
+    steps: list[int | None] = field(default_factory=list)  # each model's training step
+
+    def __post_init__(self) -> None:
+        Engine.__init__(self)
+
+    @property
+    def model(self) -> Transformer:
+        """The (first) model."""
+        return self.models[0]
+
+    @property
+    def step_model(self) -> Transformer | Ensemble:
+        """What search runs: the model, or the ensemble of all of them."""
+        return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything; greedy lines stream (`mtkit.serving.stream`) with one model."""
+        return Capabilities(sampling=True, alignments=True, streaming=len(self.models) == 1)
+
+    @property
+    def max_positions(self) -> int:
+        return min(m.cfg.max_positions for m in self.models)
+
+    def describe(self) -> dict:
+        return {"engine": "pytorch", "models": len(self.models),
+                "parameters": sum(count_parameters(m) for m in self.models),
+                "device": str(self.device)}
+
+    def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
+        super().check(options, spell)
+        if options.alignments and options.align_layer is not None:
+            check_layer(options.align_layer, self.models)
+
+    def translate(self, lines: list[str], opts: SearchOptions,
+                  done: Callable[[int], None] | None = None,
+                  prefixes: list[str] | None = None, *,
+                  batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
+        """Hypotheses for each line, in input order (`mtkit.decoding.Translator`). With
+        sampling, each line draws from a seed made of `opts.seed` and its text, so its
+        samples are the same in any batch, at any place in the input, alone or not."""
+        self.check(opts)
+        done = done or (lambda n: None)
+        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
+        order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
+        for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
+            src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
+            seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling \
+                else []
+            with self.autocast():
+                hyps = self.search(src, opts, [forced[k] for k in batch] if forced else None,
+                                   seeds)
+                if opts.alignments:
+                    hyps = self.with_alignments([ids[k] for k in batch], hyps,
+                                                opts.align_layer)
+            for k, h in zip(batch, hyps, strict=True):
+                out[todo[k]] = h
+            done(len(batch))
+        return out
+
+    def search(self, src: torch.Tensor, opts: SearchOptions,
+               prefixes: list[list[int]] | None, seeds: list[int]
+               ) -> list[list[Hypothesis]]:
+        """One batch src (B, S) through sampling, greedy decoding or beam search."""
+        model = self.step_model
+        if opts.sampling:
+            hyps = sample_search(model, src, seeds, opts.beam, opts.temperature, opts.topk,
+                                 opts.topp, opts.lenpen, opts.max_len_a, opts.max_len_b,
+                                 no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
+            return [h[: opts.nbest] for h in hyps]
+        if opts.beam == 1:
+            return greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a, opts.max_len_b,
+                                     no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
+        return beam_search(model, src, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
+                           nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
+                           prefixes=prefixes)
+
+    def autocast(self) -> AbstractContextManager:
+        """The precision searches run in: bf16 autocast on CUDA, none on a CPU."""
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
+    def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
+                        layer: int | None) -> list[list[Hypothesis]]:
+        """Each hypothesis with its word links to its source (`mtkit.align`)."""
+        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True)
+                 for h in nbest]
+        links = iter(align(self.models, [src for src, _ in pairs], [out for _, out in pairs],
+                           [[self.src_vocab.piece(i) for i in src] for src, _ in pairs],
+                           [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
+                           layer, self.device))
+        return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
+
+
+def line_seed(seed: int, line: str) -> int:
+    """A sampling seed for one input line: from the user's seed and the line's text."""
+    digest = hashlib.sha256(f"{seed}\0{line}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
+                    ) -> Iterator[list[int]]:
+    """Consecutive runs of `order` with (rows x longest + 1) <= batch_tokens."""
+    batch: list[int] = []
+    longest = 0
+    for k in order:
+        n = len(ids[k]) + 1
+        if batch and (len(batch) + 1) * max(longest, n) > batch_tokens:
+            yield batch
+            batch, longest = [], 0
+        batch.append(k)
+        longest = max(longest, n)
+    if batch:
+        yield batch
+
+
+def pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
+                      device_option: str = "--device") -> TorchEngine:
+    """Everything translation needs comes from the checkpoint file(s); several files make
+    an ensemble, whose models must share the source and the target vocabulary (decoding
+    defaults come from the first). `device_option` names the option `device` came from,
+    for the error when it cannot be used."""
+    dev = resolve_device(device, device_option)
+    loaded = [load_model(p) for p in paths]
+    first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
+    for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
+        for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
+            if mine.model_proto != theirs.model_proto:
+                raise CheckpointError(f"{path} and {first} have different {side} "
+                                      f"vocabularies; the models of an ensemble must share "
+                                      f"their tokenizers")
+    models = [model.to(dev).eval() for model, *_ in loaded]
+    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
+    return TorchEngine(models, src_vocab, tgt_vocab, dev, precision, cfg,
+                       [step for *_, step in loaded])
+
+
+def load_model(path: str | os.PathLike
+               ) -> tuple[Transformer, Vocab, Vocab, Config, int | None]:
+    """A checkpoint's model, vocabularies, config and training step (None: averaged).
+    The checkpoint is read memory-mapped: its training state is never copied in."""
+    payload = load_checkpoint(path, mmap=True)
+    try:
+        cfg = config_from_dict(payload["config"], str(path))
+        src_vocab = Vocab(payload["vocab"]["src"])
+        tgt_vocab = Vocab(payload["vocab"]["tgt"])
+        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
+        model.load_state_dict(payload["model"])
+    except (KeyError, TypeError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
+                              f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+                              ) from None
+    progress = payload.get("train", {}).get("progress", {})
+    return model, src_vocab, tgt_vocab, cfg, progress.get("step")

@@ -1,0 +1,1 @@
+"""Exporting a checkpoint to other inference engines: `ct2` (CTranslate2)."""

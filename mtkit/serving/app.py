@@ -1,0 +1,345 @@
+"""The HTTP app of `mtkit serve` (FastAPI + uvicorn, `pip install 'mtkit[serve]'`).
+
+    POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?}
+    GET  /v1/health     liveness, and whether the model is loaded
+    GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
+    GET  /              a page: translate text and see each sentence's word alignment
+    GET  /docs          the OpenAPI documentation
+
+The event loop only parses and answers; the model runs in the worker
+(`mtkit.serving.scheduler.Batcher`), so a slow client never holds up others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
+
+from mtkit.decoding import SearchOptions, Translator
+from mtkit.errors import OptionError, plural
+from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.serving.scheduler import Batcher, Limits, ServeError
+from mtkit.textio import lone_surrogate, read_json
+
+log = logging.getLogger(__name__)
+PAGE = Path(__file__).with_name("page.html")
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+
+
+class TranslateRequest(BaseModel):
+    """The body of POST /v1/translate."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: list[str] = Field(description="Sentences to translate; empty strings stay empty.")
+    beam: int | None = Field(None, ge=1, le=64, description="Beam size.")
+    nbest: int | None = Field(None, ge=1, le=64, description="Hypotheses per sentence.")
+    alignments: bool = Field(False, description="Add Pharaoh word alignments.")
+
+
+def parse_body(raw: bytes) -> TranslateRequest:
+    """The request body as a `TranslateRequest` (JSON, whatever the Content-Type), or a
+    422 `ServeError` that names the field at fault."""
+    if not raw.strip():
+        raise ServeError(422, 'the body is empty: send {"text": ["..."]}')
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ServeError(422, f"the body is not UTF-8 (byte {e.start})") from None
+    try:
+        data = read_json(text)
+    except ValueError as e:
+        raise ServeError(422, f"the body is not JSON: {e}") from None
+    for key in data if isinstance(data, dict) else ():
+        bad = lone_surrogate(key)
+        if bad:
+            raise ServeError(422, f"body: a field name holds {bad}; the fields are "
+                                  f"{', '.join(TranslateRequest.model_fields)}")
+    try:
+        body = TranslateRequest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = ".".join(str(x) for x in first["loc"]) or None
+        message = f"{name or 'body'}: {first['msg']}"
+        raise ServeError(422, message.encode("utf-8", "backslashreplace").decode(), name
+                         ) from None
+    for i, sentence in enumerate(body.text):
+        bad = lone_surrogate(sentence)  # an escape such as \ud800 that is no character
+        if bad:
+            raise ServeError(422, f"text.{i}: {bad}", f"text.{i}")
+    return body
+
+
+def _error(status: int, message: str, field_name: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": message, **({"field": field_name} if field_name else {})}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read
+    (by its Content-Length) or while it is read (a chunked body)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        too_large = _error(413, f"the request body is over {self.limit} bytes")
+        if not length.isdigit() or int(length) > self.limit:
+            return await too_large(scope, receive, send)
+        seen, started = 0, False
+
+        async def counted_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except _TooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _awaited(request: Request, future: Future) -> list | None:
+    """The future's result, or None when the client disconnects first: then the future
+    is cancelled, and the worker drops the request if its search has not begun."""
+    waiting = asyncio.wrap_future(future)
+    while not (await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S))[0]:
+        if await request.is_disconnected():
+            waiting.cancel()
+            return None
+    return waiting.result()
+
+
+@dataclass
+class Service:
+    """One loaded model (or ensemble) behind the API: what the routes read.
+    `defaults`: the decoding options of requests that do not set them; `step`: what the
+    checkpoint's weights are (a training step, or a description such as "the average
+    of steps 800-1000"); `batcher`: the worker, once running."""
+
+    translator: Translator
+    defaults: SearchOptions
+    limits: Limits
+    model_name: str
+    step: int | str | None = None
+    batcher: Batcher | None = None
+
+    def options(self, body: TranslateRequest) -> SearchOptions:
+        """A request's search options: the defaults with its own beam, n-best and
+        alignments, checked as the command line checks them (422 naming the field)."""
+        try:
+            opts = SearchOptions.from_config(self.defaults, spell=str, beam=body.beam,
+                                             nbest=body.nbest or 1,
+                                             alignments=body.alignments or None)
+            self.translator.check(opts, spell=str)
+        except OptionError as e:
+            raise ServeError(422, str(e), e.option) from None
+        return opts
+
+    def check_size(self, body: TranslateRequest) -> None:
+        """413 for a request over the per-request limits."""
+        if len(body.text) > self.limits.max_lines:
+            raise ServeError(413, f"at most {plural(self.limits.max_lines, 'sentence')} per "
+                                  f"request, got {len(body.text)}", "text")
+        chars = sum(len(x) for x in body.text)
+        if chars > self.limits.max_chars:
+            raise ServeError(413, f"at most {plural(self.limits.max_chars, 'character')} "
+                                  f"per request, got {chars}", "text")
+
+    def info(self) -> dict:
+        """What /v1/info says: languages, engine, decoding defaults, limits, load."""
+        cfg = self.translator.config
+        return {"model": self.model_name, "source_language": cfg.data.src_lang,
+                "target_language": cfg.data.tgt_lang, "step": self.step,
+                **self.translator.describe(),
+                "decoding": {k: v for k, v in asdict(self.defaults).items()
+                             if k not in ("nbest", "alignments")},
+                "limits": asdict(self.limits),
+                "load": {"requests_received": self.batcher.received,
+                         "waiting_lines": self.batcher.waiting_lines}}
+
+
+def create_app(translator: Translator, defaults: SearchOptions, limits: Limits,
+               model_name: str, step: int | str | None = None, api_key: str | None = None,
+               batcher: Batcher | None = None) -> FastAPI:
+    """The service for one loaded model (or ensemble). `defaults`: the decoding options
+    of requests that do not set them. `batcher`: a worker that the caller runs (see
+    `serve_forever`); without one, the app starts its own thread."""
+    service = Service(translator, defaults, limits, model_name, step)
+
+    async def lifespan(app: FastAPI):
+        service.batcher = batcher or Batcher(translator, limits).start()
+        yield
+        await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
+
+    app = FastAPI(title="mtkit", summary="Transformer machine translation",
+                  lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    _guard(app, api_key)
+    _routes(app, service)
+    return app
+
+
+def _guard(app: FastAPI, api_key: str | None) -> None:
+    """The API key check and the JSON form of refusals."""
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Callable[[Request], Awaitable]):
+        """With an API key, /v1/* (but /v1/health) needs `Authorization: Bearer KEY`."""
+        path = request.url.path
+        if api_key and path.startswith("/v1/") and path != "/v1/health":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
+                return _error(401, "missing or wrong API key: send 'Authorization: Bearer "
+                                   "KEY'", headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.exception_handler(ServeError)
+    async def refused(request: Request, e: ServeError) -> JSONResponse:
+        return _error(e.status, str(e), e.field)
+
+
+def _routes(app: FastAPI, service: Service) -> None:
+    schema = {"required": True, "content": {"application/json": {
+        "schema": TranslateRequest.model_json_schema()}}}
+
+    @app.post("/v1/translate", openapi_extra={"requestBody": schema})
+    async def translate(request: Request) -> dict:
+        """Translate sentences; the answer keeps their order."""
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left mid-body: no one to answer or log for
+            return Response(status_code=400)
+        body = parse_body(raw)
+        service.check_size(body)
+        opts = service.options(body)
+        start = time.perf_counter()
+        lines = [" ".join(x.split()) for x in body.text]  # a sentence is one line
+        hyps = await _awaited(request, service.batcher.submit(lines, opts)) if lines else []
+        if hyps is None:  # the client left while its request waited: dropped
+            return Response(status_code=400)
+        return {"translations": [_entry(h, service.translator, opts) for h in hyps],
+                "model": service.model_name,
+                "elapsed_ms": round(1000 * (time.perf_counter() - start), 1)}
+
+    @app.get("/v1/health")
+    async def health() -> dict:
+        """Liveness; `model_loaded` once the model worker runs."""
+        return {"status": "ok", "model_loaded": service.batcher is not None}
+
+    @app.get("/v1/info")
+    async def info() -> dict:
+        """What is served: languages, model size, decoding defaults, limits, load."""
+        return service.info()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+
+def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) -> dict:
+    """One sentence's answer: its best translation, and the n-best list when asked."""
+
+    def one(h: Hypothesis) -> dict:
+        return {"text": translator.tgt_vocab.decode(h.tokens), "score": round(h.score, 4),
+                **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {})}
+
+    entry = one(hyps[0])
+    if opts.nbest > 1:
+        entry["nbest"] = [one(h) for h in hyps]
+    return entry
+
+
+def serve_forever(app: FastAPI, batcher: Batcher, host: str, port: int, ready: str = ""
+                  ) -> int | None:
+    """Serve `app` (made with `batcher`) until SIGTERM or Ctrl-C; then stop accepting,
+    answer what is in flight, and return the signal that stopped it. HTTP runs in a
+    thread; the model runs here, on the calling (main) thread. `ready` is logged once the
+    port is open."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started and ready:
+                log.info("%s", ready)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                   access_log=False, timeout_graceful_shutdown=60))
+    stopped_by: list[int] = []
+
+    def stop(sig: int, frame) -> None:
+        stopped_by.append(sig)
+        # The batcher first, so that waiting requests get 503 now and uvicorn's graceful
+        # shutdown waits only for the last round; from a thread, as the main thread may
+        # hold the lock that `close` takes.
+        threading.Thread(target=batcher.close, name="mtkit-close", daemon=True).start()
+        server.should_exit = True  # uvicorn's own graceful shutdown
+
+    sock = _listen(host, port)
+
+    def http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:  # the app's shutdown stops the batcher; so does a failed start
+            batcher.stop()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread = threading.Thread(target=http, name="mtkit-http", daemon=True)
+        thread.start()
+        batcher.run()
+        thread.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if not server.started:
+        raise OSError(f"the server on {host}:{port} did not start")
+    return stopped_by[0] if stopped_by else None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, or a one-line OSError (in use, not allowed, ...)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {(e.strerror or str(e)).lower()}"
+                      ) from None
+    return sock

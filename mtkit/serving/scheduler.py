@@ -1,0 +1,316 @@
+"""The model worker of `mtkit serve`: one queue for every request's sentences, and one
+thread that runs the model (`Batcher`).
+
+Greedy requests join one running greedy search between any two of its steps and leave
+it as each sentence ends (continuous batching, `mtkit.serving.stream`); each request is
+answered once its own last sentence ends. Other requests run in rounds: the worker takes
+sentences up to `max_batch_tokens` source tokens or until `max_wait_ms` has passed since
+the oldest waiting one arrived (or since answers last went out, if later, so that the
+clients it answered can join), translates them in one batched search per decoding
+setting, and answers each request at the round's end. At shutdown (`Batcher.close`) what
+is in flight is finished, one last round takes the waiting requests up to the budget,
+and the rest get 503 (`Batcher._finish`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from mtkit.decoding import SearchOptions, Translator
+from mtkit.hypothesis import Hypothesis
+from mtkit.serving.stream import LineStream, open_stream
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_tokens: int = 4000  # source tokens the worker takes into one search
+    max_wait_ms: float = 5.0  # how long the oldest waiting sentence may wait for company
+    max_lines: int = 64  # sentences per request
+    max_chars: int = 20_000  # characters per request, all sentences together
+    max_body_bytes: int = 1 << 20  # request body
+    max_queued_lines: int = 20_000  # sentences waiting; beyond this requests get 503
+
+
+# When waiting greedy requests join the running stream (`Batcher._join_stream`): each
+# join runs the encoder, which costs nearly as much for a few sentences as for dozens, so
+# they wait until they are half as many as those decoding, or for 3 steps. In-process at
+# 32 clients (serve_load's requests, 2-core AMD EPYC, an earlier version of the stream)
+# this served 0.66-0.73 of offline throughput, joining at every step 0.62-0.64; at 8
+# clients the two did not differ beyond noise.
+JOIN_SHARE = 0.5
+JOIN_AFTER_STEPS = 3
+
+
+SHUTTING_DOWN = "the server is shutting down; retry shortly"
+
+
+class ServeError(Exception):
+    """An error answered as JSON {"error": message, "field"?: name} with `status`."""
+
+    def __init__(self, status: int, message: str, field_name: str | None = None):
+        super().__init__(message)
+        self.status, self.field = status, field_name
+
+
+# --- the model worker ------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """One request's sentences, from the queue until answered."""
+
+    lines: list[str]
+    opts: SearchOptions
+    tokens: int  # source tokens, for the batch budget
+    longest: int  # tokens of its longest sentence
+    future: Future = field(default_factory=Future)
+    arrived: float = field(default_factory=time.monotonic)
+    seen_at_step: int = 0  # the stream's step count when the worker took the request
+    results: list[list[Hypothesis] | None] = field(default_factory=list)  # streamed lines
+    left: int = 0  # streamed lines not yet ended
+
+
+class Batcher:
+    """The queue and the one worker that runs the model (dynamic batching): `run` in the
+    calling thread, or `start` a thread for it.
+
+    With `continuous` (the default) greedy requests, where the engine can stream them
+    (`open_stream`), join one running search between any two of its steps and leave it
+    as each sentence ends: continuous batching. A request is answered once its last
+    sentence ends. Other requests run in rounds: the waiting ones up to the token
+    budget, in one search per decoding setting, answered at the round's end.
+
+    `mtkit serve` runs the model on the main thread (and HTTP on another): the same
+    search ran 1.2-1.5x slower in a second thread on the 2-core machine measured."""
+
+    def __init__(self, translator: Translator, limits: Limits, continuous: bool = True):
+        self.translator, self.limits, self.continuous = translator, limits, continuous
+        self._queue: queue.Queue[_Job | None] = queue.Queue()  # None: stop
+        self._queued_lines = 0
+        self.received = 0  # requests accepted since start (never falls: a client can wait on it)
+        self._stopping = False  # `close` was called: new requests get 503
+        self._lock = threading.Lock()
+        self._backlog: list[_Job] = []  # taken from the queue, not yet run or streaming
+        self._stream: LineStream | None = None
+        self._streaming: list[_Job] = []  # requests with sentences in the stream
+        self._closing = False
+        self._steps = 0  # steps the stream has run
+        self._round_end = 0.0  # time.monotonic() when answers last went out
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Batcher:
+        self._thread = threading.Thread(target=self.run, name="mtkit-model", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, lines: list[str], opts: SearchOptions) -> Future:
+        """Queue a request's sentences; the future gets one hypothesis list per line."""
+        lengths = [len(x) + 1 for x in self.translator.encode(lines)]
+        with self._lock:
+            if self._stopping:
+                raise ServeError(503, SHUTTING_DOWN)
+            if self._queued_lines + len(lines) > self.limits.max_queued_lines:
+                raise ServeError(503, "the server is busy: too many sentences are waiting; "
+                                      "retry shortly")
+            self._queued_lines += len(lines)
+            self.received += 1
+        job = _Job(lines, opts, sum(lengths), max(lengths, default=0))
+        self._queue.put(job)
+        return job.future
+
+    @property
+    def waiting_lines(self) -> int:
+        """Sentences accepted and not yet taken into a round or the stream."""
+        return self._queued_lines
+
+    def close(self) -> None:
+        """Stop taking requests (new ones get 503) and let `run` finish what it has (see
+        `_finish`), then return. Returns at once; safe to call more than once."""
+        with self._lock:
+            self._stopping = True
+        self._queue.put(None)
+
+    def stop(self) -> None:
+        """`close`, and wait until the worker thread (if `start`ed) has returned."""
+        self.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def run(self) -> None:
+        """Translate queued sentences until `close`."""
+        while not self._closing:
+            self._take(wait=not (self._backlog or self._streaming))
+            self._run_round()
+            self._join_stream()
+            self._step_stream()
+        self._finish()
+
+    def _finish(self) -> None:
+        """What shutdown promises: the requests in flight are finished, and the waiting
+        ones join one last round or the stream, up to the token budget, without waiting
+        for company; the rest are answered 503 at once. So a long backlog costs a round
+        at shutdown, not the time to translate all of it."""
+        self._run_round()
+        self._join_stream(eager=True)
+        while self._streaming:
+            self._step_stream()
+        refused = self._taken(list(self._backlog))
+        for job in refused:
+            job.future.set_exception(ServeError(503, SHUTTING_DOWN))
+
+    def _take(self, wait: bool) -> None:
+        """Move queued requests to the backlog. With `wait`, block for the first, then
+        wait for company until the token budget is reached or `max_wait_ms` has passed.
+
+        The wait counts from the first request's arrival, or from when answers last went
+        out if later: the clients just answered can then join it with their next
+        requests, instead of forming a half-empty round of their own."""
+        tokens, deadline = 0, None
+        while not self._closing:
+            wait = wait and not self._stopping  # closing: take all that is queued, now
+            if wait and deadline is None:
+                job = self._queue.get()
+            else:
+                timeout = deadline - time.monotonic() if wait else 0
+                try:  # past the deadline, still take what is already queued
+                    job = (self._queue.get(timeout=timeout) if timeout > 0
+                           else self._queue.get_nowait())
+                except queue.Empty:
+                    return
+            if job is None:
+                self._closing = True
+                return
+            job.seen_at_step = self._steps
+            self._backlog.append(job)
+            tokens += job.tokens
+            if deadline is None:
+                deadline = max(job.arrived, self._round_end) + self.limits.max_wait_ms / 1000
+            if wait and tokens >= self.limits.max_batch_tokens:
+                return
+
+    def _streams(self, job: _Job) -> bool:
+        """Whether the job goes to the stream (made here for the first that can)."""
+        if not self.continuous:
+            return False
+        if self._stream is not None and self._stream.accepts(job.opts):
+            return True
+        if self._streaming:  # the running stream decodes with other settings
+            return False
+        stream = open_stream(self.translator, job.opts)
+        if stream is not None:
+            self._stream = stream
+        return stream is not None
+
+    def _taken(self, jobs: list[_Job]) -> list[_Job]:
+        """Take `jobs` out of the backlog; returns those still awaited (a request whose
+        future was cancelled, as uvicorn's shutdown timeout cancels waiting handlers, is
+        dropped untranslated; the others' futures can no longer be cancelled, so
+        answering them never fails with InvalidStateError)."""
+        taken = {id(j) for j in jobs}
+        self._backlog = [j for j in self._backlog if id(j) not in taken]
+        with self._lock:
+            self._queued_lines -= sum(len(j.lines) for j in jobs)
+        return [j for j in jobs if j.future.set_running_or_notify_cancel()]
+
+    def _run_round(self) -> None:
+        """The backlog's requests that do not stream, oldest first, up to the budget."""
+        jobs, tokens = [], 0
+        for job in self._backlog:
+            if not self._streams(job) and (not jobs or tokens + job.tokens
+                                           <= self.limits.max_batch_tokens):
+                jobs.append(job)
+                tokens += job.tokens
+        jobs = self._taken(jobs)
+        if not jobs:
+            return
+        groups: dict[SearchOptions, list[_Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.opts, []).append(job)
+        for opts, group in groups.items():
+            self._translate(group, opts)
+        self._round_end = time.monotonic()
+
+    def _translate(self, jobs: list[_Job], opts: SearchOptions) -> None:
+        lines = [line for job in jobs for line in job.lines]
+        try:
+            hyps = self.translator.translate(lines, opts,
+                                             batch_tokens=self.limits.max_batch_tokens)
+        except Exception as e:  # answer every waiting request, keep serving
+            log.exception("translation failed")
+            for job in jobs:
+                job.future.set_exception(e)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(hyps[start : start + len(job.lines)])
+            start += len(job.lines)
+
+    def _join_stream(self, eager: bool = False) -> None:
+        """Waiting greedy requests join the stream, up to the token budget, when that is
+        worth an encoder run (or at once, `eager`): once they are at least `JOIN_SHARE`
+        of the sentences decoding, or the oldest has waited `JOIN_AFTER_STEPS` steps."""
+        waiting = [j for j in self._backlog if self._streams(j)]
+        if not waiting:
+            return
+        if self._streaming and not eager:
+            lines = sum(len(j.lines) for j in waiting)
+            if (lines < JOIN_SHARE * len(self._stream)
+                    and self._steps - waiting[0].seen_at_step < JOIN_AFTER_STEPS):
+                return
+        # The budget counts padding, as `translate --batch-tokens` does: the slots'
+        # caches are as wide as the longest sentence in them.
+        rows = sum(len(j.lines) for j in self._streaming)
+        longest = max((j.longest for j in self._streaming), default=0)
+        joining = []
+        for job in waiting:
+            rows, longest = rows + len(job.lines), max(longest, job.longest)
+            if (self._streaming or joining) and rows * longest > self.limits.max_batch_tokens:
+                break
+            joining.append(job)
+        if not joining:
+            return
+        for job in self._taken(joining):
+            job.results, job.left = [None] * len(job.lines), len(job.lines)
+            try:
+                self._stream.add(job.lines, [(id(job), i) for i in range(len(job.lines))],
+                                 job.opts)
+            except Exception as e:  # the request at fault is answered with the error
+                log.exception("translation failed")
+                job.future.set_exception(e)
+                continue
+            self._streaming.append(job)
+
+    def _step_stream(self) -> None:
+        """One step of the stream; requests whose last sentence ended are answered."""
+        if not self._streaming:
+            return
+        try:
+            ended = self._stream.step()
+        except Exception as e:
+            self._fail_stream(e)
+            return
+        self._steps += 1
+        if not ended:
+            return
+        jobs = {id(j): j for j in self._streaming}
+        for (job_id, i), hyps in ended:
+            job = jobs[job_id]
+            job.results[i] = hyps
+            job.left -= 1
+            if not job.left:
+                job.future.set_result(job.results)
+        self._streaming = [j for j in self._streaming if j.left]
+        self._round_end = time.monotonic()
+
+    def _fail_stream(self, e: Exception) -> None:
+        """Answer every request in the stream with the error; start a new stream."""
+        log.exception("translation failed")
+        for job in self._streaming:
+            job.future.set_exception(e)
+        self._streaming, self._stream = [], None

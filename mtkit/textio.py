@@ -1,0 +1,333 @@
+"""Text in, text out: lines as they arrive, jsonl requests, output formats, order kept.
+
+`translate_stream` reads whatever lines are available (so it works interactively and
+in a pipe), hands each chunk to a translator (`mtkit.decoding.Translator`, which sorts
+and batches it), and writes exactly one output line per input line (n lines with
+`nbest` n), in input order, flushed after each chunk. Empty lines give empty lines
+without running the model; invalid UTF-8 is replaced, not fatal; a byte-order mark at
+the start is dropped; memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are
+dropped while reading. In jsonl, each input line is a request record and each output
+line a result record; a malformed record gets an error record, and the rest go on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal, TextIO
+
+from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
+from mtkit.errors import OptionError, plural
+from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.vocab import Vocab
+
+log = logging.getLogger(__name__)
+
+CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
+# Longest input line kept, in bytes. A subword is at least one byte, so this is far more
+# than any model's positions (1,024 by default); it only bounds memory on a runaway line.
+MAX_LINE_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """How results are written: `text` (the translation, then with `scores` a tab and
+    the score, with alignments a tab and the links; n-best as 'i ||| text ||| score'),
+    or `jsonl` (one record per input line)."""
+
+    kind: Literal["text", "jsonl"] = "text"
+    scores: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("text", "jsonl"):
+            raise OptionError(f"--format must be text or jsonl, got {self.kind!r}")
+
+
+TEXT = OutputFormat()
+
+
+def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
+                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
+    """Lines as they become available: each chunk holds the complete lines that one read
+    returned (at most `max_lines`), so an interactive user gets each line translated at
+    once and a pipe gets large batches. Invalid UTF-8 is replaced; a leading byte-order
+    mark is dropped; a line keeps at most its first `max_line_bytes` bytes, cut while
+    reading, so a huge line without newlines never sits whole in memory."""
+    fd = _fileno(stream)
+    pending = bytearray()  # the start of a line whose end has not been read yet
+    at_start, warned = True, False
+
+    def bounded(line: bytes) -> bytes:
+        nonlocal warned
+        if len(line) > max_line_bytes and not warned:
+            log.warning("an input line is longer than %d bytes; only its start is "
+                        "translated", max_line_bytes)
+            warned = True
+        return line[:max_line_bytes]
+
+    while True:
+        data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
+        if not data:
+            break
+        if at_start:
+            data, at_start = data.removeprefix(BOM), False
+        *lines, rest = data.split(b"\n")
+        if lines:
+            lines[0] = bytes(pending) + lines[0]
+            pending.clear()
+        lines = [bounded(x) for x in lines]
+        pending += rest[: max(max_line_bytes + 1 - len(pending), 0)]  # +1: still "too long"
+        for start in range(0, len(lines), max_lines):
+            yield [_decode(x) for x in lines[start : start + max_lines]]
+    if pending:
+        yield [_decode(bounded(bytes(pending)))]
+
+
+def _fileno(stream) -> int | None:
+    """The stream's OS file descriptor, or None for in-memory streams."""
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One input line: the source text, an optional target prefix and, in jsonl, an
+    optional `id` echoed back, or why the line could not be read."""
+
+    src: str
+    prefix: str = ""
+    id: object = None
+    error: str = ""
+
+
+def parse_line(line: str, jsonl: bool) -> Request:
+    """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
+    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error: not JSON,
+    nested too deeply to parse, a number too long to read, text with a lone surrogate
+    (an escape such as \\ud800 that is no character), or an `id` that is not text, a
+    number or null (`check_id`)."""
+    if not jsonl:
+        return Request(line)
+    try:
+        record = read_json(line) if line.strip() else {"src": ""}
+    except ValueError as e:
+        return Request("", error=f"not a JSON object: {e}")
+    if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
+            isinstance(record.get("prefix", ""), str):
+        got = record if not isinstance(record, dict) else sorted(record)
+        return Request("", id=_echoed_id(record),
+                       error=f'expected {{"src": text, "prefix"?: text, "id"?: ...}}, '
+                             f"got {_shown(got)}")
+    id_error = check_id(record.get("id"))
+    if id_error:
+        return Request("", error=id_error)
+    for name in ("src", "prefix"):
+        bad = lone_surrogate(record.get(name, ""))
+        if bad:
+            return Request("", id=record.get("id"), error=f"{name}: {bad}")
+    return Request(record["src"], record.get("prefix", ""), record.get("id"))
+
+
+def read_json(text: str) -> object:
+    """`json.loads`, with each way it fails as one ValueError that says why: a syntax
+    error (and where), nesting too deep to parse, a number too long to read."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ValueError("a number has too many digits to read") from None
+
+
+MAX_ID_CHARS = 1000  # the longest `id` echoed back
+
+
+def check_id(value: object) -> str:
+    """Why a jsonl line's `id` cannot be echoed back, or "" if it can: text of at most
+    `MAX_ID_CHARS` characters (valid Unicode), an integer of at most 64 bits, a finite
+    number, or null: never an object, a list or a boolean."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        if len(value) > MAX_ID_CHARS:
+            return f"id: text of at most {MAX_ID_CHARS} characters, got {len(value)}"
+        bad = lone_surrogate(value)
+        return f"id: {bad}" if bad else ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if -(1 << 63) <= value < 1 << 63:
+            return ""
+        return f"id: an integer of at most 64 bits, got one of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"id: a finite number, got {value}"
+    return f"id: text, a number or null, got {type(value).__name__} {_shown(value)}"
+
+
+def _echoed_id(record: object) -> object:
+    """The record's `id` if it can be echoed back in its error record, else None."""
+    if isinstance(record, dict) and not check_id(record.get("id")):
+        return record.get("id")
+    return None
+
+
+def lone_surrogate(text: object) -> str:
+    """Why `text` is not valid Unicode (a lone surrogate, from an escape such as
+    \\ud800), or "" if it is (or is not text)."""
+    if not isinstance(text, str):
+        return ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start} "
+                f"is not a character")
+    return ""
+
+
+def _shown(value: object) -> str:
+    """At most 80 characters of `value`, printable whatever it holds (a lone surrogate
+    is escaped; a value nested too deeply is not shown)."""
+    try:
+        text = str(value)[:80]
+    except RecursionError:
+        return "(nested too deeply to show)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab: Vocab,
+                 opts: SearchOptions, output: OutputFormat = TEXT) -> list[str]:
+    """The output lines of one input line (n of them with --nbest n in text format)."""
+    if request.error:  # jsonl only: the line stays, as an error record
+        return [json.dumps({"line": index, **({"id": request.id} if request.id is not None
+                                              else {}), "error": request.error},
+                           ensure_ascii=False)]
+    texts = [tgt_vocab.decode(h.tokens) for h in hyps]
+    links = [pharaoh(h.alignment or ()) for h in hyps]
+    if output.kind == "jsonl":
+        def entry(k: int) -> dict:
+            return {"translation": texts[k], "score": round(hyps[k].score, 4),
+                    **({"alignment": links[k]} if opts.alignments else {})}
+
+        record = {"line": index, **({"id": request.id} if request.id is not None else {}),
+                  "source": request.src, **entry(0)}
+        if opts.nbest > 1:
+            record["nbest"] = [entry(k) for k in range(len(hyps))]
+        return [json.dumps(record, ensure_ascii=False)]
+    if opts.nbest > 1:
+        return [f"{index} ||| {t} ||| {h.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
+                for t, h, a in zip(texts, hyps, links, strict=True)]
+    fields = [texts[0]] + ([f"{hyps[0].score:.4f}"] if output.scores else []) \
+        + ([links[0]] if opts.alignments else [])
+    return ["\t".join(fields)]
+
+
+def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
+    """All of `source` in memory, after checking that it has `expected` lines (as
+    `read_chunks` counts them); `what` names the file it must match in the error."""
+    data = source.read()
+    lines = data.count(b"\n") + (not data.endswith(b"\n") and len(data) > 0)
+    if lines != expected:
+        raise OptionError(f"{what} has {plural(expected, 'line')}, the input has {lines}")
+    return io.BytesIO(data)
+
+
+def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
+                     opts: SearchOptions, done: Callable[[int], None] | None = None,
+                     prefixes: list[str] | None = None, *, output: OutputFormat = TEXT,
+                     batch_tokens: int = BATCH_TOKENS) -> int:
+    """Translate every line of `source` to `sink`; returns the number of input lines.
+    In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`:
+    a target prefix for each input line (text format). `done(n)` is called as lines are
+    finished (for a progress bar)."""
+    count = 0
+    for lines in read_chunks(source):
+        requests = [parse_line(x, output.kind == "jsonl") for x in lines]
+        chunk_prefixes = [r.prefix for r in requests]
+        if prefixes is not None:
+            chunk_prefixes = prefixes[count : count + len(lines)]
+        results = translator.translate([r.src for r in requests], opts, done,
+                                       chunk_prefixes if any(chunk_prefixes) else None,
+                                       batch_tokens=batch_tokens)
+        out = []
+        for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
+            out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
+                                    opts, output))
+        sink.write("".join(x + "\n" for x in out))
+        sink.flush()
+        count += len(lines)
+    return count
+
+
+BAR_MIN_LINES = 300  # files shorter than this translate without a progress bar
+
+
+@contextmanager
+def progress_bar(path: str | os.PathLike | None, console=None
+                 ) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar (lines done, sentences/s, ETA) for translating the file `path`,
+    on stderr when it is a terminal and the file has at least `BAR_MIN_LINES` lines;
+    yields the callback that advances it, or None. Never touches stdout."""
+    if path is None:
+        yield None
+        return
+    from rich.console import Console
+
+    console = console or Console(file=sys.stderr)
+    # (counting reads the file: never a pipe's, which the translation reads)
+    total = _count_lines(path) if console.is_terminal and Path(path).is_file() else 0
+    if total < BAR_MIN_LINES:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                   console=console, redirect_stdout=False, redirect_stderr=False)
+    task = bar.add_task("translate", total=total, rate="")
+    start = time.perf_counter()
+
+    def advance(n: int) -> None:
+        done = bar.tasks[0].completed + n
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        bar.update(task, completed=done, rate=f"{rate:,.1f} sentences/s")
+
+    with bar:
+        yield advance
+
+
+def _count_lines(path: str | os.PathLike) -> int:
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def translate_texts(translator: Translator, lines: list[str], opts: SearchOptions,
+                    batch_tokens: int = BATCH_TOKENS) -> list[str]:
+    """Best translation of each line, in order (for evaluation)."""
+    hyps = translator.translate(lines, opts, batch_tokens=batch_tokens)
+    return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
