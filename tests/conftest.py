@@ -127,3 +127,24 @@ def exported(trained, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("export") / "ct2"
     export_ctranslate2(trained / "run" / "checkpoints" / "best.pt", folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    """A PyTorch engine with a random 1-layer model (d_model 16, 24 positions) and a
+    120-piece vocabulary: fast, deterministic, not a translator."""
+    import torch
+
+    from mtkit.config import Config, ModelConfig, TokenizerConfig
+    from mtkit.engines.pytorch import TorchEngine
+    from mtkit.model import build_model
+    from mtkit.tokenizer import train_sentencepiece
+    from mtkit.vocab import Vocab
+
+    vocab = Vocab(train_sentencepiece(read_lines("train.en.gz", 300),
+                                      TokenizerConfig(vocab_size=120)))
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
+                      dropout=0.0, max_positions=24)
+    model = build_model(cfg, len(vocab), len(vocab)).eval()
+    return TorchEngine([model], vocab, vocab, torch.device("cpu"), None, Config(model=cfg))

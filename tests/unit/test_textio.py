@@ -1,0 +1,81 @@
+"""Text in, text out (`mtkit.textio`): one output line per input line, in order, as lines
+arrive; invalid UTF-8; output formats; the progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+
+from mtkit.decoding import SearchOptions
+from mtkit.textio import OutputFormat, Request, format_lines, read_chunks, translate_stream
+
+
+def test_one_output_line_per_input_line_in_order(tiny_engine):
+    lines = ["A dog.", "", "A man in a blue shirt is standing on a ladder.", "   ", "Hi."]
+    opts = SearchOptions(beam=3, max_len_a=1.0, max_len_b=3)
+    sink = io.StringIO()
+    assert translate_stream(tiny_engine, io.BytesIO("\n".join(lines).encode()), sink, opts) == 5
+    out = sink.getvalue().split("\n")
+    assert len(out) == 6 and out[-1] == "" and out[1] == out[3] == ""
+    # The same lines one at a time give the same outputs: order is restored exactly.
+    one_by_one = [tiny_engine.translate([x], opts)[0][0].tokens for x in lines]
+    together = [h[0].tokens for h in tiny_engine.translate(lines, opts)]
+    assert one_by_one == together
+
+
+def test_invalid_utf8_is_replaced_not_fatal():
+    chunks = list(read_chunks(io.BytesIO(b"ok\n\xff\xfe bad\nlast")))
+    assert chunks == [["ok", "\ufffd\ufffd bad"], ["last"]]
+
+
+def test_lines_are_translated_as_soon_as_they_arrive():
+    read_fd, write_fd = os.pipe()
+    reader = os.fdopen(read_fd, "rb")
+    chunks = read_chunks(reader)
+    os.write(write_fd, b"first line\n")
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(next(chunks)))
+    thread.start()
+    thread.join(timeout=5)
+    assert got == [["first line"]]  # no waiting for more input or end of file
+    os.write(write_fd, b"second\nthird\n")
+    os.close(write_fd)
+    assert list(chunks) == [["second", "third"]]
+    reader.close()
+
+
+def test_output_formats(tiny_engine):
+    hyps = tiny_engine.translate(["A dog."], SearchOptions(beam=3, nbest=2, max_len_b=3))[0]
+    nbest = format_lines(7, Request("A dog."), hyps, tiny_engine.tgt_vocab,
+                         SearchOptions(beam=3, nbest=2))
+    assert len(nbest) == 2 and all(line.startswith("7 ||| ") for line in nbest)
+    scored = format_lines(0, Request("A dog."), hyps[:1], tiny_engine.tgt_vocab,
+                          SearchOptions(), OutputFormat(scores=True))
+    assert scored[0].count("\t") == 1 and float(scored[0].split("\t")[1]) <= 0
+    record = json.loads(format_lines(0, Request("A dog."), hyps, tiny_engine.tgt_vocab,
+                                     SearchOptions(beam=3, nbest=2),
+                                     OutputFormat("jsonl"))[0])
+    assert record["source"] == "A dog." and len(record["nbest"]) == 2
+
+
+def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mtkit.textio import progress_bar
+
+    long, short = tmp_path / "long.txt", tmp_path / "short.txt"
+    long.write_text("a line\n" * 400)
+    short.write_text("a line\n" * 100)
+    screen = io.StringIO()
+    with progress_bar(long, Console(file=screen, force_terminal=True, width=120)) as done:
+        for _ in range(4):
+            done(100)
+    assert "400/400" in screen.getvalue() and "sentences/s" in screen.getvalue()
+    for path, terminal in ((short, True), (long, False), (None, True)):
+        console = Console(file=io.StringIO(), force_terminal=terminal)
+        with progress_bar(path, console) as done:
+            assert done is None
