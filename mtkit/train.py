@@ -41,6 +41,7 @@ from mtkit.config import Config, TrainConfig, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, collate, make_loader, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.device import (
+    autocast,
     calibration_shape,
     cpu_description,
     resolve_device,
@@ -183,8 +184,7 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
     hyps: dict[int, str] = {}
     for idx in batches:
         batch = collate([(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]).to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                            enabled=autocast_dtype is not None):
+        with autocast(device, autocast_dtype):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
             ids = greedy_search(model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b)
         loss_sum += out.loss.item()
@@ -694,8 +694,7 @@ def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOu
 def _forward_backward(model: nn.Module, batch: Batch, label_smoothing: float,
                       device: torch.device, autocast_dtype: torch.dtype | None):
     """Loss of one batch (summed over its tokens) and its gradients, added to .grad."""
-    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                        enabled=autocast_dtype is not None):
+    with autocast(device, autocast_dtype):
         out = batch_loss(model, batch, label_smoothing)
     out.loss.backward()
     return out
