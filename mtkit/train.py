@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -51,6 +50,7 @@ from mtkit.errors import UserError
 from mtkit.evaluate import score
 from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer, build_model, count_parameters
+from mtkit.progress import ProgressView
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
 from mtkit.vocab import Vocab, load_vocabs
@@ -716,95 +716,3 @@ def _per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
             p.grad.div_(count.clamp(min=1.0))
     return nn.utils.clip_grad_norm_(model.parameters(),
                                     clip_norm if clip_norm > 0 else float("inf"))
-
-
-class ProgressView:
-    """Training progress on stderr (rank 0). On a terminal: one live rich bar that moves
-    every step (step/total or time/budget, loss, lr, tok/s, ETA), with log lines printed
-    above it. Elsewhere (a file, a pipe): a line per `train.log_every` steps, as logs read
-    best. `mtkit --quiet` shows neither."""
-
-    def __init__(self, tc: TrainConfig, progress: Progress, enabled: bool = True,
-                 console=None):
-        self.tc = tc
-        self.bar = None
-        self._handlers: list[tuple[logging.StreamHandler, object]] = []
-        if not enabled or not log.isEnabledFor(logging.INFO):
-            return
-        from rich.console import Console
-
-        console = console or Console(file=sys.stderr)
-        if not console.is_terminal:
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("train {task.fields[where]}"), BarColumn(),
-                            TextColumn("{task.fields[figures]}"), TextColumn("ETA"),
-                            TimeRemainingColumn(), console=console, transient=False,
-                            redirect_stdout=False, redirect_stderr=False)
-        self.task = self.bar.add_task("train", total=tc.max_steps or tc.max_time or None,
-                                      where="", figures="")
-        self.bar.start()
-        self.update(progress)
-        for handler in logging.getLogger().handlers:  # log lines go above the bar
-            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
-                self._handlers.append((handler, handler.setStream(_ConsoleStream(console))))
-
-    def update(self, progress: Progress, record: dict | None = None) -> None:
-        """Every step; `record` (loss, lr, tok/s) every `log_every` steps."""
-        tc = self.tc
-        if self.bar is None:
-            if record is not None:
-                _progress_line(progress, record, tc)
-            return
-        where = f"step {progress.step}" + (f"/{tc.max_steps}" if tc.max_steps else "") + \
-            f" | epoch {progress.epoch}"
-        done = progress.step if tc.max_steps else progress.elapsed if tc.max_time else None
-        figures = {} if record is None else {"figures": (
-            f"loss {record['loss']:.3f} | lr {record['lr']:.2e} | "
-            f"{record['tokens_per_s']:,.0f} tok/s")}
-        self.bar.update(self.task, completed=done, where=where, **figures)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-        for handler, stream in self._handlers:
-            handler.setStream(stream)
-
-
-class _ConsoleStream:
-    """A file-like stream that prints through a rich console (above its live bar)."""
-
-    def __init__(self, console):
-        self.console = console
-
-    def write(self, text: str) -> int:
-        if text.strip():
-            self.console.out(text.rstrip("\n"), highlight=False)  # (the console is stderr)
-        return len(text)
-
-    def flush(self) -> None:
-        self.console.file.flush()
-
-
-def _progress_line(progress: Progress, record: dict, tc: TrainConfig) -> None:
-    """Progress on stderr: step, loss, lr, tokens/s and, with a step limit, the ETA."""
-    if not log.isEnabledFor(logging.INFO):  # mtkit --quiet
-        return
-    eta = ""
-    if tc.max_steps:
-        per_step = progress.elapsed / max(progress.step, 1)
-        eta = f" | ETA {_clock((tc.max_steps - progress.step) * per_step)}"
-    elif tc.max_time:
-        eta = f" | ETA {_clock(tc.max_time - progress.elapsed)}"
-    total = f"/{tc.max_steps}" if tc.max_steps else ""
-    line = (f"train | step {progress.step}{total} | epoch {progress.epoch} | loss "
-            f"{record['loss']:.3f} | lr {record['lr']:.2e} | "
-            f"{record['tokens_per_s']:,.0f} tok/s{eta}")
-    print(line, file=sys.stderr, flush=True)
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(int(seconds), 0)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
