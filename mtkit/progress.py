@@ -2,6 +2,7 @@
 
 - `ProgressView`: training (rank 0). On a terminal one live rich bar, elsewhere a line
   per `train.log_every` steps (`train_line`).
+- `ProgressLog`: preprocessing, a log line at most every 10 s.
 - `progress_bar`: translating a file, a bar for files of at least `BAR_MIN_LINES` lines.
 
 `mtkit --quiet` shows none of them. rich is imported only when a bar is drawn.
@@ -124,6 +125,30 @@ def train_line(progress: TrainPosition, record: dict, tc: TrainConfig) -> None:
 def _clock(seconds: float) -> str:
     seconds = max(int(seconds), 0)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+# --- preprocessing --------------------------------------------------------------------------
+
+
+class ProgressLog:
+    """Logs how far preprocessing is, at most every `every` seconds: pairs read of the
+    total (known from the opened corpora), pairs/s and the time left."""
+
+    def __init__(self, total: int, every: float = 10.0):
+        self.total, self.every = total, every
+        self.done = 0
+        self.start = self.last = time.perf_counter()
+
+    def advance(self, pairs: int) -> None:
+        self.done += pairs
+        now = time.perf_counter()
+        if now - self.last < self.every or not self.total:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        log.info("preprocess: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
+                 f"{self.done:,}", f"{self.total:,}", 100 * self.done / self.total,
+                 f"{rate:,.0f}", (self.total - self.done) / max(rate, 1e-9))
 
 
 # --- translation ----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mtkit.config import load_config
-from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.shards import ShardDataset
+from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
 from mtkit.translate import DecodeOptions, load_translator, translate_texts

@@ -8,9 +8,9 @@ import torch
 from scripted import stream_in_two_joins
 
 from mtkit.config import config_from_dict
-from mtkit.data.shards import preprocess
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.model import build_model
+from mtkit.preprocess import preprocess
 from mtkit.search import greedy_hypotheses
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train

@@ -17,7 +17,7 @@ import yaml
 from mtkit.checkpoint import load_checkpoint
 from mtkit.config import config_from_dict
 from mtkit.data.batching import TokenBatchSampler
-from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.shards import ShardDataset
 from mtkit.device import (
     Calibration,
     DeviceError,
@@ -25,6 +25,7 @@ from mtkit.device import (
     resolve_device,
     resolve_precision,
 )
+from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import Progress, TrainError, inverse_sqrt_lr, stop_reason, train
 
