@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mtkit.config import config_from_dict
 from mtkit.progress import ProgressLog
-from mtkit.train import Progress
+from mtkit.trainstate import Progress
 
 
 def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys):

@@ -27,7 +27,7 @@ from mtkit.device import (
 )
 from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
-from mtkit.train import Progress, TrainError, inverse_sqrt_lr, stop_reason, train
+from mtkit.train import Progress, TrainError, stop_reason, train
 
 from conftest import tiny_config_dict
 
@@ -53,13 +53,6 @@ def fresh(prepared: Path, tmp_path: Path, corpus, **train) -> tuple:
 
 def weights(run: Path) -> dict:
     return load_checkpoint(run / "checkpoints" / "last.pt")["model"]
-
-
-def test_schedule_warms_up_then_decays_as_inverse_sqrt():
-    assert inverse_sqrt_lr(1, 1e-3, 100) == pytest.approx(1e-5)
-    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
-    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
-    assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
 
 
 def test_cuda_request_without_cuda_is_a_one_line_error():
