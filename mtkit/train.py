@@ -111,7 +111,7 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
     first_step, bad_updates, window = p.step, 0, Window()
     while not (reason := stop_reason(p, tc, state.batches_per_epoch, signals.received)):
         update = accumulate(state)
-        if update.skipped:
+        if update.skipped_oom:
             continue
         stepped = apply_update(state, update)
         if stepped is None:
@@ -157,7 +157,7 @@ class Update:
     loss: float = 0.0
     nll: float = 0.0
     tokens: int = 0
-    skipped: bool = False  # a CUDA out-of-memory batch: its gradients were dropped
+    skipped_oom: bool = False  # a CUDA out-of-memory batch: its gradients were dropped
 
 
 def accumulate(state: TrainState) -> Update:
@@ -186,7 +186,7 @@ def accumulate(state: TrainState) -> Update:
             torch.cuda.empty_cache()
             log.warning("out of memory on a batch of %s; skipped", tuple(batch.src.shape))
             state.metrics.write("oom_skip", step=p.step, shape=list(batch.src.shape))
-            return Update(skipped=True)
+            return Update(skipped_oom=True)
         update.loss += out.loss.item()
         update.nll += out.nll.item()
         update.tokens += out.tokens
