@@ -1,6 +1,7 @@
 """Word alignments from cross-attention, in Pharaoh format ("0-0 1-2 ...").
 
-Once a translation is found, one teacher-forced pass over (source, output) records the
+Once a translation is found, one teacher-forced pass over (source, output)
+(`teacher_forced_attention`, which `mtkit explain` uses too) records the
 cross-attention of one decoder layer, averaged over its heads (and over the models of
 an ensemble). Each output subword is linked to the source subword it attends to most
 (never the source's eos, nor a bare "▁" piece); subword links become word links, where
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from mtkit.data.batching import collate
 from mtkit.errors import OptionError, plural
-from mtkit.model import Transformer
+from mtkit.model import MultiHeadAttention, Transformer
 
 WORD_START = "\u2581"  # SentencePiece's whitespace marker
 
@@ -38,27 +39,40 @@ def check_layer(layer: int, models: Sequence[Transformer], option: str = "--alig
 
 
 @torch.no_grad()
+def teacher_forced_attention(model: Transformer, src: Tensor, tgt_in: Tensor,
+                             watched: Sequence[MultiHeadAttention],
+                             decoder_layers: int | None = None) -> list[Tensor]:
+    """One teacher-forced pass over src (B, S) and tgt_in (B, T), and the attention
+    weights of each `watched` attention of the model, in the order given: (B, H, S, S)
+    for an encoder self-attention, (B, H, T, T) for a decoder self-attention, (B, H, T, S)
+    for a cross-attention; row t of the decoder's is the attention while predicting the
+    token after tgt_in[:, t]. Only the first `decoder_layers` decoder layers run (None:
+    all of them); the output projection never does."""
+    weights: dict[int, Tensor] = {}
+    for i, attn in enumerate(watched):
+        def record(stage: str, t: Tensor, i: int = i) -> None:
+            if stage == "attention weights softmax":
+                weights[i] = t  # (B, H, q, k)
+        attn.observer = record
+    try:
+        memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+        y = model.tgt_embed(tgt_in)  # (B, T, D)
+        for block in model.decoder_layers[:decoder_layers]:
+            y, _ = block(y, block.cross_attn.project_kv(memory), src_mask[:, None, None, :])
+    finally:
+        for attn in watched:
+            attn.observer = None
+    return [weights[i] for i in range(len(watched))]
+
+
 def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int) -> Tensor:
     """Teacher-forced cross-attention weights of decoder `layer`, mean over heads:
     src (B, S), tgt_in (B, T) -> (B, T, S); row t is the attention while predicting
     the token after tgt_in[:, t]. The layers above `layer` and the output projection
     are not run."""
     attn = model.decoder_layers[layer].cross_attn
-    seen: list[Tensor] = []
-
-    def record(stage: str, t: Tensor) -> None:
-        if stage == "attention weights softmax":
-            seen.append(t.float().mean(dim=1))  # (B, H, T, S) -> (B, T, S)
-
-    attn.observer = record
-    try:
-        memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
-        y = model.tgt_embed(tgt_in)  # (B, T, D)
-        for block in model.decoder_layers[: layer + 1]:
-            y, _ = block(y, block.cross_attn.project_kv(memory), src_mask[:, None, None, :])
-    finally:
-        attn.observer = None
-    return seen[0]
+    weights = teacher_forced_attention(model, src, tgt_in, [attn], layer + 1)[0]
+    return weights.float().mean(dim=1)  # (B, H, T, S) -> (B, T, S)
 
 
 def word_index(pieces: Sequence[str]) -> list[int]:

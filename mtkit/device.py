@@ -7,7 +7,7 @@ on a CPU does not guess from CPU flags: it times a forward and backward pass of 
 Linear layer of the model's own shapes in fp32 and in bf16 (`calibrate_cpu`: warmed up,
 interleaved, on one thread, about 0.2 s) and takes bf16 only when it is clearly faster.
 On CUDA, `auto` is bf16 where supported. Training decides once per run and stores the
-choice (`mtkit.train.run_precision`).
+choice (`mtkit.trainstate.run_precision`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,14 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
     return torch.device("cpu")
 
 
+def autocast(device: torch.device | str, dtype: torch.dtype | None
+             ) -> AbstractContextManager:
+    """The precision a pass runs in: autocast to `dtype` (bf16) on `device` (CUDA, or a
+    CPU where `precision` chose bf16), or none, plain fp32, when `dtype` is None."""
+    kind = device.type if isinstance(device, torch.device) else device
+    return torch.autocast(kind, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Seconds per forward+backward of one Linear layer, in fp32 and in bf16: the fastest
@@ -88,7 +97,7 @@ def linear_timer(rows: int, d_in: int, d_out: int) -> Measure:
     def once(dtype: torch.dtype | None, n: int) -> float:
         inputs = x[:n].clone().requires_grad_()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with autocast("cpu", dtype):
             y = layer(inputs)
         y.float().sum().backward()
         layer.zero_grad(set_to_none=True)

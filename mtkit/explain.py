@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mtkit.align import teacher_forced_attention
 from mtkit.atomic import atomic_file
 from mtkit.config import ModelConfig
 from mtkit.data.batching import Batch, collate
@@ -73,29 +74,37 @@ def _axes(length: str, last: str = "D") -> str:
     return f"(B, {length}, {last})"
 
 
-@contextmanager
-def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
-    """Forward hooks and attention observers that write into `rec`; removed on exit."""
-    handles = []
-    norm = "residual + LayerNorm" if model.cfg.norm == "post" else "LayerNorm before"
+class _Hooks:
+    """Forward hooks and attention observers that write into a `_Recorder`."""
 
-    def on_output(name: str, axes: str):
-        def hook(module, inputs, output):
-            rec.add(name, output, axes)
-        return hook
+    def __init__(self, model: Transformer, rec: _Recorder):
+        self.model, self.rec = model, rec
+        self.handles: list = []
+        self.norm = "residual + LayerNorm" if model.cfg.norm == "post" else "LayerNorm before"
+        self.length = "S"  # which sequence the (possibly shared) token embedding sees
 
-    def on_input(name: str, axes: str):
-        def hook(module, inputs):
-            rec.add(name, inputs[0], axes)
-        return hook
-
-    def watch(module: nn.Module, name: str, axes: str, before: bool = False):
+    def watch(self, module: nn.Module, name: str, axes: str, before: bool = False) -> None:
+        """Record the module's output (its first input with `before`)."""
         if before:
-            handles.append(module.register_forward_pre_hook(on_input(name, axes)))
+            hook = module.register_forward_pre_hook(
+                lambda module, inputs: self.rec.add(name, inputs[0], axes))
         else:
-            handles.append(module.register_forward_hook(on_output(name, axes)))
+            hook = module.register_forward_hook(
+                lambda module, inputs, output: self.rec.add(name, output, axes))
+        self.handles.append(hook)
 
-    def observe(attn: MultiHeadAttention, prefix: str, q_len: str, k_len: str):
+    def entering(self, embed: nn.Module, length: str) -> None:
+        def hook(module, inputs):
+            self.length = length
+        self.handles.append(embed.register_forward_pre_hook(hook))
+
+    def lookup(self, tokens: nn.Module) -> None:
+        def hook(module, inputs, output):
+            self.rec.add("token embedding lookup (before the sqrt(D) scale)", output,
+                         _axes(self.length))
+        self.handles.append(tokens.register_forward_hook(hook))
+
+    def attention(self, attn: MultiHeadAttention, prefix: str, q_len: str, k_len: str) -> None:
         names = {"queries split into heads": f"(B, H, {q_len}, K)",
                  "keys split into heads": f"(B, H, {k_len}, K)",
                  "values split into heads": f"(B, H, {k_len}, K)",
@@ -105,59 +114,58 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
                  "attention weights softmax": f"(B, H, {q_len}, {k_len})",
                  "weighted values": f"(B, H, {q_len}, K)",
                  "heads concatenated": f"(B, {q_len}, D)"}
-        attn.observer = lambda stage, t: rec.add(f"{prefix} / {stage}", t, names[stage])
-        watch(attn.q_proj, f"{prefix} / Q projection", _axes(q_len))
-        watch(attn.k_proj, f"{prefix} / K projection", _axes(k_len))
-        watch(attn.v_proj, f"{prefix} / V projection", _axes(k_len))
-        watch(attn.out_proj, f"{prefix} / output projection", _axes(q_len))
+        attn.observer = lambda stage, t: self.rec.add(f"{prefix} / {stage}", t, names[stage])
+        self.watch(attn.q_proj, f"{prefix} / Q projection", _axes(q_len))
+        self.watch(attn.k_proj, f"{prefix} / K projection", _axes(k_len))
+        self.watch(attn.v_proj, f"{prefix} / V projection", _axes(k_len))
+        self.watch(attn.out_proj, f"{prefix} / output projection", _axes(q_len))
 
-    side = {"length": "S"}  # which sequence the (possibly shared) token embedding sees
+    def ffn(self, layer: nn.Module, p: str, length: str) -> None:
+        self.watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation",
+                   _axes(length, "F"))
+        self.watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes(length))
+        self.watch(layer.ffn_block.norm, f"{p} / {self.norm} (FFN)", _axes(length))
 
-    def lookup(module, inputs, output):
-        rec.add("token embedding lookup (before the sqrt(D) scale)", output,
-                _axes(side["length"]))
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        for m in self.model.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.observer = None
 
-    def entering(length: str):
-        def hook(module, inputs):
-            side["length"] = length
-        return hook
 
-    handles.append(model.src_embed.register_forward_pre_hook(entering("S")))
-    handles.append(model.tgt_embed.register_forward_pre_hook(entering("T")))
-    def watch_ffn(layer: nn.Module, p: str, length: str) -> None:
-        watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation",
-              _axes(length, "F"))
-        watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes(length))
-        watch(layer.ffn_block.norm, f"{p} / {norm} (FFN)", _axes(length))
-
+@contextmanager
+def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
+    """Hooks on every stage of the model, in data-flow order, that write into `rec`;
+    removed on exit."""
+    hooks = _Hooks(model, rec)
+    norm, watch = hooks.norm, hooks.watch
+    hooks.entering(model.src_embed, "S")
+    hooks.entering(model.tgt_embed, "T")
     watch(model.src_embed, "source token ids", "(B, S)", before=True)
-    handles.append(model.src_embed.tokens.register_forward_hook(lookup))
+    hooks.lookup(model.src_embed.tokens)
     watch(model.src_embed, "source embeddings * sqrt(D) + positions, dropout", _axes("S"))
     for i, layer in enumerate(model.encoder_layers):
         p = f"encoder layer {i}"
-        observe(layer.self_attn, f"{p} / self-attention", "S", "S")
+        hooks.attention(layer.self_attn, f"{p} / self-attention", "S", "S")
         watch(layer.attn_block.norm, f"{p} / {norm} (attention)", _axes("S"))
-        watch_ffn(layer, p, "S")
+        hooks.ffn(layer, p, "S")
         watch(layer, f"{p} / output", _axes("S"))
     watch(model.tgt_embed, "target input ids (bos + y)", "(B, T)", before=True)
     if model.tgt_embed.tokens is not model.src_embed.tokens:
-        handles.append(model.tgt_embed.tokens.register_forward_hook(lookup))
+        hooks.lookup(model.tgt_embed.tokens)
     watch(model.tgt_embed, "target embeddings * sqrt(D) + positions, dropout", _axes("T"))
     for i, layer in enumerate(model.decoder_layers):
         p = f"decoder layer {i}"
-        observe(layer.self_attn, f"{p} / masked self-attention", "T", "T")
+        hooks.attention(layer.self_attn, f"{p} / masked self-attention", "T", "T")
         watch(layer.self_block.norm, f"{p} / {norm} (self-attention)", _axes("T"))
-        observe(layer.cross_attn, f"{p} / cross-attention", "T", "S")
+        hooks.attention(layer.cross_attn, f"{p} / cross-attention", "T", "S")
         watch(layer.cross_block.norm, f"{p} / {norm} (cross-attention)", _axes("T"))
-        watch_ffn(layer, p, "T")
+        hooks.ffn(layer, p, "T")
     try:
         yield
     finally:
-        for h in handles:
-            h.remove()
-        for m in model.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.observer = None
+        hooks.remove()
 
 
 @torch.no_grad()
@@ -300,21 +308,12 @@ def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, text:
     src = torch.tensor([src_ids + [EOS]])  # (1, S)
     out_ids = greedy_search(model, src, max_len_a, max_len_b)[0]
     batch = collate([(np.array(src_ids), np.array(out_ids))])
-    weights: dict[str, list[Tensor]] = {"encoder": [], "decoder": [], "cross": []}
-    attn_kinds = ([(layer.self_attn, "encoder") for layer in model.encoder_layers]
-                  + [m for layer in model.decoder_layers
-                     for m in ((layer.self_attn, "decoder"), (layer.cross_attn, "cross"))])
-    for attn, kind in attn_kinds:
-        def see(stage, t, kind=kind):
-            if stage == "attention weights softmax":
-                weights[kind].append(t[0].clone())  # (H, q, k)
-        attn.observer = see
-    try:
-        memory, src_mask = model.encode(batch.src)
-        model.decode(batch.tgt_in, memory, src_mask)
-    finally:
-        for attn, _ in attn_kinds:
-            attn.observer = None
+    kinds = {"encoder": [layer.self_attn for layer in model.encoder_layers],
+             "decoder": [layer.self_attn for layer in model.decoder_layers],
+             "cross": [layer.cross_attn for layer in model.decoder_layers]}
+    seen = iter(teacher_forced_attention(model, batch.src, batch.tgt_in,
+                                         [attn for attns in kinds.values() for attn in attns]))
+    weights = {kind: [next(seen)[0] for _ in attns] for kind, attns in kinds.items()}  # (H, q, k)
     src_tokens = [src_vocab.piece(i) for i in src_ids] + ["</s>"]
     tgt_tokens = ["<s>"] + [tgt_vocab.piece(i) for i in out_ids]
     out_tokens = tgt_tokens[1:] + ["</s>"]

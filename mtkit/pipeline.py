@@ -20,13 +20,14 @@ from pathlib import Path
 from mtkit.atomic import write_atomic
 from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 from mtkit.config import Config
-from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.decoding import SearchOptions
 from mtkit.device import release_freed_memory
 from mtkit.engines.loader import load_engine
 from mtkit.errors import UserError
 from mtkit.evaluate import Score, score
+from mtkit.preprocess import preprocess
 from mtkit.rundir import run_lock
 from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mtkit.config import config_from_dict
-from mtkit.data.shards import preprocess
+from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
 

@@ -28,8 +28,8 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None,
                    "--verify", help="Only check the existing shards' sizes, offsets and "
                    "checksums against their manifests; write nothing.")] = False) -> None:
     """Clean, encode and binarize train/valid/test into RUN/data/."""
-    from mtkit.data.shards import preprocess as run_preprocess
-    from mtkit.data.shards import verify_shards
+    from mtkit.preprocess import preprocess as run_preprocess
+    from mtkit.preprocess import verify_shards
 
     cfg = load(config, set_)
     with reported():

@@ -32,11 +32,6 @@ class Batch:
         return Batch(*(t.to(device, non_blocking=non_blocking)
                        for t in (self.src, self.tgt_in, self.tgt_out)))
 
-    @property
-    def num_tokens(self) -> int:
-        """Target tokens that count in the loss (non-pad positions of tgt_out)."""
-        return int((self.tgt_out != PAD).sum())
-
     def pin_memory(self) -> Batch:
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
 

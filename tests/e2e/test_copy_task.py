@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from mtkit.config import load_config
-from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.shards import ShardDataset
 from mtkit.decoding import SearchOptions
 from mtkit.engines.loader import load_engine
+from mtkit.preprocess import preprocess
 from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train

@@ -8,11 +8,11 @@ import torch
 from scripted import stream_in_two_joins
 
 from mtkit.config import config_from_dict
-from mtkit.data.shards import preprocess
 from mtkit.decoding import SearchOptions
 from mtkit.device import resolve_device, resolve_precision
 from mtkit.engines.loader import load_engine
 from mtkit.model import build_model
+from mtkit.preprocess import preprocess
 from mtkit.search import greedy_hypotheses
 from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from mtkit.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, calibrate_cpu
+from mtkit.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, autocast, calibrate_cpu
 
 ROWS = 1024
 
@@ -94,3 +94,13 @@ def test_the_runtime_settings_cap_onednns_kernel_caches_unless_the_user_set_them
                             env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "500"},
                             check=True).stdout.split()
     assert theirs == ["500", str(ONEDNN_CACHE_ENTRIES)]
+
+
+def test_autocast_runs_in_bf16_when_chosen_and_plain_fp32_for_none():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    with autocast(torch.device("cpu"), torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    with autocast("cpu", None):
+        assert layer(x).dtype == torch.float32
+        assert not torch.is_autocast_enabled("cpu")

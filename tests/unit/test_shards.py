@@ -1,186 +1,19 @@
-from __future__ import annotations
+"""The shard format: the streaming writer and the memory-mapped reader."""
 
-import dataclasses
-import json
-import os
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mtkit.config import CorpusConfig, DataConfig
 from mtkit.data.batching import TokenBatchSampler, collate
-from mtkit.data.shards import (
-    Encoded,
-    EncoderPool,
-    ProgressLog,
-    ShardDataset,
-    ShardWriter,
-    WordCache,
-    _Encoder,
-    _write_corpus,
-    length_filter,
-    preprocess,
-)
-from mtkit.data.sources import Corpus, DataError, SeenHashes
-from mtkit.tokenizer import build_tokenizer
-from mtkit.vocab import load_vocabs
-
-
-def test_length_filter_gives_each_reason_its_mask():
-    src, tgt = np.array([3, 30, 4, 2]), np.array([3, 3, 20, 2])
-    length_ok, ratio_ok = length_filter(src, tgt, DataConfig(max_len=10, max_len_ratio=2.0))
-    assert length_ok.tolist() == [True, False, False, True]
-    length_ok, ratio_ok = length_filter(src, tgt, DataConfig(max_len=100, max_len_ratio=2.0))
-    assert length_ok.all() and ratio_ok.tolist() == [True, False, False, True]
-
-
-def test_preprocess_writes_shards_that_read_back_as_the_encoded_text(tiny_config):
-    build_tokenizer(tiny_config)
-    manifests = preprocess(tiny_config)
-    run = tiny_config.run_path
-    assert set(manifests) == {"train", "valid", "test"}
-    assert (run / "config.yaml").exists()
-    src_vocab, tgt_vocab = load_vocabs(run, joint=True)
-    valid = ShardDataset(run / "data" / "valid")
-    assert len(valid) == manifests["valid"]["pairs"] == 100
-    src_text, tgt_text = valid.texts("src"), valid.texts("tgt")
-    assert len(src_text) == len(tgt_text) == 100
-    for i in (0, 17, 99):
-        x, y = valid[i]
-        assert x.tolist() == src_vocab.encode([src_text[i]])[0]
-        assert y.tolist() == tgt_vocab.encode([tgt_text[i]])[0]
-    train = ShardDataset(run / "data" / "train")
-    assert len(train) == manifests["train"]["pairs"] > 1900
-    assert train.src_lengths.sum() == manifests["train"]["src_tokens"]
-    assert isinstance(train[0][0], np.ndarray) and train[0][0].dtype == np.uint16
-
-
-def test_failed_preprocess_leaves_no_data_behind(tiny_config, tmp_path):
-    build_tokenizer(tiny_config)
-    bad = tmp_path / "empty.de"
-    bad.write_text("\n" * 100)
-    data = dataclasses.replace(
-        tiny_config.data, test=(dataclasses.replace(tiny_config.data.test[0], tgt=str(bad)),))
-    cfg = dataclasses.replace(tiny_config, data=data)
-    with pytest.raises(DataError, match=r"data.test: no pairs left after cleaning"):
-        preprocess(cfg)
-    assert not (cfg.run_path / "data").exists()
-    assert not [p for p in cfg.run_path.iterdir() if p.name.startswith(".data")]
+from mtkit.data.shards import Encoded, ShardDataset, ShardWriter
+from mtkit.data.sources import DataError
 
 
 def test_unfinished_shard_folder_is_not_taken_for_data(tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(DataError, match=r"no finished shard here; run `mtkit preprocess`"):
         ShardDataset(tmp_path / "train")
-
-
-# --- the streaming writer --------------------------------------------------------------
-
-def corpus_of(src: list[str], tgt: list[str], weight: int = 1, origin: str = "mem") -> Corpus:
-    """An in-memory corpus that yields its pairs in chunks, like a file would."""
-    def read(size):
-        for i in range(0, len(src), size):
-            yield src[i:i + size], tgt[i:i + size]
-    return Corpus(origin, len(src), weight, read)
-
-
-@pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
-    from mtkit.config import TokenizerConfig
-    from mtkit.tokenizer import train_sentencepiece
-    from mtkit.vocab import Vocab
-
-    from conftest import read_lines
-
-    text = read_lines("train.en.gz", 500) + read_lines("train.de.gz", 500)
-    return Vocab(train_sentencepiece(text, TokenizerConfig(vocab_size=300)))
-
-
-def write_split(folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=False, chunk=None,
-                workers=1):
-    pool_args = ((vocab.model_proto, vocab.model_proto, "uint16"), workers)
-    writer = ShardWriter(folder, len(vocab), texts=not train)
-    seen = SeenHashes() if dedup else None
-    with EncoderPool(*pool_args) as pool:
-        if chunk:  # re-chunk every corpus
-            corpora = [Corpus(c.origin, c.size, c.weight,
-                              lambda size, c=c: c.chunks(chunk)) for c in corpora]
-        reports = [_write_corpus(c, pool, writer, cfg, train, seen, ProgressLog(0))
-                   for c in corpora]
-    return writer.finish({"corpora": reports}), reports
-
-
-PAIRS = ([f"A dog number {i}." for i in range(25)] + [""] * 10 + ["A dog number 3."]
-         + ["word " * 40] + ["Two cats."]),  \
-        ([f"Ein Hund Nummer {i}." for i in range(25)] + ["x"] * 10 + ["Ein Hund Nummer 3."]
-         + ["Wort"] + ["Zwei Katzen."])
-
-
-@pytest.mark.parametrize("chunk", [1, 7, 10, 1000])
-def test_streamed_shards_are_the_same_at_any_chunk_size(tmp_path, vocab, chunk):
-    """Chunks of 1, of a size that does not divide the split, one whose pairs are all
-    dropped (ten empty sources), and the whole split at once give the same shard."""
-    cfg = DataConfig(max_len=30)
-    manifest, (report,) = write_split(tmp_path / "s", [corpus_of(*PAIRS)], vocab, cfg,
-                                      dedup=True, chunk=chunk)
-    assert report["read"] == 38 and report["kept"] == manifest["pairs"] == 26
-    assert report["dropped"] == {"empty": 10, "duplicate": 1, "length": 1, "ratio": 0}
-    shard = ShardDataset(tmp_path / "s")
-    keep = [i for i in range(25)] + [37]
-    for row, i in enumerate(keep):
-        x, y = shard[row]
-        assert x.tolist() == vocab.encode([PAIRS[0][i]])[0]
-        assert y.tolist() == vocab.encode([PAIRS[1][i]])[0]
-    assert shard.src_lengths.dtype == np.int32
-    reference = write_split(tmp_path / "whole", [corpus_of(*PAIRS)], vocab, cfg, dedup=True)[0]
-    assert manifest["files"] == reference["files"]
-
-
-def test_a_split_of_one_pair_and_texts_for_valid(tmp_path, vocab):
-    manifest, _ = write_split(tmp_path / "v", [corpus_of([" A  dog. "], ["Ein Hund."])], vocab,
-                              train=False)
-    shard = ShardDataset(tmp_path / "v")
-    assert len(shard) == manifest["pairs"] == 1
-    assert shard.texts("src") == ["A dog."] and shard.texts("tgt") == ["Ein Hund."]
-    assert shard[0][0].tolist() == vocab.encode(["A dog."])[0]
-
-
-def test_worker_processes_write_the_same_shard_as_one_process(tmp_path, vocab):
-    from conftest import read_lines
-
-    src, tgt = read_lines("train.en.gz", 3000), read_lines("train.de.gz", 3000)
-    one = write_split(tmp_path / "one", [corpus_of(src, tgt)], vocab, chunk=256)[0]
-    two = write_split(tmp_path / "two", [corpus_of(src, tgt)], vocab, chunk=256, workers=2)[0]
-    assert one["files"] == two["files"] and one["pairs"] == 3000
-
-
-class _DiesWhenUnpickled:
-    def __reduce__(self):
-        return os._exit, (1,)  # what a worker killed mid-chunk looks like to the pool
-
-
-def test_a_worker_that_dies_is_one_error_not_a_hang(vocab):
-    from mtkit.data.shards import EncodingError
-
-    with EncoderPool(((vocab.model_proto, vocab.model_proto, "uint16")), 2) as pool:
-        chunks = iter([(["A dog."], ["Ein Hund."]), _DiesWhenUnpickled()])
-        with pytest.raises(EncodingError, match=r"an encoding worker process died"):
-            list(pool.encode(chunks, hashes=False, texts=False))
-
-
-def test_weights_repeat_a_corpus_and_the_manifest_counts_each(tmp_path, vocab):
-    big = corpus_of([f"Dog {i}." for i in range(7)], [f"Hund {i}." for i in range(7)],
-                    origin="big")
-    small = corpus_of(["Cat.", "", "Bird."], ["Katze.", "Leer", "Vogel."], weight=3,
-                      origin="small")
-    manifest, reports = write_split(tmp_path / "w", [big, small], vocab, chunk=2)
-    assert [(r["origin"], r["read"], r["kept"], r["weight"], r["written"]) for r in reports] \
-        == [("big", 7, 7, 1, 7), ("small", 3, 2, 3, 6)]
-    shard = ShardDataset(tmp_path / "w")
-    assert len(shard) == 13
-    rows = [shard[i][0].tolist() for i in range(13)]
-    assert rows[7:] == vocab.encode(["Cat.", "Bird."]) * 3
-    assert rows[:7] == vocab.encode([f"Dog {i}." for i in range(7)])
 
 
 def test_ids_past_65536_pieces_are_stored_as_uint32(tmp_path):
@@ -195,30 +28,6 @@ def test_ids_past_65536_pieces_are_stored_as_uint32(tmp_path):
     batch = collate([shard[0], shard[1]])
     assert batch.src[0, :3].tolist() == [69_999, 65_536, 4] and batch.tgt_in[0, 3] == 65_536
     assert ShardWriter(tmp_path / "small", vocab_size=65_536, texts=False).dtype == np.uint16
-
-
-def test_the_encoder_writes_uint32_ids_when_asked(vocab):
-    encoder = _Encoder(vocab.model_proto, vocab.model_proto, "uint32")
-    chunk = encoder((["A dog runs.", ""], ["Ein Hund rennt.", "x"]), hashes=False, texts=False)
-    assert chunk.src_ids.dtype == chunk.tgt_ids.dtype == np.uint32 and chunk.empty == 1
-    assert chunk.src_ids.tolist() == vocab.encode(["A dog runs."])[0]
-
-
-def test_the_word_cache_encodes_exactly_as_sentencepiece(vocab):
-    from conftest import read_lines
-
-    tricky = ["ｈｅｌｌｏ wide", "x\u200by zero-width", "e\u0301 combining", "日本語 テキスト",
-              "🙂 emoji", "Ein Mädchen, das läuft.", "tab\there", "non\u00a0breaking"]
-    sentences = read_lines("val.en.gz", 300) + read_lines("val.de.gz", 300) + tricky
-    cache = WordCache(vocab, np.dtype(np.uint16))
-    cache.MAX_WORDS = 500  # starts over a few times on the way
-    for start in range(0, len(sentences), 97):
-        part = sentences[start:start + 97]
-        lengths, flat = cache.encode(part)
-        expected = vocab.encode(part)
-        assert lengths.tolist() == [len(x) for x in expected]
-        assert flat.tolist() == [i for x in expected for i in x]
-    assert cache.exact and 0 < len(cache._index) <= 500
 
 
 def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
@@ -247,51 +56,3 @@ def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
     assert list(sampler) == batches[17:]
     x, y = data[int(batches[5][0])]
     assert len(x) == data.src_lengths[batches[5][0]] and isinstance(x, np.ndarray)
-
-
-def test_preprocess_of_a_list_of_corpora_reports_each_in_the_manifest(tiny_config, tmp_path):
-    from conftest import read_lines
-
-    extra = tmp_path / "extra.jsonl"
-    rows = [{"src": e, "tgt": d} for e, d in zip(read_lines("val.en.gz", 40),
-                                                  read_lines("val.de.gz", 40), strict=True)]
-    extra.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:5] + [{"src": "",
-                                                                              "tgt": "x"}]))
-    first = tiny_config.data.train[0]
-    data = dataclasses.replace(tiny_config.data, dedup=True, train=(
-        first, CorpusConfig(path=str(extra), weight=2)))
-    cfg = dataclasses.replace(tiny_config, data=data)
-    build_tokenizer(cfg)
-    manifest = preprocess(cfg)["train"]
-    a, b = manifest["corpora"]
-    assert (a["origin"], a["read"], a["weight"]) == (f"{first.src} + {first.tgt}", 2000, 1)
-    assert (b["origin"], b["read"], b["kept"], b["written"]) == (str(extra), 46, 40, 80)
-    assert b["dropped"]["empty"] == 1 and b["dropped"]["duplicate"] == 5
-    assert manifest["pairs"] == a["written"] + 80
-    assert manifest["dropped"] == {f: a["dropped"][f] + b["dropped"][f] for f in a["dropped"]}
-    assert manifest["origin"] == f"{a['origin']} and {extra}"
-    shard = ShardDataset(cfg.run_path / "data" / "train")
-    assert shard[a["written"]][0].tolist() == shard[a["written"] + 40][0].tolist()
-
-
-def test_the_tokenizer_is_the_same_for_the_same_seed(tiny_config, tmp_path):
-    small = dataclasses.replace(tiny_config.tokenizer, input_sentence_size=600)
-    models = []
-    for seed, name in ((1, "a"), (1, "b"), (2, "c")):
-        cfg = dataclasses.replace(tiny_config, run_dir=str(tmp_path / name),
-                                  tokenizer=dataclasses.replace(small, seed=seed))
-        build_tokenizer(cfg)
-        models.append((tmp_path / name / "spm.model").read_bytes())
-    assert models[0] == models[1] != models[2]
-
-
-def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkeypatch):
-    clock = iter([0.0, 5.0, 12.0, 14.0, 30.0])
-    monkeypatch.setattr("mtkit.data.shards.time.perf_counter", lambda: next(clock))
-    progress = ProgressLog(total=1000, every=10.0)  # starts at 0 s
-    with caplog.at_level("INFO", logger="mtkit.data.shards"):
-        for pairs in (100, 200, 100, 400):  # at 5, 12, 14 and 30 s
-            progress.advance(pairs)
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["preprocess: 300 of 1,000 pairs (30%), 25 pairs/s, ~28 s left",
-                     "preprocess: 800 of 1,000 pairs (80%), 27 pairs/s, ~8 s left"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 
 import numpy as np
@@ -11,6 +12,8 @@ from mtkit.data.sources import (
     DataError,
     SeenHashes,
     clean,
+    count_lines,
+    line_count,
     open_corpus,
     open_split,
     pair_hashes,
@@ -183,3 +186,14 @@ def test_a_split_of_several_corpora_opens_each_with_its_weight(tmp_path):
     corpora = open_split(cfg, "train", tmp_path / "c")
     assert [(c.size, c.weight) for c in corpora] == [(3, 1), (1, 3)]
     assert open_split(cfg, "valid") == []
+
+
+def test_one_line_counter_counts_a_last_line_without_its_newline(tmp_path):
+    across_blocks = b"ab\n" * 400_000 + b"c"  # 1.2 MB: more than one block read
+    for data, lines in ((b"", 0), (b"a\n", 1), (b"a\nb", 2), (b"\n\n", 2),
+                        (across_blocks, 400_001)):
+        assert line_count(io.BytesIO(data)) == lines
+    plain, packed = tmp_path / "a.txt", tmp_path / "a.txt.gz"
+    plain.write_bytes(b"one\ntwo\nthree")
+    packed.write_bytes(gzip.compress(b"one\ntwo\nthree"))
+    assert count_lines(str(plain)) == count_lines(str(packed)) == 3

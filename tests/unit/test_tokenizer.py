@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mtkit.config import TokenizerConfig
 from mtkit.data.sources import Corpus
-from mtkit.tokenizer import TokenizerError, sample_pairs, train_sentencepiece, train_tokenizer
+from mtkit.tokenizer import (
+    TokenizerError,
+    build_tokenizer,
+    sample_pairs,
+    train_sentencepiece,
+    train_tokenizer,
+)
 from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, load_vocabs
 
 from conftest import read_lines
@@ -84,3 +92,14 @@ def test_separate_models_when_not_joint(tmp_path):
 def test_missing_model_names_the_stage_to_run(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"run `mtkit tokenizer` first"):
         load_vocabs(tmp_path, joint=True)
+
+
+def test_the_tokenizer_is_the_same_for_the_same_seed(tiny_config, tmp_path):
+    small = dataclasses.replace(tiny_config.tokenizer, input_sentence_size=600)
+    models = []
+    for seed, name in ((1, "a"), (1, "b"), (2, "c")):
+        cfg = dataclasses.replace(tiny_config, run_dir=str(tmp_path / name),
+                                  tokenizer=dataclasses.replace(small, seed=seed))
+        build_tokenizer(cfg)
+        models.append((tmp_path / name / "spm.model").read_bytes())
+    assert models[0] == models[1] != models[2]

@@ -17,7 +17,7 @@ import yaml
 from mtkit.checkpoint import load_checkpoint
 from mtkit.config import config_from_dict
 from mtkit.data.batching import TokenBatchSampler
-from mtkit.data.shards import ShardDataset, preprocess
+from mtkit.data.shards import ShardDataset
 from mtkit.device import (
     Calibration,
     DeviceError,
@@ -25,8 +25,9 @@ from mtkit.device import (
     resolve_device,
     resolve_precision,
 )
+from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
-from mtkit.train import Progress, TrainError, inverse_sqrt_lr, stop_reason, train
+from mtkit.train import Progress, TrainError, stop_reason, train
 
 from conftest import tiny_config_dict
 
@@ -52,13 +53,6 @@ def fresh(prepared: Path, tmp_path: Path, corpus, **train) -> tuple:
 
 def weights(run: Path) -> dict:
     return load_checkpoint(run / "checkpoints" / "last.pt")["model"]
-
-
-def test_schedule_warms_up_then_decays_as_inverse_sqrt():
-    assert inverse_sqrt_lr(1, 1e-3, 100) == pytest.approx(1e-5)
-    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
-    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
-    assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
 
 
 def test_cuda_request_without_cuda_is_a_one_line_error():
@@ -355,36 +349,3 @@ def test_tensorboard_without_the_extra_is_one_line(prepared, tmp_path, corpus, m
                                          r"'mtkit\[tensorboard\]'$"):
         train(cfg)
     assert not (cfg.run_path / "checkpoints").exists()
-
-
-def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys):
-    import io
-    import logging
-
-    from rich.console import Console
-
-    from mtkit.train import ProgressView
-
-    caplog.set_level(logging.INFO, logger="mtkit.train")
-    tc = config_from_dict({"train": {"max_steps": 20, "log_every": 5}}).train
-    record = {"loss": 2.5, "lr": 1e-3, "tokens_per_s": 1234.0}
-    screen = io.StringIO()
-    progress = Progress()
-    view = ProgressView(tc, progress, console=Console(file=screen, force_terminal=True,
-                                                      width=140))
-    for step in range(1, 11):
-        progress.step = step
-        view.update(progress, record if step % 5 == 0 else None)
-    view.close()
-    shown = screen.getvalue()
-    assert "step 10/20" in shown and "loss 2.500 | lr 1.00e-03 | 1,234 tok/s" in shown
-    assert "ETA" in shown and "\x1b[" in shown  # drawn with terminal control codes
-    assert capsys.readouterr().err == ""
-
-    view = ProgressView(tc, progress, console=Console(file=io.StringIO(), force_terminal=False))
-    view.update(progress)
-    view.update(progress, record)
-    view.close()
-    lines = capsys.readouterr().err.splitlines()
-    assert lines == ["train | step 10/20 | epoch 1 | loss 2.500 | lr 1.00e-03 | 1,234 tok/s "
-                     "| ETA 0:00:00"]

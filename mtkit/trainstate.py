@@ -1,0 +1,296 @@
+"""The state of one training run (`TrainState`), and `setup`, which builds it: fresh, or
+resumed from the newest intact checkpoint.
+
+A resumed run must be the same run: the checkpoint's model config, shards and tokenizer
+are the run's, or it is refused (`TrainError`), and it keeps the precision decided at
+its first start (`run_precision`). The checkpoint gives back the weights, the optimizer,
+the RNG streams and the `Progress` (step, epoch, batch within the epoch), so that
+training goes on exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mtkit.checkpoint import CheckpointError, find_resumable
+from mtkit.config import Config, config_to_dict, save_config
+from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
+from mtkit.data.shards import ShardDataset
+from mtkit.device import calibration_shape, cpu_description, resolve_device, resolve_precision
+from mtkit.errors import UserError
+from mtkit.metrics import MetricsLog
+from mtkit.model import Transformer, build_model, count_parameters
+from mtkit.optim import adamw
+from mtkit.vocab import Vocab, load_vocabs
+
+log = logging.getLogger("mtkit.train")  # one stage: its lines read "mtkit.train"
+
+
+class TrainError(UserError, RuntimeError):
+    """A training run that cannot start or go on (one line)."""
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 1
+    batch: int = 0  # batches of `epoch` already consumed (this rank)
+    best_bleu: float = -1.0
+    bad_validations: int = 0
+    elapsed: float = 0.0  # seconds of training, over all sessions
+    early_stopped: bool = False  # patience ran out: resuming changes nothing
+
+
+@dataclass
+class TrainState:
+    """Everything one training run works on, built once by `setup`."""
+
+    cfg: Config
+    model: Transformer
+    wrapped: nn.Module  # the model, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    progress: Progress
+    batches: Iterator[tuple[int, int, Batch]]  # endless (epoch, index in epoch, batch)
+    batches_per_epoch: int  # this rank's; the same every epoch (see TokenBatchSampler)
+    vocabs: tuple[Vocab, Vocab]
+    train_data: ShardDataset
+    valid_data: ShardDataset | None
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    precision: dict  # {"precision", "asked", "cpu", "calibration"?}: decided at the first start
+    metrics: MetricsLog
+    rank: int
+    world: int
+    clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
+    saved_step: int  # the step of the newest checkpoint
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def setup(cfg: Config, resume: bool) -> TrainState:
+    """Check the run's data, build the model and optimizer, resume from the newest intact
+    checkpoint when asked, and open the batch stream at the saved position."""
+    tc, run = cfg.train, cfg.run_path
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    device = resolve_device(tc.device)
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    vocabs = load_vocabs(run, cfg.tokenizer.joint)
+    train_data, valid_data = _open_data(cfg, vocabs)
+    found = find_resumable(run / "checkpoints") if resume else None
+    if found is not None:  # refused before anything is decided or logged
+        _check_same_model(cfg, found[1], found[0])
+        _check_same_data(found[1], found[0], train_data, vocabs)
+    autocast_dtype, precision = run_precision(cfg, device, found, distributed)
+
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
+    optimizer = adamw(model, tc, device)
+    metrics = _open_metrics(cfg, rank)
+    progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
+    if rank == 0:
+        save_config(cfg, run / "config.yaml")
+        log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
+                 device, "bf16 autocast" if autocast_dtype else "fp32", world)
+        metrics.write("start", step=progress.step, parameters=count_parameters(model),
+                      device=str(device), world_size=world, resumed=found is not None,
+                      **precision)
+    wrapped: nn.Module = model
+    if distributed:
+        wrapped = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    wrapped.train()
+    sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
+                                seed=tc.seed, rank=rank, world_size=world)
+    batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
+                            pin=device.type == "cuda")
+    sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
+    return TrainState(cfg, model, wrapped, optimizer, progress, batches, len(sampler),
+                      vocabs, train_data, valid_data,
+                      device, autocast_dtype, precision, metrics, rank, world,
+                      clock_start=time.perf_counter() - progress.elapsed,
+                      saved_step=progress.step)
+
+
+def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
+               ) -> tuple[ShardDataset, ShardDataset | None]:
+    """The run's train shard (and valid, when there is one), checked against the
+    tokenizer and their checksums; every training pair must fit the model's positions."""
+    folder = cfg.run_path / "data"
+    train_data = ShardDataset(folder / "train")
+    valid_data = ShardDataset(folder / "valid") if (folder / "valid").exists() else None
+    for data in (train_data, valid_data):
+        if data is not None:
+            data.check_tokenizer(*vocabs)
+            data.verify()
+    _check_positions(cfg, train_data)
+    return train_data, valid_data
+
+
+def _open_metrics(cfg: Config, rank: int) -> MetricsLog:
+    """RUN/metrics.jsonl on rank 0, with TensorBoard when `train.tensorboard` asks for it;
+    a log that writes nothing on the other ranks."""
+    if rank != 0:
+        return MetricsLog(None)
+    board = None
+    if cfg.train.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise TrainError("train.tensorboard needs TensorBoard: pip install "
+                             "'mtkit[tensorboard]'") from None
+        board = SummaryWriter(str(cfg.run_path / "tensorboard"))
+    return MetricsLog(cfg.run_path / "metrics.jsonl", board)
+
+
+def run_precision(cfg: Config, device: torch.device,
+                  found: tuple[Path, dict] | None, distributed: bool = False
+                  ) -> tuple[torch.dtype | None, dict]:
+    """The precision a run trains in, decided once, at its first start, and kept in every
+    checkpoint: a resumed run reuses it and never measures again (a second measurement on
+    a busy machine could switch precision mid-run). A resume whose `train.precision` names
+    the other precision is refused. Returns the autocast dtype (None for fp32) and the
+    record stored with the run: {"precision", "asked", "cpu" (the machine of the first
+    start), "calibration" (when measured)}."""
+    asked = cfg.train.precision
+    stored = found[1]["train"].get("precision") if found is not None else None
+    if stored is not None:
+        name = stored["precision"]
+        if asked not in ("auto", name):
+            raise TrainError(f"{found[0]} was trained in {name}, the config says "
+                             f"train.precision={asked}; resume with train.precision={name} "
+                             f"(or auto), or start over with --no-resume")
+        measured = stored.get("calibration")
+        log.info("precision %s, as decided at this run's first start (%s); not measured "
+                 "again", name, f"fp32 {measured['fp32_ms']} ms, bf16 {measured['bf16_ms']} "
+                 f"ms" if measured else f"train.precision={stored['asked']}")
+        return (torch.bfloat16 if name == "bf16" else None), dict(stored)
+    if found is not None:
+        log.warning("%s does not say which precision it was trained in (an older mtkit); "
+                    "deciding it now", found[0])
+    tc = cfg.train
+    dtype, calibration = resolve_precision(
+        asked, device, calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
+        flag = torch.tensor([float(dtype is not None)])
+        dist.broadcast(flag, 0)
+        dtype = torch.bfloat16 if flag.item() else None
+    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked,
+              "cpu": cpu_description() if device.type == "cpu" else str(device)}
+    if calibration is not None:
+        record["calibration"] = calibration.as_dict()
+    return dtype, record
+
+
+def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,
+            optimizer, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab],
+            rank: int) -> Progress:
+    """Load the newest intact checkpoint (`found`) into model and optimizer and return its
+    progress; a fresh `Progress` when there is none (with --no-resume, old checkpoints
+    move aside)."""
+    tc, ckpt_dir = cfg.train, cfg.run_path / "checkpoints"
+    if found is None:
+        if not resume and rank == 0 and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+            aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
+            ckpt_dir.rename(aside)
+            log.warning("--no-resume: starting over; earlier checkpoints moved to %s", aside)
+        if rank > 0:
+            torch.manual_seed(tc.seed + 1000 * rank)
+        return Progress()
+    path, payload = found
+    try:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["train"]["optimizer"])
+        progress = Progress(**payload["train"]["progress"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:100]})") from None
+    if rank == 0:
+        _set_rng_state(payload["train"]["rng"])
+    else:  # other ranks' RNG streams are not saved; derive fresh ones
+        torch.manual_seed(tc.seed + 1000 * rank + progress.step)
+    log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
+             progress.epoch, progress.batch)
+    return progress
+
+
+def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
+    saved = payload["config"]["model"]
+    now = config_to_dict(cfg)["model"]
+    diff = [k for k in now if saved.get(k) != now[k]]
+    if diff:
+        k = diff[0]
+        raise TrainError(f"{path} was trained with model.{k}={saved.get(k)!r}, the config "
+                         f"says {now[k]!r}; use another run_dir or --no-resume")
+
+
+def _check_same_data(payload: dict, path: Path, train_data: ShardDataset,
+                     vocabs: tuple[Vocab, Vocab]) -> None:
+    """Refuse to resume on shards or a tokenizer other than those the checkpoint saw."""
+    saved = payload["train"].get("shards")  # absent in checkpoints of older mtkit versions
+    vocab = payload["vocab"]
+    if (saved is not None and saved != train_data.fingerprint) or (
+            vocab["src"], vocab["tgt"]) != (vocabs[0].model_proto, vocabs[1].model_proto):
+        raise TrainError(f"{path} was trained on other data or another tokenizer than "
+                         f"{train_data.folder} (preprocess or tokenizer ran again since); "
+                         f"start over with --no-resume, or use another run_dir")
+
+
+def _check_positions(cfg: Config, data: ShardDataset) -> None:
+    """Every training pair, with its bos/eos, must fit the model's positions."""
+    longest = int(max(data.src_lengths.max(initial=0), data.tgt_lengths.max(initial=0)))
+    if longest + 1 > cfg.model.max_positions:
+        raise TrainError(f"{data.folder} holds pairs of {longest} subwords, more than "
+                         f"model.max_positions={cfg.model.max_positions} allows (it must be at "
+                         f"least data.max_len + 2); rerun `mtkit preprocess` with a smaller "
+                         f"data.max_len or raise model.max_positions")
+
+
+def rng_state() -> dict:
+    """The RNG streams training draws on (dropout); batching is seeded by (seed, epoch)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _batches_from(sampler: TokenBatchSampler, dataset: ShardDataset, progress: Progress,
+                  workers: int, pin: bool) -> Iterator[tuple[int, int, Batch]]:
+    """Endless (epoch, index in epoch, batch), starting at the saved position."""
+    epoch, start = progress.epoch, progress.batch
+    generator = torch.Generator()  # DataLoader seeds its workers from this, not the global RNG
+    while True:
+        sampler.set_epoch(epoch, start)
+        loader = make_loader(dataset, sampler, workers, pin_memory=pin, generator=generator)
+        for k, batch in enumerate(loader, start=start):
+            yield epoch, k, batch
+        epoch, start = epoch + 1, 0
