@@ -17,12 +17,8 @@ import json
 import logging
 import math
 import os
-import sys
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Literal, TextIO
 
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
@@ -272,58 +268,6 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         sink.flush()
         count += len(lines)
     return count
-
-
-BAR_MIN_LINES = 300  # files shorter than this translate without a progress bar
-
-
-@contextmanager
-def progress_bar(path: str | os.PathLike | None, console=None
-                 ) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar (lines done, sentences/s, ETA) for translating the file `path`,
-    on stderr when it is a terminal and the file has at least `BAR_MIN_LINES` lines;
-    yields the callback that advances it, or None. Never touches stdout."""
-    if path is None:
-        yield None
-        return
-    from rich.console import Console
-
-    console = console or Console(file=sys.stderr)
-    # (counting reads the file: never a pipe's, which the translation reads)
-    total = _count_lines(path) if console.is_terminal and Path(path).is_file() else 0
-    if total < BAR_MIN_LINES:
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
-                   console=console, redirect_stdout=False, redirect_stderr=False)
-    task = bar.add_task("translate", total=total, rate="")
-    start = time.perf_counter()
-
-    def advance(n: int) -> None:
-        done = bar.tasks[0].completed + n
-        rate = done / max(time.perf_counter() - start, 1e-9)
-        bar.update(task, completed=done, rate=f"{rate:,.1f} sentences/s")
-
-    with bar:
-        yield advance
-
-
-def _count_lines(path: str | os.PathLike) -> int:
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
 
 
 def translate_texts(translator: Translator, lines: list[str], opts: SearchOptions,

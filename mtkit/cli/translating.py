@@ -126,7 +126,8 @@ def _translate_file(engine: Translator, input: Path | None, output: Path | None,
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
     only once complete), with a progress bar on a terminal."""
     from mtkit.atomic import atomic_text
-    from mtkit.textio import progress_bar, read_all_lines, translate_stream
+    from mtkit.progress import progress_bar
+    from mtkit.textio import read_all_lines, translate_stream
 
     with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
             (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \

@@ -20,7 +20,7 @@ from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, config_from_dict
 from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
-from mtkit.device import resolve_device, resolve_precision
+from mtkit.device import autocast, resolve_device, resolve_precision
 from mtkit.engines.base import Engine
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
@@ -117,8 +117,7 @@ class TorchEngine(Engine):
 
     def autocast(self) -> AbstractContextManager:
         """The precision searches run in: bf16 autocast on CUDA, none on a CPU."""
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                              enabled=self.autocast_dtype is not None)
+        return autocast(self.device, self.autocast_dtype)
 
     def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
                         layer: int | None) -> list[list[Hypothesis]]:

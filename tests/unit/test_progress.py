@@ -50,3 +50,24 @@ def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkey
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["preprocess: 300 of 1,000 pairs (30%), 25 pairs/s, ~28 s left",
                      "preprocess: 800 of 1,000 pairs (80%), 27 pairs/s, ~8 s left"]
+
+
+def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mtkit.progress import progress_bar
+
+    long, short = tmp_path / "long.txt", tmp_path / "short.txt"
+    long.write_text("a line\n" * 400)
+    short.write_text("a line\n" * 100)
+    screen = io.StringIO()
+    with progress_bar(long, Console(file=screen, force_terminal=True, width=120)) as done:
+        for _ in range(4):
+            done(100)
+    assert "400/400" in screen.getvalue() and "sentences/s" in screen.getvalue()
+    for path, terminal in ((short, True), (long, False), (None, True)):
+        console = Console(file=io.StringIO(), force_terminal=terminal)
+        with progress_bar(path, console) as done:
+            assert done is None

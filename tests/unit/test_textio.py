@@ -1,5 +1,5 @@
 """Text in, text out (`mtkit.textio`): one output line per input line, in order, as lines
-arrive; invalid UTF-8; output formats; the progress bar."""
+arrive; invalid UTF-8; output formats."""
 
 from __future__ import annotations
 
@@ -58,24 +58,3 @@ def test_output_formats(tiny_engine):
                                      SearchOptions(beam=3, nbest=2),
                                      OutputFormat("jsonl"))[0])
     assert record["source"] == "A dog." and len(record["nbest"]) == 2
-
-
-def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):
-    import io
-
-    from rich.console import Console
-
-    from mtkit.textio import progress_bar
-
-    long, short = tmp_path / "long.txt", tmp_path / "short.txt"
-    long.write_text("a line\n" * 400)
-    short.write_text("a line\n" * 100)
-    screen = io.StringIO()
-    with progress_bar(long, Console(file=screen, force_terminal=True, width=120)) as done:
-        for _ in range(4):
-            done(100)
-    assert "400/400" in screen.getvalue() and "sentences/s" in screen.getvalue()
-    for path, terminal in ((short, True), (long, False), (None, True)):
-        console = Console(file=io.StringIO(), force_terminal=terminal)
-        with progress_bar(path, console) as done:
-            assert done is None
