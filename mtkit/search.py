@@ -15,7 +15,7 @@ models one such step model.
 
 `GreedyStream` is greedy decoding for a server (continuous batching): sentences join the
 running search between any two steps and leave it as they end, each in its own slot of
-the model's `SlotState`.
+a `cache.SlotCache`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from mtkit.cache import resize
 from mtkit.hypothesis import Hypothesis, length_penalty
 from mtkit.vocab import BOS, EOS, PAD
 
@@ -247,24 +248,38 @@ class GreedyStream:
     batch full this way, where fixed rounds wait for their slowest sentence and then
     start small. Each output is the one `greedy_hypotheses` gives its sentence alone.
 
-    The sentences live in the slots of the model's `SlotState` (`slot_state(slots,
-    columns, source, like)`; `decode_step` takes it): one joining or leaving copies
-    no other's cache. When sentences end, those in the last slots move into the
-    freed ones, so that a step runs live slots only."""
+    The sentences live in the slots of the model's `cache.SlotCache` (`slot_cache`;
+    `decode_step` steps its first B slots): one joining or leaving copies no other's
+    cache. When sentences end, those in the last slots move into the freed ones, so that
+    a step runs live slots only. Beside the cache, the stream keeps each slot's last
+    token, output limit, tokens so far, log-probability, output and source mask."""
 
     def __init__(self, model: StepModel, lenpen: float = 0.6, max_len_a: float = 1.2,
                  max_len_b: int = 10, min_len: int = 1):
         self.model, self.lenpen, self.min_len = model, lenpen, min_len
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self._clear()
+
+    def _clear(self) -> None:
+        """No slots, no cache: the memory goes."""
         self.keys: list[Any] = []  # the caller's key of each slot (None: free)
         self.live = 0  # sentences in the slots
-        self.state: Any = None
-        # Per slot: last token, output limit, tokens so far, log-probability, output.
-        self.token = self.limits = self.steps = self.log_prob = self.out = None
+        self.cache: Any = None
+        self.token: Tensor | None = None  # (slots,) last token
+        self.limits: Tensor | None = None  # (slots,) output limit
+        self.steps: Tensor | None = None  # (slots,) tokens output so far
+        self.log_prob: Tensor | None = None  # (slots,)
+        self.out: Tensor | None = None  # (slots, C) output so far
+        self.src_mask: Tensor | None = None  # (slots, P) True at real source tokens
 
     def __len__(self) -> int:
         """Sentences being decoded (in slots 0..len-1: `_compact`)."""
         return self.live
+
+    @property
+    def capacity(self) -> tuple[int, int, int]:
+        """Slots, target columns C and source positions P, of the cache and the stream."""
+        return self.out.size(0), self.out.size(1), self.src_mask.size(1)
 
     @torch.no_grad()
     def add(self, src: Tensor, keys: list[Any]) -> None:
@@ -272,17 +287,20 @@ class GreedyStream:
         memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
         limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
                              self.model.cfg.max_positions)  # (B,)
-        cross_k, cross_v = self.model.cross_kv(memory)  # per layer (B, H, S, K)
-        b, n = len(self), src.size(0)
-        if self.state is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
-            self.state = self.model.slot_state(n, int(limits.max()) + 1, src.size(1),
-                                               cross_k[0])
-            self._resize_rows(n, self.state.columns)
+        sources = self.model.cross_kv(memory)  # per layer (B, H, S, K) (per model)
+        b, n, width = len(self), src.size(0), src.size(1)
+        if self.cache is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
+            columns = int(limits.max()) + 1
+            self.cache = self.model.slot_cache(sources, n, columns, width)
+            self._empty_rows(src.device)
+            self._resize_rows(n, columns, width)
         else:
-            self._fit(b + n, int(limits.max()) + 1, src.size(1))
+            self._fit(b + n, int(limits.max()) + 1, width)
         free = list(range(b, b + n))  # live slots are 0..b-1 (`_compact`)
         slots = torch.tensor(free, dtype=torch.long, device=src.device)
-        self.state.fill(slots, cross_k, cross_v, src_mask)
+        self.cache.fill(slots, sources)
+        self.src_mask[slots] = False
+        self.src_mask[slots, :width] = src_mask
         self.token[slots] = BOS
         self.limits[slots] = limits
         self.steps[slots] = 0
@@ -293,44 +311,37 @@ class GreedyStream:
         self.live += n
 
     def _fit(self, slots: int, columns: int, source: int) -> None:
-        """Make the state hold `slots` sentences of up to `columns` output tokens and
+        """Make the cache hold `slots` sentences of up to `columns` output tokens and
         `source` source tokens, with those live now. It grows with a quarter to spare,
         and shrinks once it is over twice what is needed (as after a long sentence)."""
         b = len(self)
         if b:
             columns = max(columns, int(self.limits[:b].max()) + 1)
-            source = max(source, int(self.state.src_mask[:b].sum(dim=1).max()))
-        have = (self.state.slots, self.state.columns, self.state.source)
+            source = max(source, int(self.src_mask[:b].sum(dim=1).max()))
         need = (slots, columns, source)
-        if (all(h >= n for h, n in zip(have, need, strict=True))
-                and all(h <= 2 * n + 8 for h, n in zip(have, need, strict=True))):
+        if all(n <= h <= 2 * n + 8 for h, n in zip(self.capacity, need, strict=True)):
             return
         new = [n + n // 4 for n in need]
-        self.state = self.state.resized(*new)
-        self._resize_rows(new[0], new[1])
+        self.cache = self.cache.resized(*new)
+        self._resize_rows(*new)
 
-    def _resize_rows(self, slots: int, columns: int) -> None:
-        """Per-slot tensors for `slots` slots and outputs of `columns` tokens (what
-        fits is kept)."""
-        old = 0 if self.token is None else min(slots, self.token.size(0))
-        device = self.state.positions.device
+    def _empty_rows(self, device: torch.device) -> None:
+        """Per-slot tensors for no slot yet, for `_resize_rows` to grow."""
+        empty = torch.zeros(0, dtype=torch.long, device=device)  # each resized into its own
+        self.token = self.limits = self.steps = empty
+        self.log_prob = torch.zeros(0, dtype=torch.float, device=device)
+        self.out = empty.view(0, 0)
+        self.src_mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
 
-        def resize(t: Tensor | None, fill: Any, dtype: torch.dtype,
-                   width: int | None = None) -> Tensor:
-            out = torch.full((slots,) if width is None else (slots, width), fill,
-                             dtype=dtype, device=device)
-            if t is not None and width is None:
-                out[:old] = t[:old]
-            elif t is not None:
-                w = min(width, t.size(1))
-                out[:old, :w] = t[:old, :w]
-            return out
-
-        self.token = resize(self.token, BOS, torch.long)
-        self.limits = resize(self.limits, 1, torch.long)
-        self.steps = resize(self.steps, 0, torch.long)
-        self.log_prob = resize(self.log_prob, 0.0, torch.float)
-        self.out = resize(self.out, PAD, torch.long, columns)
+    def _resize_rows(self, slots: int, columns: int, source: int) -> None:
+        """Per-slot tensors for `slots` slots, outputs of `columns` tokens and sources of
+        `source` tokens (what fits is kept)."""
+        self.token = resize(self.token, (slots,), BOS)
+        self.limits = resize(self.limits, (slots,), 1)
+        self.steps = resize(self.steps, (slots,), 0)
+        self.log_prob = resize(self.log_prob, (slots,), 0.0)
+        self.out = resize(self.out, (slots, columns), PAD)
+        self.src_mask = resize(self.src_mask, (slots, source), False)
         self.keys = (self.keys + [None] * slots)[:slots]
 
     @torch.no_grad()
@@ -339,10 +350,11 @@ class GreedyStream:
         b = len(self)  # the live slots: 0..b-1 (`_compact`)
         if not b:
             return []
-        src_mask = self.state.src_mask[:b]
+        src_mask = self.src_mask[:b]
         src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
-        lprobs, _ = _step_log_probs(self.model, self.token[:b], None, src_mask, self.state,
-                                    self.steps[:b], self.limits[:b], self.min_len)  # (b, V)
+        lprobs, self.cache = _step_log_probs(self.model, self.token[:b], None, src_mask,
+                                             self.cache, self.steps[:b], self.limits[:b],
+                                             self.min_len)  # (b, V)
         token = lprobs.argmax(dim=-1)  # (b,)
         rows = torch.arange(b, device=token.device)
         self.log_prob[:b] += lprobs[rows, token]
@@ -358,13 +370,11 @@ class GreedyStream:
             finished.append((self.keys[slot], h[0]))
             self.keys[slot] = None
         self.live -= len(finished)
-        self.state.free(ended)
         self._compact()
         if len(self):
             self._fit(len(self), 1, 1)
         else:  # nothing left: let the memory go
-            self.state, self.keys = None, []
-            self.token = self.limits = self.steps = self.log_prob = self.out = None
+            self._clear()
         return finished
 
     def _compact(self) -> None:
@@ -374,12 +384,11 @@ class GreedyStream:
         if not holes:
             return
         movers = [i for i, k in enumerate(self.keys) if k is not None and i >= self.live]
-        device = self.state.positions.device
-        source, target = (torch.tensor(x, dtype=torch.long, device=device)
-                          for x in (movers, holes))
-        self.state.move(source, target)
-        for t in (self.token, self.limits, self.steps, self.log_prob, self.out):
-            t[target] = t[source]
+        old, new = (torch.tensor(x, dtype=torch.long, device=self.token.device)
+                    for x in (movers, holes))
+        self.cache.move(old, new)
+        for t in (self.token, self.limits, self.steps, self.log_prob, self.out, self.src_mask):
+            t[new] = t[old]
         for i, j in zip(movers, holes, strict=True):
             self.keys[j], self.keys[i] = self.keys[i], None
 

@@ -173,10 +173,10 @@ def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
         keys = list(range(len(sources), len(sources) + batch.size(0)))
         sources.update(zip(keys, batch))
         stream.add(batch, keys)
-        widest = max(widest, stream.state.columns)
+        widest = max(widest, stream.cache.columns)
         got.update(stream.step())
     while len(stream):
-        after = stream.state.columns if after is None else after
+        after = stream.cache.columns if after is None else after
         got.update(stream.step())
     assert sorted(got) == list(sources) and len(sources) > 20
     for k, row in sources.items():
@@ -185,7 +185,7 @@ def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
     assert widest >= 1.5 * 30 + 4  # the long sentence's output fitted
     assert after < widest / 2  # and the room it took went with it
-    assert stream.state is None  # an empty stream holds no memory
+    assert stream.cache is None  # an empty stream holds no memory
 
 
 def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
