@@ -19,9 +19,12 @@ from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, load_checkpoint
 from mtkit.config import Config, config_from_dict
 from mtkit.device import resolve_device, resolve_precision
+from mtkit.ensemble import Ensemble
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
-from mtkit.search import Ensemble, GreedyStream, beam_search, greedy_hypotheses, sample_search
+from mtkit.sampling import sample_search
+from mtkit.search import beam_search, greedy_hypotheses
+from mtkit.serving.stream import GreedyStream
 from mtkit.translate import DecodeOptions, Frontend, length_batches, line_seed
 from mtkit.vocab import EOS, PAD, Vocab
 

@@ -1,0 +1,1 @@
+"""`mtkit serve`: the stream, the scheduler and the HTTP app."""
