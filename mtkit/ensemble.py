@@ -1,6 +1,7 @@
 """Ensembles: several models that share their vocabularies, searched as one step model.
 
-`Ensemble` is a `search.StepModel`: any search can run it. Each model keeps its own
+`Ensemble` is a `search.StepModel` (any search can run it), and, when its models are
+`Transformer`s, a model that `serving.stream` can stream: each model keeps its own
 decoder cache, and `EnsembleCache` carries them as one.
 """
 
@@ -18,12 +19,27 @@ from mtkit.search import StepModel
 
 @dataclass(frozen=True)
 class EnsembleCache:
-    """The decoder cache of each model of an ensemble (each keeps its own), used as one."""
+    """The decoder cache of each model of an ensemble (each keeps its own), used as one:
+    beam caches, which search reorders, or slot caches, which a stream fills, resizes and
+    moves."""
 
     parts: tuple[Any, ...]
 
     def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache(tuple(c.index_select(rows, sentences) for c in self.parts))
+
+    def fill(self, slots: Tensor, sources: tuple[Any, ...]) -> None:
+        """`sources`: each model's, from `Ensemble.cross_kv`."""
+        for cache, theirs in zip(self.parts, sources, strict=True):
+            cache.fill(slots, theirs)
+
+    def resized(self, slots: int, columns: int, source_capacity: int) -> EnsembleCache:
+        return EnsembleCache(tuple(c.resized(slots, columns, source_capacity)
+                                   for c in self.parts))
+
+    def move(self, old: Tensor, new: Tensor) -> None:
+        for cache in self.parts:
+            cache.move(old, new)
 
 
 class Ensemble:
@@ -46,6 +62,18 @@ class Ensemble:
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)
         return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
+
+    def cross_kv(self, memory: Tensor) -> tuple[Any, ...]:
+        """Each model's `cross_kv` of its part of memory (B, S, D1 + D2 + ...)."""
+        return tuple(m.cross_kv(mem) for m, mem in zip(self.models,
+                                                        memory.split(self.widths, dim=-1),
+                                                        strict=True))  # each (B, S, Di)
+
+    def slot_cache(self, sources: tuple[Any, ...], slots: int, columns: int,
+                   source_capacity: int) -> EnsembleCache:
+        """Each model's free slots, for its `sources` (from `cross_kv`)."""
+        return EnsembleCache(tuple(m.slot_cache(s, slots, columns, source_capacity)
+                                   for m, s in zip(self.models, sources, strict=True)))
 
     def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
                     cache: EnsembleCache | None) -> tuple[Tensor, EnsembleCache]:

@@ -3,8 +3,8 @@
 Sentences join the running search between any two of its steps and leave it as they
 end, each in its own slot of a slot cache (`cache.SlotCache`: one sentence's joining or
 leaving copies no other's keys and values). What the stream needs of a model is
-`StreamModel`, as a `Transformer` is. The decoding constraints are those of offline
-greedy search (`search.step_log_probs`), so that each output is the one
+`StreamModel`: a `Transformer`, or an `Ensemble` of them. The decoding constraints are
+those of offline greedy search (`search.step_log_probs`), so that each output is the one
 `search.greedy_hypotheses` gives its sentence alone.
 """
 
@@ -23,7 +23,7 @@ from mtkit.vocab import BOS, EOS, PAD
 
 class StreamCache(Protocol):
     """What the stream does with its model's slot cache besides stepping it (a
-    `cache.SlotCache`)."""
+    `cache.SlotCache`, or an `ensemble.EnsembleCache` of them)."""
 
     def fill(self, slots: Tensor, sources: Any) -> None: ...  # sources: from `cross_kv`
 
@@ -33,7 +33,7 @@ class StreamCache(Protocol):
 
 
 class StreamModel(Protocol):
-    """What `GreedyStream` needs of a model (`model.Transformer`)."""
+    """What `GreedyStream` needs of a model (`model.Transformer`, `ensemble.Ensemble`)."""
 
     cfg: Any  # cfg.max_positions: the longest output
 
@@ -123,7 +123,7 @@ class GreedyStream:
         memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
         limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
                              self.model.cfg.max_positions)  # (B,)
-        sources = self.model.cross_kv(memory)  # per layer (B, H, S, K)
+        sources = self.model.cross_kv(memory)  # per layer (B, H, S, K) (per model)
         b, n, width = len(self), src.size(0), src.size(1)
         if self.cache is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
             columns = int(limits.max()) + 1

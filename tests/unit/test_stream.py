@@ -4,6 +4,9 @@ import pytest
 import torch
 from scripted import random_model, random_src, stream_in_two_joins
 
+from mtkit.config import ModelConfig
+from mtkit.ensemble import Ensemble
+from mtkit.model import build_model
 from mtkit.search import greedy_hypotheses
 from mtkit.serving.stream import GreedyStream
 from mtkit.vocab import EOS, PAD
@@ -52,3 +55,34 @@ def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
     assert sorted(got) == list(range(8))
     assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
 
+
+def stream_joining_every_step(model, src: torch.Tensor) -> dict:
+    """src's rows join a `GreedyStream` (lenpen 0.6, max_len 1.5 * len + 4), 1-3 at each
+    step: each row's hypothesis by row."""
+    stream, got, joined = GreedyStream(model, 0.6, 1.5, 4), {}, 0
+    while joined < src.size(0) or len(stream):
+        if joined < src.size(0):
+            keys = list(range(joined, min(joined + 1 + joined % 3, src.size(0))))
+            stream.add(src[keys], keys)
+            joined += len(keys)
+        got.update(stream.step())
+    return got
+
+
+def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone():
+    """Two models of different widths and depths, each with its own slot cache; a
+    stream of one model's ensemble is exactly that model's stream."""
+    torch.manual_seed(7)
+    wide = build_model(ModelConfig(d_model=48, heads=4, ffn_dim=64, encoder_layers=1,
+                                   decoder_layers=1, dropout=0.0, max_positions=64),
+                       40, 40).eval()
+    narrow = random_model(9)
+    pair, src = Ensemble([wide, narrow]), random_src(9, 3)
+    got = stream_joining_every_step(pair, src)
+    assert sorted(got) == list(range(9))
+    for k, row in enumerate(src):
+        alone = greedy_hypotheses(pair, row[None, : int((row != PAD).sum())], 0.6, 1.5, 4)
+        assert got[k].tokens == alone[0][0].tokens
+        assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
+    assert stream_joining_every_step(Ensemble([wide]), src) == \
+        stream_joining_every_step(wide, src)
