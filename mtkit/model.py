@@ -2,10 +2,11 @@
 
     memory, src_mask = model.encode(src)                        # (B, S, D), (B, S)
     logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  training
-    logits, state = model.decode_step(token, memory, src_mask, state)   # (B, V) inference
+    logits, cache = model.decode_step(token, memory, src_mask, cache)   # (B, V) inference
 
-The decoder state is a `DecoderState` (beam search: rows reordered by `index_select`),
-or a `SlotState` (continuous batching: a slot per sentence, written in place).
+`decode_step` sees its cache through `cache.DecoderCache` (`begin`, `cross`, `update`,
+`advanced`), whichever it is: the `BeamCache` of offline search, a value that search
+reorders with `index_select`, or the `SlotCache` of continuous batching, written in place.
 
 Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
 `norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtkit.cache import BeamCache, DecoderCache, SlotCache
 from mtkit.config import ModelConfig
 from mtkit.vocab import PAD
 
@@ -216,27 +217,23 @@ class DecoderLayer(nn.Module):
                                                              Sublayer(cfg))
 
     def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
-                past_kv: tuple[Tensor, Tensor] | SlotKV | None = None
+                cache: DecoderCache | None = None, index: int = 0
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """y (B*W, T, D): new target positions, W consecutive rows per sentence (W > 1
         in a beam search); memory_kv: cross-attention keys/values (B, H, S, K), one per
-        sentence; mask (B, 1, 1, S); past_kv: self-attention keys/values of the
-        positions before y (B, H, t, K), or a `SlotKV` to write the new position into,
-        or None. Returns the output (B, T, D) and the self-attention keys/values of all
-        positions so far (B, H, t+T, K)."""
+        sentence; mask (B, 1, 1, S); cache: the decoder's cache, this layer the `index`th
+        of the stack (T = 1), or None (teacher forcing). Returns the output (B*W, T, D)
+        and the self-attention keys/values of all positions so far (B*W, H, t+T, K)."""
         h = self.self_block.before(y)
-        k, v = self.self_attn.project_kv(h)  # (B, H, T, K)
+        k, v = self.self_attn.project_kv(h)  # (B*W, H, T, K)
         self_mask = None
-        if isinstance(past_kv, SlotKV):  # each row at its own position (T = 1)
-            k, v, self_mask = past_kv.write(k, v)  # (B, H, W, K), (B, 1, 1, W)
-        elif past_kv is not None:
-            k = torch.cat([past_kv[0], k], dim=2)  # (B, H, t+T, K)
-            v = torch.cat([past_kv[1], v], dim=2)  # (B, H, t+T, K)
+        if cache is not None:
+            k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
         # Without a cache the T positions attend causally; with one, the single new
         # position sees all earlier ones (of its own sentence: `self_mask`). Targets are
         # right-padded, so no pad key lies before a real query and no padding mask is
         # needed.
-        causal = past_kv is None and y.size(1) > 1
+        causal = cache is None and y.size(1) > 1
         y = self.self_block.after(y, self.self_attn.attend(h, k, v, self_mask, causal))
         h = self.cross_block.before(y)
         # In a search, a sentence's rows (its beams) share its source keys/values, held
@@ -254,129 +251,6 @@ class Projection(NamedTuple):
 
     hidden: Tensor
     weight: Tensor
-
-
-@dataclass(frozen=True)
-class DecoderState:
-    """Everything `decode_step` carries between steps, one entry per decoder layer:
-    self-attention keys/values of each row's tokens so far (B*W, H, t, K), and
-    cross-attention keys/values of each sentence's source, computed once (B, H, S, K)."""
-
-    self_k: tuple[Tensor, ...]
-    self_v: tuple[Tensor, ...]
-    cross_k: tuple[Tensor, ...]
-    cross_v: tuple[Tensor, ...]
-
-    @property
-    def length(self) -> int:
-        """Target positions decoded so far."""
-        return self.self_k[0].size(2)
-
-    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> DecoderState:
-        """Reorder (or subset) the rows: beam search calls this once per step. The
-        source's keys/values belong to sentences, not rows: `sentences` picks those that
-        stay (None: all of them, as when beams are only reordered)."""
-        def pick(ts: tuple[Tensor, ...], index: Tensor | None) -> tuple[Tensor, ...]:
-            return ts if index is None else tuple(t.index_select(0, index) for t in ts)
-
-        return DecoderState(pick(self.self_k, rows), pick(self.self_v, rows),
-                            pick(self.cross_k, sentences), pick(self.cross_v, sentences))
-
-
-class SlotKV(NamedTuple):
-    """One decoder layer's self-attention cache in a `SlotState`, for one step: keys and
-    values (slots, H, C, K); rows (B,) = 0..B-1, the slots that step; positions (B,),
-    the column each writes its new token to; seen (B, 1, 1, W), the columns each may
-    attend to (its own positions so far) among the first W."""
-
-    k: Tensor
-    v: Tensor
-    rows: Tensor
-    positions: Tensor
-    seen: Tensor
-
-    def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Store the new keys/values (B, H, 1, K) at each row's position; return the
-        keys/values to attend to (B, H, W, K) and `seen`."""
-        self.k[self.rows, :, self.positions] = k[:, :, 0]
-        self.v[self.rows, :, self.positions] = v[:, :, 0]
-        b, width = self.rows.numel(), self.seen.size(-1)
-        return self.k[:b, :, :width], self.v[:b, :, :width], self.seen
-
-
-@dataclass
-class SlotState:
-    """The decoder state of continuous batching (`search.GreedyStream`): caches in a
-    fixed number of slots, each holding one sentence (one row) or free. A step runs the
-    first B slots (B = the tokens given to `decode_step`), which the caller keeps live,
-    and each writes its new position at its own column: sentences that joined at
-    different steps each see only their own tokens, and none is copied when others join
-    or leave.
-
-    Capacities (slots, columns C, source positions S) change by `resized`; `move` lets
-    live slots fill free ones nearer the front. A slot never filled keeps one source
-    position in its mask, so that its attention stays finite."""
-
-    self_k: list[Tensor]  # per layer: (slots, H, C, K)
-    self_v: list[Tensor]
-    cross_k: list[Tensor]  # per layer: (slots, H, S, K)
-    cross_v: list[Tensor]
-    src_mask: Tensor  # (slots, S), True at real source tokens
-    positions: Tensor  # (slots,) target tokens each slot holds (0 in a free one)
-
-    @property
-    def slots(self) -> int:
-        return self.positions.numel()
-
-    @property
-    def columns(self) -> int:
-        return self.self_k[0].size(2)
-
-    @property
-    def source(self) -> int:
-        return self.src_mask.size(1)
-
-    def fill(self, slots: Tensor, cross_k: tuple[Tensor, ...], cross_v: tuple[Tensor, ...],
-             src_mask: Tensor) -> None:
-        """New sentences take `slots` (n,): their sources' keys/values (n, H, S', K) per
-        layer and mask (n, S'), S' <= the state's source capacity."""
-        width = src_mask.size(1)
-        for mine, theirs in ((self.cross_k, cross_k), (self.cross_v, cross_v)):
-            for cache, new in zip(mine, theirs, strict=True):
-                cache[slots, :, :width] = new
-        self.src_mask[slots] = False
-        self.src_mask[slots, :width] = src_mask
-        self.positions[slots] = 0
-
-    def free(self, slots: Tensor) -> None:
-        self.positions[slots] = 0
-
-    def resized(self, slots: int, columns: int, source: int) -> SlotState:
-        """A copy with these capacities, bigger or smaller: what fits is kept (the caller
-        keeps every live slot's sentence inside)."""
-        def resize(t: Tensor, width: int) -> Tensor:
-            out = t.new_zeros(slots, t.size(1), width, t.size(3))
-            n, w = min(slots, t.size(0)), min(width, t.size(2))
-            out[:n, :, :w] = t[:n, :, :w]
-            return out
-
-        n, w = min(slots, self.slots), min(source, self.source)
-        src_mask = self.src_mask.new_zeros(slots, source)
-        src_mask[:, 0] = True
-        src_mask[:n, :w] = self.src_mask[:n, :w]
-        positions = self.positions.new_zeros(slots)
-        positions[:n] = self.positions[:n]
-        return SlotState([resize(t, columns) for t in self.self_k],
-                         [resize(t, columns) for t in self.self_v],
-                         [resize(t, source) for t in self.cross_k],
-                         [resize(t, source) for t in self.cross_v], src_mask, positions)
-
-    def move(self, source: Tensor, target: Tensor) -> None:
-        """Move the sentences in slots `source` (n,) to the free slots `target` (n,)."""
-        for t in (*self.self_k, *self.self_v, *self.cross_k, *self.cross_v, self.src_mask,
-                  self.positions):
-            t[target] = t[source]
-        self.free(source)
 
 
 class Transformer(nn.Module):
@@ -442,65 +316,34 @@ class Transformer(nn.Module):
             return Projection(self.decoder_norm(y), self.output_weight)
         return self.project(y)  # (B, T, V)
 
-    def slot_state(self, slots: int, columns: int, source: int, like: Tensor) -> SlotState:
-        """An empty `SlotState` with these capacities, in the dtype and on the device of
-        `like` (attention keys)."""
-        h, k = self.cfg.heads, self.cfg.d_model // self.cfg.heads
-        layers = len(self.decoder_layers)
-
-        def zeros(width: int) -> list[Tensor]:
-            return [like.new_zeros(slots, h, width, k) for _ in range(layers)]
-
-        src_mask = torch.zeros(slots, source, dtype=torch.bool, device=like.device)
-        src_mask[:, 0] = True
-        return SlotState(zeros(columns), zeros(columns), zeros(source), zeros(source),
-                         src_mask, torch.zeros(slots, dtype=torch.long, device=like.device))
+    def slot_cache(self, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]], slots: int,
+                   columns: int, source_capacity: int) -> SlotCache:
+        """Free slots with these capacities, for continuous batching (`serving.stream`),
+        for sources like `sources` (keys and values from `cross_kv`): in their shapes per
+        head, dtype and device. A method, so that an ensemble gives each model its own."""
+        return SlotCache.empty(sources[0], slots, columns, source_capacity)
 
     def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    state: DecoderState | SlotState | None = None
-                    ) -> tuple[Tensor, DecoderState | SlotState]:
+                    cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache]:
         """One step: token (B*W,) is the last target token of each row (bos first), W
         consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
-        the next token's logits (B*W, V) and the state grown by one position. memory is
-        read at the first step only (state None): the state holds its keys/values, so
-        later steps may pass None. With a `SlotState`, token (B,) is that of its first B
-        slots (memory is unused, src_mask their rows of the state's, possibly cut after
-        the longest source), and the state is updated in place."""
-        if isinstance(state, SlotState):
-            return self._slot_step(token, src_mask, state), state
-        if state is None:
-            cross_k, cross_v = self.cross_kv(memory)
-            start = 0
-        else:
-            cross_k, cross_v = state.cross_k, state.cross_v
-            start = state.length
+        the next token's logits (B*W, V) and the cache after the step. memory is read at
+        the first step only (cache None: a `BeamCache` is made of it); the cache holds
+        its keys/values, so later steps may pass None. A `SlotCache` steps its first B
+        slots, with src_mask (B, S) theirs, and is written in place."""
+        if cache is None:
+            cache = BeamCache.first(*self.cross_kv(memory))
+        start = cache.begin(token.size(0))  # () or (B*W,)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         y = self.tgt_embed(token[:, None], start=start)  # (B*W, 1, D)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
-            past = None if state is None else (state.self_k[i], state.self_v[i])
-            y, (k, v) = layer(y, (cross_k[i], cross_v[i]), attn_mask, past)  # (B*W, 1, D)
+            memory_kv = cache.cross(i, src_mask.size(1))  # (B, H, S, K) each
+            y, (k, v) = layer(y, memory_kv, attn_mask, cache, i)  # (B*W, 1, D)
             new_k.append(k)  # (B*W, H, t+1, K)
             new_v.append(v)
         logits = self.project(y[:, 0])  # (B*W, V)
-        return logits, DecoderState(tuple(new_k), tuple(new_v), cross_k, cross_v)
-
-    def _slot_step(self, token: Tensor, src_mask: Tensor, state: SlotState) -> Tensor:
-        """`decode_step` on the first B slots of a `SlotState`: logits (B, V)."""
-        b = token.size(0)
-        positions = state.positions[:b]  # (B,)
-        columns = torch.arange(int(positions.max()) + 1, device=token.device)  # (W,)
-        seen = (columns <= positions[:, None])[:, None, None, :]  # (B, 1, 1, W)
-        rows = torch.arange(b, device=token.device)
-        y = self.tgt_embed(token[:, None], start=positions)  # (B, 1, D)
-        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        source = src_mask.size(1)  # may be narrower than the state's
-        for i, layer in enumerate(self.decoder_layers):
-            past = SlotKV(state.self_k[i], state.self_v[i], rows, positions, seen)
-            memory_kv = state.cross_k[i][:b, :, :source], state.cross_v[i][:b, :, :source]
-            y, _ = layer(y, memory_kv, attn_mask, past)
-        state.positions[:b] += 1
-        return self.project(y[:, 0])  # (B, V)
+        return logits, cache.advanced(tuple(new_k), tuple(new_v))
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True
                 ) -> Tensor | Projection:

@@ -1,28 +1,21 @@
-"""Decoding: greedy and batched beam search over `model.decode_step` (pure).
+"""Offline decoding: greedy and batched beam search over `model.decode_step` (pure).
 
-All decoding choices (beam size, length penalty, maximum and minimum length, n-best,
-no-repeat n-grams, sampling with temperature, top-k and top-p, forced target prefixes)
-live here; the model only scores one step. Sentences x beams run as one tensor of
-B*N rows; the decoder state is reordered with one `index_select` per step, and
-sentences that finish leave the batch, so later steps do less work. The source side
-(memory, its mask, its attention keys/values) is held once per sentence, never per beam.
+The decoding choices of greedy and beam search (beam size, length penalty, maximum and
+minimum length, n-best, no-repeat n-grams, forced target prefixes) live here, sampling in
+`mtkit.sampling`; the model only scores one step. Sentences x beams run as one tensor of
+B*N rows; the decoder cache (the model's value: a `cache.BeamCache` for a
+`Transformer`) is reordered with one `index_select` per step, and sentences that finish
+leave the batch, so later steps do less work. The source side (memory, its mask, its
+attention keys/values) is held once per sentence, never per beam.
 
-Anything with `encode(src) -> (memory, src_mask)`, `decode_step(token, memory,
-src_mask, state) -> (logits, state)` (token: W consecutive rows per sentence of memory;
-state with `index_select(rows, sentences=None)`) and `cfg.max_positions` can be
-searched: the tests drive it with scripted step functions, and `Ensemble` makes several
-models one such step model.
-
-`GreedyStream` is greedy decoding for a server (continuous batching): sentences join the
-running search between any two steps and leave it as they end, each in its own slot of
-the model's `SlotState`.
+Any `StepModel` can be searched: the tests drive it with scripted step functions, and
+`ensemble.Ensemble` makes several models one. Greedy decoding for a server, where
+sentences join and leave a running search, is `mtkit.serving.stream`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 import torch
@@ -33,12 +26,16 @@ from mtkit.vocab import BOS, EOS, PAD
 
 
 class StepModel(Protocol):
+    """What search needs of a model: `cfg.max_positions`, `encode`, and `decode_step`
+    whose token holds W consecutive rows per sentence of memory and whose cache (any
+    value: the model's) has `index_select(rows, sentences=None)`."""
+
     cfg: Any
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...  # (B, S, D), (B, S)
 
     def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    state: Any) -> tuple[Tensor, Any]: ...  # memory: None once in `state`
+                    cache: Any) -> tuple[Tensor, Any]: ...  # memory: None once in `cache`
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
@@ -74,36 +71,6 @@ def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tens
     return table.to(device)  # (B, L)
 
 
-# Source tokens (with padding) encoded together on a CPU by `GreedyStream`, whose
-# sentences join unsorted. Encoding them sorted by length in chunks of about 512 tokens
-# took 2.1-2.2 s for 1,771 Multi30k sentences joining in groups of ~22, against 2.5-2.8 s
-# unsplit (2-core AMD EPYC; `benchmarks/serve_load.py`'s requests). A GPU takes them whole.
-ENCODE_CHUNK_TOKENS = 512
-
-
-def encode_in_chunks(model: StepModel, src: Tensor) -> tuple[Tensor, Tensor]:
-    """`model.encode(src)`; on a CPU, rows of similar length are encoded together, in
-    chunks of at most `ENCODE_CHUNK_TOKENS` tokens with padding (the memory and mask
-    padded back to src's width, rows in src's order)."""
-    rows, width = src.shape
-    if src.device.type != "cpu" or rows * width <= ENCODE_CHUNK_TOKENS:
-        return model.encode(src)
-    lengths = (src != PAD).sum(dim=1)  # (B,)
-    order = lengths.argsort(descending=True)
-    sorted_lengths = lengths[order].tolist()
-    memories, masks, start = [], [], 0
-    while start < rows:  # a chunk as wide as its first (longest) row
-        longest = max(sorted_lengths[start], 1)
-        count = max(1, ENCODE_CHUNK_TOKENS // longest)
-        chunk = src.index_select(0, order[start : start + count])[:, :longest]
-        memory, src_mask = model.encode(chunk)
-        memories.append(torch.nn.functional.pad(memory, (0, 0, 0, width - longest)))
-        masks.append(torch.nn.functional.pad(src_mask, (0, width - longest), value=False))
-        start += count
-    back = order.argsort()  # sorted position of each row
-    return torch.cat(memories).index_select(0, back), torch.cat(masks).index_select(0, back)
-
-
 def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
     """Output limits (B,) that leave room for each prefix and the eos after it."""
     if prefix is None:
@@ -112,8 +79,8 @@ def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int)
     return torch.maximum(limits, need).clamp(max=max_positions - 1)
 
 
-def _start(model: StepModel, src: Tensor, prefixes: list[list[int]] | None,
-           max_len_a: float, max_len_b: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+def start_search(model: StepModel, src: Tensor, prefixes: list[list[int]] | None,
+                 max_len_a: float, max_len_b: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """Encode the source: memory (B, S, D), its mask (B, S), the prefix table (B, L) or
     None, and each sentence's output limit (B,), with room for its prefix."""
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
@@ -131,17 +98,16 @@ def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | Non
     return prefix[sentences, step]
 
 
-def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
-                    src_mask: Tensor, state: Any, step: int | Tensor, limits: Tensor,
-                    min_len: int,
-                    history: Tensor | None = None, no_repeat_ngram: int = 0,
-                    forced: Tensor | None = None) -> tuple[Tensor, Any]:
+def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
+                   src_mask: Tensor, cache: Any, step: int | Tensor, limits: Tensor,
+                   min_len: int, history: Tensor | None = None, no_repeat_ngram: int = 0,
+                   forced: Tensor | None = None) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
     `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
     Rows with a `forced` token (a target prefix) can only take it, at its own score.
     `step` is the tokens output so far: one count for all rows, or one per row (rows,)."""
-    logits, state = model.decode_step(token, memory, src_mask, state)  # (rows, V)
+    logits, cache = model.decode_step(token, memory, src_mask, cache)  # (rows, V)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
     if forced is not None:
         rows = (forced != PAD).nonzero().squeeze(1)  # rows inside their prefix
@@ -150,7 +116,7 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
     lprobs[:, BOS] = float("-inf")
     if no_repeat_ngram and history is not None:
         ban_repeated_ngrams(lprobs, history, no_repeat_ngram)
-    if isinstance(step, Tensor):  # each row at its own step (`GreedyStream`)
+    if isinstance(step, Tensor):  # each row at its own step (a stream)
         lprobs[step < min_len, EOS] = float("-inf")
     elif step < min_len:
         lprobs[:, EOS] = float("-inf")
@@ -162,7 +128,7 @@ def _step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
     if forced is not None and rows.numel():
         lprobs[rows] = float("-inf")
         lprobs[rows, forced[rows]] = kept
-    return lprobs, state
+    return lprobs, cache
 
 
 def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
@@ -184,16 +150,16 @@ def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = 0.6,
     scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
     length penalty only scores; unlike a beam of one, it never keeps a sentence going
     past the eos it chose."""
-    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
-                                 no_repeat_ngram,
-                                 lambda lprobs, alive, step: lprobs.argmax(dim=-1))
-    return _hypotheses(out, log_prob, 1, lenpen)
+    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
+    out, log_prob = one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
+                                no_repeat_ngram,
+                                lambda lprobs, alive, step: lprobs.argmax(dim=-1))
+    return as_hypotheses(out, log_prob, 1, lenpen)
 
 
-def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
-                 limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
-                 pick: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, Tensor]:
+def one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
+                limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
+                pick: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
     alive (r,), step) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
@@ -203,16 +169,16 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
     out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
     log_prob = torch.zeros(rows, device=device)  # (R,)
     # The first step runs one row per sentence (its samples are identical until then),
-    # then the state is copied to the sample rows: as in beam search, each source's
+    # then the cache is copied to the sample rows: as in beam search, each source's
     # cross-attention keys/values are projected once, not once per sample.
     token = torch.full((sentences,), BOS, dtype=torch.long, device=device)  # (B,)
     first = _forced(prefix, torch.arange(sentences, device=device), 0)  # (B,) or None
-    lprobs, state = _step_log_probs(model, token, memory, src_mask, None, 0, limits,
-                                    min_len, forced=first)
+    lprobs, cache = step_log_probs(model, token, memory, src_mask, None, 0, limits,
+                                   min_len, forced=first)
     if samples > 1:
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
-        state = state.index_select(copy, copy)
+        cache = cache.index_select(copy, copy)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
     step = 0
     while True:
@@ -222,166 +188,23 @@ def _one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Ten
         step += 1
         done = token == EOS  # (r,)
         if done.any():
-            alive, token, src_mask, state = _drop_rows(done, alive, token, src_mask, state)
+            alive, token, src_mask, cache = _drop_rows(done, alive, token, src_mask, cache)
             if not alive.numel():
                 return out, log_prob
-        # memory None: the state holds the source's keys/values from the first step
-        lprobs, state = _step_log_probs(model, token, None, src_mask, state, step,
-                                        limits[alive], min_len,
-                                        out[alive, :step] if no_repeat_ngram else None,
-                                        no_repeat_ngram,
-                                        _forced(prefix, alive // samples, step))  # (r, V)
+        # memory None: the cache holds the source's keys/values from the first step
+        lprobs, cache = step_log_probs(model, token, None, src_mask, cache, step,
+                                       limits[alive], min_len,
+                                       out[alive, :step] if no_repeat_ngram else None,
+                                       no_repeat_ngram,
+                                       _forced(prefix, alive // samples, step))  # (r, V)
 
 
-def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, state: Any
+def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, cache: Any
                ) -> tuple[Tensor, Tensor, Tensor, Any]:
     """Keep only the rows that are not `done` (one output per row, so a row is its own
     sentence to the model: greedy, sampling)."""
     keep = (~done).nonzero().squeeze(1)  # (rows',)
-    return alive[keep], token[keep], src_mask[keep], state.index_select(keep, keep)
-
-
-class GreedyStream:
-    """Greedy decoding with continuous batching: sentences `add`ed between any two steps
-    join the running batch, and each `step` returns those that ended. A server keeps its
-    batch full this way, where fixed rounds wait for their slowest sentence and then
-    start small. Each output is the one `greedy_hypotheses` gives its sentence alone.
-
-    The sentences live in the slots of the model's `SlotState` (`slot_state(slots,
-    columns, source, like)`; `decode_step` takes it): one joining or leaving copies
-    no other's cache. When sentences end, those in the last slots move into the
-    freed ones, so that a step runs live slots only."""
-
-    def __init__(self, model: StepModel, lenpen: float = 0.6, max_len_a: float = 1.2,
-                 max_len_b: int = 10, min_len: int = 1):
-        self.model, self.lenpen, self.min_len = model, lenpen, min_len
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.keys: list[Any] = []  # the caller's key of each slot (None: free)
-        self.live = 0  # sentences in the slots
-        self.state: Any = None
-        # Per slot: last token, output limit, tokens so far, log-probability, output.
-        self.token = self.limits = self.steps = self.log_prob = self.out = None
-
-    def __len__(self) -> int:
-        """Sentences being decoded (in slots 0..len-1: `_compact`)."""
-        return self.live
-
-    @torch.no_grad()
-    def add(self, src: Tensor, keys: list[Any]) -> None:
-        """Sentences src (B, S), one key each, join the search at its next step."""
-        memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
-        limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
-                             self.model.cfg.max_positions)  # (B,)
-        cross_k, cross_v = self.model.cross_kv(memory)  # per layer (B, H, S, K)
-        b, n = len(self), src.size(0)
-        if self.state is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
-            self.state = self.model.slot_state(n, int(limits.max()) + 1, src.size(1),
-                                               cross_k[0])
-            self._resize_rows(n, self.state.columns)
-        else:
-            self._fit(b + n, int(limits.max()) + 1, src.size(1))
-        free = list(range(b, b + n))  # live slots are 0..b-1 (`_compact`)
-        slots = torch.tensor(free, dtype=torch.long, device=src.device)
-        self.state.fill(slots, cross_k, cross_v, src_mask)
-        self.token[slots] = BOS
-        self.limits[slots] = limits
-        self.steps[slots] = 0
-        self.log_prob[slots] = 0.0
-        self.out[slots] = PAD
-        for slot, key in zip(free, keys, strict=True):
-            self.keys[slot] = key
-        self.live += n
-
-    def _fit(self, slots: int, columns: int, source: int) -> None:
-        """Make the state hold `slots` sentences of up to `columns` output tokens and
-        `source` source tokens, with those live now. It grows with a quarter to spare,
-        and shrinks once it is over twice what is needed (as after a long sentence)."""
-        b = len(self)
-        if b:
-            columns = max(columns, int(self.limits[:b].max()) + 1)
-            source = max(source, int(self.state.src_mask[:b].sum(dim=1).max()))
-        have = (self.state.slots, self.state.columns, self.state.source)
-        need = (slots, columns, source)
-        if (all(h >= n for h, n in zip(have, need, strict=True))
-                and all(h <= 2 * n + 8 for h, n in zip(have, need, strict=True))):
-            return
-        new = [n + n // 4 for n in need]
-        self.state = self.state.resized(*new)
-        self._resize_rows(new[0], new[1])
-
-    def _resize_rows(self, slots: int, columns: int) -> None:
-        """Per-slot tensors for `slots` slots and outputs of `columns` tokens (what
-        fits is kept)."""
-        old = 0 if self.token is None else min(slots, self.token.size(0))
-        device = self.state.positions.device
-
-        def resize(t: Tensor | None, fill: Any, dtype: torch.dtype,
-                   width: int | None = None) -> Tensor:
-            out = torch.full((slots,) if width is None else (slots, width), fill,
-                             dtype=dtype, device=device)
-            if t is not None and width is None:
-                out[:old] = t[:old]
-            elif t is not None:
-                w = min(width, t.size(1))
-                out[:old, :w] = t[:old, :w]
-            return out
-
-        self.token = resize(self.token, BOS, torch.long)
-        self.limits = resize(self.limits, 1, torch.long)
-        self.steps = resize(self.steps, 0, torch.long)
-        self.log_prob = resize(self.log_prob, 0.0, torch.float)
-        self.out = resize(self.out, PAD, torch.long, columns)
-        self.keys = (self.keys + [None] * slots)[:slots]
-
-    @torch.no_grad()
-    def step(self) -> list[tuple[Any, Hypothesis]]:
-        """One token for every sentence; those that end leave: (key, hypothesis) each."""
-        b = len(self)  # the live slots: 0..b-1 (`_compact`)
-        if not b:
-            return []
-        src_mask = self.state.src_mask[:b]
-        src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
-        lprobs, _ = _step_log_probs(self.model, self.token[:b], None, src_mask, self.state,
-                                    self.steps[:b], self.limits[:b], self.min_len)  # (b, V)
-        token = lprobs.argmax(dim=-1)  # (b,)
-        rows = torch.arange(b, device=token.device)
-        self.log_prob[:b] += lprobs[rows, token]
-        self.out[rows, self.steps[:b]] = token
-        self.steps[:b] += 1
-        self.token[:b] = token
-        ended = (token == EOS).nonzero().squeeze(1)
-        if not ended.numel():
-            return []
-        hyps = _hypotheses(self.out[ended], self.log_prob[ended], 1, self.lenpen)
-        finished = []
-        for slot, h in zip(ended.tolist(), hyps, strict=True):
-            finished.append((self.keys[slot], h[0]))
-            self.keys[slot] = None
-        self.live -= len(finished)
-        self.state.free(ended)
-        self._compact()
-        if len(self):
-            self._fit(len(self), 1, 1)
-        else:  # nothing left: let the memory go
-            self.state, self.keys = None, []
-            self.token = self.limits = self.steps = self.log_prob = self.out = None
-        return finished
-
-    def _compact(self) -> None:
-        """Live slots at the back move into the free ones at the front, so that steps
-        run live slots only."""
-        holes = [i for i, k in enumerate(self.keys[: self.live]) if k is None]
-        if not holes:
-            return
-        movers = [i for i, k in enumerate(self.keys) if k is not None and i >= self.live]
-        device = self.state.positions.device
-        source, target = (torch.tensor(x, dtype=torch.long, device=device)
-                          for x in (movers, holes))
-        self.state.move(source, target)
-        for t in (self.token, self.limits, self.steps, self.log_prob, self.out):
-            t[target] = t[source]
-        for i, j in zip(movers, holes, strict=True):
-            self.keys[j], self.keys[i] = self.keys[i], None
+    return alive[keep], token[keep], src_mask[keep], cache.index_select(keep, keep)
 
 
 def strip_specials(ids: list[int]) -> list[int]:
@@ -421,26 +244,26 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     device = src.device
     batch = src.size(0)
-    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
+    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
     # The first step runs one row per sentence (its beams are identical until then), and
-    # the model's state is copied to the N beams after it. memory and src_mask stay one
+    # the model's cache is copied to the N beams after it. memory and src_mask stay one
     # per sentence: the model reads a sentence's N rows against its one source.
     width = 1  # rows per sentence: 1 for the first step, N after
     token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B*width,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    state = None
+    cache = None
     step = 0
     while alive.numel():
         rows_limit = limits[alive].repeat_interleave(width)  # (b*width,)
-        lprobs, state = _step_log_probs(model, token, memory, src_mask, state, step,
-                                        rows_limit, min_len, history[::beam // width],
-                                        no_repeat_ngram,
-                                        _forced(prefix, alive.repeat_interleave(width),
-                                                step))  # (b*width, V)
+        lprobs, cache = step_log_probs(model, token, memory, src_mask, cache, step,
+                                       rows_limit, min_len, history[::beam // width],
+                                       no_repeat_ngram,
+                                       _forced(prefix, alive.repeat_interleave(width),
+                                               step))  # (b*width, V)
         if width == 1:
             lprobs = lprobs.repeat_interleave(beam, dim=0)  # (b*N, V)
         cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
@@ -454,7 +277,7 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
         offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
         reorder = (offsets + source).view(-1)  # (b*N,)
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
-        state = state.index_select(reorder // (beam // width))  # rows of the step's state
+        cache = cache.index_select(reorder // (beam // width))  # rows of the step's cache
         width = beam
         step += 1
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
@@ -464,7 +287,7 @@ def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.
             alive, scores = alive[keep], scores[keep]
             token, history = token[rows], history[rows]
             memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
-            state = state.index_select(rows, keep)
+            cache = cache.index_select(rows, keep)
     return [hyps[:nbest] for hyps in finished]
 
 
@@ -504,79 +327,8 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
     return done
 
 
-# --- sampling --------------------------------------------------------------------------
-
-
-def sampling_logits(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
-                    topp: float = 1.0) -> Tensor:
-    """The sampling distribution, as unnormalized log-probabilities (rows, V): the model's
-    scaled by 1/temperature, then cut to the `topk` most likely tokens (0: all) and to the
-    smallest set of most likely tokens whose probability reaches `topp` (nucleus
-    sampling; the most likely token always stays).
-
-    Any temperature above 0 is safe: the scaled values are each token's distance below
-    the most likely one, so that one stays at 0 (a tiny temperature is greedy, where a
-    plain division left no finite value), a forbidden token stays -inf (a huge one, as
-    float32 inf, would make it nan) and the others go to -inf or 0. The most likely
-    token is kept by position, never by comparing with `topp` (a float32 subnormal such
-    as 1e-38 is 0 where the CPU flushes subnormals)."""
-    logits = lprobs  # (rows, V)
-    if temperature != 1.0:
-        top = lprobs.max(dim=-1, keepdim=True).values  # (rows, 1)
-        logits = torch.where(lprobs == top, 0.0, (lprobs - top) / temperature)  # (rows, V)
-        logits = logits.masked_fill(lprobs == float("-inf"), float("-inf"))
-    if 0 < topk < logits.size(-1):
-        kth = logits.topk(topk, dim=-1).values[:, -1:]  # (rows, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if topp < 1.0:
-        ranked, order = logits.sort(dim=-1, descending=True)  # (rows, V)
-        probs = ranked.softmax(dim=-1)
-        beyond = (probs.cumsum(dim=-1) - probs) >= topp  # mass before it already reaches p
-        beyond[:, 0] = False  # the most likely token
-        logits = logits.masked_fill(beyond.scatter(1, order, beyond), float("-inf"))
-    return logits
-
-
-def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]:
-    """One CPU generator per sample row, from its sentence's seed and the sample's
-    number, so that a sentence's draws never depend on the batch it is in."""
-    return [torch.Generator().manual_seed((seed * 1_000_003 + j) % (1 << 63))
-            for seed in seeds for j in range(samples)]
-
-
-@torch.no_grad()
-def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int = 1,
-                  temperature: float = 1.0, topk: int = 0, topp: float = 1.0,
-                  lenpen: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1, no_repeat_ngram: int = 0,
-                  prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-    """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
-    from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
-    sentence. A hypothesis' log_prob is the model's own (before temperature and
-    cut-offs)."""
-    memory, src_mask, prefix, limits = _start(model, src, prefixes, max_len_a, max_len_b)
-    # Each row's uniform numbers, one per step it may take, drawn at once from its own
-    # generator: (R, L), padded. A row's numbers depend on its sentence alone.
-    steps = (limits + 1).repeat_interleave(samples).tolist()  # (R,)
-    uniforms = torch.nn.utils.rnn.pad_sequence(
-        [torch.rand(n, generator=g) for g, n in zip(sentence_generators(seeds, samples),
-                                                    steps, strict=True)],
-        batch_first=True).clamp_(min=1e-12).to(src.device)  # (R, L)
-
-    def draw(lprobs: Tensor, alive: Tensor, step: int) -> Tensor:
-        """Inverse-CDF draws of the rows `alive` at `step`."""
-        cdf = sampling_logits(lprobs, temperature, topk, topp).softmax(dim=-1).cumsum_(-1)
-        u = uniforms[alive, step] * cdf[:, -1]  # (r,), scaled to the total's rounding
-        token = torch.searchsorted(cdf, u[:, None]).squeeze(1)  # (r,)
-        return token.clamp_(max=cdf.size(1) - 1)
-
-    out, log_prob = _one_per_row(model, memory, src_mask, prefix, limits, samples, min_len,
-                                 no_repeat_ngram, draw)
-    return _hypotheses(out, log_prob, samples, lenpen)
-
-
-def _hypotheses(out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
-                ) -> list[list[Hypothesis]]:
+def as_hypotheses(out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
+                  ) -> list[list[Hypothesis]]:
     """Outputs (R, L) and their log-probabilities (R,), `per_sentence` consecutive rows
     per sentence, as each sentence's hypotheses, best score first."""
     hyps = []
@@ -587,51 +339,3 @@ def _hypotheses(out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
             for i in range(0, len(hyps), per_sentence)]
 
 
-# --- ensembles -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EnsembleState:
-    """The decoder state of each model of an ensemble (each keeps its own cache)."""
-
-    states: tuple[Any, ...]
-
-    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleState:
-        return EnsembleState(tuple(s.index_select(rows, sentences) for s in self.states))
-
-
-class Ensemble:
-    """Several models that share their vocabularies, searched as one step model: at each
-    step the next-token log-probabilities are the mean of the models' log-probabilities
-    (a log-linear ensemble, renormalized by the search), each model with its own cache.
-
-    The models' memories lie side by side on the last axis, (B, S, D1 + D2 + ...), so
-    that the search's row operations (repeat, select) move them together; the widths
-    come from each model's `cfg.d_model`. One model's output is exactly its own: its
-    logits pass through unchanged."""
-
-    def __init__(self, models: list[StepModel]):
-        if not models:
-            raise ValueError("an ensemble needs at least one model")
-        self.models = list(models)
-        self.widths = [m.cfg.d_model for m in self.models]
-        self.cfg = SimpleNamespace(max_positions=min(m.cfg.max_positions for m in self.models))
-
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)
-        return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
-
-    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    state: EnsembleState | None) -> tuple[Tensor, EnsembleState]:
-        memories = (memory.split(self.widths, dim=-1) if memory is not None  # (rows, S, Di)
-                    else (None,) * len(self.models))  # after the first step
-        states = state.states if state is not None else (None,) * len(self.models)
-        outputs = [m.decode_step(token, mem, src_mask, s)
-                   for m, mem, s in zip(self.models, memories, states, strict=True)]
-        new_state = EnsembleState(tuple(s for _, s in outputs))
-        if len(outputs) == 1:
-            return outputs[0][0], new_state
-        total = torch.log_softmax(outputs[0][0].float(), dim=-1)  # (rows, V)
-        for logits, _ in outputs[1:]:
-            total += torch.log_softmax(logits.float(), dim=-1)
-        return total.div_(len(outputs)), new_state  # the mean: (rows, V)

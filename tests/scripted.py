@@ -1,5 +1,6 @@
-"""A scripted step model for search tests: next-token probabilities from a table; and a
-helper that runs a real model's `GreedyStream` with sentences joining at two steps."""
+"""A scripted step model for search tests: next-token probabilities from a table; small
+random models and sources; and a helper that runs a real model's `GreedyStream` with
+sentences joining at two steps."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
+from mtkit.config import ModelConfig
+from mtkit.model import build_model
 from mtkit.vocab import EOS, PAD
 
 A, B, C = 4, 5, 6
@@ -50,16 +53,49 @@ class Scripted:
         return logits, Prefixes(tokens)
 
 
+def tiny(**kw) -> ModelConfig:
+    """A tiny model's config (d_model 16, 2+2 layers), for a vocabulary of 40."""
+    base = dict(encoder_layers=2, decoder_layers=2, d_model=16, heads=4, ffn_dim=32,
+                dropout=0.0, max_positions=64)
+    return ModelConfig(**{**base, **kw})
+
+
+def batch(seed: int = 0):
+    """src (3, 7), two rows padded, and tgt (3, 6), of ids below 40."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (3, 7), generator=g)
+    src[1, 4:] = PAD
+    src[2, 6:] = PAD
+    tgt = torch.randint(4, 40, (3, 6), generator=g)
+    return src, tgt
+
+
+def random_model(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=2, decoder_layers=2,
+                      dropout=0.0, max_positions=64)
+    return build_model(cfg, 40, 40).eval()
+
+
+def random_src(n: int = 6, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (n, 9), generator=g)
+    for i in range(n):
+        src[i, 3 + i % 6 :] = PAD
+        src[i, 3 + i % 6 - 1] = EOS
+    return src
+
+
 def stream_in_two_joins(model, src: torch.Tensor, max_len_a: float, max_len_b: int
                         ) -> tuple[dict, torch.dtype]:
     """Half of src's rows join a `GreedyStream` (lenpen 0.6), the rest one step later:
     each row's hypothesis by row, and the dtype of the stream's caches."""
-    from mtkit.search import GreedyStream
+    from mtkit.serving.stream import GreedyStream
 
     half = src.size(0) // 2
     stream, got = GreedyStream(model, 0.6, max_len_a, max_len_b), {}
     stream.add(src[:half], list(range(half)))
-    dtype = stream.state.self_k[0].dtype
+    dtype = stream.cache.self_k[0].dtype
     got.update(stream.step())
     stream.add(src[half:], list(range(half, src.size(0))))
     while len(stream):

@@ -22,9 +22,11 @@ from mtkit.config import Config, config_from_dict
 from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
 from mtkit.device import autocast, resolve_device, resolve_precision
 from mtkit.engines.base import Engine
+from mtkit.ensemble import Ensemble
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
-from mtkit.search import Ensemble, beam_search, greedy_hypotheses, sample_search
+from mtkit.sampling import sample_search
+from mtkit.search import beam_search, greedy_hypotheses
 from mtkit.vocab import EOS, PAD, Vocab
 
 
@@ -40,6 +42,10 @@ class TorchEngine(Engine):
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     steps: list[int | None] = field(default_factory=list)  # each model's training step
 
+    # Everything: sampling, alignments, and greedy lines stream (`mtkit.serving`), for
+    # one model or an ensemble.
+    capabilities = Capabilities(sampling=True, alignments=True, streaming=True)
+
     def __post_init__(self) -> None:
         Engine.__init__(self)
 
@@ -52,11 +58,6 @@ class TorchEngine(Engine):
     def step_model(self) -> Transformer | Ensemble:
         """What search runs: the model, or the ensemble of all of them."""
         return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Everything; greedy lines stream (`mtkit.serving.stream`) with one model."""
-        return Capabilities(sampling=True, alignments=True, streaming=len(self.models) == 1)
 
     @property
     def max_positions(self) -> int:

@@ -3,27 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from scripted import batch, tiny
 
+from mtkit.cache import BeamCache
 from mtkit.config import ModelConfig
-from mtkit.model import DecoderState, build_model, count_parameters, sinusoidal_positions
+from mtkit.model import build_model, count_parameters, sinusoidal_positions
 from mtkit.vocab import PAD
 
 V = 40
-
-
-def tiny(**kw) -> ModelConfig:
-    base = dict(encoder_layers=2, decoder_layers=2, d_model=16, heads=4, ffn_dim=32,
-                dropout=0.0, max_positions=64)
-    return ModelConfig(**{**base, **kw})
-
-
-def batch(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, V, (3, 7), generator=g)
-    src[1, 4:] = PAD
-    src[2, 6:] = PAD
-    tgt = torch.randint(4, V, (3, 6), generator=g)
-    return src, tgt
 
 
 def closed_form_count(cfg: ModelConfig, vocab: int) -> int:
@@ -101,23 +88,7 @@ def test_decode_step_matches_full_decode(kw):
     for t in range(tgt.size(1)):
         step_logits, state = model.decode_step(tgt[:, t], memory, mask, state)
         assert torch.allclose(step_logits, full[:, t], atol=1e-5), t
-    assert isinstance(state, DecoderState) and state.length == tgt.size(1)
-
-
-def test_state_index_select_reorders_rows():
-    model = build_model(tiny(), V, V).eval()
-    src, tgt = batch()
-    memory, mask = model.encode(src)
-    _, state = model.decode_step(tgt[:, 0], memory, mask)
-    order = torch.tensor([2, 0, 0])
-    picked = state.index_select(order, order)
-    assert torch.equal(picked.self_k[1], state.self_k[1][order])
-    assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
-    logits, _ = model.decode_step(tgt[order, 1], memory[order], mask[order], picked)
-    reference, _ = model.decode_step(tgt[:, 1], memory, mask, state)
-    assert torch.allclose(logits, reference[order], atol=1e-6)
-    beams = state.index_select(order)  # rows reordered; the sources stay one per sentence
-    assert beams.cross_v[0] is state.cross_v[0]
+    assert isinstance(state, BeamCache) and state.length == tgt.size(1)
 
 
 @pytest.mark.parametrize("kw", [{}, {"norm": "pre"}])

@@ -1,0 +1,212 @@
+"""The decoder's caches: what `Transformer.decode_step` carries from one step to the next.
+
+A cache holds each decoder layer's self-attention keys/values of the target tokens so
+far and its cross-attention keys/values of the source, computed once per sentence. The
+model sees it through `DecoderCache`, step by step:
+
+    start = cache.begin(rows)                  # position(s) of this step's token
+    k, v = cache.cross(layer, source_width)    # the layer's source keys/values
+    k, v, mask = cache.update(layer, k, v)     # this step's keys/values in, all so far out
+    cache = cache.advanced(new_k, new_v)       # the cache after the step
+
+- `BeamCache` (offline search): a value, one row per beam, that search reorders with
+  one `index_select` per step.
+- `SlotCache` (continuous batching, `mtkit.serving.stream`): a fixed number of slots,
+  each holding one sentence or free, written in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class DecoderCache(Protocol):
+    """What `Transformer.decode_step` asks of its cache (one new token per row)."""
+
+    def begin(self, rows: int) -> int | Tensor:
+        """A step of `rows` rows begins: the position of its token, for all rows (int)
+        or for each (rows,)."""
+        ...
+
+    def cross(self, layer: int, source_width: int) -> tuple[Tensor, Tensor]:
+        """Layer `layer`'s cross-attention keys/values: (sentences, H, S, K), S =
+        `source_width`, that of the step's source mask."""
+        ...
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """This step's self-attention keys/values (rows, H, 1, K) of layer `layer` in;
+        out those to attend to, (rows, H, t+1, K), and the mask of which each row may
+        see (rows, 1, 1, t+1), True = may attend, or None: all."""
+        ...
+
+    def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> DecoderCache:
+        """The cache after the step, given what `update` returned for each layer."""
+        ...
+
+
+@dataclass(frozen=True)
+class BeamCache:
+    """The cache of offline search, one entry per decoder layer: self-attention
+    keys/values of each row's tokens so far (B*W, H, t, K), W consecutive rows (beams) per
+    sentence, and cross-attention keys/values of each sentence's source, computed once
+    (B, H, S, K). Before the first step (`first`) it holds no self-attention entries."""
+
+    self_k: tuple[Tensor, ...]
+    self_v: tuple[Tensor, ...]
+    cross_k: tuple[Tensor, ...]
+    cross_v: tuple[Tensor, ...]
+
+    @staticmethod
+    def first(cross_k: tuple[Tensor, ...], cross_v: tuple[Tensor, ...]) -> BeamCache:
+        """The cache of the first step: the sources' keys/values (B, H, S, K) per layer."""
+        return BeamCache((), (), cross_k, cross_v)
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        return self.self_k[0].size(2) if self.self_k else 0
+
+    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> BeamCache:
+        """Reorder (or subset) the rows: beam search calls this once per step. The
+        source's keys/values belong to sentences, not rows: `sentences` picks those that
+        stay (None: all of them, as when beams are only reordered)."""
+        def pick(ts: tuple[Tensor, ...], index: Tensor | None) -> tuple[Tensor, ...]:
+            return ts if index is None else tuple(t.index_select(0, index) for t in ts)
+
+        return BeamCache(pick(self.self_k, rows), pick(self.self_v, rows),
+                         pick(self.cross_k, sentences), pick(self.cross_v, sentences))
+
+    def begin(self, rows: int) -> int:
+        return self.length
+
+    def cross(self, layer: int, source_width: int) -> tuple[Tensor, Tensor]:
+        return self.cross_k[layer], self.cross_v[layer]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, None]:
+        """Each row sees all its earlier positions: no mask."""
+        if not self.self_k:  # the first step
+            return k, v, None
+        k = torch.cat([self.self_k[layer], k], dim=2)  # (B*W, H, t+1, K)
+        v = torch.cat([self.self_v[layer], v], dim=2)  # (B*W, H, t+1, K)
+        return k, v, None
+
+    def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> BeamCache:
+        return BeamCache(new_k, new_v, self.cross_k, self.cross_v)
+
+
+def resize(t: Tensor, shape: tuple[int, ...], fill: float = 0) -> Tensor:
+    """A tensor of `shape`, like t: what of t fits is kept (its leading corner on every
+    axis), the rest is `fill`."""
+    out = t.new_full(shape, fill)
+    corner = tuple(slice(0, min(have, want)) for have, want in zip(t.shape, shape, strict=True))
+    out[corner] = t[corner]
+    return out
+
+
+@dataclass
+class SlotCache:
+    """The cache of continuous batching (`mtkit.serving.stream`): a fixed number of
+    slots, each holding one sentence (one row) or free. A step runs the first B slots (B
+    = the tokens given to `decode_step`), which the caller keeps live, and each writes its
+    new position at its own column: sentences that joined at different steps each see
+    only their own tokens, and none is copied when others join or leave.
+
+    Capacities (slots, target columns C, source positions P) change by `resized`; `move`
+    lets live slots fill free ones nearer the front. Which source positions are real is
+    the caller's to know: it gives `decode_step` the mask of the live slots."""
+
+    self_k: list[Tensor]  # per layer: (slots, H, C, K)
+    self_v: list[Tensor]
+    cross_k: list[Tensor]  # per layer: (slots, H, P, K)
+    cross_v: list[Tensor]
+    positions: Tensor  # (slots,) target tokens each slot holds (stale in a free one)
+    # Of the step under way (`begin`): its rows (B,) = 0..B-1, their positions (B,), and
+    # the columns each may attend to (B, 1, 1, W), its own positions so far among the first W.
+    _rows: Tensor | None = field(default=None, repr=False)
+    _at: Tensor | None = field(default=None, repr=False)
+    _seen: Tensor | None = field(default=None, repr=False)
+
+    @staticmethod
+    def empty(like: tuple[Tensor, ...], slots: int, columns: int, source_capacity: int
+              ) -> SlotCache:
+        """Free slots with these capacities, for sources whose keys are `like` (n, H, S,
+        K) per layer: in their shapes per head, their dtype (bf16 under CUDA autocast)
+        and on their device."""
+        def zeros(width: int) -> list[Tensor]:
+            return [k.new_zeros(slots, k.size(1), width, k.size(3)) for k in like]
+
+        return SlotCache(zeros(columns), zeros(columns), zeros(source_capacity),
+                         zeros(source_capacity),
+                         torch.zeros(slots, dtype=torch.long, device=like[0].device))
+
+    @property
+    def slots(self) -> int:
+        return self.positions.numel()
+
+    @property
+    def columns(self) -> int:
+        """Target positions a slot can hold."""
+        return self.self_k[0].size(2)
+
+    @property
+    def source_capacity(self) -> int:
+        """Source positions a slot can hold."""
+        return self.cross_k[0].size(2)
+
+    def fill(self, slots: Tensor, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]]
+             ) -> None:
+        """New sentences take `slots` (n,): their sources' keys and values (n, H, S', K)
+        per layer (`Transformer.cross_kv`), S' <= the source capacity."""
+        for mine, theirs in zip((self.cross_k, self.cross_v), sources, strict=True):
+            for cache, new in zip(mine, theirs, strict=True):
+                cache[slots, :, : new.size(2)] = new
+        self.positions[slots] = 0
+
+    def resized(self, slots: int, columns: int, source_capacity: int) -> SlotCache:
+        """A copy with these capacities, bigger or smaller: what fits is kept (the caller
+        keeps every live slot's sentence inside)."""
+        def fit(ts: list[Tensor], width: int) -> list[Tensor]:
+            return [resize(t, (slots, t.size(1), width, t.size(3))) for t in ts]
+
+        return SlotCache(fit(self.self_k, columns), fit(self.self_v, columns),
+                         fit(self.cross_k, source_capacity), fit(self.cross_v, source_capacity),
+                         resize(self.positions, (slots,)))
+
+    def move(self, old: Tensor, new: Tensor) -> None:
+        """Move the sentences in slots `old` (n,) to the free slots `new` (n,)."""
+        for t in (*self.self_k, *self.self_v, *self.cross_k, *self.cross_v, self.positions):
+            t[new] = t[old]
+
+    def begin(self, rows: int) -> Tensor:
+        """The first `rows` slots step, each at its own position: (B,)."""
+        self._at = self.positions[:rows]  # (B,)
+        columns = torch.arange(int(self._at.max()) + 1, device=self._at.device)  # (W,)
+        self._seen = (columns <= self._at[:, None])[:, None, None, :]  # (B, 1, 1, W)
+        self._rows = torch.arange(rows, device=self._at.device)  # (B,)
+        return self._at
+
+    def cross(self, layer: int, source_width: int) -> tuple[Tensor, Tensor]:
+        """The step's slots' source keys/values, cut to the step's source mask (which
+        may be narrower than the capacity): (B, H, S, K)."""
+        b = self._rows.numel()
+        return (self.cross_k[layer][:b, :, :source_width],
+                self.cross_v[layer][:b, :, :source_width])
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store the new keys/values (B, H, 1, K) at each row's position; return the
+        keys/values to attend to (B, H, W, K) and which each row may see."""
+        self_k, self_v = self.self_k[layer], self.self_v[layer]
+        self_k[self._rows, :, self._at] = k[:, :, 0]
+        self_v[self._rows, :, self._at] = v[:, :, 0]
+        b, width = self._rows.numel(), self._seen.size(-1)
+        return self_k[:b, :, :width], self_v[:b, :, :width], self._seen
+
+    def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> SlotCache:
+        """The same cache, its stepped slots one position on (their keys/values are
+        already written)."""
+        self.positions[: self._rows.numel()] += 1
+        return self
