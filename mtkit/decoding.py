@@ -154,6 +154,9 @@ class SearchOptions:
         return replace(self, **changes)
 
 
+DEFAULTS = SearchOptions()  # what a search function does where its caller says nothing
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine honours. `needs` completes "--sampling needs ..." for the rest."""

@@ -25,6 +25,7 @@ from mtkit.align import teacher_forced_attention
 from mtkit.atomic import atomic_file
 from mtkit.config import ModelConfig
 from mtkit.data.batching import Batch, collate
+from mtkit.decoding import DEFAULTS
 from mtkit.loss import label_smoothed_nll
 from mtkit.model import MultiHeadAttention, Transformer, count_parameters
 from mtkit.search import greedy_search
@@ -300,7 +301,8 @@ class AttentionMaps:
 
 @torch.no_grad()
 def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, text: str,
-                   max_len_a: float = 1.2, max_len_b: int = 10) -> AttentionMaps:
+                   max_len_a: float = DEFAULTS.max_len_a,
+                   max_len_b: int = DEFAULTS.max_len_b) -> AttentionMaps:
     """Translate one sentence (greedy), then record every attention of the forward pass
     that scores that translation."""
     model.eval()

@@ -359,5 +359,5 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> T
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters, shared tensors counted once."""
+    """All parameters (trainable or not), shared tensors counted once."""
     return sum(p.numel() for p in model.parameters())

@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mtkit.decoding import DEFAULTS
 from mtkit.hypothesis import Hypothesis
 from mtkit.search import StepModel, as_hypotheses, one_per_row, start_search
 
 
-def sampling_logits(lprobs: Tensor, temperature: float = 1.0, topk: int = 0,
-                    topp: float = 1.0) -> Tensor:
+def sampling_logits(lprobs: Tensor, temperature: float = DEFAULTS.temperature,
+                    topk: int = DEFAULTS.topk, topp: float = DEFAULTS.topp) -> Tensor:
     """The sampling distribution, as unnormalized log-probabilities (rows, V): the model's
     scaled by 1/temperature, then cut to the `topk` most likely tokens (0: all) and to the
     smallest set of most likely tokens whose probability reaches `topp` (nucleus
@@ -55,9 +56,10 @@ def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]
 
 @torch.no_grad()
 def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int = 1,
-                  temperature: float = 1.0, topk: int = 0, topp: float = 1.0,
-                  lenpen: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1, no_repeat_ngram: int = 0,
+                  temperature: float = DEFAULTS.temperature, topk: int = DEFAULTS.topk,
+                  topp: float = DEFAULTS.topp, lenpen: float = DEFAULTS.lenpen,
+                  max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+                  min_len: int = 1, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per

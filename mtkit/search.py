@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from mtkit.decoding import DEFAULTS
 from mtkit.hypothesis import Hypothesis, length_penalty
 from mtkit.vocab import BOS, EOS, PAD
 
@@ -98,9 +99,9 @@ def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | Non
     return prefix[sentences, step]
 
 
-def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
-                   src_mask: Tensor, cache: Any, step: int | Tensor, limits: Tensor,
-                   min_len: int, history: Tensor | None = None, no_repeat_ngram: int = 0,
+def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_mask: Tensor,
+                   cache: Any, step: int | Tensor, limits: Tensor, min_len: int,
+                   history: Tensor | None = None, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
                    forced: Tensor | None = None) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
@@ -131,8 +132,9 @@ def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None,
     return lprobs, cache
 
 
-def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 1, no_repeat_ngram: int = 0,
+def greedy_search(model: StepModel, src: Tensor, max_len_a: float = DEFAULTS.max_len_a,
+                  max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1,
+                  no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
                   prefixes: list[list[int]] | None = None) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given."""
@@ -142,10 +144,10 @@ def greedy_search(model: StepModel, src: Tensor, max_len_a: float = 1.2, max_len
 
 
 @torch.no_grad()
-def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = 0.6,
-                      max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                      no_repeat_ngram: int = 0, prefixes: list[list[int]] | None = None
-                      ) -> list[list[Hypothesis]]:
+def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = DEFAULTS.lenpen,
+                      max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+                      min_len: int = 1, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
     scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
     length penalty only scores; unlike a beam of one, it never keeps a sentence going
@@ -230,9 +232,10 @@ def _choose_candidates(scores: Tensor, lprobs: Tensor, beam: int
 
 
 @torch.no_grad()
-def beam_search(model: StepModel, src: Tensor, beam: int = 5, lenpen: float = 0.6,
-                max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                nbest: int = 1, no_repeat_ngram: int = 0,
+def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
+                lenpen: float = DEFAULTS.lenpen, max_len_a: float = DEFAULTS.max_len_a,
+                max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1, nbest: int = DEFAULTS.nbest,
+                no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
                 prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 

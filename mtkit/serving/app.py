@@ -29,7 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.decoding import SearchOptions, Translator
+from mtkit.decoding import OPTIONS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
@@ -45,9 +45,10 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: list[str] = Field(description="Sentences to translate; empty strings stay empty.")
-    beam: int | None = Field(None, ge=1, le=64, description="Beam size.")
-    nbest: int | None = Field(None, ge=1, le=64, description="Hypotheses per sentence.")
-    alignments: bool = Field(False, description="Add Pharaoh word alignments.")
+    # Ranges are the options' own (`mtkit.decoding.OPTIONS`), checked with the CLI's checks.
+    beam: int | None = Field(None, description=OPTIONS["beam"].help)
+    nbest: int | None = Field(None, description="Hypotheses per sentence (at most the beam).")
+    alignments: bool = Field(False, description=OPTIONS["alignments"].help)
 
 
 def parse_body(raw: bytes) -> TranslateRequest:
@@ -159,7 +160,7 @@ class Service:
         alignments, checked as the command line checks them (422 naming the field)."""
         try:
             opts = SearchOptions.from_config(self.defaults, spell=str, beam=body.beam,
-                                             nbest=body.nbest or 1,
+                                             nbest=1 if body.nbest is None else body.nbest,
                                              alignments=body.alignments or None)
             self.translator.check(opts, spell=str)
         except OptionError as e:

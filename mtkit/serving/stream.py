@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from mtkit.cache import resize
-from mtkit.decoding import SearchOptions, Translator
+from mtkit.decoding import DEFAULTS, SearchOptions, Translator
 from mtkit.engines.pytorch import TorchEngine, pad_rows
 from mtkit.hypothesis import Hypothesis
 from mtkit.search import as_hypotheses, max_lengths, step_log_probs
@@ -97,8 +97,9 @@ class GreedyStream:
     a step runs live slots only. Beside the cache, the stream keeps each slot's last
     token, output limit, tokens so far, log-probability, output and source mask."""
 
-    def __init__(self, model: StreamModel, lenpen: float = 0.6, max_len_a: float = 1.2,
-                 max_len_b: int = 10, min_len: int = 1):
+    def __init__(self, model: StreamModel, lenpen: float = DEFAULTS.lenpen,
+                 max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+                 min_len: int = 1):
         self.model, self.lenpen, self.min_len = model, lenpen, min_len
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._clear()
