@@ -209,9 +209,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])
+    steps = [trained_step(first)]
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path in paths[1:]:
-        model = load_checkpoint(path)["model"]
+        payload = load_checkpoint(path)
+        model, steps = payload["model"], steps + [trained_step(payload)]
         if model.keys() != total.keys() or any(model[k].shape != total[k].shape for k in total):
             raise CheckpointError(f"{path}: weights do not match {paths[0]}; "
                                   f"only checkpoints of one model can be averaged")
@@ -222,4 +224,28 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
                 for k, v in total.items()}
     return {"config": first["config"], "vocab": first["vocab"], "model": averaged,
-            "averaged_from": [str(p) for p in paths]}
+            "averaged_from": [str(p) for p in paths], "averaged_steps": steps}
+
+
+def trained_step(payload: dict[str, Any]) -> int | None:
+    """The training step a checkpoint was saved at (None: not a training checkpoint)."""
+    step = payload.get("train", {}).get("progress", {}).get("step")
+    return step if isinstance(step, int) else None
+
+
+def describe_weights(payload: dict[str, Any]) -> str:
+    """What a checkpoint's weights are, for people: "step 1000", "the average of steps
+    800, 900 and 1000", "the average of 3 checkpoints" (averaged before mtkit recorded
+    their steps), or "unknown"."""
+    step = trained_step(payload)
+    if step is not None:
+        return f"step {step}"
+    steps = payload.get("averaged_steps")
+    if isinstance(steps, list) and steps and all(isinstance(x, int) for x in steps):
+        listed = [str(x) for x in steps]
+        return "the average of steps " + (", ".join(listed[:-1]) + " and " + listed[-1]
+                                          if len(listed) > 1 else listed[0])
+    sources = payload.get("averaged_from")
+    if isinstance(sources, list) and sources:
+        return f"the average of {len(sources)} checkpoint{'s' if len(sources) > 1 else ''}"
+    return "unknown"

@@ -186,6 +186,7 @@ class Translator(Protocol):
     capabilities: Capabilities
     config: Any  # the checkpoint's `mtkit.config.Config`: decoding defaults, languages
     steps: list[int | None]  # each model's training step (None: averaged, or unknown)
+    weights: list[str]  # what each model's weights are: "step 900", "the average of ..."
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         """One line for anything in `options` this engine cannot do."""

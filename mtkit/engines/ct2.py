@@ -93,6 +93,8 @@ class CT2Engine(Engine):
                               f"{str(e).splitlines()[0][:100] if str(e) else ''})") from None
         self.device = ct2_device(ct2, device, device_option)
         self.steps = [manifest.get("step")]
+        self.weights = [manifest.get("weights") or (f"step {self.steps[0]}" if isinstance(
+            self.steps[0], int) else "unknown")]  # (an export before mtkit recorded it)
         self.quantization = manifest.get("quantization", "float32")
         self.max_positions = self.config.model.max_positions
         # Where torch is loaded too (tests, benchmarks), keep its thread count:

@@ -13,11 +13,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
 from mtkit.align import align, check_layer
-from mtkit.checkpoint import CheckpointError, load_checkpoint
+from mtkit.checkpoint import CheckpointError, describe_weights, load_checkpoint, trained_step
 from mtkit.config import Config, config_from_dict
 from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
 from mtkit.device import autocast, resolve_device, resolve_precision
@@ -41,6 +42,7 @@ class TorchEngine(Engine):
     autocast_dtype: torch.dtype | None
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     steps: list[int | None] = field(default_factory=list)  # each model's training step
+    weights: list[str] = field(default_factory=list)  # what each model's weights are
 
     # Everything: sampling, alignments, and greedy lines stream (`mtkit.serving`), for
     # one model or an ensemble.
@@ -179,13 +181,20 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
     models = [model.to(dev).eval() for model, *_ in loaded]
     precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
     return TorchEngine(models, src_vocab, tgt_vocab, dev, precision, cfg,
-                       [step for *_, step in loaded])
+                       [w.step for *_, w in loaded], [w.about for *_, w in loaded])
 
 
-def load_model(path: str | os.PathLike
-               ) -> tuple[Transformer, Vocab, Vocab, Config, int | None]:
-    """A checkpoint's model, vocabularies, config and training step (None: averaged).
-    The checkpoint is read memory-mapped: its training state is never copied in."""
+class Weights(NamedTuple):
+    """What a checkpoint's weights are: its training step (None: an average) and the
+    same for people (`checkpoint.describe_weights`: "the average of steps 800 and 900")."""
+
+    step: int | None
+    about: str
+
+
+def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Config, Weights]:
+    """A checkpoint's model, vocabularies, config and what its weights are. The
+    checkpoint is read memory-mapped: its training state is never copied in."""
     payload = load_checkpoint(path, mmap=True)
     try:
         cfg = config_from_dict(payload["config"], str(path))
@@ -197,5 +206,5 @@ def load_model(path: str | os.PathLike
         raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
                               f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
                               ) from None
-    progress = payload.get("train", {}).get("progress", {})
-    return model, src_vocab, tgt_vocab, cfg, progress.get("step")
+    return (model, src_vocab, tgt_vocab, cfg,
+            Weights(trained_step(payload), describe_weights(payload)))

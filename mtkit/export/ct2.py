@@ -102,7 +102,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
     ct2 = ctranslate2_module()
     check_quantization(quantization)
     target = export_target(output, checkpoint, force)
-    model, src_vocab, tgt_vocab, cfg, step = load_model(checkpoint)
+    model, src_vocab, tgt_vocab, cfg, weights = load_model(checkpoint)
     spec = model_spec(model, [src_vocab.piece(i) for i in range(len(src_vocab))],
                       [tgt_vocab.piece(i) for i in range(len(tgt_vocab))])
 
@@ -120,7 +120,8 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
         files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
                  for p in sorted(tmp.iterdir())}
-        manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint), "step": step,
+        manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint),
+                               "step": weights.step, "weights": weights.about,
                                "quantization": quantization, "files": files,
                                "config": config_to_dict(cfg)}, indent=1, default=str)
         # All of tmp is renamed into place at the end, so a partial file is never seen:

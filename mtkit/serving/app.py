@@ -182,6 +182,7 @@ class Service:
         cfg = self.translator.config
         return {"model": self.model_name, "source_language": cfg.data.src_lang,
                 "target_language": cfg.data.tgt_lang, "step": self.step,
+                "weights": " + ".join(self.translator.weights),
                 **self.translator.describe(),
                 "decoding": {k: v for k, v in asdict(self.defaults).items()
                              if k not in ("nbest", "alignments")},

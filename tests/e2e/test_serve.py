@@ -64,6 +64,7 @@ def test_translate_health_info_page_and_docs(translator):
         assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de",
                                                                                      20)
         assert info["parameters"] > 0 and info["decoding"]["beam"] == defaults(translator).beam
+        assert info["weights"] == "step 20" and info["device"] == "cpu"
         assert info["load"] == {"requests_received": 0, "waiting_lines": 0}
         answer = api.post("/v1/translate", json={"text": SENTENCES}).json()
         texts = [t["text"] for t in answer["translations"]]

@@ -111,3 +111,21 @@ def test_average_is_the_element_wise_mean(tmp_path):
     save_checkpoint(other, tmp_path / "c.pt")
     with pytest.raises(CheckpointError, match=r"weights do not match"):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "c.pt"])
+
+
+def test_an_average_says_which_steps_it_is_the_average_of(tmp_path):
+    """What `mtkit serve`'s page shows as the model's weights (no more "step ?")."""
+    from mtkit.checkpoint import describe_weights
+
+    for step, value in ((800, 1.0), (900, 2.0), (1000, 3.0)):
+        trained = payload(value) | {"train": {"progress": {"step": step}}}
+        save_checkpoint(trained, tmp_path / f"step_{step}.pt")
+    paths = [tmp_path / f"step_{s}.pt" for s in (800, 900, 1000)]
+    assert describe_weights(load_checkpoint(paths[0])) == "step 800"
+    averaged = average_checkpoints(paths)
+    assert averaged["averaged_steps"] == [800, 900, 1000]
+    assert describe_weights(averaged) == "the average of steps 800, 900 and 1000"
+    save_checkpoint(averaged, tmp_path / "avg.pt")  # an average has no step of its own
+    assert describe_weights(average_checkpoints([tmp_path / "avg.pt", paths[0]])) == \
+        "the average of 2 checkpoints"
+    assert describe_weights({"model": {}}) == "unknown"
