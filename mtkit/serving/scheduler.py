@@ -252,29 +252,12 @@ class Batcher:
             start += len(job.lines)
 
     def _join_stream(self, eager: bool = False) -> None:
-        """Waiting greedy requests join the stream, up to the token budget, when that is
-        worth an encoder run (or at once, `eager`): once they are at least `JOIN_SHARE`
-        of the sentences decoding, or the oldest has waited `JOIN_AFTER_STEPS` steps."""
+        """Waiting greedy requests join the stream when the join policy lets them
+        (`joining`; `eager`: at once, as at shutdown)."""
         waiting = [j for j in self._backlog if self._streams(j)]
-        if not waiting:
-            return
-        if self._streaming and not eager:
-            lines = sum(len(j.lines) for j in waiting)
-            if (lines < JOIN_SHARE * len(self._stream)
-                    and self._steps - waiting[0].seen_at_step < JOIN_AFTER_STEPS):
-                return
-        # The budget counts padding, as `translate --batch-tokens` does: the slots'
-        # caches are as wide as the longest sentence in them.
-        rows = sum(len(j.lines) for j in self._streaming)
-        longest = max((j.longest for j in self._streaming), default=0)
-        joining = []
-        for job in waiting:
-            rows, longest = rows + len(job.lines), max(longest, job.longest)
-            if (self._streaming or joining) and rows * longest > self.limits.max_batch_tokens:
-                break
-            joining.append(job)
-        if not joining:
-            return
+        decoding = len(self._stream) if self._streaming else 0
+        joining = join_policy(waiting, self._streaming, decoding, self._steps,
+                              self.limits.max_batch_tokens, eager)
         for job in self._taken(joining):
             job.results, job.left = [None] * len(job.lines), len(job.lines)
             try:
@@ -314,3 +297,29 @@ class Batcher:
         for job in self._streaming:
             job.future.set_exception(e)
         self._streaming, self._stream = [], None
+
+
+def join_policy(waiting: list[_Job], streaming: list[_Job], decoding: int, steps: int,
+                budget: int, eager: bool = False) -> list[_Job]:
+    """Which of the `waiting` greedy requests (oldest first) join the stream now, beside
+    the `streaming` ones (`decoding` sentences, `steps` run so far): none until a join
+    is worth an encoder run (they are at least `JOIN_SHARE` of the sentences decoding, or
+    the oldest has waited `JOIN_AFTER_STEPS` steps; `eager`: at once), then as many as
+    fit the token budget, counting padding as `translate --batch-tokens` does (the slots'
+    caches are as wide as the longest sentence in them). The first always fits an idle
+    stream."""
+    if not waiting:
+        return []
+    if streaming and not eager:
+        lines = sum(len(j.lines) for j in waiting)
+        if lines < JOIN_SHARE * decoding and steps - waiting[0].seen_at_step < JOIN_AFTER_STEPS:
+            return []
+    rows = sum(len(j.lines) for j in streaming)
+    longest = max((j.longest for j in streaming), default=0)
+    joining: list[_Job] = []
+    for job in waiting:
+        rows, longest = rows + len(job.lines), max(longest, job.longest)
+        if (streaming or joining) and rows * longest > budget:
+            break
+        joining.append(job)
+    return joining
