@@ -145,6 +145,9 @@ class TrainConfig:
     seed: int = field(default=1, metadata=_range(0))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
+    # model's shapes in the run's precision, at the first start (`mtkit.kernels`).
+    attention: Literal["auto", "sdpa", "matmul"] = "auto"
     log_every: int = field(default=100, metadata=_range(1))
     tensorboard: bool = False  # also write RUN/tensorboard/ (pip install 'mtkit[tensorboard]')
 

@@ -92,8 +92,34 @@ class Embedding(nn.Module):
         return self.dropout(x + pos.to(x.dtype))
 
 
+ATTENTION_KERNELS = ("sdpa", "matmul")
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                     dropout: float = 0.0) -> Tensor:
+    """softmax(QK^T / sqrt(K), masked) V with dropout on the weights, as explicit matrix
+    products: what `scaled_dot_product_attention` computes (equal in fp32 up to rounding).
+    On some CPUs it is the faster of the two in bf16 (`mtkit.kernels` measures which).
+    q (B, H, T, K), k and v (B, H, S, K), mask broadcasting to (B, H, T, S), True = may
+    attend. Returns (B, H, T, K)."""
+    scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
+    if causal:
+        t, s = scores.shape[-2:]
+        ahead = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(1)  # (T, S)
+        scores = scores.masked_fill(ahead, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    if dropout:
+        weights = weights * (torch.rand_like(weights) >= dropout).to(weights.dtype).mul_(
+            1.0 / (1.0 - dropout))
+    return weights @ v  # (B, H, T, K)
+
+
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over H heads via `F.scaled_dot_product_attention`."""
+    """Scaled dot-product attention over H heads: `F.scaled_dot_product_attention`
+    (`kernel` "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs;
+    which one a run uses is measured (`mtkit.kernels`)."""
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
@@ -103,6 +129,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
+        self.kernel = "sdpa"  # or "matmul": `Transformer.use_attention`
         # Set by `mtkit explain` to see each stage: observer(stage name, tensor).
         self.observer: Callable[[str, Tensor], None] | None = None
 
@@ -119,12 +146,14 @@ class MultiHeadAttention(nn.Module):
         """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
         (B, H, T, S), True = may attend. Returns (B, T, D)."""
         q = self.split_heads(self.q_proj(x))  # (B, H, T, K)
-        if self.observer is None:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, K)
-        else:
+        dropout = self.dropout if self.training else 0.0
+        if self.observer is not None:
             out = self.attend_step_by_step(q, k, v, mask, causal)  # (B, H, T, K)
+        elif self.kernel == "matmul":
+            out = matmul_attention(q, k, v, mask, causal, dropout)  # (B, H, T, K)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                 dropout_p=dropout)  # (B, H, T, K)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
         if self.observer is not None:
@@ -281,6 +310,15 @@ class Transformer(nn.Module):
             nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
+
+    def use_attention(self, kernel: str) -> Transformer:
+        """Attend with `kernel` ("sdpa" or "matmul", `ATTENTION_KERNELS`) in every layer."""
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernel = kernel
+        return self
 
     @property
     def output_weight(self) -> Tensor:

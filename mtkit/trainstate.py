@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,6 +28,7 @@ from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
 from mtkit.device import calibration_shape, cpu_description, resolve_device, resolve_precision
 from mtkit.errors import UserError
+from mtkit.kernels import AttentionShape, choose_attention
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
@@ -105,9 +107,12 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         _check_same_model(cfg, found[1], found[0])
         _check_same_data(found[1], found[0], train_data, vocabs)
     autocast_dtype, precision = run_precision(cfg, device, found, distributed)
+    precision["attention"] = run_attention(cfg, device, autocast_dtype, found, train_data,
+                                           distributed)
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
+    model.use_attention(precision["attention"]["kernel"])
     optimizer = adamw(model, tc, device)
     metrics = _open_metrics(cfg, rank)
     progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
@@ -203,6 +208,35 @@ def run_precision(cfg: Config, device: torch.device,
     if calibration is not None:
         record["calibration"] = calibration.as_dict()
     return dtype, record
+
+
+def run_attention(cfg: Config, device: torch.device, dtype: torch.dtype | None,
+                  found: tuple[Path, dict] | None, train_data: ShardDataset,
+                  distributed: bool = False) -> dict:
+    """The attention kernel a run trains with, decided once as its precision is (and
+    stored in the same record): measured at the first start (`kernels.choose_attention`)
+    at the run's shapes, then reused; a resume whose `train.attention` names the other
+    kernel is refused."""
+    asked = cfg.train.attention
+    stored = found[1]["train"].get("precision", {}).get("attention") if found else None
+    if stored is not None:
+        if asked not in ("auto", stored["kernel"]):
+            raise TrainError(f"{found[0]} was trained with train.attention="
+                             f"{stored['kernel']}, the config says {asked}; resume with "
+                             f"train.attention={stored['kernel']} (or auto), or start over "
+                             f"with --no-resume")
+        log.info("attention %s, as decided at this run's first start; not measured again",
+                 stored["kernel"])
+        return dict(stored)
+    mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
+    shape = AttentionShape.of_run(cfg.train.max_tokens, mean_length, cfg.model.d_model,
+                                  cfg.model.heads)
+    record = choose_attention(asked, device, dtype, shape)
+    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
+        flag = torch.tensor([float(record["kernel"] == "matmul")])
+        dist.broadcast(flag, 0)
+        record["kernel"] = "matmul" if flag.item() else "sdpa"
+    return record
 
 
 def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,

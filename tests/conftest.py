@@ -57,7 +57,8 @@ def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict
         "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
                   "ffn_dim": 32, "dropout": 0.0},
         "train": {"max_tokens": 512, "warmup_steps": 10, "lr": 0.005, "max_steps": 20,
-                  "valid_every": 10, "device": "cpu", "precision": "fp32"},
+                  "valid_every": 10, "device": "cpu", "precision": "fp32",
+                  "attention": "sdpa"},  # both measured under auto: tests pin them
     }
     for section, values in sections.items():
         data[section] = {**data.get(section, {}), **values}

@@ -177,7 +177,8 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, t
     assert (result.step, result.precision) == (6, "bf16")
     stored = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["precision"]
     assert stored == {"precision": "bf16", "asked": "auto", "cpu": cpu_description(),
-                      "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0}}
+                      "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
+                      "attention": {"kernel": "sdpa", "asked": "sdpa"}}
     fp32 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32",
                                                               max_steps=8))
     with pytest.raises(TrainError, match=r"last.pt was trained in bf16, the config says "
@@ -349,3 +350,29 @@ def test_tensorboard_without_the_extra_is_one_line(prepared, tmp_path, corpus, m
                                          r"'mtkit\[tensorboard\]'$"):
         train(cfg)
     assert not (cfg.run_path / "checkpoints").exists()
+
+
+def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(prepared, tmp_path, corpus,
+                                                                 monkeypatch):
+    """`train.attention: auto` measures once (faked: matmul twice as fast) and stores the
+    kernel with the precision; a resume reuses it and refuses another."""
+    import mtkit.kernels as kernels
+
+    monkeypatch.setattr(kernels, "attention_timer",
+                        lambda shape, dtype: lambda k: 0.002 if k == "sdpa" else 0.001)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, attention="auto")
+    train(cfg)
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    assert load_checkpoint(last)["train"]["precision"]["attention"] == {
+        "kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.0}
+
+    def measured_again(shape, dtype):
+        raise AssertionError("a resumed run measured its attention again")
+
+    monkeypatch.setattr(kernels, "attention_timer", measured_again)
+    assert train(with_max_steps(cfg, 6)).step == 6
+    sdpa = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, attention="sdpa",
+                                                              max_steps=8))
+    with pytest.raises(TrainError, match=r"last.pt was trained with train.attention=matmul, "
+                                         r"the config says sdpa"):
+        train(sdpa)

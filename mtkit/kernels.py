@@ -1,0 +1,127 @@
+"""Which attention kernel a run trains with, measured as `precision: auto` is.
+
+`scaled_dot_product_attention` and explicit matmul + softmax (`model.matmul_attention`)
+compute the same function, but not at the same speed everywhere: on a 2-core AMD EPYC
+with AVX512-BF16, the matmul form trained 1.4-1.5x faster in bf16 and no faster in
+fp32 (issue 23). So `train.attention: auto` times forward+backward of both at the run's
+own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
+the precision the run chose, and keeps the matmul form only where it is clearly faster.
+The choice is made once, at the run's first start, and stored in every checkpoint with
+the precision (`trainstate.run_precision`): a resumed run reuses it. On CUDA, SDPA
+(flash kernels) is kept without measuring.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mtkit.device import autocast
+from mtkit.model import matmul_attention
+
+log = logging.getLogger(__name__)
+
+MATMUL_MARGIN = 0.9  # matmul is taken when it needs at most 90% of SDPA's time
+
+# One timed forward+backward of attention with a kernel ("sdpa" or "matmul") -> seconds.
+AttentionMeasure = Callable[[str], float]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention a run computes most: `batch` sentences of `length` tokens (about
+    `max_tokens` in all), `heads` heads of `head_dim`."""
+
+    batch: int
+    length: int
+    heads: int
+    head_dim: int
+
+    @classmethod
+    def of_run(cls, max_tokens: int, mean_length: float, d_model: int, heads: int
+               ) -> AttentionShape:
+        length = int(min(max(round(mean_length), 4), 512))
+        return cls(max(1, max_tokens // length), length, heads, d_model // heads)
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """Seconds per forward+backward of each kernel: the fastest of interleaved runs."""
+
+    sdpa_s: float
+    matmul_s: float
+
+    @property
+    def kernel(self) -> str:
+        return "matmul" if self.matmul_s <= MATMUL_MARGIN * self.sdpa_s else "sdpa"
+
+    def as_dict(self) -> dict:
+        return {"sdpa_ms": round(self.sdpa_s * 1e3, 3), "matmul_ms": round(self.matmul_s * 1e3, 3)}
+
+
+def attention_timer(shape: AttentionShape, dtype: torch.dtype | None) -> AttentionMeasure:
+    """A measure of forward+backward of padding-masked attention at `shape` under `dtype`
+    autocast (None: fp32); a quarter of the keys are padding, as in a real batch."""
+    generator = torch.Generator().manual_seed(0)
+    b, t, h, k = shape.batch, shape.length, shape.heads, shape.head_dim
+    q, key, v = (torch.randn(b, h, t, k, generator=generator) for _ in range(3))
+    lengths = torch.randint(max(1, 3 * t // 4), t + 1, (b,), generator=generator)
+    mask = (torch.arange(t)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+
+    def once(kernel: str) -> float:
+        inputs = [x.clone().requires_grad_() for x in (q, key, v)]
+        start = time.perf_counter()
+        with autocast("cpu", dtype):
+            if kernel == "matmul":
+                out = matmul_attention(*inputs, mask, causal=False)
+            else:
+                out = F.scaled_dot_product_attention(*inputs, attn_mask=mask)
+        out.float().sum().backward()
+        return time.perf_counter() - start
+
+    return once
+
+
+def time_attention(measure: AttentionMeasure, repeats: int = 7) -> AttentionTiming:
+    """Both kernels warmed up, then timed alternately (which goes first alternates too),
+    each side's figure its fastest run: load from another process only adds time, so
+    the fastest run is the least disturbed (as `device.calibrate_cpu`)."""
+    for kernel in ("sdpa", "matmul", "sdpa", "matmul"):
+        measure(kernel)
+    best = {"sdpa": float("inf"), "matmul": float("inf")}
+    for i in range(repeats):
+        for kernel in (("sdpa", "matmul") if i % 2 == 0 else ("matmul", "sdpa")):
+            best[kernel] = min(best[kernel], measure(kernel))
+    return AttentionTiming(sdpa_s=best["sdpa"], matmul_s=best["matmul"])
+
+
+def choose_attention(asked: str, device: torch.device, dtype: torch.dtype | None,
+                     shape: AttentionShape, measure: AttentionMeasure | None = None
+                     ) -> dict:
+    """The kernel record of a run: {"kernel", "asked", "sdpa_ms"?, "matmul_ms"?}. `auto`
+    measures on a CPU (on one thread, as the precision calibration: the ratio is a
+    property of a core) and keeps SDPA on CUDA; `measure` replaces the real timer."""
+    if asked != "auto":
+        return {"kernel": asked, "asked": asked}
+    if device.type == "cuda":
+        return {"kernel": "sdpa", "asked": asked}
+    if measure is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            timing = time_attention(attention_timer(shape, dtype))
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        timing = time_attention(measure)
+    log.info("attention auto: %d x %d heads of %d x %d, forward+backward in %s, took "
+             "%.2f ms with SDPA and %.2f ms with matmul + softmax on this CPU: %s",
+             shape.batch, shape.heads, shape.length, shape.head_dim,
+             "bf16" if dtype is not None else "fp32", timing.sdpa_s * 1e3,
+             timing.matmul_s * 1e3, timing.kernel)
+    return {"kernel": timing.kernel, "asked": asked, **timing.as_dict()}

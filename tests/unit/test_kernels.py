@@ -1,0 +1,95 @@
+"""The attention kernel (`mtkit.model.matmul_attention` beside SDPA) and how a run
+chooses it (`mtkit.kernels`), with faked timings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtkit.config import ModelConfig
+from mtkit.kernels import AttentionShape, choose_attention, time_attention
+from mtkit.model import build_model, matmul_attention
+
+
+@pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])
+def test_matmul_attention_computes_what_sdpa_computes(causal, masked):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8) for _ in range(3))
+    mask = (torch.arange(7)[None, :] < torch.tensor([7, 5, 3])[:, None])[:, None, None, :]
+    mask = mask if masked else None
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    got = matmul_attention(q, k, v, mask, causal)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_a_model_translates_the_same_with_either_kernel():
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64,
+                      dropout=0.0)
+    model = build_model(cfg, 50, 50).eval()
+    src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
+    tgt = torch.tensor([[2, 10, 11], [2, 12, 0]])
+    with torch.no_grad():
+        sdpa = model(src, tgt)
+        matmul = model.use_attention("matmul")(src, tgt)
+    assert torch.allclose(matmul, sdpa, atol=1e-5)
+    assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"matmul"}
+    with pytest.raises(ValueError, match="attention kernel must be one of"):
+        model.use_attention("flash")
+
+
+def test_dropout_on_the_weights_keeps_the_expected_value():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(64, 2, 6, 4) for _ in range(3))
+    plain = matmul_attention(q, k, v, None, False)
+    dropped = torch.stack([matmul_attention(q, k, v, None, False, dropout=0.5)
+                           for _ in range(200)]).mean(0)
+    assert (dropped - plain).abs().mean() < 0.05  # inverted dropout: unbiased
+
+
+def faked(sdpa_ms: float, matmul_ms: float):
+    calls = []
+
+    def measure(kernel: str) -> float:
+        calls.append(kernel)
+        return (sdpa_ms if kernel == "sdpa" else matmul_ms) / 1000
+
+    return measure, calls
+
+
+SHAPE = AttentionShape.of_run(max_tokens=4096, mean_length=15.6, d_model=256, heads=4)
+
+
+def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
+    assert (SHAPE.length, SHAPE.batch, SHAPE.head_dim) == (16, 256, 64)
+    measure, calls = faked(sdpa_ms=2.0, matmul_ms=1.4)
+    with caplog.at_level("INFO", logger="mtkit.kernels"):
+        record = choose_attention("auto", torch.device("cpu"), torch.bfloat16, SHAPE, measure)
+    assert record == {"kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.4}
+    assert "2.00 ms with SDPA and 1.40 ms with matmul + softmax on this CPU: matmul" in \
+        caplog.text and "in bf16" in caplog.text
+    assert calls.count("sdpa") == calls.count("matmul") > 2  # warmed up, then interleaved
+    close, _ = faked(sdpa_ms=2.0, matmul_ms=1.9)  # within the margin: SDPA stays
+    assert choose_attention("auto", torch.device("cpu"), None, SHAPE, close)["kernel"] == "sdpa"
+
+
+def test_a_kernel_asked_for_or_cuda_is_not_measured():
+    measure, calls = faked(2.0, 1.0)
+    assert choose_attention("sdpa", torch.device("cpu"), None, SHAPE, measure) == \
+        {"kernel": "sdpa", "asked": "sdpa"}
+    assert choose_attention("matmul", torch.device("cpu"), None, SHAPE, measure)["kernel"] \
+        == "matmul"
+    assert choose_attention("auto", torch.device("cuda"), None, SHAPE, measure) == \
+        {"kernel": "sdpa", "asked": "auto"}
+    assert calls == []
+
+
+def test_the_fastest_run_of_each_kernel_counts_so_load_does_not_decide():
+    """A burst of load on some runs (either kernel) does not change the figures."""
+    times = {"sdpa": iter([9.0, 9.0, 2.0, 50.0, 2.0, 2.0, 30.0, 2.0, 2.0]),
+             "matmul": iter([9.0, 9.0, 40.0, 1.0, 1.0, 1.0, 1.0, 45.0, 1.0])}
+    timing = time_attention(lambda kernel: next(times[kernel]) / 1000)
+    assert dataclasses.astuple(timing) == (0.002, 0.001)
