@@ -163,6 +163,9 @@ class DecodeConfig:
     max_len_a: float = _option("max_len_a")  # capped to the positions
     max_len_b: int = _option("max_len_b")  # capped to the positions
     batch_tokens: int = _option("batch_tokens")
+    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it
+    # is clearly faster: `device.resolve_precision`) and takes bf16 on CUDA.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -88,26 +88,28 @@ class Calibration:
 Measure = Callable[[torch.dtype | None, int], float]
 
 
-def linear_timer(rows: int, d_in: int, d_out: int) -> Measure:
-    """A `Measure` of forward+backward of Linear(d_in, d_out) on up to `rows` inputs."""
+def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Measure:
+    """A `Measure` of forward+backward (or, for inference, forward only) of
+    Linear(d_in, d_out) on up to `rows` inputs."""
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(d_in, d_out)
     x = torch.randn(rows, d_in, generator=generator)
 
     def once(dtype: torch.dtype | None, n: int) -> float:
-        inputs = x[:n].clone().requires_grad_()
+        inputs = x[:n].clone().requires_grad_(backward)
         start = time.perf_counter()
-        with autocast("cpu", dtype):
+        with autocast("cpu", dtype), torch.set_grad_enabled(backward):
             y = layer(inputs)
-        y.float().sum().backward()
-        layer.zero_grad(set_to_none=True)
+        if backward:
+            y.float().sum().backward()
+            layer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
     return once
 
 
 def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
-                  measure: Measure | None = None) -> Calibration:
+                  measure: Measure | None = None, backward: bool = True) -> Calibration:
     """Time forward+backward of Linear(d_in, d_out) on (rows, d_in) inputs in fp32 and
     under bf16 autocast, robustly enough that a busy machine makes the same choice as an
     idle one:
@@ -130,7 +132,8 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return calibrate_cpu(rows, d_in, d_out, repeats, linear_timer(rows, d_in, d_out))
+            return calibrate_cpu(rows, d_in, d_out, repeats,
+                                 linear_timer(rows, d_in, d_out, backward))
         finally:
             torch.set_num_threads(threads)
     once = measure
@@ -182,12 +185,20 @@ def calibration_shape(max_tokens: int, d_model: int, ffn_dim: int) -> tuple[int,
     return rows, d_model, ffn_dim
 
 
+def inference_shape(batch_tokens: int, d_model: int, ffn_dim: int) -> tuple[int, int, int]:
+    """(rows, d_in, d_out) of the Linear timed for translation's `auto`: the first FFN
+    layer at one step of a full batch (about `batch_tokens` / 16 rows: sentences of ~16
+    tokens times the beam), at least 64 rows."""
+    return max(64, batch_tokens // 16), d_model, ffn_dim
+
+
 def resolve_precision(precision: str, device: torch.device,
-                      shape: tuple[int, int, int] | None = None
+                      shape: tuple[int, int, int] | None = None, backward: bool = True
                       ) -> tuple[torch.dtype | None, Calibration | None]:
     """The autocast dtype (None for plain fp32) and, when `auto` measured it on the CPU,
     the calibration behind the choice. `shape` = (rows, d_in, d_out) of the Linear layer
-    to time; without it `auto` keeps fp32 on a CPU."""
+    to time, forward+backward for training or forward only (`backward` False) for
+    translation; without it `auto` keeps fp32 on a CPU."""
     if precision == "bf16":
         return torch.bfloat16, None
     if precision == "fp32":
@@ -196,11 +207,12 @@ def resolve_precision(precision: str, device: torch.device,
         return (torch.bfloat16 if torch.cuda.is_bf16_supported() else None), None
     if shape is None:
         return None, None
-    calibration = calibrate_cpu(*shape)
+    calibration = calibrate_cpu(*shape, backward=backward)
     chosen = "bf16" if calibration.bf16_faster else "fp32"
-    log.info("precision auto: a (%d x %d) x (%d x %d) Linear, forward+backward, took "
-             "%.2f ms in fp32 and %.2f ms in bf16 on this CPU: %s", shape[0], shape[1],
-             shape[1], shape[2], calibration.fp32_s * 1e3, calibration.bf16_s * 1e3, chosen)
+    log.info("precision auto: a (%d x %d) x (%d x %d) Linear, %s, took %.2f ms in fp32 and "
+             "%.2f ms in bf16 on this CPU: %s", shape[0], shape[1], shape[1], shape[2],
+             "forward+backward" if backward else "forward", calibration.fp32_s * 1e3,
+             calibration.bf16_s * 1e3, chosen)
     return (torch.bfloat16 if calibration.bf16_faster else None), calibration
 
 

@@ -48,6 +48,9 @@ ToppOpt = Annotated[Opt[float], _help("topp")]
 SeedOpt = Annotated[Opt[int], _help("seed")]
 AlignmentsOpt = Annotated[bool, typer.Option("--alignments", help=OPTIONS["alignments"].help)]
 AlignLayerOpt = Annotated[Opt[int], _help("align_layer")]
+PrecisionOpt = Annotated[Opt[str], typer.Option(
+    help="auto, fp32 or bf16 (default: the checkpoint's decode.precision, auto): auto "
+         "takes bf16 where it is measured clearly faster (CUDA, AVX512-BF16, AMX).")]
 InputOpt = Annotated[Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.")]
 OutputOpt = Annotated[Opt[Path], typer.Option(
     "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in place.")]
@@ -55,14 +58,16 @@ PrefixOpt = Annotated[Opt[Path], typer.Option(
     help="A target prefix for each input line: the output starts with it.")]
 
 
-def _engine(model: list[Path], device: str) -> Translator:
+def _engine(model: list[Path], device: str, precision: str | None = None) -> Translator:
     """The engine `-m` names (`mtkit.engines.loader`)."""
     from mtkit.engines.loader import load_engine, wants_ctranslate2
 
     check_device(device)
+    if precision not in (None, "auto", "fp32", "bf16"):
+        raise OptionError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
     if not wants_ctranslate2(model):  # an exported folder runs without torch
         tune_runtime()
-    return load_engine(model, device, "--device")
+    return load_engine(model, device, "--device", precision)
 
 
 def _batch_tokens(engine: Translator, given: int | None) -> int:
@@ -84,7 +89,7 @@ def translate(
     no_repeat_ngram: NoRepeatOpt = None, sampling: SamplingOpt = False,
     temperature: TemperatureOpt = None, topk: TopkOpt = None, topp: ToppOpt = None,
     seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
-    align_layer: AlignLayerOpt = None,
+    align_layer: AlignLayerOpt = None, precision: PrecisionOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -99,7 +104,7 @@ def translate(
             raise OptionError('--prefix-file is for text input; in jsonl give each line a '
                               '"prefix"')
         prefixes = read_lines(prefix_file) if prefix_file else None
-        engine = _engine(model, device)
+        engine = _engine(model, device, precision)
         opts = SearchOptions.from_config(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, nbest=nbest, no_repeat_ngram=no_repeat_ngram,
@@ -206,7 +211,7 @@ def serve(
     max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
     sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
     topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "auto", precision: PrecisionOpt = None,
     max_batch_tokens: Annotated[Opt[int], typer.Option(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,
@@ -231,7 +236,7 @@ def serve(
     with reported():
         api_key = _api_key(api_key)
         limits = _limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
-        engine = _engine(model, device)
+        engine = _engine(model, device, precision)
         defaults = SearchOptions.from_config(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,

@@ -31,14 +31,17 @@ def model_files(paths: Sequence[str | os.PathLike]) -> dict[str, list[Path]]:
 
 
 def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                device: str = "auto", device_option: str = "--device") -> Translator:
+                device: str = "auto", device_option: str = "--device",
+                precision: str | None = None) -> Translator:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
-    the option `device` came from, for the error when it cannot be used."""
+    the option `device` came from, for the error when it cannot be used. `precision`
+    (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported
+    folder runs in the compute type it was exported with, and refuses bf16."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 
-        return load_torch_engine(paths, device, device_option)
+        return load_torch_engine(paths, device, device_option, precision)
     from mtkit.engines.ct2 import CT2Engine, looks_exported
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())
@@ -49,4 +52,8 @@ def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
     if len(paths) > 1:
         raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
                           "translates alone")
+    if precision == "bf16":
+        raise OptionError("--precision bf16 needs a checkpoint (-m FILE.pt); an exported "
+                          "CTranslate2 folder runs in the type it was exported with "
+                          "(mtkit export --quantization)")
     return CT2Engine(folder, device, device_option)

@@ -21,9 +21,10 @@ from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, describe_weights, load_checkpoint, trained_step
 from mtkit.config import Config, config_from_dict
 from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
-from mtkit.device import autocast, resolve_device, resolve_precision
+from mtkit.device import autocast, inference_shape, resolve_device, resolve_precision
 from mtkit.engines.base import Engine
 from mtkit.ensemble import Ensemble
+from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
@@ -43,6 +44,8 @@ class TorchEngine(Engine):
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     steps: list[int | None] = field(default_factory=list)  # each model's training step
     weights: list[str] = field(default_factory=list)  # what each model's weights are
+    # {"precision": "fp32" | "bf16", "asked", "calibration"?}: what `autocast_dtype` is
+    precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
 
     # Everything: sampling, alignments, and greedy lines stream (`mtkit.serving`), for
     # one model or an ensemble.
@@ -68,7 +71,7 @@ class TorchEngine(Engine):
     def describe(self) -> dict:
         return {"engine": "pytorch", "models": len(self.models),
                 "parameters": sum(count_parameters(m) for m in self.models),
-                "device": str(self.device)}
+                "device": str(self.device), "precision": self.precision["precision"]}
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         super().check(options, spell)
@@ -119,7 +122,7 @@ class TorchEngine(Engine):
                            prefixes=prefixes)
 
     def autocast(self) -> AbstractContextManager:
-        """The precision searches run in: bf16 autocast on CUDA, none on a CPU."""
+        """The precision searches run in: bf16 autocast, or none (fp32)."""
         return autocast(self.device, self.autocast_dtype)
 
     def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
@@ -164,11 +167,13 @@ def pad_rows(rows: list[list[int]]) -> torch.Tensor:
 
 
 def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
-                      device_option: str = "--device") -> TorchEngine:
+                      device_option: str = "--device", precision: str | None = None
+                      ) -> TorchEngine:
     """Everything translation needs comes from the checkpoint file(s); several files make
     an ensemble, whose models must share the source and the target vocabulary (decoding
     defaults come from the first). `device_option` names the option `device` came from,
-    for the error when it cannot be used."""
+    for the error when it cannot be used. `precision` (None: the checkpoint's
+    decode.precision): auto, fp32 or bf16 (`inference_precision`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
@@ -179,9 +184,25 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
                                       f"vocabularies; the models of an ensemble must share "
                                       f"their tokenizers")
     models = [model.to(dev).eval() for model, *_ in loaded]
-    precision, _ = resolve_precision("auto", dev)  # bf16 on CUDA; fp32 on a CPU
-    return TorchEngine(models, src_vocab, tgt_vocab, dev, precision, cfg,
-                       [w.step for *_, w in loaded], [w.about for *_, w in loaded])
+    dtype, record = inference_precision(precision or cfg.decode.precision, dev, cfg)
+    return TorchEngine(models, src_vocab, tgt_vocab, dev, dtype, cfg,
+                       [w.step for *_, w in loaded], [w.about for *_, w in loaded], record)
+
+
+def inference_precision(asked: str, device: torch.device, cfg: Config
+                        ) -> tuple[torch.dtype | None, dict]:
+    """The autocast dtype translation runs in (None: fp32) and its record. `auto` takes
+    bf16 on CUDA; on a CPU it times the model's first FFN layer at one decoding step of
+    a full batch, forward only, and takes bf16 only where it needs at most 90% of fp32's
+    time (AVX512-BF16, AMX; never where bf16 is emulated)."""
+    if asked not in ("auto", "fp32", "bf16"):
+        raise OptionError(f"--precision must be auto, fp32 or bf16, got {asked!r}")
+    shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
+    dtype, calibration = resolve_precision(asked, device, shape, backward=False)
+    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked}
+    if calibration is not None:
+        record["calibration"] = calibration.as_dict()
+    return dtype, record
 
 
 class Weights(NamedTuple):

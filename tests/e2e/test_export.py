@@ -78,6 +78,7 @@ def test_translating_an_export_keeps_the_native_line_guarantees(exported, traine
 @pytest.mark.parametrize("args, says", [
     (["--sampling"], "--sampling needs a checkpoint"),
     (["--alignments"], "--alignments needs a checkpoint"),
+    (["--precision", "bf16"], "--precision bf16 needs a checkpoint"),
 ])
 def test_what_the_export_cannot_do_is_refused(exported, args, says):
     result = cli("translate", "-m", exported, *args, input="A dog.\n")

@@ -51,3 +51,47 @@ def test_overlong_lines_are_truncated_with_one_warning(tiny_engine, caplog):
     assert hyp.tokens[:22] == cut and len(hyp.tokens) <= 23  # within the positions
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         "target prefixes longer than 22 subwords are truncated"]
+
+
+def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_asked(
+        monkeypatch, caplog):
+    import torch
+
+    import mtkit.device as device_module
+    from mtkit.config import Config
+    from mtkit.device import Calibration
+    from mtkit.engines.pytorch import inference_precision
+    from mtkit.errors import OptionError
+
+    seen = []
+
+    def faked(rows, d_in, d_out, backward=True):
+        seen.append((rows, d_in, d_out, backward))
+        return Calibration(fp32_s=0.004, bf16_s=0.001)
+
+    monkeypatch.setattr(device_module, "calibrate_cpu", faked)
+    cpu = torch.device("cpu")
+    with caplog.at_level("INFO", logger="mtkit.device"):
+        dtype, record = inference_precision("auto", cpu, Config())
+    assert dtype == torch.bfloat16 and record == {
+        "precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 4.0, "bf16_ms": 1.0}}
+    assert seen == [(500, 512, 2048, False)] and "Linear, forward, took" in caplog.text
+    assert inference_precision("fp32", cpu, Config()) == (None, {"precision": "fp32",
+                                                                 "asked": "fp32"})
+    monkeypatch.setattr(device_module, "calibrate_cpu",
+                        lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038))
+    assert inference_precision("auto", cpu, Config())[0] is None  # not clearly faster
+    with pytest.raises(OptionError, match=r"--precision must be auto, fp32 or bf16"):
+        inference_precision("fp16", cpu, Config())
+
+
+def test_an_engine_in_bf16_translates_and_says_so(tiny_engine):
+    import dataclasses
+
+    import torch
+
+    bf16 = dataclasses.replace(tiny_engine, autocast_dtype=torch.bfloat16,
+                               precision={"precision": "bf16", "asked": "bf16"})
+    (hyp,), = bf16.translate(["A dog runs."], SearchOptions(beam=2, max_len_a=0, max_len_b=4))
+    assert 1 <= len(hyp.tokens) <= 4 and bf16.describe()["precision"] == "bf16"
+    assert tiny_engine.describe()["precision"] == "fp32"
