@@ -31,7 +31,14 @@ import torch.nn.functional as F
 from mtkit.config import ModelConfig, load_config
 from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
-from mtkit.device import calibration_shape, resolve_device, resolve_precision, tune_cpu_runtime
+from mtkit.device import (
+    calibration_shape,
+    cpu_description,
+    resolve_device,
+    resolve_precision,
+    tune_cpu_runtime,
+)
+from mtkit.kernels import AttentionShape, choose_attention
 from mtkit.model import build_model
 from mtkit.train import batch_loss
 from mtkit.vocab import PAD, Vocab
@@ -214,6 +221,8 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --synthetic: vocabulary size (default tokenizer.vocab_size)")
     parser.add_argument("--compare", choices=["hf"], default=None)
+    parser.add_argument("--attention", choices=["auto", "sdpa", "matmul"], default=None,
+                        help="mtkit's attention kernel (default: the config's train.attention)")
     args = parser.parse_args()
 
     cfg = load_config(args.config)
@@ -234,6 +243,13 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).to(device).train()
+    mean_length = sum(int((b.tgt_out != PAD).sum()) for b in batches) / max(
+        sum(b.tgt_out.size(0) for b in batches), 1) + 1
+    attention = choose_attention(
+        args.attention or cfg.train.attention, device, autocast_dtype,
+        AttentionShape.of_run(cfg.train.max_tokens, mean_length, cfg.model.d_model,
+                              cfg.model.heads))
+    model.use_attention(attention["kernel"])
 
     def mtkit_step(batch: Batch) -> torch.Tensor:
         out = batch_loss(model, batch, cfg.train.label_smoothing)  # the trainer's own
@@ -245,8 +261,8 @@ def main() -> None:
     peak_dtype = autocast_dtype or torch.float32
     gemm = matmul_peak(device, peak_dtype)
     result = {
-        "config": args.config, "device": str(device),
-        "precision": "bf16" if autocast_dtype else "fp32",
+        "config": args.config, "device": str(device), "cpu": cpu_description(),
+        "precision": "bf16" if autocast_dtype else "fp32", "attention": attention,
         **({"calibration": calibration.as_dict()} if calibration else {}),
         "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
                     else "train"),

@@ -45,6 +45,7 @@ import torch
 from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
 from mtkit.decoding import SearchOptions
+from mtkit.device import cpu_description
 from mtkit.engines.loader import load_engine
 from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
 from mtkit.model import Transformer, sinusoidal_positions
@@ -181,9 +182,13 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
     from mtkit.export.ct2 import export_ctranslate2
 
     refs = read_source(args.ref, args.limit)
-    out: dict = {}
+    out: dict = {"cpu": cpu_description(), "native_auto_chose": translator.precision}
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {"native": translator}
+        # "native": fp32 (the reference of "identical"); "native_auto": what
+        # `--precision auto` chose here, when that is not fp32 (bf16 on AVX512-BF16, AMX)
+        engines = {"native": load_engine(args.model, args.device, precision="fp32")}
+        if translator.precision["precision"] != "fp32":
+            engines["native_auto"] = translator
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
             engines[f"ct2_{q}"] = CT2Engine(f"{tmp}/{q}", str(translator.device))
@@ -211,14 +216,18 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                     "identical_to_native": round(sum(a == b for a, b in zip(
                         texts[name], texts["native"])) / len(lines), 3)}
             for q in ("float32", "int8"):
-                out[f"{mode}_native_vs_ct2_{q}"] = round(speed["native"] / speed[f"ct2_{q}"],
-                                                         2)
+                for name in (n for n in engines if n.startswith("native")):
+                    out[f"{mode}_{name}_vs_ct2_{q}"] = round(speed[name] / speed[f"ct2_{q}"],
+                                                             2)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.writelines(x + "\n" for x in lines)
-        for name, model in (("native", args.model), ("ct2_float32", f"{tmp}/float32"),
-                            ("ct2_int8", f"{tmp}/int8")):
+        for name, model, extra in (
+                ("native_fp32", args.model, ["--precision", "fp32"]),
+                ("native_auto", args.model, ["--precision", "auto"]),
+                ("ct2_float32", f"{tmp}/float32", []), ("ct2_int8", f"{tmp}/int8", [])):
             out[f"peak_rss_mb_{name}"] = round(process_peak_rss_mb(
-                ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu"]))
+                ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu",
+                 *extra]))
         os.unlink(f.name)
     return out
 
