@@ -40,7 +40,7 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
 
 
 class Dropout(nn.Module):
-    """Inverted dropout, as `nn.Dropout`, with its mask drawn by `torch.rand_like`:
+    """Inverted dropout, as `nn.Dropout`, with its mask drawn by `torch.rand` (fp32):
     on CPU, half the time of `nn.Dropout`'s Bernoulli sampling (about 5% of a training
     step of the Multi30k model)."""
 
@@ -51,7 +51,9 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = torch.rand_like(x) >= self.p  # (same shape as x)
+        # Drawn in fp32 even under bf16 autocast: bf16 uniforms cost 1.6x as much on a CPU
+        # (3.6 ms against 2.2 ms for 4096 x 256; bf16 masks were 11% of a bf16 step).
+        keep = torch.rand(x.shape, device=x.device) >= self.p  # (same shape as x)
         return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:
@@ -111,8 +113,8 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     if dropout:
-        weights = weights * (torch.rand_like(weights) >= dropout).to(weights.dtype).mul_(
-            1.0 / (1.0 - dropout))
+        keep = torch.rand(weights.shape, device=weights.device) >= dropout  # fp32: see Dropout
+        weights = weights * keep.to(weights.dtype).mul_(1.0 / (1.0 - dropout))
     return weights @ v  # (B, H, T, K)
 
 

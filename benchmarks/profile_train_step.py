@@ -1,0 +1,90 @@
+"""Where a training step's CPU time goes: `torch.profiler` over full training steps.
+
+    python benchmarks/profile_train_step.py [--config configs/multi30k.yaml]
+        [--precision bf16] [--attention sdpa|matmul] [--steps 5] [--synthetic 16 16]
+
+Runs `--warmup` untimed steps, then profiles `--steps` steps (forward, label-smoothed
+loss, backward, AdamW) of the config's model on the same batches as
+`train_throughput.py`, and prints one JSON line: the share of self CPU time in matrix
+products (mm, addmm, bmm, linear, SDPA's kernels), in casts (`aten::_to_copy`,
+`aten::copy_`) and the number of casts per step, and the 12 costliest operators. On a
+CPU without bf16 instructions bf16 cannot be timed, but the counts still compare
+variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from contextlib import nullcontext
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from train_throughput import get_batches  # noqa: I001 (a sibling script)
+
+from mtkit.config import load_config
+from mtkit.device import cpu_description, resolve_precision, tune_cpu_runtime
+from mtkit.model import build_model
+from mtkit.train import batch_loss
+from mtkit.vocab import Vocab
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
+          "aten::matmul", "aten::_scaled_dot_product_flash_attention_for_cpu",
+          "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+CASTS = ("aten::_to_copy", "aten::copy_")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/multi30k.yaml")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    parser.add_argument("--attention", choices=["sdpa", "matmul"], default="sdpa")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
+    parser.add_argument("--vocab-size", type=int, default=None)
+    args = parser.parse_args()
+
+    cfg = load_config(args.config)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
+                                                             precision=args.precision))
+    tune_cpu_runtime()
+    dtype, _ = resolve_precision(args.precision, torch.device("cpu"))
+    spm = cfg.run_path / "spm.model"
+    vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
+        else len(Vocab.load(spm))
+    batches = get_batches(cfg, args, vocab)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, vocab, vocab).train().use_attention(args.attention)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    amp = torch.autocast("cpu", dtype=dtype) if dtype else nullcontext()
+
+    def step(batch) -> None:
+        with amp:
+            out = batch_loss(model, batch, cfg.train.label_smoothing)
+        (out.loss / max(out.tokens, 1)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for batch in batches[: args.warmup]:
+        step(batch)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for batch in batches[args.warmup:]:
+            step(batch)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    share = {name: sum(e.self_cpu_time_total for e in events if e.key in names) / total
+             for name, names in (("matmul", MATMUL), ("casts", CASTS))}
+    casts = sum(e.count for e in events if e.key in CASTS) / args.steps
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    print(json.dumps({
+        "cpu": cpu_description(), "precision": args.precision, "attention": args.attention,
+        "steps": args.steps, "ms_per_step": round(total / args.steps / 1e3, 1),
+        "matmul_share": round(share["matmul"], 3), "cast_share": round(share["casts"], 3),
+        "casts_per_step": round(casts),
+        "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}))
+
+
+if __name__ == "__main__":
+    main()
