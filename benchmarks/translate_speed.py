@@ -26,10 +26,12 @@ second copy of itself), and prints each one's cost as a ratio to beam 5.
 
 With `--compare ct2` it exports the checkpoint to a temporary folder (float32 and int8,
 `pip install mtkit[ct2]`) and times native mtkit and CTranslate2 on the same lines, greedy
-and beam 5 with the checkpoint's length penalty, interleaved, `--rounds` rounds (medians,
-load time excluded). Each engine first gets its best batch size of --batch-sweep source
-tokens. It reports sentences/s, BLEU against `--ref`, the share of outputs identical to
-native mtkit, and the peak RSS of one `mtkit translate` process per engine (beam 5).
+and beam 5 with the checkpoint's length penalty, `--rounds` rounds (medians, load time
+excluded), each engine in a process of its own (in one process, one engine's OpenMP
+threads slow the other). Each engine first gets its best batch size of --batch-sweep
+source tokens. It reports sentences/s, BLEU against `--ref`, the share of outputs
+identical to native mtkit fp32, and the peak RSS of one `mtkit translate` process per
+engine (beam 5).
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ import json
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
 from mtkit.decoding import SearchOptions
-from mtkit.device import cpu_description
+from mtkit.device import cpu_description, tune_cpu_runtime
 from mtkit.engines.loader import load_engine
 from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
 from mtkit.model import Transformer, sinusoidal_positions
@@ -172,51 +175,47 @@ def time_options(translator: TorchEngine, path: str, lines: list[str], second: s
 
 
 def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
-    """Native mtkit against its CTranslate2 exports (float32, int8); see the docstring."""
+    """Native mtkit against its CTranslate2 exports (float32, int8); see the docstring.
+    Each engine is timed in a process of its own (`engine_worker`): in one process, the
+    second engine's OpenMP threads slow the first (native beam 5 in bf16 fell from
+    ~250 to ~190 sentences/s here once CTranslate2 had run beside it)."""
     import os
+    import subprocess
+    import sys
     import tempfile
 
     import sacrebleu
 
-    from mtkit.engines.ct2 import CT2Engine
     from mtkit.export.ct2 import export_ctranslate2
 
     refs = read_source(args.ref, args.limit)
     out: dict = {"cpu": cpu_description(), "native_auto_chose": translator.precision}
     with tempfile.TemporaryDirectory() as tmp:
-        # "native": fp32 (the reference of "identical"); "native_auto": what
-        # `--precision auto` chose here, when that is not fp32 (bf16 on AVX512-BF16, AMX)
-        engines = {"native": load_engine(args.model, args.device, precision="fp32")}
-        if translator.precision["precision"] != "fp32":
-            engines["native_auto"] = translator
+        engines = {"native": [args.model, "fp32"]}  # the reference of "identical"
+        if translator.precision["precision"] != "fp32":  # what --precision auto chose
+            engines["native_auto"] = [args.model, "auto"]
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
-            engines[f"ct2_{q}"] = CT2Engine(f"{tmp}/{q}", str(translator.device))
-        base = SearchOptions.from_config(translator.config.decode)
-        for mode, beam in (("greedy", 1), ("beam5", 5)):
-            best = {}
-            for name, engine in engines.items():  # each engine's own best batch size
-                sweep = {int(b): time_mtkit(engine, lines, replace(base, beam=beam), int(b))[1]
-                         for b in args.batch_sweep.split(",")}
-                best[name] = min(sweep, key=sweep.get)
-            times: dict[str, list[float]] = {name: [] for name in engines}
-            texts: dict[str, list[str]] = {}
-            for _ in range(args.rounds):
-                for name, engine in engines.items():
-                    opts = replace(base, beam=beam)
-                    outputs, elapsed, _ = time_mtkit(engine, lines, opts, best[name])
-                    times[name].append(elapsed)
-                    texts[name] = [engine.tgt_vocab.decode(o) for o in outputs]
-            speed = {n: len(lines) / statistics.median(t) for n, t in times.items()}
-            for name in engines:
+            engines[f"ct2_{q}"] = [f"{tmp}/{q}", "auto"]
+        runs = {}
+        for name, (model, precision) in engines.items():
+            done = subprocess.run(
+                [sys.executable, __file__, "-m", model, "--engine-worker", precision,
+                 "--src", args.src, "--limit", str(args.limit), "--rounds", str(args.rounds),
+                 "--batch-sweep", args.batch_sweep, "--device", args.device],
+                capture_output=True, text=True, check=True)
+            runs[name] = json.loads(done.stdout.splitlines()[-1])
+        for mode in ("greedy", "beam5"):
+            speed = {n: len(lines) / statistics.median(r[mode]["times"]) for n, r in runs.items()}
+            for name, r in runs.items():
                 out[f"{mode}_{name}"] = {
                     "sentences_per_s": round(speed[name], 1),
-                    "batch_tokens": best[name],
-                    "bleu": round(sacrebleu.corpus_bleu(texts[name], [refs]).score, 2),
+                    "batch_tokens": r[mode]["batch_tokens"],
+                    "bleu": round(sacrebleu.corpus_bleu(r[mode]["texts"], [refs]).score, 2),
                     "identical_to_native": round(sum(a == b for a, b in zip(
-                        texts[name], texts["native"])) / len(lines), 3)}
+                        r[mode]["texts"], runs["native"][mode]["texts"])) / len(lines), 3)}
             for q in ("float32", "int8"):
-                for name in (n for n in engines if n.startswith("native")):
+                for name in (n for n in runs if n.startswith("native")):
                     out[f"{mode}_{name}_vs_ct2_{q}"] = round(speed[name] / speed[f"ct2_{q}"],
                                                              2)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
@@ -230,6 +229,28 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                  *extra]))
         os.unlink(f.name)
     return out
+
+
+def engine_worker(args, lines: list[str]) -> dict:
+    """In a process of its own: one engine's best batch size of --batch-sweep, then
+    --rounds timed runs, greedy and beam 5 with the checkpoint's length penalty (load
+    and warm-up excluded); its outputs."""
+    engine = load_engine(args.model, args.device, precision=args.engine_worker)
+    base = SearchOptions.from_config(engine.config.decode)
+    engine.translate(lines[:100], base)  # warm-up
+    result = {}
+    for mode, beam in (("greedy", 1), ("beam5", 5)):
+        opts = replace(base, beam=beam)
+        sweep = {int(b): time_mtkit(engine, lines, opts, int(b))[1]
+                 for b in args.batch_sweep.split(",")}
+        best = min(sweep, key=sweep.get)
+        times, texts = [], []
+        for _ in range(args.rounds):
+            outputs, elapsed, _ = time_mtkit(engine, lines, opts, best)
+            times.append(elapsed)
+            texts = [engine.tgt_vocab.decode(o) for o in outputs]
+        result[mode] = {"batch_tokens": best, "times": times, "texts": texts}
+    return result
 
 
 def main() -> None:
@@ -246,10 +267,16 @@ def main() -> None:
                         help="time the decoding options against beam 5")
     parser.add_argument("--ensemble", default=None, help="second model of the ensemble")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    translator = load_engine(args.model, args.device)
     lines = read_source(args.src, args.limit)
+    if args.engine_worker:  # one engine, timed in this process (`compare_ct2`)
+        if not Path(args.model).is_dir():  # as `mtkit translate` does for a checkpoint
+            tune_cpu_runtime()
+        print(json.dumps(engine_worker(args, lines)))
+        return
+    translator = load_engine(args.model, args.device)
     result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
     if args.compare == "ct2":
         result |= compare_ct2(translator, args, lines)

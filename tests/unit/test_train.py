@@ -165,11 +165,11 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, t
     import mtkit.device as device_module
 
     monkeypatch.setattr(device_module, "calibrate_cpu",
-                        lambda *shape: Calibration(fp32_s=0.002, bf16_s=0.001))
+                        lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001))
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, precision="auto")
     assert train(cfg).precision == "bf16"
 
-    def measured_again(*shape):
+    def measured_again(*shape, **kw):
         raise AssertionError("a resumed run measured its precision again")
 
     monkeypatch.setattr(device_module, "calibrate_cpu", measured_again)
