@@ -51,6 +51,8 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
+from mtkit.checksum import file_sha256  # (the harness's own checkout; each side runs its own)
+
 HERE = Path(__file__).resolve().parent
 FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 IGNORED = {"sentences", "steps"}  # the scripts' echo of their inputs, not measurements
@@ -348,14 +350,6 @@ def measure(args, sides: dict, tmp: Path) -> dict:
             "lines": args.lines, "speed_lines": args.speed_lines, "rounds": args.rounds,
             "load_average": {"before": load_before, "after": os.getloadavg()},
             "summary": summarize(runs), "outputs": compare_outputs(runs), "runs": runs}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def parse_args() -> argparse.Namespace:
