@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from mtkit.atomic import atomic_file, copy_atomic
-from mtkit.errors import UserError
+from mtkit.errors import UserError, plural
 
 log = logging.getLogger(__name__)
 
@@ -247,5 +247,5 @@ def describe_weights(payload: dict[str, Any]) -> str:
                                           if len(listed) > 1 else listed[0])
     sources = payload.get("averaged_from")
     if isinstance(sources, list) and sources:
-        return f"the average of {len(sources)} checkpoint{'s' if len(sources) > 1 else ''}"
+        return f"the average of {plural(len(sources), 'checkpoint')}"
     return "unknown"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from mtkit.errors import OptionError
@@ -149,12 +149,18 @@ class SearchOptions:
                               f"{opts.beam}", "nbest")
         return opts
 
-    def but(self, **changes: Any) -> SearchOptions:
-        """A copy with `changes` (dataclasses.replace)."""
-        return replace(self, **changes)
-
 
 DEFAULTS = SearchOptions()  # what a search function does where its caller says nothing
+
+
+PRECISIONS = ("auto", "fp32", "bf16")  # what a PyTorch engine may translate in
+
+
+def check_precision(precision: str, option: str = "--precision") -> None:
+    """One line for a precision that is none of `PRECISIONS` (checked here, without
+    torch, so that an exported folder's path never loads it)."""
+    if precision not in PRECISIONS:
+        raise OptionError(f"{option} must be auto, fp32 or bf16, got {precision!r}")
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -146,16 +147,21 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
     if probe > 10 * fp32_quick:
         return Calibration(fp32_s=fp32_quick, bf16_s=probe)
     once(bf16, rows)
-    fp32_s = bf16_s = float("inf")
-    for i in range(repeats):  # alternate which goes first, so neither always follows
-        order = (None, bf16) if i % 2 == 0 else (bf16, None)
-        for dtype in order:
-            seconds = once(dtype, rows)
-            if dtype is None:
-                fp32_s = min(fp32_s, seconds)
-            else:
-                bf16_s = min(bf16_s, seconds)
-    return Calibration(fp32_s=min(fp32_s, fp32_quick), bf16_s=bf16_s)
+    best = fastest_interleaved(lambda dtype: once(dtype, rows), (None, bf16), repeats)
+    return Calibration(fp32_s=min(best[None], fp32_quick), bf16_s=best[bf16])
+
+
+def fastest_interleaved(measure: Callable[[Any], float], candidates: Sequence,
+                        repeats: int) -> dict:
+    """Each candidate's fastest of `repeats` runs of `measure(candidate)`, the runs
+    alternating between candidates (and which goes first alternating too, so that none
+    always follows another): a stretch of load from another process falls on all of
+    them, and load only ever adds time, so the fastest run is the least disturbed."""
+    best = {c: float("inf") for c in candidates}
+    for i in range(repeats):
+        for c in (candidates if i % 2 == 0 else candidates[::-1]):
+            best[c] = min(best[c], measure(c))
+    return best
 
 
 def cpu_description() -> str:
@@ -190,6 +196,16 @@ def inference_shape(batch_tokens: int, d_model: int, ffn_dim: int) -> tuple[int,
     layer at one step of a full batch (about `batch_tokens` / 16 rows: sentences of ~16
     tokens times the beam), at least 64 rows."""
     return max(64, batch_tokens // 16), d_model, ffn_dim
+
+
+def precision_record(dtype: torch.dtype | None, asked: str,
+                     calibration: Calibration | None) -> dict:
+    """What a choice of precision is stored or shown as: {"precision": "fp32" | "bf16",
+    "asked", "calibration"? (when measured)}."""
+    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked}
+    if calibration is not None:
+        record["calibration"] = calibration.as_dict()
+    return record
 
 
 def resolve_precision(precision: str, device: torch.device,

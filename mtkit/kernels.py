@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mtkit.device import autocast
+from mtkit.device import autocast, fastest_interleaved
 from mtkit.model import matmul_attention
 
 log = logging.getLogger(__name__)
@@ -88,15 +88,11 @@ def attention_timer(shape: AttentionShape, dtype: torch.dtype | None) -> Attenti
 
 
 def time_attention(measure: AttentionMeasure, repeats: int = 7) -> AttentionTiming:
-    """Both kernels warmed up, then timed alternately (which goes first alternates too),
-    each side's figure its fastest run: load from another process only adds time, so
-    the fastest run is the least disturbed (as `device.calibrate_cpu`)."""
+    """Both kernels warmed up, then each one's fastest of interleaved runs
+    (`device.fastest_interleaved`, as the precision calibration times)."""
     for kernel in ("sdpa", "matmul", "sdpa", "matmul"):
         measure(kernel)
-    best = {"sdpa": float("inf"), "matmul": float("inf")}
-    for i in range(repeats):
-        for kernel in (("sdpa", "matmul") if i % 2 == 0 else ("matmul", "sdpa")):
-            best[kernel] = min(best[kernel], measure(kernel))
+    best = fastest_interleaved(measure, ("sdpa", "matmul"), repeats)
     return AttentionTiming(sdpa_s=best["sdpa"], matmul_s=best["matmul"])
 
 

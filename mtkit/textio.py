@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, TextIO
 
+from mtkit.data.sources import line_count
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
@@ -237,7 +238,7 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     """All of `source` in memory, after checking that it has `expected` lines (as
     `read_chunks` counts them); `what` names the file it must match in the error."""
     data = source.read()
-    lines = data.count(b"\n") + (not data.endswith(b"\n") and len(data) > 0)
+    lines = line_count(io.BytesIO(data))
     if lines != expected:
         raise OptionError(f"{what} has {plural(expected, 'line')}, the input has {lines}")
     return io.BytesIO(data)

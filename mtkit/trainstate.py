@@ -26,7 +26,13 @@ from mtkit.checkpoint import CheckpointError, find_resumable
 from mtkit.config import Config, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
-from mtkit.device import calibration_shape, cpu_description, resolve_device, resolve_precision
+from mtkit.device import (
+    calibration_shape,
+    cpu_description,
+    precision_record,
+    resolve_device,
+    resolve_precision,
+)
 from mtkit.errors import UserError
 from mtkit.kernels import AttentionShape, choose_attention
 from mtkit.metrics import MetricsLog
@@ -203,10 +209,8 @@ def run_precision(cfg: Config, device: torch.device,
         flag = torch.tensor([float(dtype is not None)])
         dist.broadcast(flag, 0)
         dtype = torch.bfloat16 if flag.item() else None
-    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked,
-              "cpu": cpu_description() if device.type == "cpu" else str(device)}
-    if calibration is not None:
-        record["calibration"] = calibration.as_dict()
+    record = precision_record(dtype, asked, calibration)
+    record["cpu"] = cpu_description() if device.type == "cpu" else str(device)
     return dtype, record
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -63,8 +64,6 @@ def _engine(model: list[Path], device: str, precision: str | None = None) -> Tra
     from mtkit.engines.loader import load_engine, wants_ctranslate2
 
     check_device(device)
-    if precision not in (None, "auto", "fp32", "bf16"):
-        raise OptionError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
     if not wants_ctranslate2(model):  # an exported folder runs without torch
         tune_runtime()
     return load_engine(model, device, "--device", precision)
@@ -243,7 +242,7 @@ def serve(
             temperature=temperature, topk=topk, topp=topp, seed=seed,
             align_layer=align_layer, alignments=align_layer is not None)
         engine.check(defaults)  # refused now, not in every request
-        stopped_by = _serve(engine, defaults.but(alignments=False), limits, model, host,
+        stopped_by = _serve(engine, replace(defaults, alignments=False), limits, model, host,
                             port, continuous, api_key)
     if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
         typer.echo("interrupted", err=True)
@@ -289,8 +288,6 @@ def _limits(port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lin
 def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path], host: str,
            port: int, continuous: bool, api_key: str | None) -> int | None:
     """Run the service until a signal; returns the signal."""
-    from dataclasses import replace
-
     from mtkit.serving.app import create_app, serve_forever
     from mtkit.serving.scheduler import Batcher
 

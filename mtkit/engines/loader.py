@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtkit.decoding import Translator
+from mtkit.decoding import Translator, check_precision
 from mtkit.errors import OptionError
 
 
@@ -38,6 +38,8 @@ def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
     (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported
     folder runs in the compute type it was exported with, and refuses bf16."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if precision is not None:
+        check_precision(precision)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 

@@ -20,11 +20,16 @@ import torch
 from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, describe_weights, load_checkpoint, trained_step
 from mtkit.config import Config, config_from_dict
-from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, flag
-from mtkit.device import autocast, inference_shape, resolve_device, resolve_precision
+from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, check_precision, flag
+from mtkit.device import (
+    autocast,
+    inference_shape,
+    precision_record,
+    resolve_device,
+    resolve_precision,
+)
 from mtkit.engines.base import Engine
 from mtkit.ensemble import Ensemble
-from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
@@ -195,14 +200,10 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
     bf16 on CUDA; on a CPU it times the model's first FFN layer at one decoding step of
     a full batch, forward only, and takes bf16 only where it needs at most 90% of fp32's
     time (AVX512-BF16, AMX; never where bf16 is emulated)."""
-    if asked not in ("auto", "fp32", "bf16"):
-        raise OptionError(f"--precision must be auto, fp32 or bf16, got {asked!r}")
+    check_precision(asked)
     shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
     dtype, calibration = resolve_precision(asked, device, shape, backward=False)
-    record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked}
-    if calibration is not None:
-        record["calibration"] = calibration.as_dict()
-    return dtype, record
+    return dtype, precision_record(dtype, asked, calibration)
 
 
 class Weights(NamedTuple):

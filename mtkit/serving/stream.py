@@ -15,6 +15,7 @@ options allow it.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -267,7 +268,7 @@ class LineStream:
 
     def accepts(self, opts: SearchOptions) -> bool:
         def searched(o: SearchOptions) -> SearchOptions:
-            return o.but(alignments=False, align_layer=None)
+            return replace(o, alignments=False, align_layer=None)
 
         return self.can_take(opts) and searched(opts) == searched(self.opts)
 

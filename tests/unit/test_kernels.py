@@ -45,7 +45,7 @@ def test_dropout_on_the_weights_keeps_the_expected_value():
     torch.manual_seed(0)
     q, k, v = (torch.randn(64, 2, 6, 4) for _ in range(3))
     plain = matmul_attention(q, k, v, None, False)
-    dropped = torch.stack([matmul_attention(q, k, v, None, False, dropout=0.5)
+    dropped = torch.stack([matmul_attention(q, k, v, None, False, p=0.5)
                            for _ in range(200)]).mean(0)
     assert (dropped - plain).abs().mean() < 0.05  # inverted dropout: unbiased
 
