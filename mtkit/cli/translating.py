@@ -26,6 +26,15 @@ from mtkit.cli.app import (
 from mtkit.config import ConfigError
 from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_value
 from mtkit.errors import OptionError, plural
+from mtkit.terms import (
+    Constraint,
+    Glossary,
+    TermScore,
+    TermsError,
+    combine,
+    read_constraints,
+    term_accuracy,
+)
 
 
 def _help(name: str, **option) -> typer.models.OptionInfo:
@@ -147,30 +156,56 @@ def eval_(
     hyp: Annotated[Opt[Path], typer.Option(help="Hypotheses, one per line.")] = None,
     ref: Annotated[Opt[Path], typer.Option(help="References, one per line.")] = None,
     model: Annotated[Opt[Path], typer.Option("--model", "-m", help="Translate first.")] = None,
-    src: Annotated[Opt[Path], typer.Option(help="Source text to translate (with -m).")] = None,
+    src: Annotated[Opt[Path], typer.Option(
+        help="Source text: translated with -m; what --glossary looks for terms in.")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda (with -m).")] = "auto",
+    terms: Annotated[Opt[Path], typer.Option(
+        help="Term accuracy: the target phrases each line must contain, tab-separated, one "
+             "line per reference (the --constraints format).")] = None,
+    glossary: Annotated[Opt[Path], typer.Option(
+        help="Term accuracy: a 'source term<TAB>target term' TSV; each --src line requires "
+             "the targets of the source terms in it.")] = None,
 ) -> None:
-    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures)."""
+    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), and term
+    accuracy with --terms or --glossary."""
     import json
 
     from mtkit.evaluate import parse_metrics, score
 
     with reported():
         names = parse_metrics(metrics)
-        if ref is None or (hyp is None) == (model is None) or (model is None) != (src is None):
-            raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
+        _check_inputs(hyp, ref, model, src, glossary)
         references = read_lines(ref)
-        hypotheses = (_translated(model, src, references, ref, device) if model is not None
+        sources = _lines_like(src, references, ref) if src is not None else None
+        required = _required_terms(terms, glossary, sources, references, ref)
+        hypotheses = (_translated(model, sources, device, required) if model is not None
                       else _lines_like(hyp, references, ref))
         results = score(hypotheses, references, names)
+        accuracy = term_accuracy(hypotheses, required) if required is not None else None
     if json_:
-        typer.echo(json.dumps({r.metric: {"score": round(r.score, 2), "signature": r.signature,
-                                          "text": r.text} for r in results}))
+        report = {r.metric: {"score": round(r.score, 2), "signature": r.signature,
+                             "text": r.text} for r in results}
+        if accuracy is not None:
+            report["terms"] = _terms_json(accuracy)
+        typer.echo(json.dumps(report))
     else:
         for r in results:
             typer.echo(f"{r.text}\t{r.signature}")
+        if accuracy is not None:
+            typer.echo(accuracy.text)
+
+
+def _check_inputs(hyp: Path | None, ref: Path | None, model: Path | None, src: Path | None,
+                  glossary: Path | None) -> None:
+    """--hyp H --ref R, or -m CKPT --src S --ref R; --glossary also needs --src."""
+    if ref is None or (hyp is None) == (model is None) or (model is not None and src is None):
+        raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
+    if glossary is not None and src is None:
+        raise OptionError("--glossary needs --src S: the source lines it finds terms in")
+    if src is not None and model is None and glossary is None:
+        raise OptionError("--src with --hyp is only for --glossary; to translate it, give -m")
 
 
 def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
@@ -186,13 +221,37 @@ def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
     return lines
 
 
-def _translated(model: Path, src: Path, references: list[str], ref: Path,
-                device: str) -> list[str]:
-    """`src` translated by `model` with the checkpoint's decoding defaults."""
+def _required_terms(terms: Path | None, glossary: Path | None, sources: list[str] | None,
+                    references: list[str], ref: Path) -> list[list[Constraint]] | None:
+    """The constraints each line requires, from --terms and --glossary (None: neither)."""
+    per_line = []
+    if terms is not None:
+        per_line.append(read_constraints(terms))
+        if len(per_line[0]) != len(references):
+            raise TermsError(f"line counts differ: {terms} has "
+                             f"{plural(len(per_line[0]), 'line')}, {ref} has {len(references)}")
+    if glossary is not None:
+        found = Glossary.read(glossary)
+        per_line.append([found.constraints(line) for line in sources])
+    return combine(*per_line) if per_line else None
+
+
+def _terms_json(accuracy: TermScore) -> dict:
+    """A `TermScore` in `eval --json`: score in percent, null where no term was required."""
+    score = round(100 * accuracy.accuracy, 2) if accuracy.total else None
+    return {"score": score, "found": accuracy.found, "total": accuracy.total,
+            "text": accuracy.text}
+
+
+def _translated(model: Path, sources: list[str], device: str,
+                required: list[list[Constraint]] | None) -> list[str]:
+    """`sources` translated by `model` with the checkpoint's decoding defaults."""
     from mtkit.textio import translate_texts
 
-    sources = _lines_like(src, references, ref)
     engine = _engine([model], device)
+    # TODO(constraints): give `required` (one list of constraints per source line, None
+    # without --terms/--glossary) to the search as constraints; until then eval scores
+    # the term accuracy of the unconstrained translation.
     return translate_texts(engine, sources, SearchOptions.from_config(engine.config.decode),
                            engine.config.decode.batch_tokens)
 
