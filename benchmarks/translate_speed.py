@@ -4,6 +4,7 @@
         [--src data/multi30k/test2016.en.gz] [--limit 1000] [--compare hf] [--device auto]
     python benchmarks/translate_speed.py -m CKPT --options [--ensemble CKPT2] [--rounds 3]
     python benchmarks/translate_speed.py -m CKPT --compare ct2 [--ref data/multi30k/test2016.de.gz]
+    python benchmarks/translate_speed.py -m CKPT --constraints --limit 500 (terminology.py)
 
 Translates the source file (Multi30k test2016 by default) with mtkit's batched search,
 greedy and beam 5, on the current device and prints one JSON line. With `--compare hf`
@@ -267,6 +268,10 @@ def main() -> None:
                         help="time the decoding options against beam 5")
     parser.add_argument("--ensemble", default=None, help="second model of the ensemble")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--constraints", action="store_true",
+                        help="time terminology constraints (benchmarks/terminology.py)")
+    parser.add_argument("--constraint-beams", default="5,10")
+    parser.add_argument("--per-line", type=int, default=2, help="constraints per line")
     parser.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -280,6 +285,14 @@ def main() -> None:
     result = {"model": args.model, "device": str(translator.device), "sentences": len(lines)}
     if args.compare == "ct2":
         result |= compare_ct2(translator, args, lines)
+        print(json.dumps(result))
+        return
+    if args.constraints:
+        from terminology import compare_constraints  # a sibling script
+
+        result |= {"cpu": cpu_description(), "precision": translator.precision["precision"]}
+        sources = read_source(args.src, 10**9)  # all of them: --limit is the lines kept
+        result |= compare_constraints(translator, args, sources, read_source(args.ref, 10**9))
         print(json.dumps(result))
         return
     if args.options:

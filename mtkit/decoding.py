@@ -170,6 +170,7 @@ class Capabilities:
     sampling: bool = True
     alignments: bool = True
     streaming: bool = False  # greedy lines may join a running search (`mtkit.serving`)
+    constraints: bool = False  # hard lexical constraints (`mtkit.constrained`)
     needs: str = ""
 
 
@@ -182,6 +183,24 @@ def check(options: SearchOptions, capabilities: Capabilities,
             ("alignments", options.alignments, capabilities.alignments)):
         if wanted and not able:
             raise OptionError(f"{spell(name)} needs {capabilities.needs}", name)
+
+
+MAX_CONSTRAINTS = 62  # per line: which ones a hypothesis has met is one int64 bit mask
+
+
+def check_constraints(options: SearchOptions, capabilities: Capabilities,
+                      given: str = "--constraints", spell: Callable[[str], str] = flag) -> None:
+    """One line where constraints (given by `given`: --constraints, --glossary, a
+    request's field) cannot be searched with `options` by an engine with
+    `capabilities`: they need beam search with a beam of two or more."""
+    if not capabilities.constraints:
+        raise OptionError(f"{given} needs {capabilities.needs}", "constraints")
+    if options.sampling:
+        raise OptionError(f"{given} needs beam search, not {spell('sampling')}", "constraints")
+    if options.beam < 2:
+        raise OptionError(f"{given} needs a beam of 2 or more ({spell('beam')} "
+                          f"{options.beam}): the beam is shared among hypotheses that "
+                          f"have met different numbers of constraint tokens", "constraints")
 
 
 class Translator(Protocol):
@@ -203,10 +222,18 @@ class Translator(Protocol):
     def translate(self, lines: list[str], options: SearchOptions,
                   done: Callable[[int], None] | None = None,
                   prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
+                  batch_tokens: int = BATCH_TOKENS,
+                  constraints: list[list[tuple[str, ...]]] | None = None
+                  ) -> list[list[Hypothesis]]:
         """Hypotheses for each line (`nbest`), in input order; an empty line gets empty
-        hypotheses; a line's outputs start with its target prefix, when given; `done(n)`
-        is told as lines finish."""
+        hypotheses; a line's outputs start with its target prefix, when given, and
+        contain one phrase of each of its `constraints` (`mtkit.terms`: alternatives),
+        when given; `done(n)` is told as lines finish."""
+
+    def constraint_errors(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
+                          options: SearchOptions) -> list[str]:
+        """For each line, why its constraints cannot be met ("" where they can): more
+        than `MAX_CONSTRAINTS`, or a phrase longer than the line's length limit."""
 
     def describe(self) -> dict:
         """What runs the search, for `mtkit serve`'s /v1/info: engine, models,

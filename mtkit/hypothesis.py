@@ -14,6 +14,9 @@ class Hypothesis:
     log_prob: float  # sum of the token log-probabilities, eos included
     score: float  # log_prob / length_penalty(len(tokens) + 1): what beams are ranked by
     alignment: tuple[tuple[int, int], ...] | None = None  # (source word, target word) links
+    # With constraints: whether it meets them all. False: no hypothesis met them within
+    # the length limit, and this is the best unconstrained one. None: none were asked.
+    met: bool | None = None
 
 
 def length_penalty(length, alpha: float):

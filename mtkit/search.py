@@ -48,9 +48,12 @@ def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * src_len + b).floor().clamp(min=1, max=limit - 1).long()  # (B,)
 
 
-def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> None:
+def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int,
+                        exempt: Tensor | None = None) -> None:
     """Forbid (in place) every token that would complete an n-gram already in its row's
-    history: lprobs (rows, V), history (rows, t) of the tokens output so far."""
+    history: lprobs (rows, V), history (rows, t) of the tokens output so far. `exempt`
+    (rows, E), padded with -1: tokens never forbidden (a constraint's next tokens: a
+    required phrase may repeat an n-gram)."""
     t = history.size(1)
     if n < 1 or t < n:  # no complete n-gram yet
         return
@@ -58,7 +61,11 @@ def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> None:
     suffix = history[:, t - (n - 1):]  # (rows, n-1): the n-gram so far
     seen = (windows[:, :, : n - 1] == suffix[:, None, :]).all(dim=-1)  # (rows, W)
     rows, at = seen.nonzero(as_tuple=True)
-    lprobs[rows, windows[rows, at, n - 1]] = float("-inf")
+    tokens = windows[rows, at, n - 1]  # (hits,)
+    if exempt is not None:
+        free = ~(exempt[rows] == tokens[:, None]).any(dim=1)  # (hits,)
+        rows, tokens = rows[free], tokens[free]
+    lprobs[rows, tokens] = float("-inf")
 
 
 def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
@@ -102,12 +109,14 @@ def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | Non
 def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_mask: Tensor,
                    cache: Any, step: int | Tensor, limits: Tensor, min_len: int,
                    history: Tensor | None = None, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                   forced: Tensor | None = None) -> tuple[Tensor, Any]:
+                   forced: Tensor | None = None, exempt: Tensor | None = None
+                   ) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
     `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
-    Rows with a `forced` token (a target prefix) can only take it, at its own score.
-    `step` is the tokens output so far: one count for all rows, or one per row (rows,)."""
+    Rows with a `forced` token (a target prefix) can only take it, at its own score;
+    `exempt` tokens (rows, E) are never n-gram-banned (`ban_repeated_ngrams`). `step`
+    is the tokens output so far: one count for all rows, or one per row (rows,)."""
     logits, cache = model.decode_step(token, memory, src_mask, cache)  # (rows, V)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
     if forced is not None:
@@ -116,7 +125,7 @@ def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_m
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
     if no_repeat_ngram and history is not None:
-        ban_repeated_ngrams(lprobs, history, no_repeat_ngram)
+        ban_repeated_ngrams(lprobs, history, no_repeat_ngram, exempt)
     if isinstance(step, Tensor):  # each row at its own step (a stream)
         lprobs[step < min_len, EOS] = float("-inf")
     elif step < min_len:
@@ -216,19 +225,50 @@ def strip_specials(ids: list[int]) -> list[int]:
     return [i for i in ids if i != PAD]
 
 
-def _choose_candidates(scores: Tensor, lprobs: Tensor, beam: int
-                       ) -> tuple[Tensor, Tensor, Tensor]:
-    """The 2N best extensions of each sentence's N beams.
+class Choice(Protocol):
+    """How beam search picks each step's candidates (`TopCandidates`: the N best by score;
+    `constrained.BankedCandidates`: dynamic beam allocation over constraint banks)."""
 
-    scores (B, N) cumulative log-probs, lprobs (B*N, V) -> candidate scores, source
-    beams and tokens, each (B, 2N), best first. Taking 2N guarantees N candidates that
-    do not end in eos whenever any remain."""
-    b, n = scores.shape
-    vocab = lprobs.size(-1)
-    total = (scores.unsqueeze(-1) + lprobs.view(b, n, vocab)).view(b, n * vocab)  # (B, N*V)
-    k = min(2 * beam, n * vocab)
-    cand_scores, flat = total.topk(k, dim=-1)  # (B, 2N)
-    return cand_scores, flat // vocab, flat % vocab
+    def exempt(self, width: int) -> Tensor | None:
+        """Tokens (rows, E), padded with -1, that no-repeat n-grams must not forbid in
+        the next step, for `width` rows per sentence; None: none."""
+
+    def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+        """scores (b, N), lprobs (b*N, V), at_limit (b*N,) -> candidate scores, source
+        beams and tokens, each (b, K), in the order beams are filled: an eos among the
+        first N finishes a hypothesis (a -inf score never does)."""
+
+    def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
+        """(b, N) the candidates (indices into K) that go on as the next beams."""
+
+    def follow(self, pick: Tensor, keep: Tensor | None) -> None:
+        """Carry any per-beam state to the picked candidates (b, N); then keep only the
+        sentences `keep` (b',) (None: all)."""
+
+
+class TopCandidates:
+    """Plain beam search's choice: the 2N best extensions of each sentence's N beams,
+    best first; the N best that do not end in eos go on. Taking 2N guarantees N
+    candidates that do not end in eos whenever any remain."""
+
+    def exempt(self, width: int) -> None:
+        return None
+
+    def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+        b, n = scores.shape
+        vocab = lprobs.size(-1)
+        total = (scores.unsqueeze(-1) + lprobs.view(b, n, vocab)).view(b, n * vocab)  # (b, N*V)
+        cand_scores, flat = total.topk(min(2 * n, n * vocab), dim=-1)  # (b, 2N)
+        return cand_scores, flat // vocab, flat % vocab
+
+    def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
+        open_scores = cand_scores.masked_fill(cand_tokens == EOS, float("-inf"))  # (b, 2N)
+        return open_scores.topk(beam, dim=-1).indices  # (b, N), best first
+
+    def follow(self, pick: Tensor, keep: Tensor | None) -> None:
+        pass
 
 
 @torch.no_grad()
@@ -236,17 +276,20 @@ def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
                 lenpen: float = DEFAULTS.lenpen, max_len_a: float = DEFAULTS.max_len_a,
                 max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1, nbest: int = DEFAULTS.nbest,
                 no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-    """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
+                prefixes: list[list[int]] | None = None, choice: Choice | None = None
+                ) -> list[list[Hypothesis]]:
+    """src (B, S) -> for each sentence its `nbest` best hypotheses, best first (fewer,
+    or none, where `choice` leaves no way to finish: a constrained search).
 
-    A hypothesis ends when eos is among the N best candidates of its sentence. A
-    sentence is done, and leaves the batch, once no open beam can beat its `nbest` best
-    finished hypotheses (or at its maximum length): the output is what a search that
-    waits for N finished hypotheses would give, in fewer steps."""
+    A hypothesis ends when eos is among the N candidates of its sentence that `choice`
+    (default `TopCandidates`: the N best) takes. A sentence is done, and leaves the
+    batch, once no open beam can beat its `nbest` best finished hypotheses (or at its
+    maximum length): the output is what a search that waits for N finished hypotheses
+    would give, in fewer steps."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
-    device = src.device
-    batch = src.size(0)
+    choice = choice or TopCandidates()
+    device, batch = src.device, src.size(0)
     memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
@@ -258,34 +301,31 @@ def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
     width = 1  # rows per sentence: 1 for the first step, N after
     token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B*width,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    cache = None
-    step = 0
+    cache, step = None, 0
     while alive.numel():
-        rows_limit = limits[alive].repeat_interleave(width)  # (b*width,)
+        rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
         lprobs, cache = step_log_probs(model, token, memory, src_mask, cache, step,
-                                       rows_limit, min_len, history[::beam // width],
-                                       no_repeat_ngram,
-                                       _forced(prefix, alive.repeat_interleave(width),
-                                               step))  # (b*width, V)
+                                       rows_limit[:: beam // width], min_len,
+                                       history[:: beam // width], no_repeat_ngram,
+                                       _forced(prefix, alive.repeat_interleave(width), step),
+                                       choice.exempt(width))  # (b*width, V)
         if width == 1:
             lprobs = lprobs.repeat_interleave(beam, dim=0)  # (b*N, V)
-        cand_scores, cand_beams, cand_tokens = _choose_candidates(scores, lprobs, beam)
+        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs,
+                                                                 step >= rows_limit)
         _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
                           beam, lenpen, step)
-        # Continue with the N best candidates that did not end in eos.
-        open_scores = cand_scores.masked_fill(cand_tokens == EOS, float("-inf"))  # (b, 2N)
-        scores, pick = open_scores.topk(beam, dim=-1)  # (b, N)
-        source = cand_beams.gather(1, pick)  # (b, N)
-        token = cand_tokens.gather(1, pick).view(-1)  # (b*N,)
+        pick = choice.open(cand_scores, cand_tokens, beam)  # (b, N)
+        scores, token = cand_scores.gather(1, pick), cand_tokens.gather(1, pick).view(-1)
         offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
-        reorder = (offsets + source).view(-1)  # (b*N,)
+        reorder = (offsets + cand_beams.gather(1, pick)).view(-1)  # (b*N,)
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
         cache = cache.index_select(reorder // (beam // width))  # rows of the step's cache
-        width = beam
-        step += 1
+        width, step = beam, step + 1
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)  # (b',)
+        keep = (~done).nonzero().squeeze(1) if done.any() else None  # (b',)
+        choice.follow(pick, keep)
+        if keep is not None:
             rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
             alive, scores = alive[keep], scores[keep]
             token, history = token[rows], history[rows]
@@ -319,7 +359,7 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
     `nbest` finished hypotheses and the best open beam, even ending at the longest
     allowed length (log-probs only fall; the penalty only grows), scores below the
     worst of them. Also True once the forced-eos step at the length limit has passed."""
-    best_open = scores[:, 0]  # (b,): beams are kept sorted, best first
+    best_open = scores.max(dim=1).values  # (b,)
     limit = limits[alive]  # (b,)
     bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
     done = step > limit  # (b,)

@@ -18,13 +18,14 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO, Literal, TextIO
 
 from mtkit.data.sources import line_count
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.terms import Glossary, combine
 from mtkit.vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -104,20 +105,43 @@ def _decode(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One input line: the source text, an optional target prefix and, in jsonl, an
-    optional `id` echoed back, or why the line could not be read."""
+    """One input line: the source text, an optional target prefix, its constraints
+    (each a tuple of alternative phrases, `mtkit.terms`) and, in jsonl, an optional
+    `id` echoed back, or why the line could not be read."""
 
     src: str
     prefix: str = ""
     id: object = None
     error: str = ""
+    constraints: tuple[tuple[str, ...], ...] = ()
+
+
+def read_constraints_field(value: object) -> tuple[tuple[str, ...], ...]:
+    """A jsonl record's (or a request's) `constraints`: a list whose items are a phrase
+    (text) or a list of alternative phrases; a ValueError says what is wrong."""
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of phrases, got {_shown(value)}")
+    out = []
+    for i, item in enumerate(value):
+        alternatives = [item] if isinstance(item, str) else item
+        if not isinstance(alternatives, list) or not alternatives or not all(
+                isinstance(p, str) and p.strip() for p in alternatives):
+            raise ValueError(f"item {i}: a phrase (non-empty text) or a list of "
+                             f"alternative phrases, got {_shown(item)}")
+        for phrase in alternatives:
+            bad = lone_surrogate(phrase)
+            if bad:
+                raise ValueError(f"item {i}: {bad}")
+        out.append(tuple(dict.fromkeys(p.strip() for p in alternatives)))
+    return tuple(out)
 
 
 def parse_line(line: str, jsonl: bool) -> Request:
     """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
-    "id"?: ...}. A malformed jsonl line becomes a `Request` with an error: not JSON,
-    nested too deeply to parse, a number too long to read, text with a lone surrogate
-    (an escape such as \\ud800 that is no character), or an `id` that is not text, a
+    "constraints"?: [...], "id"?: ...} (`read_constraints_field`). A malformed jsonl
+    line becomes a `Request` with an error: not JSON, nested too deeply to parse, a
+    number too long to read, text with a lone surrogate (an escape such as \\ud800
+    that is no character), a bad `constraints` list, or an `id` that is not text, a
     number or null (`check_id`)."""
     if not jsonl:
         return Request(line)
@@ -129,8 +153,8 @@ def parse_line(line: str, jsonl: bool) -> Request:
             isinstance(record.get("prefix", ""), str):
         got = record if not isinstance(record, dict) else sorted(record)
         return Request("", id=_echoed_id(record),
-                       error=f'expected {{"src": text, "prefix"?: text, "id"?: ...}}, '
-                             f"got {_shown(got)}")
+                       error=f'expected {{"src": text, "prefix"?: text, "constraints"?: '
+                             f'[...], "id"?: ...}}, got {_shown(got)}')
     id_error = check_id(record.get("id"))
     if id_error:
         return Request("", error=id_error)
@@ -138,7 +162,12 @@ def parse_line(line: str, jsonl: bool) -> Request:
         bad = lone_surrogate(record.get(name, ""))
         if bad:
             return Request("", id=record.get("id"), error=f"{name}: {bad}")
-    return Request(record["src"], record.get("prefix", ""), record.get("id"))
+    try:
+        constraints = read_constraints_field(record.get("constraints", []))
+    except ValueError as e:
+        return Request("", id=record.get("id"), error=f"constraints: {e}")
+    return Request(record["src"], record.get("prefix", ""), record.get("id"),
+                   constraints=constraints)
 
 
 def read_json(text: str) -> object:
@@ -219,7 +248,8 @@ def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab
     if output.kind == "jsonl":
         def entry(k: int) -> dict:
             return {"translation": texts[k], "score": round(hyps[k].score, 4),
-                    **({"alignment": links[k]} if opts.alignments else {})}
+                    **({"alignment": links[k]} if opts.alignments else {}),
+                    **({"constraints_met": hyps[k].met} if hyps[k].met is not None else {})}
 
         record = {"line": index, **({"id": request.id} if request.id is not None else {}),
                   "source": request.src, **entry(0)}
@@ -247,22 +277,34 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
 def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
                      opts: SearchOptions, done: Callable[[int], None] | None = None,
                      prefixes: list[str] | None = None, *, output: OutputFormat = TEXT,
-                     batch_tokens: int = BATCH_TOKENS) -> int:
+                     batch_tokens: int = BATCH_TOKENS,
+                     constraints: list[list[tuple[str, ...]]] | None = None,
+                     glossary: Glossary | None = None) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
-    In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`:
-    a target prefix for each input line (text format). `done(n)` is called as lines are
-    finished (for a progress bar)."""
+    In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
+    and `constraints`: a target prefix and constraints for each input line (text
+    format); a `glossary` adds the constraints its source terms require. `done(n)` is
+    called as lines are finished (for a progress bar)."""
     count = 0
     for lines in read_chunks(source):
         requests = [parse_line(x, output.kind == "jsonl") for x in lines]
         chunk_prefixes = [r.prefix for r in requests]
         if prefixes is not None:
             chunk_prefixes = prefixes[count : count + len(lines)]
+        wanted = line_constraints(requests, constraints[count : count + len(lines)]
+                                  if constraints is not None else None, glossary)
+        if wanted:
+            requests, wanted = _refuse_constraints(translator, requests, wanted, opts, count,
+                                                   output.kind == "jsonl")
         results = translator.translate([r.src for r in requests], opts, done,
                                        chunk_prefixes if any(chunk_prefixes) else None,
-                                       batch_tokens=batch_tokens)
+                                       batch_tokens=batch_tokens, constraints=wanted)
         out = []
         for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
+            if hyps and hyps[0].met is False:
+                log.warning("line %d: no translation met all its constraints within the "
+                            "length limit; it gets the best unconstrained one",
+                            count + offset + 1)
             out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
                                     opts, output))
         sink.write("".join(x + "\n" for x in out))
@@ -271,8 +313,54 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
     return count
 
 
+def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
+                     glossary: Glossary | None) -> list[list[tuple[str, ...]]] | None:
+    """Each request's constraints: its own (jsonl), the `given` ones (a constraints
+    file), and those its source terms require in the `glossary`; None if none has any."""
+    wanted = [list(r.constraints) for r in requests]
+    if given is not None:
+        wanted = combine(wanted, given)
+    if glossary is not None:
+        wanted = combine(wanted, [glossary.constraints(r.src) for r in requests])
+    return wanted if any(wanted) else None
+
+
+def _refuse_constraints(translator: Translator, requests: list[Request],
+                        wanted: list[list[tuple[str, ...]]], opts: SearchOptions,
+                        count: int, jsonl: bool
+                        ) -> tuple[list[Request], list[list[tuple[str, ...]]]]:
+    """Lines whose constraints cannot be searched for: in jsonl each becomes an error
+    record and the rest go on; in text, one line for the first (`count` lines came
+    before this chunk)."""
+    errors = translator.constraint_errors([r.src for r in requests], wanted, opts)
+    for i, why in enumerate(errors):
+        if why and not jsonl:
+            raise OptionError(f"line {count + i + 1}: {why}", "constraints")
+    requests = [replace(r, src="", error=f"constraints: {why}") if why else r
+                for r, why in zip(requests, errors, strict=True)]
+    return requests, [[] if why else w for w, why in zip(wanted, errors, strict=True)]
+
+
+def check_constraint_lines(translator: Translator, source: BinaryIO,
+                           constraints: list[list[tuple[str, ...]]],
+                           glossary: Glossary | None, opts: SearchOptions) -> None:
+    """One line for the first input line (of `source`, which is read and rewound) whose
+    constraints (`constraints`, one list per line, and the `glossary`'s) cannot be
+    searched for (`Translator.constraint_errors`): checked before anything is written."""
+    lines = [line for chunk in read_chunks(source) for line in chunk]
+    source.seek(0)
+    wanted = line_constraints([Request(x) for x in lines], constraints, glossary) or []
+    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted
+                            else []):
+        if why:
+            raise OptionError(f"line {i + 1}: {why}", "constraints")
+
+
 def translate_texts(translator: Translator, lines: list[str], opts: SearchOptions,
-                    batch_tokens: int = BATCH_TOKENS) -> list[str]:
-    """Best translation of each line, in order (for evaluation)."""
-    hyps = translator.translate(lines, opts, batch_tokens=batch_tokens)
+                    batch_tokens: int = BATCH_TOKENS,
+                    constraints: list[list[tuple[str, ...]]] | None = None) -> list[str]:
+    """Best translation of each line, in order (for evaluation), with each line's
+    `constraints` when given."""
+    hyps = translator.translate(lines, opts, batch_tokens=batch_tokens,
+                                constraints=constraints)
     return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]

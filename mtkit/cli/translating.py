@@ -9,7 +9,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -66,6 +66,13 @@ OutputOpt = Annotated[Opt[Path], typer.Option(
     "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in place.")]
 PrefixOpt = Annotated[Opt[Path], typer.Option(
     help="A target prefix for each input line: the output starts with it.")]
+ConstraintsOpt = Annotated[Opt[Path], typer.Option(
+    "--constraints", help="Target phrases each output must contain (anywhere, in any "
+    "order): one line per input line, phrases separated by tabs; an empty line: none.")]
+GlossaryOpt = Annotated[Opt[Path], typer.Option(
+    help="A 'source term<TAB>target term' TSV: a line whose source has a term (whole "
+         "words, case as given) must contain its target term (several lines for one "
+         "source term: any one of them).")]
 
 
 def _engine(model: list[Path], device: str, precision: str | None = None) -> Translator:
@@ -98,20 +105,28 @@ def translate(
     temperature: TemperatureOpt = None, topk: TopkOpt = None, topp: ToppOpt = None,
     seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
     align_layer: AlignLayerOpt = None, precision: PrecisionOpt = None,
+    constraints_file: ConstraintsOpt = None, glossary: GlossaryOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
+    from mtkit.terms import Glossary, read_constraints
     from mtkit.textio import OutputFormat
 
     input, output = dash(input), dash(output)
     with reported():
         written = OutputFormat(format, scores)
-        _refuse_overwriting_inputs(output, input, prefix_file, model)
-        if prefix_file and written.kind == "jsonl":
-            raise OptionError('--prefix-file is for text input; in jsonl give each line a '
-                              '"prefix"')
+        _refuse_overwriting_inputs(output, {"--input": input, "--prefix-file": prefix_file,
+                                            "--constraints": constraints_file,
+                                            "--glossary": glossary}, model)
+        for name, given, field in (("--prefix-file", prefix_file, "prefix"),
+                                   ("--constraints", constraints_file, "constraints")):
+            if given and written.kind == "jsonl":
+                raise OptionError(f'{name} is for text input; in jsonl give each line '
+                                  f'"{field}"')
         prefixes = read_lines(prefix_file) if prefix_file else None
+        constraints = read_constraints(constraints_file) if constraints_file else None
+        terms = Glossary.read(glossary) if glossary else None
         engine = _engine(model, device, precision)
         opts = SearchOptions.from_config(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
@@ -119,36 +134,63 @@ def translate(
             sampling=sampling, temperature=temperature, topk=topk, topp=topp, seed=seed,
             alignments=alignments, align_layer=align_layer)
         engine.check(opts)
+        _check_constraints(engine, opts, constraints_file, glossary)
         _translate_file(engine, input, output, opts, written,
-                        _batch_tokens(engine, batch_tokens), prefixes, prefix_file)
+                        _batch_tokens(engine, batch_tokens), prefixes, prefix_file,
+                        Lines(constraints, constraints_file, terms))
 
 
-def _refuse_overwriting_inputs(output: Path | None, input: Path | None,
-                               prefix_file: Path | None, model: list[Path]) -> None:
+def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | None],
+                               model: list[Path]) -> None:
     from mtkit.atomic import refuse_same_file
     from mtkit.engines.loader import model_files
 
     if output:
-        refuse_same_file(output, {"--input": input, "--prefix-file": prefix_file,
-                                  **model_files(model)})
+        refuse_same_file(output, {**inputs, **model_files(model)})
+
+
+def _check_constraints(engine: Translator, opts: SearchOptions, constraints: Path | None,
+                       glossary: Path | None) -> None:
+    """One line if the engine or the options cannot search with constraints."""
+    from mtkit.decoding import check_constraints
+
+    for name, given in (("--constraints", constraints), ("--glossary", glossary)):
+        if given:
+            check_constraints(opts, engine.capabilities, name)
+
+
+class Lines(NamedTuple):
+    """What comes with the input lines besides prefixes: constraints from a file (one
+    list per line) and the file's name, and a glossary."""
+
+    constraints: list | None = None
+    constraints_file: Path | None = None
+    glossary: object = None
 
 
 def _translate_file(engine: Translator, input: Path | None, output: Path | None,
                     opts: SearchOptions, written, batch_tokens: int,
-                    prefixes: list[str] | None, prefix_file: Path | None) -> None:
+                    prefixes: list[str] | None, prefix_file: Path | None,
+                    extra: Lines = Lines()) -> None:
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
     only once complete), with a progress bar on a terminal."""
     from mtkit.atomic import atomic_text
     from mtkit.progress import progress_bar
-    from mtkit.textio import read_all_lines, translate_stream
+    from mtkit.textio import check_constraint_lines, read_all_lines, translate_stream
 
     with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
             (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
             progress_bar(input) as done:
-        if prefixes is not None:  # counts must agree before anything is written
+        # counts must agree, and every constraint fit, before anything is written
+        if prefixes is not None:
             source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
+        if extra.constraints is not None:
+            source = read_all_lines(source, len(extra.constraints),
+                                    f"--constraints {extra.constraints_file}")
+            check_constraint_lines(engine, source, extra.constraints, extra.glossary, opts)
         translate_stream(engine, source, sink, opts, done, prefixes, output=written,
-                         batch_tokens=batch_tokens)
+                         batch_tokens=batch_tokens, constraints=extra.constraints,
+                         glossary=extra.glossary)
 
 
 @app.command(name="eval")
@@ -245,15 +287,18 @@ def _terms_json(accuracy: TermScore) -> dict:
 
 def _translated(model: Path, sources: list[str], device: str,
                 required: list[list[Constraint]] | None) -> list[str]:
-    """`sources` translated by `model` with the checkpoint's decoding defaults."""
+    """`sources` translated by `model` with the checkpoint's decoding defaults, with the
+    `required` terms as constraints."""
     from mtkit.textio import translate_texts
 
     engine = _engine([model], device)
-    # TODO(constraints): give `required` (one list of constraints per source line, None
-    # without --terms/--glossary) to the search as constraints; until then eval scores
-    # the term accuracy of the unconstrained translation.
-    return translate_texts(engine, sources, SearchOptions.from_config(engine.config.decode),
-                           engine.config.decode.batch_tokens)
+    opts = SearchOptions.from_config(engine.config.decode)
+    if required is not None and any(required):  # the terms constrain the translation
+        from mtkit.decoding import check_constraints
+
+        check_constraints(opts, engine.capabilities, "--terms/--glossary with -m")
+        engine.check_constraint_lines(sources, required, opts)
+    return translate_texts(engine, sources, opts, engine.config.decode.batch_tokens, required)
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain

@@ -1,12 +1,15 @@
 """What every engine does to its input before the search: set empty lines aside, encode
-and truncate the others, encode target prefixes, refuse the options it cannot honour."""
+and truncate the others, encode target prefixes and constraints, refuse the options (and
+the constraints) it cannot honour."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
-from mtkit.decoding import Capabilities, SearchOptions, check, flag
+from mtkit.decoding import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
+from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 from mtkit.vocab import Vocab
 
@@ -65,3 +68,56 @@ class Engine:
                             self.max_src_tokens - 1, "target prefixes")  # room for eos
                   if prefixes and todo else None)
         return out, todo, ids, forced
+
+    def output_limit(self, src_len: int, opts: SearchOptions) -> int:
+        """The longest output of a line of `src_len` source ids, as the search sets it
+        (`search.max_lengths`): a * (src_len + 1) + b tokens (eos counts as a source
+        token), from 1 to the model's positions."""
+        top = self.max_positions - 1
+        a, b = min(opts.max_len_a, top), min(opts.max_len_b, top)  # huge: no overflow
+        return min(max(math.floor(a * (src_len + 1) + b), 1), top)
+
+    def constraint_ids(self, constraints: list[list[tuple[str, ...]]]
+                       ) -> list[list[list[list[int]]]]:
+        """Each line's constraints as target ids (line -> constraint -> alternative ->
+        ids): each phrase encoded as it reads inside a sentence (SentencePiece puts the
+        word-start marker before it). A phrase that encodes to nothing is dropped, and
+        so is a constraint left with no phrase."""
+        phrases = sorted({p for line in constraints for c in line for p in c})
+        ids = dict(zip(phrases, self.tgt_vocab.encode(phrases) if phrases else [],
+                       strict=True))
+        return [[alts for c in line if (alts := [ids[p] for p in c if ids[p]])]
+                for line in constraints]
+
+    def constraint_errors(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
+                          opts: SearchOptions) -> list[str]:
+        """For each line, why its constraints cannot be searched for ("" where they
+        can): more than `MAX_CONSTRAINTS` of them, or one whose shortest phrase is
+        longer than the line's output limit (`output_limit`)."""
+        sources = self.encode(lines)
+        wanted = self.constraint_ids(constraints)
+        errors = []
+        for src, ids in zip(sources, wanted, strict=True):
+            limit = self.output_limit(len(src), opts)
+            longest = max(((min(len(p) for p in alts), alts) for alts in ids),
+                          default=(0, None), key=lambda x: x[0])
+            if len(ids) > MAX_CONSTRAINTS:
+                errors.append(f"{len(ids)} constraints; a line may have at most "
+                              f"{MAX_CONSTRAINTS}")
+            elif longest[0] > limit:
+                text = self.tgt_vocab.decode(longest[1][0])
+                errors.append(f"the constraint {text!r} is {longest[0]} subwords, longer "
+                              f"than the line's output limit of {limit} (--max-len-a "
+                              f"{opts.max_len_a:g} x {len(src) + 1} source subwords + "
+                              f"--max-len-b {opts.max_len_b})")
+            else:
+                errors.append("")
+        return errors
+
+    def check_constraint_lines(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
+                               opts: SearchOptions, first_line: int = 1) -> None:
+        """One line for the first line whose constraints cannot be searched for
+        (`constraint_errors`); `first_line` numbers the first of `lines`."""
+        for i, why in enumerate(self.constraint_errors(lines, constraints, opts)):
+            if why:
+                raise OptionError(f"line {first_line + i}: {why}", "constraints")

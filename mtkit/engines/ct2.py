@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mtkit.checksum import file_sha256
 from mtkit.config import config_from_dict
-from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions
+from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, check_constraints
 from mtkit.engines.base import Engine
 from mtkit.errors import OptionError, UserError
 from mtkit.hypothesis import Hypothesis, length_penalty
@@ -120,9 +120,15 @@ class CT2Engine(Engine):
     def translate(self, lines: list[str], opts: SearchOptions,
                   done: Callable[[int], None] | None = None,
                   prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.decoding.Translator`)."""
+                  batch_tokens: int = BATCH_TOKENS,
+                  constraints: list[list[tuple[str, ...]]] | None = None
+                  ) -> list[list[Hypothesis]]:
+        """Hypotheses for each line, in input order (`mtkit.decoding.Translator`).
+        CTranslate2 has no hard lexical constraints (only prefixes): constraints are
+        refused in one line."""
         self.check(opts)
+        if constraints and any(constraints):
+            check_constraints(opts, self.capabilities)
         done = done or (lambda n: None)
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
         if not todo:

@@ -8,6 +8,7 @@ rows the search carries) through greedy decoding, beam search or sampling;
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,15 @@ import torch
 from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, describe_weights, load_checkpoint, trained_step
 from mtkit.config import Config, config_from_dict
-from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, check_precision, flag
+from mtkit.constrained import constrained_beam_search
+from mtkit.decoding import (
+    BATCH_TOKENS,
+    Capabilities,
+    SearchOptions,
+    check_constraints,
+    check_precision,
+    flag,
+)
 from mtkit.device import (
     autocast,
     inference_shape,
@@ -52,9 +61,10 @@ class TorchEngine(Engine):
     # {"precision": "fp32" | "bf16", "asked", "calibration"?}: what `autocast_dtype` is
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
 
-    # Everything: sampling, alignments, and greedy lines stream (`mtkit.serving`), for
-    # one model or an ensemble.
-    capabilities = Capabilities(sampling=True, alignments=True, streaming=True)
+    # Everything: sampling, alignments, constraints, and greedy lines stream
+    # (`mtkit.serving`), for one model or an ensemble.
+    capabilities = Capabilities(sampling=True, alignments=True, streaming=True,
+                                constraints=True)
 
     def __post_init__(self) -> None:
         Engine.__init__(self)
@@ -68,6 +78,15 @@ class TorchEngine(Engine):
     def step_model(self) -> Transformer | Ensemble:
         """What search runs: the model, or the ensemble of all of them."""
         return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+
+    @functools.cached_property
+    def inside_word(self) -> torch.Tensor:
+        """(V,) the target pieces that continue a word: no word-start marker, and a
+        letter or digit first (punctuation may follow a word). A constraint's phrase
+        is never followed by one, so that it is met as whole words."""
+        pieces = [self.tgt_vocab.piece(i) for i in range(len(self.tgt_vocab))]
+        return torch.tensor([p[:1].isalnum() and not p.startswith("\u2581") for p in pieces],
+                            device=self.device)
 
     @property
     def max_positions(self) -> int:
@@ -86,13 +105,20 @@ class TorchEngine(Engine):
     def translate(self, lines: list[str], opts: SearchOptions,
                   done: Callable[[int], None] | None = None,
                   prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
+                  batch_tokens: int = BATCH_TOKENS,
+                  constraints: list[list[tuple[str, ...]]] | None = None
+                  ) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order (`mtkit.decoding.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
         samples are the same in any batch, at any place in the input, alone or not."""
         self.check(opts)
+        constraints = constraints if constraints and any(constraints) else None
+        if constraints:
+            check_constraints(opts, self.capabilities)
+            self.check_constraint_lines(lines, constraints, opts)
         done = done or (lambda n: None)
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
+        wanted = self.constraint_ids([constraints[i] for i in todo]) if constraints else None
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
@@ -100,7 +126,7 @@ class TorchEngine(Engine):
                 else []
             with self.autocast():
                 hyps = self.search(src, opts, [forced[k] for k in batch] if forced else None,
-                                   seeds)
+                                   seeds, [wanted[k] for k in batch] if wanted else None)
                 if opts.alignments:
                     hyps = self.with_alignments([ids[k] for k in batch], hyps,
                                                 opts.align_layer)
@@ -110,9 +136,11 @@ class TorchEngine(Engine):
         return out
 
     def search(self, src: torch.Tensor, opts: SearchOptions,
-               prefixes: list[list[int]] | None, seeds: list[int]
+               prefixes: list[list[int]] | None, seeds: list[int],
+               constraints: list[list[list[list[int]]]] | None = None
                ) -> list[list[Hypothesis]]:
-        """One batch src (B, S) through sampling, greedy decoding or beam search."""
+        """One batch src (B, S) through sampling, greedy decoding, beam search or
+        constrained beam search."""
         model = self.step_model
         if opts.sampling:
             hyps = sample_search(model, src, seeds, opts.beam, opts.temperature, opts.topk,
@@ -122,9 +150,33 @@ class TorchEngine(Engine):
         if opts.beam == 1:
             return greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a, opts.max_len_b,
                                      no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
+        if constraints and any(constraints):
+            return self.constrained(src, opts, prefixes, constraints)
         return beam_search(model, src, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
                            nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
                            prefixes=prefixes)
+
+    def constrained(self, src: torch.Tensor, opts: SearchOptions,
+                    prefixes: list[list[int]] | None, constraints: list[list[list[list[int]]]]
+                    ) -> list[list[Hypothesis]]:
+        """Constrained beam search (`mtkit.constrained`). A sentence with fewer than
+        n-best hypotheses that meet its constraints within its length limit (none, or
+        too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
+        hyps = constrained_beam_search(self.step_model, src, constraints, opts.beam,
+                                       opts.lenpen, opts.max_len_a, opts.max_len_b,
+                                       nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
+                                       prefixes=prefixes, inside_word=self.inside_word)
+        hyps = [[replace(h, met=True) for h in nbest] if wanted else nbest
+                for nbest, wanted in zip(hyps, constraints, strict=True)]
+        short = [i for i, h in enumerate(hyps) if len(h) < opts.nbest]
+        if short:
+            plain = self.search(src[short], opts, [prefixes[i] for i in short]
+                                if prefixes else None, [])
+            for i, more in zip(short, plain, strict=True):
+                have = {tuple(h.tokens) for h in hyps[i]}
+                hyps[i] = hyps[i] + [replace(h, met=False) for h in more
+                                     if tuple(h.tokens) not in have][: opts.nbest - len(hyps[i])]
+        return hyps
 
     def autocast(self) -> AbstractContextManager:
         """The precision searches run in: bf16 autocast, or none (fp32)."""
