@@ -49,7 +49,7 @@ class Automaton:
     depth: list[int]  # tokens of the phrase(s) matched at the node
     below: list[int]  # bit mask: constraints with a phrase ending at or under the node
     outputs: list[int]  # bit mask: constraints met on reaching the node
-    weights: list[int]  # per constraint: its longest phrase's length (its bank share)
+    weights: list[int]  # per constraint: its shortest phrase's length (its bank share)
 
 
 def automaton(constraints: list[Constraint]) -> Automaton:
@@ -77,7 +77,7 @@ def automaton(constraints: list[Constraint]) -> Automaton:
     moves, outputs = _goto(children, ends)
     advance = [list(children[n]) + [t for t in children[0] if t not in children[n]]
                for n in range(len(children))]
-    weights = [max((len(p) for p in phrases), default=0) for phrases in constraints]
+    weights = [min((len(p) for p in phrases), default=0) for phrases in constraints]
     return Automaton(moves, advance, depth, below, outputs, weights)
 
 
@@ -160,12 +160,17 @@ def move(t: Tables, node: Tensor, met: Tensor, token: Tensor) -> tuple[Tensor, T
 
 
 def banks(t: Tables, node: Tensor, met: Tensor, sentence: Tensor) -> Tensor:
-    """(c,) constraint tokens met: each met constraint's share, and the tokens matched
-    so far of one that is not met yet."""
+    """(c,) constraint tokens met: each met constraint's share (its shortest phrase's
+    length), and the tokens matched so far towards one that is not met yet, counted up
+    to one less than the smallest share of the unmet constraints they lead to (a match
+    along a longer alternative never counts for more than meeting the constraint)."""
     bits = (met[:, None] >> torch.arange(t.weights.size(1), device=met.device)) & 1  # (c, C)
-    full = (bits * t.weights[sentence]).sum(dim=1)  # (c,)
-    partial = torch.where((t.below[node] & ~met) != 0, t.depth[node], 0)  # (c,)
-    return full + partial
+    weights = t.weights[sentence]  # (c, C)
+    full = (bits * weights).sum(dim=1)  # (c,)
+    ahead = (t.below[node][:, None] >> torch.arange(weights.size(1), device=met.device)) & 1
+    ahead = ahead.bool() & ~bits.bool()  # (c, C): unmet constraints the match leads to
+    cap = torch.where(ahead, weights, torch.iinfo(torch.long).max).min(dim=1).values - 1
+    return full + torch.where(ahead.any(dim=1), torch.minimum(t.depth[node], cap), 0)
 
 
 def advancing(t: Tables, node: Tensor, met: Tensor) -> Tensor:
@@ -194,10 +199,11 @@ class BankedCandidates:
         self.met = torch.zeros_like(self.node)  # (b*N,)
         self.closed = torch.zeros_like(self.node, dtype=torch.bool)  # (b*N,)
         self.next: tuple[Tensor, ...] = ()  # the candidates' states, each (b, K)
+        self.advancing = torch.empty(0)  # each beam's advancing tokens, set by `exempt`
 
     def exempt(self, width: int) -> Tensor:
-        step = self.beam // width
-        return advancing(self.t, self.node[::step], self.met[::step])  # (b*width, E)
+        self.advancing = advancing(self.t, self.node, self.met)  # (b*N, E): for the step
+        return self.advancing[:: self.beam // width]  # (b*width, E)
 
     def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:
@@ -207,7 +213,7 @@ class BankedCandidates:
         lprobs[(self.met != want) & ~at_limit, EOS] = float("-inf")  # finish only when met
         if self.inside_word is not None and self.closed.any():
             lprobs[self.closed.nonzero(), self.inside_word] = float("-inf")  # whole words
-        cand_scores, flat = _candidates(scores, lprobs, advancing(self.t, self.node, self.met))
+        cand_scores, flat = _candidates(scores, lprobs, self.advancing)
         beams, tokens = flat // vocab, flat % vocab  # (b, K)
         rows = (torch.arange(b, device=scores.device)[:, None] * n + beams).view(-1)
         node, met = move(self.t, self.node[rows], self.met[rows], tokens.view(-1))  # (b*K,)

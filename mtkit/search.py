@@ -231,7 +231,8 @@ class Choice(Protocol):
 
     def exempt(self, width: int) -> Tensor | None:
         """Tokens (rows, E), padded with -1, that no-repeat n-grams must not forbid in
-        the next step, for `width` rows per sentence; None: none."""
+        the next step, for `width` rows per sentence; None: none. Called first in every
+        step, before `candidates`."""
 
     def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:

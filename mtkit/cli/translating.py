@@ -110,7 +110,7 @@ def translate(
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
-    from mtkit.terms import Glossary, read_constraints
+    from mtkit.terms import read_constraints
     from mtkit.textio import OutputFormat
 
     input, output = dash(input), dash(output)
@@ -126,7 +126,7 @@ def translate(
                                   f'"{field}"')
         prefixes = read_lines(prefix_file) if prefix_file else None
         constraints = read_constraints(constraints_file) if constraints_file else None
-        terms = Glossary.read(glossary) if glossary else None
+        terms = _glossary(glossary)
         engine = _engine(model, device, precision)
         opts = SearchOptions.from_config(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
@@ -314,7 +314,7 @@ def serve(
     max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
     sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
     topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
-    device: DeviceOpt = "auto", precision: PrecisionOpt = None,
+    device: DeviceOpt = "auto", precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
     max_batch_tokens: Annotated[Opt[int], typer.Option(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,
@@ -339,6 +339,7 @@ def serve(
     with reported():
         api_key = _api_key(api_key)
         limits = _limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
+        terms = _glossary(glossary)
         engine = _engine(model, device, precision)
         defaults = SearchOptions.from_config(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
@@ -346,8 +347,9 @@ def serve(
             temperature=temperature, topk=topk, topp=topp, seed=seed,
             align_layer=align_layer, alignments=align_layer is not None)
         engine.check(defaults)  # refused now, not in every request
+        _check_constraints(engine, defaults, None, glossary)
         stopped_by = _serve(engine, replace(defaults, alignments=False), limits, model, host,
-                            port, continuous, api_key)
+                            port, continuous, api_key, terms)
     if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
         typer.echo("interrupted", err=True)
         raise typer.Exit(code=130)
@@ -389,8 +391,15 @@ def _limits(port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lin
     return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
 
 
+def _glossary(path: Path | None):
+    """The glossary at `path` (`mtkit.terms.Glossary`), or None."""
+    from mtkit.terms import Glossary
+
+    return Glossary.read(path) if path else None
+
+
 def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path], host: str,
-           port: int, continuous: bool, api_key: str | None) -> int | None:
+           port: int, continuous: bool, api_key: str | None, glossary=None) -> int | None:
     """Run the service until a signal; returns the signal."""
     from mtkit.serving.app import create_app, serve_forever
     from mtkit.serving.scheduler import Batcher
@@ -399,7 +408,8 @@ def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path
         limits = replace(limits, max_batch_tokens=engine.config.decode.batch_tokens)
     name = " + ".join(m.name for m in model)
     batcher = Batcher(engine, limits, continuous)
-    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher)
+    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher,
+                      glossary)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     ready = (f"serving {name} on {url} (page at /, API docs at /docs)"
              + ("; API key required" if api_key else ""))

@@ -1,6 +1,6 @@
 """The HTTP app of `mtkit serve` (FastAPI + uvicorn, `pip install 'mtkit[serve]'`).
 
-    POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?}
+    POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?, "constraints"?}
     GET  /v1/health     liveness, and whether the model is loaded
     GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
     GET  /              a page: translate text and see each sentence's word alignment
@@ -29,11 +29,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.decoding import OPTIONS, SearchOptions, Translator
+from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_constraints
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
-from mtkit.textio import lone_surrogate, read_json
+from mtkit.terms import Constraint, Glossary, combine
+from mtkit.textio import lone_surrogate, read_constraints_field, read_json
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
@@ -49,6 +50,9 @@ class TranslateRequest(BaseModel):
     beam: int | None = Field(None, description=OPTIONS["beam"].help)
     nbest: int | None = Field(None, description="Hypotheses per sentence (at most the beam).")
     alignments: bool = Field(False, description=OPTIONS["alignments"].help)
+    constraints: list[list[str | list[str]]] | None = Field(
+        None, description="Per sentence, the target phrases its translation must contain: "
+        "each item a phrase, or a list of alternative phrases (any one of them).")
 
 
 def parse_body(raw: bytes) -> TranslateRequest:
@@ -81,6 +85,15 @@ def parse_body(raw: bytes) -> TranslateRequest:
         bad = lone_surrogate(sentence)  # an escape such as \ud800 that is no character
         if bad:
             raise ServeError(422, f"text.{i}: {bad}", f"text.{i}")
+    if body.constraints is not None and len(body.constraints) != len(body.text):
+        raise ServeError(422, f"constraints: one list per sentence: "
+                              f"{plural(len(body.text), 'sentence')}, "
+                              f"{plural(len(body.constraints), 'list')}", "constraints")
+    for i, items in enumerate(body.constraints or ()):
+        try:
+            read_constraints_field(items)
+        except ValueError as e:
+            raise ServeError(422, f"constraints.{i}: {e}", f"constraints.{i}") from None
     return body
 
 
@@ -154,6 +167,7 @@ class Service:
     model_name: str
     step: int | str | None = None
     batcher: Batcher | None = None
+    glossary: Glossary | None = None  # `serve --glossary`: terms every request gets
 
     def options(self, body: TranslateRequest) -> SearchOptions:
         """A request's search options: the defaults with its own beam, n-best and
@@ -166,6 +180,24 @@ class Service:
         except OptionError as e:
             raise ServeError(422, str(e), e.option) from None
         return opts
+
+    def constraints(self, body: TranslateRequest, lines: list[str], opts: SearchOptions
+                    ) -> list[list[Constraint]] | None:
+        """Each sentence's constraints: the request's, and the glossary's for its
+        terms; None if none has any. 422 where they cannot be searched for."""
+        given = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+        wanted = combine(given, [self.glossary.constraints(x) for x in lines]) \
+            if self.glossary is not None else given
+        if not any(wanted):
+            return None
+        try:
+            check_constraints(opts, self.translator.capabilities, "constraints", spell=str)
+        except OptionError as e:
+            raise ServeError(422, str(e), "constraints") from None
+        for i, why in enumerate(self.translator.constraint_errors(lines, wanted, opts)):
+            if why:
+                raise ServeError(422, f"constraints.{i}: {why}", f"constraints.{i}")
+        return wanted
 
     def check_size(self, body: TranslateRequest) -> None:
         """413 for a request over the per-request limits."""
@@ -184,6 +216,8 @@ class Service:
                 "target_language": cfg.data.tgt_lang, "step": self.step,
                 "weights": " + ".join(self.translator.weights),
                 **self.translator.describe(),
+                "constraints": self.translator.capabilities.constraints,
+                "glossary_terms": len(self.glossary) if self.glossary is not None else 0,
                 "decoding": {k: v for k, v in asdict(self.defaults).items()
                              if k not in ("nbest", "alignments")},
                 "limits": asdict(self.limits),
@@ -193,11 +227,12 @@ class Service:
 
 def create_app(translator: Translator, defaults: SearchOptions, limits: Limits,
                model_name: str, step: int | str | None = None, api_key: str | None = None,
-               batcher: Batcher | None = None) -> FastAPI:
+               batcher: Batcher | None = None, glossary: Glossary | None = None) -> FastAPI:
     """The service for one loaded model (or ensemble). `defaults`: the decoding options
     of requests that do not set them. `batcher`: a worker that the caller runs (see
-    `serve_forever`); without one, the app starts its own thread."""
-    service = Service(translator, defaults, limits, model_name, step)
+    `serve_forever`); without one, the app starts its own thread. `glossary`: terms
+    whose targets every request's translations must contain."""
+    service = Service(translator, defaults, limits, model_name, step, glossary=glossary)
 
     async def lifespan(app: FastAPI):
         service.batcher = batcher or Batcher(translator, limits).start()
@@ -247,7 +282,9 @@ def _routes(app: FastAPI, service: Service) -> None:
         opts = service.options(body)
         start = time.perf_counter()
         lines = [" ".join(x.split()) for x in body.text]  # a sentence is one line
-        hyps = await _awaited(request, service.batcher.submit(lines, opts)) if lines else []
+        constraints = service.constraints(body, lines, opts)
+        hyps = await _awaited(request, service.batcher.submit(lines, opts, constraints)) \
+            if lines else []
         if hyps is None:  # the client left while its request waited: dropped
             return Response(status_code=400)
         return {"translations": [_entry(h, service.translator, opts) for h in hyps],
@@ -274,7 +311,8 @@ def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) 
 
     def one(h: Hypothesis) -> dict:
         return {"text": translator.tgt_vocab.decode(h.tokens), "score": round(h.score, 4),
-                **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {})}
+                **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {}),
+                **({"constraints_met": h.met} if h.met is not None else {})}
 
     entry = one(hyps[0])
     if opts.nbest > 1:

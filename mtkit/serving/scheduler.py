@@ -69,6 +69,7 @@ class _Job:
     opts: SearchOptions
     tokens: int  # source tokens, for the batch budget
     longest: int  # tokens of its longest sentence
+    constraints: list[list[tuple[str, ...]]] | None = None  # per line (`mtkit.terms`)
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
     seen_at_step: int = 0  # the stream's step count when the worker took the request
@@ -109,8 +110,10 @@ class Batcher:
         self._thread.start()
         return self
 
-    def submit(self, lines: list[str], opts: SearchOptions) -> Future:
-        """Queue a request's sentences; the future gets one hypothesis list per line."""
+    def submit(self, lines: list[str], opts: SearchOptions,
+               constraints: list[list[tuple[str, ...]]] | None = None) -> Future:
+        """Queue a request's sentences (and each one's constraints, when given); the
+        future gets one hypothesis list per line."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
             if self._stopping:
@@ -120,7 +123,7 @@ class Batcher:
                                       "retry shortly")
             self._queued_lines += len(lines)
             self.received += 1
-        job = _Job(lines, opts, sum(lengths), max(lengths, default=0))
+        job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints)
         self._queue.put(job)
         return job.future
 
@@ -195,8 +198,9 @@ class Batcher:
                 return
 
     def _streams(self, job: _Job) -> bool:
-        """Whether the job goes to the stream (made here for the first that can)."""
-        if not self.continuous:
+        """Whether the job goes to the stream (made here for the first that can); one
+        with constraints never does (they need a beam)."""
+        if not self.continuous or job.constraints:
             return False
         if self._stream is not None and self._stream.accepts(job.opts):
             return True
@@ -238,9 +242,12 @@ class Batcher:
 
     def _translate(self, jobs: list[_Job], opts: SearchOptions) -> None:
         lines = [line for job in jobs for line in job.lines]
+        constraints = [c for job in jobs for c in job.constraints or [[]] * len(job.lines)]
         try:
             hyps = self.translator.translate(lines, opts,
-                                             batch_tokens=self.limits.max_batch_tokens)
+                                             batch_tokens=self.limits.max_batch_tokens,
+                                             constraints=constraints if any(constraints)
+                                             else None)
         except Exception as e:  # answer every waiting request, keep serving
             log.exception("translation failed")
             for job in jobs:

@@ -78,3 +78,19 @@ def test_the_copy_models_alignment_is_the_diagonal(copy_run):
     assert links(None) == links(0) == diagonal  # default: the second-to-last of 2 layers
     last = [link for sentence in links(1) for link in sentence]  # the last layer: mostly
     assert sum(s == t for s, t in last) / len(last) > 0.8
+
+
+def test_constraints_of_input_symbols_are_met_and_outputs_stay_copies(copy_run):
+    translator, sources = copy_run
+    short = [s for s in sources if 6 <= len(s.split()) <= 12][:40]
+    # one symbol, a two-symbol phrase, and an alternative whose other phrase is absent
+    wanted = [[(s.split()[1],), (" ".join(s.split()[3:5]),), ("z z z", s.split()[-1])]
+              for s in short]
+    # Beam 10: dynamic beam allocation needs a beam wider than the constraints' tokens
+    # (here 8: this vocabulary writes each word-start marker as a piece of its own), or
+    # hypotheses that met more of them early crowd out the exact copy
+    hyps = translator.translate(short, SearchOptions(beam=10, max_len_a=1.0, max_len_b=5),
+                                constraints=wanted)
+    outputs = [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
+    assert outputs == short
+    assert all(h[0].met for h in hyps)
