@@ -147,3 +147,17 @@ def test_serve_takes_constraints_per_sentence_and_a_glossary(best, files):
                             "constraints.0: the constraint")):
             r = client.post("/v1/translate", json=body)
             assert r.status_code == 422 and says in r.json()["error"], r.text
+
+
+def test_constraints_with_alignments_and_too_many_constraints(best, files):
+    rows = cli("translate", "-m", best, "-i", files / "src.en", "--constraints",
+               files / "c.tsv", "--alignments").stdout.splitlines()
+    text, links = rows[0].split("\t")
+    assert occurs("Hund", text) and occurs("Park", text) and links
+    many = json.dumps({"src": LINES[0], "constraints": [f"w{i}" for i in range(63)]})
+    result = cli("translate", "-m", best, "--format", "jsonl", "--max-len-b", "500",
+                 input=many + "\n" + json.dumps({"src": LINES[2]}) + "\n")
+    assert result.exit_code == 0, result.output
+    refused, fine = (json.loads(x) for x in result.stdout.splitlines())
+    assert refused["error"] == "constraints: 63 constraints; a line may have at most 62"
+    assert "translation" in fine
