@@ -116,13 +116,20 @@ class ModelConfig:
     ffn_dim: int = field(default=2048, metadata=_range(1))
     dropout: float = field(default=0.1, metadata=_range(0.0, 0.9))
     attention_dropout: float = field(default=0.0, metadata=_range(0.0, 0.9))
-    activation: Literal["relu", "gelu"] = "relu"
+    # The paper's ReLU; GELU; or SiLU ("swish", x * sigmoid(x): Marian / OPUS-MT's).
+    activation: Literal["relu", "gelu", "swish"] = "relu"
     # The paper applies LayerNorm after each residual ("post"); "pre" is the common,
     # more stable departure (norm first, one final LayerNorm per stack).
     norm: Literal["post", "pre"] = "post"
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    # The paper's sines and cosines interleaved (sin at even dimensions); learned; or
+    # "sinusoidal_split": sines in the first half of the dimensions, cosines in the second
+    # (Marian's layout, for imported models).
+    positions: Literal["sinusoidal", "learned", "sinusoidal_split"] = "sinusoidal"
     max_positions: int = field(default=1024, metadata=_range(8))
     share_embeddings: bool = True  # one embedding for source, target and output
+    # A fixed bias added to the output logits (Marian's final_logits_bias, not trained);
+    # only imported models have one unless a config asks for it.
+    output_bias: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,8 @@ def label_smoothed_nll(logits: Tensor | Projection, target: Tensor, eps: float =
     logits are made a chunk of rows at a time and their gradient is taken right away
     (`_ProjectedSmoothedCrossEntropy`), so no (tokens x V) tensor outlives its chunk."""
     if not isinstance(logits, Tensor):
-        return _projected_nll(logits.hidden, logits.weight, target, eps, ignore_index)
+        return _projected_nll(logits.hidden, logits.weight, target, eps, ignore_index,
+                              logits.bias)
     vocab = logits.size(-1)
     dtype = torch.promote_types(logits.dtype, torch.float32)  # at least fp32 for the sums
     flat = logits.reshape(-1, vocab).to(dtype)  # (B*T, V)
@@ -90,11 +91,14 @@ def label_smoothed_nll(logits: Tensor | Projection, target: Tensor, eps: float =
 
 
 def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                  ignore_index: int, chunk_rows: int, want_hidden: bool, want_weight: bool
+                  ignore_index: int, chunk_rows: int, want_hidden: bool, want_weight: bool,
+                  bias: Tensor | None = None
                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """hidden (N, D), weight (V, D), target (N,) -> the summed smoothed loss and NLL over
     the rows whose target is not `ignore_index`, and (when wanted) the loss's gradients
-    with respect to hidden and weight, made `chunk_rows` rows of logits at a time."""
+    with respect to hidden and weight, made `chunk_rows` rows of logits at a time. A
+    `bias` (V,) is fixed: added to the logits, never trained."""
+    bias = None if bias is None else bias.to(hidden.dtype)
     vocab = weight.size(0)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     nll = torch.zeros_like(loss)
@@ -105,7 +109,7 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
         h = hidden[start : start + chunk_rows]  # (n, D)
         t = target[start : start + chunk_rows]  # (n,)
         keep = t != ignore_index  # (n,)
-        lprobs = torch.log_softmax(F.linear(h, weight).float(), dim=-1)  # (n, V)
+        lprobs = torch.log_softmax(F.linear(h, weight, bias).float(), dim=-1)  # (n, V)
         row_nll = -lprobs.gather(1, t[:, None]).squeeze(1)  # (n,)
         row_loss = (1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)  # (n,)
         loss += torch.where(keep, row_loss, 0.0).sum()
@@ -134,9 +138,10 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                ignore_index: int, chunk_rows: int):
+                ignore_index: int, chunk_rows: int, bias: Tensor | None):
         loss, nll, grad_hidden, grad_weight = _chunked_loss(
-            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2])
+            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2],
+            bias)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
@@ -147,18 +152,18 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
                 None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _projected_nll(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                   ignore_index: int) -> LossOutput:
+                   ignore_index: int, bias: Tensor | None = None) -> LossOutput:
     flat = hidden.reshape(-1, hidden.size(-1))  # (B*T, D)
     target = target.reshape(-1)  # (B*T,)
     chunk_rows = max(1, CHUNK_ELEMENTS // weight.size(0))
     if torch.is_grad_enabled():
         loss, nll = _ProjectedSmoothedCrossEntropy.apply(flat, weight, target, eps,
-                                                         ignore_index, chunk_rows)
+                                                         ignore_index, chunk_rows, bias)
     else:  # validation: no gradients to take
         loss, nll, _, _ = _chunked_loss(flat, weight, target, eps, ignore_index, chunk_rows,
-                                        False, False)
+                                        False, False, bias)
     return LossOutput(loss, nll, int((target != ignore_index).sum()))

@@ -39,6 +39,13 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     return table
 
 
+def split_sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """Marian's layout of the same sines and cosines: PE[pos, i] = sin(pos / 10000^(2i/D))
+    for i < D/2, PE[pos, D/2 + i] = cos(...): (length, D)."""
+    table = sinusoidal_positions(length, d_model)  # (L, D), interleaved
+    return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)  # (L, D)
+
+
 def dropout(x: Tensor, p: float) -> Tensor:
     """x with each element zeroed with probability p and the rest scaled by 1/(1-p).
     The mask is drawn in fp32 even under bf16 autocast: bf16 uniforms cost 1.6x as much
@@ -77,7 +84,8 @@ class Embedding(nn.Module):
             nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
         else:
             self.learned = None
-            table = sinusoidal_positions(cfg.max_positions, cfg.d_model)
+            table = (split_sinusoidal_positions if cfg.positions == "sinusoidal_split"
+                     else sinusoidal_positions)(cfg.max_positions, cfg.d_model)
             self.register_buffer("sinusoidal", table, persistent=False)
         self.max_positions = cfg.max_positions
         self.dropout = Dropout(cfg.dropout)
@@ -193,14 +201,17 @@ class MultiHeadAttention(nn.Module):
         return self.attend(x, k, v, mask, causal)
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class FeedForward(nn.Module):
-    """Position-wise FFN: Linear(D, F) -> ReLU (or GELU) -> Linear(F, D)."""
+    """Position-wise FFN: Linear(D, F) -> ReLU (or GELU, or SiLU) -> Linear(F, D)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inner = nn.Linear(cfg.d_model, cfg.ffn_dim)
         self.outer = nn.Linear(cfg.ffn_dim, cfg.d_model)
-        self.activation = F.gelu if cfg.activation == "gelu" else F.relu
+        self.activation = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.outer(self.activation(self.inner(x)))  # (B, L, F) -> (B, L, D)
@@ -280,10 +291,12 @@ class DecoderLayer(nn.Module):
 
 
 class Projection(NamedTuple):
-    """Logits not yet made: the decoder's output (B, T, D) and the output weight (V, D)."""
+    """Logits not yet made: the decoder's output (B, T, D), the output weight (V, D) and
+    the output bias (V,) or None."""
 
     hidden: Tensor
     weight: Tensor
+    bias: Tensor | None = None
 
 
 class Transformer(nn.Module):
@@ -302,6 +315,9 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm ones do not
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        # A fixed bias on the logits (`output_bias`): a buffer, saved, never trained.
+        self.register_buffer("output_bias", torch.zeros(tgt_vocab_size) if cfg.output_bias
+                             else None)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -344,7 +360,8 @@ class Transformer(nn.Module):
         return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
 
     def project(self, y: Tensor) -> Tensor:
-        return F.linear(self.decoder_norm(y), self.output_weight)  # (..., V)
+        bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
+        return F.linear(self.decoder_norm(y), self.output_weight, bias)  # (..., V)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
                project: bool = True) -> Tensor | Projection:
@@ -355,7 +372,7 @@ class Transformer(nn.Module):
         for layer in self.decoder_layers:
             y, _ = layer(y, layer.cross_attn.project_kv(memory), attn_mask)
         if not project:
-            return Projection(self.decoder_norm(y), self.output_weight)
+            return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
         return self.project(y)  # (B, T, V)
 
     def slot_cache(self, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]], slots: int,

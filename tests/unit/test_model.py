@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,13 +49,25 @@ def forward(model, seed: int = 0):
     return src, tgt, memory, mask, model.decode(tgt, memory, mask)
 
 
-@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}])
+@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}, {"output_bias": True}])
 def test_the_unprojected_forward_makes_the_same_logits(kw):
     model = build_model(tiny(**kw), V, V).eval()
+    if model.output_bias is not None:
+        model.output_bias.normal_()
     src, tgt = batch()
-    hidden, weight = model(src, tgt, project=False)
+    hidden, weight, bias = model(src, tgt, project=False)
     assert hidden.shape == (3, 6, 16) and weight is model.output_weight
-    assert torch.allclose(F.linear(hidden, weight), model(src, tgt), atol=1e-6)
+    assert bias is model.output_bias
+    assert torch.allclose(F.linear(hidden, weight, bias), model(src, tgt), atol=1e-6)
+
+
+def test_marians_positions_are_the_papers_sines_then_cosines():
+    from mtkit.model import sinusoidal_positions, split_sinusoidal_positions
+
+    paper, split = sinusoidal_positions(50, 16), split_sinusoidal_positions(50, 16)
+    assert torch.equal(split[:, :8], paper[:, 0::2]) and torch.equal(split[:, 8:], paper[:, 1::2])
+    assert split[7, 0] == pytest.approx(math.sin(7.0))
+    assert split[7, 8] == pytest.approx(math.cos(7.0))
 
 
 def test_padded_source_positions_receive_zero_attention():
