@@ -131,15 +131,16 @@ def _check_content(payload: dict[str, Any], path: Path) -> None:
                                   f"({name}); this checkpoint cannot be used")
 
 
-def training_payload(config: dict, vocab: tuple[bytes, bytes], model: dict, optimizer: dict,
+def training_payload(config: dict, vocab: dict, model: dict, optimizer: dict,
                      rng: dict, progress: dict, shards: str, precision: dict
                      ) -> dict[str, Any]:
     """The layout of a training checkpoint (see the module docstring); `shards` is the
     fingerprint of the shard manifest it was trained on, `precision` the run's precision
-    record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?})."""
+    record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?}),
+    `vocab` the tokenizers' entry (`vocab.vocab_entry`)."""
     return {
         "config": config,
-        "vocab": {"src": vocab[0], "tgt": vocab[1]},
+        "vocab": vocab,
         "model": model,
         "train": {"optimizer": optimizer, "rng": rng, "progress": progress, "shards": shards,
                   "precision": precision},

@@ -43,7 +43,7 @@ from mtkit.progress import ProgressView
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
 from mtkit.trainstate import Progress, TrainError, TrainState, rng_state, setup
-from mtkit.vocab import Vocab
+from mtkit.vocab import Vocab, vocab_entry
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ def save(state: TrainState, is_best: bool) -> None:
         return
     p = state.progress
     payload = training_payload(
-        config_to_dict(state.cfg), (state.vocabs[0].model_proto, state.vocabs[1].model_proto),
+        config_to_dict(state.cfg), vocab_entry(*state.vocabs),
         state.model.state_dict(), state.optimizer.state_dict(), rng_state(),
         dataclasses.asdict(p), state.train_data.fingerprint, state.precision)
     path = write_training_checkpoint(payload, state.cfg.run_path / "checkpoints", p.step,

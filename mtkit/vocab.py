@@ -18,11 +18,20 @@ class VocabError(UserError, ValueError):
 
 
 class Vocab:
-    """A SentencePiece model with mtkit's fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+    """A SentencePiece model with mtkit's fixed special ids (pad 0, unk 1, bos 2, eos 3).
 
-    def __init__(self, model_proto: bytes):
+    With `pieces`, the ids are not SentencePiece's own but a table's: `pieces[i]` is the
+    piece of id i (an imported model's vocabulary, `mtkit.marian`, its special ids moved
+    to mtkit's): SentencePiece only segments the text, and a piece missing from the
+    table is unk."""
+
+    def __init__(self, model_proto: bytes, pieces: Sequence[str] | None = None):
         self.model_proto = bytes(model_proto)
         self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        self.pieces = None if pieces is None else list(pieces)
+        if self.pieces is not None:
+            self._ids = {p: i for i, p in enumerate(self.pieces)}
+            return
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if ids != (PAD, UNK, BOS, EOS):
             raise VocabError(f"SentencePiece model has special ids {ids}, mtkit needs "
@@ -33,11 +42,14 @@ class Vocab:
         return cls(Path(path).read_bytes())
 
     def __len__(self) -> int:
-        return self._sp.get_piece_size()
+        return self._sp.get_piece_size() if self.pieces is None else len(self.pieces)
 
     def encode(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Sentences -> subword ids, without bos/eos (the batch adds those)."""
-        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        if self.pieces is None:
+            return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        return [[self._ids.get(p, UNK) for p in line]
+                for line in self._sp.encode(list(texts), out_type=str, num_threads=num_threads)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> detokenized text; special ids are dropped, decoding stops at eos."""
@@ -48,13 +60,40 @@ class Vocab:
                 break
             if i > EOS:
                 out.append(i)
-        return self._sp.decode(out)
+        if self.pieces is None:
+            return self._sp.decode(out)
+        # A table's pieces may come from another SentencePiece model (Marian shares one
+        # table between two): a piece this model does not know keeps its word-start
+        # marker, so it is turned into a space here, as Marian's own tokenizer does.
+        text = self._sp.decode_pieces([self.pieces[i] for i in out])
+        return text.replace("\u2581", " ").strip()
 
     def piece(self, i: int) -> str:
-        return self._sp.id_to_piece(int(i))
+        return self._sp.id_to_piece(int(i)) if self.pieces is None else self.pieces[int(i)]
 
     def piece_id(self, piece: str) -> int:
-        return self._sp.piece_to_id(piece)
+        return self._sp.piece_to_id(piece) if self.pieces is None else self._ids.get(piece, UNK)
+
+    def same(self, other: Vocab) -> bool:
+        """The same segmentation and the same ids."""
+        return (self.model_proto, self.pieces) == (other.model_proto, other.pieces)
+
+
+def vocab_entry(src: Vocab, tgt: Vocab) -> dict:
+    """A checkpoint's "vocab": each side's SentencePiece model and, where its ids are a
+    table's, the table (`src_pieces`, `tgt_pieces`)."""
+    entry: dict = {"src": src.model_proto, "tgt": tgt.model_proto}
+    for side, vocab in (("src", src), ("tgt", tgt)):
+        if vocab.pieces is not None:
+            entry[f"{side}_pieces"] = vocab.pieces
+    return entry
+
+
+def entry_vocabs(entry: dict) -> tuple[Vocab, Vocab]:
+    """The source and target vocabularies of a checkpoint's "vocab" (`vocab_entry`)."""
+    src = Vocab(entry["src"], entry.get("src_pieces"))
+    same = entry["tgt"] == entry["src"] and entry.get("tgt_pieces") == entry.get("src_pieces")
+    return src, (src if same else Vocab(entry["tgt"], entry.get("tgt_pieces")))
 
 
 def vocab_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:

@@ -84,8 +84,10 @@ class CT2Engine(Engine):
             manifest = json.loads((folder / MANIFEST).read_text())
             checked = check_files(folder, manifest)
             self.config = config_from_dict(manifest["config"], str(folder / MANIFEST))
-            self.src_vocab = Vocab.load(folder / "source.spm")
-            self.tgt_vocab = Vocab.load(folder / "target.spm")
+            self.src_vocab = Vocab((folder / "source.spm").read_bytes(),
+                                   manifest.get("src_pieces"))
+            self.tgt_vocab = Vocab((folder / "target.spm").read_bytes(),
+                                   manifest.get("tgt_pieces"))
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

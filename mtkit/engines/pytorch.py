@@ -43,7 +43,7 @@ from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
 from mtkit.search import beam_search, greedy_hypotheses
-from mtkit.vocab import EOS, PAD, Vocab
+from mtkit.vocab import EOS, PAD, Vocab, entry_vocabs
 
 
 @dataclass
@@ -236,7 +236,7 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
     first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
     for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
         for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
-            if mine.model_proto != theirs.model_proto:
+            if not mine.same(theirs):
                 raise CheckpointError(f"{path} and {first} have different {side} "
                                       f"vocabularies; the models of an ensemble must share "
                                       f"their tokenizers")
@@ -272,8 +272,7 @@ def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Conf
     payload = load_checkpoint(path, mmap=True)
     try:
         cfg = config_from_dict(payload["config"], str(path))
-        src_vocab = Vocab(payload["vocab"]["src"])
-        tgt_vocab = Vocab(payload["vocab"]["tgt"])
+        src_vocab, tgt_vocab = entry_vocabs(payload["vocab"])
         model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
         model.load_state_dict(payload["model"])
     except (KeyError, TypeError, RuntimeError, ValueError) as e:

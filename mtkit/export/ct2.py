@@ -123,10 +123,18 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint),
                                "step": weights.step, "weights": weights.about,
                                "quantization": quantization, "files": files,
-                               "config": config_to_dict(cfg)}, indent=1, default=str)
+                               "config": config_to_dict(cfg), **_tables(src_vocab, tgt_vocab)},
+                              indent=1, default=str)
         # All of tmp is renamed into place at the end, so a partial file is never seen:
         (tmp / MANIFEST).write_text(manifest + "\n")  # written in place on purpose
     return output
+
+
+def _tables(src_vocab, tgt_vocab) -> dict:
+    """The id tables of vocabularies whose ids are not SentencePiece's (an imported
+    model's), for the manifest: the runtime reads them back (`engines.ct2`)."""
+    return {f"{side}_pieces": v.pieces for side, v in (("src", src_vocab), ("tgt", tgt_vocab))
+            if v.pieces is not None}
 
 
 def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str]):
@@ -134,8 +142,8 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
-    activation = {"relu": common_spec.Activation.RELU,
-                  "gelu": common_spec.Activation.GELU}[cfg.activation]
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swish": common_spec.Activation.SWISH}[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.norm == "pre",
         activation=activation)
@@ -160,6 +168,8 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
         weights.norm(spec.encoder.layer_norm, "encoder_norm")
         weights.norm(spec.decoder.layer_norm, "decoder_norm")
     spec.decoder.projection.weight = model.output_weight.detach().float().numpy()
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = model.output_bias.detach().float().numpy()
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
     return spec
