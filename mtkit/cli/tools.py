@@ -62,3 +62,25 @@ def export(
             raise OptionError(f"--to must be ctranslate2, got {to!r}")
         export_ctranslate2(model, output, quantization, force)
     typer.echo(f"exported {model} to {output} ({quantization})", err=True)
+
+
+@app.command(name="import")
+def import_(
+    source: Annotated[str, typer.Argument(
+        help="A Marian model folder in the Hugging Face layout, or a Hub name "
+             "(Helsinki-NLP/opus-mt-en-de; fetched when online, else from the cache).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Checkpoint to write.")],
+) -> None:
+    """Import a Marian (OPUS-MT) model as a self-contained mtkit checkpoint.
+
+    The weights are read without running code (safetensors, or torch.load with
+    weights_only); an architecture mtkit cannot represent exactly is refused."""
+    from mtkit.atomic import refuse_same_file
+    from mtkit.marian import import_marian
+
+    with reported():
+        folder = Path(source)
+        refuse_same_file(output, {str(source): sorted(folder.iterdir()) if folder.is_dir()
+                                  else None})
+        import_marian(source, output)
+    typer.echo(f"imported {source} into {output}", err=True)
