@@ -45,9 +45,11 @@ class Automaton:
     phrases; node 0 is the root (nothing matched). Lists are indexed by node."""
 
     moves: list[dict[int, int]]  # token -> next node, where it is not back to the root
-    advance: list[list[int]]  # tokens that extend a match: the node's trie children, the root's
+    advance: list[list[int]]  # tokens that keep or start a match: those of `moves`
     depth: list[int]  # tokens of the phrase(s) matched at the node
-    below: list[int]  # bit mask: constraints with a phrase ending at or under the node
+    # bit mask: constraints a match at the node can lead to, with a phrase ending under
+    # it in the trie or under a node of its failure chain (a shorter match it holds)
+    below: list[int]
     outputs: list[int]  # bit mask: constraints met on reaching the node
     weights: list[int]  # per constraint: its shortest phrase's length (its bank share)
 
@@ -74,22 +76,31 @@ def automaton(constraints: list[Constraint]) -> Automaton:
     below = list(ends)
     for node in range(len(children) - 1, 0, -1):  # a child's id is above its parent's
         below[parent[node]] |= below[node]
-    moves, outputs = _goto(children, ends)
-    advance = [list(children[n]) + [t for t in children[0] if t not in children[n]]
-               for n in range(len(children))]
+    moves, outputs, fail = _goto(children, ends)
+    for node in _breadth_first(children):  # a node's failure node comes before it
+        if fail[node]:  # (the root's own mask is every constraint: it leads nowhere yet)
+            below[node] |= below[fail[node]]
+    advance = [list(m) for m in moves]  # children, failure moves, restarts from the root
     weights = [min((len(p) for p in phrases), default=0) for phrases in constraints]
     return Automaton(moves, advance, depth, below, outputs, weights)
 
 
-def _goto(children: list[dict[int, int]], ends: list[int]) -> tuple[list[dict[int, int]],
-                                                                    list[int]]:
-    """The automaton's moves (node, token -> node, all but those back to the root) and
-    each node's outputs, from failure links built breadth first."""
+def _breadth_first(children: list[dict[int, int]]) -> list[int]:
+    """The trie's nodes but the root, breadth first."""
+    queue = list(children[0].values())
+    for node in queue:
+        queue.extend(children[node].values())
+    return queue
+
+
+def _goto(children: list[dict[int, int]], ends: list[int]
+          ) -> tuple[list[dict[int, int]], list[int], list[int]]:
+    """The automaton's moves (node, token -> node, all but those back to the root),
+    each node's outputs and its failure node, built breadth first."""
     alphabet = sorted({t for c in children for t in c})
     fail, outputs = [0] * len(children), list(ends)
     moves: list[dict[int, int]] = [dict(children[0])] + [{} for _ in children[1:]]
-    queue = list(children[0].values())
-    for node in queue:  # breadth first: a node's failure node is done before it
+    for node in _breadth_first(children):  # a node's failure node is done before it
         outputs[node] |= outputs[fail[node]]
         for token in alphabet:
             child = children[node].get(token)
@@ -98,10 +109,9 @@ def _goto(children: list[dict[int, int]], ends: list[int]) -> tuple[list[dict[in
             else:
                 target = child
                 fail[child] = moves[fail[node]].get(token, 0)
-                queue.append(child)
             if target:
                 moves[node][token] = target
-    return moves, outputs
+    return moves, outputs, fail
 
 
 @dataclass(frozen=True)
@@ -212,7 +222,7 @@ class BankedCandidates:
         want = self.t.want[self.sentence].repeat_interleave(n)  # (b*N,)
         lprobs[(self.met != want) & ~at_limit, EOS] = float("-inf")  # finish only when met
         if self.inside_word is not None and self.closed.any():
-            lprobs[self.closed.nonzero(), self.inside_word] = float("-inf")  # whole words
+            self._whole_words(lprobs)
         cand_scores, flat = _candidates(scores, lprobs, self.advancing)
         beams, tokens = flat // vocab, flat % vocab  # (b, K)
         rows = (torch.arange(b, device=scores.device)[:, None] * n + beams).view(-1)
@@ -224,6 +234,17 @@ class BankedCandidates:
         closed = met != self.met[rows]  # (b*K,): this token completed a constraint
         self.next = tuple(x.view(b, -1).gather(1, order) for x in (node, met, closed))
         return cand_scores.gather(1, order), beams.gather(1, order), tokens.gather(1, order)
+
+    def _whole_words(self, lprobs: Tensor) -> None:
+        """Forbid (in place) tokens inside a word right after a completed phrase, but
+        those that advance another phrase, and on rows that have one token left (a
+        target prefix's)."""
+        rows = (self.closed & (torch.isfinite(lprobs).sum(dim=1) > 1)).nonzero().squeeze(1)
+        kept = lprobs[rows[:, None], self.advancing[rows].clamp(min=0)]  # (r, E)
+        lprobs[rows[:, None], self.inside_word] = float("-inf")
+        adv = self.advancing[rows]
+        lprobs[rows[:, None], adv.clamp(min=0)] = torch.where(
+            adv >= 0, kept, lprobs[rows[:, None], adv.clamp(min=0)])
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
         k = cand_tokens.size(1)

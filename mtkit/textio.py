@@ -133,7 +133,7 @@ def read_constraints_field(value: object) -> tuple[tuple[str, ...], ...]:
             if bad:
                 raise ValueError(f"item {i}: {bad}")
         out.append(tuple(dict.fromkeys(p.strip() for p in alternatives)))
-    return tuple(out)
+    return tuple(dict.fromkeys(out))  # a constraint given twice is one
 
 
 def parse_line(line: str, jsonl: bool) -> Request:
@@ -291,11 +291,9 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         chunk_prefixes = [r.prefix for r in requests]
         if prefixes is not None:
             chunk_prefixes = prefixes[count : count + len(lines)]
-        wanted = line_constraints(requests, constraints[count : count + len(lines)]
-                                  if constraints is not None else None, glossary)
-        if wanted:
-            requests, wanted = _refuse_constraints(translator, requests, wanted, opts, count,
-                                                   output.kind == "jsonl")
+        given = constraints[count : count + len(lines)] if constraints is not None else None
+        requests, wanted = _searchable(translator, requests, given, glossary, opts, count,
+                                       output.kind == "jsonl")
         results = translator.translate([r.src for r in requests], opts, done,
                                        chunk_prefixes if any(chunk_prefixes) else None,
                                        batch_tokens=batch_tokens, constraints=wanted)
@@ -314,7 +312,7 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
 
 
 def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
-                     glossary: Glossary | None) -> list[list[tuple[str, ...]]] | None:
+                     glossary: Glossary | None = None) -> list[list[tuple[str, ...]]] | None:
     """Each request's constraints: its own (jsonl), the `given` ones (a constraints
     file), and those its source terms require in the `glossary`; None if none has any."""
     wanted = [list(r.constraints) for r in requests]
@@ -325,31 +323,48 @@ def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]]
     return wanted if any(wanted) else None
 
 
-def _refuse_constraints(translator: Translator, requests: list[Request],
-                        wanted: list[list[tuple[str, ...]]], opts: SearchOptions,
-                        count: int, jsonl: bool
-                        ) -> tuple[list[Request], list[list[tuple[str, ...]]]]:
-    """Lines whose constraints cannot be searched for: in jsonl each becomes an error
-    record and the rest go on; in text, one line for the first (`count` lines came
-    before this chunk)."""
+def _searchable(translator: Translator, requests: list[Request],
+                given: list[list[tuple[str, ...]]] | None, glossary: Glossary | None,
+                opts: SearchOptions, count: int, jsonl: bool
+                ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
+    """The requests and each one's constraints, with those that cannot be searched for
+    (`Translator.constraint_errors`) dealt with: a line's own constraints (a file, its
+    jsonl record) are its error record in jsonl, and one line in text (`count` lines
+    came before this chunk; a file's were checked before anything was written); a
+    glossary's are dropped from that line with a warning, so a stream never stops on a
+    term."""
+    own = line_constraints(requests, given)
+    wanted = line_constraints(requests, given, glossary)
+    if wanted is None:
+        return requests, None
     errors = translator.constraint_errors([r.src for r in requests], wanted, opts)
+    if own is not None and any(errors):
+        bad = [i for i, why in enumerate(errors) if why]
+        mine = translator.constraint_errors([requests[i].src for i in bad],
+                                            [own[i] for i in bad], opts)
+        for i, why in zip(bad, mine, strict=True):
+            if why and not jsonl:
+                raise OptionError(f"line {count + i + 1}: {why}", "constraints")
+            if why:
+                requests[i] = replace(requests[i], src="", error=f"constraints: {why}")
+                wanted[i] = []
     for i, why in enumerate(errors):
-        if why and not jsonl:
-            raise OptionError(f"line {count + i + 1}: {why}", "constraints")
-    requests = [replace(r, src="", error=f"constraints: {why}") if why else r
-                for r, why in zip(requests, errors, strict=True)]
-    return requests, [[] if why else w for w, why in zip(wanted, errors, strict=True)]
+        if why and wanted[i] and not requests[i].error:
+            log.warning("line %d: the glossary's terms are left out: %s", count + i + 1, why)
+            wanted[i] = own[i] if own is not None else []
+    return requests, wanted if any(wanted) else None
 
 
 def check_constraint_lines(translator: Translator, source: BinaryIO,
-                           constraints: list[list[tuple[str, ...]]],
-                           glossary: Glossary | None, opts: SearchOptions) -> None:
+                           constraints: list[list[tuple[str, ...]]], opts: SearchOptions
+                           ) -> None:
     """One line for the first input line (of `source`, which is read and rewound) whose
-    constraints (`constraints`, one list per line, and the `glossary`'s) cannot be
-    searched for (`Translator.constraint_errors`): checked before anything is written."""
+    constraints (one list per line) cannot be searched for
+    (`Translator.constraint_errors`): checked before anything is written. (A glossary's
+    terms never stop a translation: `_searchable`.)"""
     lines = [line for chunk in read_chunks(source) for line in chunk]
     source.seek(0)
-    wanted = line_constraints([Request(x) for x in lines], constraints, glossary) or []
+    wanted = line_constraints([Request(x) for x in lines], constraints) or []
     for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted
                             else []):
         if why:

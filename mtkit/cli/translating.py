@@ -187,7 +187,7 @@ def _translate_file(engine: Translator, input: Path | None, output: Path | None,
         if extra.constraints is not None:
             source = read_all_lines(source, len(extra.constraints),
                                     f"--constraints {extra.constraints_file}")
-            check_constraint_lines(engine, source, extra.constraints, extra.glossary, opts)
+            check_constraint_lines(engine, source, extra.constraints, opts)
         translate_stream(engine, source, sink, opts, done, prefixes, output=written,
                          batch_tokens=batch_tokens, constraints=extra.constraints,
                          glossary=extra.glossary)

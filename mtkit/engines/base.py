@@ -11,7 +11,7 @@ from collections.abc import Callable
 from mtkit.decoding import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
 from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
-from mtkit.vocab import Vocab
+from mtkit.vocab import UNK, Vocab
 
 log = logging.getLogger(__name__)
 
@@ -77,42 +77,50 @@ class Engine:
         a, b = min(opts.max_len_a, top), min(opts.max_len_b, top)  # huge: no overflow
         return min(max(math.floor(a * (src_len + 1) + b), 1), top)
 
-    def constraint_ids(self, constraints: list[list[tuple[str, ...]]]
-                       ) -> list[list[list[list[int]]]]:
-        """Each line's constraints as target ids (line -> constraint -> alternative ->
-        ids): each phrase encoded as it reads inside a sentence (SentencePiece puts the
-        word-start marker before it). A phrase that encodes to nothing is dropped, and
-        so is a constraint left with no phrase."""
+    def _phrase_ids(self, constraints: list[list[tuple[str, ...]]]) -> dict[str, list[int]]:
+        """Each phrase's target ids, encoded as it reads inside a sentence (SentencePiece
+        puts the word-start marker before it); [] for one that cannot be searched for:
+        it encodes to nothing, or holds a piece the vocabulary lacks (unk)."""
         phrases = sorted({p for line in constraints for c in line for p in c})
         ids = dict(zip(phrases, self.tgt_vocab.encode(phrases) if phrases else [],
                        strict=True))
+        return {p: [] if UNK in x else x for p, x in ids.items()}
+
+    def constraint_ids(self, constraints: list[list[tuple[str, ...]]]
+                       ) -> list[list[list[list[int]]]]:
+        """Each line's constraints as target ids (line -> constraint -> alternative ->
+        ids), without the phrases that cannot be searched for (`_phrase_ids`), and
+        without a constraint left with none (`constraint_errors` refuses those)."""
+        ids = self._phrase_ids(constraints)
         return [[alts for c in line if (alts := [ids[p] for p in c if ids[p]])]
                 for line in constraints]
 
     def constraint_errors(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
                           opts: SearchOptions) -> list[str]:
         """For each line, why its constraints cannot be searched for ("" where they
-        can): more than `MAX_CONSTRAINTS` of them, or one whose shortest phrase is
-        longer than the line's output limit (`output_limit`)."""
-        sources = self.encode(lines)
-        wanted = self.constraint_ids(constraints)
-        errors = []
-        for src, ids in zip(sources, wanted, strict=True):
-            limit = self.output_limit(len(src), opts)
-            longest = max(((min(len(p) for p in alts), alts) for alts in ids),
-                          default=(0, None), key=lambda x: x[0])
-            if len(ids) > MAX_CONSTRAINTS:
-                errors.append(f"{len(ids)} constraints; a line may have at most "
-                              f"{MAX_CONSTRAINTS}")
-            elif longest[0] > limit:
-                text = self.tgt_vocab.decode(longest[1][0])
-                errors.append(f"the constraint {text!r} is {longest[0]} subwords, longer "
-                              f"than the line's output limit of {limit} (--max-len-a "
-                              f"{opts.max_len_a:g} x {len(src) + 1} source subwords + "
-                              f"--max-len-b {opts.max_len_b})")
-            else:
-                errors.append("")
-        return errors
+        can): more than `MAX_CONSTRAINTS` of them, one whose every phrase encodes to
+        nothing or holds characters the target vocabulary lacks, or one whose shortest
+        phrase is longer than the line's output limit (`output_limit`)."""
+        sources, phrase_ids = self.encode(lines), self._phrase_ids(constraints)
+        return [self._constraint_error(line, phrase_ids, self.output_limit(len(src), opts),
+                                       len(src), opts)
+                for src, line in zip(sources, constraints, strict=True)]
+
+    def _constraint_error(self, line: list[tuple[str, ...]], ids: dict[str, list[int]],
+                          limit: int, src_len: int, opts: SearchOptions) -> str:
+        if len(line) > MAX_CONSTRAINTS:
+            return f"{len(line)} constraints; a line may have at most {MAX_CONSTRAINTS}"
+        for phrases in line:
+            usable = [ids[p] for p in phrases if ids[p]]
+            if not usable:
+                return (f"the constraint {phrases[0]!r} cannot be searched for: it has "
+                        f"characters the target vocabulary lacks, or none it keeps")
+            if min(map(len, usable)) > limit:
+                return (f"the constraint {phrases[0]!r} is {min(map(len, usable))} subwords, "
+                        f"longer than the line's output limit of {limit} (--max-len-a "
+                        f"{opts.max_len_a:g} x {src_len + 1} source subwords + --max-len-b "
+                        f"{opts.max_len_b})")
+        return ""
 
     def check_constraint_lines(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
                                opts: SearchOptions, first_line: int = 1) -> None:

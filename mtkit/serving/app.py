@@ -183,11 +183,12 @@ class Service:
 
     def constraints(self, body: TranslateRequest, lines: list[str], opts: SearchOptions
                     ) -> list[list[Constraint]] | None:
-        """Each sentence's constraints: the request's, and the glossary's for its
-        terms; None if none has any. 422 where they cannot be searched for."""
-        given = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
-        wanted = combine(given, [self.glossary.constraints(x) for x in lines]) \
-            if self.glossary is not None else given
+        """Each sentence's constraints: the request's, and the glossary's for its terms;
+        None if none has any. 422 where the request's own cannot be searched for; a
+        glossary's that cannot are left out of that sentence (logged)."""
+        own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+        wanted = combine(own, [self.glossary.constraints(x) for x in lines]) \
+            if self.glossary is not None else own
         if not any(wanted):
             return None
         try:
@@ -195,9 +196,14 @@ class Service:
         except OptionError as e:
             raise ServeError(422, str(e), "constraints") from None
         for i, why in enumerate(self.translator.constraint_errors(lines, wanted, opts)):
+            if why and own[i]:
+                mine = self.translator.constraint_errors([lines[i]], [own[i]], opts)[0]
+                if mine:
+                    raise ServeError(422, f"constraints.{i}: {mine}", f"constraints.{i}")
             if why:
-                raise ServeError(422, f"constraints.{i}: {why}", f"constraints.{i}")
-        return wanted
+                log.warning("sentence %d: the glossary's terms are left out: %s", i, why)
+                wanted[i] = own[i]
+        return wanted if any(wanted) else None
 
     def check_size(self, body: TranslateRequest) -> None:
         """413 for a request over the per-request limits."""

@@ -161,3 +161,18 @@ def test_constraints_with_alignments_and_too_many_constraints(best, files):
     refused, fine = (json.loads(x) for x in result.stdout.splitlines())
     assert refused["error"] == "constraints: 63 constraints; a line may have at most 62"
     assert "translation" in fine
+
+
+def test_a_bad_later_line_stops_before_anything_reaches_stdout(best, files):
+    (files / "c.tsv").write_text("Hund\n\n\n東京\n")  # the last: characters the model lacks
+    one_line_error(cli("translate", "-m", best, "-i", files / "src.en", "--constraints",
+                       files / "c.tsv"), "line 4: the constraint '東京' cannot be searched for")
+
+
+def test_a_glossary_term_that_cannot_fit_is_left_out_with_a_warning(best, files):
+    (files / "g.tsv").write_text("dog\t" + "Hund " * 60 + "\ngirl\tMädchen\n")
+    result = cli("translate", "-m", best, "-i", files / "src.en", "--glossary", files / "g.tsv")
+    assert result.exit_code == 0, result.output
+    out = result.stdout.splitlines()
+    assert len(out) == 4 and occurs("Mädchen", out[3])
+    assert "line 1: the glossary's terms are left out" in result.stderr

@@ -155,3 +155,22 @@ def test_a_completed_phrase_is_not_continued_inside_its_word():
                                     inside_word=inside)
     assert whole[0][0].tokens == [B]
     assert whole[0][0].log_prob == pytest.approx(math.log(0.06))
+
+
+def test_phrases_that_overlap_are_met_by_one_output_through_the_failure_links():
+    loop = Scripted({p: {A: 0.4, B: 0.3, C: 0.2, EOS: 0.1}
+                     for p in _prefixes([A, B, C], 4)}, max_positions=16)
+    for beam in (2, 3, 4):  # "A B C" meets "A B" and "B C" in 3 tokens: the only way
+        hyps = constrained_beam_search(loop, SRC, [[[[A, B]], [[B, C]]]], beam=beam,
+                                       lenpen=0.0, max_len_a=0.0, max_len_b=3)
+        assert hyps[0][0].tokens == [A, B, C]
+
+
+def test_a_phrase_may_continue_a_completed_one_inside_its_word():
+    # "B" and "B C" (C continues a word): after B, C stays allowed, as it advances "B C"
+    table = {(): {B: 0.6, A: 0.4}, (B,): {C: 0.9, EOS: 0.1}, (B, C): {EOS: 1.0}}
+    inside = torch.zeros(8, dtype=torch.bool)
+    inside[C] = True
+    hyps = constrained_beam_search(Scripted(table), SRC, [[[[B]], [[B, C]]]], beam=3,
+                                   lenpen=0.0, max_len_a=0.0, max_len_b=2, inside_word=inside)
+    assert hyps[0][0].tokens == [B, C]
