@@ -10,9 +10,7 @@ dotted key and, for a typo, the nearest valid key:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -22,8 +20,8 @@ from typing import Any, Literal
 import yaml
 
 from mtkit.atomic import write_atomic
+from mtkit.configcheck import ConfigError, build_section, value_range
 from mtkit.decoding import OPTIONS
-from mtkit.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -32,21 +30,11 @@ log = logging.getLogger(__name__)
 _read_configs: list[Path] = []
 
 
-class ConfigError(UserError, ValueError):
-    """A user mistake in a config file or a `--set` override (one line)."""
-
-    label = "config error: "
-
-
-def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
-    """Field metadata: the allowed closed range [lo, hi] (or (lo, hi] with lo_open)."""
-    return {"lo": lo, "hi": hi, "lo_open": lo_open}
-
-
 def _option(name: str):
     """A `decode:` field: the decoding option's default and range (`OPTIONS`)."""
     option = OPTIONS[name]
-    return field(default=option.default, metadata=_range(option.low, option.high, option.above))
+    return field(default=option.default,
+                 metadata=value_range(option.low, option.high, option.above))
 
 
 @dataclass(frozen=True)
@@ -67,7 +55,7 @@ class CorpusConfig:
     split: str = "train"
     src_col: str = "src"
     tgt_col: str = "tgt"
-    weight: int = field(default=1, metadata=_range(1, 1000))
+    weight: int = field(default=1, metadata=value_range(1, 1000))
 
     @property
     def given(self) -> bool:
@@ -85,12 +73,12 @@ class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
     # Cleaning (train only, except that empty pairs are dropped everywhere).
-    max_len: int = field(default=256, metadata=_range(1))  # subword tokens per side
-    min_len: int = field(default=1, metadata=_range(1))
-    max_len_ratio: float = field(default=3.0, metadata=_range(1.0))  # 0 would mean no limit
+    max_len: int = field(default=256, metadata=value_range(1))  # subword tokens per side
+    min_len: int = field(default=1, metadata=value_range(1))
+    max_len_ratio: float = field(default=3.0, metadata=value_range(1.0))  # 0 would mean no limit
     dedup: bool = False
-    workers: int = field(default=2, metadata=_range(1, 256))  # encoding processes
-    loader_workers: int = field(default=1, metadata=_range(0, 64))  # DataLoader workers
+    workers: int = field(default=2, metadata=value_range(1, 256))  # encoding processes
+    loader_workers: int = field(default=1, metadata=value_range(0, 64))  # DataLoader workers
 
     def corpora(self, split: str) -> Corpora:
         """The corpora given for `split` (empty when the split is not set)."""
@@ -100,22 +88,25 @@ class DataConfig:
 @dataclass(frozen=True)
 class TokenizerConfig:
     model_type: Literal["bpe", "unigram"] = "bpe"
-    vocab_size: int = field(default=8000, metadata=_range(8))
+    vocab_size: int = field(default=8000, metadata=value_range(8))
     joint: bool = True  # one model for both languages; False trains spm.src / spm.tgt
-    character_coverage: float = field(default=1.0, metadata=_range(0.9, 1.0))
-    input_sentence_size: int = field(default=2_000_000, metadata=_range(0))  # 0 = all
-    seed: int = field(default=1, metadata=_range(0))
+    character_coverage: float = field(default=1.0, metadata=value_range(0.9, 1.0))
+    input_sentence_size: int = field(default=2_000_000, metadata=value_range(0))  # 0 = all
+    seed: int = field(default=1, metadata=value_range(0))
+    # `tokenizer.from: CKPT` (YAML key "from"): use that checkpoint's tokenizers and ids
+    # instead of training new ones (fine-tuning); "" trains them.
+    from_: str = ""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    encoder_layers: int = field(default=6, metadata=_range(1, 64))
-    decoder_layers: int = field(default=6, metadata=_range(1, 64))
-    d_model: int = field(default=512, metadata=_range(2))
-    heads: int = field(default=8, metadata=_range(1))
-    ffn_dim: int = field(default=2048, metadata=_range(1))
-    dropout: float = field(default=0.1, metadata=_range(0.0, 0.9))
-    attention_dropout: float = field(default=0.0, metadata=_range(0.0, 0.9))
+    encoder_layers: int = field(default=6, metadata=value_range(1, 64))
+    decoder_layers: int = field(default=6, metadata=value_range(1, 64))
+    d_model: int = field(default=512, metadata=value_range(2))
+    heads: int = field(default=8, metadata=value_range(1))
+    ffn_dim: int = field(default=2048, metadata=value_range(1))
+    dropout: float = field(default=0.1, metadata=value_range(0.0, 0.9))
+    attention_dropout: float = field(default=0.0, metadata=value_range(0.0, 0.9))
     # The paper's ReLU; GELU; or SiLU ("swish", x * sigmoid(x): Marian / OPUS-MT's).
     activation: Literal["relu", "gelu", "swish"] = "relu"
     # The paper applies LayerNorm after each residual ("post"); "pre" is the common,
@@ -125,7 +116,7 @@ class ModelConfig:
     # "sinusoidal_split": sines in the first half of the dimensions, cosines in the second
     # (Marian's layout, for imported models).
     positions: Literal["sinusoidal", "learned", "sinusoidal_split"] = "sinusoidal"
-    max_positions: int = field(default=1024, metadata=_range(8))
+    max_positions: int = field(default=1024, metadata=value_range(8))
     share_embeddings: bool = True  # one embedding for source, target and output
     # A fixed bias added to the output logits (Marian's final_logits_bias, not trained);
     # only imported models have one unless a config asks for it.
@@ -134,28 +125,34 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_tokens: int = field(default=4096, metadata=_range(16))
-    update_freq: int = field(default=1, metadata=_range(1))
-    lr: float = field(default=7e-4, metadata=_range(0.0, 10.0, lo_open=True))
-    warmup_steps: int = field(default=4000, metadata=_range(0))
-    label_smoothing: float = field(default=0.1, metadata=_range(0.0, 0.99))
-    weight_decay: float = field(default=0.0, metadata=_range(0.0))
-    clip_norm: float = field(default=1.0, metadata=_range(0.0))  # 0 = no clipping
-    max_steps: int = field(default=0, metadata=_range(0))
-    max_epochs: int = field(default=0, metadata=_range(0))
-    max_time: float = field(default=0, metadata=_range(0))  # seconds
-    valid_every: int = field(default=500, metadata=_range(1))
-    save_every: int = field(default=0, metadata=_range(0))  # 0 = at each validation only
-    patience: int = field(default=10, metadata=_range(0))  # 0 = never stop early
-    keep_last: int = field(default=5, metadata=_range(0))
-    average_last: int = field(default=0, metadata=_range(0))  # `mtkit run` averages these
-    seed: int = field(default=1, metadata=_range(0))
+    max_tokens: int = field(default=4096, metadata=value_range(16))
+    update_freq: int = field(default=1, metadata=value_range(1))
+    lr: float = field(default=7e-4, metadata=value_range(0.0, 10.0, lo_open=True))
+    warmup_steps: int = field(default=4000, metadata=value_range(0))
+    label_smoothing: float = field(default=0.1, metadata=value_range(0.0, 0.99))
+    weight_decay: float = field(default=0.0, metadata=value_range(0.0))
+    clip_norm: float = field(default=1.0, metadata=value_range(0.0))  # 0 = no clipping
+    max_steps: int = field(default=0, metadata=value_range(0))
+    max_epochs: int = field(default=0, metadata=value_range(0))
+    max_time: float = field(default=0, metadata=value_range(0))  # seconds
+    valid_every: int = field(default=500, metadata=value_range(1))
+    save_every: int = field(default=0, metadata=value_range(0))  # 0 = at each validation only
+    patience: int = field(default=10, metadata=value_range(0))  # 0 = never stop early
+    keep_last: int = field(default=5, metadata=value_range(0))
+    average_last: int = field(default=0, metadata=value_range(0))  # `mtkit run` averages these
+    seed: int = field(default=1, metadata=value_range(0))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
     # model's shapes in the run's precision, at the first start (`mtkit.kernels`).
     attention: Literal["auto", "sdpa", "matmul"] = "auto"
-    log_every: int = field(default=100, metadata=_range(1))
+    log_every: int = field(default=100, metadata=value_range(1))
+    # Start from a checkpoint's weights (and its model section; dropout stays this
+    # config's), with a fresh optimizer and schedule: fine-tuning. "": random weights.
+    init_from: str = ""
+    # Parameters not trained: the embeddings (and so the tied output projection), the
+    # encoder, or both (small data).
+    freeze: Literal["none", "embeddings", "encoder", "embeddings+encoder"] = "none"
     tensorboard: bool = False  # also write RUN/tensorboard/ (pip install 'mtkit[tensorboard]')
 
 
@@ -192,116 +189,6 @@ class Config:
 # --- building from plain data -------------------------------------------------------
 
 
-def _field_types(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _describe(tp) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
-
-
-def _convert(value: Any, tp, key: str, where: str) -> Any:
-    """Check (and for numbers, widen) one leaf value against its annotated type."""
-    bad = ConfigError(f"{where}{key} must be {_describe(tp)}, got {value!r}")
-    if typing.get_origin(tp) is Literal:
-        if value not in typing.get_args(tp):
-            raise bad
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return value
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if not isinstance(value, (int, float)):
-            raise bad
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}{key} must be a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str):
-            raise bad
-        return value
-    raise TypeError(f"unsupported config type {tp}")  # a bug in this module
-
-
-def _check_range(value, meta, key: str, where: str) -> None:
-    lo, hi, lo_open = meta.get("lo"), meta.get("hi"), meta.get("lo_open", False)
-    if lo is None and hi is None:
-        return
-    too_low = lo is not None and (value <= lo if lo_open else value < lo)
-    too_high = hi is not None and value > hi
-    if too_low or too_high:
-        left = "(" if lo_open else "["
-        span = f"{left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-        raise ConfigError(f"{where}{key} must be in {span}, got {value!r}")
-
-
-def _build(cls, data: Any, prefix: str, where: str):
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}{prefix.rstrip('.') or 'config'} must be a mapping, "
-                          f"got {data!r}")
-    types_ = _field_types(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{prefix}{name}"
-        if name not in fields:
-            valid = [f"{prefix}{n}" for n in fields]
-            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
-            hint = (f"did you mean {prefix}{close[0]}?" if close
-                    else "valid keys: " + ", ".join(valid))
-            raise ConfigError(f"{where}{key} is not a key; {hint}")
-        tp = types_[name]
-        if typing.get_origin(tp) is tuple:  # a list of corpora (or one mapping)
-            kwargs[name] = _build_list(typing.get_args(tp)[0], value, fields[name].default[0],
-                                       key, where)
-        elif dataclasses.is_dataclass(tp):
-            default = fields[name].default
-            base = dataclasses.asdict(default) if default is not dataclasses.MISSING else {}
-            if value is not None and not isinstance(value, dict):
-                raise ConfigError(f"{where}{key} must be a mapping, got {value!r}")
-            kwargs[name] = _build(tp, {**base, **(value or {})}, key + ".", where)
-        else:
-            converted = _convert(value, tp, key, where)
-            _check_range(converted, fields[name].metadata, key, where)
-            kwargs[name] = converted
-    return cls(**kwargs)
-
-
-def _build_list(cls, value: Any, default, key: str, where: str) -> tuple:
-    """A tuple of `cls` from one mapping or a list of mappings; each starts from `default`."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]  # tuple: a default
-    if not items:
-        raise ConfigError(f"{where}{key} is an empty list; give at least one corpus")
-    base = dataclasses.asdict(default)
-    out = []
-    for i, item in enumerate(items):
-        item_key = f"{key}.{i}" if len(items) > 1 else key
-        if item is not None and not isinstance(item, dict):
-            raise ConfigError(f"{where}{item_key} must be a mapping, got {item!r}")
-        out.append(_build(cls, {**base, **(item or {})}, item_key + ".", where))
-    return tuple(out)
-
-
 def _check_consistency(cfg: Config, where: str) -> None:
     m = cfg.model
     if m.d_model % m.heads:
@@ -311,7 +198,7 @@ def _check_consistency(cfg: Config, where: str) -> None:
         raise ConfigError(f"{where}model.max_positions ({m.max_positions}) must be at least "
                           f"data.max_len + 2 ({cfg.data.max_len + 2}): a pair's longest side "
                           f"plus bos/eos must fit the model's positions")
-    if m.share_embeddings and not cfg.tokenizer.joint:
+    if m.share_embeddings and not cfg.tokenizer.joint and not cfg.tokenizer.from_:
         raise ConfigError(f"{where}model.share_embeddings needs tokenizer.joint: true")
     if cfg.train.average_last > cfg.train.keep_last:
         raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
@@ -335,7 +222,7 @@ def _check_consistency(cfg: Config, where: str) -> None:
 def config_from_dict(data: dict, where: str = "") -> Config:
     """Build and validate a `Config`; `where` prefixes every error (e.g. the file name)."""
     prefix = f"{where}: " if where else ""
-    cfg = _build(Config, data, "", prefix)
+    cfg = build_section(Config, data, "", prefix)
     _check_consistency(cfg, prefix)
     return cfg
 
@@ -343,6 +230,7 @@ def config_from_dict(data: dict, where: str = "") -> Config:
 def config_to_dict(cfg: Config) -> dict:
     """Plain data for YAML: a split of one corpus is a mapping, of several a list."""
     out = dataclasses.asdict(cfg)
+    out["tokenizer"]["from"] = out["tokenizer"].pop("from_")
     for split in ("train", "valid", "test"):
         corpora = out["data"][split]
         out["data"][split] = corpora[0] if len(corpora) == 1 else list(corpora)

@@ -145,9 +145,10 @@ class WordCache:
 class _Encoder:
     """Cleans and encodes chunks; lives in each worker process (built there once)."""
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes, dtype: str):
-        src_vocab = Vocab(src_proto)
-        tgt_vocab = src_vocab if tgt_proto == src_proto else Vocab(tgt_proto)
+    def __init__(self, src: tuple[bytes, list[str] | None], tgt: tuple[bytes, list[str] | None],
+                 dtype: str):
+        src_vocab = Vocab(*src)
+        tgt_vocab = src_vocab if tgt == src else Vocab(*tgt)
         self.src = WordCache(src_vocab, np.dtype(dtype))
         self.tgt = self.src if tgt_vocab is src_vocab else WordCache(tgt_vocab, np.dtype(dtype))
 
@@ -298,7 +299,8 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
     progress = ProgressLog(total)
     manifests = {}
     with (atomic_dir(run / "data") as out,
-          EncoderPool((src_vocab.model_proto, tgt_vocab.model_proto, dtype), workers) as pool):
+          EncoderPool(((src_vocab.model_proto, src_vocab.pieces),
+                       (tgt_vocab.model_proto, tgt_vocab.pieces), dtype), workers) as pool):
         for split, corpora in splits.items():
             start = time.perf_counter()
             train = split == "train"

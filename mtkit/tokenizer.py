@@ -4,6 +4,7 @@ mtkit's fixed special ids (`mtkit.vocab`), write RUN/spm.model."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from mtkit.config import Config, TokenizerConfig, save_config
 from mtkit.data.sources import Corpus, DataError, clean, open_split
 from mtkit.errors import UserError, plural
 from mtkit.rundir import run_lock
-from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, vocab_paths
+from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, entry_vocabs, pieces_path, vocab_paths
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ def build_tokenizer(cfg: Config) -> list[Path]:
     corpus never sits whole in memory), train, write RUN/spm.model (or spm.src/spm.tgt)
     and RUN/config.yaml. A joint model samples `input_sentence_size` sentences as half
     as many pairs; separate models take that many pairs, one side each."""
+    if cfg.tokenizer.from_:
+        return copy_tokenizers(cfg)
     if not cfg.data.corpora("train"):
         raise DataError("data.train is not set")
     run = cfg.run_path
@@ -123,3 +126,30 @@ def build_tokenizer(cfg: Config) -> list[Path]:
         paths = train_tokenizer(src, tgt, tc, run)
         save_config(cfg, run / "config.yaml")
     return paths
+
+
+def copy_tokenizers(cfg: Config) -> list[Path]:
+    """`tokenizer.from: CKPT`: the checkpoint's SentencePiece models, and their id tables
+    where its ids are a table's (an imported model), written where the run keeps its own
+    (RUN/spm.model, or spm.src/spm.tgt, with spm.*.pieces.json), and RUN/config.yaml."""
+    from mtkit.checkpoint import load_checkpoint
+
+    source = cfg.tokenizer.from_
+    src, tgt = entry_vocabs(load_checkpoint(source, mmap=True)["vocab"])
+    joint = src.same(tgt)
+    if joint != cfg.tokenizer.joint:
+        has = "one tokenizer" if joint else "a source and a target tokenizer"
+        raise TokenizerError(f"tokenizer.from: {source} has {has}; set tokenizer.joint: "
+                             f"{str(joint).lower()}")
+    run = cfg.run_path
+    with run_lock(run, "tokenizer"):
+        remove_leftovers(run, ("spm*", "config.yaml"))
+        paths = dict(zip(vocab_paths(run, joint), (src, tgt), strict=True))
+        for path, vocab in paths.items():
+            if vocab.pieces is not None:
+                write_atomic(pieces_path(path), json.dumps(vocab.pieces, ensure_ascii=False)
+                             .encode("utf-8"))
+            write_vocab_files(vocab.model_proto, path)
+            log.info("wrote %s (%d pieces) from %s", path, len(vocab), source)
+        save_config(cfg, run / "config.yaml")
+    return list(paths)

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtkit.checkpoint import CheckpointError, find_resumable
-from mtkit.config import Config, config_to_dict, save_config
+from mtkit.checkpoint import CheckpointError, describe_weights, find_resumable, load_checkpoint
+from mtkit.config import Config, config_from_dict, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
 from mtkit.device import (
@@ -38,7 +38,7 @@ from mtkit.kernels import AttentionShape, choose_attention
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
-from mtkit.vocab import Vocab, load_vocabs
+from mtkit.vocab import Vocab, entry_vocabs, load_vocabs
 
 log = logging.getLogger("mtkit.train")  # one stage: its lines read "mtkit.train"
 
@@ -95,6 +95,7 @@ class TrainState:
 def setup(cfg: Config, resume: bool) -> TrainState:
     """Check the run's data, build the model and optimizer, resume from the newest intact
     checkpoint when asked, and open the batch stream at the saved position."""
+    cfg = init_model_config(cfg)
     tc, run = cfg.train, cfg.run_path
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = resolve_device(tc.device)
@@ -118,6 +119,9 @@ def setup(cfg: Config, resume: bool) -> TrainState:
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
+    if tc.init_from and found is None:
+        _init_weights(tc.init_from, model, vocabs)
+    freeze(model, tc.freeze)
     model.use_attention(precision["attention"]["kernel"])
     optimizer = adamw(model, tc, device)
     metrics = _open_metrics(cfg, rank)
@@ -241,6 +245,39 @@ def run_attention(cfg: Config, device: torch.device, dtype: torch.dtype | None,
         dist.broadcast(flag, 0)
         record["kernel"] = "matmul" if flag.item() else "sdpa"
     return record
+
+
+def init_model_config(cfg: Config) -> Config:
+    """With `train.init_from`, the run's model section is the checkpoint's, but for the
+    dropout rates (training settings: this config's)."""
+    if not cfg.train.init_from:
+        return cfg
+    theirs = config_from_dict(load_checkpoint(cfg.train.init_from, mmap=True)["config"],
+                              cfg.train.init_from).model
+    return replace(cfg, model=replace(theirs, dropout=cfg.model.dropout,
+                                      attention_dropout=cfg.model.attention_dropout))
+
+
+def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
+    """`train.init_from`: the checkpoint's weights, which need the run's tokenizers."""
+    payload = load_checkpoint(path, mmap=True)
+    theirs = entry_vocabs(payload["vocab"])
+    if not (theirs[0].same(vocabs[0]) and theirs[1].same(vocabs[1])):
+        raise TrainError(f"train.init_from: {path} has other tokenizers than the run's; set "
+                         f"tokenizer.from: {path}, then run mtkit tokenizer and preprocess "
+                         f"again")
+    model.load_state_dict(payload["model"])
+    log.info("starting from the weights of %s (%s)", path, describe_weights(payload))
+
+
+def freeze(model: Transformer, what: str) -> None:
+    """`train.freeze`: no gradients for the embeddings (and so the tied output
+    projection), the encoder, or both."""
+    parts = {"embeddings": (model.src_embed, model.tgt_embed),
+             "encoder": (model.encoder_layers, model.encoder_norm)}
+    for name in () if what == "none" else what.split("+"):
+        for module in parts[name]:
+            module.requires_grad_(False)
 
 
 def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,

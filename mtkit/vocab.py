@@ -3,6 +3,7 @@ where a run keeps its models. Every layer that handles ids takes them from here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +40,10 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str | Path) -> Vocab:
-        return cls(Path(path).read_bytes())
+        """RUN/spm.model, with its id table RUN/spm.pieces.json where it has one."""
+        table = pieces_path(Path(path))
+        pieces = json.loads(table.read_text(encoding="utf-8")) if table.is_file() else None
+        return cls(Path(path).read_bytes(), pieces)
 
     def __len__(self) -> int:
         return self._sp.get_piece_size() if self.pieces is None else len(self.pieces)
@@ -94,6 +98,12 @@ def entry_vocabs(entry: dict) -> tuple[Vocab, Vocab]:
     src = Vocab(entry["src"], entry.get("src_pieces"))
     same = entry["tgt"] == entry["src"] and entry.get("tgt_pieces") == entry.get("src_pieces")
     return src, (src if same else Vocab(entry["tgt"], entry.get("tgt_pieces")))
+
+
+def pieces_path(model_path: Path) -> Path:
+    """Where a run keeps the id table of a SentencePiece model whose ids are a table's
+    (`tokenizer.from` an imported model): spm.model -> spm.pieces.json."""
+    return model_path.with_suffix(".pieces.json")
 
 
 def vocab_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:

@@ -37,8 +37,13 @@ RERUN = "rerun `mtkit preprocess`"
 
 
 def tokenizer_digests(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, str]:
-    """SHA-256 of the SentencePiece model(s) that ids were encoded with."""
-    return {"src": bytes_sha256(src_vocab.model_proto), "tgt": bytes_sha256(tgt_vocab.model_proto)}
+    """SHA-256 of the SentencePiece model(s) that ids were encoded with (and of the id
+    table, for a vocabulary that has one)."""
+    def digest(vocab: Vocab) -> str:
+        table = b"" if vocab.pieces is None else "\n".join(vocab.pieces).encode("utf-8")
+        return bytes_sha256(vocab.model_proto + table)
+
+    return {"src": digest(src_vocab), "tgt": digest(tgt_vocab)}
 
 
 def ids_dtype(vocab_size: int) -> np.dtype:

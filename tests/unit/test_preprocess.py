@@ -92,7 +92,7 @@ def vocab(tmp_path_factory):
 
 def write_split(folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=False, chunk=None,
                 workers=1):
-    pool_args = ((vocab.model_proto, vocab.model_proto, "uint16"), workers)
+    pool_args = (((vocab.model_proto, None), (vocab.model_proto, None), "uint16"), workers)
     writer = ShardWriter(folder, len(vocab), texts=not train)
     seen = SeenHashes() if dedup else None
     with EncoderPool(*pool_args) as pool:
@@ -156,7 +156,7 @@ class _DiesWhenUnpickled:
 def test_a_worker_that_dies_is_one_error_not_a_hang(vocab):
     from mtkit.preprocess import EncodingError
 
-    with EncoderPool(((vocab.model_proto, vocab.model_proto, "uint16")), 2) as pool:
+    with EncoderPool(((vocab.model_proto, None), (vocab.model_proto, None), "uint16"), 2) as pool:
         chunks = iter([(["A dog."], ["Ein Hund."]), _DiesWhenUnpickled()])
         with pytest.raises(EncodingError, match=r"an encoding worker process died"):
             list(pool.encode(chunks, hashes=False, texts=False))
@@ -178,7 +178,7 @@ def test_weights_repeat_a_corpus_and_the_manifest_counts_each(tmp_path, vocab):
 
 
 def test_the_encoder_writes_uint32_ids_when_asked(vocab):
-    encoder = _Encoder(vocab.model_proto, vocab.model_proto, "uint32")
+    encoder = _Encoder((vocab.model_proto, None), (vocab.model_proto, None), "uint32")
     chunk = encoder((["A dog runs.", ""], ["Ein Hund rennt.", "x"]), hashes=False, texts=False)
     assert chunk.src_ids.dtype == chunk.tgt_ids.dtype == np.uint32 and chunk.empty == 1
     assert chunk.src_ids.tolist() == vocab.encode(["A dog runs."])[0]
