@@ -4,6 +4,7 @@ where a run keeps its models. Every layer that handles ids takes them from here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import sentencepiece as spm
 from mtkit.errors import UserError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+TAG = re.compile(">>.*?<<")  # a Marian target-language tag at a line's start
 
 
 class VocabError(UserError, ValueError):
@@ -52,8 +54,13 @@ class Vocab:
         """Sentences -> subword ids, without bos/eos (the batch adds those)."""
         if self.pieces is None:
             return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
-        return [[self._ids.get(p, UNK) for p in line]
-                for line in self._sp.encode(list(texts), out_type=str, num_threads=num_threads)]
+        # A table's leading target-language tag (OPUS-MT's ">>fra<<") is one piece, the
+        # rest of the line is segmented without it, as Marian's tokenizer does.
+        tags = [TAG.match(t) for t in texts]
+        rest = [t[m.end():] if m else t for t, m in zip(texts, tags, strict=True)]
+        lines = self._sp.encode(rest, out_type=str, num_threads=num_threads)
+        return [([self._ids.get(m.group(0), UNK)] if m else []) +
+                [self._ids.get(p, UNK) for p in line] for m, line in zip(tags, lines, strict=True)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> detokenized text; special ids are dropped, decoding stops at eos."""

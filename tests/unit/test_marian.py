@@ -6,6 +6,7 @@ Nothing is downloaded; `transformers` is a test (and benchmark) dependency only.
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -56,3 +57,25 @@ def test_what_mtkit_cannot_import_is_one_line(tmp_path):
     with pytest.raises(MarianImportError, match="not a model folder"):
         import_marian(tmp_path / "nowhere", tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_target_language_tag_is_one_piece_as_marians_tokenizer_makes_it(tmp_path):
+    import transformers
+
+    from mtkit.marian import id_table
+    from mtkit.vocab import Vocab
+
+    folder = marian_folder(tmp_path / "marian")
+    table = json.loads((folder / "vocab.json").read_text())
+    for tag in (">>fra<<", ">>deu<<"):
+        table[tag] = len(table)  # as multilingual OPUS-MT models list their tags
+    (folder / "vocab.json").write_text(json.dumps(table, ensure_ascii=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = transformers.MarianTokenizer.from_pretrained(folder)
+    pieces, _ = id_table(table, {"eos": 0, "pad": table["<pad>"]}, folder / "vocab.json")
+    vocab = Vocab((folder / "source.spm").read_bytes(), pieces)
+    for text in (">>fra<< A dog runs.", "A dog runs.", ">>deu<< Two men >>fra<< talk."):
+        ours = [vocab.piece(i) for i in vocab.encode([text])[0]]
+        assert ours == tok.convert_ids_to_tokens(tok(text)["input_ids"])[:-1]  # no </s>
+    assert vocab.encode([">>fra<< A dog."])[0][0] == pieces.index(">>fra<<")
