@@ -45,23 +45,35 @@ def average(
 def export(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write.")],
-    to: Annotated[str, typer.Option(help="Format: ctranslate2.")] = "ctranslate2",
+    to: Annotated[str, typer.Option(
+        help="Format: ctranslate2 (mtkit translate -m DIR runs it) or huggingface "
+             "(transformers' MarianMTModel and MarianTokenizer load it).")] = "ctranslate2",
     quantization: Annotated[str, typer.Option(
         help="float32, int8, int8_float32, int8_float16, int8_bfloat16, bfloat16 or "
-             "float16 (what this machine can run).")] = "float32",
-    force: Annotated[bool, typer.Option(help="Replace a non-empty output folder.")] = False,
+             "float16 (what this machine can run; ctranslate2 only).")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace a previous export there.")] = False,
 ) -> None:
-    """Export a checkpoint to a self-contained CTranslate2 folder for deployment.
+    """Export a checkpoint to a self-contained CTranslate2 or Hugging Face folder.
 
-    The folder holds the weights, the SentencePiece models and the decoding defaults;
-    `mtkit translate -m DIR` runs it."""
-    from mtkit.export.ct2 import export_ctranslate2
-
+    CTranslate2: the weights, the SentencePiece models and the decoding defaults;
+    `mtkit translate -m DIR` runs it. Hugging Face: a Marian model in the Hugging Face
+    layout (post-norm models with positions sinusoidal_split, as imported ones are)."""
     with reported():
-        if to != "ctranslate2":
-            raise OptionError(f"--to must be ctranslate2, got {to!r}")
-        export_ctranslate2(model, output, quantization, force)
-    typer.echo(f"exported {model} to {output} ({quantization})", err=True)
+        if to == "ctranslate2":
+            from mtkit.export.ct2 import export_ctranslate2
+
+            export_ctranslate2(model, output, quantization, force)
+        elif to == "huggingface":
+            from mtkit.export.huggingface import export_huggingface
+
+            if quantization != "float32":
+                raise OptionError(f"--quantization {quantization} is for --to ctranslate2; "
+                                  f"a Hugging Face export is float32")
+            export_huggingface(model, output, force)
+        else:
+            raise OptionError(f"--to must be ctranslate2 or huggingface, got {to!r}")
+    typer.echo(f"exported {model} to {output} ({quantization if to == 'ctranslate2' else to})",
+               err=True)
 
 
 @app.command(name="import")

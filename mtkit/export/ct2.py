@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,11 +52,14 @@ def check_quantization(quantization: str, device: str = "cpu") -> None:
 
 
 def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
-                  force: bool = False) -> Path:
+                  force: bool = False, files: frozenset[str] = EXPORT_FILES,
+                  not_export: Callable[[Path], str | None] | None = None) -> Path:
     """The folder that exporting `checkpoint` to `-o output` may (re)place: `output` with
     its symbolic links resolved. Refused in one line: a file, `-`, the current folder or
     a folder above it, a folder that holds the checkpoint, and a non-empty folder unless
-    `force` is given and it is a previous export that holds nothing else."""
+    `force` is given and it is a previous export that holds nothing else. An export's
+    names (`files`) and `not_export(folder)`, why a folder is no previous export (None:
+    it is one), are CTranslate2's unless given (`mtkit.export.huggingface` gives its own)."""
     if str(output) == "-":
         raise ExportError("-o -: an export is a folder, not a stream; name a folder")
     target = Path(os.path.realpath(output))
@@ -73,16 +77,23 @@ def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
     if not force:
         raise ExportError(f"{output} exists and is not empty; add --force to replace it")
     foreign = sorted((p.name for p in target.iterdir()
-                      if p.name not in EXPORT_FILES or p.is_symlink() or not p.is_file()),
+                      if p.name not in files or p.is_symlink() or not p.is_file()),
                      key=lambda name: (name.startswith("."), name))
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise ExportError(f"{output} holds {foreign[0]}{more}, which an export does not; "
                           f"--force replaces only a previous export")
-    if not looks_exported(target) or _manifest_format(target) != FORMAT:
-        raise ExportError(f"{output} is not an mtkit export (no readable {MANIFEST} and "
-                          f"model.bin); --force replaces only a previous export")
+    why = (not_export or _not_ct2_export)(target)
+    if why is not None:
+        raise ExportError(f"{output} is not an mtkit export ({why}); --force replaces "
+                          f"only a previous export")
     return target
+
+
+def _not_ct2_export(folder: Path) -> str | None:
+    if looks_exported(folder) and _manifest_format(folder) == FORMAT:
+        return None
+    return f"no readable {MANIFEST} and model.bin"
 
 
 def _manifest_format(folder: Path) -> object:
