@@ -181,15 +181,16 @@ def id_table(vocab: dict, ids: dict[str, int], path: Path) -> tuple[list[str], l
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict, without running code: safetensors, or torch.load(weights_only)."""
+    """The state dict, without running code: safetensors, or torch.load with
+    weights_only=True (pytorch_model.bin)."""
     try:
         if (folder / "model.safetensors").is_file():
             from safetensors.torch import load_file
 
             return load_file(folder / "model.safetensors")
         if (folder / "pytorch_model.bin").is_file():
-            return torch.load(folder / "pytorch_model.bin", map_location="cpu",
-                              weights_only=True)
+            weights = folder / "pytorch_model.bin"
+            return torch.load(weights, map_location="cpu", weights_only=True)
     except ImportError:
         raise MarianImportError("model.safetensors needs safetensors: pip install "
                                 "'mtkit[hf]'") from None

@@ -79,3 +79,17 @@ def test_a_target_language_tag_is_one_piece_as_marians_tokenizer_makes_it(tmp_pa
         ours = [vocab.piece(i) for i in vocab.encode([text])[0]]
         assert ours == tok.convert_ids_to_tokens(tok(text)["input_ids"])[:-1]  # no </s>
     assert vocab.encode([">>fra<< A dog."])[0][0] == pieces.index(">>fra<<")
+
+
+def test_a_pytorch_model_bin_imports_as_the_safetensors_file_does(tmp_path):
+    from safetensors.torch import load_file
+
+    folder = marian_folder(tmp_path / "marian")
+    first = load_checkpoint(import_marian(folder, tmp_path / "a.pt"))["model"]
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    import torch
+
+    torch.save(weights, folder / "pytorch_model.bin")
+    second = load_checkpoint(import_marian(folder, tmp_path / "b.pt"))["model"]
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
