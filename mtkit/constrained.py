@@ -239,8 +239,9 @@ class BankedCandidates:
         """Forbid (in place) tokens inside a word right after a completed phrase, but
         those that advance another phrase, and on rows that have one token left (a
         target prefix's)."""
-        rows = (self.closed & (torch.isfinite(lprobs).sum(dim=1) > 1)).nonzero().squeeze(1)
-        kept = lprobs[rows[:, None], self.advancing[rows].clamp(min=0)]  # (r, E)
+        rows = self.closed.nonzero().squeeze(1)  # (r,)
+        rows = rows[torch.isfinite(lprobs[rows]).sum(dim=1) > 1]  # (r',): not forced
+        kept = lprobs[rows[:, None], self.advancing[rows].clamp(min=0)]  # (r', E)
         lprobs[rows[:, None], self.inside_word] = float("-inf")
         adv = self.advancing[rows]
         lprobs[rows[:, None], adv.clamp(min=0)] = torch.where(
