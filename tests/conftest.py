@@ -150,3 +150,21 @@ def tiny_engine():
                       dropout=0.0, max_positions=24)
     model = build_model(cfg, len(vocab), len(vocab)).eval()
     return TorchEngine([model], vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
+
+
+def cli(*args, input: str | None = None):
+    """Run the `mtkit` command line in-process (Typer's CliRunner); args may be paths."""
+    from typer.testing import CliRunner
+
+    from mtkit.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+
+def one_line_error(result, says: str) -> None:
+    """What every refused command gives: exit 2, one line on stderr that says `says`,
+    no traceback, and nothing on stdout."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.output, lines
+    assert result.stdout == ""

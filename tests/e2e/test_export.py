@@ -8,23 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
 pytest.importorskip("ctranslate2")
-from mtkit.cli import app  # noqa: E402
+from conftest import cli, one_line_error  # noqa: E402
 
-runner = CliRunner()
 LINES = "A dog runs in the park.\n\nTwo men talk on a bench.\nA girl.\n"
 
 
-def cli(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def one_line_error(result, says: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.output, lines
 
 
 @pytest.fixture(scope="module")

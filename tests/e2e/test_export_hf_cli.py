@@ -7,26 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from hfmarian import LIMIT, generate, lines, marian_folder  # noqa: E402
 
 from mtkit.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from mtkit.cli import app  # noqa: E402
 
-runner = CliRunner()
-
-
-def cli(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def one_line_error(result, says: str) -> None:
-    assert result.exit_code == 2, result.output
-    got = result.stderr.strip().splitlines()
-    assert len(got) == 1 and says in got[0] and "Traceback" not in result.output, got
+from conftest import cli, one_line_error  # noqa: E402
 
 
 @pytest.fixture

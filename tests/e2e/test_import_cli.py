@@ -5,19 +5,12 @@ offline and not cached, and bad folders, are one line and exit 2, writing nothin
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from hfmarian import LIMIT, generate, lines, marian_folder  # noqa: E402
 
-from mtkit.cli import app  # noqa: E402
-
-runner = CliRunner()
-
-
-def cli(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
+from conftest import cli  # noqa: E402
 
 
 def test_import_translate_and_export_an_opus_mt_style_model(tmp_path):

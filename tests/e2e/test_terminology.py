@@ -9,25 +9,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from mtkit.cli import app
 from mtkit.terms import Glossary, occurs
 
-runner = CliRunner()
+from conftest import cli, one_line_error
+
 LINES = ["A dog runs in the park.", "", "Two men talk on a bench.", "A girl in red."]
 PHRASES = ["Hund\tPark", "", "Männer", ""]  # one line per input line
 
 
-def cli(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def one_line_error(result, says: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.output, lines
-    assert result.stdout == ""
 
 
 @pytest.fixture
