@@ -56,6 +56,10 @@ class CorpusConfig:
     src_col: str = "src"
     tgt_col: str = "tgt"
     weight: int = field(default=1, metadata=value_range(1, 1000))
+    # This corpus's languages ("": the data section's). Corpora into more than one
+    # target language make a multilingual run (`mtkit.languages`).
+    src_lang: str = ""
+    tgt_lang: str = ""
 
     @property
     def given(self) -> bool:

@@ -25,6 +25,7 @@ from mtkit.data.sources import line_count
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.languages import check_target
 from mtkit.terms import Glossary, combine
 from mtkit.vocab import Vocab
 
@@ -114,6 +115,13 @@ class Request:
     id: object = None
     error: str = ""
     constraints: tuple[tuple[str, ...], ...] = ()
+    tgt_lang: str | None = None  # jsonl: the language to translate into (multilingual)
+    tag: str = ""  # what the model reads before `src`: its target's tag, if multilingual
+
+    @property
+    def text(self) -> str:
+        """What the model translates: the tag, then the source."""
+        return self.tag + self.src
 
 
 def read_constraints_field(value: object) -> tuple[tuple[str, ...], ...]:
@@ -150,7 +158,8 @@ def parse_line(line: str, jsonl: bool) -> Request:
     except ValueError as e:
         return Request("", error=f"not a JSON object: {e}")
     if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
-            isinstance(record.get("prefix", ""), str):
+            isinstance(record.get("prefix", ""), str) or not isinstance(
+                record.get("tgt_lang", ""), str):
         got = record if not isinstance(record, dict) else sorted(record)
         return Request("", id=_echoed_id(record),
                        error=f'expected {{"src": text, "prefix"?: text, "constraints"?: '
@@ -167,7 +176,7 @@ def parse_line(line: str, jsonl: bool) -> Request:
     except ValueError as e:
         return Request("", id=record.get("id"), error=f"constraints: {e}")
     return Request(record["src"], record.get("prefix", ""), record.get("id"),
-                   constraints=constraints)
+                   constraints=constraints, tgt_lang=record.get("tgt_lang"))
 
 
 def read_json(text: str) -> object:
@@ -279,22 +288,24 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
                      prefixes: list[str] | None = None, *, output: OutputFormat = TEXT,
                      batch_tokens: int = BATCH_TOKENS,
                      constraints: list[list[tuple[str, ...]]] | None = None,
-                     glossary: Glossary | None = None) -> int:
+                     glossary: Glossary | None = None, tgt_lang: str | None = None) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
     In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
     and `constraints`: a target prefix and constraints for each input line (text
-    format); a `glossary` adds the constraints its source terms require. `done(n)` is
-    called as lines are finished (for a progress bar)."""
+    format); a `glossary` adds the constraints its source terms require. `tgt_lang`:
+    the language a multilingual model translates into (a jsonl record's own first).
+    `done(n)` is called as lines are finished (for a progress bar)."""
     count = 0
     for lines in read_chunks(source):
-        requests = [parse_line(x, output.kind == "jsonl") for x in lines]
+        requests = [_into(parse_line(x, output.kind == "jsonl"), translator, tgt_lang,
+                          output.kind == "jsonl") for x in lines]
         chunk_prefixes = [r.prefix for r in requests]
         if prefixes is not None:
             chunk_prefixes = prefixes[count : count + len(lines)]
         given = constraints[count : count + len(lines)] if constraints is not None else None
         requests, wanted = _searchable(translator, requests, given, glossary, opts, count,
                                        output.kind == "jsonl")
-        results = translator.translate([r.src for r in requests], opts, done,
+        results = translator.translate([r.text for r in requests], opts, done,
                                        chunk_prefixes if any(chunk_prefixes) else None,
                                        batch_tokens=batch_tokens, constraints=wanted)
         out = []
@@ -309,6 +320,24 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         sink.flush()
         count += len(lines)
     return count
+
+
+def _into(request: Request, translator: Translator, tgt_lang: str | None,
+          jsonl: bool) -> Request:
+    """The request with its source tagged for its target language (`languages.
+    check_target`: a multilingual model's tag, nothing for a bilingual one). A language
+    the model lacks, or none for a multilingual model, is the record's error in jsonl and
+    one line in text."""
+    if request.error or not request.src.strip():
+        return request
+    try:
+        prefix = check_target(translator.config.data, request.tgt_lang or tgt_lang,
+                              "tgt_lang" if jsonl and request.tgt_lang else "--tgt-lang")
+    except OptionError as e:
+        if not jsonl:
+            raise
+        return replace(request, src="", error=str(e))
+    return replace(request, tag=prefix) if prefix else request
 
 
 def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
@@ -337,10 +366,10 @@ def _searchable(translator: Translator, requests: list[Request],
     wanted = line_constraints(requests, given, glossary)
     if wanted is None:
         return requests, None
-    errors = translator.constraint_errors([r.src for r in requests], wanted, opts)
+    errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
     if own is not None and any(errors):
         bad = [i for i, why in enumerate(errors) if why]
-        mine = translator.constraint_errors([requests[i].src for i in bad],
+        mine = translator.constraint_errors([requests[i].text for i in bad],
                                             [own[i] for i in bad], opts)
         for i, why in zip(bad, mine, strict=True):
             if why and not jsonl:

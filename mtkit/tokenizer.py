@@ -16,6 +16,7 @@ from mtkit.atomic import remove_leftovers, write_atomic
 from mtkit.config import Config, TokenizerConfig, save_config
 from mtkit.data.sources import Corpus, DataError, clean, open_split
 from mtkit.errors import UserError, plural
+from mtkit.languages import tags
 from mtkit.rundir import run_lock
 from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, entry_vocabs, pieces_path, vocab_paths
 
@@ -26,9 +27,11 @@ class TokenizerError(UserError, ValueError):
     """The corpus cannot give the requested vocabulary (one line)."""
 
 
-def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes:
+def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig,
+                        symbols: Sequence[str] = ()) -> bytes:
     """Train one SentencePiece model on `sentences` (all of them: `sample_pairs` chooses
-    them); returns the serialized model."""
+    them); returns the serialized model. `symbols` (a multilingual run's `<2xx>` tags)
+    are user-defined pieces: never split, with the ids right after the fixed specials."""
     lines = [s for s in sentences if s]
     if not lines:
         raise TokenizerError("no text to train the tokenizer on")
@@ -41,6 +44,7 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig) -> bytes
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            **({"user_defined_symbols": list(symbols)} if symbols else {}),
             max_sentence_length=1 << 16,
             num_threads=2,
             minloglevel=2,
@@ -87,14 +91,15 @@ def write_vocab_files(model_proto: bytes, model_path: Path) -> None:
 
 
 def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig,
-                    run_dir: Path) -> list[Path]:
-    """Train the joint model (or one per side) and write it into the run directory."""
+                    run_dir: Path, tags: Sequence[str] = ()) -> list[Path]:
+    """Train the joint model (or one per side) and write it into the run directory; the
+    source side's model has a multilingual run's `tags` as pieces of their own."""
     src_path, tgt_path = vocab_paths(run_dir, cfg.joint)
     if cfg.joint:
-        jobs = [(src_path, list(src) + list(tgt))]
+        jobs = [(src_path, list(src) + list(tgt), tags)]
     else:
-        jobs = [(src_path, list(src)), (tgt_path, list(tgt))]
-    protos = [(path, train_sentencepiece(text, cfg)) for path, text in jobs]
+        jobs = [(src_path, list(src), tags), (tgt_path, list(tgt), ())]
+    protos = [(path, train_sentencepiece(text, cfg, symbols)) for path, text, symbols in jobs]
     for path, proto in protos:  # write only once every model trained
         write_vocab_files(proto, path)
         log.info("wrote %s (%d pieces)", path, len(Vocab(proto)))
@@ -123,7 +128,7 @@ def build_tokenizer(cfg: Config) -> list[Path]:
                             f"cleaning")
         log.debug("training the tokenizer on %d sampled pairs of %d", len(src),
                   sum(c.size for c in corpora))
-        paths = train_tokenizer(src, tgt, tc, run)
+        paths = train_tokenizer(src, tgt, tc, run, tags(cfg.data))
         save_config(cfg, run / "config.yaml")
     return paths
 

@@ -69,6 +69,9 @@ PrefixOpt = Annotated[Opt[Path], typer.Option(
 ConstraintsOpt = Annotated[Opt[Path], typer.Option(
     "--constraints", help="Target phrases each output must contain (anywhere, in any "
     "order): one line per input line, phrases separated by tabs; an empty line: none.")]
+TgtLangOpt = Annotated[Opt[str], typer.Option(
+    help="The language to translate into, for a multilingual model (its <2xx> tag goes "
+         "before each source line).")]
 GlossaryOpt = Annotated[Opt[Path], typer.Option(
     help="A 'source term<TAB>target term' TSV: a line whose source has a term (whole "
          "words, case as given) must contain its target term (several lines for one "
@@ -106,10 +109,12 @@ def translate(
     seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
     align_layer: AlignLayerOpt = None, precision: PrecisionOpt = None,
     constraints_file: ConstraintsOpt = None, glossary: GlossaryOpt = None,
+    tgt_lang: TgtLangOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
+    from mtkit.languages import check_target
     from mtkit.terms import read_constraints
     from mtkit.textio import OutputFormat
 
@@ -135,9 +140,11 @@ def translate(
             alignments=alignments, align_layer=align_layer)
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
+        if written.kind == "text":  # jsonl records may name their own
+            check_target(engine.config.data, tgt_lang)
         _translate_file(engine, input, output, opts, written,
                         _batch_tokens(engine, batch_tokens), prefixes, prefix_file,
-                        Lines(constraints, constraints_file, terms))
+                        Lines(constraints, constraints_file, terms, tgt_lang))
 
 
 def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | None],
@@ -161,11 +168,12 @@ def _check_constraints(engine: Translator, opts: SearchOptions, constraints: Pat
 
 class Lines(NamedTuple):
     """What comes with the input lines besides prefixes: constraints from a file (one
-    list per line) and the file's name, and a glossary."""
+    list per line) and the file's name, a glossary, and the language to translate into."""
 
     constraints: list | None = None
     constraints_file: Path | None = None
     glossary: object = None
+    tgt_lang: str | None = None  # --tgt-lang
 
 
 def _translate_file(engine: Translator, input: Path | None, output: Path | None,
@@ -190,7 +198,7 @@ def _translate_file(engine: Translator, input: Path | None, output: Path | None,
             check_constraint_lines(engine, source, extra.constraints, opts)
         translate_stream(engine, source, sink, opts, done, prefixes, output=written,
                          batch_tokens=batch_tokens, constraints=extra.constraints,
-                         glossary=extra.glossary)
+                         glossary=extra.glossary, tgt_lang=extra.tgt_lang)
 
 
 @app.command(name="eval")

@@ -15,6 +15,7 @@ cleaned pair (`pair_hashes`, `SeenHashes`), so dedup keeps 8 bytes per pair, not
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import hashlib
 import logging
@@ -33,6 +34,7 @@ import numpy as np
 from mtkit.atomic import reason, write_failure
 from mtkit.config import CorpusConfig, DataConfig
 from mtkit.errors import UserError, plural
+from mtkit.languages import direction, source_tag
 
 if TYPE_CHECKING:
     import datasets
@@ -358,8 +360,23 @@ def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
 
 
 def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> list[Corpus]:
-    """Every corpus of a split, opened (empty when the split is not set)."""
-    return [open_corpus(c, cfg.src_lang, cfg.tgt_lang, cache_dir) for c in cfg.corpora(split)]
+    """Every corpus of a split, opened (empty when the split is not set), each in its
+    own languages; in a multilingual run each source line starts with its target's tag
+    (`mtkit.languages`)."""
+    return [tagged(open_corpus(c, *direction(c, cfg), cache_dir), source_tag(c, cfg))
+            for c in cfg.corpora(split)]
+
+
+def tagged(corpus: Corpus, prefix: str) -> Corpus:
+    """The corpus with `prefix` before each source line ("": the corpus itself)."""
+    if not prefix:
+        return corpus
+
+    def read(size: int) -> Iterator[Chunk]:
+        for src, tgt in corpus.chunks(size):
+            yield [prefix + x if x else x for x in src], tgt
+
+    return dataclasses.replace(corpus, _read=read)
 
 
 # --- cleaning and exact-duplicate removal --------------------------------------------
