@@ -86,12 +86,18 @@ class Engine:
                        strict=True))
         return {p: [] if UNK in x else x for p, x in ids.items()}
 
-    def constraint_ids(self, constraints: list[list[tuple[str, ...]]]
-                       ) -> list[list[list[list[int]]]]:
-        """Each line's constraints as target ids (line -> constraint -> alternative ->
-        ids), without the phrases that cannot be searched for (`_phrase_ids`), and
-        without a constraint left with none (`constraint_errors` refuses those)."""
+    def constraint_ids(self, sources: list[list[int]], constraints: list[list[tuple[str, ...]]],
+                       opts: SearchOptions, numbers: list[int]) -> list[list[list[list[int]]]]:
+        """The constraints of lines already encoded (`sources`, from `prepare`) as target
+        ids (line -> constraint -> alternative -> ids), without the phrases that cannot be
+        searched for (`_phrase_ids`); first, one line for the first line whose
+        constraints cannot be (`constraint_errors`), named by its number in `numbers`."""
         ids = self._phrase_ids(constraints)
+        for src, line, number in zip(sources, constraints, numbers, strict=True):
+            why = self._constraint_error(line, ids, self.output_limit(len(src), opts),
+                                         len(src), opts)
+            if why:
+                raise OptionError(f"line {number}: {why}", "constraints")
         return [[alts for c in line if (alts := [ids[p] for p in c if ids[p]])]
                 for line in constraints]
 

@@ -115,10 +115,10 @@ class TorchEngine(Engine):
         constraints = constraints if constraints and any(constraints) else None
         if constraints:
             check_constraints(opts, self.capabilities)
-            self.check_constraint_lines(lines, constraints, opts)
         done = done or (lambda n: None)
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
-        wanted = self.constraint_ids([constraints[i] for i in todo]) if constraints else None
+        wanted = self.constraint_ids(ids, [constraints[i] for i in todo], opts,
+                                     [i + 1 for i in todo]) if constraints else None
         order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
         for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
