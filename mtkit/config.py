@@ -70,6 +70,29 @@ Corpora = tuple[CorpusConfig, ...]  # in YAML: one mapping, or a list of them
 
 
 @dataclass(frozen=True)
+class MultiwayConfig:
+    """A short way to ask for many directions of a multi-way parallel corpus (line i of
+    every language's file the same sentence): the file of each language is the split's
+    pattern with `{lang}` replaced. `load_config` expands it into `data.train`,
+    `data.valid` and `data.test`, one corpus per direction, and that explicit list is
+    what RUN/config.yaml holds:
+
+        multiway:
+          languages: [en, de, fr]
+          directions: [en-de, de-en, en-fr, fr-en]   # omitted: every ordered pair
+          test_directions: [en-de, de-fr]            # omitted: the directions
+          train: data/multi30k/train.{lang}.gz
+    """
+
+    languages: tuple[str, ...] = ()
+    directions: tuple[str, ...] = ()  # "src-tgt"; () = every ordered pair of `languages`
+    test_directions: tuple[str, ...] = ()  # () = `directions`; more: zero-shot directions
+    train: str = ""  # file patterns with {lang}; "" = the split is not given this way
+    valid: str = ""
+    test: str = ""
+
+
+@dataclass(frozen=True)
 class DataConfig:
     train: Corpora = (CorpusConfig(),)
     valid: Corpora = (CorpusConfig(split="validation"),)
@@ -83,6 +106,14 @@ class DataConfig:
     dedup: bool = False
     workers: int = field(default=2, metadata=value_range(1, 256))  # encoding processes
     loader_workers: int = field(default=1, metadata=value_range(0, 64))  # DataLoader workers
+    # Sampling across the directions of a multilingual run: each epoch draws a direction's
+    # pairs in proportion to (its pairs) ** (1 / temperature), on top of the corpora's
+    # weights (1: as they are; 5: closer to uniform, as XLM and M2M-100 do).
+    temperature: float = field(default=1.0, metadata=value_range(1.0, 100.0))
+    multiway: MultiwayConfig = MultiwayConfig()  # expanded at load (`expand_multiway`)
+    # Drop training pairs whose sides are not detected as their corpus's languages
+    # (py3langid, among the run's languages: pip install 'mtkit[langid]').
+    langid_filter: bool = False
 
     def corpora(self, split: str) -> Corpora:
         """The corpora given for `split` (empty when the split is not set)."""
@@ -207,6 +238,7 @@ def _check_consistency(cfg: Config, where: str) -> None:
     if cfg.train.average_last > cfg.train.keep_last:
         raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
                           f"exceed train.keep_last ({cfg.train.keep_last})")
+    _check_targets(cfg.data, where)
     for split in ("train", "valid", "test"):
         corpora = getattr(cfg.data, split)
         for i, c in enumerate(corpora):
@@ -223,18 +255,78 @@ def _check_consistency(cfg: Config, where: str) -> None:
                                   f"(a {split} set is scored as it is)")
 
 
+def _check_targets(data: DataConfig, where: str) -> None:
+    """In a multilingual run (training corpora into several languages, `mtkit.languages`)
+    every valid and test corpus goes into one of them: the model has no tag for another."""
+    targets = {c.tgt_lang or data.tgt_lang for c in data.corpora("train")}
+    if len(targets) < 2:
+        return
+    for split in ("valid", "test"):
+        for i, c in enumerate(data.corpora(split)):
+            if (c.tgt_lang or data.tgt_lang) not in targets:
+                raise ConfigError(
+                    f"{where}data.{split}.{i}.tgt_lang {c.tgt_lang or data.tgt_lang}: the "
+                    f"training data goes into {', '.join(sorted(targets))} only, so the "
+                    f"model has no tag for it")
+
+
 def config_from_dict(data: dict, where: str = "") -> Config:
     """Build and validate a `Config`; `where` prefixes every error (e.g. the file name)."""
     prefix = f"{where}: " if where else ""
     cfg = build_section(Config, data, "", prefix)
+    cfg = dataclasses.replace(cfg, data=expand_multiway(cfg.data, prefix))
     _check_consistency(cfg, prefix)
     return cfg
+
+
+def _pair(text: str, languages: tuple[str, ...], key: str, where: str) -> tuple[str, str]:
+    """"en-de" -> ("en", "de"), both among `languages`."""
+    parts = text.split("-")
+    if len(parts) != 2 or parts[0] == parts[1] or not all(p in languages for p in parts):
+        raise ConfigError(f"{where}{key}: {text!r} is not a direction of data.multiway."
+                          f"languages ({', '.join(languages)}); write it src-tgt, e.g. "
+                          f"{languages[0]}-{languages[-1]}")
+    return parts[0], parts[1]
+
+
+def expand_multiway(data: DataConfig, where: str = "") -> DataConfig:
+    """`data.multiway` written out: for each split with a pattern, one corpus per
+    direction (test: per `test_directions`), in the order given; multiway itself reset."""
+    mw = data.multiway
+    if mw == MultiwayConfig():
+        return data
+    key = "data.multiway"
+    if len(mw.languages) < 2 or len(set(mw.languages)) != len(mw.languages):
+        raise ConfigError(f"{where}{key}.languages must list two or more languages, each "
+                          f"once, got {list(mw.languages)}")
+    for lang in mw.languages:
+        if not lang.replace("_", "").isalnum():
+            raise ConfigError(f"{where}{key}.languages: {lang!r} is not a language code "
+                              f"(letters, digits and _, e.g. en, pt_BR)")
+    every = [f"{a}-{b}" for a in mw.languages for b in mw.languages if a != b]
+    pairs = [_pair(d, mw.languages, f"{key}.directions", where) for d in mw.directions or every]
+    tests = [_pair(d, mw.languages, f"{key}.test_directions", where)
+             for d in mw.test_directions] or pairs
+    out = {}
+    for split, directions in (("train", pairs), ("valid", pairs), ("test", tests)):
+        pattern = getattr(mw, split)
+        if not pattern:
+            continue
+        if "{lang}" not in pattern:
+            raise ConfigError(f"{where}{key}.{split} must contain {{lang}}, got {pattern!r}")
+        if any(c.given for c in getattr(data, split)):
+            raise ConfigError(f"{where}data.{split} and {key}.{split}: give one of them")
+        out[split] = tuple(CorpusConfig(src=pattern.replace("{lang}", a),
+                                        tgt=pattern.replace("{lang}", b),
+                                        src_lang=a, tgt_lang=b) for a, b in directions)
+    return dataclasses.replace(data, **out, multiway=MultiwayConfig())
 
 
 def config_to_dict(cfg: Config) -> dict:
     """Plain data for YAML: a split of one corpus is a mapping, of several a list."""
     out = dataclasses.asdict(cfg)
     out["tokenizer"]["from"] = out["tokenizer"].pop("from_")
+    del out["data"]["multiway"]  # expanded at load: the corpora it gave are listed
     for split in ("train", "valid", "test"):
         corpora = out["data"][split]
         out["data"][split] = corpora[0] if len(corpora) == 1 else list(corpora)

@@ -111,7 +111,10 @@ def build_section(cls, data: Any, prefix: str, where: str):
                     else "valid keys: " + ", ".join(valid))
             raise ConfigError(f"{where}{key} is not a key; {hint}")
         tp = types_[name]
-        if typing.get_origin(tp) is tuple:  # a list of corpora (or one mapping)
+        if typing.get_origin(tp) is tuple and not dataclasses.is_dataclass(
+                typing.get_args(tp)[0]):  # a list of plain values (or one value)
+            kwargs[name] = _build_values(typing.get_args(tp)[0], value, key, where)
+        elif typing.get_origin(tp) is tuple:  # a list of corpora (or one mapping)
             kwargs[name] = _build_list(typing.get_args(tp)[0], value, fields[name].default[0],
                                        key, where)
         elif dataclasses.is_dataclass(tp):
@@ -125,6 +128,13 @@ def build_section(cls, data: Any, prefix: str, where: str):
             _check_range(converted, fields[name].metadata, key, where)
             kwargs[name] = converted
     return cls(**kwargs)
+
+
+def _build_values(tp, value: Any, key: str, where: str) -> tuple:
+    """A tuple of plain values of type `tp`, from a list (or one value)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(_convert(item, tp, f"{key}.{i}" if len(items) > 1 else key, where)
+                 for i, item in enumerate(items))
 
 
 def _build_list(cls, value: Any, default, key: str, where: str) -> tuple:

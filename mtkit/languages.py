@@ -11,9 +11,11 @@ shards and outputs are what they always were.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mtkit.errors import OptionError
+from mtkit.hypothesis import Hypothesis
 
 if TYPE_CHECKING:
     from mtkit.config import CorpusConfig, DataConfig
@@ -69,3 +71,36 @@ def check_target(data: DataConfig, lang: str | None, option: str = "--tgt-lang")
         raise OptionError(f"{option} {lang}: this model translates into {', '.join(known)}",
                           "tgt_lang")
     return f"{tag(lang)} "
+
+
+def name(pair: tuple[str, str]) -> str:
+    """A direction's name: ("en", "de") -> "en-de"."""
+    return f"{pair[0]}-{pair[1]}"
+
+
+def shares(pairs: dict[str, int], temperature: float) -> dict[str, float]:
+    """Each direction's share of an epoch's pairs: its pairs ** (1 / temperature),
+    normalized (1: as they are; larger: closer to uniform)."""
+    weights = {d: n ** (1.0 / temperature) for d, n in pairs.items()}
+    total = sum(weights.values())
+    return {d: w / total for d, w in weights.items()}
+
+
+def epoch_counts(pairs: dict[str, int], temperature: float) -> dict[str, int]:
+    """How many pairs an epoch draws from each direction: its `shares` of all the pairs
+    (the epoch keeps its size), rounded so that they add up; each direction at least 1."""
+    total = sum(pairs.values())
+    exact = {d: total * s for d, s in shares(pairs, temperature).items()}
+    counts = {d: max(1, int(x)) for d, x in exact.items()}
+    by_rest = sorted(exact, key=lambda d: exact[d] - int(exact[d]), reverse=True)
+    for d in by_rest[: max(total - sum(counts.values()), 0)]:
+        counts[d] += 1
+    return counts
+
+
+def untagged(hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """Hypotheses of a tagged source with their word links to the source as the user
+    wrote it: the tag was source word 0, so links to it go and the others move down one."""
+    return [h if not h.alignment else
+            replace(h, alignment=tuple((s - 1, t) for s, t in h.alignment if s > 0))
+            for h in hyps]

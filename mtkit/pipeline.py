@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtkit.atomic import write_atomic
@@ -56,8 +57,10 @@ class Interrupted(UserError):
 class RunResult:
     checkpoint: Path
     hypotheses: Path
-    scores: list[Score]
+    scores: list[Score]  # over the whole test set
     training: TrainResult  # where training stopped, why, and in which precision
+    # A multilingual test set's scores per direction ("en-de": [...]); {} for one direction
+    by_direction: dict[str, list[Score]] = field(default_factory=dict)
 
 
 def _newer(path: Path, than: Path) -> bool:
@@ -117,8 +120,35 @@ def _run_all(cfg: Config) -> RunResult:
         hypotheses = translate_texts(engine, sources, SearchOptions.from_config(cfg.decode),
                                      cfg.decode.batch_tokens)
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
-    scores = score(hypotheses, references, ["bleu", "chrf", "ter"])
-    report = {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+    scores = score(hypotheses, references, METRICS)
+    groups = test.directions()
+    by_direction = {} if len(groups) < 2 else {
+        d: score([hypotheses[i] for i in ix], [references[i] for i in ix], METRICS)
+        for d, ix in groups.items()}
+    report = _report(scores)
+    if by_direction:
+        report["directions"] = {d: _report(s) for d, s in by_direction.items()}
     report["checkpoint"] = str(checkpoint)
     write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
-    return RunResult(checkpoint, hyp_path, scores, result)
+    return RunResult(checkpoint, hyp_path, scores, result, by_direction)
+
+
+METRICS = ["bleu", "chrf", "ter"]
+
+
+def _report(scores: list[Score]) -> dict:
+    return {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+
+
+def direction_table(by_direction: dict[str, list[Score]], trained: Collection[str]) -> str:
+    """The test scores of each direction, a table; those not `trained` marked zero-shot,
+    and the mean of the trained ones."""
+    lines = ["direction            BLEU   chrF    TER"]
+    for d, scores in by_direction.items():
+        label = d if d in trained else f"{d} (zero-shot)"
+        lines.append(f"{label:<18} " + " ".join(f"{x.score:6.2f}" for x in scores))
+    rows = [[x.score for x in s] for d, s in by_direction.items() if d in trained]
+    if rows:
+        mean = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
+        lines.append(f"{'mean (trained)':<18} " + " ".join(f"{x:6.2f}" for x in mean))
+    return "\n".join(lines)

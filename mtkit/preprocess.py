@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import re
 import time
 import unicodedata
 from collections import deque
@@ -23,6 +24,7 @@ from itertools import chain
 
 import numpy as np
 
+from mtkit import languages
 from mtkit.atomic import atomic_dir, remove_leftovers
 from mtkit.config import Config, DataConfig, save_config
 from mtkit.data.shards import (
@@ -45,6 +47,8 @@ from mtkit.data.sources import (
     pair_hashes,
 )
 from mtkit.errors import UserError
+from mtkit.langid import in_language
+from mtkit.languages import direction, name, shares
 from mtkit.progress import ProgressLog
 from mtkit.rundir import run_lock
 from mtkit.vocab import Vocab, load_vocabs
@@ -242,16 +246,40 @@ def length_filter(src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: DataCon
     return length_ok, ratio_ok
 
 
-FILTERS = ("empty", "duplicate", "length", "ratio")
+FILTERS = ("empty", "duplicate", "length", "ratio")  # and "language" with data.langid_filter
+
+
+def _in_languages(chunks: Iterator[Chunk], langs: tuple[str, str], cfg: DataConfig,
+                  dropped: dict[str, int]) -> Iterator[Chunk]:
+    """`data.langid_filter`: the pairs whose source is detected as `langs[0]` and target
+    as `langs[1]`, told apart among the run's languages (`mtkit.langid`); the others
+    are counted in dropped["language"]. A multilingual source's tag is not looked at."""
+    among = sorted({x for pair in languages.directions(cfg) for x in pair})
+    for src, tgt in chunks:
+        bare = [TAG.sub("", x, count=1) for x in src]
+        keep = [a and b for a, b in zip(in_language(bare, langs[0], among),
+                                        in_language(tgt, langs[1], among), strict=True)]
+        dropped["language"] += keep.count(False)
+        yield ([x for x, k in zip(src, keep, strict=True) if k],
+               [y for y, k in zip(tgt, keep, strict=True) if k])
+
+
+TAG = re.compile(r"^<2[^>\s]*> ")  # a multilingual source's target tag
 
 
 def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: DataConfig,
-                  train: bool, seen: SeenHashes | None, progress: ProgressLog) -> dict:
+                  train: bool, seen: SeenHashes | None, progress: ProgressLog,
+                  langs: tuple[str, str] | None = None) -> dict:
     """Clean, filter, encode and append one corpus (then its weight's repeats). Returns
-    its report: pairs read, kept, written (kept times weight) and dropped per filter."""
+    its report: pairs read, kept, written (kept times weight) and dropped per filter.
+    `langs`: the corpus's (source, target) languages, for `data.langid_filter`."""
     dropped = dict.fromkeys(FILTERS, 0)
     first, read = len(writer), 0
-    for chunk in pool.encode(corpus.chunks(), hashes=seen is not None, texts=not train):
+    chunks = corpus.chunks()
+    if train and cfg.langid_filter and langs is not None:
+        dropped["language"] = 0
+        chunks = _in_languages(chunks, langs, cfg, dropped)
+    for chunk in pool.encode(chunks, hashes=seen is not None, texts=not train):
         pairs = chunk.empty + len(chunk)  # as read, before cleaning
         progress.advance(pairs)
         read += pairs
@@ -266,6 +294,8 @@ def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: D
             dropped["ratio"] += int((keep & length_ok & ~ratio_ok).sum())
             keep &= length_ok & ratio_ok
         writer.append(chunk, keep)
+    read += dropped.get("language", 0)
+    progress.advance(dropped.get("language", 0))
     kept = len(writer) - first
     if corpus.weight > 1 and kept:
         writer.repeat(first, corpus.weight - 1)
@@ -307,17 +337,23 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
             seen = SeenHashes() if cfg.data.dedup and train else None
             writer = ShardWriter(out / split, vocab_size, texts=not train)
             try:
-                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen, progress)
-                           for c in corpora]
+                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen, progress,
+                                         direction(given, cfg.data))
+                           for c, given in zip(corpora, cfg.data.corpora(split), strict=True)]
             finally:
                 writer.close()
-            dropped = {f: sum(r["dropped"][f] for r in reports) for f in FILTERS}
+            for report, corpus in zip(reports, cfg.data.corpora(split), strict=True):
+                report["direction"] = name(direction(corpus, cfg.data))
+            dropped = {f: sum(r["dropped"].get(f, 0) for r in reports)
+                       for f in dict.fromkeys(f for r in reports for f in r["dropped"])}
             origin = " and ".join(c.origin for c in corpora)
             if not len(writer):
                 raise DataError(f"data.{split}: no pairs left after cleaning ({origin}; "
                                 f"dropped: {dropped})")
             manifests[split] = writer.finish({"origin": origin, "dropped": dropped,
-                                              "corpora": reports, **meta})
+                                              "corpora": reports,
+                                              "directions": _directions(reports, cfg.data),
+                                              **meta})
             read = sum(r["read"] for r in reports)
             seconds = time.perf_counter() - start
             log.info("%s: wrote %d pairs (%d read) from %s; dropped %s (%.1fs, %.0f pairs/s)",
@@ -325,6 +361,16 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
                      read / max(seconds, 1e-9))
     save_config(cfg, run / "config.yaml")
     return manifests
+
+
+def _directions(reports: list[dict], cfg: DataConfig) -> dict[str, dict]:
+    """The split's pairs per direction, and each one's share of a training epoch under
+    `data.temperature` (the pairs' own share at 1)."""
+    pairs: dict[str, int] = {}
+    for report in reports:
+        pairs[report["direction"]] = pairs.get(report["direction"], 0) + report["written"]
+    share = shares(pairs, cfg.temperature) if all(pairs.values()) else {}
+    return {d: {"pairs": n, "share": round(share.get(d, 0.0), 6)} for d, n in pairs.items()}
 
 
 def verify_shards(cfg: Config) -> dict[str, dict]:

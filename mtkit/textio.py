@@ -25,7 +25,7 @@ from mtkit.data.sources import line_count
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.languages import check_target
+from mtkit.languages import check_target, untagged
 from mtkit.terms import Glossary, combine
 from mtkit.vocab import Vocab
 
@@ -314,8 +314,9 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
                 log.warning("line %d: no translation met all its constraints within the "
                             "length limit; it gets the best unconstrained one",
                             count + offset + 1)
-            out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
-                                    opts, output))
+            out.extend(format_lines(count + offset, request,
+                                    untagged(hyps) if request.tag else hyps,
+                                    translator.tgt_vocab, opts, output))
         sink.write("".join(x + "\n" for x in out))
         sink.flush()
         count += len(lines)

@@ -24,7 +24,9 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -109,7 +111,7 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
     cfg = state.cfg
     tc, p = cfg.train, state.progress
     first_step, bad_updates, window = p.step, 0, Window()
-    while not (reason := stop_reason(p, tc, state.batches_per_epoch, signals.received)):
+    while not (reason := stop_reason(p, tc, state.sampler.epoch_size(p.epoch), signals.received)):
         update = accumulate(state)
         if update.skipped_oom:
             continue
@@ -164,7 +166,7 @@ def accumulate(state: TrainState) -> Update:
     """Forward and backward `update_freq` micro-batches, summing gradients in .grad. The
     last update before `max_epochs` may take fewer: the epoch's last batches still count."""
     tc, p = state.cfg.train, state.progress
-    left = batches_left(p, tc, state.batches_per_epoch)
+    left = batches_left(p, tc, state.sampler.epoch_size(p.epoch))
     micro_batches = tc.update_freq if left is None else min(tc.update_freq, left)
     update = Update()
     for micro in range(micro_batches):
@@ -276,11 +278,13 @@ def validate_and_save(state: TrainState) -> None:
             p.best_bleu, p.bad_validations = bleu, 0
         else:
             p.bad_validations += 1
-        state.metrics.write("valid", step=p.step, epoch=p.epoch,
-                            **{k: round(v, 4) for k, v in scores.items()},
+        state.metrics.write("valid", step=p.step, epoch=p.epoch, **_rounded(scores),
                             best_bleu=round(p.best_bleu, 4))
-        log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f (best %.2f)", p.step,
-                 scores["valid_loss"], scores["valid_ppl"], bleu, p.best_bleu)
+        each = "".join(f" | {d} {s['valid_bleu']:.2f}"
+                       for d, s in scores.get("by_direction", {}).items())
+        log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f%s (best %.2f)", p.step,
+                 scores["valid_loss"], scores["valid_ppl"], bleu,
+                 " (mean of the directions)" + each if each else "", p.best_bleu)
         p.early_stopped = 0 < tc.patience <= p.bad_validations
         save(state, is_best)
         stop[0] = float(p.early_stopped)
@@ -289,19 +293,52 @@ def validate_and_save(state: TrainState) -> None:
     p.early_stopped = bool(stop.item())
 
 
+def _rounded(scores: dict) -> dict:
+    """Scores for metrics.jsonl, to 4 decimals (nested: a direction's)."""
+    return {k: _rounded(v) if isinstance(v, dict) else round(v, 4) for k, v in scores.items()}
+
+
 @torch.no_grad()
 def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Config,
-             device: torch.device, autocast_dtype: torch.dtype | None) -> dict[str, float]:
-    """Valid loss and perplexity (teacher forcing) and the BLEU of greedy decoding."""
+             device: torch.device, autocast_dtype: torch.dtype | None) -> dict:
+    """Valid loss and perplexity (teacher forcing) and the BLEU of greedy decoding. With
+    several directions (a multilingual run) each is scored on its own (`by_direction`)
+    and valid_bleu is their mean, which `best.pt` follows."""
     was_training = model.training
     model.eval()
-    batches = token_batches(data.src_lengths, data.tgt_lengths, cfg.decode.batch_tokens,
-                            seed=0, epoch=0, shuffle=False)
+    refs = data.texts("tgt") or [tgt_vocab.decode(data[i][1].tolist()) for i in range(len(data))]
+    scored = {d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype)
+              for d, ix in data.directions().items()}
+    model.train(was_training)
+    nll = sum(s.nll for s in scored.values()) / sum(s.tokens for s in scored.values())
+    out = {"valid_loss": sum(s.loss for s in scored.values()) / sum(s.tokens for s in
+                                                                    scored.values()),
+           "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)),
+           "valid_bleu": sum(s.bleu for s in scored.values()) / len(scored)}
+    if len(scored) > 1:
+        out["by_direction"] = {d: {"valid_loss": s.loss / s.tokens, "valid_ppl": math.exp(
+            min(s.nll / s.tokens, 50.0)), "valid_bleu": s.bleu} for d, s in scored.items()}
+    return out
+
+
+class _Scored(NamedTuple):
+    loss: float  # summed over the target tokens
+    nll: float
+    tokens: int
+    bleu: float
+
+
+def _validate_pairs(model: Transformer, data: ShardDataset, pairs: np.ndarray, refs: list[str],
+                    tgt_vocab: Vocab, cfg: Config, device: torch.device,
+                    autocast_dtype: torch.dtype | None) -> _Scored:
+    """Loss sums and greedy BLEU over some of the valid pairs (one direction's)."""
+    batches = token_batches(data.src_lengths[pairs], data.tgt_lengths[pairs],
+                            cfg.decode.batch_tokens, seed=0, epoch=0, shuffle=False)
     limit = model.cfg.max_positions - 1  # valid pairs are not length-filtered: cut them
     loss_sum = nll_sum = 0.0
     tokens = 0
     hyps: dict[int, str] = {}
-    for idx in batches:
+    for idx in (pairs[b] for b in batches):
         batch = collate([(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]).to(device)
         with autocast(device, autocast_dtype):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
@@ -311,11 +348,9 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
         tokens += out.tokens
         for i, out_ids in zip(idx.tolist(), ids, strict=True):
             hyps[i] = tgt_vocab.decode(out_ids)
-    refs = data.texts("tgt") or [tgt_vocab.decode(data[i][1].tolist()) for i in range(len(data))]
-    bleu = score([hyps[i] for i in range(len(data))], refs, ["bleu"])[0].score
-    model.train(was_training)
-    return {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens,
-            "valid_ppl": math.exp(min(nll_sum / tokens, 50.0)), "valid_bleu": bleu}
+    order = pairs.tolist()
+    bleu = score([hyps[i] for i in order], [refs[i] for i in order], ["bleu"])[0].score
+    return _Scored(loss_sum, nll_sum, tokens, bleu)
 
 
 def save(state: TrainState, is_best: bool) -> None:

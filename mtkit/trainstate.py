@@ -35,6 +35,7 @@ from mtkit.device import (
 )
 from mtkit.errors import UserError
 from mtkit.kernels import AttentionShape, choose_attention
+from mtkit.languages import epoch_counts
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
@@ -70,7 +71,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     progress: Progress
     batches: Iterator[tuple[int, int, Batch]]  # endless (epoch, index in epoch, batch)
-    batches_per_epoch: int  # this rank's; the same every epoch (see TokenBatchSampler)
+    sampler: TokenBatchSampler  # `epoch_size(epoch)`: this rank's batches in an epoch
     vocabs: tuple[Vocab, Vocab]
     train_data: ShardDataset
     valid_data: ShardDataset | None
@@ -139,15 +140,29 @@ def setup(cfg: Config, resume: bool) -> TrainState:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     wrapped.train()
     sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
-                                seed=tc.seed, rank=rank, world_size=world)
+                                seed=tc.seed, rank=rank, world_size=world,
+                                draws=direction_draws(train_data, cfg.data.temperature))
     batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
                             pin=device.type == "cuda")
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
-    return TrainState(cfg, model, wrapped, optimizer, progress, batches, len(sampler),
+    return TrainState(cfg, model, wrapped, optimizer, progress, batches, sampler,
                       vocabs, train_data, valid_data,
                       device, autocast_dtype, precision, metrics, rank, world,
                       clock_start=time.perf_counter() - progress.elapsed,
                       saved_step=progress.step)
+
+
+def direction_draws(data: ShardDataset, temperature: float) -> list[tuple[np.ndarray, int]]:
+    """What each epoch draws from each direction under `data.temperature` (its pair
+    indices and how many: `languages.epoch_counts`); [] (every pair once) for one
+    direction or a temperature of 1."""
+    groups = data.directions()
+    if len(groups) < 2 or temperature == 1.0:
+        return []
+    counts = epoch_counts({d: len(ix) for d, ix in groups.items()}, temperature)
+    log.info("temperature %g: an epoch draws %s", temperature,
+             ", ".join(f"{d} {counts[d]:,} of {len(ix):,}" for d, ix in groups.items()))
+    return [(ix, counts[d]) for d, ix in groups.items()]
 
 
 def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]

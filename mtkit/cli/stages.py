@@ -62,14 +62,21 @@ def train(config: ConfigOpt, set_: SetOpt = None,
 @app.command()
 def run(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Run every stage (tokenizer, preprocess, train, translate, eval), skipping finished ones."""
-    from mtkit.pipeline import run_all
+    from mtkit.languages import directions, name
+    from mtkit.pipeline import direction_table, run_all
 
     cfg = load(config, set_)
     tune_runtime()
     with reported():
         result = run_all(cfg)
     bleu = next(s for s in result.scores if s.metric == "bleu")
-    typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
-               f"{result.hypotheses}, checkpoint {result.checkpoint}")
+    if result.by_direction:
+        typer.echo(direction_table(result.by_direction,
+                                   [name(d) for d in directions(cfg.data)]))
+        typer.echo(f"test BLEU per direction above ({bleu.signature}); translations in "
+                   f"{result.hypotheses}, checkpoint {result.checkpoint}")
+    else:
+        typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
+                   f"{result.hypotheses}, checkpoint {result.checkpoint}")
     typer.echo(f"trained to step {result.training.step} ({result.training.stopped_because}) "
                f"in {result.training.precision}", err=True)

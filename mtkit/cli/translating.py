@@ -217,12 +217,20 @@ def eval_(
     glossary: Annotated[Opt[Path], typer.Option(
         help="Term accuracy: a 'source term<TAB>target term' TSV; each --src line requires "
              "the targets of the source terms in it.")] = None,
+    lang: Annotated[Opt[str], typer.Option(
+        help="The language the translations should be in: reports the off-target rate "
+             "(pip install 'mtkit[langid]'); with -m, also the language to translate "
+             "into.")] = None,
+    among: Annotated[Opt[str], typer.Option(
+        help="With --lang: the languages to tell apart, comma-separated (default: with -m, "
+             "the model's languages; else all that py3langid knows).")] = None,
 ) -> None:
-    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), and term
-    accuracy with --terms or --glossary."""
+    """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
+    accuracy with --terms or --glossary, and the off-target rate with --lang."""
     import json
 
     from mtkit.evaluate import parse_metrics, score
+    from mtkit.langid import codes, off_target
 
     with reported():
         names = parse_metrics(metrics)
@@ -230,21 +238,26 @@ def eval_(
         references = read_lines(ref)
         sources = _lines_like(src, references, ref) if src is not None else None
         required = _required_terms(terms, glossary, sources, references, ref)
-        hypotheses = (_translated(model, sources, device, required) if model is not None
-                      else _lines_like(hyp, references, ref))
+        hypotheses, languages = (_translated(model, sources, device, required, lang)
+                                 if model is not None else (_lines_like(hyp, references, ref),
+                                                            None))
         results = score(hypotheses, references, names)
         accuracy = term_accuracy(hypotheses, required) if required is not None else None
+        off = off_target(hypotheses, lang, codes(among) or languages) if lang else None
     if json_:
         report = {r.metric: {"score": round(r.score, 2), "signature": r.signature,
                              "text": r.text} for r in results}
         if accuracy is not None:
             report["terms"] = _terms_json(accuracy)
+        if off is not None:
+            report["off_target"] = off.json
         typer.echo(json.dumps(report))
     else:
         for r in results:
             typer.echo(f"{r.text}\t{r.signature}")
-        if accuracy is not None:
-            typer.echo(accuracy.text)
+        for extra in (accuracy, off):
+            if extra is not None:
+                typer.echo(extra.text)
 
 
 def _check_inputs(hyp: Path | None, ref: Path | None, model: Path | None, src: Path | None,
@@ -294,19 +307,26 @@ def _terms_json(accuracy: TermScore) -> dict:
 
 
 def _translated(model: Path, sources: list[str], device: str,
-                required: list[list[Constraint]] | None) -> list[str]:
-    """`sources` translated by `model` with the checkpoint's decoding defaults, with the
-    `required` terms as constraints."""
+                required: list[list[Constraint]] | None, lang: str | None
+                ) -> tuple[list[str], list[str]]:
+    """`sources` translated by `model` into `lang` (a multilingual model's; None for a
+    bilingual one) with the checkpoint's decoding defaults and the `required` terms as
+    constraints; and the model's languages."""
+    from mtkit.languages import check_target, directions
     from mtkit.textio import translate_texts
 
     engine = _engine([model], device)
+    tag = check_target(engine.config.data, lang, "--lang")
+    languages = sorted({x for pair in directions(engine.config.data) for x in pair})
+    sources = [tag + x if x.strip() else x for x in sources]
     opts = SearchOptions.from_config(engine.config.decode)
     if required is not None and any(required):  # the terms constrain the translation
         from mtkit.decoding import check_constraints
 
         check_constraints(opts, engine.capabilities, "--terms/--glossary with -m")
         engine.check_constraint_lines(sources, required, opts)
-    return translate_texts(engine, sources, opts, engine.config.decode.batch_tokens, required)
+    return translate_texts(engine, sources, opts, engine.config.decode.batch_tokens,
+                           required), languages
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain

@@ -93,15 +93,31 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return batches
 
 
+def draw_pairs(draws: Sequence[tuple[np.ndarray, int]], seed: int, epoch: int) -> np.ndarray:
+    """One epoch's pairs under temperature sampling: from each (indices, count), every
+    index count // len times, and a draw without replacement of the rest, seeded by
+    (seed, epoch) so that a resumed run draws the same."""
+    rng = np.random.default_rng([seed, epoch, 7])
+    out = []
+    for indices, count in draws:
+        whole, rest = divmod(count, len(indices))
+        out += [indices] * whole + [rng.choice(indices, rest, replace=False)]
+    return np.sort(np.concatenate(out)).astype(np.int64)
+
+
 class TokenBatchSampler(Sampler[list[int]]):
     """Yields this rank's batches of one epoch, optionally from batch k (exact resume).
 
     With `world_size` ranks every rank takes every world_size-th batch of the same
-    epoch order; the tail is cut so that all ranks run the same number of steps.
+    epoch order; the tail is cut so that all ranks run the same number of steps. With
+    `draws` (a multilingual run's `data.temperature`), each epoch batches its own draw of
+    pairs from each direction (`draw_pairs`).
     """
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
-                 seed: int = 1, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+                 seed: int = 1, shuffle: bool = True, rank: int = 0, world_size: int = 1,
+                 draws: Sequence[tuple[np.ndarray, int]] = ()):
+        self.draws = list(draws)  # (pair indices of a direction, pairs an epoch draws)
         self.src_lengths = np.asarray(src_lengths)
         self.tgt_lengths = np.asarray(tgt_lengths)
         self.max_tokens = max_tokens
@@ -114,8 +130,14 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._batches = self._make(0)
 
     def _make(self, epoch: int) -> list[np.ndarray]:
-        every = token_batches(self.src_lengths, self.tgt_lengths, self.max_tokens,
-                              self.seed, epoch, self.shuffle)
+        if self.draws:  # temperature sampling: this epoch's draw of each direction
+            chosen = draw_pairs(self.draws, self.seed, epoch)
+            every = [chosen[b] for b in token_batches(
+                self.src_lengths[chosen], self.tgt_lengths[chosen], self.max_tokens,
+                self.seed, epoch, self.shuffle)]
+        else:
+            every = token_batches(self.src_lengths, self.tgt_lengths, self.max_tokens,
+                                  self.seed, epoch, self.shuffle)
         per_rank = len(every) // self.world_size
         if per_rank == 0:
             raise ValueError(f"{len(every)} batches cannot feed {self.world_size} ranks")
@@ -127,6 +149,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             self._batches = self._make(epoch)
         self.epoch = epoch
         self.start_batch = start_batch
+
+    def epoch_size(self, epoch: int) -> int:
+        """Batches this rank runs in `epoch` (all of them): the same every epoch, except
+        under temperature sampling, where each epoch draws other pairs."""
+        return len(self._batches if epoch == self.epoch or not self.draws
+                   else self._make(epoch))
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self._batches[self.start_batch :]:

@@ -284,6 +284,20 @@ class ShardDataset:
         return (src[src_offsets[i]:src_offsets[i + 1]],
                 tgt[tgt_offsets[i]:tgt_offsets[i + 1]])
 
+    def directions(self) -> dict[str, np.ndarray]:
+        """Each direction's pair indices ("en-de": ...), from the manifest's corpora, which
+        preprocess writes one after another; a shard that records none: {"": all}."""
+        out: dict[str, list[np.ndarray]] = {}
+        first = 0
+        for corpus in self.manifest.get("corpora", []):
+            written = int(corpus.get("written", 0))
+            out.setdefault(corpus.get("direction", ""), []).append(
+                np.arange(first, first + written))
+            first += written
+        if first != len(self) or not out:
+            return {"": np.arange(len(self))}
+        return {d: np.concatenate(parts) for d, parts in out.items()}
+
     def texts(self, side: str) -> list[str]:
         """The cleaned text of one side (valid and test splits only)."""
         path = self.folder / f"{side}.txt"

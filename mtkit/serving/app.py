@@ -1,6 +1,7 @@
 """The HTTP app of `mtkit serve` (FastAPI + uvicorn, `pip install 'mtkit[serve]'`).
 
-    POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?, "constraints"?}
+    POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?, "constraints"?,
+                         "target_lang"?}
     GET  /v1/health     liveness, and whether the model is loaded
     GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
     GET  /              a page: translate text and see each sentence's word alignment
@@ -32,6 +33,7 @@ from starlette.requests import ClientDisconnect
 from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_constraints
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
+from mtkit.languages import check_target, directions, name, target_languages, untagged
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
 from mtkit.terms import Constraint, Glossary, combine
 from mtkit.textio import lone_surrogate, read_constraints_field, read_json
@@ -53,6 +55,9 @@ class TranslateRequest(BaseModel):
     constraints: list[list[str | list[str]]] | None = Field(
         None, description="Per sentence, the target phrases its translation must contain: "
         "each item a phrase, or a list of alternative phrases (any one of them).")
+    target_lang: str | None = Field(
+        None, description="The language to translate into: needed by a multilingual model "
+        "(/v1/info lists its target_languages), optional for a bilingual one.")
 
 
 def parse_body(raw: bytes) -> TranslateRequest:
@@ -205,6 +210,14 @@ class Service:
                 wanted[i] = own[i]
         return wanted if any(wanted) else None
 
+    def tag(self, body: TranslateRequest) -> str:
+        """What each sentence starts with: a multilingual model's tag for the request's
+        target_lang ("" for a bilingual model); 422 for none, or one it lacks."""
+        try:
+            return check_target(self.translator.config.data, body.target_lang, "target_lang")
+        except OptionError as e:
+            raise ServeError(422, str(e), "target_lang") from None
+
     def check_size(self, body: TranslateRequest) -> None:
         """413 for a request over the per-request limits."""
         if len(body.text) > self.limits.max_lines:
@@ -220,6 +233,8 @@ class Service:
         cfg = self.translator.config
         return {"model": self.model_name, "source_language": cfg.data.src_lang,
                 "target_language": cfg.data.tgt_lang, "step": self.step,
+                "directions": [name(d) for d in directions(cfg.data)],
+                "target_languages": target_languages(cfg.data),  # [] for a bilingual model
                 "weights": " + ".join(self.translator.weights),
                 **self.translator.describe(),
                 "constraints": self.translator.capabilities.constraints,
@@ -287,13 +302,15 @@ def _routes(app: FastAPI, service: Service) -> None:
         service.check_size(body)
         opts = service.options(body)
         start = time.perf_counter()
-        lines = [" ".join(x.split()) for x in body.text]  # a sentence is one line
+        tag = service.tag(body)
+        lines = [tag + " ".join(x.split()) if x.strip() else "" for x in body.text]
         constraints = service.constraints(body, lines, opts)
         hyps = await _awaited(request, service.batcher.submit(lines, opts, constraints)) \
             if lines else []
         if hyps is None:  # the client left while its request waited: dropped
             return Response(status_code=400)
-        return {"translations": [_entry(h, service.translator, opts) for h in hyps],
+        return {"translations": [_entry(untagged(h) if tag else h, service.translator, opts)
+                                 for h in hyps],
                 "model": service.model_name,
                 "elapsed_ms": round(1000 * (time.perf_counter() - start), 1)}
 

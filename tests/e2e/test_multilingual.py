@@ -1,11 +1,14 @@
 """One model for two directions (`mtkit.languages`): the copy task as two "languages",
 copy (`cp`) and copy reversed (`rv`), chosen by the <2xx> tag each source line starts
-with. Both are learned by one model and `translate --tgt-lang` picks which; a missing or
-unknown language is one line."""
+with. Both are learned by one model and `translate --tgt-lang` picks which (serve's
+target_lang, and an export to CTranslate2, likewise); a missing or unknown language is
+one line. Validation and `mtkit run` score each direction on its own."""
 
 from __future__ import annotations
 
 import gzip
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,85 @@ def two_way(tmp_path_factory):
     with gzip.open(COPY / "test.src.gz", "rt") as f:
         sources = [x for x in f.read().splitlines() if 4 <= len(x.split()) <= 10][:60]
     return folder / "run" / "checkpoints" / "last.pt", sources
+
+
+def test_validation_scores_each_direction_and_best_follows_their_mean(two_way):
+    checkpoint, _ = two_way
+    lines = (checkpoint.parents[1] / "metrics.jsonl").read_text().splitlines()
+    valid = [r for r in map(json.loads, lines) if r.get("event") == "valid"][-1]
+    each = valid["by_direction"]
+    assert set(each) == {"src-cp", "src-rv"}
+    assert each["src-cp"]["valid_bleu"] > each["src-rv"]["valid_bleu"] > 50  # copying: easier
+    mean = (each["src-cp"]["valid_bleu"] + each["src-rv"]["valid_bleu"]) / 2
+    assert valid["valid_bleu"] == pytest.approx(mean, abs=1e-3)
+    assert valid["best_bleu"] == pytest.approx(mean, abs=1e-3)  # the only validation
+
+
+def test_run_prints_a_table_of_the_test_directions(two_way):
+    checkpoint, _ = two_way
+    run = checkpoint.parents[1]
+    manifest = json.loads((run / "data" / "train" / "manifest.json").read_text())
+    assert manifest["directions"] == {"src-cp": {"pairs": manifest["pairs"] // 2, "share": 0.5},
+                                      "src-rv": {"pairs": manifest["pairs"] // 2, "share": 0.5}}
+    result = cli("run", "--config", run / "config.yaml")  # trained: translates and scores
+    assert result.exit_code == 0, result.output
+    header, cp, rv, mean = result.stdout.splitlines()[:4]
+    assert header.split() == ["direction", "BLEU", "chrF", "TER"]
+    assert cp.startswith("src-cp ") and rv.startswith("src-rv ") and mean.startswith("mean")
+    scores = json.loads((run / "test.scores.json").read_text())["directions"]
+    assert float(cp.split()[1]) == scores["src-cp"]["bleu"]["score"] > 90
+    assert scores["src-cp"]["bleu"]["score"] > scores["src-rv"]["bleu"]["score"]
+
+
+def test_serve_takes_target_lang_and_info_lists_the_directions(two_way):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mtkit.decoding import SearchOptions
+    from mtkit.engines.loader import load_engine
+    from mtkit.serving.app import create_app
+    from mtkit.serving.scheduler import Limits
+
+    checkpoint, sources = two_way
+    engine = load_engine(checkpoint, "cpu")
+    app = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(),
+                     "last.pt")
+    with TestClient(app) as api:
+        info = api.get("/v1/info").json()
+        assert info["directions"] == ["src-cp", "src-rv"]
+        assert info["target_languages"] == ["cp", "rv"]
+        line = sources[0]
+        answer = api.post("/v1/translate", json={"text": [line, ""], "target_lang": "rv",
+                                                 "alignments": True}).json()
+        first, empty = answer["translations"]
+        assert first["text"] == " ".join(reversed(line.split())) and empty["text"] == ""
+        links = [tuple(map(int, x.split("-"))) for x in first["alignment"].split()]
+        opts = replace(SearchOptions.from_config(engine.config.decode), alignments=True)
+        tagged = engine.translate(["<2rv> " + line], opts)[0][0].alignment
+        assert links == [(s - 1, t) for s, t in tagged if s > 0]  # the tag: not a user word
+        assert links and all(0 <= s < len(line.split()) for s, _ in links)
+        for body, says in (({"text": [line]}, "give target_lang with one of them"),
+                           ({"text": [line], "target_lang": "fr"},
+                            "target_lang fr: this model translates into cp, rv")):
+            r = api.post("/v1/translate", json=body)
+            assert r.status_code == 422 and says in r.json()["error"], r.json()
+        assert 'id="target_lang"' in api.get("/").text
+
+
+def test_an_export_keeps_the_tags(two_way, tmp_path):
+    pytest.importorskip("ctranslate2")
+    checkpoint, sources = two_way
+    out = tmp_path / "ct2"
+    result = cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out)
+    assert result.exit_code == 0, result.output
+    text = "\n".join(sources[:20]) + "\n"
+    native = cli("translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32",
+                 input=text)
+    exported = cli("translate", "-m", out, "--tgt-lang", "rv", input=text)
+    assert exported.exit_code == 0, exported.output
+    assert exported.stdout == native.stdout
+    one_line_error(cli("translate", "-m", out, input=text),
+                   "this model translates into cp, rv: give --tgt-lang")
 
 
 def test_one_model_copies_or_reverses_as_the_tag_asks(two_way):

@@ -100,3 +100,31 @@ def test_loader_yields_the_sampler_batches_in_order(workers):
     for batch, idx in zip(batches, expected):
         assert batch.src.shape == (len(idx), SRC[idx].max() + 1)
         assert batch.tgt_out.shape == (len(idx), TGT[idx].max() + 1)
+
+
+def test_temperature_draws_each_direction_its_count_each_epoch():
+    """Three directions of 2,000, 800 and 200 pairs; at temperature 5 an epoch draws
+    1,218 / 1,014 / 768 (`languages.epoch_counts`): the big one without replacement, the
+    small ones every pair and more."""
+    from mtkit.data.batching import draw_pairs
+    from mtkit.languages import epoch_counts
+
+    groups = {"a": np.arange(0, 2000), "b": np.arange(2000, 2800), "c": np.arange(2800, 3000)}
+    counts = epoch_counts({d: len(ix) for d, ix in groups.items()}, 5.0)
+    assert counts == {"a": 1218, "b": 1014, "c": 768}
+    draws = [(ix, counts[d]) for d, ix in groups.items()]
+    sampler = TokenBatchSampler(SRC, TGT, 400, seed=1, draws=draws)
+    seen = {}
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        pairs = np.concatenate([np.array(b) for b in sampler])
+        assert len(sampler) == sampler.epoch_size(epoch)
+        per = {d: int(np.isin(pairs, ix).sum()) for d, ix in groups.items()}
+        assert per == counts  # every batch of the epoch, counted by direction
+        a = pairs[pairs < 2000]
+        assert len(np.unique(a)) == len(a)  # downsampled: no pair twice
+        assert set(range(2800, 3000)) <= set(pairs.tolist())  # upsampled: every pair
+        seen[epoch] = np.sort(pairs)
+    assert not np.array_equal(seen[0], seen[1])  # each epoch its own draw...
+    assert np.array_equal(draw_pairs(draws, 1, 1), seen[1])  # ...the same on a resume
+    assert sampler.epoch_size(0) > 0 and len(TokenBatchSampler(SRC, TGT, 400).draws) == 0

@@ -5,10 +5,20 @@ SentencePiece pieces of their own."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from mtkit.config import config_from_dict
+from mtkit.config import config_from_dict, dump_config
+from mtkit.configcheck import ConfigError
 from mtkit.errors import OptionError
-from mtkit.languages import check_target, directions, source_tag, tags, target_languages
+from mtkit.languages import (
+    check_target,
+    directions,
+    epoch_counts,
+    shares,
+    source_tag,
+    tags,
+    target_languages,
+)
 from mtkit.tokenizer import train_sentencepiece
 from mtkit.vocab import Vocab
 
@@ -50,3 +60,67 @@ def test_tags_are_single_pieces_right_after_the_fixed_specials(tiny_config):
         ids = vocab.encode([text])[0]
         assert [i for i in ids if i in (4, 5)] == [5 if "fr" in text else 4]  # never split
         assert vocab.decode(ids) == text  # and it round-trips
+
+
+MULTIWAY = {"languages": ["en", "de", "fr"], "train": "corpus/train.{lang}.gz",
+            "valid": "corpus/val.{lang}.gz", "test": "corpus/test.{lang}.gz"}
+
+
+def test_multiway_is_written_out_as_one_corpus_per_direction():
+    cfg = config_from_dict({"data": {"multiway": MULTIWAY}})
+    assert directions(cfg.data) == [("en", "de"), ("en", "fr"), ("de", "en"), ("de", "fr"),
+                                    ("fr", "en"), ("fr", "de")]  # every ordered pair
+    first = cfg.data.train[0]
+    assert (first.src, first.tgt) == ("corpus/train.en.gz", "corpus/train.de.gz")
+    assert directions(cfg.data, "test") == directions(cfg.data, "valid") == directions(cfg.data)
+    dumped = dump_config(cfg)
+    assert "multiway" not in dumped and "corpus/val.fr.gz" in dumped
+    assert config_from_dict(yaml.safe_load(dumped)) == cfg  # RUN/config.yaml: the same run
+
+
+def test_multiway_names_its_directions_and_zero_shot_test_directions():
+    cfg = config_from_dict({"data": {"multiway": {
+        **MULTIWAY, "directions": ["en-de", "de-en", "en-fr", "fr-en"],
+        "test_directions": ["en-de", "de-fr", "fr-de"]}}})
+    assert directions(cfg.data) == [("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")]
+    assert directions(cfg.data, "test") == [("en", "de"), ("de", "fr"), ("fr", "de")]
+    assert [source_tag(c, cfg.data) for c in cfg.data.test] == ["<2de> ", "<2fr> ", "<2de> "]
+
+
+@pytest.mark.parametrize(("multiway", "message"), [
+    ({"directions": ["en-es"]}, r"data.multiway.directions: 'en-es' is not a direction of "
+                                r"data.multiway.languages \(en, de, fr\)"),
+    ({"test_directions": ["en_de"]}, "data.multiway.test_directions: 'en_de' is not a direc"),
+    ({"directions": "de-de"}, "'de-de' is not a direction"),
+    ({"languages": ["en"]}, "data.multiway.languages must list two or more languages"),
+    ({"languages": ["en", "<2x>"]}, "'<2x>' is not a language code"),
+    ({"valid": "val.gz"}, r"data.multiway.valid must contain \{lang\}"),
+    ({"directoins": []}, "data.multiway.directoins is not a key; did you mean "
+                         "data.multiway.directions"),
+])
+def test_multiway_mistakes_are_one_line_naming_the_key(multiway, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"data": {"multiway": {**MULTIWAY, **multiway}}})
+
+
+def test_a_split_is_given_once_and_only_into_languages_the_model_has_tags_for():
+    with pytest.raises(ConfigError, match="data.train and data.multiway.train: give one"):
+        config_from_dict({"data": {"multiway": MULTIWAY, "train": {"src": "a", "tgt": "b"}}})
+    with pytest.raises(ConfigError, match="data.test.0.tgt_lang cs: the training data goes "
+                                          "into de, fr only"):
+        config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"},
+                                             {"src": "a", "tgt": "c", "tgt_lang": "fr"}],
+                                   "test": {"src": "a", "tgt": "d", "tgt_lang": "cs"}}})
+
+
+def test_temperature_moves_the_shares_towards_uniform():
+    pairs = {"en-de": 1000, "en-fr": 100, "en-cs": 10}
+    assert shares(pairs, 1.0) == pytest.approx({"en-de": 1000 / 1110, "en-fr": 100 / 1110,
+                                                "en-cs": 10 / 1110})
+    five = shares(pairs, 5.0)  # n ** 0.2: 3.98, 2.51, 1.58
+    assert five == pytest.approx({"en-de": 0.4928, "en-fr": 0.3110, "en-cs": 0.1962}, abs=1e-4)
+    for t in (1.0, 2.0, 5.0, 100.0):
+        counts = epoch_counts(pairs, t)
+        assert sum(counts.values()) == 1110  # an epoch keeps its size
+    assert epoch_counts(pairs, 1.0) == pairs
+    assert epoch_counts(pairs, 5.0) == {"en-de": 547, "en-fr": 345, "en-cs": 218}

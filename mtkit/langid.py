@@ -1,0 +1,103 @@
+"""Which language a text is in: `py3langid` (its model ships inside the package, so
+nothing is downloaded), behind the optional extra `pip install 'mtkit[langid]'`. For the
+off-target rate of a multilingual model's translations (`mtkit eval --lang`) and for
+`data.langid_filter` (no torch).
+
+Codes are ISO 639-1 as py3langid gives them (en, de, fr, cs); a run's code with a region
+or script (pt_BR, zh_Hant) is compared by its language part.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from mtkit.errors import UserError, plural
+
+
+class LangIdError(UserError, RuntimeError):
+    """The language identifier is not installed (one line)."""
+
+
+@cache
+def _identifier(among: tuple[str, ...] | None) -> Callable[[str], tuple[str, float]]:
+    """py3langid's classifier, choosing only `among` those languages when given (short
+    captions are told apart far better among a run's four languages than among 97)."""
+    try:
+        from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
+    except ImportError:
+        raise LangIdError("language identification needs py3langid: "
+                          "pip install 'mtkit[langid]'") from None
+    identifier = LanguageIdentifier.from_modelpath(Path(MODEL_DIR) / MODEL_FILE)
+    if among:
+        unknown = sorted(set(among) - set(identifier.nb_classes))
+        if unknown:
+            raise LangIdError(f"py3langid does not know {', '.join(unknown)}; it knows "
+                              f"{len(identifier.nb_classes)} ISO 639-1 codes such as en, de")
+        identifier.set_languages(list(among))
+    return identifier.classify
+
+
+def codes(text: str | None) -> list[str]:
+    """"en, de,fr" -> ["en", "de", "fr"] (None or "": [])."""
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def base(lang: str) -> str:
+    """A code's language part: pt_BR -> pt, zh-Hant -> zh."""
+    return lang.replace("-", "_").split("_")[0].lower()
+
+
+def detect(texts: Sequence[str], among: Sequence[str] | None = None) -> list[str]:
+    """Each text's most likely language ("" for an empty one), among those languages
+    when given (else all py3langid knows)."""
+    classify = _identifier(tuple(sorted({base(x) for x in among})) if among else None)
+    return [classify(t)[0] if t.strip() else "" for t in texts]
+
+
+def in_language(texts: Sequence[str], lang: str, among: Sequence[str] | None = None
+                ) -> list[bool]:
+    """Whether each text is detected as `lang` (an empty text counts as in it)."""
+    want = base(lang)
+    return [not found or found == want for found in detect(texts, among)]
+
+
+@dataclass(frozen=True)
+class OffTarget:
+    """The share of non-empty hypotheses detected as another language than `lang`."""
+
+    lang: str
+    off: int
+    scored: int  # non-empty hypotheses
+    found: dict[str, int]  # the other languages detected, most frequent first
+    among: tuple[str, ...] = ()  # the languages told apart (): all py3langid knows
+
+    @property
+    def rate(self) -> float:
+        return 100.0 * self.off / self.scored if self.scored else 0.0
+
+    @property
+    def json(self) -> dict:
+        return {"lang": self.lang, "rate": round(self.rate, 2), "off": self.off,
+                "lines": self.scored, "found": self.found, "among": list(self.among) or None}
+
+    @property
+    def text(self) -> str:
+        others = ", ".join(f"{k} {v}" for k, v in list(self.found.items())[:5])
+        among = f"among {', '.join(self.among)}" if self.among else "all languages"
+        return (f"off-target ({self.lang}) = {self.rate:.1f}% ({self.off} of "
+                f"{plural(self.scored, 'non-empty line')}{': ' + others if others else ''})"
+                f"\tpy3langid, {among}")
+
+
+def off_target(hypotheses: Sequence[str], lang: str, among: Sequence[str] | None = None
+               ) -> OffTarget:
+    """How many hypotheses are not in `lang`, and what they are in instead (detected
+    `among` those languages when given)."""
+    found = [x for x in detect(hypotheses, among) if x]
+    others = Counter(x for x in found if x != base(lang))
+    return OffTarget(lang, sum(others.values()), len(found), dict(others.most_common()),
+                     tuple(sorted({base(x) for x in among})) if among else ())
