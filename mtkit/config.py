@@ -156,6 +156,9 @@ class ModelConfig:
     # A fixed bias added to the output logits (Marian's final_logits_bias, not trained);
     # only imported models have one unless a config asks for it.
     output_bias: bool = False
+    # Where a multilingual model reads its target language's <2xx> tag: at the start of
+    # the source (Johnson et al.; OPUS-MT), or as the decoder's first token after bos.
+    lang_tag: Literal["source", "target"] = "source"
 
 
 @dataclass(frozen=True)

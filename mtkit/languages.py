@@ -5,20 +5,25 @@ A corpus may name its own `src_lang` / `tgt_lang` (`CorpusConfig`); the data sec
 are the default. A run is *multilingual* when its training corpora go into more than
 one target language: each source line then starts with its target's tag (Johnson et
 al., 2017, as OPUS-MT does), a SentencePiece user-defined symbol, so it never splits,
-with an id right after the fixed specials. A bilingual run has no tags, and its ids,
-shards and outputs are what they always were.
+with an id right after the fixed specials. With `model.lang_tag: target` the tag starts
+the target line instead: the decoder's first token after bos, given as a forced prefix
+when translating and taken off the output (mBART and NLLB put theirs there). A
+bilingual run has no tags, and its ids, shards and outputs are what they always were.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 
 if TYPE_CHECKING:
-    from mtkit.config import CorpusConfig, DataConfig
+    from mtkit.config import Config, CorpusConfig, DataConfig
+    from mtkit.vocab import Vocab
 
 
 def tag(lang: str) -> str:
@@ -48,10 +53,45 @@ def tags(data: DataConfig) -> list[str]:
     return [tag(lang) for lang in target_languages(data)]
 
 
-def source_tag(corpus: CorpusConfig, data: DataConfig) -> str:
+def source_tag(corpus: CorpusConfig, data: DataConfig, side: str = "source") -> str:
     """What a corpus's source lines start with: its target's tag and a space in a
-    multilingual run, "" in a bilingual one."""
-    return f"{tag(direction(corpus, data)[1])} " if target_languages(data) else ""
+    multilingual run whose tags go on the source `side` (`model.lang_tag`), else ""."""
+    return f"{tag(direction(corpus, data)[1])} " if target_languages(data) and \
+        side == "source" else ""
+
+
+def target_tag(corpus: CorpusConfig, data: DataConfig, side: str = "source") -> str:
+    """What a corpus's target lines start with: its tag with `model.lang_tag: target`."""
+    return f"{tag(direction(corpus, data)[1])} " if target_languages(data) and \
+        side == "target" else ""
+
+
+TAG_START = re.compile(r"^<2[^>\s]*> ?")
+
+
+def without_tag(text: str) -> str:
+    """A line with the tag it starts with (if any) taken off."""
+    return TAG_START.sub("", text, count=1)
+
+
+def tag_ids(vocab: Vocab, data: DataConfig) -> frozenset[int]:
+    """The ids of a multilingual run's tags in `vocab` (each is one piece)."""
+    return frozenset(vocab.encode([t])[0][-1] for t in tags(data))
+
+
+class Tagging(NamedTuple):
+    """Where a request's tag goes (`tagging`): before its source line, or as the forced
+    start of its output; both "" for a bilingual model."""
+
+    source: str = ""
+    target: str = ""
+
+
+def tagging(cfg: Config, lang: str | None, option: str = "--tgt-lang") -> Tagging:
+    """The tag a request into `lang` gets, on the side the model reads it (`check_target`
+    says what is wrong with `lang`)."""
+    prefix = check_target(cfg.data, lang, option)
+    return Tagging(target=prefix) if cfg.model.lang_tag == "target" else Tagging(source=prefix)
 
 
 def check_target(data: DataConfig, lang: str | None, option: str = "--tgt-lang") -> str:
@@ -98,9 +138,26 @@ def epoch_counts(pairs: dict[str, int], temperature: float) -> dict[str, int]:
     return counts
 
 
-def untagged(hyps: list[Hypothesis]) -> list[Hypothesis]:
-    """Hypotheses of a tagged source with their word links to the source as the user
-    wrote it: the tag was source word 0, so links to it go and the others move down one."""
-    return [h if not h.alignment else
-            replace(h, alignment=tuple((s - 1, t) for s, t in h.alignment if s > 0))
-            for h in hyps]
+def tag_end(ids: Sequence[int], tags: frozenset[int]) -> int:
+    """Where an output whose forced start is one of the `tags` (the first token, or the
+    second after a lone "▁") goes on past it; 0 when neither of the two is a tag."""
+    return next((k + 1 for k, i in enumerate(ids[:2]) if int(i) in tags), 0)
+
+
+def untagged(hyps: list[Hypothesis], source: bool = True,
+             target: frozenset[int] = frozenset()) -> list[Hypothesis]:
+    """Hypotheses as the user asked for them, not as the model read and wrote them. With
+    a `source` tag, which was source word 0, word links to it go and the others move
+    down one. With the tag as the output's forced start (`target`: the tag ids), its
+    tokens (a lone "▁" may come first) go, and so does target word 0 of the links."""
+    out = []
+    for h in hyps:
+        links = h.alignment
+        if source and links:
+            links = tuple((s - 1, t) for s, t in links if s > 0)
+        cut = tag_end(h.tokens, target)
+        if cut and links:
+            links = tuple((s, t - 1) for s, t in links if t > 0)
+        out.append(replace(h, tokens=h.tokens[cut:], alignment=links) if cut or source
+                   else h)
+    return out

@@ -28,6 +28,7 @@ from mtkit.device import release_freed_memory
 from mtkit.engines.loader import load_engine
 from mtkit.errors import UserError
 from mtkit.evaluate import Score, score
+from mtkit.languages import tag, tags, without_tag
 from mtkit.preprocess import preprocess
 from mtkit.rundir import run_lock
 from mtkit.textio import translate_texts
@@ -110,7 +111,8 @@ def _run_all(cfg: Config) -> RunResult:
     if not (test_dir / "manifest.json").exists():
         raise DataError("data.test is not set: `mtkit run` ends by scoring the test set")
     test = ShardDataset(test_dir)
-    sources, references = test.texts("src"), test.texts("tgt")
+    sources, references, target_tags = _test_texts(cfg, test)
+    groups = test.directions()
     hyp_path = run / "test.hyp"
     if _newer(hyp_path, checkpoint):
         hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
@@ -118,10 +120,9 @@ def _run_all(cfg: Config) -> RunResult:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
         engine = load_engine(checkpoint, cfg.train.device)
         hypotheses = translate_texts(engine, sources, SearchOptions.from_config(cfg.decode),
-                                     cfg.decode.batch_tokens)
+                                     cfg.decode.batch_tokens, target_tags=target_tags)
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
     scores = score(hypotheses, references, METRICS)
-    groups = test.directions()
     by_direction = {} if len(groups) < 2 else {
         d: score([hypotheses[i] for i in ix], [references[i] for i in ix], METRICS)
         for d, ix in groups.items()}
@@ -134,6 +135,20 @@ def _run_all(cfg: Config) -> RunResult:
 
 
 METRICS = ["bleu", "chrf", "ter"]
+
+
+def _test_texts(cfg: Config, test: ShardDataset) -> tuple[list[str], list[str], list[str] | None]:
+    """The test sources and references, and each output's forced start: a multilingual
+    model's target tag with `model.lang_tag: target` (then taken off the references),
+    else None."""
+    sources, references = test.texts("src"), test.texts("tgt")
+    if cfg.model.lang_tag != "target" or not tags(cfg.data):
+        return sources, references, None
+    target_tags = [""] * len(sources)
+    for d, ix in test.directions().items():
+        for i in ix:
+            target_tags[i] = f"{tag(d.split('-')[1])} "
+    return sources, [without_tag(r) for r in references], target_tags
 
 
 def _report(scores: list[Score]) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import re
 import time
 import unicodedata
 from collections import deque
@@ -256,15 +255,12 @@ def _in_languages(chunks: Iterator[Chunk], langs: tuple[str, str], cfg: DataConf
     are counted in dropped["language"]. A multilingual source's tag is not looked at."""
     among = sorted({x for pair in languages.directions(cfg) for x in pair})
     for src, tgt in chunks:
-        bare = [TAG.sub("", x, count=1) for x in src]
+        bare = [languages.without_tag(x) for x in src]
         keep = [a and b for a, b in zip(in_language(bare, langs[0], among),
                                         in_language(tgt, langs[1], among), strict=True)]
         dropped["language"] += keep.count(False)
         yield ([x for x, k in zip(src, keep, strict=True) if k],
                [y for y, k in zip(tgt, keep, strict=True) if k])
-
-
-TAG = re.compile(r"^<2[^>\s]*> ")  # a multilingual source's target tag
 
 
 def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: DataConfig,
@@ -320,7 +316,8 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
         raise DataError("data.train is not set")
     # Open (and count) every corpus before writing anything: a line-count mismatch or a
     # missing file stops here.
-    splits = {split: open_split(cfg.data, split, run / "cache") for split in SPLITS}
+    splits = {split: open_split(cfg.data, split, run / "cache", cfg.model.lang_tag)
+              for split in SPLITS}
     splits = {split: corpora for split, corpora in splits.items() if corpora}
     total = sum(c.size for corpora in splits.values() for c in corpora)
     vocab_size = max(len(src_vocab), len(tgt_vocab))

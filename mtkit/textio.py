@@ -25,7 +25,7 @@ from mtkit.data.sources import line_count
 from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.languages import check_target, untagged
+from mtkit.languages import tag_ids, tagging, untagged
 from mtkit.terms import Glossary, combine
 from mtkit.vocab import Vocab
 
@@ -117,6 +117,7 @@ class Request:
     constraints: tuple[tuple[str, ...], ...] = ()
     tgt_lang: str | None = None  # jsonl: the language to translate into (multilingual)
     tag: str = ""  # what the model reads before `src`: its target's tag, if multilingual
+    target_tag: str = ""  # or, with `model.lang_tag: target`, what its output starts with
 
     @property
     def text(self) -> str:
@@ -305,6 +306,8 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         given = constraints[count : count + len(lines)] if constraints is not None else None
         requests, wanted = _searchable(translator, requests, given, glossary, opts, count,
                                        output.kind == "jsonl")
+        chunk_prefixes = [r.target_tag + p for r, p in zip(requests, chunk_prefixes,
+                                                           strict=True)]
         results = translator.translate([r.text for r in requests], opts, done,
                                        chunk_prefixes if any(chunk_prefixes) else None,
                                        batch_tokens=batch_tokens, constraints=wanted)
@@ -314,31 +317,39 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
                 log.warning("line %d: no translation met all its constraints within the "
                             "length limit; it gets the best unconstrained one",
                             count + offset + 1)
-            out.extend(format_lines(count + offset, request,
-                                    untagged(hyps) if request.tag else hyps,
-                                    translator.tgt_vocab, opts, output))
+            if request.tag or request.target_tag:
+                hyps = untagged(hyps, bool(request.tag), _tag_ids(translator, request))
+            out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
+                                    opts, output))
         sink.write("".join(x + "\n" for x in out))
         sink.flush()
         count += len(lines)
     return count
 
 
+def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
+    """The tag ids an output starting with a forced tag is cut after (none without)."""
+    return tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag \
+        else frozenset()
+
+
 def _into(request: Request, translator: Translator, tgt_lang: str | None,
           jsonl: bool) -> Request:
-    """The request with its source tagged for its target language (`languages.
-    check_target`: a multilingual model's tag, nothing for a bilingual one). A language
-    the model lacks, or none for a multilingual model, is the record's error in jsonl and
-    one line in text."""
+    """The request with its target language's tag (`languages.tagging`: a multilingual
+    model's, before the source or as the output's start; nothing for a bilingual one). A
+    language the model lacks, or none for a multilingual model, is the record's error in
+    jsonl and one line in text."""
     if request.error or not request.src.strip():
         return request
     try:
-        prefix = check_target(translator.config.data, request.tgt_lang or tgt_lang,
-                              "tgt_lang" if jsonl and request.tgt_lang else "--tgt-lang")
+        placed = tagging(translator.config, request.tgt_lang or tgt_lang,
+                         "tgt_lang" if jsonl and request.tgt_lang else "--tgt-lang")
     except OptionError as e:
         if not jsonl:
             raise
         return replace(request, src="", error=str(e))
-    return replace(request, tag=prefix) if prefix else request
+    return replace(request, tag=placed.source, target_tag=placed.target) if any(placed) \
+        else request
 
 
 def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
@@ -403,9 +414,14 @@ def check_constraint_lines(translator: Translator, source: BinaryIO,
 
 def translate_texts(translator: Translator, lines: list[str], opts: SearchOptions,
                     batch_tokens: int = BATCH_TOKENS,
-                    constraints: list[list[tuple[str, ...]]] | None = None) -> list[str]:
+                    constraints: list[list[tuple[str, ...]]] | None = None,
+                    target_tags: list[str] | None = None) -> list[str]:
     """Best translation of each line, in order (for evaluation), with each line's
-    `constraints` when given."""
-    hyps = translator.translate(lines, opts, batch_tokens=batch_tokens,
-                                constraints=constraints)
+    `constraints` when given, and each output's forced start with `target_tags` (a
+    multilingual model's with `model.lang_tag: target`), taken off again."""
+    hyps = translator.translate(lines, opts, None, target_tags if target_tags else None,
+                                batch_tokens=batch_tokens, constraints=constraints)
+    if target_tags:
+        ids = tag_ids(translator.tgt_vocab, translator.config.data)
+        hyps = [untagged(h, False, ids) for h in hyps]
     return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]

@@ -91,14 +91,17 @@ def write_vocab_files(model_proto: bytes, model_path: Path) -> None:
 
 
 def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig,
-                    run_dir: Path, tags: Sequence[str] = ()) -> list[Path]:
+                    run_dir: Path, tags: Sequence[str] = (), side: str = "source"
+                    ) -> list[Path]:
     """Train the joint model (or one per side) and write it into the run directory; the
-    source side's model has a multilingual run's `tags` as pieces of their own."""
+    model of the `side` that reads a multilingual run's `tags` has them as pieces of
+    their own."""
     src_path, tgt_path = vocab_paths(run_dir, cfg.joint)
     if cfg.joint:
         jobs = [(src_path, list(src) + list(tgt), tags)]
     else:
-        jobs = [(src_path, list(src), tags), (tgt_path, list(tgt), ())]
+        jobs = [(src_path, list(src), tags if side == "source" else ()),
+                (tgt_path, list(tgt), tags if side == "target" else ())]
     protos = [(path, train_sentencepiece(text, cfg, symbols)) for path, text, symbols in jobs]
     for path, proto in protos:  # write only once every model trained
         write_vocab_files(proto, path)
@@ -118,7 +121,7 @@ def build_tokenizer(cfg: Config) -> list[Path]:
     run = cfg.run_path
     with run_lock(run, "tokenizer"):
         remove_leftovers(run, ("spm*", "config.yaml"))
-        corpora = open_split(cfg.data, "train", run / "cache")
+        corpora = open_split(cfg.data, "train", run / "cache", cfg.model.lang_tag)
         tc = cfg.tokenizer
         size = tc.input_sentence_size
         src, tgt = sample_pairs(corpora, max(size // 2, 1) if size and tc.joint else size,
@@ -128,7 +131,7 @@ def build_tokenizer(cfg: Config) -> list[Path]:
                             f"cleaning")
         log.debug("training the tokenizer on %d sampled pairs of %d", len(src),
                   sum(c.size for c in corpora))
-        paths = train_tokenizer(src, tgt, tc, run, tags(cfg.data))
+        paths = train_tokenizer(src, tgt, tc, run, tags(cfg.data), cfg.model.lang_tag)
         save_config(cfg, run / "config.yaml")
     return paths
 

@@ -38,6 +38,7 @@ from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.device import autocast
 from mtkit.evaluate import score
+from mtkit.languages import tag_end, tag_ids, without_tag
 from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer
 from mtkit.optim import inverse_sqrt_lr, per_token_gradients, set_lr
@@ -307,7 +308,11 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
     was_training = model.training
     model.eval()
     refs = data.texts("tgt") or [tgt_vocab.decode(data[i][1].tolist()) for i in range(len(data))]
-    scored = {d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype)
+    tags = tag_ids(tgt_vocab, cfg.data) if cfg.model.lang_tag == "target" else frozenset()
+    if tags:  # each target starts with its tag: forced when decoding, not scored
+        refs = [without_tag(r) for r in refs]
+    scored = {d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype,
+                                 tags)
               for d, ix in data.directions().items()}
     model.train(was_training)
     nll = sum(s.nll for s in scored.values()) / sum(s.tokens for s in scored.values())
@@ -330,8 +335,10 @@ class _Scored(NamedTuple):
 
 def _validate_pairs(model: Transformer, data: ShardDataset, pairs: np.ndarray, refs: list[str],
                     tgt_vocab: Vocab, cfg: Config, device: torch.device,
-                    autocast_dtype: torch.dtype | None) -> _Scored:
-    """Loss sums and greedy BLEU over some of the valid pairs (one direction's)."""
+                    autocast_dtype: torch.dtype | None, tags: frozenset[int]) -> _Scored:
+    """Loss sums and greedy BLEU over some of the valid pairs (one direction's). With
+    target-side `tags` each output is forced to start with its target's tag, cut off
+    before scoring."""
     batches = token_batches(data.src_lengths[pairs], data.tgt_lengths[pairs],
                             cfg.decode.batch_tokens, seed=0, epoch=0, shuffle=False)
     limit = model.cfg.max_positions - 1  # valid pairs are not length-filtered: cut them
@@ -339,15 +346,18 @@ def _validate_pairs(model: Transformer, data: ShardDataset, pairs: np.ndarray, r
     tokens = 0
     hyps: dict[int, str] = {}
     for idx in (pairs[b] for b in batches):
-        batch = collate([(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]).to(device)
+        xy = [(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]
+        batch = collate(xy).to(device)
+        forced = [y[:tag_end(y, tags)].tolist() for _, y in xy] if tags else None
         with autocast(device, autocast_dtype):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
-            ids = greedy_search(model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+            ids = greedy_search(model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b,
+                                prefixes=forced)
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()
         tokens += out.tokens
         for i, out_ids in zip(idx.tolist(), ids, strict=True):
-            hyps[i] = tgt_vocab.decode(out_ids)
+            hyps[i] = tgt_vocab.decode(out_ids[tag_end(out_ids, tags):])
     order = pairs.tolist()
     bleu = score([hyps[i] for i in order], [refs[i] for i in order], ["bleu"])[0].score
     return _Scored(loss_sum, nll_sum, tokens, bleu)

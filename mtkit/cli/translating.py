@@ -312,13 +312,13 @@ def _translated(model: Path, sources: list[str], device: str,
     """`sources` translated by `model` into `lang` (a multilingual model's; None for a
     bilingual one) with the checkpoint's decoding defaults and the `required` terms as
     constraints; and the model's languages."""
-    from mtkit.languages import check_target, directions
+    from mtkit.languages import directions, tagging
     from mtkit.textio import translate_texts
 
     engine = _engine([model], device)
-    tag = check_target(engine.config.data, lang, "--lang")
+    tag = tagging(engine.config, lang, "--lang")
     languages = sorted({x for pair in directions(engine.config.data) for x in pair})
-    sources = [tag + x if x.strip() else x for x in sources]
+    sources = [tag.source + x if x.strip() else x for x in sources]
     opts = SearchOptions.from_config(engine.config.decode)
     if required is not None and any(required):  # the terms constrain the translation
         from mtkit.decoding import check_constraints
@@ -326,7 +326,8 @@ def _translated(model: Path, sources: list[str], device: str,
         check_constraints(opts, engine.capabilities, "--terms/--glossary with -m")
         engine.check_constraint_lines(sources, required, opts)
     return translate_texts(engine, sources, opts, engine.config.decode.batch_tokens,
-                           required), languages
+                           required, [tag.target] * len(sources) if tag.target else None
+                           ), languages
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain

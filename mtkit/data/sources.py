@@ -34,7 +34,7 @@ import numpy as np
 from mtkit.atomic import reason, write_failure
 from mtkit.config import CorpusConfig, DataConfig
 from mtkit.errors import UserError, plural
-from mtkit.languages import direction, source_tag
+from mtkit.languages import direction, source_tag, target_tag
 
 if TYPE_CHECKING:
     import datasets
@@ -359,22 +359,26 @@ def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
     raise DataError("no data given for this split")
 
 
-def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> list[Corpus]:
+def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None,
+               lang_tag: str = "source") -> list[Corpus]:
     """Every corpus of a split, opened (empty when the split is not set), each in its
-    own languages; in a multilingual run each source line starts with its target's tag
-    (`mtkit.languages`)."""
-    return [tagged(open_corpus(c, *direction(c, cfg), cache_dir), source_tag(c, cfg))
+    own languages; in a multilingual run each source line (or with `lang_tag: target`
+    each target line) starts with its target's tag (`mtkit.languages`)."""
+    return [tagged(open_corpus(c, *direction(c, cfg), cache_dir), source_tag(c, cfg, lang_tag),
+                   target_tag(c, cfg, lang_tag))
             for c in cfg.corpora(split)]
 
 
-def tagged(corpus: Corpus, prefix: str) -> Corpus:
-    """The corpus with `prefix` before each source line ("": the corpus itself)."""
-    if not prefix:
+def tagged(corpus: Corpus, prefix: str, target_prefix: str = "") -> Corpus:
+    """The corpus with `prefix` before each source line and `target_prefix` before each
+    target line ("" and "": the corpus itself)."""
+    if not prefix and not target_prefix:
         return corpus
 
     def read(size: int) -> Iterator[Chunk]:
         for src, tgt in corpus.chunks(size):
-            yield [prefix + x if x else x for x in src], tgt
+            yield ([prefix + x if x else x for x in src],
+                   [target_prefix + y if y else y for y in tgt])
 
     return dataclasses.replace(corpus, _read=read)
 

@@ -33,7 +33,15 @@ from starlette.requests import ClientDisconnect
 from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_constraints
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.languages import check_target, directions, name, target_languages, untagged
+from mtkit.languages import (
+    Tagging,
+    directions,
+    name,
+    tag_ids,
+    tagging,
+    target_languages,
+    untagged,
+)
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
 from mtkit.terms import Constraint, Glossary, combine
 from mtkit.textio import lone_surrogate, read_constraints_field, read_json
@@ -210,11 +218,11 @@ class Service:
                 wanted[i] = own[i]
         return wanted if any(wanted) else None
 
-    def tag(self, body: TranslateRequest) -> str:
-        """What each sentence starts with: a multilingual model's tag for the request's
-        target_lang ("" for a bilingual model); 422 for none, or one it lacks."""
+    def tag(self, body: TranslateRequest) -> Tagging:
+        """Where a multilingual model's tag for the request's target_lang goes (nowhere
+        for a bilingual model); 422 for none, or one it lacks."""
         try:
-            return check_target(self.translator.config.data, body.target_lang, "target_lang")
+            return tagging(self.translator.config, body.target_lang, "target_lang")
         except OptionError as e:
             raise ServeError(422, str(e), "target_lang") from None
 
@@ -303,14 +311,18 @@ def _routes(app: FastAPI, service: Service) -> None:
         opts = service.options(body)
         start = time.perf_counter()
         tag = service.tag(body)
-        lines = [tag + " ".join(x.split()) if x.strip() else "" for x in body.text]
+        lines = [tag.source + " ".join(x.split()) if x.strip() else "" for x in body.text]
+        prefixes = [tag.target if x else "" for x in lines] if tag.target else None
         constraints = service.constraints(body, lines, opts)
-        hyps = await _awaited(request, service.batcher.submit(lines, opts, constraints)) \
-            if lines else []
+        hyps = await _awaited(request, service.batcher.submit(lines, opts, constraints,
+                                                              prefixes)) if lines else []
         if hyps is None:  # the client left while its request waited: dropped
             return Response(status_code=400)
-        return {"translations": [_entry(untagged(h) if tag else h, service.translator, opts)
-                                 for h in hyps],
+        if any(tag):
+            ids = tag_ids(service.translator.tgt_vocab, service.translator.config.data)
+            hyps = [untagged(h, bool(tag.source), ids if tag.target else frozenset())
+                    for h in hyps]
+        return {"translations": [_entry(h, service.translator, opts) for h in hyps],
                 "model": service.model_name,
                 "elapsed_ms": round(1000 * (time.perf_counter() - start), 1)}
 

@@ -70,6 +70,7 @@ class _Job:
     tokens: int  # source tokens, for the batch budget
     longest: int  # tokens of its longest sentence
     constraints: list[list[tuple[str, ...]]] | None = None  # per line (`mtkit.terms`)
+    prefixes: list[str] | None = None  # per line: the output's forced start
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
     seen_at_step: int = 0  # the stream's step count when the worker took the request
@@ -111,9 +112,10 @@ class Batcher:
         return self
 
     def submit(self, lines: list[str], opts: SearchOptions,
-               constraints: list[list[tuple[str, ...]]] | None = None) -> Future:
-        """Queue a request's sentences (and each one's constraints, when given); the
-        future gets one hypothesis list per line."""
+               constraints: list[list[tuple[str, ...]]] | None = None,
+               prefixes: list[str] | None = None) -> Future:
+        """Queue a request's sentences (and each one's constraints and target prefix,
+        when given); the future gets one hypothesis list per line."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
             if self._stopping:
@@ -123,7 +125,7 @@ class Batcher:
                                       "retry shortly")
             self._queued_lines += len(lines)
             self.received += 1
-        job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints)
+        job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
         self._queue.put(job)
         return job.future
 
@@ -199,8 +201,8 @@ class Batcher:
 
     def _streams(self, job: _Job) -> bool:
         """Whether the job goes to the stream (made here for the first that can); one
-        with constraints never does (they need a beam)."""
-        if not self.continuous or job.constraints:
+        with constraints never does (they need a beam), nor one with prefixes."""
+        if not self.continuous or job.constraints or job.prefixes:
             return False
         if self._stream is not None and self._stream.accepts(job.opts):
             return True
@@ -243,8 +245,10 @@ class Batcher:
     def _translate(self, jobs: list[_Job], opts: SearchOptions) -> None:
         lines = [line for job in jobs for line in job.lines]
         constraints = [c for job in jobs for c in job.constraints or [[]] * len(job.lines)]
+        prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
         try:
-            hyps = self.translator.translate(lines, opts,
+            hyps = self.translator.translate(lines, opts, None,
+                                             prefixes if any(prefixes) else None,
                                              batch_tokens=self.limits.max_batch_tokens,
                                              constraints=constraints if any(constraints)
                                              else None)

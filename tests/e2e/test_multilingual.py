@@ -36,7 +36,16 @@ def reversed_copy(folder: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def two_way(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("multilingual")
+    return train_two_way(tmp_path_factory.mktemp("multilingual"))
+
+
+@pytest.fixture(scope="module")
+def two_way_target(tmp_path_factory):
+    """The same, with the tag as the decoder's first token (`model.lang_tag: target`)."""
+    return train_two_way(tmp_path_factory.mktemp("multilingual-target"), "target")
+
+
+def train_two_way(folder: Path, lang_tag: str = "source"):
     splits = {}
     for split, name in (("train", "train"), ("valid", "valid"), ("test", "test")):
         src = str(COPY / f"{name}.src.gz")
@@ -44,7 +53,8 @@ def two_way(tmp_path_factory):
                          {"src": src, "tgt": str(reversed_copy(folder, name)), "tgt_lang": "rv"}]
     overrides = [f"run_dir={folder / 'run'}", "train.max_tokens=2048", "train.lr=0.003",
                  "train.max_steps=1500", "train.valid_every=1500", "train.log_every=1500",
-                 "train.precision=fp32", "train.attention=sdpa", "tokenizer.vocab_size=34"]
+                 "train.precision=fp32", "train.attention=sdpa", "tokenizer.vocab_size=34",
+                 f"model.lang_tag={lang_tag}"]
     overrides += [f"data.{split}={corpora!r}".replace("'", '"') for split, corpora in
                   splits.items()]
     cfg = load_config(ROOT / "configs" / "copy.yaml", overrides)
@@ -164,3 +174,41 @@ def test_a_multilingual_model_needs_a_language_it_knows(two_way):
     assert records.exit_code == 0, records.output
     first, second = records.stdout.splitlines()
     assert '"translation": "c b a"' in first and "give --tgt-lang" in second
+
+
+def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
+    """With `model.lang_tag: target` the tag starts each stored target, not the source;
+    translate forces it as the output's start and takes it off again, and the tag still
+    picks the task; validation and `mtkit run` score outputs without it."""
+    from mtkit.data.shards import ShardDataset
+    from mtkit.vocab import load_vocabs
+
+    checkpoint, sources = two_way_target
+    run = checkpoint.parents[1]
+    vocab = load_vocabs(run, joint=True)[1]
+    test = ShardDataset(run / "data" / "test")
+    assert test.texts("tgt")[0].startswith("<2cp> ") and "<2" not in test.texts("src")[0]
+    x, y = test[0]
+    assert vocab.piece(int(y[1])) == "<2cp>" and "<2cp>" not in [vocab.piece(int(i)) for i in x]
+    text = "\n".join(sources) + "\n"
+    for lang, expected, share in (("cp", sources, 0.9),
+                                  ("rv", [" ".join(reversed(s.split())) for s in sources], 0.75)):
+        result = cli("translate", "-m", checkpoint, "--tgt-lang", lang, "--beam", "4",
+                     "--precision", "fp32", input=text)
+        assert result.exit_code == 0, result.output
+        outputs = result.stdout.splitlines()
+        assert not any("<2" in o for o in outputs)
+        assert sum(o == e for o, e in zip(outputs, expected, strict=True)) >= share * len(sources)
+    records = cli("translate", "-m", checkpoint, "--format", "jsonl", "--precision", "fp32",
+                  "--alignments", input='{"src": "a b c", "tgt_lang": "rv"}\n')
+    assert records.exit_code == 0, records.output
+    record = json.loads(records.stdout)
+    assert record["translation"] == "c b a"
+    assert all(0 <= int(x.split("-")[1]) < 3 for x in record["alignment"].split())
+    valid = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r.get("event") == "valid"][-1]
+    assert valid["by_direction"]["src-cp"]["valid_bleu"] > 90
+    result = cli("run", "--config", run / "config.yaml")
+    assert result.exit_code == 0, result.output
+    scores = json.loads((run / "test.scores.json").read_text())["directions"]
+    assert scores["src-cp"]["bleu"]["score"] > 90 and scores["src-rv"]["bleu"]["score"] > 50

@@ -124,3 +124,23 @@ def test_temperature_moves_the_shares_towards_uniform():
         assert sum(counts.values()) == 1110  # an epoch keeps its size
     assert epoch_counts(pairs, 1.0) == pairs
     assert epoch_counts(pairs, 5.0) == {"en-de": 547, "en-fr": 345, "en-cs": 218}
+
+
+def test_a_tag_goes_where_the_model_reads_it_and_comes_off_the_output():
+    from mtkit.hypothesis import Hypothesis
+    from mtkit.languages import Tagging, tag_end, tagging, untagged, without_tag
+
+    cfg = config_from_dict({"model": {"lang_tag": "target"}, "data": {"train": [
+        {"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}})
+    assert tagging(cfg, "fr") == Tagging(target="<2fr> ")
+    assert [source_tag(c, cfg.data, "target") for c in cfg.data.train] == ["", ""]
+    assert tagging(config_from_dict({}), None) == Tagging()  # bilingual: no tag at all
+    assert without_tag("<2fr> Un chien.") == "Un chien." == without_tag("Un chien.")
+    tags = frozenset({4, 5})
+    assert (tag_end([3, 5, 9], tags), tag_end([5, 9], tags), tag_end([9, 8, 5], tags)) == (2, 1, 0)
+    # "▁ <2fr> ▁Un ▁chien": the tag is target word 0; source word 0 is a source tag
+    hyp = Hypothesis([3, 5, 20, 21], -1.0, -0.5, ((0, 0), (1, 1), (2, 2)))
+    assert untagged([hyp], False, tags)[0].tokens == [20, 21]
+    assert untagged([hyp], False, tags)[0].alignment == ((1, 0), (2, 1))
+    assert untagged([hyp], True)[0].alignment == ((0, 1), (1, 2))
+    assert untagged([hyp], True)[0].tokens == hyp.tokens
