@@ -205,6 +205,9 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     record = json.loads(records.stdout)
     assert record["translation"] == "c b a"
     assert all(0 <= int(x.split("-")[1]) < 3 for x in record["alignment"].split())
+    served = _served(checkpoint, {"text": ["a b c", "", "d e"], "target_lang": "rv",
+                                  "beam": 1})
+    assert [t["text"] for t in served["translations"]] == ["c b a", "", "e d"]
     valid = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
              if r.get("event") == "valid"][-1]
     assert valid["by_direction"]["src-cp"]["valid_bleu"] > 90
@@ -212,3 +215,33 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     assert result.exit_code == 0, result.output
     scores = json.loads((run / "test.scores.json").read_text())["directions"]
     assert scores["src-cp"]["bleu"]["score"] > 90 and scores["src-rv"]["bleu"]["score"] > 50
+
+
+def _served(checkpoint: Path, body: dict) -> dict:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mtkit.decoding import SearchOptions
+    from mtkit.engines.loader import load_engine
+    from mtkit.serving.app import create_app
+    from mtkit.serving.scheduler import Limits
+
+    engine = load_engine(checkpoint, "cpu")
+    app = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(), "m")
+    with TestClient(app) as api:
+        answer = api.post("/v1/translate", json=body)
+        assert answer.status_code == 200, answer.json()
+        return answer.json()
+
+
+def test_an_export_forces_a_target_side_tag_too(two_way_target, tmp_path):
+    pytest.importorskip("ctranslate2")
+    checkpoint, sources = two_way_target
+    out = tmp_path / "ct2"
+    assert cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out).exit_code == 0
+    text = "\n".join(sources[:20]) + "\n"
+    native = cli("translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32",
+                 input=text)
+    exported = cli("translate", "-m", out, "--tgt-lang", "rv", input=text)
+    assert exported.exit_code == 0, exported.output
+    assert exported.stdout == native.stdout and "<2" not in exported.stdout
