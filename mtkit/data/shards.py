@@ -286,7 +286,8 @@ class ShardDataset:
 
     def directions(self) -> dict[str, np.ndarray]:
         """Each direction's pair indices ("en-de": ...), from the manifest's corpora, which
-        preprocess writes one after another; a shard that records none: {"": all}."""
+        preprocess writes one after another (a direction left with no pairs is not
+        listed); a shard that records none: {"": all}."""
         out: dict[str, list[np.ndarray]] = {}
         first = 0
         for corpus in self.manifest.get("corpora", []):
@@ -296,7 +297,8 @@ class ShardDataset:
             first += written
         if first != len(self) or not out:
             return {"": np.arange(len(self))}
-        return {d: np.concatenate(parts) for d, parts in out.items()}
+        return {d: np.concatenate(parts) for d, parts in out.items()
+                if sum(len(p) for p in parts)}
 
     def texts(self, side: str) -> list[str]:
         """The cleaned text of one side (valid and test splits only)."""

@@ -224,3 +224,35 @@ def test_preprocess_of_a_list_of_corpora_reports_each_in_the_manifest(tiny_confi
     assert manifest["origin"] == f"{a['origin']} and {extra}"
     shard = ShardDataset(cfg.run_path / "data" / "train")
     assert shard[a["written"]][0].tolist() == shard[a["written"] + 40][0].tolist()
+
+
+def test_the_manifest_gives_each_direction_its_pairs_and_share(tiny_config, tmp_path):
+    """Three corpora, two of them en->de (one weighted 2), one en->fr: the shard's
+    directions are the corpora's pair ranges, and the shares follow data.temperature."""
+    from conftest import read_lines, write_lines
+
+    en, de = read_lines("val.en.gz", 60), read_lines("val.de.gz", 60)
+    first = tiny_config.data.train[0]
+    files = [write_lines(tmp_path / name, lines) for name, lines in
+             (("a.en", en[:20]), ("a.de", de[:20]), ("b.en", en[20:]), ("b.fr", de[20:]))]
+    data = dataclasses.replace(tiny_config.data, temperature=2.0, train=(
+        first, CorpusConfig(src=str(files[0]), tgt=str(files[1]), weight=2),
+        CorpusConfig(src=str(files[2]), tgt=str(files[3]), tgt_lang="fr")))
+    cfg = dataclasses.replace(tiny_config, data=data)
+    build_tokenizer(cfg)
+    manifest = preprocess(cfg)["train"]
+    a, b, c = manifest["corpora"]
+    assert [r["direction"] for r in (a, b, c)] == ["en-de", "en-de", "en-fr"]
+    de_pairs, fr_pairs = a["written"] + b["written"], c["written"]
+    assert (b["written"], fr_pairs) == (40, 40)
+    total = de_pairs ** 0.5 + fr_pairs ** 0.5  # temperature 2: pairs ** (1/2)
+    assert manifest["directions"] == {
+        "en-de": {"pairs": de_pairs, "share": round(de_pairs ** 0.5 / total, 6)},
+        "en-fr": {"pairs": 40, "share": round(40 ** 0.5 / total, 6)}}
+    shard = ShardDataset(cfg.run_path / "data" / "train")
+    groups = shard.directions()
+    assert list(groups) == ["en-de", "en-fr"]
+    assert groups["en-fr"].tolist() == list(range(de_pairs, de_pairs + 40))
+    src_vocab = load_vocabs(cfg.run_path, joint=True)[0]
+    assert src_vocab.decode(shard[de_pairs][0].tolist()).startswith("<2fr> ")
+    assert src_vocab.decode(shard[0][0].tolist()).startswith("<2de> ")
