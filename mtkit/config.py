@@ -310,6 +310,12 @@ def expand_multiway(data: DataConfig, where: str = "") -> DataConfig:
     pairs = [_pair(d, mw.languages, f"{key}.directions", where) for d in mw.directions or every]
     tests = [_pair(d, mw.languages, f"{key}.test_directions", where)
              for d in mw.test_directions] or pairs
+    if not (mw.train or mw.valid or mw.test):
+        raise ConfigError(f"{where}{key} gives no file pattern: set {key}.train (and valid, "
+                          f"test) to a path with {{lang}}")
+    if mw.test_directions and not mw.test:
+        raise ConfigError(f"{where}{key}.test_directions needs {key}.test, the test files' "
+                          f"pattern")
     out = {}
     for split, directions in (("train", pairs), ("valid", pairs), ("test", tests)):
         pattern = getattr(mw, split)

@@ -10,7 +10,7 @@ or script (pt_BR, zh_Hant) is compared by its language part.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -23,8 +23,8 @@ class LangIdError(UserError, RuntimeError):
 
 
 @cache
-def _identifier(among: tuple[str, ...] | None) -> Callable[[str], tuple[str, float]]:
-    """py3langid's classifier, choosing only `among` those languages when given (short
+def _identifier(among: tuple[str, ...] | None):
+    """py3langid's identifier, choosing only `among` those languages when given (short
     captions are told apart far better among a run's four languages than among 97)."""
     try:
         from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
@@ -38,7 +38,7 @@ def _identifier(among: tuple[str, ...] | None) -> Callable[[str], tuple[str, flo
             raise LangIdError(f"py3langid does not know {', '.join(unknown)}; it knows "
                               f"{len(identifier.nb_classes)} ISO 639-1 codes such as en, de")
         identifier.set_languages(list(among))
-    return identifier.classify
+    return identifier
 
 
 def codes(text: str | None) -> list[str]:
@@ -54,8 +54,8 @@ def base(lang: str) -> str:
 def detect(texts: Sequence[str], among: Sequence[str] | None = None) -> list[str]:
     """Each text's most likely language ("" for an empty one), among those languages
     when given (else all py3langid knows)."""
-    classify = _identifier(tuple(sorted({base(x) for x in among})) if among else None)
-    return [classify(t)[0] if t.strip() else "" for t in texts]
+    identifier = _identifier(tuple(sorted({base(x) for x in among})) if among else None)
+    return [identifier.classify(t)[0] if t.strip() else "" for t in texts]
 
 
 def in_language(texts: Sequence[str], lang: str, among: Sequence[str] | None = None
@@ -96,7 +96,13 @@ class OffTarget:
 def off_target(hypotheses: Sequence[str], lang: str, among: Sequence[str] | None = None
                ) -> OffTarget:
     """How many hypotheses are not in `lang`, and what they are in instead (detected
-    `among` those languages when given)."""
+    `among` those languages when given; `lang` must be one of them)."""
+    known = _identifier(None).nb_classes
+    if base(lang) not in known:
+        raise LangIdError(f"--lang {lang}: py3langid does not know it; it knows "
+                          f"{len(known)} ISO 639-1 codes such as en, de")
+    if among and base(lang) not in {base(x) for x in among}:
+        raise LangIdError(f"--lang {lang} is not among {', '.join(among)}")
     found = [x for x in detect(hypotheses, among) if x]
     others = Counter(x for x in found if x != base(lang))
     return OffTarget(lang, sum(others.values()), len(found), dict(others.most_common()),

@@ -48,6 +48,13 @@ def target_languages(data: DataConfig) -> list[str]:
     return targets if len(targets) > 1 else []
 
 
+def bilingual_pair(data: DataConfig) -> tuple[str, str]:
+    """A run's (source, target) when it has one target language: its training direction
+    (the first, when several sources go into it), else the data section's."""
+    found = directions(data)
+    return found[0] if found else (data.src_lang, data.tgt_lang)
+
+
 def tags(data: DataConfig) -> list[str]:
     """The run's tags, one per target language ([] for a bilingual run)."""
     return [tag(lang) for lang in target_languages(data)]
@@ -100,9 +107,10 @@ def check_target(data: DataConfig, lang: str | None, option: str = "--tgt-lang")
     language on a multilingual model, or one the model does not translate into."""
     known = target_languages(data)
     if not known:
-        if lang is not None and lang != data.tgt_lang:
-            raise OptionError(f"{option} {lang}: this model translates {data.src_lang} into "
-                              f"{data.tgt_lang} only", "tgt_lang")
+        src, tgt = bilingual_pair(data)
+        if lang is not None and lang != tgt:
+            raise OptionError(f"{option} {lang}: this model translates {src} into {tgt} "
+                              f"only", "tgt_lang")
         return ""
     if lang is None:
         raise OptionError(f"this model translates into {', '.join(known)}: give {option} "

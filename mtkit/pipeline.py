@@ -28,7 +28,7 @@ from mtkit.device import release_freed_memory
 from mtkit.engines.loader import load_engine
 from mtkit.errors import UserError
 from mtkit.evaluate import Score, score
-from mtkit.languages import tag, tags, without_tag
+from mtkit.languages import direction, tag, tags, without_tag
 from mtkit.preprocess import preprocess
 from mtkit.rundir import run_lock
 from mtkit.textio import translate_texts
@@ -144,10 +144,11 @@ def _test_texts(cfg: Config, test: ShardDataset) -> tuple[list[str], list[str], 
     sources, references = test.texts("src"), test.texts("tgt")
     if cfg.model.lang_tag != "target" or not tags(cfg.data):
         return sources, references, None
-    target_tags = [""] * len(sources)
-    for d, ix in test.directions().items():
-        for i in ix:
-            target_tags[i] = f"{tag(d.split('-')[1])} "
+    target_tags, first = [""] * len(sources), 0
+    for corpus, report in zip(cfg.data.corpora("test"), test.manifest["corpora"], strict=True):
+        end = first + report["written"]  # preprocess wrote the corpora one after another
+        target_tags[first:end] = [f"{tag(direction(corpus, cfg.data)[1])} "] * (end - first)
+        first = end
     return sources, [without_tag(r) for r in references], target_tags
 
 

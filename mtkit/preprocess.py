@@ -252,12 +252,13 @@ def _in_languages(chunks: Iterator[Chunk], langs: tuple[str, str], cfg: DataConf
                   dropped: dict[str, int]) -> Iterator[Chunk]:
     """`data.langid_filter`: the pairs whose source is detected as `langs[0]` and target
     as `langs[1]`, told apart among the run's languages (`mtkit.langid`); the others
-    are counted in dropped["language"]. A multilingual source's tag is not looked at."""
+    are counted in dropped["language"]. A multilingual run's tags are not looked at."""
     among = sorted({x for pair in languages.directions(cfg) for x in pair})
     for src, tgt in chunks:
-        bare = [languages.without_tag(x) for x in src]
-        keep = [a and b for a, b in zip(in_language(bare, langs[0], among),
-                                        in_language(tgt, langs[1], among), strict=True)]
+        keep = [a and b for a, b in zip(
+            in_language([languages.without_tag(x) for x in src], langs[0], among),
+            in_language([languages.without_tag(y) for y in tgt], langs[1], among),
+            strict=True)]
         dropped["language"] += keep.count(False)
         yield ([x for x, k in zip(src, keep, strict=True) if k],
                [y for y, k in zip(tgt, keep, strict=True) if k])
@@ -366,7 +367,8 @@ def _directions(reports: list[dict], cfg: DataConfig) -> dict[str, dict]:
     pairs: dict[str, int] = {}
     for report in reports:
         pairs[report["direction"]] = pairs.get(report["direction"], 0) + report["written"]
-    share = shares(pairs, cfg.temperature) if all(pairs.values()) else {}
+    share = shares({d: n for d, n in pairs.items() if n}, cfg.temperature) \
+        if any(pairs.values()) else {}
     return {d: {"pairs": n, "share": round(share.get(d, 0.0), 6)} for d, n in pairs.items()}
 
 

@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,7 @@ def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainR
     cfg = state.cfg
     tc, p = cfg.train, state.progress
     first_step, bad_updates, window = p.step, 0, Window()
-    while not (reason := stop_reason(p, tc, state.sampler.epoch_size(p.epoch), signals.received)):
+    while not (reason := stop_reason(p, tc, state.sampler.epoch_size, signals.received)):
         update = accumulate(state)
         if update.skipped_oom:
             continue
@@ -167,7 +168,7 @@ def accumulate(state: TrainState) -> Update:
     """Forward and backward `update_freq` micro-batches, summing gradients in .grad. The
     last update before `max_epochs` may take fewer: the epoch's last batches still count."""
     tc, p = state.cfg.train, state.progress
-    left = batches_left(p, tc, state.sampler.epoch_size(p.epoch))
+    left = batches_left(p, tc, state.sampler.epoch_size)
     micro_batches = tc.update_freq if left is None else min(tc.update_freq, left)
     update = Update()
     for micro in range(micro_batches):
@@ -237,14 +238,21 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-def batches_left(progress: Progress, tc: TrainConfig, per_epoch: int) -> int | None:
-    """Batches this rank may still take before `max_epochs` (None: no epoch limit)."""
+def batches_left(progress: Progress, tc: TrainConfig, per_epoch: int | Callable[[int], int]
+                 ) -> int | None:
+    """Batches this rank may still take before `max_epochs` (None: no epoch limit).
+    `per_epoch`: this rank's batches in every epoch, or in epoch e (`epoch_size(e)`:
+    under temperature sampling each epoch has its own)."""
     if not tc.max_epochs:
         return None
-    return tc.max_epochs * per_epoch - ((progress.epoch - 1) * per_epoch + progress.batch)
+    size = per_epoch if callable(per_epoch) else (lambda epoch: per_epoch)
+    if progress.epoch > tc.max_epochs:
+        return 0
+    return size(progress.epoch) - progress.batch + sum(
+        size(e) for e in range(progress.epoch + 1, tc.max_epochs + 1))
 
 
-def stop_reason(progress: Progress, tc: TrainConfig, per_epoch: int,
+def stop_reason(progress: Progress, tc: TrainConfig, per_epoch: int | Callable[[int], int],
                 signal_name: str | None) -> str:
     """Why training stops now, or "" to go on."""
     if progress.early_stopped:
@@ -255,7 +263,8 @@ def stop_reason(progress: Progress, tc: TrainConfig, per_epoch: int,
         return "max_steps"
     if tc.max_time and progress.elapsed >= tc.max_time:
         return "max_time"
-    if batches_left(progress, tc, per_epoch) == 0:
+    left = batches_left(progress, tc, per_epoch)
+    if left is not None and left <= 0:
         return "max_epochs"
     return ""
 

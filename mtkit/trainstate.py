@@ -10,6 +10,7 @@ training goes on exactly where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtkit.checkpoint import CheckpointError, describe_weights, find_resumable, load_checkpoint
-from mtkit.config import Config, config_from_dict, config_to_dict, save_config
+from mtkit.config import Config, ModelConfig, config_from_dict, config_to_dict, save_config
 from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
 from mtkit.device import (
@@ -328,7 +329,9 @@ def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: T
 
 
 def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
-    saved = payload["config"]["model"]
+    """Refuse to resume with another model section; a field the checkpoint predates
+    counts as its default (what that mtkit version trained)."""
+    saved = {**dataclasses.asdict(ModelConfig()), **payload["config"]["model"]}
     now = config_to_dict(cfg)["model"]
     diff = [k for k in now if saved.get(k) != now[k]]
     if diff:

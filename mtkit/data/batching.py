@@ -118,6 +118,7 @@ class TokenBatchSampler(Sampler[list[int]]):
                  seed: int = 1, shuffle: bool = True, rank: int = 0, world_size: int = 1,
                  draws: Sequence[tuple[np.ndarray, int]] = ()):
         self.draws = list(draws)  # (pair indices of a direction, pairs an epoch draws)
+        self._sizes: dict[int, int] = {}  # epoch_size of epochs other than the current
         self.src_lengths = np.asarray(src_lengths)
         self.tgt_lengths = np.asarray(tgt_lengths)
         self.max_tokens = max_tokens
@@ -153,8 +154,11 @@ class TokenBatchSampler(Sampler[list[int]]):
     def epoch_size(self, epoch: int) -> int:
         """Batches this rank runs in `epoch` (all of them): the same every epoch, except
         under temperature sampling, where each epoch draws other pairs."""
-        return len(self._batches if epoch == self.epoch or not self.draws
-                   else self._make(epoch))
+        if epoch == self.epoch or not self.draws:
+            return len(self._batches)
+        if epoch not in self._sizes:
+            self._sizes[epoch] = len(self._make(epoch))
+        return self._sizes[epoch]
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self._batches[self.start_batch :]:

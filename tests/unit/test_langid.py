@@ -40,6 +40,10 @@ def test_codes_and_what_the_identifier_does_not_know(monkeypatch):
     assert detect(["Ein Mann fährt Fahrrad."], ["pt_BR", "de"]) == ["de"]  # region dropped
     with pytest.raises(LangIdError, match="py3langid does not know cp, rv"):
         detect(["a b"], ["cp", "rv"])
+    with pytest.raises(LangIdError, match="--lang xx: py3langid does not know it"):
+        off_target(["a b"], "xx")  # not a silent 100%
+    with pytest.raises(LangIdError, match="--lang de is not among en, fr"):
+        off_target(["a b"], "de", ["en", "fr"])
     _identifier.cache_clear()
     monkeypatch.setitem(sys.modules, "py3langid.langid", None)  # not installed
     with pytest.raises(LangIdError, match=r"pip install 'mtkit\[langid\]'"):

@@ -97,6 +97,8 @@ def test_multiway_names_its_directions_and_zero_shot_test_directions():
     ({"valid": "val.gz"}, r"data.multiway.valid must contain \{lang\}"),
     ({"directoins": []}, "data.multiway.directoins is not a key; did you mean "
                          "data.multiway.directions"),
+    ({"train": "", "valid": "", "test": ""}, "data.multiway gives no file pattern"),
+    ({"test": "", "test_directions": ["de-fr"]}, "test_directions needs data.multiway.test"),
 ])
 def test_multiway_mistakes_are_one_line_naming_the_key(multiway, message):
     with pytest.raises(ConfigError, match=message):
@@ -144,3 +146,12 @@ def test_a_tag_goes_where_the_model_reads_it_and_comes_off_the_output():
     assert untagged([hyp], False, tags)[0].alignment == ((1, 0), (2, 1))
     assert untagged([hyp], True)[0].alignment == ((0, 1), (1, 2))
     assert untagged([hyp], True)[0].tokens == hyp.tokens
+
+
+def test_a_run_of_one_direction_translates_into_its_own_target():
+    """Its direction, not the data section's defaults (en, de), says what it does."""
+    cfg = config_from_dict({"data": {"multiway": {"languages": ["fr", "cs"],
+                                                  "directions": ["fr-cs"], "train": "t.{lang}"}}})
+    assert check_target(cfg.data, "cs") == "" and tags(cfg.data) == []
+    with pytest.raises(OptionError, match="--tgt-lang de: this model translates fr into cs only"):
+        check_target(cfg.data, "de")

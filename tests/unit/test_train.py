@@ -27,7 +27,7 @@ from mtkit.device import (
 )
 from mtkit.preprocess import preprocess
 from mtkit.tokenizer import build_tokenizer
-from mtkit.train import Progress, TrainError, stop_reason, train
+from mtkit.train import Progress, TrainError, batches_left, stop_reason, train
 
 from conftest import tiny_config_dict
 
@@ -307,6 +307,11 @@ def test_stop_reason_is_a_function_of_progress_and_config():
     assert stop_reason(Progress(step=3, epoch=2, batch=6), tc, 7, None) == ""
     assert stop_reason(Progress(step=3), tc, 7, "SIGINT") == "signal SIGINT"
     assert stop_reason(Progress(step=10, early_stopped=True), tc, 7, None) == "patience"
+    sizes = {1: 7, 2: 3}.get  # temperature sampling: each epoch its own batch count
+    assert stop_reason(Progress(step=3, epoch=2, batch=3), tc, sizes, None) == "max_epochs"
+    assert stop_reason(Progress(step=3, epoch=2, batch=2), tc, sizes, None) == ""
+    assert stop_reason(Progress(step=3, epoch=3, batch=1), tc, sizes, None) == "max_epochs"
+    assert batches_left(Progress(epoch=1, batch=6), tc, sizes) == 4  # 1 of epoch 1, 3 of 2
 
 
 def test_precision_auto_on_a_cpu_is_measured_and_recorded(prepared, tmp_path, corpus):
@@ -376,3 +381,20 @@ def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(prepared, tmp_p
     with pytest.raises(TrainError, match=r"last.pt was trained with train.attention=matmul, "
                                          r"the config says sdpa"):
         train(sdpa)
+
+
+def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path):
+    """Its model section lacks the newer keys (model.lang_tag): they count as their
+    defaults, which is what that version trained; a real difference is still refused."""
+    import dataclasses
+
+    from mtkit.config import config_to_dict
+    from mtkit.trainstate import _check_same_model
+
+    cfg = config_from_dict({})
+    old = config_to_dict(cfg)
+    del old["model"]["lang_tag"]
+    _check_same_model(cfg, {"config": old}, tmp_path / "last.pt")  # no error
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lang_tag="target"))
+    with pytest.raises(TrainError, match="model.lang_tag='source', the config says 'target'"):
+        _check_same_model(other, {"config": old}, tmp_path / "last.pt")
