@@ -149,20 +149,9 @@ def test_an_export_keeps_the_tags(two_way, tmp_path):
 
 def test_one_model_copies_or_reverses_as_the_tag_asks(two_way):
     checkpoint, sources = two_way
-    text = "\n".join(sources) + "\n"
-    outputs = {}
     # Reversing is the harder task: after 1,500 steps it is exact on 83% of the lines
     # (copying on all); either way, not the other task's output.
-    for lang, expected, share in (("cp", sources, 0.9),
-                                  ("rv", [" ".join(reversed(s.split())) for s in sources], 0.75)):
-        result = cli("translate", "-m", checkpoint, "--tgt-lang", lang, "--beam", "4",
-                     "--precision", "fp32", input=text)
-        assert result.exit_code == 0, result.output
-        outputs[lang] = result.stdout.splitlines()
-        exact = sum(o == e for o, e in zip(outputs[lang], expected, strict=True))
-        assert exact >= share * len(sources), (lang, exact)
-    palindromes = sum(s.split() == s.split()[::-1] for s in sources)
-    assert sum(a == b for a, b in zip(outputs["cp"], outputs["rv"])) <= palindromes + 3
+    copied_or_reversed(checkpoint, sources, 0.75)
 
 
 def test_a_multilingual_model_needs_a_language_it_knows(two_way):
@@ -192,21 +181,10 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     assert test.texts("tgt")[0].startswith("<2cp> ") and "<2" not in test.texts("src")[0]
     x, y = test[0]
     assert vocab.piece(int(y[1])) == "<2cp>" and "<2cp>" not in [vocab.piece(int(i)) for i in x]
-    text = "\n".join(sources) + "\n"
-    outputs = {}
     # Reversing after 1,500 steps: 44 of the 60 lines exact with ATEN_CPU_CAPABILITY=default,
     # more with AVX-512 (training's last bits differ by CPU); copying: all or nearly.
-    for lang, expected, share in (("cp", sources, 0.9),
-                                  ("rv", [" ".join(reversed(s.split())) for s in sources], 0.6)):
-        result = cli("translate", "-m", checkpoint, "--tgt-lang", lang, "--beam", "4",
-                     "--precision", "fp32", input=text)
-        assert result.exit_code == 0, result.output
-        outputs[lang] = result.stdout.splitlines()
-        assert not any("<2" in o for o in outputs[lang])
-        exact = sum(o == e for o, e in zip(outputs[lang], expected, strict=True))
-        assert exact >= share * len(sources), (lang, exact)
-    palindromes = sum(s.split() == s.split()[::-1] for s in sources)
-    assert sum(a == b for a, b in zip(outputs["cp"], outputs["rv"])) <= palindromes + 3
+    outputs = copied_or_reversed(checkpoint, sources, 0.6)
+    assert not any("<2" in o for lines in outputs.values() for o in lines)
     records = cli("translate", "-m", checkpoint, "--format", "jsonl", "--precision", "fp32",
                   "--beam", "4", "--alignments",
                   input=json.dumps({"src": sources[0], "tgt_lang": "rv"}) + "\n")
@@ -254,3 +232,23 @@ def test_an_export_forces_a_target_side_tag_too(two_way_target, tmp_path):
     exported = cli("translate", "-m", out, "--tgt-lang", "rv", input=text)
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == native.stdout and "<2" not in exported.stdout
+
+
+def copied_or_reversed(checkpoint: Path, sources: list[str], reversed_share: float
+                       ) -> dict[str, list[str]]:
+    """`translate --tgt-lang` cp and rv of `sources`: at least 90% copied exactly, and
+    `reversed_share` reversed exactly; the two tasks' outputs differ (but palindromes)."""
+    text = "\n".join(sources) + "\n"
+    outputs = {}
+    for lang, expected, share in (
+            ("cp", sources, 0.9),
+            ("rv", [" ".join(reversed(s.split())) for s in sources], reversed_share)):
+        result = cli("translate", "-m", checkpoint, "--tgt-lang", lang, "--beam", "4",
+                     "--precision", "fp32", input=text)
+        assert result.exit_code == 0, result.output
+        outputs[lang] = result.stdout.splitlines()
+        exact = sum(o == e for o, e in zip(outputs[lang], expected, strict=True))
+        assert exact >= share * len(sources), (lang, exact)
+    palindromes = sum(s.split() == s.split()[::-1] for s in sources)
+    assert sum(a == b for a, b in zip(outputs["cp"], outputs["rv"])) <= palindromes + 3
+    return outputs
