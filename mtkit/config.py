@@ -167,6 +167,9 @@ class TrainConfig:
     update_freq: int = field(default=1, metadata=value_range(1))
     lr: float = field(default=7e-4, metadata=value_range(0.0, 10.0, lo_open=True))
     warmup_steps: int = field(default=4000, metadata=value_range(0))
+    # After the warm-up: the paper's inverse square root, or a linear decay to 0 at the
+    # end of the budget (max_steps, or max_time by the training clock): `mtkit.optim`.
+    lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     label_smoothing: float = field(default=0.1, metadata=value_range(0.0, 0.99))
     weight_decay: float = field(default=0.0, metadata=value_range(0.0))
     clip_norm: float = field(default=1.0, metadata=value_range(0.0))  # 0 = no clipping
@@ -241,6 +244,10 @@ def _check_consistency(cfg: Config, where: str) -> None:
     if cfg.train.average_last > cfg.train.keep_last:
         raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
                           f"exceed train.keep_last ({cfg.train.keep_last})")
+    t = cfg.train
+    if t.lr_schedule == "linear" and not (t.max_steps or t.max_time):
+        raise ConfigError(f"{where}train.lr_schedule: linear decays over the budget, so it "
+                          f"needs train.max_steps or train.max_time")
     _check_targets(cfg.data, where)
     for split in ("train", "valid", "test"):
         corpora = getattr(cfg.data, split)

@@ -1,5 +1,6 @@
-"""The optimizer and its schedule: AdamW with the paper's betas, the inverse-square-root
-warm-up, and the per-token scaling and clipping of one update's gradients."""
+"""The optimizer and its schedule: AdamW with the paper's betas, the learning-rate schedules
+(the paper's inverse-square-root warm-up, or a linear decay over the run's budget), and the
+per-token scaling and clipping of one update's gradients."""
 
 from __future__ import annotations
 
@@ -21,11 +22,40 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 
+def linear_decay_lr(step: int, peak: float, warmup: int, used: float) -> float:
+    """Linear warm-up, then a linear decay to 0 at the end of the budget: `used` is the
+    share of it that the updates before this one took (`budget_used`). Short, budgeted
+    runs end with small steps instead of the inverse square root's still large ones (Li
+    et al. 2020, "Budgeted training")."""
+    warm = 1.0 if warmup == 0 else min(1.0, max(step, 1) / warmup)
+    return peak * warm * max(0.0, 1.0 - used)
+
+
+def budget_used(step: int, elapsed: float, tc: TrainConfig) -> float:
+    """The share of the training budget that `step` updates and `elapsed` seconds of
+    training have used: the larger of `max_steps`' and `max_time`'s (0 when neither is
+    set; the config check asks for one under the linear schedule)."""
+    shares = [step / tc.max_steps] if tc.max_steps else []
+    if tc.max_time:
+        shares.append(elapsed / tc.max_time)
+    return min(1.0, max(shares, default=0.0))
+
+
+def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
+    """The learning rate of update `step` (from 1) under `train.lr_schedule`, after
+    `elapsed` seconds of training. Under `max_time` the linear schedule follows the
+    training clock, so two runs' rates differ in their last digits; under `max_steps`
+    alone it is a function of the step, and resume stays exact."""
+    if tc.lr_schedule == "linear":
+        return linear_decay_lr(step, tc.lr, tc.warmup_steps, budget_used(step - 1, elapsed, tc))
+    return inverse_sqrt_lr(step, tc.lr, tc.warmup_steps)
+
+
 def adamw(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with the paper's betas (0.9, 0.98) and eps 1e-9, at the schedule's first
     learning rate; fused on CUDA."""
     return torch.optim.AdamW(
-        model.parameters(), lr=inverse_sqrt_lr(1, tc.lr, tc.warmup_steps), betas=(0.9, 0.98),
+        model.parameters(), lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98),
         eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
 
 

@@ -42,7 +42,7 @@ from mtkit.evaluate import score
 from mtkit.languages import tag_end, tag_ids, without_tag
 from mtkit.loss import LossOutput, label_smoothed_nll
 from mtkit.model import Transformer
-from mtkit.optim import inverse_sqrt_lr, per_token_gradients, set_lr
+from mtkit.optim import learning_rate, per_token_gradients, set_lr
 from mtkit.progress import ProgressView
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
@@ -208,7 +208,7 @@ def apply_update(state: TrainState, update: Update) -> tuple[float, float] | Non
         log.warning("non-finite loss or gradient at step %d; update skipped", p.step + 1)
         state.metrics.write("nonfinite_skip", step=p.step + 1, loss=update.loss)
         return None
-    lr = inverse_sqrt_lr(p.step + 1, tc.lr, tc.warmup_steps)
+    lr = learning_rate(p.step + 1, time.perf_counter() - state.clock_start, tc)
     set_lr(state.optimizer, lr)
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)

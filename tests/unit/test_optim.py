@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mtkit.optim import inverse_sqrt_lr
+from mtkit.config import TrainConfig, config_from_dict
+from mtkit.configcheck import ConfigError
+from mtkit.optim import budget_used, inverse_sqrt_lr, learning_rate
 
 
 def test_schedule_warms_up_then_decays_as_inverse_sqrt():
@@ -12,3 +14,37 @@ def test_schedule_warms_up_then_decays_as_inverse_sqrt():
     assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
     assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
     assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero_at_the_step_budget():
+    tc = TrainConfig(lr=1e-3, warmup_steps=100, max_steps=1000, lr_schedule="linear")
+    assert learning_rate(1, 0.0, tc) == pytest.approx(1e-5 * (1 - 0 / 1000))
+    assert learning_rate(100, 0.0, tc) == pytest.approx(1e-3 * (1 - 99 / 1000))
+    assert learning_rate(550, 0.0, tc) == pytest.approx(1e-3 * 0.451)
+    assert learning_rate(1000, 0.0, tc) == pytest.approx(1e-6)  # the last update: small, not 0
+    assert learning_rate(1001, 0.0, tc) == 0.0
+    rates = [learning_rate(s, 0.0, tc) for s in range(100, 1001)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+
+
+def test_linear_schedule_follows_the_training_clock_under_max_time():
+    tc = TrainConfig(lr=1e-3, warmup_steps=0, max_time=600, lr_schedule="linear")
+    assert learning_rate(50, 150.0, tc) == pytest.approx(7.5e-4)
+    assert learning_rate(50, 600.0, tc) == 0.0
+    both = TrainConfig(lr=1e-3, warmup_steps=0, max_time=600, max_steps=100,
+                       lr_schedule="linear")  # whichever budget runs out first
+    assert learning_rate(51, 150.0, both) == pytest.approx(5e-4)
+    assert learning_rate(11, 450.0, both) == pytest.approx(2.5e-4)
+    assert budget_used(10, 0.0, TrainConfig()) == 0.0
+
+
+def test_inverse_sqrt_stays_the_default_schedule():
+    tc = TrainConfig(lr=1e-3, warmup_steps=100, max_steps=1000)
+    assert learning_rate(400, 123.0, tc) == inverse_sqrt_lr(400, 1e-3, 100)
+
+
+def test_linear_schedule_without_a_budget_is_one_line_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"train.lr_schedule: linear .* train.max_steps or "
+                                          r"train.max_time"):
+        config_from_dict({"train": {"lr_schedule": "linear"}})
+    assert config_from_dict({"train": {"lr_schedule": "linear", "max_time": 60}})

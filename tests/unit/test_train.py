@@ -81,6 +81,17 @@ def test_training_lowers_the_loss_and_logs_every_event(prepared, tmp_path, corpu
     assert load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["vocab"]["src"]
 
 
+def test_the_linear_schedule_reaches_the_optimizer_and_ends_near_zero(prepared, tmp_path,
+                                                                      corpus):
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=100, log_every=5,
+                   lr_schedule="linear", warmup_steps=5, lr=1e-3)
+    train(cfg)
+    events = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").open()]
+    rates = [(e["step"], e["lr"]) for e in events if e["event"] == "train"]
+    assert [s for s, _ in rates] == [5, 10, 15, 20]
+    assert [r for _, r in rates] == pytest.approx([1e-3 * (1 - (s - 1) / 20) for s, _ in rates])
+
+
 def with_max_steps(cfg, steps: int):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
 
