@@ -2,6 +2,7 @@
 
     python benchmarks/profile_train_step.py [--config configs/multi30k.yaml]
         [--precision bf16] [--attention sdpa|matmul] [--steps 5] [--synthetic 16 16]
+        [--set train.max_tokens=4096]
 
 Runs `--warmup` untimed steps, then profiles `--steps` steps (forward, label-smoothed
 loss, backward, AdamW) of the config's model on the same batches as
@@ -38,6 +39,9 @@ CASTS = ("aten::_to_copy", "aten::copy_")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted config override, as mtkit's --set; the README's "
+                             "speed figures used train.max_tokens=4096")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     parser.add_argument("--attention", choices=["sdpa", "matmul"], default="sdpa")
     parser.add_argument("--steps", type=int, default=5)
@@ -46,7 +50,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=None)
     args = parser.parse_args()
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
                                                              precision=args.precision))
     tune_cpu_runtime()

@@ -2,6 +2,7 @@
 
     python benchmarks/train_throughput.py --config configs/multi30k.yaml [--compare hf]
         [--precision auto|fp32|bf16] [--steps 12] [--synthetic 32 32] [--device auto]
+        [--set train.max_tokens=4096]
 
 Runs full training steps (forward, label-smoothed loss, backward, clipping, AdamW) on
 the same batches: real ones from RUN/data/train (run `mtkit preprocess` first) or, with
@@ -213,6 +214,9 @@ def hf_throughput(cfg, vocab: int, attention: str, batches, args, device, dtype
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted config override, as mtkit's --set; the README's "
+                             "speed figures used train.max_tokens=4096")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=12)
@@ -225,7 +229,7 @@ def main() -> None:
                         help="mtkit's attention kernel (default: the config's train.attention)")
     args = parser.parse_args()
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     precision = args.precision or cfg.train.precision
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
     device = resolve_device(args.device)
