@@ -26,7 +26,8 @@ def linear_decay_lr(step: int, peak: float, warmup: int, used: float) -> float:
     """Linear warm-up, then a linear decay to 0 at the end of the budget: `used` is the
     share of it that the updates before this one took (`budget_used`). Short, budgeted
     runs end with small steps instead of the inverse square root's still large ones (Li
-    et al. 2020, "Budgeted training")."""
+    et al. 2020, "Budgeted training"). Far from convergence it costs: 5-6 BLEU in the main
+    job's first 437 updates (README: Quality), where every bit of rate still helps."""
     warm = 1.0 if warmup == 0 else min(1.0, max(step, 1) / warmup)
     return peak * warm * max(0.0, 1.0 - used)
 
@@ -44,8 +45,8 @@ def budget_used(step: int, elapsed: float, tc: TrainConfig) -> float:
 def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
     """The learning rate of update `step` (from 1) under `train.lr_schedule`, after
     `elapsed` seconds of training. Under `max_time` the linear schedule follows the
-    training clock, so two runs' rates differ in their last digits; under `max_steps`
-    alone it is a function of the step, and resume stays exact."""
+    training clock, so its rates depend on the machine's speed and differ between two
+    runs; under `max_steps` alone it is a function of the step, and resume stays exact."""
     if tc.lr_schedule == "linear":
         return linear_decay_lr(step, tc.lr, tc.warmup_steps, budget_used(step - 1, elapsed, tc))
     return inverse_sqrt_lr(step, tc.lr, tc.warmup_steps)
