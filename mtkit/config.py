@@ -9,6 +9,7 @@ dotted key and, for a typo, the nearest valid key:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -167,8 +168,7 @@ class TrainConfig:
     update_freq: int = field(default=1, metadata=value_range(1))
     lr: float = field(default=7e-4, metadata=value_range(0.0, 10.0, lo_open=True))
     warmup_steps: int = field(default=4000, metadata=value_range(0))
-    # After the warm-up: the paper's inverse square root, or a linear decay to 0 at the
-    # end of the budget (max_steps, or max_time by the training clock): `mtkit.optim`.
+    # After the warm-up: the paper's inverse sqrt, or linear to 0 over the budget (optim).
     lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     label_smoothing: float = field(default=0.1, metadata=value_range(0.0, 0.99))
     weight_decay: float = field(default=0.0, metadata=value_range(0.0))
@@ -366,7 +366,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
     """Return a copy of the plain config dict with dotted overrides applied."""
-    out = _deep_copy(data)
+    out = copy.deepcopy(data)
     for text in overrides:
         parts, value = parse_override(text)
         node = out
@@ -393,12 +393,6 @@ def _child(node: dict | list, part: str, key: str) -> dict | list:
         child = {}
         node[part] = child
     return child
-
-
-def _deep_copy(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _deep_copy(v) for k, v in d.items()}
-    return [_deep_copy(v) for v in d] if isinstance(d, list) else d
 
 
 def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] = ()) -> Config:
