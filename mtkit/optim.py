@@ -43,10 +43,11 @@ def budget_used(step: int, elapsed: float, tc: TrainConfig) -> float:
 
 
 def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
-    """The learning rate of update `step` (from 1) under `train.lr_schedule`, after
-    `elapsed` seconds of training. Under `max_time` the linear schedule follows the
-    training clock, so its rates depend on the machine's speed and differ between two
-    runs; under `max_steps` alone it is a function of the step, and resume stays exact."""
+    """The learning rate of update `step` (from 1) under `train.lr_schedule`, when the
+    updates before it took `elapsed` seconds of training (`Progress.elapsed`). Under
+    `max_time` the linear schedule follows that clock, so its rates depend on the
+    machine's speed and differ between two runs; under `max_steps` alone it is a function
+    of the step, and resume stays exact."""
     if tc.lr_schedule == "linear":
         return linear_decay_lr(step, tc.lr, tc.warmup_steps, budget_used(step - 1, elapsed, tc))
     return inverse_sqrt_lr(step, tc.lr, tc.warmup_steps)

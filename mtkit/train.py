@@ -208,7 +208,7 @@ def apply_update(state: TrainState, update: Update) -> tuple[float, float] | Non
         log.warning("non-finite loss or gradient at step %d; update skipped", p.step + 1)
         state.metrics.write("nonfinite_skip", step=p.step + 1, loss=update.loss)
         return None
-    lr = learning_rate(p.step + 1, time.perf_counter() - state.clock_start, tc)
+    lr = learning_rate(p.step + 1, p.elapsed, tc)  # elapsed: up to the last update
     set_lr(state.optimizer, lr)
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
