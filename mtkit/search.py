@@ -118,7 +118,10 @@ def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_m
     `exempt` tokens (rows, E) are never n-gram-banned (`ban_repeated_ngrams`). `step`
     is the tokens output so far: one count for all rows, or one per row (rows,)."""
     logits, cache = model.decode_step(token, memory, src_mask, cache)  # (rows, V)
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    # In place: (rows, V) is the largest tensor of a step, and the logits are not needed.
+    lprobs = logits.float()
+    del logits
+    torch.log_softmax(lprobs, dim=-1, out=lprobs)  # (rows, V)
     if forced is not None:
         rows = (forced != PAD).nonzero().squeeze(1)  # rows inside their prefix
         kept = lprobs[rows, forced[rows]]  # (rows',)
@@ -238,7 +241,8 @@ class Choice(Protocol):
                    ) -> tuple[Tensor, Tensor, Tensor]:
         """scores (b, N), lprobs (b*N, V), at_limit (b*N,) -> candidate scores, source
         beams and tokens, each (b, K), in the order beams are filled: an eos among the
-        first N finishes a hypothesis (a -inf score never does)."""
+        first N finishes a hypothesis (a -inf score never does). lprobs is the step's
+        own: it may be written in place."""
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
         """(b, N) the candidates (indices into K) that go on as the next beams."""
@@ -260,7 +264,7 @@ class TopCandidates:
                    ) -> tuple[Tensor, Tensor, Tensor]:
         b, n = scores.shape
         vocab = lprobs.size(-1)
-        total = (scores.unsqueeze(-1) + lprobs.view(b, n, vocab)).view(b, n * vocab)  # (b, N*V)
+        total = lprobs.view(b, n, vocab).add_(scores.unsqueeze(-1)).view(b, n * vocab)  # (b, N*V)
         cand_scores, flat = total.topk(min(2 * n, n * vocab), dim=-1)  # (b, 2N)
         return cand_scores, flat // vocab, flat % vocab
 

@@ -139,6 +139,24 @@ def test_results_do_not_depend_on_batching():
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
+def test_each_hypothesis_scores_what_teacher_forcing_gives_its_tokens():
+    """The search writes each step's log-probabilities in place (adding the beams'
+    scores to them): every n-best hypothesis's log-prob is still the sum of its tokens'
+    log-probabilities under the model (this random model runs to the length limit,
+    where eos is forced at no cost)."""
+    model, src = random_model(4), random_src(4, 2)
+    hyps = beam_search(model, src, beam=4, nbest=4, lenpen=0.0, max_len_a=0, max_len_b=12)
+    with torch.no_grad():
+        for i, sentence in enumerate(hyps):
+            assert [len(h.tokens) for h in sentence] == [12] * 4
+            for h in sentence:
+                length = int((src[i] != PAD).sum())
+                logits = model(src[i : i + 1, :length], torch.tensor([[BOS, *h.tokens[:-1]]]))
+                lprobs = torch.log_softmax(logits, -1)[0]  # (12, V)
+                forced = lprobs.gather(1, torch.tensor(h.tokens)[:, None]).sum()
+                assert h.log_prob == pytest.approx(float(forced), abs=1e-4)
+
+
 def test_beam_never_emits_pad_or_bos():
     model, src = random_model(3), random_src()
     for hyps in beam_search(model, src, beam=5, nbest=5):
