@@ -263,10 +263,14 @@ class TopCandidates:
     def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:
         b, n = scores.shape
-        vocab = lprobs.size(-1)
-        total = lprobs.view(b, n, vocab).add_(scores.unsqueeze(-1)).view(b, n * vocab)  # (b, N*V)
-        cand_scores, flat = total.topk(min(2 * n, n * vocab), dim=-1)  # (b, 2N)
-        return cand_scores, flat // vocab, flat % vocab
+        k = min(2 * n, lprobs.size(-1))
+        # A sentence's 2N best extensions are among its beams' own 2N best each: take
+        # those (b*N, 2N), then the best of the sentence's N*2N, never adding the beams'
+        # scores to all (b*N, V) log-probabilities.
+        best, tokens = lprobs.topk(k, dim=-1)  # (b*N, 2N)
+        total = (scores.unsqueeze(-1) + best.view(b, n, k)).view(b, n * k)  # (b, N*2N)
+        cand_scores, flat = total.topk(min(2 * n, n * k), dim=-1)  # (b, 2N)
+        return cand_scores, flat // k, tokens.view(b, n * k).gather(1, flat)
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
         open_scores = cand_scores.masked_fill(cand_tokens == EOS, float("-inf"))  # (b, 2N)
