@@ -267,17 +267,23 @@ def _candidates(scores: Tensor, lprobs: Tensor, adv: Tensor) -> tuple[Tensor, Te
     best, each beam's best, each beam's eos, each beam's advancing tokens; a candidate
     in two of these lists once."""
     b, n = scores.shape
-    vocab = lprobs.size(1)
-    total = scores.unsqueeze(-1) + lprobs.view(b, n, vocab)  # (b, N, V)
-    top_scores, top = total.view(b, n * vocab).topk(min(2 * n, n * vocab), dim=-1)  # (b, 2N)
-    best_scores, best = total.max(dim=-1)  # (b, N)
+    vocab, k = lprobs.size(1), min(2 * n, lprobs.size(1))
+    beam_of = torch.arange(n, device=scores.device) * vocab  # (N,)
+    # The sentence's 2N best are among its beams' own 2N best (`TopCandidates`); a
+    # beam's best is the first of those.
+    own, own_tokens = lprobs.topk(k, dim=-1)  # (b*N, 2N)
+    own = (own.view(b, n, k) + scores.unsqueeze(-1)).view(b, n * k)  # (b, N*2N)
+    own_keys = (beam_of[:, None] + own_tokens.view(b, n, k)).view(b, n * k)  # (b, N*2N)
+    top_scores, top = own.topk(min(2 * n, n * k), dim=-1)  # (b, 2N)
+    eos_scores = scores + lprobs[:, EOS].view(b, n)  # (b, N)
     adv_scores = lprobs.gather(1, adv.clamp(min=0)).masked_fill(adv < 0, float("-inf"))
     adv_scores = (adv_scores.view(b, n, -1) + scores.unsqueeze(-1)).view(b, -1)  # (b, N*E)
-    beam_of = torch.arange(n, device=scores.device) * vocab  # (N,)
-    flat = torch.cat([top, beam_of + best, (beam_of + EOS).expand(b, n),
+    flat = torch.cat([own_keys.gather(1, top), own_keys.view(b, n, k)[:, :, 0],
+                      (beam_of + EOS).expand(b, n),
                       (beam_of[:, None] + adv.clamp(min=0).view(b, n, -1)).view(b, -1)],
                      dim=1)  # (b, K)
-    cand_scores = torch.cat([top_scores, best_scores, total[:, :, EOS], adv_scores], dim=1)
+    cand_scores = torch.cat([top_scores, own.view(b, n, k)[:, :, 0], eos_scores, adv_scores],
+                            dim=1)
     return _without_duplicates(cand_scores, flat), flat
 
 
