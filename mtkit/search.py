@@ -29,7 +29,9 @@ from mtkit.vocab import BOS, EOS, PAD
 class StepModel(Protocol):
     """What search needs of a model: `cfg.max_positions`, `encode`, and `decode_step`
     whose token holds W consecutive rows per sentence of memory and whose cache (any
-    value: the model's) has `index_select(rows, sentences=None)`."""
+    value: the model's) has `index_select(rows, sentences=None)`. The logits it returns
+    are the search's to overwrite (`step_log_probs` turns them into log-probabilities in
+    place): a new tensor, not one the model keeps."""
 
     cfg: Any
 

@@ -8,6 +8,7 @@ from scripted import A, B, C, Scripted, V, random_model, random_src
 
 from mtkit.search import (
     Hypothesis,
+    TopCandidates,
     beam_search,
     greedy_hypotheses,
     greedy_search,
@@ -155,6 +156,30 @@ def test_each_hypothesis_scores_what_teacher_forcing_gives_its_tokens():
                 lprobs = torch.log_softmax(logits, -1)[0]  # (12, V)
                 forced = lprobs.gather(1, torch.tensor(h.tokens)[:, None]).sum()
                 assert h.log_prob == pytest.approx(float(forced), abs=1e-4)
+
+
+@pytest.mark.parametrize("vocab", [5, 40])
+def test_candidates_are_the_best_of_all_extensions(vocab):
+    """Each beam's own 2N best, then the sentence's best of those, are the 2N best of
+    all N x V extensions: the same scores, and the same (beam, token) for every finite
+    one; also with V < 2N, a row with one allowed token, an eos-only row and dead
+    (-inf) beams."""
+    g = torch.Generator().manual_seed(3)
+    b, n = 3, 4
+    scores = -torch.rand(b, n, generator=g) * 5
+    scores[1, 2:] = float("-inf")  # dead beams
+    lprobs = torch.log_softmax(torch.randn(b * n, vocab, generator=g), -1)
+    lprobs[0, 1:] = float("-inf")  # a forced token
+    lprobs[5] = float("-inf")
+    lprobs[5, EOS] = 0.0  # eos only, at the length limit
+    total = (scores.unsqueeze(-1) + lprobs.view(b, n, vocab)).view(b, n * vocab)
+    want_scores, flat = total.topk(min(2 * n, n * vocab), dim=-1)
+    got_scores, beams, tokens = TopCandidates().candidates(scores, lprobs.clone(), None)
+    assert torch.equal(got_scores, want_scores)
+    for i in range(b):
+        finite = torch.isfinite(want_scores[i])
+        want = {(int(f) // vocab, int(f) % vocab) for f in flat[i][finite]}
+        assert {(int(x), int(y)) for x, y in zip(beams[i][finite], tokens[i][finite])} == want
 
 
 def test_beam_never_emits_pad_or_bos():
