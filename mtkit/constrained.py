@@ -31,7 +31,7 @@ from torch import Tensor
 
 from mtkit.decoding import DEFAULTS
 from mtkit.hypothesis import Hypothesis
-from mtkit.search import StepModel, beam_search
+from mtkit.search import StepModel, beam_search, best_extensions
 from mtkit.vocab import EOS
 
 Phrase = list[int]  # a target phrase's ids
@@ -267,23 +267,19 @@ def _candidates(scores: Tensor, lprobs: Tensor, adv: Tensor) -> tuple[Tensor, Te
     best, each beam's best, each beam's eos, each beam's advancing tokens; a candidate
     in two of these lists once."""
     b, n = scores.shape
-    vocab, k = lprobs.size(1), min(2 * n, lprobs.size(1))
+    vocab = lprobs.size(1)
     beam_of = torch.arange(n, device=scores.device) * vocab  # (N,)
-    # The sentence's 2N best are among its beams' own 2N best (`TopCandidates`); a
-    # beam's best is the first of those.
-    own, own_tokens = lprobs.topk(k, dim=-1)  # (b*N, 2N)
-    own = (own.view(b, n, k) + scores.unsqueeze(-1)).view(b, n * k)  # (b, N*2N)
-    own_keys = (beam_of[:, None] + own_tokens.view(b, n, k)).view(b, n * k)  # (b, N*2N)
-    top_scores, top = own.topk(min(2 * n, n * k), dim=-1)  # (b, 2N)
+    own, own_tokens = best_extensions(scores, lprobs)  # (b, N, k): a beam's best first
+    own_keys = beam_of[:, None] + own_tokens  # (b, N, k)
+    top_scores, top = own.view(b, -1).topk(min(2 * n, own[0].numel()), dim=-1)  # (b, 2N)
     eos_scores = scores + lprobs[:, EOS].view(b, n)  # (b, N)
     adv_scores = lprobs.gather(1, adv.clamp(min=0)).masked_fill(adv < 0, float("-inf"))
     adv_scores = (adv_scores.view(b, n, -1) + scores.unsqueeze(-1)).view(b, -1)  # (b, N*E)
-    flat = torch.cat([own_keys.gather(1, top), own_keys.view(b, n, k)[:, :, 0],
+    flat = torch.cat([own_keys.view(b, -1).gather(1, top), own_keys[:, :, 0],
                       (beam_of + EOS).expand(b, n),
                       (beam_of[:, None] + adv.clamp(min=0).view(b, n, -1)).view(b, -1)],
                      dim=1)  # (b, K)
-    cand_scores = torch.cat([top_scores, own.view(b, n, k)[:, :, 0], eos_scores, adv_scores],
-                            dim=1)
+    cand_scores = torch.cat([top_scores, own[:, :, 0], eos_scores, adv_scores], dim=1)
     return _without_duplicates(cand_scores, flat), flat
 
 

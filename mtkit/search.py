@@ -254,6 +254,17 @@ class Choice(Protocol):
         sentences `keep` (b',) (None: all)."""
 
 
+def best_extensions(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """Each beam's own k = min(2N, V) best extensions, best first: their scores (the
+    beam's score plus the token's log-prob) and tokens, (b, N, k) each, from scores
+    (b, N) and lprobs (b*N, V). A sentence's 2N best extensions of all N x V are among
+    them, so the beams' scores are never added to all (b*N, V) log-probabilities."""
+    b, n = scores.shape
+    k = min(2 * n, lprobs.size(-1))
+    best, tokens = lprobs.topk(k, dim=-1)  # (b*N, k)
+    return scores.unsqueeze(-1) + best.view(b, n, k), tokens.view(b, n, k)
+
+
 class TopCandidates:
     """Plain beam search's choice: the 2N best extensions of each sentence's N beams,
     best first; the N best that do not end in eos go on. Taking 2N guarantees N
@@ -265,13 +276,9 @@ class TopCandidates:
     def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:
         b, n = scores.shape
-        k = min(2 * n, lprobs.size(-1))
-        # A sentence's 2N best extensions are among its beams' own 2N best each: take
-        # those (b*N, 2N), then the best of the sentence's N*2N, never adding the beams'
-        # scores to all (b*N, V) log-probabilities.
-        best, tokens = lprobs.topk(k, dim=-1)  # (b*N, 2N)
-        total = (scores.unsqueeze(-1) + best.view(b, n, k)).view(b, n * k)  # (b, N*2N)
-        cand_scores, flat = total.topk(min(2 * n, n * k), dim=-1)  # (b, 2N)
+        own, tokens = best_extensions(scores, lprobs)  # (b, N, k) each
+        k = own.size(-1)
+        cand_scores, flat = own.view(b, n * k).topk(min(2 * n, n * k), dim=-1)  # (b, 2N)
         return cand_scores, flat // k, tokens.view(b, n * k).gather(1, flat)
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
