@@ -2,7 +2,7 @@
 
     python benchmarks/train_throughput.py --config configs/multi30k.yaml [--compare hf]
         [--precision auto|fp32|bf16] [--steps 12] [--synthetic 32 32] [--device auto]
-        [--set train.max_tokens=4096]
+        [--set train.max_tokens=4096] [--batch-shapes auto|exact|classes]
 
 Runs full training steps (forward, label-smoothed loss, backward, clipping, AdamW) on
 the same batches: real ones from RUN/data/train (run `mtkit preprocess` first) or, with
@@ -14,7 +14,9 @@ runs the same batches through it in the same process (in fp32, its default, and 
 mtkit's precision), each with both of its attention implementations, `eager` and
 `sdpa` (eager measured faster on CPUs), and compares mtkit with the faster one.
 Achieved model FLOP/s are set beside a large matrix product timed in the same run at
-the same precision.
+the same precision. mtkit's batches are token-bucketed or in few shapes, as
+`train.batch_shapes` decides (measured under auto, as `mtkit train` does); where they
+are in few shapes, Hugging Face runs on both kinds and its faster counts.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from mtkit.config import ModelConfig, load_config
-from mtkit.data.batching import Batch, collate, token_batches
+from mtkit.data.batching import (
+    Batch,
+    BatchShapes,
+    collate,
+    shaped_batches,
+    shaped_collate,
+    token_batches,
+)
 from mtkit.data.shards import ShardDataset
 from mtkit.device import (
     calibration_shape,
@@ -39,7 +48,7 @@ from mtkit.device import (
     resolve_precision,
     tune_cpu_runtime,
 )
-from mtkit.kernels import AttentionShape, choose_attention
+from mtkit.kernels import AttentionShape, choose_attention, choose_batch_shapes
 from mtkit.model import build_model
 from mtkit.train import batch_loss
 from mtkit.vocab import PAD, Vocab
@@ -138,7 +147,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def get_batches(cfg, args, vocab_size: int) -> list[Batch]:
+def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None
+                ) -> list[Batch]:
+    """The benchmark's batches: synthetic, or the run's first training batches, token-
+    bucketed or (with `shapes`) in few shapes, as `mtkit train` would form them."""
     n = args.warmup + args.steps
     if args.synthetic:
         s, t = args.synthetic
@@ -149,6 +161,11 @@ def get_batches(cfg, args, vocab_size: int) -> list[Batch]:
                   for _ in range(size)] for _ in range(n)]
         return [collate(p) for p in pairs]
     data = ShardDataset(cfg.run_path / "data" / "train")
+    if shapes is not None:
+        order = shaped_batches(data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0,
+                               shapes)
+        return [shaped_collate([data[i] for i in idx], shapes, cfg.train.max_tokens)
+                for idx in order[:n]]
     order = token_batches(data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0)
     return [collate([data[i] for i in idx]) for idx in order[:n]]
 
@@ -224,6 +241,10 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --synthetic: vocabulary size (default tokenizer.vocab_size)")
+    parser.add_argument("--batch-shapes", choices=["auto", "exact", "classes"], default=None,
+                        help="mtkit's batches (default: the config's train.batch_shapes); "
+                             "Hugging Face runs on token batches and, where mtkit's are in "
+                             "few shapes, on those too, and its faster counts")
     parser.add_argument("--compare", choices=["hf"], default=None)
     parser.add_argument("--attention", choices=["auto", "sdpa", "matmul"], default=None,
                         help="mtkit's attention kernel (default: the config's train.attention)")
@@ -243,7 +264,12 @@ def main() -> None:
     spm = cfg.run_path / "spm.model"
     vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
         else len(Vocab.load(spm))
-    batches = get_batches(cfg, args, vocab)
+    shaping = choose_batch_shapes(args.batch_shapes or cfg.train.batch_shapes, device,
+                                  autocast_dtype, calibration_shape(
+                                      cfg.train.max_tokens, cfg.model.d_model,
+                                      cfg.model.ffn_dim))
+    shapes = BatchShapes() if shaping["shapes"] == "classes" and not args.synthetic else None
+    batches = get_batches(cfg, args, vocab, shapes)
 
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).to(device).train()
@@ -267,6 +293,7 @@ def main() -> None:
     result = {
         "config": args.config, "device": str(device), "cpu": cpu_description(),
         "precision": "bf16" if autocast_dtype else "fp32", "attention": attention,
+        "batch_shapes": shaping,
         **({"calibration": calibration.as_dict()} if calibration else {}),
         "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
                     else "train"),
@@ -281,16 +308,22 @@ def main() -> None:
         runs = {"hf_fp32": None}
         if autocast_dtype is not None:
             runs["hf_same_precision"] = autocast_dtype
+        batchings = {"token": get_batches(cfg, args, vocab) if shapes else batches}
+        if shapes:
+            batchings["classes"] = batches  # mtkit's, given to Hugging Face as well
         for name, dtype in runs.items():
             best = None
-            for attention in ("eager", "sdpa"):
-                hf_rate, hf_peak = hf_throughput(cfg, vocab, attention, batches, args, device,
-                                                 dtype)
-                result[f"{name}_{attention}_tokens_per_s"] = round(hf_rate)
-                if best is None or hf_rate > best[0]:
-                    best = (hf_rate, hf_peak, attention)
-            hf_rate, hf_peak, attention = best
+            for batching, theirs in batchings.items():
+                for attention in ("eager", "sdpa"):
+                    hf_rate, hf_peak = hf_throughput(cfg, vocab, attention, theirs, args,
+                                                     device, dtype)
+                    tail = "" if batching == "token" else "_classes"
+                    result[f"{name}_{attention}{tail}_tokens_per_s"] = round(hf_rate)
+                    if best is None or hf_rate > best[0]:
+                        best = (hf_rate, hf_peak, attention, batching)
+            hf_rate, hf_peak, attention, batching = best
             result[f"{name}_attention"] = attention  # Hugging Face at its faster setting
+            result[f"{name}_batches"] = batching
             result[f"{name}_tokens_per_s"] = round(hf_rate)
             result[f"{name}_peak_memory_mb"] = round(hf_peak / 2**20)
             result[f"speedup_vs_{name}"] = round(rate / hf_rate, 2)

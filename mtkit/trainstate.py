@@ -25,7 +25,7 @@ from torch import nn
 
 from mtkit.checkpoint import CheckpointError, describe_weights, find_resumable, load_checkpoint
 from mtkit.config import Config, ModelConfig, config_from_dict, config_to_dict, save_config
-from mtkit.data.batching import Batch, TokenBatchSampler, make_loader
+from mtkit.data.batching import Batch, BatchShapes, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
 from mtkit.device import (
     calibration_shape,
@@ -35,7 +35,7 @@ from mtkit.device import (
     resolve_precision,
 )
 from mtkit.errors import UserError
-from mtkit.kernels import AttentionShape, choose_attention
+from mtkit.kernels import AttentionShape, choose_attention, choose_batch_shapes
 from mtkit.languages import epoch_counts
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
@@ -118,6 +118,7 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     autocast_dtype, precision = run_precision(cfg, device, found, distributed)
     precision["attention"] = run_attention(cfg, device, autocast_dtype, found, train_data,
                                            distributed)
+    precision["batches"] = run_batch_shapes(cfg, device, autocast_dtype, found, distributed)
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
@@ -142,7 +143,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     wrapped.train()
     sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
                                 seed=tc.seed, rank=rank, world_size=world,
-                                draws=direction_draws(train_data, cfg.data.temperature))
+                                draws=direction_draws(train_data, cfg.data.temperature),
+                                shapes=batch_shapes(precision["batches"]))
     batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
                             pin=device.type == "cuda")
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
@@ -261,6 +263,49 @@ def run_attention(cfg: Config, device: torch.device, dtype: torch.dtype | None,
         dist.broadcast(flag, 0)
         record["kernel"] = "matmul" if flag.item() else "sdpa"
     return record
+
+
+def run_batch_shapes(cfg: Config, device: torch.device, dtype: torch.dtype | None,
+                     found: tuple[Path, dict] | None, distributed: bool = False) -> dict:
+    """The shapes of a run's batches (`kernels.choose_batch_shapes`), decided once as its
+    precision is and stored in the same record; a resumed run reuses them, and a
+    checkpoint from before the choice existed trained on token batches (resuming on
+    others would change which batch its saved position names). A resume whose
+    `train.batch_shapes` names the other kind is refused."""
+    asked = cfg.train.batch_shapes
+    if found is not None:
+        stored = found[1]["train"].get("precision", {}).get(
+            "batches", {"shapes": "exact", "asked": "exact"})
+        if asked not in ("auto", stored["shapes"]):
+            raise TrainError(f"{found[0]} was trained with train.batch_shapes="
+                             f"{stored['shapes']}, the config says {asked}; resume with "
+                             f"train.batch_shapes={stored['shapes']} (or auto), or start "
+                             f"over with --no-resume")
+        log.info("batch shapes %s, as decided at this run's first start; not measured "
+                 "again", stored["shapes"])
+        return dict(stored)
+    tc = cfg.train
+    record = choose_batch_shapes(
+        asked, device, dtype,
+        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
+        flag = torch.tensor([float(record["shapes"] == "classes")])
+        dist.broadcast(flag, 0)
+        record["shapes"] = "classes" if flag.item() else "exact"
+    if record["shapes"] == "classes":
+        shapes = BatchShapes()
+        record.update(multiple=shapes.multiple, group=shapes.group)
+    return record
+
+
+def batch_shapes(record: dict) -> BatchShapes | None:
+    """The `BatchShapes` a run's record asks for (its own multiple and run length, so that
+    a later mtkit resumes on the same batches); None for token batches."""
+    if record["shapes"] != "classes":
+        return None
+    default = BatchShapes()
+    return BatchShapes(record.get("multiple", default.multiple),
+                       record.get("group", default.group))
 
 
 def init_model_config(cfg: Config) -> Config:

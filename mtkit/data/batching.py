@@ -5,12 +5,21 @@ where S and T include the eos / bos added here. Pairs are sorted along the grid 
 (target length, source length), so a batch holds pairs of nearly equal lengths on both
 sides and little padding; the order of equal-length pairs and the order of batches are shuffled from
 (seed, epoch), so every epoch is different and every run with the same seed is the same.
+
+Batches of few shapes (`BatchShapes`, a run's `train.batch_shapes: classes`): every pair
+goes into the class of its padded width w (its longer side with bos/eos, rounded up to
+a multiple of 4), and every batch of a class is padded to the same (max_tokens // w, w)
+on both sides, short batches with empty rows that carry no loss. On a CPU where bf16
+matrix kernels are compiled for each shape (oneDNN on AMX), a run then meets a dozen
+shapes instead of hundreds an epoch; batches of one class come in runs of 8, so that
+the kernels of one class stay in oneDNN's small cache while it trains on them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -36,14 +45,45 @@ class Batch:
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
 
 
-def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Batch:
-    """Pairs of id arrays (no specials) -> padded `Batch`."""
+@dataclass(frozen=True)
+class BatchShapes:
+    """Batches of few shapes: widths are multiples of `multiple`, a class's batches have
+    max_tokens // width rows, and come in runs of `group` batches of one class."""
+
+    multiple: int = 4
+    group: int = 8
+
+    def width(self, src_length: np.ndarray | int, tgt_length: np.ndarray | int
+              ) -> np.ndarray:
+        """The padded width of pairs of these stored lengths (without specials)."""
+        longest = np.maximum(src_length, tgt_length) + 1  # + eos / bos
+        return -(-longest // self.multiple) * self.multiple
+
+    @staticmethod
+    def rows(width: int, max_tokens: int) -> int:
+        return max(max_tokens // int(width), 1)
+
+
+def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
+            shape: tuple[int, int] | None = None) -> Batch:
+    """Pairs of id arrays (no specials) -> padded `Batch`. With `shape` (rows, width)
+    both sides are padded to width, and rows past the pairs are empty (src = [eos],
+    tgt_in = [bos], tgt_out all pad: no loss, no gradient)."""
     n = len(pairs)
     s_len = max(len(x) for x, _ in pairs) + 1
     t_len = max(len(y) for _, y in pairs) + 1
+    if shape is not None:
+        if shape[0] < n or shape[1] < max(s_len, t_len):
+            raise ValueError(f"{n} pairs of width {max(s_len, t_len)} do not fit a batch "
+                             f"of shape {shape}")
+        n, s_len = shape
+        t_len = s_len
     src = torch.full((n, s_len), PAD, dtype=torch.long)  # (B, S)
     tgt_in = torch.full((n, t_len), PAD, dtype=torch.long)  # (B, T)
     tgt_out = torch.full((n, t_len), PAD, dtype=torch.long)  # (B, T)
+    if shape is not None:  # the empty rows: one token each side, as a real pair's least
+        src[len(pairs):, 0] = EOS
+        tgt_in[len(pairs):, 0] = BOS
     for b, (x, y) in enumerate(pairs):
         x = torch.as_tensor(np.asarray(x, dtype=np.int64))
         y = torch.as_tensor(np.asarray(y, dtype=np.int64))
@@ -93,6 +133,37 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return batches
 
 
+def shaped_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
+                   seed: int, epoch: int, shapes: BatchShapes, shuffle: bool = True,
+                   runs_of: int | None = None) -> list[np.ndarray]:
+    """All batches of one epoch in few shapes (`BatchShapes`), as arrays of pair indices,
+    in training order: each width class's pairs in (seed, epoch) order, cut every
+    max_tokens // width pairs (the last batch of a class may be short), the batches in
+    runs of `runs_of` (default `shapes.group`) of one class, the runs shuffled."""
+    width = shapes.width(np.asarray(src_lengths, dtype=np.int64),
+                         np.asarray(tgt_lengths, dtype=np.int64))
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(width)) if shuffle else np.arange(len(width))
+    order = order[np.argsort(width[order], kind="stable")]  # by class, shuffled within
+    runs, start = [], 0
+    run = runs_of or shapes.group
+    for w, count in zip(*np.unique(width, return_counts=True), strict=True):
+        pairs, rows = order[start:start + count], shapes.rows(w, max_tokens)
+        batches = [pairs[i:i + rows] for i in range(0, count, rows)]
+        runs += [batches[i:i + run] for i in range(0, len(batches), run)]
+        start += count
+    if shuffle:
+        runs = [runs[k] for k in rng.permutation(len(runs))]
+    return [batch for r in runs for batch in r]
+
+
+def shaped_collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], shapes: BatchShapes,
+                   max_tokens: int) -> Batch:
+    """`collate` into the shape of the pairs' width class."""
+    width = int(shapes.width(max(len(x) for x, _ in pairs), max(len(y) for _, y in pairs)))
+    return collate(pairs, (shapes.rows(width, max_tokens), width))
+
+
 def draw_pairs(draws: Sequence[tuple[np.ndarray, int]], seed: int, epoch: int) -> np.ndarray:
     """One epoch's pairs under temperature sampling: from each (indices, count), every
     index count // len times, and a draw without replacement of the rest, seeded by
@@ -111,12 +182,16 @@ class TokenBatchSampler(Sampler[list[int]]):
     With `world_size` ranks every rank takes every world_size-th batch of the same
     epoch order; the tail is cut so that all ranks run the same number of steps. With
     `draws` (a multilingual run's `data.temperature`), each epoch batches its own draw of
-    pairs from each direction (`draw_pairs`).
+    pairs from each direction (`draw_pairs`). With `shapes`, the batches come in few
+    shapes (`shaped_batches`; each rank gets its runs of one class whole) and
+    `collate_fn` pads them to their class's shape.
     """
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
                  seed: int = 1, shuffle: bool = True, rank: int = 0, world_size: int = 1,
-                 draws: Sequence[tuple[np.ndarray, int]] = ()):
+                 draws: Sequence[tuple[np.ndarray, int]] = (),
+                 shapes: BatchShapes | None = None):
+        self.shapes = shapes
         self.draws = list(draws)  # (pair indices of a direction, pairs an epoch draws)
         self._sizes: dict[int, int] = {}  # epoch_size of epochs other than the current
         self.src_lengths = np.asarray(src_lengths)
@@ -130,15 +205,28 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.start_batch = 0
         self._batches = self._make(0)
 
+    @property
+    def collate_fn(self) -> Callable[[Sequence[tuple[np.ndarray, np.ndarray]]], Batch]:
+        if self.shapes is None:
+            return collate
+        return partial(shaped_collate, shapes=self.shapes, max_tokens=self.max_tokens)
+
+    def _batch(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, epoch: int
+               ) -> list[np.ndarray]:
+        if self.shapes is None:
+            return token_batches(src_lengths, tgt_lengths, self.max_tokens, self.seed, epoch,
+                                 self.shuffle)
+        return shaped_batches(src_lengths, tgt_lengths, self.max_tokens, self.seed, epoch,
+                              self.shapes, self.shuffle,
+                              runs_of=self.shapes.group * self.world_size)
+
     def _make(self, epoch: int) -> list[np.ndarray]:
         if self.draws:  # temperature sampling: this epoch's draw of each direction
             chosen = draw_pairs(self.draws, self.seed, epoch)
-            every = [chosen[b] for b in token_batches(
-                self.src_lengths[chosen], self.tgt_lengths[chosen], self.max_tokens,
-                self.seed, epoch, self.shuffle)]
+            every = [chosen[b] for b in self._batch(
+                self.src_lengths[chosen], self.tgt_lengths[chosen], epoch)]
         else:
-            every = token_batches(self.src_lengths, self.tgt_lengths, self.max_tokens,
-                                  self.seed, epoch, self.shuffle)
+            every = self._batch(self.src_lengths, self.tgt_lengths, epoch)
         per_rank = len(every) // self.world_size
         if per_rank == 0:
             raise ValueError(f"{len(every)} batches cannot feed {self.world_size} ranks")
@@ -174,8 +262,9 @@ def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
                 ) -> DataLoader:
     """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches. Pass a
     `generator` to keep the loader from drawing on the global RNG (exact resume)."""
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=False, generator=generator)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collate_fn,
+                      num_workers=workers, pin_memory=pin_memory, persistent_workers=False,
+                      generator=generator)
 
 
 def padding_share(batches: Sequence[np.ndarray], src_lengths: np.ndarray,

@@ -5,10 +5,13 @@ import pytest
 
 from mtkit.data.batching import (
     Batch,
+    BatchShapes,
     TokenBatchSampler,
     collate,
     make_loader,
     padding_share,
+    shaped_batches,
+    shaped_collate,
     token_batches,
 )
 from mtkit.vocab import BOS, EOS, PAD
@@ -128,3 +131,103 @@ def test_temperature_draws_each_direction_its_count_each_epoch():
     assert not np.array_equal(seen[0], seen[1])  # each epoch its own draw...
     assert np.array_equal(draw_pairs(draws, 1, 1), seen[1])  # ...the same on a resume
     assert sampler.epoch_size(0) > 0 and len(TokenBatchSampler(SRC, TGT, 400).draws) == 0
+
+
+SHAPES = BatchShapes(multiple=4, group=3)
+
+
+def runs_of_classes(widths: list[int]) -> list[tuple[int, int]]:
+    """(width, how many batches in a row) along an epoch."""
+    runs: list[tuple[int, int]] = []
+    for w in widths:
+        runs[-1:] = [(w, runs[-1][1] + 1)] if runs and runs[-1][0] == w else runs[-1:] + [(w, 1)]
+    return runs
+
+
+def test_shaped_batches_cover_every_pair_once_in_runs_of_one_width_class():
+    batches = shaped_batches(SRC, TGT, 400, seed=1, epoch=0, shapes=SHAPES)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(SRC)))
+    widths = []
+    for b in batches:
+        w = SHAPES.width(SRC[b], TGT[b])
+        assert len(set(w.tolist())) == 1 and w[0] % 4 == 0  # one class a batch
+        assert w[0] >= max(SRC[b].max(), TGT[b].max()) + 1 and len(b) <= 400 // w[0]
+        widths.append(int(w[0]))
+    assert sorted(set(widths)) == list(range(4, 52, 4))  # 1..44 subwords + eos/bos
+    # Full batches but one a class at most.
+    assert sum(len(b) < 400 // w for b, w in zip(batches, widths)) <= len(set(widths))
+    # A class's batches come in runs of 3 (its last run shorter), shuffled: two of its
+    # runs may meet, but only the run holding its short remainder is not a multiple of 3.
+    runs = runs_of_classes(widths)
+    for w in set(widths):
+        mine = [n for v, n in runs if v == w]
+        assert sum(mine) == widths.count(w)
+        assert sum(n % 3 != 0 for n in mine) == (widths.count(w) % 3 != 0)
+    assert len(runs) < len(batches) / 2
+    again = shaped_batches(SRC, TGT, 400, seed=1, epoch=0, shapes=SHAPES)
+    other = shaped_batches(SRC, TGT, 400, seed=1, epoch=1, shapes=SHAPES)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
+    in_order = shaped_batches(SRC, TGT, 400, seed=1, epoch=0, shapes=SHAPES, shuffle=False)
+    assert [w for w, _ in runs_of_classes(
+        [int(SHAPES.width(SRC[b], TGT[b])[0]) for b in in_order])] == sorted(set(widths))
+
+
+def test_shaped_collate_pads_both_sides_to_the_class_and_adds_empty_rows():
+    pairs = [(np.array([7, 8, 9, 10, 11]), np.array([12, 13])), (np.array([5]), np.array([6]))]
+    batch = shaped_collate(pairs, BatchShapes(multiple=4), max_tokens=33)
+    assert batch.src.shape == batch.tgt_in.shape == batch.tgt_out.shape == (4, 8)  # 33 // 8
+    exact = collate(pairs)
+    assert batch.src[:2, :6].tolist() == exact.src.tolist()
+    assert batch.tgt_out[:2, :3].tolist() == exact.tgt_out.tolist()
+    assert batch.src[:2, 6:].eq(PAD).all() and batch.tgt_in[:2, 3:].eq(PAD).all()
+    assert batch.src[2:].tolist() == [[EOS] + [PAD] * 7] * 2
+    assert batch.tgt_in[2:].tolist() == [[BOS] + [PAD] * 7] * 2
+    assert batch.tgt_out[2:].eq(PAD).all()  # empty rows carry no loss
+    with pytest.raises(ValueError, match="2 pairs of width 6 do not fit a batch of shape"):
+        collate(pairs, (1, 8))
+
+
+def test_a_shaped_batch_has_the_loss_and_gradients_of_the_exact_one():
+    import torch
+
+    from mtkit.config import ModelConfig
+    from mtkit.model import build_model
+    from mtkit.train import batch_loss
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2,
+                                    ffn_dim=32, dropout=0.0), 40, 40)
+    rng = np.random.default_rng(1)
+    pairs = [(rng.integers(4, 40, n), rng.integers(4, 40, m)) for n, m in [(5, 7), (3, 2), (6, 6)]]
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        out = batch_loss(model, batch, 0.1)
+        out.loss.backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    exact, exact_grads = loss_and_grads(collate(pairs))
+    shaped, shaped_grads = loss_and_grads(shaped_collate(pairs, BatchShapes(), 100))
+    assert shaped.tokens == exact.tokens == 18
+    assert shaped.loss.item() == pytest.approx(exact.loss.item(), rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(exact_grads, shaped_grads))
+
+
+def test_ranks_get_runs_of_a_class_and_the_loader_pads_to_it():
+    ranks = [TokenBatchSampler(SRC, TGT, 400, seed=2, rank=r, world_size=2, shapes=SHAPES)
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1])
+    every = shaped_batches(SRC, TGT, 400, seed=2, epoch=0, shapes=SHAPES, runs_of=6)
+    assert [b.tolist() for b in ranks[0]._batches] == [b.tolist() for b in every[0::2]][
+        : len(ranks[0])]
+    # Runs of 3 x 2 ranks: each rank changes class at most once a run, far less often
+    # than token batches of shuffled lengths do.
+    widths = [int(SHAPES.width(SRC[b], TGT[b])[0]) for b in ranks[1]._batches]
+    assert len(runs_of_classes(widths)) - 1 <= len(every) / 6 + len(set(widths))
+    sampler = TokenBatchSampler(SRC[:300], TGT[:300], 400, seed=1, shapes=SHAPES)
+    for batch, idx in zip(make_loader(ListDataset(300), sampler, workers=0), list(sampler),
+                          strict=True):
+        w = int(SHAPES.width(SRC[idx].max(), TGT[idx].max()))
+        assert batch.src.shape == batch.tgt_out.shape == (400 // w, w)
+        assert int((batch.tgt_out != PAD).sum()) == int((TGT[idx] + 1).sum())

@@ -394,6 +394,49 @@ def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(prepared, tmp_p
         train(sdpa)
 
 
+def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_path, corpus,
+                                                                 monkeypatch):
+    """`train.batch_shapes: classes` is stored with the precision; a run that stops and
+    resumes across an epoch boundary ends with the weights of one that never stopped;
+    a resume under auto keeps the stored shapes without measuring, and one asking for
+    the other kind is refused."""
+    import mtkit.kernels as kernels
+
+    a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 85, 50,
+                                           valid_every=1000, max_tokens=1024,
+                                           batch_shapes="classes")
+    assert result.epoch == 2
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    run = tmp_path / "b" / "run"
+    stored = load_checkpoint(run / "checkpoints" / "last.pt")["train"]["precision"]["batches"]
+    assert stored == {"shapes": "classes", "asked": "classes", "multiple": 4, "group": 8}
+    cfg = config_from_dict(yaml.safe_load((run / "config.yaml").read_text()))
+
+    def measured_again(*args):
+        raise AssertionError("a resumed run measured its batch shapes again")
+
+    monkeypatch.setattr(kernels, "linear_timer", measured_again)
+    auto = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_shapes="auto",
+                                                              max_steps=87))
+    assert train(auto).step == 87
+    exact = dataclasses.replace(auto, train=dataclasses.replace(auto.train,
+                                                                batch_shapes="exact",
+                                                                max_steps=89))
+    with pytest.raises(TrainError, match=r"last.pt was trained with train.batch_shapes="
+                                         r"classes, the config says exact"):
+        train(exact)
+
+
+def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path):
+    from mtkit.trainstate import batch_shapes, run_batch_shapes
+
+    cfg = config_from_dict({})
+    old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
+    record = run_batch_shapes(cfg, torch.device("cpu"), torch.bfloat16,
+                              (tmp_path / "last.pt", old))
+    assert record["shapes"] == "exact" and batch_shapes(record) is None
+
+
 def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path):
     """Its model section lacks the newer keys (model.lang_tag): they count as their
     defaults, which is what that version trained; a real difference is still refused."""
