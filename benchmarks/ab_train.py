@@ -6,8 +6,10 @@ steps, interleaved (A, B, A, B, ...), comparing tokens/s and the losses themselv
 
 Each revision is checked out into a temporary git worktree and runs `mtkit tokenizer`
 and `mtkit preprocess` once into its own run directory, then `mtkit train` from scratch
-(checkpoints removed) for --steps updates each round, in its own process with
-PYTHONPATH set to its worktree. `train_throughput.py` times the model's step alone; this
+(checkpoints removed) for --steps updates each round, in its own process started in
+its worktree with PYTHONPATH set to it (checked: that process imports the worktree's
+mtkit; until 2026-12-02 it ran from the checkout and imported the checkout's on both
+sides), on the same config file. `train_throughput.py` times the model's step alone; this
 times what the trainer adds around it (sampling, batching, logging, checkpoints at
 train.save_every), and shows whether the two revisions train the same model: with the
 same seed and precision (fp32 by default here, the same on every CPU) the logged losses
@@ -31,8 +33,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def mtkit(tree: Path, *args: str) -> None:
+    """`mtkit ARGS` run from the worktree `tree`, in it: `python -m` puts the working
+    directory first on sys.path, ahead of PYTHONPATH, so run from the repository root it
+    would import the checkout's own mtkit on both sides."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run([sys.executable, "-m", "mtkit", "-q", *args], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "-m", "mtkit", "-q", *args], cwd=tree, env=env, check=True)
+
+
+def imported_from(tree: Path) -> Path:
+    """Where `mtkit` is imported from when run as `mtkit` runs it for `tree`."""
+    out = subprocess.run([sys.executable, "-c", "import mtkit; print(mtkit.__file__)"],
+                         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    return Path(out).resolve()
 
 
 def train_events(run: Path) -> list[dict]:
@@ -49,6 +62,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/multi30k.yaml")
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
+    config = str((ROOT / args.config).resolve())  # both sides train this one config
     work = Path(tempfile.mkdtemp(prefix="ab-train-"))
     sides = {}
     try:
@@ -56,19 +70,22 @@ def main() -> None:
             tree = work / f"tree-{label}"
             subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev],
                            cwd=ROOT, check=True)
+            if not imported_from(tree).is_relative_to(tree.resolve()):
+                raise SystemExit(f"side {label} would not run {rev}'s mtkit but "
+                                 f"{imported_from(tree)}")
             run = work / f"run-{label}"
             sets = ["--set", f"run_dir={run}", "--set", f"train.max_steps={args.steps}",
                     "--set", "train.max_time=0", "--set", f"train.precision={args.precision}",
                     "--set", f"train.log_every={max(args.steps // 4, 1)}",
                     "--set", f"train.valid_every={args.steps * 10}"]
-            mtkit(tree, "tokenizer", "-c", args.config, *sets)
-            mtkit(tree, "preprocess", "-c", args.config, *sets)
+            mtkit(tree, "tokenizer", "-c", config, *sets)
+            mtkit(tree, "preprocess", "-c", config, *sets)
             sides[label] = (tree, run, sets, [])
         for round_ in range(args.rounds):
             for label, (tree, run, sets, results) in sides.items():
                 shutil.rmtree(run / "checkpoints", ignore_errors=True)
                 (run / "metrics.jsonl").unlink(missing_ok=True)
-                mtkit(tree, "train", "-c", args.config, *sets)
+                mtkit(tree, "train", "-c", config, *sets)
                 events = train_events(run)
                 results.append(events)
                 print(json.dumps({"side": label, "round": round_,

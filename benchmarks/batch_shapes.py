@@ -1,0 +1,123 @@
+"""Batches of few shapes against token batches: bf16 training tokens/s of one process.
+
+    python benchmarks/batch_shapes.py [--shapes exact|classes] [--multiple 4] [--group 8]
+        [--cache N] [--hf] [--steps 160] [--config configs/multi30k.yaml]
+
+Trains --steps batches of the run's training data (run `mtkit preprocess` first) twice
+over, in bf16 autocast with matmul attention, as `mtkit train` forms them: token batches
+(`exact`) or batches of few shapes (`classes`: widths rounded up to --multiple, runs of
+--group batches of one class). Prints one JSON line: how many distinct batch shapes the
+steps met, the share of real target positions, tokens/s of each pass and the peak RSS.
+--cache N sets both of oneDNN's kernel caches to N entries (mtkit's CLI keeps 32) before
+oneDNN's first use; --hf trains Hugging Face's Marian model of the same size (eager
+attention) on the same batches instead. Run one variant per process: the kernel caches
+are the thing measured. This is how `train.batch_shapes` was designed (README: Speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/multi30k.yaml")
+    parser.add_argument("--shapes", choices=["exact", "classes"], default="classes")
+    parser.add_argument("--multiple", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--cache", type=int, default=None)
+    parser.add_argument("--hf", action="store_true")
+    parser.add_argument("--steps", type=int, default=160)
+    args = parser.parse_args()
+    if args.cache:  # read by oneDNN at its first use: before torch runs anything
+        for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+            os.environ[name] = str(args.cache)
+
+    import torch
+    import torch.nn.functional as F
+
+    from mtkit.config import load_config
+    from mtkit.data.batching import (
+        BatchShapes,
+        collate,
+        shaped_batches,
+        shaped_collate,
+        token_batches,
+    )
+    from mtkit.data.shards import ShardDataset
+    from mtkit.device import cpu_description, tune_cpu_runtime
+    from mtkit.model import build_model
+    from mtkit.train import batch_loss
+    from mtkit.vocab import PAD, Vocab
+
+    tune_cpu_runtime()  # as the CLI: glibc settings, and 32-entry caches unless --cache
+    cfg = load_config(args.config)
+    data = ShardDataset(cfg.run_path / "data" / "train")
+    vocab = len(Vocab.load(cfg.run_path / "spm.model"))
+    max_tokens = cfg.train.max_tokens
+    if args.shapes == "classes":
+        shapes = BatchShapes(args.multiple, args.group)
+        order = shaped_batches(data.src_lengths, data.tgt_lengths, max_tokens, 1, 0, shapes)
+        batches = [shaped_collate([data[i] for i in idx], shapes, max_tokens)
+                   for idx in order[: args.steps]]
+    else:
+        order = token_batches(data.src_lengths, data.tgt_lengths, max_tokens, 1, 0)
+        batches = [collate([data[i] for i in idx]) for idx in order[: args.steps]]
+    torch.manual_seed(0)
+    if args.hf:
+        from train_throughput import hf_marian
+
+        model = hf_marian(cfg.model, vocab, "eager").train()
+
+        def step(batch):
+            logits = model(input_ids=batch.src, attention_mask=batch.src != PAD,
+                           decoder_input_ids=batch.tgt_in).logits
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                   batch.tgt_out.view(-1), ignore_index=PAD,
+                                   label_smoothing=cfg.train.label_smoothing)
+    else:
+        model = build_model(cfg.model, vocab, vocab).train().use_attention("matmul")
+
+        def step(batch):
+            out = batch_loss(model, batch, cfg.train.label_smoothing)
+            return out.loss / max(out.tokens, 1)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def one_pass() -> float:
+        tokens, start = 0, time.perf_counter()
+        for batch in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = step(batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += int((batch.tgt_out != PAD).sum())
+        return tokens / (time.perf_counter() - start)
+
+    first, second = one_pass(), one_pass()
+    real = sum(int((b.tgt_out != PAD).sum()) for b in batches)
+    print(json.dumps({
+        "cpu": cpu_description(), "model": "hf_marian_eager" if args.hf else "mtkit",
+        "shapes": args.shapes, "multiple": args.multiple, "group": args.group,
+        "cache_entries": args.cache or int(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]),
+        "steps": len(batches),
+        "distinct_shapes": len({(*b.src.shape, b.tgt_in.size(1)) for b in batches}),
+        "real_target_share": round(real / sum(b.tgt_out.numel() for b in batches), 3),
+        "pass1_tokens_per_s": round(first), "pass2_tokens_per_s": round(second),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+
+
+if __name__ == "__main__":
+    main()
