@@ -187,9 +187,7 @@ class TrainConfig:
     # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
     # model's shapes in the run's precision, at the first start (`mtkit.kernels`).
     attention: Literal["auto", "sdpa", "matmul"] = "auto"
-    # Batches token-bucketed to their pairs' lengths (exact), or padded into a dozen
-    # shapes (classes: for CPUs that compile a bf16 kernel per shape); auto measures what
-    # a new shape costs, in bf16 on a CPU only, at the first start (`mtkit.kernels`).
+    # Token batches (exact), or a dozen padded shapes (classes): auto measures (`kernels`).
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this

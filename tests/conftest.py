@@ -58,7 +58,8 @@ def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict
                   "ffn_dim": 32, "dropout": 0.0},
         "train": {"max_tokens": 512, "warmup_steps": 10, "lr": 0.005, "max_steps": 20,
                   "valid_every": 10, "device": "cpu", "precision": "fp32",
-                  "attention": "sdpa"},  # both measured under auto: tests pin them
+                  # measured under auto: tests pin them
+                  "attention": "sdpa", "batch_shapes": "exact"},
         "decode": {"precision": "fp32"},  # translation's too
     }
     for section, values in sections.items():

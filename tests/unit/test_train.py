@@ -136,7 +136,8 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path
     `precision: auto` the resumed start reuses the first start's choice (stored in the
     checkpoint) instead of measuring again; the straight run trains in that precision."""
     killed, data = fresh(prepared, tmp_path / "b", corpus, max_steps=60, valid_every=10,
-                         precision=precision)
+                         precision=precision,
+                         batch_shapes="auto" if precision == "auto" else "exact")
     config = tmp_path / "b.yaml"
     config.write_text(yaml.safe_dump(data))
     proc = subprocess.Popen(_train_process(config), stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -161,7 +162,8 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path
     assert starts[1]["precision"] == chosen["precision"]
     assert starts[1].get("calibration") == starts[0].get("calibration")  # not measured again
     _, straight_data = fresh(prepared, tmp_path / "a", corpus, max_steps=60, valid_every=10,
-                             precision=chosen["precision"])
+                             precision=chosen["precision"],
+                             batch_shapes=chosen["batches"]["shapes"])
     straight_config = tmp_path / "a.yaml"
     straight_config.write_text(yaml.safe_dump(straight_data))
     straight = subprocess.run(_train_process(straight_config), capture_output=True,
@@ -189,7 +191,8 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, t
     stored = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["precision"]
     assert stored == {"precision": "bf16", "asked": "auto", "cpu": cpu_description(),
                       "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
-                      "attention": {"kernel": "sdpa", "asked": "sdpa"}}
+                      "attention": {"kernel": "sdpa", "asked": "sdpa"},
+                      "batches": {"shapes": "exact", "asked": "exact"}}
     fp32 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32",
                                                               max_steps=8))
     with pytest.raises(TrainError, match=r"last.pt was trained in bf16, the config says "
