@@ -21,7 +21,6 @@ import json
 import os
 import resource
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +44,7 @@ def main() -> None:
 
     import torch
     import torch.nn.functional as F
+    from train_throughput import hf_marian, time_training
 
     from mtkit.config import load_config
     from mtkit.data.batching import (
@@ -75,8 +75,6 @@ def main() -> None:
         batches = [collate([data[i] for i in idx]) for idx in order[: args.steps]]
     torch.manual_seed(0)
     if args.hf:
-        from train_throughput import hf_marian
-
         model = hf_marian(cfg.model, vocab, "eager").train()
 
         def step(batch):
@@ -91,22 +89,10 @@ def main() -> None:
         def step(batch):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
             return out.loss / max(out.tokens, 1)
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-
-    def one_pass() -> float:
-        tokens, start = 0, time.perf_counter()
-        for batch in batches:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = step(batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens += int((batch.tgt_out != PAD).sum())
-        return tokens / (time.perf_counter() - start)
-
-    first, second = one_pass(), one_pass()
+    # Two passes of train_throughput's timed loop (AdamW, clipping), none untimed.
+    timing = argparse.Namespace(warmup=0)
+    first, second = (time_training(step, list(model.parameters()), batches, timing,
+                                   torch.device("cpu"), torch.bfloat16)[0] for _ in range(2))
     real = sum(int((b.tgt_out != PAD).sum()) for b in batches)
     print(json.dumps({
         "cpu": cpu_description(), "model": "hf_marian_eager" if args.hf else "mtkit",
