@@ -9,7 +9,8 @@ and `mtkit preprocess` once into its own run directory, then `mtkit train` from 
 (checkpoints removed) for --steps updates each round, in its own process started in
 its worktree with PYTHONPATH set to it (checked: that process imports the worktree's
 mtkit; until 2026-12-02 it ran from the checkout and imported the checkout's on both
-sides), on the same config file. `train_throughput.py` times the model's step alone; this
+sides), on the same config file (whose relative data paths then read each worktree's
+own copy of the tracked corpora). `train_throughput.py` times the model's step alone; this
 times what the trainer adds around it (sampling, batching, logging, checkpoints at
 train.save_every), and shows whether the two revisions train the same model: with the
 same seed and precision (fp32 by default here, the same on every CPU) the logged losses

@@ -66,7 +66,7 @@ def main() -> None:
     vocab = len(Vocab.load(cfg.run_path / "spm.model"))
     max_tokens = cfg.train.max_tokens
     if args.shapes == "classes":
-        shapes = BatchShapes(args.multiple, args.group)
+        shapes = BatchShapes(args.multiple, args.group, cfg.model.max_positions)
         order = shaped_batches(data.src_lengths, data.tgt_lengths, max_tokens, 1, 0, shapes)
         batches = [shaped_collate([data[i] for i in idx], shapes, max_tokens)
                    for idx in order[: args.steps]]

@@ -264,11 +264,13 @@ def main() -> None:
     spm = cfg.run_path / "spm.model"
     vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
         else len(Vocab.load(spm))
-    shaping = choose_batch_shapes(args.batch_shapes or cfg.train.batch_shapes, device,
-                                  autocast_dtype, calibration_shape(
-                                      cfg.train.max_tokens, cfg.model.d_model,
-                                      cfg.model.ffn_dim))
-    shapes = BatchShapes() if shaping["shapes"] == "classes" and not args.synthetic else None
+    shaping = {"shapes": "exact", "asked": "synthetic batches"} if args.synthetic else \
+        choose_batch_shapes(args.batch_shapes or cfg.train.batch_shapes, device,
+                            autocast_dtype, calibration_shape(
+                                cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
+                            fresh_above=cfg.train.max_tokens)
+    shapes = (BatchShapes(limit=cfg.model.max_positions) if shaping["shapes"] == "classes"
+              else None)
     batches = get_batches(cfg, args, vocab, shapes)
 
     torch.manual_seed(0)

@@ -187,7 +187,7 @@ class TrainConfig:
     # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
     # model's shapes in the run's precision, at the first start (`mtkit.kernels`).
     attention: Literal["auto", "sdpa", "matmul"] = "auto"
-    # Token batches (exact), or a dozen padded shapes (classes): auto measures (`kernels`).
+    # Token batches (exact), or a few padded shapes (classes): auto measures (`kernels`).
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this

@@ -143,27 +143,32 @@ ShapeMeasure = Callable[[int], float]
 _fresh_rows = itertools.count(1)
 
 
-def time_shapes(measure: ShapeMeasure, rows: int, repeats: int = 3) -> tuple[float, float]:
-    """(seconds at a new shape, seconds at a known one): after two warm-up calls at
-    `rows`, `repeats` calls each at a number of rows never timed before and at `rows`,
-    alternating; each side's fastest (load only adds time)."""
+def time_shapes(measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
+                ) -> tuple[float, float]:
+    """(seconds at a new shape, seconds at a known one, both for `rows` rows): after two
+    warm-up calls at `rows`, `repeats` calls each at `rows` and at a number of rows above
+    `fresh_above` never timed before in this process (so above any a training batch has,
+    whose kernels could still be cached), scaled to `rows`, alternating; each side's
+    fastest (load only adds time)."""
     measure(rows)
     measure(rows)
     new = known = float("inf")
     for _ in range(repeats):
-        new = min(new, measure(max(1, rows - next(_fresh_rows))))
+        fresh = max(rows, fresh_above) + next(_fresh_rows)
+        new = min(new, measure(fresh) * rows / fresh)
         known = min(known, measure(rows))
     return new, known
 
 
 def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | None,
-                        shape: tuple[int, int, int], measure: ShapeMeasure | None = None
-                        ) -> dict:
+                        shape: tuple[int, int, int], fresh_above: int = 0,
+                        measure: ShapeMeasure | None = None) -> dict:
     """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
     "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
     thread, as the precision calibration), timing forward+backward of the Linear
-    `shape` = (rows, d_in, d_out) at new and known row counts; elsewhere it keeps token
-    batches. `measure` replaces the real timer."""
+    `shape` = (rows, d_in, d_out) at `rows` and at new row counts above `fresh_above`
+    (the run's max_tokens); elsewhere it keeps token batches. `measure` replaces the
+    real timer."""
     if asked != "auto":
         return {"shapes": asked, "asked": asked}
     if device.type == "cuda" or dtype is None:
@@ -173,12 +178,12 @@ def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | N
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            timer = linear_timer(rows, d_in, d_out)
-            new, known = time_shapes(lambda n: timer(dtype, n), rows)
+            new, known = time_shapes(
+                lambda n: linear_timer(n, d_in, d_out)(dtype, n), rows, fresh_above)
         finally:
             torch.set_num_threads(threads)
     else:
-        new, known = time_shapes(measure, rows)
+        new, known = time_shapes(measure, rows, fresh_above)
     chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
     log.info("batch shapes auto: a (%d x %d) x (%d x %d) Linear, forward+backward in bf16, "
              "took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",

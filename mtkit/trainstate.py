@@ -144,7 +144,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
                                 seed=tc.seed, rank=rank, world_size=world,
                                 draws=direction_draws(train_data, cfg.data.temperature),
-                                shapes=batch_shapes(precision["batches"]))
+                                shapes=batch_shapes(precision["batches"],
+                                                    cfg.model.max_positions))
     batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
                             pin=device.type == "cuda")
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
@@ -274,20 +275,27 @@ def run_batch_shapes(cfg: Config, device: torch.device, dtype: torch.dtype | Non
     `train.batch_shapes` names the other kind is refused."""
     asked = cfg.train.batch_shapes
     if found is not None:
-        stored = found[1]["train"].get("precision", {}).get(
-            "batches", {"shapes": "exact", "asked": "exact"})
+        stored = found[1]["train"].get("precision", {}).get("batches")
+        older = stored is None
+        if older:
+            stored = {"shapes": "exact", "asked": "exact"}
         if asked not in ("auto", stored["shapes"]):
             raise TrainError(f"{found[0]} was trained with train.batch_shapes="
                              f"{stored['shapes']}, the config says {asked}; resume with "
                              f"train.batch_shapes={stored['shapes']} (or auto), or start "
                              f"over with --no-resume")
-        log.info("batch shapes %s, as decided at this run's first start; not measured "
-                 "again", stored["shapes"])
+        if older:
+            log.warning("%s does not say which batch shapes it was trained on (an older "
+                        "mtkit, before train.batch_shapes): token batches", found[0])
+        else:
+            log.info("batch shapes %s, as decided at this run's first start; not measured "
+                     "again", stored["shapes"])
         return dict(stored)
     tc = cfg.train
     record = choose_batch_shapes(
         asked, device, dtype,
-        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
+        fresh_above=tc.max_tokens)
     if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
         flag = torch.tensor([float(record["shapes"] == "classes")])
         dist.broadcast(flag, 0)
@@ -298,14 +306,15 @@ def run_batch_shapes(cfg: Config, device: torch.device, dtype: torch.dtype | Non
     return record
 
 
-def batch_shapes(record: dict) -> BatchShapes | None:
+def batch_shapes(record: dict, max_positions: int | None = None) -> BatchShapes | None:
     """The `BatchShapes` a run's record asks for (its own multiple and run length, so that
-    a later mtkit resumes on the same batches); None for token batches."""
+    a later mtkit resumes on the same batches), no wider than the model's positions; None
+    for token batches."""
     if record["shapes"] != "classes":
         return None
     default = BatchShapes()
     return BatchShapes(record.get("multiple", default.multiple),
-                       record.get("group", default.group))
+                       record.get("group", default.group), max_positions)
 
 
 def init_model_config(cfg: Config) -> Config:

@@ -8,11 +8,12 @@ sides and little padding; the order of equal-length pairs and the order of batch
 
 Batches of few shapes (`BatchShapes`, a run's `train.batch_shapes: classes`): every pair
 goes into the class of its padded width w (its longer side with bos/eos, rounded up to
-a multiple of 4), and every batch of a class is padded to the same (max_tokens // w, w)
-on both sides, short batches with empty rows that carry no loss. On a CPU where bf16
-matrix kernels are compiled for each shape (oneDNN on AMX), a run then meets a dozen
-shapes instead of hundreds an epoch; batches of one class come in runs of 8, so that
-the kernels of one class stay in oneDNN's small cache while it trains on them.
+a multiple of 4, at most the model's positions), and every batch of a class is padded to
+the same (max_tokens // w, w) on both sides, short batches with empty rows that carry no
+loss. On a CPU where bf16 matrix kernels are compiled for each shape (oneDNN on AMX), a
+run then meets one shape per 4 positions of its longest pair (a dozen on Multi30k)
+instead of hundreds an epoch; batches of one class come in runs of 8, so that the
+kernels of one class stay in oneDNN's small cache while it trains on them.
 """
 
 from __future__ import annotations
@@ -47,17 +48,21 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchShapes:
-    """Batches of few shapes: widths are multiples of `multiple`, a class's batches have
-    max_tokens // width rows, and come in runs of `group` batches of one class."""
+    """Batches of few shapes: widths are multiples of `multiple` (but at most `limit`,
+    the model's positions), a class's batches have max_tokens // width rows, and come in
+    runs of `group` batches of one class."""
 
     multiple: int = 4
     group: int = 8
+    limit: int | None = None
 
     def width(self, src_length: np.ndarray | int, tgt_length: np.ndarray | int
               ) -> np.ndarray:
         """The padded width of pairs of these stored lengths (without specials)."""
         longest = np.maximum(src_length, tgt_length) + 1  # + eos / bos
-        return -(-longest // self.multiple) * self.multiple
+        width = -(-longest // self.multiple) * self.multiple
+        return width if self.limit is None else np.maximum(np.minimum(width, self.limit),
+                                                           longest)
 
     @staticmethod
     def rows(width: int, max_tokens: int) -> int:
@@ -183,8 +188,9 @@ class TokenBatchSampler(Sampler[list[int]]):
     epoch order; the tail is cut so that all ranks run the same number of steps. With
     `draws` (a multilingual run's `data.temperature`), each epoch batches its own draw of
     pairs from each direction (`draw_pairs`). With `shapes`, the batches come in few
-    shapes (`shaped_batches`; each rank gets its runs of one class whole) and
-    `collate_fn` pads them to their class's shape.
+    shapes (`shaped_batches`, in runs of group x world_size batches of a class, so that
+    each rank gets about `group` in a row) and `collate_fn` pads them to their class's
+    shape.
     """
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,

@@ -231,3 +231,13 @@ def test_ranks_get_runs_of_a_class_and_the_loader_pads_to_it():
         w = int(SHAPES.width(SRC[idx].max(), TGT[idx].max()))
         assert batch.src.shape == batch.tgt_out.shape == (400 // w, w)
         assert int((batch.tgt_out != PAD).sum()) == int((TGT[idx] + 1).sum())
+
+
+def test_widths_never_pass_the_model_positions():
+    """A class rounded up past model.max_positions would crash the model mid-run: the
+    widest class is cut to the positions (never below the pair's own width)."""
+    capped = BatchShapes(multiple=4, limit=10)
+    assert BatchShapes(multiple=4).width(9, 3) == 12
+    assert capped.width(9, 3) == 10 and capped.width(6, 2) == 8 and capped.width(10, 2) == 11
+    batch = shaped_collate([(np.arange(4, 13), np.arange(4, 7))], capped, max_tokens=40)
+    assert batch.src.shape == batch.tgt_in.shape == (4, 10)

@@ -401,9 +401,9 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
                                                                  monkeypatch):
     """`train.batch_shapes: classes` is stored with the precision; a run that stops and
     resumes across an epoch boundary ends with the weights of one that never stopped;
-    a resume under auto keeps the stored shapes without measuring, and one asking for
-    the other kind is refused."""
-    import mtkit.kernels as kernels
+    a resume under auto keeps the stored shapes without deciding again, and one asking
+    for the other kind is refused."""
+    import mtkit.trainstate as trainstate
 
     a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 85, 50,
                                            valid_every=1000, max_tokens=1024,
@@ -415,13 +415,15 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
     assert stored == {"shapes": "classes", "asked": "classes", "multiple": 4, "group": 8}
     cfg = config_from_dict(yaml.safe_load((run / "config.yaml").read_text()))
 
-    def measured_again(*args):
-        raise AssertionError("a resumed run measured its batch shapes again")
+    def decided_again(*args, **kwargs):
+        raise AssertionError("a resumed run decided its batch shapes again")
 
-    monkeypatch.setattr(kernels, "linear_timer", measured_again)
+    monkeypatch.setattr(trainstate, "choose_batch_shapes", decided_again)
     auto = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_shapes="auto",
                                                               max_steps=87))
     assert train(auto).step == 87
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["train"]["precision"][
+        "batches"]["shapes"] == "classes"
     exact = dataclasses.replace(auto, train=dataclasses.replace(auto.train,
                                                                 batch_shapes="exact",
                                                                 max_steps=89))
