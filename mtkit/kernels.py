@@ -145,18 +145,18 @@ _fresh_rows = itertools.count(1)
 
 def time_shapes(measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
                 ) -> tuple[float, float]:
-    """(seconds at a new shape, seconds at a known one, both for `rows` rows): after two
-    warm-up calls at `rows`, `repeats` calls each at `rows` and at a number of rows above
-    `fresh_above` never timed before in this process (so above any a training batch has,
-    whose kernels could still be cached), scaled to `rows`, alternating; each side's
-    fastest (load only adds time)."""
+    """(seconds at a new shape, seconds at the same shape once known): after two warm-up
+    calls at `rows`, `repeats` times a first call at a number of rows never timed before
+    in this process and above `fresh_above` (so above any a training batch has, whose
+    kernels could still be cached), then two more calls at it; each side's fastest (load
+    only adds time)."""
     measure(rows)
     measure(rows)
     new = known = float("inf")
     for _ in range(repeats):
         fresh = max(rows, fresh_above) + next(_fresh_rows)
-        new = min(new, measure(fresh) * rows / fresh)
-        known = min(known, measure(rows))
+        new = min(new, measure(fresh))
+        known = min(known, measure(fresh), measure(fresh))  # (the 2nd call still settles)
     return new, known
 
 
@@ -166,8 +166,8 @@ def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | N
     """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
     "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
     thread, as the precision calibration), timing forward+backward of the Linear
-    `shape` = (rows, d_in, d_out) at `rows` and at new row counts above `fresh_above`
-    (the run's max_tokens); elsewhere it keeps token batches. `measure` replaces the
+    `shape` = (rows, d_in, d_out) at new row counts above `fresh_above` (the run's
+    max_tokens), first and once known; elsewhere it keeps token batches. `measure` replaces the
     real timer."""
     if asked != "auto":
         return {"shapes": asked, "asked": asked}
@@ -185,9 +185,9 @@ def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | N
     else:
         new, known = time_shapes(measure, rows, fresh_above)
     chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
-    log.info("batch shapes auto: a (%d x %d) x (%d x %d) Linear, forward+backward in bf16, "
-             "took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
-             rows, d_in, d_in, d_out, new * 1e3, known * 1e3,
+    log.info("batch shapes auto: a (%d+ x %d) x (%d x %d) Linear, forward+backward in "
+             "bf16, took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
+             max(rows, fresh_above), d_in, d_in, d_out, new * 1e3, known * 1e3,
              "batches in few shapes" if chosen == "classes" else "token batches")
     return {"shapes": chosen, "asked": asked, "new_shape_ms": round(new * 1e3, 3),
             "known_shape_ms": round(known * 1e3, 3)}
