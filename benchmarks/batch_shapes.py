@@ -44,17 +44,10 @@ def main() -> None:
 
     import torch
     import torch.nn.functional as F
-    from train_throughput import hf_marian, time_training
+    from train_throughput import get_batches, hf_marian, time_training
 
     from mtkit.config import load_config
-    from mtkit.data.batching import (
-        BatchShapes,
-        collate,
-        shaped_batches,
-        shaped_collate,
-        token_batches,
-    )
-    from mtkit.data.shards import ShardDataset
+    from mtkit.data.batching import BatchShapes
     from mtkit.device import cpu_description, tune_cpu_runtime
     from mtkit.model import build_model
     from mtkit.train import batch_loss
@@ -62,17 +55,11 @@ def main() -> None:
 
     tune_cpu_runtime()  # as the CLI: glibc settings, and 32-entry caches unless --cache
     cfg = load_config(args.config)
-    data = ShardDataset(cfg.run_path / "data" / "train")
     vocab = len(Vocab.load(cfg.run_path / "spm.model"))
-    max_tokens = cfg.train.max_tokens
-    if args.shapes == "classes":
-        shapes = BatchShapes(args.multiple, args.group, cfg.model.max_positions)
-        order = shaped_batches(data.src_lengths, data.tgt_lengths, max_tokens, 1, 0, shapes)
-        batches = [shaped_collate([data[i] for i in idx], shapes, max_tokens)
-                   for idx in order[: args.steps]]
-    else:
-        order = token_batches(data.src_lengths, data.tgt_lengths, max_tokens, 1, 0)
-        batches = [collate([data[i] for i in idx]) for idx in order[: args.steps]]
+    shapes = (BatchShapes(args.multiple, args.group, cfg.model.max_positions)
+              if args.shapes == "classes" else None)
+    batches = get_batches(cfg, argparse.Namespace(warmup=0, steps=args.steps, synthetic=None),
+                          vocab, shapes)
     torch.manual_seed(0)
     if args.hf:
         model = hf_marian(cfg.model, vocab, "eager").train()

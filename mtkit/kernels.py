@@ -167,8 +167,8 @@ def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | N
     "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
     thread, as the precision calibration), timing forward+backward of the Linear
     `shape` = (rows, d_in, d_out) at new row counts above `fresh_above` (the run's
-    max_tokens), first and once known; elsewhere it keeps token batches. `measure` replaces the
-    real timer."""
+    max_tokens), first and once known; elsewhere it keeps token batches. `measure`
+    replaces the real timer."""
     if asked != "auto":
         return {"shapes": asked, "asked": asked}
     if device.type == "cuda" or dtype is None:

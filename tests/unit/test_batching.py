@@ -140,7 +140,10 @@ def runs_of_classes(widths: list[int]) -> list[tuple[int, int]]:
     """(width, how many batches in a row) along an epoch."""
     runs: list[tuple[int, int]] = []
     for w in widths:
-        runs[-1:] = [(w, runs[-1][1] + 1)] if runs and runs[-1][0] == w else runs[-1:] + [(w, 1)]
+        if runs and runs[-1][0] == w:
+            runs[-1] = (w, runs[-1][1] + 1)
+        else:
+            runs.append((w, 1))
     return runs
 
 
