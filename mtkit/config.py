@@ -26,8 +26,8 @@ from mtkit.decoding import OPTIONS
 
 log = logging.getLogger(__name__)
 
-# The config files `load_config` has read in this process. `save_config` never writes
-# over one of them: with `run_dir: .`, RUN/config.yaml is the user's own file.
+# The config files `load_config` has read in this process, which `save_config` never
+# writes over (with `run_dir: .`, RUN/config.yaml is the user's own file).
 _read_configs: list[Path] = []
 
 
@@ -57,8 +57,7 @@ class CorpusConfig:
     src_col: str = "src"
     tgt_col: str = "tgt"
     weight: int = field(default=1, metadata=value_range(1, 1000))
-    # This corpus's languages ("": the data section's). Corpora into more than one
-    # target language make a multilingual run (`mtkit.languages`).
+    # Its languages ("": the data section's); several targets: multilingual (`languages`)
     src_lang: str = ""
     tgt_lang: str = ""
 
@@ -210,8 +209,9 @@ class DecodeConfig:
     max_len_a: float = _option("max_len_a")  # capped to the positions
     max_len_b: int = _option("max_len_b")  # capped to the positions
     batch_tokens: int = _option("batch_tokens")
-    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it
-    # is clearly faster: `device.resolve_precision`) and takes bf16 on CUDA.
+    lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
+    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
+    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
 
 

@@ -85,6 +85,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("seed", 1, "Sampling seed (per input line).", 0, sampling=True),
     Option("alignments", False, "Add word alignments (Pharaoh 'src-tgt' pairs) after a "
            "tab."),
+    Option("lang_vocab", True, "A multilingual model writes only pieces of the target "
+           "language's training text (--no-lang-vocab: any piece)."),
     Option("align_layer", None, "Decoder layer whose cross-attention gives the alignments "
            "(default: the second-to-last).", 0),
 )}
@@ -123,6 +125,7 @@ class SearchOptions:
     seed: int = OPTIONS["seed"].default
     alignments: bool = OPTIONS["alignments"].default
     align_layer: int | None = OPTIONS["align_layer"].default  # None: second-to-last
+    lang_vocab: bool = OPTIONS["lang_vocab"].default  # `Engine.output_groups`
 
     @classmethod
     def from_config(cls, decode: Any, spell: Callable[[str], str] = flag,

@@ -36,7 +36,7 @@ from mtkit.device import (
 )
 from mtkit.errors import UserError
 from mtkit.kernels import AttentionShape, choose_attention, choose_batch_shapes
-from mtkit.languages import epoch_counts
+from mtkit.languages import epoch_counts, output_vocabularies
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
@@ -172,7 +172,9 @@ def direction_draws(data: ShardDataset, temperature: float) -> list[tuple[np.nda
 def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
                ) -> tuple[ShardDataset, ShardDataset | None]:
     """The run's train shard (and valid, when there is one), checked against the
-    tokenizer and their checksums; every training pair must fit the model's positions."""
+    tokenizer and their checksums; every training pair must fit the model's positions.
+    The pieces each target language's text uses go into the target vocabulary, which
+    checkpoints save (`languages.output_vocabularies`)."""
     folder = cfg.run_path / "data"
     train_data = ShardDataset(folder / "train")
     valid_data = ShardDataset(folder / "valid") if (folder / "valid").exists() else None
@@ -181,6 +183,7 @@ def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
             data.check_tokenizer(*vocabs)
             data.verify()
     _check_positions(cfg, train_data)
+    vocabs[1].languages = output_vocabularies(train_data, cfg.data, len(vocabs[1]))
     return train_data, valid_data
 
 

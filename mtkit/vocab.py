@@ -26,10 +26,16 @@ class Vocab:
     With `pieces`, the ids are not SentencePiece's own but a table's: `pieces[i]` is the
     piece of id i (an imported model's vocabulary, `mtkit.marian`, its special ids moved
     to mtkit's): SentencePiece only segments the text, and a piece missing from the
-    table is unk."""
+    table is unk.
 
-    def __init__(self, model_proto: bytes, pieces: Sequence[str] | None = None):
+    `languages` (a multilingual model's target vocabulary): for each language it
+    translates into, the ids of the pieces its training text uses
+    (`languages.output_vocabularies`); translation may keep its outputs to them."""
+
+    def __init__(self, model_proto: bytes, pieces: Sequence[str] | None = None,
+                 languages: dict[str, list[int]] | None = None):
         self.model_proto = bytes(model_proto)
+        self.languages = dict(languages or {})
         self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
         self.pieces = None if pieces is None else list(pieces)
         if self.pieces is not None:
@@ -90,13 +96,18 @@ class Vocab:
         return (self.model_proto, self.pieces) == (other.model_proto, other.pieces)
 
 
-def vocab_entry(src: Vocab, tgt: Vocab) -> dict:
-    """A checkpoint's "vocab": each side's SentencePiece model and, where its ids are a
-    table's, the table (`src_pieces`, `tgt_pieces`)."""
+def vocab_entry(src: Vocab, tgt: Vocab, languages: dict[str, list[int]] | None = None
+                ) -> dict:
+    """A checkpoint's "vocab": each side's SentencePiece model, where its ids are a
+    table's the table (`src_pieces`, `tgt_pieces`), and a multilingual model's target
+    `languages` (`Vocab`; the target vocabulary's own where not given)."""
     entry: dict = {"src": src.model_proto, "tgt": tgt.model_proto}
     for side, vocab in (("src", src), ("tgt", tgt)):
         if vocab.pieces is not None:
             entry[f"{side}_pieces"] = vocab.pieces
+    languages = tgt.languages if languages is None else languages
+    if languages:
+        entry["tgt_languages"] = {lang: list(ids) for lang, ids in sorted(languages.items())}
     return entry
 
 
@@ -104,7 +115,10 @@ def entry_vocabs(entry: dict) -> tuple[Vocab, Vocab]:
     """The source and target vocabularies of a checkpoint's "vocab" (`vocab_entry`)."""
     src = Vocab(entry["src"], entry.get("src_pieces"))
     same = entry["tgt"] == entry["src"] and entry.get("tgt_pieces") == entry.get("src_pieces")
-    return src, (src if same else Vocab(entry["tgt"], entry.get("tgt_pieces")))
+    tgt = Vocab(entry["tgt"], entry.get("tgt_pieces")) if not same or entry.get(
+        "tgt_languages") else src
+    tgt.languages = dict(entry.get("tgt_languages") or {})
+    return src, tgt
 
 
 def pieces_path(model_path: Path) -> Path:

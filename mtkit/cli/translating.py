@@ -58,6 +58,8 @@ ToppOpt = Annotated[Opt[float], _help("topp")]
 SeedOpt = Annotated[Opt[int], _help("seed")]
 AlignmentsOpt = Annotated[bool, typer.Option("--alignments", help=OPTIONS["alignments"].help)]
 AlignLayerOpt = Annotated[Opt[int], _help("align_layer")]
+LangVocabOpt = Annotated[Opt[bool], typer.Option("--lang-vocab/--no-lang-vocab",
+                                                  help=OPTIONS["lang_vocab"].help)]
 PrecisionOpt = Annotated[Opt[str], typer.Option(
     help="auto, fp32 or bf16 (default: the checkpoint's decode.precision, auto): auto "
          "takes bf16 where it is measured clearly faster (CUDA, AVX512-BF16, AMX).")]
@@ -109,7 +111,7 @@ def translate(
     seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
     align_layer: AlignLayerOpt = None, precision: PrecisionOpt = None,
     constraints_file: ConstraintsOpt = None, glossary: GlossaryOpt = None,
-    tgt_lang: TgtLangOpt = None,
+    tgt_lang: TgtLangOpt = None, lang_vocab: LangVocabOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -137,7 +139,7 @@ def translate(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, nbest=nbest, no_repeat_ngram=no_repeat_ngram,
             sampling=sampling, temperature=temperature, topk=topk, topp=topp, seed=seed,
-            alignments=alignments, align_layer=align_layer)
+            alignments=alignments, align_layer=align_layer, lang_vocab=lang_vocab)
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
         if written.kind == "text":  # jsonl records may name their own
@@ -343,7 +345,7 @@ def serve(
     max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
     sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
     topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
-    device: DeviceOpt = "auto", precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
+    lang_vocab: LangVocabOpt = None, device: DeviceOpt = "auto", precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
     max_batch_tokens: Annotated[Opt[int], typer.Option(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,
@@ -374,7 +376,8 @@ def serve(
             engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
             max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
             temperature=temperature, topk=topk, topp=topp, seed=seed,
-            align_layer=align_layer, alignments=align_layer is not None)
+            align_layer=align_layer, alignments=align_layer is not None,
+            lang_vocab=lang_vocab)
         engine.check(defaults)  # refused now, not in every request
         _check_constraints(engine, defaults, None, glossary)
         stopped_by = _serve(engine, replace(defaults, alignments=False), limits, model, host,

@@ -300,6 +300,18 @@ class ShardDataset:
         return {d: np.concatenate(parts) for d, parts in out.items()
                 if sum(len(p) for p in parts)}
 
+    def id_counts(self, side: str, pairs: np.ndarray, size: int) -> np.ndarray:
+        """How often each id occurs on one side ("src", "tgt") of these pairs (sorted
+        indices, such as a direction's): (size,) int64, read in runs of consecutive pairs."""
+        src, tgt, src_offsets, tgt_offsets = self._open()
+        ids, offsets = (src, src_offsets) if side == "src" else (tgt, tgt_offsets)
+        counts = np.zeros(size, dtype=np.int64)
+        for run in np.split(pairs, np.flatnonzero(np.diff(pairs) != 1) + 1):
+            if len(run):
+                part = ids[offsets[run[0]]:offsets[run[-1] + 1]]
+                counts += np.bincount(part, minlength=size)[:size]
+        return counts
+
     def texts(self, side: str) -> list[str]:
         """The cleaned text of one side (valid and test splits only)."""
         path = self.folder / f"{side}.txt"

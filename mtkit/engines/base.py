@@ -11,7 +11,8 @@ from collections.abc import Callable
 from mtkit.decoding import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
 from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
-from mtkit.vocab import UNK, Vocab
+from mtkit.languages import tag
+from mtkit.vocab import EOS, UNK, Vocab
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,35 @@ class Engine:
                             self.max_src_tokens - 1, "target prefixes")  # room for eos
                   if prefixes and todo else None)
         return out, todo, ids, forced
+
+    def output_groups(self, ids: list[list[int]], forced: list[list[int]] | None,
+                      opts: SearchOptions, required: list[list[int]] | None = None
+                      ) -> list[tuple[list[int] | None, list[int]]]:
+        """The encoded lines (indices into `ids`) in groups searched with one output
+        vocabulary each: (the target ids allowed, or None for all, the lines). With
+        `opts.lang_vocab` on a multilingual model, lines into one language are a group
+        whose outputs keep to that language's pieces (`Vocab.languages`), the specials,
+        and every id of the group's target prefixes and `required` ids (constraints, per
+        line). A line's language is its tag: the target prefix's or the source's."""
+        languages = self.tgt_vocab.languages if opts.lang_vocab else {}
+        if not languages:
+            return [(None, list(range(len(ids))))]
+        target = {self.tgt_vocab.piece_id(tag(lang)): lang for lang in languages}
+        source = {self.src_vocab.piece_id(tag(lang)): lang for lang in languages}
+        groups: dict[str | None, list[int]] = {}
+        for k, line in enumerate(ids):
+            found = [target.get(i) for i in (forced[k][:2] if forced else [])] + [
+                source.get(i) for i in line[:2]]
+            groups.setdefault(next((x for x in found if x), None), []).append(k)
+        out: list[tuple[list[int] | None, list[int]]] = []
+        for lang, lines in groups.items():
+            if lang is None:
+                out.append((None, lines))
+                continue
+            extra = {i for k in lines for i in (forced[k] if forced else [])}
+            extra |= {i for k in lines for i in (required[k] if required else [])}
+            out.append((sorted(set(languages[lang]) | extra | set(range(EOS + 1))), lines))
+        return out
 
     def output_limit(self, src_len: int, opts: SearchOptions) -> int:
         """The longest output of a line of `src_len` source ids, as the search sets it

@@ -87,7 +87,7 @@ class CT2Engine(Engine):
             self.src_vocab = Vocab((folder / "source.spm").read_bytes(),
                                    manifest.get("src_pieces"))
             self.tgt_vocab = Vocab((folder / "target.spm").read_bytes(),
-                                   manifest.get("tgt_pieces"))
+                                   manifest.get("tgt_pieces"), manifest.get("tgt_languages"))
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -140,27 +140,32 @@ class CT2Engine(Engine):
         limits = [min(max(math.floor(a * (len(x) + 1) + b), 1,
                           len(forced[k]) + 1 if forced else 1), top)
                   for k, x in enumerate(ids)]  # each sentence's output limit, as native
-        # One call with the longest limit; the few outputs that run past their own limit
-        # are searched again with it (CTranslate2 takes one limit per call).
-        results = self._search(ids, forced, range(len(ids)), max(limits), opts,
-                               batch_tokens)
-        over = [k for k in range(len(ids))
-                if max(len(h) for h in results[k].hypotheses) > limits[k]]
-        for limit in sorted({limits[k] for k in over}):
-            group = [k for k in over if limits[k] == limit]
-            for k, result in zip(group, self._search(ids, forced, group, limit, opts,
-                                                      batch_tokens), strict=True):
-                results[k] = result
-        for k, result in enumerate(results):
-            out[todo[k]] = self._ranked(result, opts)
+        # Per output vocabulary (`output_groups`), one call with the longest limit; the
+        # few outputs that run past their own limit are searched again with it
+        # (CTranslate2 takes one limit per call).
+        for allowed, lines in self.output_groups(ids, forced, opts):
+            banned = sorted(set(range(len(self.tgt_vocab))) - set(allowed)) \
+                if allowed is not None else []
+            results = dict(zip(lines, self._search(ids, forced, lines, max(
+                limits[k] for k in lines), opts, batch_tokens, banned), strict=True))
+            over = [k for k in lines
+                    if max(len(h) for h in results[k].hypotheses) > limits[k]]
+            for limit in sorted({limits[k] for k in over}):
+                group = [k for k in over if limits[k] == limit]
+                for k, result in zip(group, self._search(ids, forced, group, limit, opts,
+                                                          batch_tokens, banned), strict=True):
+                    results[k] = result
+            for k, result in results.items():
+                out[todo[k]] = self._ranked(result, opts)
         done(len(todo))
         return out
 
     def _search(self, ids: list[list[int]], forced: list[list[int]] | None, rows, limit: int,
-                opts: SearchOptions, batch_tokens: int) -> list:
-        """CTranslate2's search of the sentences `rows`, outputs of at most `limit` tokens,
-        in batches of at most `batch_tokens` / beam source tokens (as the PyTorch
-        engine's: CTranslate2 counts source tokens, the search carries beam rows each)."""
+                opts: SearchOptions, batch_tokens: int, banned: list[int]) -> list:
+        """CTranslate2's search of the sentences `rows`, outputs of at most `limit` tokens
+        and none of the `banned` ids, in batches of at most `batch_tokens` / beam source
+        tokens (as the PyTorch engine's: CTranslate2 counts source tokens, the search
+        carries beam rows each)."""
         src, tgt = self.src_vocab.piece, self.tgt_vocab.piece
         return self.engine.translate_batch(
             [[src(i) for i in ids[k]] for k in rows],
@@ -169,7 +174,7 @@ class CT2Engine(Engine):
             beam_size=opts.beam, num_hypotheses=opts.beam, length_penalty=0.0,
             max_decoding_length=limit, min_decoding_length=1,
             no_repeat_ngram_size=opts.no_repeat_ngram, return_scores=True,
-            suppress_sequences=[[tgt(PAD)], [tgt(BOS)]],
+            suppress_sequences=[[tgt(PAD)], [tgt(BOS)]] + [[tgt(i)] for i in banned],
             max_batch_size=max(batch_tokens // opts.beam, 1), batch_type="tokens")
 
     def _ranked(self, result, opts: SearchOptions) -> list[Hypothesis]:

@@ -42,7 +42,7 @@ from mtkit.ensemble import Ensemble
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
-from mtkit.search import beam_search, greedy_hypotheses
+from mtkit.search import StepModel, beam_search, greedy_hypotheses
 from mtkit.vocab import EOS, PAD, Vocab, entry_vocabs
 
 
@@ -119,29 +119,35 @@ class TorchEngine(Engine):
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
         wanted = self.constraint_ids(ids, [constraints[i] for i in todo], opts,
                                      [i + 1 for i in todo]) if constraints else None
-        order = sorted(range(len(todo)), key=lambda k: -len(ids[k]))  # longest first
-        for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
-            src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
-            seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling \
-                else []
-            with self.autocast():
-                hyps = self.search(src, opts, [forced[k] for k in batch] if forced else None,
-                                   seeds, [wanted[k] for k in batch] if wanted else None)
-                if opts.alignments:
-                    hyps = self.with_alignments([ids[k] for k in batch], hyps,
-                                                opts.align_layer)
-            for k, h in zip(batch, hyps, strict=True):
-                out[todo[k]] = h
-            done(len(batch))
+        required = [[i for c in line for alt in c for i in alt] for line in wanted] \
+            if wanted else None
+        for allowed, group in self.output_groups(ids, forced, opts, required):
+            model = self.step_model if allowed is None else OutputVocabulary(
+                self.step_model, allowed, len(self.tgt_vocab), self.device)
+            order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
+            for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
+                src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
+                seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch] \
+                    if opts.sampling else []
+                with self.autocast():
+                    hyps = self.search(src, opts, [forced[k] for k in batch] if forced
+                                       else None, seeds,
+                                       [wanted[k] for k in batch] if wanted else None, model)
+                    if opts.alignments:
+                        hyps = self.with_alignments([ids[k] for k in batch], hyps,
+                                                    opts.align_layer)
+                for k, h in zip(batch, hyps, strict=True):
+                    out[todo[k]] = h
+                done(len(batch))
         return out
 
     def search(self, src: torch.Tensor, opts: SearchOptions,
                prefixes: list[list[int]] | None, seeds: list[int],
-               constraints: list[list[list[list[int]]]] | None = None
-               ) -> list[list[Hypothesis]]:
+               constraints: list[list[list[list[int]]]] | None = None,
+               model: StepModel | None = None) -> list[list[Hypothesis]]:
         """One batch src (B, S) through sampling, greedy decoding, beam search or
-        constrained beam search."""
-        model = self.step_model
+        constrained beam search, of `model` (default: `step_model`)."""
+        model = model or self.step_model
         if opts.sampling:
             hyps = sample_search(model, src, seeds, opts.beam, opts.temperature, opts.topk,
                                  opts.topp, opts.lenpen, opts.max_len_a, opts.max_len_b,
@@ -151,18 +157,18 @@ class TorchEngine(Engine):
             return greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a, opts.max_len_b,
                                      no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
         if constraints and any(constraints):
-            return self.constrained(src, opts, prefixes, constraints)
+            return self.constrained(src, opts, prefixes, constraints, model)
         return beam_search(model, src, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
                            nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
                            prefixes=prefixes)
 
     def constrained(self, src: torch.Tensor, opts: SearchOptions,
-                    prefixes: list[list[int]] | None, constraints: list[list[list[list[int]]]]
-                    ) -> list[list[Hypothesis]]:
+                    prefixes: list[list[int]] | None, constraints: list[list[list[list[int]]]],
+                    model: StepModel) -> list[list[Hypothesis]]:
         """Constrained beam search (`mtkit.constrained`). A sentence with fewer than
         n-best hypotheses that meet its constraints within its length limit (none, or
         too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
-        hyps = constrained_beam_search(self.step_model, src, constraints, opts.beam,
+        hyps = constrained_beam_search(model, src, constraints, opts.beam,
                                        opts.lenpen, opts.max_len_a, opts.max_len_b,
                                        nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
                                        prefixes=prefixes, inside_word=self.inside_word)
@@ -171,7 +177,7 @@ class TorchEngine(Engine):
         short = [i for i, h in enumerate(hyps) if len(h) < opts.nbest]
         if short:
             plain = self.search(src[short], opts, [prefixes[i] for i in short]
-                                if prefixes else None, [])
+                                if prefixes else None, [], model=model)
             for i, more in zip(short, plain, strict=True):
                 have = {tuple(h.tokens) for h in hyps[i]}
                 hyps[i] = hyps[i] + [replace(h, met=False) for h in more
@@ -192,6 +198,27 @@ class TorchEngine(Engine):
                            [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
                            layer, self.device))
         return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
+
+
+class OutputVocabulary:
+    """A step model whose outputs keep to the `allowed` ids of a target vocabulary of
+    `size`: the others' logits are -inf before the search reads them (so the allowed
+    pieces' probabilities add up to 1). Everything else is the model's."""
+
+    def __init__(self, model: StepModel, allowed: list[int], size: int,
+                 device: torch.device):
+        self.model = model
+        self.banned = torch.ones(size, dtype=torch.bool)
+        self.banned[allowed] = False
+        self.banned = self.banned.to(device)  # (V,)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def decode_step(self, token: torch.Tensor, memory: torch.Tensor | None,
+                    src_mask: torch.Tensor, cache) -> tuple[torch.Tensor, object]:
+        logits, cache = self.model.decode_step(token, memory, src_mask, cache)  # (rows, V)
+        return logits.masked_fill_(self.banned, float("-inf")), cache
 
 
 def line_seed(seed: int, line: str) -> int:

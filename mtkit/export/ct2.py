@@ -143,9 +143,12 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
 
 def _tables(src_vocab, tgt_vocab) -> dict:
     """The id tables of vocabularies whose ids are not SentencePiece's (an imported
-    model's), for the manifest: the runtime reads them back (`engines.ct2`)."""
-    return {f"{side}_pieces": v.pieces for side, v in (("src", src_vocab), ("tgt", tgt_vocab))
-            if v.pieces is not None}
+    model's) and a multilingual model's target `languages` (`Vocab`), for the manifest:
+    the runtime reads them back (`engines.ct2`)."""
+    tables = {f"{side}_pieces": v.pieces for side, v in (("src", src_vocab),
+                                                          ("tgt", tgt_vocab))
+              if v.pieces is not None}
+    return {**tables, "tgt_languages": tgt_vocab.languages} if tgt_vocab.languages else tables
 
 
 def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str]):

@@ -1,7 +1,7 @@
 """The HTTP app of `mtkit serve` (FastAPI + uvicorn, `pip install 'mtkit[serve]'`).
 
     POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?, "constraints"?,
-                         "target_lang"?}
+                         "target_lang"?, "lang_vocab"?}
     GET  /v1/health     liveness, and whether the model is loaded
     GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
     GET  /              a page: translate text and see each sentence's word alignment
@@ -66,6 +66,8 @@ class TranslateRequest(BaseModel):
     target_lang: str | None = Field(
         None, description="The language to translate into: needed by a multilingual model "
         "(/v1/info lists its target_languages), optional for a bilingual one.")
+    lang_vocab: bool | None = Field(None, description=OPTIONS["lang_vocab"].help.replace(
+        "--no-lang-vocab", "false") + " Default: the server's.")
 
 
 def parse_body(raw: bytes) -> TranslateRequest:
@@ -183,12 +185,13 @@ class Service:
     glossary: Glossary | None = None  # `serve --glossary`: terms every request gets
 
     def options(self, body: TranslateRequest) -> SearchOptions:
-        """A request's search options: the defaults with its own beam, n-best and
-        alignments, checked as the command line checks them (422 naming the field)."""
+        """A request's search options: the defaults with its own beam, n-best,
+        alignments and output vocabulary (`lang_vocab`), checked as the command line checks them (422 naming the field)."""
         try:
             opts = SearchOptions.from_config(self.defaults, spell=str, beam=body.beam,
                                              nbest=1 if body.nbest is None else body.nbest,
-                                             alignments=body.alignments or None)
+                                             alignments=body.alignments or None,
+                                             lang_vocab=body.lang_vocab)
             self.translator.check(opts, spell=str)
         except OptionError as e:
             raise ServeError(422, str(e), e.option) from None

@@ -240,8 +240,11 @@ class GreedyStream:
 
 def open_stream(engine: Translator, opts: SearchOptions) -> LineStream | None:
     """A stream for requests with these options, or None where the engine has none for
-    them (then they are translated in rounds)."""
-    if not (engine.capabilities.streaming and LineStream.can_take(opts)):
+    them (then they are translated in rounds): also where a multilingual model keeps
+    each language's outputs to its pieces (`Engine.output_groups`), which a stream's
+    rows, of any language, do not."""
+    if not (engine.capabilities.streaming and LineStream.can_take(opts)) or (
+            opts.lang_vocab and engine.tgt_vocab.languages):
         return None
     return LineStream(engine, opts)
 

@@ -253,3 +253,43 @@ def copied_or_reversed(checkpoint: Path, sources: list[str], reversed_share: flo
     palindromes = sum(s.split() == s.split()[::-1] for s in sources)
     assert sum(a == b for a, b in zip(outputs["cp"], outputs["rv"])) <= palindromes + 3
     return outputs
+
+
+def test_outputs_keep_to_the_target_languages_pieces(two_way, tmp_path):
+    """Training saves each target language's pieces with the target vocabulary (cp and
+    rv write the same ones). Translating into a language keeps its outputs to its
+    pieces, line by line in a batch of both, in both engines; --no-lang-vocab lifts
+    it, and the server does not stream such lines (a stream mixes languages)."""
+    from mtkit.checkpoint import load_checkpoint
+    from mtkit.decoding import SearchOptions
+    from mtkit.engines.loader import load_engine
+    from mtkit.serving.stream import open_stream
+
+    checkpoint, sources = two_way
+    saved = load_checkpoint(checkpoint)["vocab"]["tgt_languages"]
+    assert set(saved) == {"cp", "rv"} and saved["cp"] == saved["rv"]
+    engine = load_engine(checkpoint, "cpu", precision="fp32")
+    opts = replace(SearchOptions.from_config(engine.config.decode), beam=4)
+    lines = [f"<2cp> {s}" for s in sources[:12]] + [f"<2rv> {s}" for s in sources[:12]]
+
+    def outputs(engine, opts):
+        return [h[0].tokens for h in engine.translate(lines, opts)]
+
+    free = outputs(engine, opts)
+    banned = free[0][0]  # the first output's first piece: copying needs it
+    everything = list(range(len(engine.tgt_vocab)))
+    engine.tgt_vocab.languages = {"cp": [i for i in everything if i != banned],
+                                  "rv": everything}
+    kept = outputs(engine, opts)
+    assert not any(banned in out for out in kept[:12]) and kept[:12] != free[:12]
+    assert kept[12:] == free[12:]  # reversing may use every piece
+    assert outputs(engine, replace(opts, lang_vocab=False)) == free
+    assert open_stream(engine, replace(opts, beam=1)) is None
+    assert open_stream(engine, replace(opts, beam=1, lang_vocab=False)) is not None
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    assert cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out).exit_code == 0
+    assert json.loads((out / "mtkit.json").read_text())["tgt_languages"] == saved
+    exported = load_engine(out, "cpu")
+    exported.tgt_vocab.languages = engine.tgt_vocab.languages
+    assert outputs(exported, opts) == kept

@@ -4,6 +4,7 @@ SentencePiece pieces of their own."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
@@ -14,6 +15,7 @@ from mtkit.languages import (
     check_target,
     directions,
     epoch_counts,
+    output_vocabularies,
     shares,
     source_tag,
     tags,
@@ -155,3 +157,32 @@ def test_a_run_of_one_direction_translates_into_its_own_target():
     assert check_target(cfg.data, "cs") == "" and tags(cfg.data) == []
     with pytest.raises(OptionError, match="--tgt-lang de: this model translates fr into cs only"):
         check_target(cfg.data, "de")
+
+
+class _Shards:
+    """What `output_vocabularies` reads of a `ShardDataset`: each direction's pairs (one
+    here, holding all its ids) and the id counts of a side of some pairs."""
+
+    def __init__(self, sides: dict[str, tuple[list[int], list[int]]]):
+        self.sides = list(sides.items())  # direction -> (source ids, target ids)
+
+    def directions(self):
+        return {d: np.array([i]) for i, (d, _) in enumerate(self.sides)}
+
+    def id_counts(self, side: str, pairs, size: int):
+        ids = self.sides[int(pairs[0])][1][0 if side == "src" else 1]
+        return np.bincount(ids, minlength=size)
+
+
+def test_a_language_keeps_the_pieces_its_own_text_uses_often_enough():
+    """French keeps its own pieces and those both languages use (10, 11), not English's
+    20 though it occurs once in French text: 1/200 of French against 40/200 of English
+    is under a tenth. Both sides of every pair count for their language."""
+    en = [20] * 40 + [21] * 60 + [10] * 50 + [11] * 50
+    fr = [20] + [30] * 99 + [10] * 50 + [11] * 50
+    shards = _Shards({"en-fr": (en[:100], fr[:100]), "fr-en": (fr[100:], en[100:])})
+    cfg = data({"src": "a", "tgt": "b", "src_lang": "en", "tgt_lang": "fr"},
+               {"src": "b", "tgt": "a", "src_lang": "fr", "tgt_lang": "en"})
+    assert output_vocabularies(shards, cfg, 40) == {"fr": [10, 11, 30], "en": [10, 11, 20, 21]}
+    assert output_vocabularies(shards, cfg, 40, share=0.001)["fr"] == [10, 11, 20, 30]
+    assert output_vocabularies(shards, data(), 40) == {}  # bilingual: none
