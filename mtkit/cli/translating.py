@@ -345,7 +345,8 @@ def serve(
     max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
     sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
     topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
-    lang_vocab: LangVocabOpt = None, device: DeviceOpt = "auto", precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
+    lang_vocab: LangVocabOpt = None, device: DeviceOpt = "auto",
+    precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
     max_batch_tokens: Annotated[Opt[int], typer.Option(
         help="Source tokens the model worker takes into one batch (default: the "
              "checkpoint's decode.batch_tokens).")] = None,

@@ -186,7 +186,8 @@ class Service:
 
     def options(self, body: TranslateRequest) -> SearchOptions:
         """A request's search options: the defaults with its own beam, n-best,
-        alignments and output vocabulary (`lang_vocab`), checked as the command line checks them (422 naming the field)."""
+        alignments and output vocabulary (`lang_vocab`), checked as the command line
+        checks them (422 naming the field)."""
         try:
             opts = SearchOptions.from_config(self.defaults, spell=str, beam=body.beam,
                                              nbest=1 if body.nbest is None else body.nbest,
