@@ -206,15 +206,18 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """Element-wise mean of the model weights of several checkpoints of one model.
 
     Returns an inference checkpoint (no training state) with the first one's config and
-    vocabulary."""
+    vocabulary (and the target languages' pieces of the newest that has them)."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])
     steps = [trained_step(first)]
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    vocab = dict(first["vocab"])
     for path in paths[1:]:
         payload = load_checkpoint(path)
         model, steps = payload["model"], steps + [trained_step(payload)]
+        if "tgt_languages" in payload["vocab"]:  # a checkpoint newer than the first's mtkit
+            vocab["tgt_languages"] = payload["vocab"]["tgt_languages"]
         if model.keys() != total.keys() or any(model[k].shape != total[k].shape for k in total):
             raise CheckpointError(f"{path}: weights do not match {paths[0]}; "
                                   f"only checkpoints of one model can be averaged")
@@ -224,7 +227,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     dtypes = {k: v.dtype for k, v in first["model"].items()}
     averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
                 for k, v in total.items()}
-    return {"config": first["config"], "vocab": first["vocab"], "model": averaged,
+    return {"config": first["config"], "vocab": vocab, "model": averaged,
             "averaged_from": [str(p) for p in paths], "averaged_steps": steps}
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # A piece is in a language's output vocabulary where that language's training text uses
 # it at least this share as often (per token) as the language that uses it most: on the
-# Multi30k recipe 3,758 of 12,000 pieces for French, 4,022 for German, and not "▁the"
+# Multi30k recipe 3,757 of 12,000 pieces for French, 4,001 for German, and not "▁the"
 # or "▁man", though 4 and 47 French training captions hold them.
 OUTPUT_SHARE = 0.1
 
@@ -162,13 +162,16 @@ class Shards(Protocol):
     def id_counts(self, side: str, pairs: np.ndarray, size: int) -> np.ndarray: ...
 
 
-def output_vocabularies(data: Shards, cfg: DataConfig, size: int,
-                        share: float = OUTPUT_SHARE) -> dict[str, list[int]]:
+def output_vocabularies(data: Shards, cfg: DataConfig, size: int, joint: bool = True,
+                        tags: frozenset[int] = frozenset(), share: float = OUTPUT_SHARE
+                        ) -> dict[str, list[int]]:
     """For each language a multilingual run translates into, the ids (of a target
-    vocabulary of `size`) its pieces are: the pieces its training text, either side,
-    uses at least `share` as often per token as the language that uses them most
-    ({} for a bilingual run). Translation keeps its outputs to them (`decode.lang_vocab`),
-    which stops a zero-shot direction from sliding into English."""
+    vocabulary of `size`) its pieces are: the pieces its training text uses at least
+    `share` as often per token as the language that uses them most ({} for a bilingual
+    run). The text is both sides of the pairs with a `joint` vocabulary, the target side
+    otherwise (source ids are another vocabulary's); the `tags` ids are no language's.
+    Translation keeps its outputs to them (`decode.lang_vocab`), which stops a zero-shot
+    direction sliding into English."""
     into = target_languages(cfg)
     if not into:
         return {}
@@ -178,8 +181,13 @@ def output_vocabularies(data: Shards, cfg: DataConfig, size: int,
         if direction not in pairs:
             continue
         for side, lang in zip(("src", "tgt"), pairs[direction], strict=True):
-            n = data.id_counts(side, rows, size)
-            counts[lang] = counts[lang] + n if lang in counts else n
+            if side == "tgt" or joint:
+                n = data.id_counts(side, rows, size)
+                counts[lang] = counts[lang] + n if lang in counts else n
+    if not counts:  # a shard that records no directions of this config
+        return {}
+    for n in counts.values():
+        n[sorted(tags)] = 0
     rates = {lang: n / max(int(n.sum()), 1) for lang, n in counts.items()}
     top = np.max(np.stack(list(rates.values())), axis=0)
     return {lang: np.flatnonzero((counts[lang] > 0) & (rates[lang] >= share * top)).tolist()

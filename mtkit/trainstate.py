@@ -36,7 +36,7 @@ from mtkit.device import (
 )
 from mtkit.errors import UserError
 from mtkit.kernels import AttentionShape, choose_attention, choose_batch_shapes
-from mtkit.languages import epoch_counts, output_vocabularies
+from mtkit.languages import epoch_counts, output_vocabularies, tag_ids
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
@@ -183,7 +183,9 @@ def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
             data.check_tokenizer(*vocabs)
             data.verify()
     _check_positions(cfg, train_data)
-    vocabs[1].languages = output_vocabularies(train_data, cfg.data, len(vocabs[1]))
+    vocabs[1].languages = output_vocabularies(train_data, cfg.data, len(vocabs[1]),
+                                              vocabs[0].same(vocabs[1]),
+                                              tag_ids(vocabs[1], cfg.data))
     return train_data, valid_data
 
 

@@ -107,7 +107,8 @@ def vocab_entry(src: Vocab, tgt: Vocab, languages: dict[str, list[int]] | None =
             entry[f"{side}_pieces"] = vocab.pieces
     languages = tgt.languages if languages is None else languages
     if languages:
-        entry["tgt_languages"] = {lang: list(ids) for lang, ids in sorted(languages.items())}
+        entry["tgt_languages"] = {lang: [int(i) for i in ids]
+                                  for lang, ids in sorted(languages.items())}
     return entry
 
 

@@ -189,6 +189,9 @@ class ShardWriter:
         return manifest
 
 
+COUNT_SLICE = 1 << 24  # ids counted at once: 128 MB of int64 copies, whatever the shard
+
+
 class ShardDataset:
     """Random access to one split's pairs, memory-mapped and opened lazily (so that each
     DataLoader worker maps the files itself instead of receiving copies).
@@ -307,8 +310,10 @@ class ShardDataset:
         ids, offsets = (src, src_offsets) if side == "src" else (tgt, tgt_offsets)
         counts = np.zeros(size, dtype=np.int64)
         for run in np.split(pairs, np.flatnonzero(np.diff(pairs) != 1) + 1):
-            if len(run):
-                part = ids[offsets[run[0]]:offsets[run[-1] + 1]]
+            if not len(run):
+                continue
+            for start in range(int(offsets[run[0]]), int(offsets[run[-1] + 1]), COUNT_SLICE):
+                part = ids[start:min(start + COUNT_SLICE, int(offsets[run[-1] + 1]))]
                 counts += np.bincount(part, minlength=size)[:size]
         return counts
 

@@ -75,29 +75,25 @@ class Engine:
                       ) -> list[tuple[list[int] | None, list[int]]]:
         """The encoded lines (indices into `ids`) in groups searched with one output
         vocabulary each: (the target ids allowed, or None for all, the lines). With
-        `opts.lang_vocab` on a multilingual model, lines into one language are a group
-        whose outputs keep to that language's pieces (`Vocab.languages`), the specials,
-        and every id of the group's target prefixes and `required` ids (constraints, per
-        line). A line's language is its tag: the target prefix's or the source's."""
+        `opts.lang_vocab` on a multilingual model, a line into a language keeps to that
+        language's pieces (`Vocab.languages`), the specials, and its own target prefix
+        and `required` ids (its constraints): lines that share all of these are a group.
+        A line's language is its tag: the target prefix's or the source's."""
         languages = self.tgt_vocab.languages if opts.lang_vocab else {}
         if not languages:
             return [(None, list(range(len(ids))))]
-        target = {self.tgt_vocab.piece_id(tag(lang)): lang for lang in languages}
-        source = {self.src_vocab.piece_id(tag(lang)): lang for lang in languages}
-        groups: dict[str | None, list[int]] = {}
+        target, source = (_tag_ids(vocab, languages) for vocab in (self.tgt_vocab,
+                                                                   self.src_vocab))
+        groups: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
         for k, line in enumerate(ids):
+            own = (forced[k] if forced else []) + (required[k] if required else [])
             found = [target.get(i) for i in (forced[k][:2] if forced else [])] + [
                 source.get(i) for i in line[:2]]
-            groups.setdefault(next((x for x in found if x), None), []).append(k)
-        out: list[tuple[list[int] | None, list[int]]] = []
-        for lang, lines in groups.items():
-            if lang is None:
-                out.append((None, lines))
-                continue
-            extra = {i for k in lines for i in (forced[k] if forced else [])}
-            extra |= {i for k in lines for i in (required[k] if required else [])}
-            out.append((sorted(set(languages[lang]) | extra | set(range(EOS + 1))), lines))
-        return out
+            lang = next((x for x in found if x), None)
+            groups.setdefault((lang, tuple(sorted(set(own))) if lang else ()), []).append(k)
+        return [(None if lang is None else sorted(set(languages[lang]) | set(own)
+                                                  | set(range(EOS + 1))), lines)
+                for (lang, own), lines in groups.items()]
 
     def output_limit(self, src_len: int, opts: SearchOptions) -> int:
         """The longest output of a line of `src_len` source ids, as the search sets it
@@ -165,3 +161,9 @@ class Engine:
         for i, why in enumerate(self.constraint_errors(lines, constraints, opts)):
             if why:
                 raise OptionError(f"line {first_line + i}: {why}", "constraints")
+
+
+def _tag_ids(vocab: Vocab, languages: dict[str, list[int]]) -> dict[int, str]:
+    """{the id of `<2xx>`: xx} for the languages whose tag is one of `vocab`'s pieces."""
+    ids = {vocab.piece_id(tag(lang)): lang for lang in languages}
+    return {i: lang for i, lang in ids.items() if i != UNK and vocab.piece(i) == tag(lang)}

@@ -143,16 +143,16 @@ class CT2Engine(Engine):
         # Per output vocabulary (`output_groups`), one call with the longest limit; the
         # few outputs that run past their own limit are searched again with it
         # (CTranslate2 takes one limit per call).
-        for allowed, lines in self.output_groups(ids, forced, opts):
+        for allowed, group in self.output_groups(ids, forced, opts):
             banned = sorted(set(range(len(self.tgt_vocab))) - set(allowed)) \
                 if allowed is not None else []
-            results = dict(zip(lines, self._search(ids, forced, lines, max(
-                limits[k] for k in lines), opts, batch_tokens, banned), strict=True))
-            over = [k for k in lines
+            results = dict(zip(group, self._search(ids, forced, group, max(
+                limits[k] for k in group), opts, batch_tokens, banned), strict=True))
+            over = [k for k in group
                     if max(len(h) for h in results[k].hypotheses) > limits[k]]
             for limit in sorted({limits[k] for k in over}):
-                group = [k for k in over if limits[k] == limit]
-                for k, result in zip(group, self._search(ids, forced, group, limit, opts,
+                again = [k for k in over if limits[k] == limit]
+                for k, result in zip(again, self._search(ids, forced, again, limit, opts,
                                                           batch_tokens, banned), strict=True):
                     results[k] = result
             for k, result in results.items():

