@@ -113,6 +113,20 @@ def test_average_is_the_element_wise_mean(tmp_path):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "c.pt"])
 
 
+def test_an_average_keeps_the_newest_checkpoints_language_pieces(tmp_path):
+    """A run resumed by an mtkit that saves each target language's pieces: its average
+    of an older step and a newer one has them."""
+    save_checkpoint(payload(1.0), tmp_path / "old.pt")
+    newer = payload(3.0)
+    newer["vocab"] = {**newer["vocab"], "tgt_languages": {"de": [4, 9], "fr": [5, 9]}}
+    save_checkpoint(newer, tmp_path / "new.pt")
+    averaged = average_checkpoints([tmp_path / "old.pt", tmp_path / "new.pt"])
+    assert averaged["vocab"]["tgt_languages"] == {"de": [4, 9], "fr": [5, 9]}
+    assert "tgt_languages" not in load_checkpoint(tmp_path / "old.pt")["vocab"]
+    save_checkpoint(averaged, tmp_path / "avg.pt")  # and the digest covers them
+    assert load_checkpoint(tmp_path / "avg.pt")["vocab"]["tgt_languages"]["fr"] == [5, 9]
+
+
 def test_an_average_says_which_steps_it_is_the_average_of(tmp_path):
     """What `mtkit serve`'s page shows as the model's weights (no more "step ?")."""
     from mtkit.checkpoint import describe_weights
