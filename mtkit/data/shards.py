@@ -310,10 +310,10 @@ class ShardDataset:
         ids, offsets = (src, src_offsets) if side == "src" else (tgt, tgt_offsets)
         counts = np.zeros(size, dtype=np.int64)
         for run in np.split(pairs, np.flatnonzero(np.diff(pairs) != 1) + 1):
-            if not len(run):
-                continue
-            for start in range(int(offsets[run[0]]), int(offsets[run[-1] + 1]), COUNT_SLICE):
-                part = ids[start:min(start + COUNT_SLICE, int(offsets[run[-1] + 1]))]
+            first, stop = (int(offsets[run[0]]), int(offsets[run[-1] + 1])) if len(run) \
+                else (0, 0)
+            for start in range(first, stop, COUNT_SLICE):
+                part = ids[start:min(start + COUNT_SLICE, stop)]
                 counts += np.bincount(part, minlength=size)[:size]
         return counts
 

@@ -72,16 +72,16 @@ class Engine:
 
     def output_groups(self, ids: list[list[int]], forced: list[list[int]] | None,
                       opts: SearchOptions, required: list[list[int]] | None = None
-                      ) -> list[tuple[list[int] | None, list[int]]]:
+                      ) -> list[tuple[list[int], list[int]]]:
         """The encoded lines (indices into `ids`) in groups searched with one output
-        vocabulary each: (the target ids allowed, or None for all, the lines). With
+        vocabulary each: (the target ids banned, [] for none; the lines). With
         `opts.lang_vocab` on a multilingual model, a line into a language keeps to that
         language's pieces (`Vocab.languages`), the specials, and its own target prefix
         and `required` ids (its constraints): lines that share all of these are a group.
         A line's language is its tag: the target prefix's or the source's."""
         languages = self.tgt_vocab.languages if opts.lang_vocab else {}
         if not languages:
-            return [(None, list(range(len(ids))))]
+            return [([], list(range(len(ids))))]
         target, source = (_tag_ids(vocab, languages) for vocab in (self.tgt_vocab,
                                                                    self.src_vocab))
         groups: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
@@ -91,8 +91,9 @@ class Engine:
                 source.get(i) for i in line[:2]]
             lang = next((x for x in found if x), None)
             groups.setdefault((lang, tuple(sorted(set(own))) if lang else ()), []).append(k)
-        return [(None if lang is None else sorted(set(languages[lang]) | set(own)
-                                                  | set(range(EOS + 1))), lines)
+        everything = set(range(len(self.tgt_vocab)))
+        return [([] if lang is None else sorted(everything - set(languages[lang]) - set(own)
+                                                - set(range(EOS + 1))), lines)
                 for (lang, own), lines in groups.items()]
 
     def output_limit(self, src_len: int, opts: SearchOptions) -> int:

@@ -143,9 +143,7 @@ class CT2Engine(Engine):
         # Per output vocabulary (`output_groups`), one call with the longest limit; the
         # few outputs that run past their own limit are searched again with it
         # (CTranslate2 takes one limit per call).
-        for allowed, group in self.output_groups(ids, forced, opts):
-            banned = sorted(set(range(len(self.tgt_vocab))) - set(allowed)) \
-                if allowed is not None else []
+        for banned, group in self.output_groups(ids, forced, opts):
             results = dict(zip(group, self._search(ids, forced, group, max(
                 limits[k] for k in group), opts, batch_tokens, banned), strict=True))
             over = [k for k in group

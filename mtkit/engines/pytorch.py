@@ -121,9 +121,9 @@ class TorchEngine(Engine):
                                      [i + 1 for i in todo]) if constraints else None
         required = [[i for c in line for alt in c for i in alt] for line in wanted] \
             if wanted else None
-        for allowed, group in self.output_groups(ids, forced, opts, required):
-            model = self.step_model if allowed is None else OutputVocabulary(
-                self.step_model, allowed, len(self.tgt_vocab), self.device)
+        for banned, group in self.output_groups(ids, forced, opts, required):
+            model = OutputVocabulary(self.step_model, banned, len(self.tgt_vocab),
+                                     self.device) if banned else self.step_model
             order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
             for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
                 src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
@@ -201,15 +201,15 @@ class TorchEngine(Engine):
 
 
 class OutputVocabulary:
-    """A step model whose outputs keep to the `allowed` ids of a target vocabulary of
-    `size`: the others' logits are -inf before the search reads them (so the allowed
-    pieces' probabilities add up to 1). Everything else is the model's."""
+    """A step model that never outputs the `banned` ids of a target vocabulary of
+    `size`: their logits are -inf before the search reads them (so the other pieces'
+    probabilities add up to 1). Everything else is the model's."""
 
-    def __init__(self, model: StepModel, allowed: list[int], size: int,
+    def __init__(self, model: StepModel, banned: list[int], size: int,
                  device: torch.device):
         self.model = model
-        self.banned = torch.ones(size, dtype=torch.bool)
-        self.banned[allowed] = False
+        self.banned = torch.zeros(size, dtype=torch.bool)
+        self.banned[banned] = True
         self.banned = self.banned.to(device)  # (V,)
 
     def __getattr__(self, name: str):
