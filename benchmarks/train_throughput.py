@@ -172,8 +172,9 @@ def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None
 
 def time_training(step_fn, params, batches: list[Batch], args, device, autocast_dtype):
     """Tokens/s over the window after `args.warmup` steps, and peak memory."""
-    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                                  fused=device.type == "cuda")
+    # Fused AdamW on both sides: mtkit's own (`mtkit.optim.adamw`), and the Hugging Face
+    # Trainer's default (`adamw_torch_fused` with torch >= 2.8).
+    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
            else nullcontext())
     tokens = 0

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from mtkit.attention import MultiHeadAttention
 from mtkit.data.batching import collate
 from mtkit.errors import OptionError, plural
-from mtkit.model import MultiHeadAttention, Transformer
+from mtkit.model import Transformer
 
 WORD_START = "\u2581"  # SentencePiece's whitespace marker
 

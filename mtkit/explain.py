@@ -23,11 +23,12 @@ from torch import Tensor, nn
 
 from mtkit.align import teacher_forced_attention
 from mtkit.atomic import atomic_file
+from mtkit.attention import MultiHeadAttention
 from mtkit.config import ModelConfig
 from mtkit.data.batching import Batch, collate
 from mtkit.decoding import DEFAULTS
 from mtkit.loss import label_smoothed_nll
-from mtkit.model import MultiHeadAttention, Transformer, count_parameters
+from mtkit.model import Transformer, count_parameters
 from mtkit.search import greedy_search
 from mtkit.vocab import EOS, Vocab
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mtkit.attention import matmul_attention
 from mtkit.device import autocast, fastest_interleaved, linear_timer
-from mtkit.model import matmul_attention
 
 log = logging.getLogger(__name__)
 

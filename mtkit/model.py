@@ -11,18 +11,19 @@ reorders with `index_select`, or the `SlotCache` of continuous batching, written
 Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
 `norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
 gelu`, `positions: learned`. The model knows nothing of decoding; that is `search.py`.
+Its attention and dropout are `mtkit.attention`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtkit.attention import ATTENTION_KERNELS, Dropout, MultiHeadAttention, stacked_linear
 from mtkit.cache import BeamCache, DecoderCache, SlotCache
 from mtkit.config import ModelConfig
 from mtkit.vocab import PAD
@@ -44,32 +45,6 @@ def split_sinusoidal_positions(length: int, d_model: int) -> Tensor:
     for i < D/2, PE[pos, D/2 + i] = cos(...): (length, D)."""
     table = sinusoidal_positions(length, d_model)  # (L, D), interleaved
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)  # (L, D)
-
-
-def dropout(x: Tensor, p: float) -> Tensor:
-    """x with each element zeroed with probability p and the rest scaled by 1/(1-p).
-    The mask is drawn in fp32 even under bf16 autocast: bf16 uniforms cost 1.6x as much
-    on a CPU (3.6 ms against 2.2 ms for 4096 x 256; bf16 masks were 11% of a bf16 step)."""
-    if p == 0.0:
-        return x
-    keep = torch.rand(x.shape, device=x.device) >= p  # (same shape as x)
-    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (`dropout`), as `nn.Dropout`, its mask drawn by `torch.rand` (fp32):
-    on CPU, half the time of `nn.Dropout`'s Bernoulli sampling (about 5% of a training
-    step of the Multi30k model)."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p) if self.training else x
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
 
 
 class Embedding(nn.Module):
@@ -105,100 +80,6 @@ class Embedding(nn.Module):
         else:
             pos = table[start : start + length]  # (L, D)
         return self.dropout(x + pos.to(x.dtype))
-
-
-ATTENTION_KERNELS = ("sdpa", "matmul")
-
-
-def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                     p: float = 0.0) -> Tensor:
-    """softmax(QK^T / sqrt(K), masked) V with dropout `p` on the weights, as explicit matrix
-    products: what `scaled_dot_product_attention` computes (equal in fp32 up to rounding).
-    On some CPUs it is the faster of the two in bf16 (`mtkit.kernels` measures which).
-    q (B, H, T, K), k and v (B, H, S, K), mask broadcasting to (B, H, T, S), True = may
-    attend. Returns (B, H, T, K)."""
-    scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
-    if causal:
-        t, s = scores.shape[-2:]
-        ahead = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(1)  # (T, S)
-        scores = scores.masked_fill(ahead, float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = dropout(torch.softmax(scores, dim=-1), p)  # (B, H, T, S)
-    return weights @ v  # (B, H, T, K)
-
-
-class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over H heads: `F.scaled_dot_product_attention`
-    (`kernel` "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs;
-    which one a run uses is measured (`mtkit.kernels`)."""
-
-    def __init__(self, d_model: int, heads: int, dropout: float):
-        super().__init__()
-        self.heads, self.head_dim = heads, d_model // heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = dropout
-        self.kernel = "sdpa"  # or "matmul": `Transformer.use_attention`
-        # Set by `mtkit explain` to see each stage: observer(stage name, tensor).
-        self.observer: Callable[[str, Tensor], None] | None = None
-
-    def split_heads(self, x: Tensor) -> Tensor:
-        b, length, _ = x.shape
-        return x.view(b, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, K)
-
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of x (B, S, D), split into heads: 2 x (B, H, S, K)."""
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
-
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-               causal: bool = False) -> Tensor:
-        """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
-        (B, H, T, S), True = may attend. Returns (B, T, D)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, T, K)
-        p = self.dropout if self.training else 0.0
-        if self.observer is not None:
-            out = self.attend_step_by_step(q, k, v, mask, causal)  # (B, H, T, K)
-        elif self.kernel == "matmul":
-            out = matmul_attention(q, k, v, mask, causal, p)  # (B, H, T, K)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                 dropout_p=p)  # (B, H, T, K)
-        b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
-        if self.observer is not None:
-            self.observer("heads concatenated", out)
-        return self.out_proj(out)
-
-    def attend_step_by_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                            causal: bool) -> Tensor:
-        """What `scaled_dot_product_attention` computes, one stage at a time, each shown
-        to `self.observer` (used by `mtkit explain`; same result, no dropout)."""
-        see = self.observer
-        see("queries split into heads", q)
-        see("keys split into heads", k)
-        see("values split into heads", v)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, S)
-        see("scores QK^T / sqrt(d_k)", scores)
-        t, s = scores.shape[-2:]
-        allowed = torch.ones(t, s, dtype=torch.bool, device=q.device)  # (T, S)
-        if causal:
-            allowed = torch.tril(allowed)
-        if mask is not None:
-            allowed = allowed & mask  # (B, 1, T, S)
-        see("causal mask" if causal else "padding mask", allowed)
-        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        see("attention weights softmax", weights)  # (B, H, T, S)
-        out = weights @ v  # (B, H, T, K)
-        see("weighted values", out)
-        return out
-
-    def forward(self, x: Tensor, context: Tensor, mask: Tensor | None = None,
-                causal: bool = False) -> Tensor:
-        k, v = self.project_kv(context)
-        return self.attend(x, k, v, mask, causal)
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -247,7 +128,7 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D)."""
         h = self.attn_block.before(x)
-        x = self.attn_block.after(x, self.self_attn(h, h, mask))
+        x = self.attn_block.after(x, self.self_attn(h, mask))
         return self.ffn_block.after(x, self.ffn(self.ffn_block.before(x)))
 
 
@@ -269,16 +150,18 @@ class DecoderLayer(nn.Module):
         of the stack (T = 1), or None (teacher forcing). Returns the output (B*W, T, D)
         and the self-attention keys/values of all positions so far (B*W, H, t+T, K)."""
         h = self.self_block.before(y)
-        k, v = self.self_attn.project_kv(h)  # (B*W, H, T, K)
-        self_mask = None
-        if cache is not None:
-            k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
         # Without a cache the T positions attend causally; with one, the single new
         # position sees all earlier ones (of its own sentence: `self_mask`). Targets are
         # right-padded, so no pad key lies before a real query and no padding mask is
         # needed.
-        causal = cache is None and y.size(1) > 1
-        y = self.self_block.after(y, self.self_attn.attend(h, k, v, self_mask, causal))
+        if cache is None:
+            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, T, K) each
+            out = self.self_attn.attend_heads(q, k, v, causal=y.size(1) > 1)
+        else:  # one step: the stacked weights would be made anew at each step
+            k, v = self.self_attn.project_kv(h)  # (B*W, H, 1, K)
+            k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
+            out = self.self_attn.attend(h, k, v, self_mask)
+        y = self.self_block.after(y, out)
         h = self.cross_block.before(y)
         # In a search, a sentence's rows (its beams) share its source keys/values, held
         # once: its rows' positions are then queries of one attention over its source.
@@ -355,9 +238,16 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def cross_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-        """Each decoder layer's cross-attention keys and values: per layer (B, H, S, K)."""
-        kvs = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
-        return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+        """Each decoder layer's cross-attention keys and values: per layer (B, H, S, K),
+        all in one matrix product (`stacked_linear`; layer by layer where `mtkit
+        explain` watches them)."""
+        attns = [layer.cross_attn for layer in self.decoder_layers]
+        if any(a.observer is not None for a in attns):
+            kvs = [a.project_kv(memory) for a in attns]
+            return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+        out = stacked_linear(memory, [p for a in attns for p in (a.k_proj, a.v_proj)])
+        return (tuple(a.split_heads(k) for a, k in zip(attns, out[0::2], strict=True)),
+                tuple(a.split_heads(v) for a, v in zip(attns, out[1::2], strict=True)))
 
     def project(self, y: Tensor) -> Tensor:
         bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
@@ -369,8 +259,9 @@ class Transformer(nn.Module):
         False the `Projection` that would make them."""
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         y = self.tgt_embed(tgt_in)  # (B, T, D)
-        for layer in self.decoder_layers:
-            y, _ = layer(y, layer.cross_attn.project_kv(memory), attn_mask)
+        keys, values = self.cross_kv(memory)  # per layer (B, H, S, K)
+        for layer, k, v in zip(self.decoder_layers, keys, values, strict=True):
+            y, _ = layer(y, (k, v), attn_mask)
         if not project:
             return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
         return self.project(y)  # (B, T, V)

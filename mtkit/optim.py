@@ -55,10 +55,12 @@ def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
 
 def adamw(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with the paper's betas (0.9, 0.98) and eps 1e-9, at the schedule's first
-    learning rate; fused on CUDA."""
+    learning rate; fused, one kernel for all parameters, on CUDA and on CPU (where the
+    per-tensor loop of eight operations cost 10% of a bf16 step of the Multi30k model).
+    A resumed run keeps the kind it was saved with (`load_state_dict` restores it)."""
     return torch.optim.AdamW(
         model.parameters(), lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98),
-        eps=1e-9, weight_decay=tc.weight_decay, fused=device.type == "cuda")
+        eps=1e-9, weight_decay=tc.weight_decay, fused=device.type in ("cuda", "cpu"))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -72,13 +74,19 @@ def per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
     return their norm before clipping (non-finite when the loss was).
 
     Each rank's gradients hold sums over its own tokens, averaged over ranks by DDP, so
-    they are divided by the mean token count per rank."""
+    they are divided by the mean token count per rank. The division and the clipping are
+    one multiplication: by min(1, clip_norm / (norm + 1e-6)) / count, where norm is the
+    per-token gradients' (`clip_grad_norm_`'s coefficient)."""
     count = torch.tensor([float(tokens)], device=device)
     if distributed:
         dist.all_reduce(count)
         count /= dist.get_world_size()
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.div_(count.clamp(min=1.0))
-    return nn.utils.clip_grad_norm_(model.parameters(),
-                                    clip_norm if clip_norm > 0 else float("inf"))
+    count = count.clamp(min=1.0)[0]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / count
+    scale = torch.ones((), device=device) if clip_norm <= 0 else \
+        (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale / count)
+    return norm

@@ -51,8 +51,11 @@ def train_two_way(folder: Path, lang_tag: str = "source"):
         src = str(COPY / f"{name}.src.gz")
         splits[split] = [{"src": src, "tgt": str(COPY / f"{name}.tgt.gz"), "tgt_lang": "cp"},
                          {"src": src, "tgt": str(reversed_copy(folder, name)), "tgt_lang": "rv"}]
-    overrides = [f"run_dir={folder / 'run'}", "train.max_tokens=2048", "train.lr=0.003",
-                 "train.max_steps=1500", "train.valid_every=1500", "train.log_every=1500",
+    # 3,000 steps at the copy config's lr: after 1,500 at 0.003 the reversal was learned
+    # or not as the last bits of rounding fell (25 to 57 of 60 test lines reversed, over
+    # seeds and equivalent kernels); here 59-60 of 60 with seeds 1 and 3
+    overrides = [f"run_dir={folder / 'run'}", "train.max_tokens=2048", "train.lr=0.002",
+                 "train.max_steps=3000", "train.valid_every=3000", "train.log_every=3000",
                  "train.precision=fp32", "train.attention=sdpa", "tokenizer.vocab_size=34",
                  f"model.lang_tag={lang_tag}"]
     overrides += [f"data.{split}={corpora!r}".replace("'", '"') for split, corpora in

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mtkit.attention import matmul_attention
 from mtkit.config import ModelConfig
 from mtkit.kernels import (
     AttentionShape,
@@ -16,7 +17,7 @@ from mtkit.kernels import (
     choose_batch_shapes,
     time_attention,
 )
-from mtkit.model import build_model, matmul_attention
+from mtkit.model import build_model
 
 
 @pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
 from mtkit.config import TrainConfig, config_from_dict
 from mtkit.configcheck import ConfigError
-from mtkit.optim import budget_used, inverse_sqrt_lr, learning_rate
+from mtkit.optim import adamw, budget_used, inverse_sqrt_lr, learning_rate, per_token_gradients
 
 
 def test_schedule_warms_up_then_decays_as_inverse_sqrt():
@@ -48,3 +50,41 @@ def test_linear_schedule_without_a_budget_is_one_line_naming_the_keys():
                                           r"train.max_time"):
         config_from_dict({"train": {"lr_schedule": "linear"}})
     assert config_from_dict({"train": {"lr_schedule": "linear", "max_time": 60}})
+
+
+def _summed_gradients(scale: float) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    (model(torch.randn(32, 8)).pow(2).sum() * scale).backward()
+    return model
+
+
+@pytest.mark.parametrize(("clip", "scale"), [(1.0, 1.0), (1.0, 1e-3), (0.0, 1.0)])
+def test_per_token_gradients_divide_then_clip_as_two_passes_would(clip, scale):
+    tokens = 37
+    model, reference = _summed_gradients(scale), _summed_gradients(scale)
+    for p in reference.parameters():
+        p.grad.div_(tokens)
+    want = nn.utils.clip_grad_norm_(reference.parameters(), clip if clip > 0 else float("inf"))
+    norm = per_token_gradients(model, tokens, clip, torch.device("cpu"), distributed=False)
+    torch.testing.assert_close(norm, want)
+    clipped = clip > 0 and float(want) > clip
+    assert clipped == (scale == 1.0 and clip > 0)  # both kinds of update are covered
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_per_token_gradients_pass_a_non_finite_norm_on():
+    model = _summed_gradients(1.0)
+    next(model.parameters()).grad[0, 0] = float("nan")
+    norm = per_token_gradients(model, 10, 1.0, torch.device("cpu"), distributed=False)
+    assert not torch.isfinite(norm)
+
+
+def test_adamw_is_fused_on_cpu():
+    model = _summed_gradients(1.0)
+    optimizer = adamw(model, TrainConfig(), torch.device("cpu"))
+    assert optimizer.defaults["fused"] is True
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))

@@ -1,0 +1,86 @@
+"""Attention and dropout (`mtkit.attention`): the stacked projections compute what the
+separate Linear layers do, and the CPU dropout masks drop what they say."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mtkit.attention import MultiHeadAttention, dropout, keep_mask, stacked_linear
+from mtkit.config import ModelConfig
+from mtkit.model import build_model
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.3])
+def test_keep_mask_drops_p_of_the_elements_in_every_lane_of_a_draw(p):
+    torch.manual_seed(0)
+    keep, rounded = keep_mask(torch.Size([4096, 64]), p, torch.device("cpu"))
+    assert keep.shape == (4096, 64) and keep.dtype == torch.bool
+    assert rounded == round(p * 65536) / 65536 and abs(rounded - p) <= 1 / 131072
+    # Four 16-bit lanes make each 64-bit draw; a lane with a biased bit (the top bit of
+    # `random_()` without a range is always 0) would keep far more or fewer.
+    lanes = keep.reshape(-1, 4).float().mean(dim=0)  # (4,)
+    sd = (p * (1 - p) / (keep.numel() / 4)) ** 0.5
+    assert torch.all((lanes - (1 - p)).abs() < 5 * sd), lanes
+
+
+def test_dropout_scales_what_it_keeps_and_works_on_any_shape():
+    x = torch.rand(3, 5, 7) + 1.0  # 105 elements: not a multiple of 4
+    torch.manual_seed(1)
+    out = dropout(x, 0.25)
+    kept = out != 0
+    assert 0 < int(kept.sum()) < 105
+    torch.testing.assert_close(out[kept], x[kept] / 0.75)
+    torch.manual_seed(1)
+    assert torch.equal(dropout(x, 0.25), out)  # the global generator decides the mask
+    assert dropout(x, 0.0) is x
+
+
+def test_dropout_keeps_the_mean_of_a_large_tensor():
+    torch.manual_seed(2)
+    x = torch.ones(512, 512, dtype=torch.bfloat16)
+    out = dropout(x, 0.1)
+    assert out.dtype == torch.bfloat16
+    assert abs(float(out.float().mean()) - 1.0) < 0.01
+    assert abs(float((out == 0).float().mean()) - 0.1) < 0.005
+
+
+def test_stacked_linear_is_each_layer_applied_alone():
+    torch.manual_seed(3)
+    layers = [nn.Linear(16, 8), nn.Linear(16, 24), nn.Linear(16, 8)]
+    x = torch.randn(2, 5, 16)
+    outs = stacked_linear(x, layers)
+    assert [o.shape for o in outs] == [(2, 5, 8), (2, 5, 24), (2, 5, 8)]
+    for layer, out in zip(layers, outs, strict=True):
+        torch.testing.assert_close(out, layer(x))
+    sum(o.sum() for o in outs).backward()  # gradients reach each layer's own weights
+    assert all(layer.weight.grad is not None for layer in layers)
+
+
+def test_self_attention_projects_queries_keys_and_values_as_its_three_layers():
+    torch.manual_seed(4)
+    attn = MultiHeadAttention(32, 4, 0.0)
+    x = torch.randn(3, 6, 32)
+    q, k, v = attn.project_qkv(x)
+    torch.testing.assert_close(q, attn.split_heads(attn.q_proj(x)))
+    torch.testing.assert_close(k, attn.split_heads(attn.k_proj(x)))
+    torch.testing.assert_close(v, attn.split_heads(attn.v_proj(x)))
+    torch.testing.assert_close(attn(x), attn.attend(x, k, v))
+    seen = []  # watched (an observer, as `mtkit explain`), the Linear layers themselves run
+    attn.observer = lambda stage, t: None
+    attn.q_proj.register_forward_hook(lambda m, i, o: seen.append("q"))
+    attn.project_qkv(x)
+    assert seen == ["q"]
+
+
+def test_cross_kv_in_one_product_equals_each_layers_own():
+    torch.manual_seed(5)
+    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=3, d_model=32, heads=4,
+                                    ffn_dim=64), 20, 20).eval()
+    memory = torch.randn(2, 7, 32)
+    keys, values = model.cross_kv(memory)
+    for layer, k, v in zip(model.decoder_layers, keys, values, strict=True):
+        want_k, want_v = layer.cross_attn.project_kv(memory)
+        torch.testing.assert_close(k, want_k)
+        torch.testing.assert_close(v, want_v)
