@@ -2,7 +2,7 @@
 
     python benchmarks/profile_train_step.py [--config configs/multi30k.yaml]
         [--precision bf16] [--attention sdpa|matmul] [--steps 5] [--synthetic 16 16]
-        [--set train.max_tokens=4096]
+        [--set train.max_tokens=4096] [--batch-shapes exact|classes]
 
 Runs `--warmup` untimed steps, then profiles `--steps` steps (forward, label-smoothed
 loss, backward, AdamW) of the config's model on the same batches as
@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from train_throughput import get_batches  # noqa: I001 (a sibling script)
 
 from mtkit.config import load_config
+from mtkit.data.batching import BatchShapes
 from mtkit.device import cpu_description, resolve_precision, tune_cpu_runtime
 from mtkit.model import build_model
 from mtkit.train import batch_loss
@@ -48,6 +49,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
     parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--batch-shapes", choices=["exact", "classes"], default="exact",
+                        help="token batches, or batches of few shapes (train.batch_shapes); "
+                             "with classes the profiled steps are the first --steps "
+                             "batches again, whose shapes the warm-up has met, as the dozen "
+                             "shapes of a long run are")
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.set)
@@ -58,7 +64,10 @@ def main() -> None:
     spm = cfg.run_path / "spm.model"
     vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
         else len(Vocab.load(spm))
-    batches = get_batches(cfg, args, vocab)
+    shapes = BatchShapes(limit=cfg.model.max_positions) if args.batch_shapes == "classes" \
+        else None
+    batches = get_batches(cfg, args, vocab, shapes)
+    profiled = batches[: args.steps] if shapes else batches[args.warmup:]
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).train().use_attention(args.attention)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as mtkit.optim
@@ -74,7 +83,7 @@ def main() -> None:
     for batch in batches[: args.warmup]:
         step(batch)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for batch in batches[args.warmup:]:
+        for batch in profiled:
             step(batch)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
@@ -84,6 +93,7 @@ def main() -> None:
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
     print(json.dumps({
         "cpu": cpu_description(), "precision": args.precision, "attention": args.attention,
+        "batch_shapes": args.batch_shapes,
         "steps": args.steps, "ms_per_step": round(total / args.steps / 1e3, 1),
         "matmul_share": round(share["matmul"], 3), "cast_share": round(share["casts"], 3),
         "casts_per_step": round(casts),
