@@ -1,6 +1,6 @@
 """Which attention kernel a run trains with, measured as `precision: auto` is.
 
-`scaled_dot_product_attention` and explicit matmul + softmax (`model.matmul_attention`)
+`scaled_dot_product_attention` and explicit matmul + softmax (`attention.matmul_attention`)
 compute the same function, but not at the same speed everywhere: on a 2-core AMD EPYC
 with AVX512-BF16, the matmul form trained 1.4-1.5x faster in bf16 and no faster in
 fp32 (issue 23). So `train.attention: auto` times forward+backward of both at the run's

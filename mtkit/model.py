@@ -239,10 +239,13 @@ class Transformer(nn.Module):
 
     def cross_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
         """Each decoder layer's cross-attention keys and values: per layer (B, H, S, K),
-        all in one matrix product (`stacked_linear`; layer by layer where `mtkit
-        explain` watches them)."""
+        all in one matrix product (`stacked_linear`) on a CPU or without gradients.
+        Layer by layer where `mtkit explain` watches them, and in training on a GPU:
+        there one product would hold every layer's gradients of them until the
+        backward pass reaches the first layer (more memory; later DDP all-reduce)."""
         attns = [layer.cross_attn for layer in self.decoder_layers]
-        if any(a.observer is not None for a in attns):
+        if any(a.observer is not None for a in attns) or (
+                torch.is_grad_enabled() and memory.device.type != "cpu"):
             kvs = [a.project_kv(memory) for a in attns]
             return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
         out = stacked_linear(memory, [p for a in attns for p in (a.k_proj, a.v_proj)])

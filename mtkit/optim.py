@@ -4,6 +4,7 @@ per-token scaling and clipping of one update's gradients."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -11,6 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from mtkit.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -55,12 +58,19 @@ def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
 
 def adamw(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with the paper's betas (0.9, 0.98) and eps 1e-9, at the schedule's first
-    learning rate; fused, one kernel for all parameters, on CUDA and on CPU (where the
-    per-tensor loop of eight operations cost 10% of a bf16 step of the Multi30k model).
-    A resumed run keeps the kind it was saved with (`load_state_dict` restores it)."""
-    return torch.optim.AdamW(
-        model.parameters(), lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98),
-        eps=1e-9, weight_decay=tc.weight_decay, fused=device.type in ("cuda", "cpu"))
+    learning rate; fused, one call for all parameters, on CUDA and on a CPU (where
+    PyTorch's loop of eight operations per tensor cost 10% of a bf16 step of the
+    Multi30k model), unless this torch has no fused kernel for the device. A resumed run
+    keeps the kind it was saved with (`load_state_dict` restores it), so that it
+    continues exactly: a run begun before the fused optimizer stays unfused. `device`
+    is where the parameters are."""
+    settings = dict(lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98), eps=1e-9,
+                    weight_decay=tc.weight_decay)
+    try:
+        return torch.optim.AdamW(model.parameters(), **settings, fused=True)
+    except RuntimeError:  # a torch without a fused AdamW for this device
+        log.info("AdamW: no fused kernel for %s in this torch; unfused", device.type)
+        return torch.optim.AdamW(model.parameters(), **settings, fused=False)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

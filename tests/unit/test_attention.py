@@ -84,3 +84,24 @@ def test_cross_kv_in_one_product_equals_each_layers_own():
         want_k, want_v = layer.cross_attn.project_kv(memory)
         torch.testing.assert_close(k, want_k)
         torch.testing.assert_close(v, want_v)
+
+
+def test_cross_kv_stacks_on_a_cpu_or_without_gradients_only(monkeypatch):
+    """On a GPU in training, one product would hold every layer's key/value gradients
+    until the backward pass reaches the first layer: there each layer makes its own."""
+    import mtkit.model
+
+    calls = []
+    real = mtkit.model.stacked_linear
+    monkeypatch.setattr(mtkit.model, "stacked_linear",
+                        lambda x, layers: calls.append(x.device.type) or real(x, layers))
+    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4,
+                                    ffn_dim=64), 20, 20)
+    model.cross_kv(torch.randn(2, 7, 32))  # CPU, with gradients: stacked
+    assert calls == ["cpu"]
+    gpu_like = model.to("meta")  # a device other than the CPU
+    keys, _ = gpu_like.cross_kv(torch.randn(2, 7, 32, device="meta"))
+    assert calls == ["cpu"] and keys[0].shape == (2, 4, 7, 8)  # layer by layer
+    with torch.no_grad():
+        gpu_like.cross_kv(torch.randn(2, 7, 32, device="meta"))
+    assert calls == ["cpu", "meta"]

@@ -1,4 +1,4 @@
-"""The attention kernel (`mtkit.model.matmul_attention` beside SDPA) and how a run
+"""The attention kernel (`mtkit.attention.matmul_attention` beside SDPA) and how a run
 chooses it (`mtkit.kernels`), with faked timings."""
 
 from __future__ import annotations

@@ -88,3 +88,16 @@ def test_adamw_is_fused_on_cpu():
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.step()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+def test_adamw_falls_back_to_unfused_where_this_torch_has_no_fused_kernel(monkeypatch):
+    real = torch.optim.AdamW
+
+    def no_fused(params, fused=None, **kw):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be ... cuda")
+        return real(params, fused=fused, **kw)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    optimizer = adamw(_summed_gradients(1.0), TrainConfig(), torch.device("cpu"))
+    assert optimizer.defaults["fused"] is False
