@@ -26,7 +26,8 @@ and a two-model ensemble (the checkpoint with `--ensemble CKPT2`, by default wit
 second copy of itself), and prints each one's cost as a ratio to beam 5.
 
 With `--compare ct2` it exports the checkpoint to a temporary folder (float32 and int8,
-`pip install mtkit[ct2]`) and times native mtkit and CTranslate2 on the same lines, greedy
+`pip install mtkit[ct2]`) and times native mtkit (fp32, what `auto` chose, and int8) and
+CTranslate2 on the same lines, greedy
 and beam 5 with the checkpoint's length penalty, `--rounds` rounds (medians, load time
 excluded), each engine in a process of its own (in one process, one engine's OpenMP
 threads slow the other). Each engine first gets its best batch size of --batch-sweep
@@ -52,6 +53,7 @@ from mtkit.decoding import SearchOptions
 from mtkit.device import cpu_description, tune_cpu_runtime
 from mtkit.engines.loader import load_engine
 from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
+from mtkit.int8 import int8_supported
 from mtkit.model import Transformer, sinusoidal_positions
 from mtkit.vocab import BOS, EOS, PAD
 
@@ -195,6 +197,8 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
         engines = {"native": [args.model, "fp32"]}  # the reference of "identical"
         if translator.precision["precision"] != "fp32":  # what --precision auto chose
             engines["native_auto"] = [args.model, "auto"]
+        if int8_supported():  # dynamic int8 products (`mtkit.int8`), asked for
+            engines["native_int8"] = [args.model, "int8"]
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
             engines[f"ct2_{q}"] = [f"{tmp}/{q}", "auto"]
@@ -224,6 +228,8 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
         for name, model, extra in (
                 ("native_fp32", args.model, ["--precision", "fp32"]),
                 ("native_auto", args.model, ["--precision", "auto"]),
+                *([("native_int8", args.model, ["--precision", "int8"])]
+                  if int8_supported() else []),
                 ("ct2_float32", f"{tmp}/float32", []), ("ct2_int8", f"{tmp}/int8", [])):
             out[f"peak_rss_mb_{name}"] = round(process_peak_rss_mb(
                 ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu",

@@ -21,10 +21,13 @@ links, so that nothing written through one name can change another.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
+import mmap
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +46,11 @@ class CheckpointError(UserError, ValueError):
     """A missing, corrupt or foreign checkpoint (one line)."""
 
 
-def payload_digest(payload: dict[str, Any]) -> str:
+def payload_digest(payload: dict[str, Any],
+                   after: Callable[[torch.Tensor], None] | None = None) -> str:
     """SHA-256 over a checkpoint's content: every key path, every tensor's dtype, shape
-    and bytes, every other value's repr. The `format` and `digest` keys are left out."""
+    and bytes, every other value's repr. The `format` and `digest` keys are left out.
+    `after` is called on each tensor once it is hashed (`MappedFile.release`)."""
     h = hashlib.sha256()
 
     def walk(key: str, value: Any) -> None:
@@ -54,6 +59,8 @@ def payload_digest(payload: dict[str, Any]) -> str:
             t = value.detach().cpu().contiguous()
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+            if after is not None:
+                after(value)
         elif isinstance(value, dict):
             h.update(f"dict{len(value)}".encode())
             for k in sorted(value, key=repr):
@@ -85,7 +92,10 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     of its content, the shape of its parts, finite weights. One-line errors.
 
     `mmap`: the tensors stay in the file's pages (copy-on-write) instead of being read
-    into the process's own memory; for reading only, as translation does."""
+    into the process's own memory; for reading only, as translation does. Checking
+    reads every page, so each tensor's pages are handed back once checked
+    (`MappedFile.release`): a training checkpoint's optimizer state is then never
+    resident, and the weights are paged in again as they are used."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
@@ -106,16 +116,53 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
                               f"made by mtkit; {why})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an mtkit checkpoint")
-    _check_content(payload, path)
+    _check_content(payload, path, MappedFile(path).release if mmap else None)
     return payload
 
 
-def _check_content(payload: dict[str, Any], path: Path) -> None:
+class MappedFile:
+    """The address ranges where this process maps a file (`/proc/self/maps`), and a
+    way to hand back a memory-mapped tensor's pages: `madvise(MADV_DONTNEED)` on the
+    whole pages of its storage. Only pages that lie inside the file's own private
+    mappings are touched: those are re-read from the page cache at the next access, as
+    nothing was written to them. Anywhere else (another allocation, no /proc, no libc)
+    `release` does nothing, so it never discards memory that holds data."""
+
+    MADV_DONTNEED = 4
+
+    def __init__(self, path: Path):
+        self.ranges: list[tuple[int, int]] = []
+        try:
+            target = str(path.resolve())
+            for line in Path("/proc/self/maps").read_text().splitlines():
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5] == target and fields[1][3] == "p":
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    self.ranges.append((start, end))
+            self.madvise = ctypes.CDLL(None, use_errno=True).madvise
+        except (OSError, AttributeError, ValueError, IndexError):
+            self.ranges = []
+        self.page = mmap.PAGESIZE
+
+    def release(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        first = -(-start // self.page) * self.page  # the whole pages inside the storage
+        last = end // self.page * self.page
+        if last > first and any(lo <= first and last <= hi for lo, hi in self.ranges):
+            self.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
+                         self.MADV_DONTNEED)
+
+
+def _check_content(payload: dict[str, Any], path: Path,
+                   release: Callable[[torch.Tensor], None] | None = None) -> None:
+    """The digest, the parts and finite weights; `release` is called on each tensor once
+    it is read."""
     digest = payload.get("digest")
     if digest is None:
         log.warning("%s has no digest (written by an older mtkit); its integrity is not "
                     "checked", path)
-    elif digest != payload_digest(payload):
+    elif digest != payload_digest(payload, release):
         raise CheckpointError(f"{path}: corrupt checkpoint (its content does not match the "
                               f"digest stored in it)")
     model, vocab = payload.get("model"), payload.get("vocab")
@@ -129,6 +176,8 @@ def _check_content(payload: dict[str, Any], path: Path) -> None:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: the weights hold NaN or infinite values "
                                   f"({name}); this checkpoint cannot be used")
+        if release is not None:
+            release(t)
 
 
 def training_payload(config: dict, vocab: dict, model: dict, optimizer: dict,

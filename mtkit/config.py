@@ -211,8 +211,9 @@ class DecodeConfig:
     batch_tokens: int = _option("batch_tokens")
     lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
     # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
-    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA.
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
+    # dynamic int8 products, `mtkit.int8`) only when asked.
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -156,14 +156,14 @@ class SearchOptions:
 DEFAULTS = SearchOptions()  # what a search function does where its caller says nothing
 
 
-PRECISIONS = ("auto", "fp32", "bf16")  # what a PyTorch engine may translate in
+PRECISIONS = ("auto", "fp32", "bf16", "int8")  # what a PyTorch engine may translate in
 
 
 def check_precision(precision: str, option: str = "--precision") -> None:
     """One line for a precision that is none of `PRECISIONS` (checked here, without
     torch, so that an exported folder's path never loads it)."""
     if precision not in PRECISIONS:
-        raise OptionError(f"{option} must be auto, fp32 or bf16, got {precision!r}")
+        raise OptionError(f"{option} must be auto, fp32, bf16 or int8, got {precision!r}")
 
 
 @dataclass(frozen=True)

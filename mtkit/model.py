@@ -17,6 +17,8 @@ Its attention and dropout are `mtkit.attention`'s.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -201,6 +203,8 @@ class Transformer(nn.Module):
         # A fixed bias on the logits (`output_bias`): a buffer, saved, never trained.
         self.register_buffer("output_bias", torch.zeros(tgt_vocab_size) if cfg.output_bias
                              else None)
+        # An int8 copy of the output projection, set by `mtkit.int8.quantize` (translation).
+        self.output_int8: nn.Module | None = None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -253,6 +257,8 @@ class Transformer(nn.Module):
                 tuple(a.split_heads(v) for a, v in zip(attns, out[1::2], strict=True)))
 
     def project(self, y: Tensor) -> Tensor:
+        if self.output_int8 is not None:  # int8 translation (`mtkit.int8`)
+            return self.output_int8(self.decoder_norm(y))  # (..., V)
         bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
         return F.linear(self.decoder_norm(y), self.output_weight, bias)  # (..., V)
 
@@ -307,8 +313,36 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, src_mask, project)
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
-    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                initialize: bool = True) -> Transformer:
+    """A new Transformer, its weights drawn at random; with `initialize` False they are
+    left as `torch.empty` gives them, unwritten, for weights that a checkpoint then
+    assigns (`load_state_dict(assign=True)`): memory that is never written is never
+    made resident, so a loaded model holds its weights once, not twice."""
+    if initialize:
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+    with unwritten_parameters():
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+# The initializers that torch's layers and `Transformer._init_weights` call.
+INITIALIZERS = ("uniform_", "normal_", "xavier_uniform_", "kaiming_uniform_", "zeros_",
+                "ones_", "constant_")
+
+
+@contextmanager
+def unwritten_parameters() -> Iterator[None]:
+    """Within: `nn.init`'s initializers do nothing (as Hugging Face's `no_init_weights`),
+    so new layers keep their parameters unwritten. Only for building a model whose every
+    weight is then replaced; not thread-safe (it swaps module functions)."""
+    saved = {name: getattr(nn.init, name) for name in INITIALIZERS}
+    for name in INITIALIZERS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -61,8 +61,9 @@ AlignLayerOpt = Annotated[Opt[int], _help("align_layer")]
 LangVocabOpt = Annotated[Opt[bool], typer.Option("--lang-vocab/--no-lang-vocab",
                                                   help=OPTIONS["lang_vocab"].help)]
 PrecisionOpt = Annotated[Opt[str], typer.Option(
-    help="auto, fp32 or bf16 (default: the checkpoint's decode.precision, auto): auto "
-         "takes bf16 where it is measured clearly faster (CUDA, AVX512-BF16, AMX).")]
+    help="auto, fp32, bf16 or int8 (default: the checkpoint's decode.precision, auto): "
+         "auto takes bf16 where it is measured clearly faster (CUDA, AVX512-BF16, AMX); "
+         "int8 rounds the matrix products to int8 on a CPU, as CTranslate2's int8 does.")]
 InputOpt = Annotated[Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.")]
 OutputOpt = Annotated[Opt[Path], typer.Option(
     "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in place.")]

@@ -54,8 +54,8 @@ def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
     if len(paths) > 1:
         raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
                           "translates alone")
-    if precision == "bf16":
-        raise OptionError("--precision bf16 needs a checkpoint (-m FILE.pt); an exported "
+    if precision in ("bf16", "int8"):
+        raise OptionError(f"--precision {precision} needs a checkpoint (-m FILE.pt); an exported "
                           "CTranslate2 folder runs in the type it was exported with "
                           "(mtkit export --quantization)")
     return CT2Engine(folder, device, device_option)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from mtkit import int8
 from mtkit.align import align, check_layer
 from mtkit.checkpoint import CheckpointError, describe_weights, load_checkpoint, trained_step
 from mtkit.config import Config, config_from_dict
@@ -39,6 +40,7 @@ from mtkit.device import (
 )
 from mtkit.engines.base import Engine
 from mtkit.ensemble import Ensemble
+from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
@@ -58,7 +60,8 @@ class TorchEngine(Engine):
     config: Config  # the (first) checkpoint's: decoding defaults in config.decode
     steps: list[int | None] = field(default_factory=list)  # each model's training step
     weights: list[str] = field(default_factory=list)  # what each model's weights are
-    # {"precision": "fp32" | "bf16", "asked", "calibration"?}: what `autocast_dtype` is
+    # {"precision": "fp32" | "bf16" | "int8", "asked", "calibration"?}: what the models
+    # run in (`autocast_dtype` bf16, or None: fp32, or int8 models, `mtkit.int8`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
@@ -257,7 +260,7 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
     an ensemble, whose models must share the source and the target vocabulary (decoding
     defaults come from the first). `device_option` names the option `device` came from,
     for the error when it cannot be used. `precision` (None: the checkpoint's
-    decode.precision): auto, fp32 or bf16 (`inference_precision`)."""
+    decode.precision): auto, fp32, bf16 or int8 (`inference_precision`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
@@ -269,6 +272,8 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
                                       f"their tokenizers")
     models = [model.to(dev).eval() for model, *_ in loaded]
     dtype, record = inference_precision(precision or cfg.decode.precision, dev, cfg)
+    if record["precision"] == "int8":
+        models = [int8.quantize(model) for model in models]
     return TorchEngine(models, src_vocab, tgt_vocab, dev, dtype, cfg,
                        [w.step for *_, w in loaded], [w.about for *_, w in loaded], record)
 
@@ -278,8 +283,16 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
     """The autocast dtype translation runs in (None: fp32) and its record. `auto` takes
     bf16 on CUDA; on a CPU it times the model's first FFN layer at one decoding step of
     a full batch, forward only, and takes bf16 only where it needs at most 90% of fp32's
-    time (AVX512-BF16, AMX; never where bf16 is emulated)."""
+    time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.int8`) is taken
+    only when asked, on a CPU: it rounds every product, so it changes more outputs."""
     check_precision(asked)
+    if asked == "int8":
+        if device.type != "cpu":
+            raise OptionError("--precision int8 runs on a CPU; on CUDA use bf16 (or auto)")
+        if not int8.int8_supported():
+            raise OptionError(f"--precision int8 needs int8 matrix products on a CPU, which "
+                              f"this torch ({torch.__version__}) lacks; use fp32 or auto")
+        return None, {"precision": "int8", "asked": asked}
     shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
     dtype, calibration = resolve_precision(asked, device, shape, backward=False)
     return dtype, precision_record(dtype, asked, calibration)
@@ -295,13 +308,16 @@ class Weights(NamedTuple):
 
 def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Config, Weights]:
     """A checkpoint's model, vocabularies, config and what its weights are. The
-    checkpoint is read memory-mapped: its training state is never copied in."""
+    checkpoint is read memory-mapped and the model's weights are its own (copy on
+    write: nothing is written back): its training state is never read, and the weights
+    are in memory once, paged in as they are used, not first drawn at random and then
+    copied over."""
     payload = load_checkpoint(path, mmap=True)
     try:
         cfg = config_from_dict(payload["config"], str(path))
         src_vocab, tgt_vocab = entry_vocabs(payload["vocab"])
-        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
-        model.load_state_dict(payload["model"])
+        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab), initialize=False)
+        model.load_state_dict(payload["model"], assign=True)
     except (KeyError, TypeError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
                               f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"

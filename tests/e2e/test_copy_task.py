@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from mtkit import int8
 from mtkit.config import load_config
 from mtkit.data.shards import ShardDataset
 from mtkit.decoding import SearchOptions
@@ -16,11 +18,13 @@ from mtkit.textio import translate_texts
 from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
 
+from conftest import cli
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def copy_run(tmp_path_factory):
+def copy_checkpoint(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("copy") / "run"
     # fp32 on every machine: `precision: auto` would pick bf16 where the CPU has it, and
     # what this test checks (exact copies) must not depend on the CPU. 2,000 steps at lr
@@ -39,8 +43,13 @@ def copy_run(tmp_path_factory):
     build_tokenizer(cfg)
     preprocess(cfg)
     train(cfg)
-    test = ShardDataset(run / "data" / "test")
-    return load_engine(run / "checkpoints" / "last.pt", "cpu"), test.texts("src")
+    return run / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def copy_run(copy_checkpoint):
+    test = ShardDataset(copy_checkpoint.parents[1] / "data" / "test")
+    return load_engine(copy_checkpoint, "cpu"), test.texts("src")
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -51,6 +60,22 @@ def test_trained_copy_model_copies_held_out_sequences(copy_run, beam):
                                                                max_len_b=5))
     exact = sum(o == s for o, s in zip(outputs, short))
     assert exact == len(short), [(s, o) for s, o in zip(short, outputs) if s != o][:3]
+
+
+@pytest.mark.skipif(not int8.int8_supported(), reason="no int8 products in this torch")
+def test_the_copy_model_copies_in_int8_too(copy_checkpoint, copy_run):
+    _, sources = copy_run
+    short = [s for s in sources if len(s.split()) <= 12][:100]
+    result = cli("translate", "-m", copy_checkpoint, "--precision", "int8", "--beam", "4",
+                 "--max-len-a", "1.0", "--max-len-b", "5", input="".join(s + "\n" for s in short))
+    assert result.exit_code == 0, result.output
+    outputs = result.stdout.splitlines()
+    assert len(outputs) == len(short)
+    exact = sum(o == s for o, s in zip(outputs, short, strict=True))
+    assert exact >= len(short) - 2, [(s, o) for s, o in zip(short, outputs) if s != o][:3]
+    engine = load_engine(copy_checkpoint, "cpu", precision="int8")
+    assert engine.describe()["precision"] == "int8"
+    assert not any(isinstance(m, torch.nn.Linear) for m in engine.model.modules())
 
 
 def test_a_prefix_of_the_first_symbols_yields_the_full_copy(copy_run):

@@ -69,6 +69,7 @@ def test_translating_an_export_keeps_the_native_line_guarantees(exported, traine
     (["--sampling"], "--sampling needs a checkpoint"),
     (["--alignments"], "--alignments needs a checkpoint"),
     (["--precision", "bf16"], "--precision bf16 needs a checkpoint"),
+    (["--precision", "int8"], "--precision int8 needs a checkpoint"),
 ])
 def test_what_the_export_cannot_do_is_refused(exported, args, says):
     result = cli("translate", "-m", exported, *args, input="A dog.\n")

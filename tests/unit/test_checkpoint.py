@@ -42,6 +42,41 @@ def test_a_memory_mapped_load_is_the_same_and_outlives_a_new_save(tmp_path):
                        torch.full((2, 3), 2.0))
 
 
+def resident_kb(path) -> int:
+    """KB of `path`'s pages resident in this process's mappings (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc")
+def test_a_memory_mapped_load_hands_back_the_pages_it_checked(tmp_path):
+    big = payload(1.0)
+    big["model"]["big"] = torch.arange(2**20, dtype=torch.float32)  # 4 MB
+    big["train"]["optimizer"] = {"exp_avg": torch.full((2**20,), 3.0)}  # never used
+    save_checkpoint(big, tmp_path / "a.pt")
+    mapped = load_checkpoint(tmp_path / "a.pt", mmap=True)  # digest: every page read
+    assert resident_kb(tmp_path / "a.pt") < 200  # of 8 MB: only pages shared with others
+    assert torch.equal(mapped["model"]["big"], torch.arange(2**20, dtype=torch.float32))
+    assert 4000 <= resident_kb(tmp_path / "a.pt") < 4300  # paged in again, as used
+    assert torch.equal(mapped["train"]["optimizer"]["exp_avg"], torch.full((2**20,), 3.0))
+
+
+def test_handing_back_pages_leaves_memory_that_is_not_the_files_alone(tmp_path):
+    from mtkit.checkpoint import MappedFile
+
+    save_checkpoint(payload(1.0), tmp_path / "a.pt")
+    mapped = load_checkpoint(tmp_path / "a.pt", mmap=True)
+    own = torch.arange(2**20, dtype=torch.float32)  # the process's own memory
+    MappedFile(tmp_path / "a.pt").release(own)  # not in the file's mapping: kept
+    assert torch.equal(own, torch.arange(2**20, dtype=torch.float32))
+    assert torch.equal(mapped["model"]["w"], torch.ones(2, 3))
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_truncated_checkpoint_is_a_one_line_error(tmp_path, mmap):
     save_checkpoint(payload(1.0), tmp_path / "a.pt")

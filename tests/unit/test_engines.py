@@ -81,8 +81,27 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
     monkeypatch.setattr(device_module, "calibrate_cpu",
                         lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038))
     assert inference_precision("auto", cpu, Config())[0] is None  # not clearly faster
-    with pytest.raises(OptionError, match=r"--precision must be auto, fp32 or bf16"):
+    with pytest.raises(OptionError, match=r"--precision must be auto, fp32, bf16 or int8"):
         inference_precision("fp16", cpu, Config())
+
+
+def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monkeypatch):
+    import torch
+
+    from mtkit import int8
+    from mtkit.config import Config
+    from mtkit.engines.pytorch import inference_precision
+    from mtkit.errors import OptionError
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(int8, "int8_supported", lambda: True)
+    assert inference_precision("int8", cpu, Config()) == (None, {"precision": "int8",
+                                                                 "asked": "int8"})
+    with pytest.raises(OptionError, match=r"^--precision int8 runs on a CPU; on CUDA use "):
+        inference_precision("int8", torch.device("cuda"), Config())
+    monkeypatch.setattr(int8, "int8_supported", lambda: False)
+    with pytest.raises(OptionError, match=r"^--precision int8 needs int8 matrix products"):
+        inference_precision("int8", cpu, Config())
 
 
 def test_an_engine_in_bf16_translates_and_says_so(tiny_engine):

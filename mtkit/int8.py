@@ -1,0 +1,106 @@
+"""Dynamic int8 matrix products for translation (`translate --precision int8`).
+
+Each Linear layer's weight is rounded once to int8 with one scale per output row
+(symmetric, to -127..127); at every call the input is rounded the same way with one
+scale per row, the product runs on int8 (`torch._int_mm`, int32 sums: oneDNN's VNNI
+kernels where the CPU has them, AVX2's otherwise) and is scaled back to float:
+
+    y[i, j] = sx[i] * sw[j] * sum_k xq[i, k] * wq[j, k] + b[j]
+
+This is what CTranslate2's `int8` compute type and PyTorch's deprecated
+`quantize_dynamic` do. The embeddings stay in float (a lookup, no product); the output
+projection, tied to the target embedding, gets an int8 copy. Outputs differ from fp32 in
+a few percent of sentences (README: Speed has the share and the BLEU difference).
+
+`quantize(model)` turns a model's Linear layers, and its output projection, into
+`Int8Linear`s in place; `int8_supported()` says whether this torch has the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+QMAX = 127  # symmetric: -127..127, so that a product of two never overflows int16 pairs
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (N, K) float -> (int8 (N, K), scale (N, 1) float32) with x ~ q * scale. Each
+    row's largest magnitude becomes 127, so no value needs clamping."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-8)  # (N, 1)
+    q = x.float().mul(QMAX / amax).round_().to(torch.int8)  # (N, K)
+    return q, amax / QMAX
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear` with an int8 weight (one scale per output feature) and inputs rounded
+    to int8 per row at each call. `weight_t` is stored (in, out), the layout the int8
+    product reads fastest."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        q, scale = quantize_rows(weight.detach())  # (out, in), (out, 1)
+        self.register_buffer("weight_t", q.t().contiguous())  # (in, out) int8
+        self.register_buffer("scale", scale.reshape(1, -1))  # (1, out)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Int8Linear:
+        return cls(linear.weight, linear.bias)
+
+    @classmethod
+    def stacked(cls, layers: list[Int8Linear]) -> Int8Linear:
+        """The layers (of one input size) as one, outputs side by side: exact, since each
+        output feature keeps its own scale (`attention.stacked_linear`)."""
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.register_buffer("weight_t", torch.cat([la.weight_t for la in layers], dim=1))
+        out.register_buffer("scale", torch.cat([la.scale for la in layers], dim=1))
+        biases = [la.bias for la in layers]
+        out.register_buffer("bias", None if any(b is None for b in biases)
+                            else torch.cat(biases))
+        out.in_features = layers[0].in_features
+        out.out_features = sum(la.out_features for la in layers)
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (..., out), float32 (or x's dtype under no autocast)."""
+        lead = x.shape[:-1]
+        q, sx = quantize_rows(x.reshape(-1, self.in_features))  # (N, in), (N, 1)
+        y = torch._int_mm(q, self.weight_t).mul(sx).mul_(self.scale)  # (N, out) float
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)  # (..., out)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+@functools.cache
+def int8_supported() -> bool:
+    """Whether this torch runs int8 products on a CPU (`torch._int_mm`), exactly."""
+    try:
+        a = torch.arange(-8, 8, dtype=torch.int8).reshape(2, 8)
+        b = torch.ones(8, 3, dtype=torch.int8)
+        return bool(torch.equal(torch._int_mm(a, b), a.int() @ b.int()))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def quantize(model: nn.Module) -> nn.Module:
+    """Every `nn.Linear` of `model` replaced by an `Int8Linear`, and the output projection
+    of a `Transformer` (tied to the target embedding) given an int8 copy (its
+    `output_int8`); the float weights of the Linear layers are let go. In place; returns
+    the model (in eval mode: it no longer trains)."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, Int8Linear.of(child))
+        else:
+            quantize(child)
+    if hasattr(model, "output_int8"):
+        bias = getattr(model, "output_bias", None)
+        model.output_int8 = Int8Linear(model.output_weight, bias)
+    return model.eval()

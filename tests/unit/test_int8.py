@@ -1,0 +1,75 @@
+"""Dynamic int8 products for translation (`mtkit.int8`): exact where the numbers are
+int8 already, close to fp32 otherwise, stacked layers equal to separate ones, and a
+quantized model whose every product is int8."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from mtkit import int8
+from mtkit.attention import stacked_linear
+from mtkit.config import ModelConfig
+from mtkit.int8 import Int8Linear
+from mtkit.model import build_model
+
+pytestmark = pytest.mark.skipif(not int8.int8_supported(), reason="no int8 products here")
+
+
+def test_a_product_of_numbers_that_are_int8_already_is_exact():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (24, 40), generator=generator).float()
+    weight[:, 0] = 127  # each row's largest magnitude is 127: its scale is exactly 1
+    x = torch.randint(-127, 128, (5, 3, 40), generator=generator).float()
+    x[..., 0] = -127
+    bias = torch.randn(24, generator=generator)
+    layer = Int8Linear(weight, bias)
+    assert layer.weight_t.dtype == torch.int8 and layer.weight_t.shape == (40, 24)
+    out = layer(x)  # (5, 3, 24)
+    assert out.shape == (5, 3, 24) and out.dtype == torch.float32
+    assert torch.equal(out, x @ weight.t() + bias)
+
+
+def test_a_float_product_is_within_its_rounding():
+    generator = torch.Generator().manual_seed(1)
+    linear = nn.Linear(256, 64)
+    x = torch.randn(50, 256, generator=generator)
+    expected = linear(x)
+    got = Int8Linear.of(linear)(x)
+    # each factor is off by at most half a step (amax / 254) of its own row
+    assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+    assert (got - expected).abs().max() > 0  # rounded, so not the fp32 product
+
+
+def test_stacked_int8_layers_give_what_each_gives():
+    layers = [Int8Linear.of(nn.Linear(32, n)) for n in (16, 32, 8)]
+    x = torch.randn(4, 6, 32)
+    parts = stacked_linear(x, layers)
+    assert [p.shape for p in parts] == [(4, 6, 16), (4, 6, 32), (4, 6, 8)]
+    for part, layer in zip(parts, layers, strict=True):
+        assert torch.equal(part, layer(x))
+
+
+def test_a_quantized_model_has_no_float_linear_and_keeps_the_argmax():
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128,
+                      dropout=0.0)
+    model = build_model(cfg, 60, 60).eval()
+    quantized = int8.quantize(copy.deepcopy(model))
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert isinstance(quantized.output_int8, Int8Linear)
+    src = torch.randint(4, 60, (3, 9))  # (B, S)
+    tgt = torch.randint(4, 60, (3, 7))  # (B, T)
+    with torch.no_grad():
+        expected, got = model(src, tgt), quantized(src, tgt)  # (B, T, V)
+        # the step-by-step path (cross-attention keys/values stacked, a cache) agrees
+        memory, mask = quantized.encode(src)
+        step, _ = quantized.decode_step(tgt[:, 0], memory, mask)  # (B, V)
+    assert got.shape == expected.shape == (3, 7, 60)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+    assert torch.allclose(step, got[:, 0], atol=1e-5)
+    assert quantized.output_weight.dtype == torch.float32  # the embedding stays float
