@@ -210,9 +210,8 @@ class DecodeConfig:
     max_len_b: int = _option("max_len_b")  # capped to the positions
     batch_tokens: int = _option("batch_tokens")
     lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
-    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
-    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
-    # dynamic int8 products, `mtkit.int8`) only when asked.
+    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where clearly
+    # faster) and takes bf16 on CUDA; int8 (`mtkit.int8`, a CPU's) only when asked.
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
 
 
