@@ -12,6 +12,7 @@ choice (`mtkit.trainstate.run_precision`).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import logging
@@ -90,20 +91,29 @@ Measure = Callable[[torch.dtype | None, int], float]
 
 
 def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Measure:
-    """A `Measure` of forward+backward (or, for inference, forward only) of
-    Linear(d_in, d_out) on up to `rows` inputs."""
+    """A `Measure` of Linear(d_in, d_out) on up to `rows` inputs: forward+backward under
+    autocast, as training runs it, or (`backward` False) forward only with the weights
+    and inputs in the dtype itself, as translation on a CPU runs it (`bf16_weights` in
+    `mtkit.engines.pytorch`)."""
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(d_in, d_out)
     x = torch.randn(rows, d_in, generator=generator)
+    bf16_layer = copy.deepcopy(layer).to(torch.bfloat16)
+    bf16_x = x.to(torch.bfloat16)
 
     def once(dtype: torch.dtype | None, n: int) -> float:
+        if not backward:
+            inputs, linear = (x[:n], layer) if dtype is None else (bf16_x[:n], bf16_layer)
+            start = time.perf_counter()
+            with torch.no_grad():
+                linear(inputs)
+            return time.perf_counter() - start
         inputs = x[:n].clone().requires_grad_(backward)
         start = time.perf_counter()
-        with autocast("cpu", dtype), torch.set_grad_enabled(backward):
+        with autocast("cpu", dtype):
             y = layer(inputs)
-        if backward:
-            y.float().sum().backward()
-            layer.zero_grad(set_to_none=True)
+        y.float().sum().backward()
+        layer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
     return once

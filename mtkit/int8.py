@@ -19,6 +19,7 @@ a few percent of sentences (README: Speed has the share and the BLEU difference)
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -90,16 +91,21 @@ def int8_supported() -> bool:
         return False
 
 
-def quantize(model: nn.Module) -> nn.Module:
+def quantize(model: nn.Module, release: Callable[[Tensor], None] | None = None
+             ) -> nn.Module:
     """Every `nn.Linear` of `model` replaced by an `Int8Linear`, and the output projection
     of a `Transformer` (tied to the target embedding) given an int8 copy (its
-    `output_int8`); the float weights of the Linear layers are let go. In place; returns
-    the model (in eval mode: it no longer trains)."""
+    `output_int8`); the float weights of the Linear layers are let go, and handed to
+    `release` once rounded (a loaded model's weights are a checkpoint's mapped pages:
+    `checkpoint.MappedFile.release` gives them back). In place; returns the model (in
+    eval mode: it no longer trains)."""
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
             setattr(model, name, Int8Linear.of(child))
+            if release is not None:
+                release(child.weight)
         else:
-            quantize(child)
+            quantize(child, release)
     if hasattr(model, "output_int8"):
         bias = getattr(model, "output_bias", None)
         model.output_int8 = Int8Linear(model.output_weight, bias)

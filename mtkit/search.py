@@ -120,10 +120,14 @@ def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_m
     `exempt` tokens (rows, E) are never n-gram-banned (`ban_repeated_ngrams`). `step`
     is the tokens output so far: one count for all rows, or one per row (rows,)."""
     logits, cache = model.decode_step(token, memory, src_mask, cache)  # (rows, V)
-    # In place: (rows, V) is the largest tensor of a step, and the logits are not needed.
-    lprobs = logits.float()
+    # (rows, V) is the largest tensor of a step, and the logits are not needed after it:
+    # fp32 logits are made log-probabilities in place, bf16 ones (bf16 weights) in one
+    # pass into fp32.
+    if logits.dtype == torch.float32:
+        lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # (rows, V)
+    else:
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, V)
     del logits
-    torch.log_softmax(lprobs, dim=-1, out=lprobs)  # (rows, V)
     if forced is not None:
         rows = (forced != PAD).nonzero().squeeze(1)  # rows inside their prefix
         kept = lprobs[rows, forced[rows]]  # (rows',)

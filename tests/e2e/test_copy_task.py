@@ -49,7 +49,9 @@ def copy_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def copy_run(copy_checkpoint):
     test = ShardDataset(copy_checkpoint.parents[1] / "data" / "test")
-    return load_engine(copy_checkpoint, "cpu"), test.texts("src")
+    # Translated in fp32 too: in bf16 (where `auto` takes it) a line in a hundred may
+    # come out with a token more or less.
+    return load_engine(copy_checkpoint, "cpu", precision="fp32"), test.texts("src")
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -59,7 +61,11 @@ def test_trained_copy_model_copies_held_out_sequences(copy_run, beam):
     outputs = translate_texts(translator, short, SearchOptions(beam=beam, max_len_a=1.0,
                                                                max_len_b=5))
     exact = sum(o == s for o, s in zip(outputs, short))
-    assert exact == len(short), [(s, o) for s, o in zip(short, outputs) if s != o][:3]
+    # All but at most one: the model is trained in fp32, but each CPU's kernels sum in
+    # their own order, so each trains its own model. On a 2-core AMD EPYC with
+    # AVX512-BF16 (and at 484d0b3, before any change to decoding) beam 4 made 'v e e'
+    # of 'v e' at log-probability -0.001: the model's own error, not the search's.
+    assert exact >= len(short) - 1, [(s, o) for s, o in zip(short, outputs) if s != o][:3]
 
 
 @pytest.mark.skipif(not int8.int8_supported(), reason="no int8 products in this torch")
@@ -76,6 +82,19 @@ def test_the_copy_model_copies_in_int8_too(copy_checkpoint, copy_run):
     engine = load_engine(copy_checkpoint, "cpu", precision="int8")
     assert engine.describe()["precision"] == "int8"
     assert not any(isinstance(m, torch.nn.Linear) for m in engine.model.modules())
+
+
+def test_the_copy_model_copies_with_bf16_weights_too(copy_checkpoint, copy_run):
+    _, sources = copy_run
+    short = [s for s in sources if len(s.split()) <= 12][:100]
+    engine = load_engine(copy_checkpoint, "cpu", precision="bf16")
+    assert engine.describe()["precision"] == "bf16" and engine.autocast_dtype is None
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    for beam in (1, 4):
+        outputs = translate_texts(engine, short, SearchOptions(beam=beam, max_len_a=1.0,
+                                                               max_len_b=5))
+        exact = sum(o == s for o, s in zip(outputs, short, strict=True))
+        assert exact >= len(short) - 2, [(s, o) for s, o in zip(short, outputs) if s != o][:3]
 
 
 def test_a_prefix_of_the_first_symbols_yields_the_full_copy(copy_run):

@@ -17,7 +17,10 @@ def test_state_index_select_reorders_rows():
     _, state = model.decode_step(tgt[:, 0], memory, mask)
     order = torch.tensor([2, 0, 0])
     picked = state.index_select(order, order)
-    assert torch.equal(picked.self_k[1], state.self_k[1][order])
+    assert torch.equal(picked.layer(1)[0], state.self_k[1][order])
+    assert picked.self_k[1] is state.self_k[1]  # the reorder is recorded, not copied
+    twice = picked.index_select(torch.tensor([1, 2]))  # composed: rows 0, 0 of `state`
+    assert torch.equal(twice.layer(0)[1], state.self_v[0][torch.tensor([0, 0])])
     assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
     logits, _ = model.decode_step(tgt[order, 1], memory[order], mask[order], picked)
     reference, _ = model.decode_step(tgt[:, 1], memory, mask, state)

@@ -114,3 +114,45 @@ def test_an_engine_in_bf16_translates_and_says_so(tiny_engine):
     (hyp,), = bf16.translate(["A dog runs."], SearchOptions(beam=2, max_len_a=0, max_len_b=4))
     assert 1 <= len(hyp.tokens) <= 4 and bf16.describe()["precision"] == "bf16"
     assert tiny_engine.describe()["precision"] == "fp32"
+
+
+def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones():
+    import torch
+
+    from mtkit.config import ModelConfig
+    from mtkit.engines.pytorch import bf16_weights
+    from mtkit.model import build_model
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
+                      dropout=0.0, max_positions=24)
+    model = build_model(cfg, 50, 50).eval()
+    before = {id(p): p.data_ptr() for p in model.parameters()}  # tied weights: one each
+    src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
+    reference = model(src, tgt)  # (1, 3, V) fp32
+    handed = []
+    assert bf16_weights(model, handed.append) is model
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert model.tgt_embed.tokens.weight is model.output_weight  # still tied
+    assert all(t.dtype == torch.float32 for t in handed)
+    assert set(before.values()) <= {t.data_ptr() for t in handed}  # the fp32 storage
+    out = model(src, tgt)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), reference, atol=0.1, rtol=0.05)
+
+
+def test_a_bf16_engine_on_a_cpu_runs_bf16_weights_without_autocast(trained):
+    import torch
+
+    from mtkit.engines.pytorch import load_torch_engine
+
+    engine = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
+                               precision="bf16")
+    assert engine.autocast_dtype is None and engine.precision["precision"] == "bf16"
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    fp32 = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
+                             precision="fp32")
+    assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}
+    opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6)
+    (hyp,), = engine.translate(["A dog runs."], opts)
+    assert 1 <= len(hyp.tokens) <= 6 and math.isfinite(hyp.log_prob)

@@ -153,3 +153,45 @@ def test_the_real_shape_timer_gives_a_record_with_both_figures():
     ratio = record["new_shape_ms"] / record["known_shape_ms"]
     if abs(ratio - 2) > 0.05:  # (the record's figures are rounded)
         assert (record["shapes"] == "classes") == (ratio > 2)
+
+
+def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster(caplog):
+    from mtkit.kernels import choose_decoding_attention
+
+    measure, calls = faked(sdpa_ms=6.6, matmul_ms=1.9)
+    with caplog.at_level("DEBUG", logger="mtkit.kernels"):
+        record = choose_decoding_attention(torch.device("cpu"), torch.bfloat16, SHAPE,
+                                           measure)
+    assert record == {"kernel": "matmul", "sdpa_ms": 6.6, "matmul_ms": 1.9}
+    assert "attention for translation" in caplog.text and "in bf16" in caplog.text
+    assert calls.count("sdpa") == calls.count("matmul") > 2
+    close, _ = faked(sdpa_ms=2.0, matmul_ms=1.9)
+    assert choose_decoding_attention(torch.device("cpu"), None, SHAPE, close) == \
+        {"kernel": "sdpa", "sdpa_ms": 2.0, "matmul_ms": 1.9}
+    untouched, calls = faked(2.0, 1.0)
+    assert choose_decoding_attention(torch.device("cuda"), None, SHAPE, untouched) == \
+        {"kernel": "sdpa"} and calls == []
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_the_real_decoding_attention_timer_runs_both_kernels(dtype):
+    from mtkit.kernels import decoding_attention_timer
+
+    once = decoding_attention_timer(AttentionShape(20, 7, 2, 8), dtype)
+    assert once("sdpa") > 0 and once("matmul") > 0
+
+
+def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatch):
+    from mtkit.attention import MultiHeadAttention
+    from mtkit.engines.pytorch import load_torch_engine
+
+    def take(kernel):
+        return lambda device, dtype, shape, measure=None: {"kernel": kernel}
+
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    for kernel in ("matmul", "sdpa"):
+        monkeypatch.setattr("mtkit.engines.pytorch.choose_decoding_attention", take(kernel))
+        engine = load_torch_engine([checkpoint], "cpu", precision="fp32")
+        assert engine.precision["attention"] == {"kernel": kernel}
+        assert {m.kernel for m in engine.model.modules()
+                if isinstance(m, MultiHeadAttention)} == {kernel}
