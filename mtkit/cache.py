@@ -87,6 +87,7 @@ class BeamCache:
         def pick(ts: tuple[Tensor, ...], index: Tensor | None) -> tuple[Tensor, ...]:
             return ts if index is None else tuple(t.index_select(0, index) for t in ts)
 
+        # `rows` is kept as given (not copied): callers never write into an index
         composed = rows if self.rows is None else self.rows.index_select(0, rows)  # (R',)
         return BeamCache(self.self_k, self.self_v, pick(self.cross_k, sentences),
                          pick(self.cross_v, sentences), composed)

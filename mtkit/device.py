@@ -98,8 +98,9 @@ def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Mea
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(d_in, d_out)
     x = torch.randn(rows, d_in, generator=generator)
-    bf16_layer = copy.deepcopy(layer).to(torch.bfloat16)
-    bf16_x = x.to(torch.bfloat16)
+    if not backward:
+        bf16_layer = copy.deepcopy(layer).to(torch.bfloat16)
+        bf16_x = x.to(torch.bfloat16)
 
     def once(dtype: torch.dtype | None, n: int) -> float:
         if not backward:
@@ -121,9 +122,9 @@ def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Mea
 
 def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
                   measure: Measure | None = None, backward: bool = True) -> Calibration:
-    """Time forward+backward of Linear(d_in, d_out) on (rows, d_in) inputs in fp32 and
-    under bf16 autocast, robustly enough that a busy machine makes the same choice as an
-    idle one:
+    """Time Linear(d_in, d_out) on (rows, d_in) inputs in fp32 and in bf16
+    (`linear_timer`: forward+backward under autocast, or forward only in bf16 weights),
+    robustly enough that a busy machine makes the same choice as an idle one:
 
     - every candidate is warmed up before it is timed (the first bf16 call pays for
       kernel selection and JIT: timing it once made bf16 look 70x slower than it was);

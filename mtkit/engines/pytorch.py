@@ -328,10 +328,11 @@ def bf16_weights(model: Transformer, release: Callable[[torch.Tensor], None] | N
 
 def inference_precision(asked: str, device: torch.device, cfg: Config
                         ) -> tuple[torch.dtype | None, dict]:
-    """The autocast dtype translation runs in (None: fp32) and its record. `auto` takes
-    bf16 on CUDA; on a CPU it times the model's first FFN layer at one decoding step of
-    a full batch, forward only, and takes bf16 only where it needs at most 90% of fp32's
-    time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.int8`) is taken
+    """The dtype translation runs in (None: fp32; bf16: autocast on CUDA, the models'
+    weights on a CPU, `bf16_weights`) and its record. `auto` takes bf16 on CUDA; on a CPU
+    it times the model's first FFN layer at one decoding step of a full batch, forward
+    only, with bf16 weights and inputs, and takes bf16 only where it needs at most 90% of
+    fp32's time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.int8`) is taken
     only when asked, on a CPU: it rounds every product, so it changes more outputs."""
     check_precision(asked)
     if asked == "int8":

@@ -21,6 +21,16 @@ def test_state_index_select_reorders_rows():
     assert picked.self_k[1] is state.self_k[1]  # the reorder is recorded, not copied
     twice = picked.index_select(torch.tensor([1, 2]))  # composed: rows 0, 0 of `state`
     assert torch.equal(twice.layer(0)[1], state.self_v[0][torch.tensor([0, 0])])
+    with torch.no_grad():  # as search runs: one copy into the new keys/values (`out=`)
+        rows = torch.tensor([0, 0])  # `state`'s row and sentence 0, twice
+        cache = twice.index_select(torch.arange(2), torch.tensor([1, 2]))  # `picked`'s 1, 2
+        logits, after = model.decode_step(tgt[rows, 1], None, mask[rows], cache)
+        reference, made = model.decode_step(
+            tgt[rows, 1], None, mask[rows],
+            BeamCache(*(tuple(t[rows] for t in ts) for ts in (state.self_k, state.self_v,
+                                                              state.cross_k, state.cross_v))))
+    assert torch.allclose(logits, reference, atol=1e-6)
+    assert after.rows is None and torch.equal(after.self_k[0], made.self_k[0])
     assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
     logits, _ = model.decode_step(tgt[order, 1], memory[order], mask[order], picked)
     reference, _ = model.decode_step(tgt[:, 1], memory, mask, state)

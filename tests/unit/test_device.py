@@ -104,3 +104,25 @@ def test_autocast_runs_in_bf16_when_chosen_and_plain_fp32_for_none():
     with autocast("cpu", None):
         assert layer(x).dtype == torch.float32
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_translations_timer_runs_bf16_weights_without_autocast(monkeypatch):
+    """Translation's `auto` times what it will run: a Linear whose weights and inputs are
+    bf16 (`engines.pytorch.bf16_weights`), forward only; training's, under autocast."""
+    from mtkit import device
+
+    seen = []
+    real = torch.nn.functional.linear
+
+    def linear(x, weight, bias=None):
+        seen.append((x.dtype, weight.dtype, torch.is_autocast_enabled("cpu")))
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    once = device.linear_timer(8, 4, 4, backward=False)
+    assert once(torch.bfloat16, 8) > 0 and once(None, 8) > 0
+    assert seen == [(torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.float32,
+                                                              False)]
+    seen.clear()
+    device.linear_timer(8, 4, 4)(torch.bfloat16, 8)  # training: autocast, fp32 weights
+    assert seen == [(torch.float32, torch.float32, True)]

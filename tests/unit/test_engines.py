@@ -127,15 +127,20 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
     cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
                       dropout=0.0, max_positions=24)
     model = build_model(cfg, 50, 50).eval()
-    before = {id(p): p.data_ptr() for p in model.parameters()}  # tied weights: one each
+    # A second module holding the same weight: it must stay one tensor, cast once.
+    model.decoder_layers[0].ffn.outer.weight = model.encoder_layers[0].ffn.outer.weight
+    floats = {id(t): t.data_ptr() for t in (*model.parameters(), *model.buffers())
+              if t.is_floating_point()}  # distinct tensors (parameters() drops repeats)
     src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
     reference = model(src, tgt)  # (1, 3, V) fp32
     handed = []
     assert bf16_weights(model, handed.append) is model
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert model.tgt_embed.tokens.weight is model.output_weight  # still tied
+    assert model.decoder_layers[0].ffn.outer.weight is model.encoder_layers[0].ffn.outer.weight
+    assert model.tgt_embed.sinusoidal.dtype == torch.bfloat16  # buffers too
+    assert len(handed) == len(floats)  # each distinct fp32 tensor once
     assert all(t.dtype == torch.float32 for t in handed)
-    assert set(before.values()) <= {t.data_ptr() for t in handed}  # the fp32 storage
+    assert sorted(t.data_ptr() for t in handed) == sorted(floats.values())  # the fp32 storage
     out = model(src, tgt)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), reference, atol=0.1, rtol=0.05)
@@ -153,6 +158,10 @@ def test_a_bf16_engine_on_a_cpu_runs_bf16_weights_without_autocast(trained):
     fp32 = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
                              precision="fp32")
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}
-    opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6)
-    (hyp,), = engine.translate(["A dog runs."], opts)
-    assert 1 <= len(hyp.tokens) <= 6 and math.isfinite(hyp.log_prob)
+    opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6, nbest=3)
+    lines = ["A dog runs.", "Two men are sitting on a bench."]
+    bf16_hyps, fp32_hyps = engine.translate(lines, opts), fp32.translate(lines, opts)
+    for ours, theirs in zip(bf16_hyps, fp32_hyps, strict=True):
+        assert 1 <= len(ours[0].tokens) <= 6 and math.isfinite(ours[0].log_prob)
+        # the same model in another precision: its best scores about what fp32's does
+        assert abs(ours[0].log_prob - theirs[0].log_prob) < 0.5

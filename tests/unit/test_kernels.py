@@ -185,13 +185,19 @@ def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatc
     from mtkit.attention import MultiHeadAttention
     from mtkit.engines.pytorch import load_torch_engine
 
+    timed = []  # the precision each choice was measured in
+
     def take(kernel):
-        return lambda device, dtype, shape, measure=None: {"kernel": kernel}
+        def choose(device, dtype, shape, measure=None):
+            timed.append(dtype)
+            return {"kernel": kernel}
+        return choose
 
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
-    for kernel in ("matmul", "sdpa"):
+    for kernel, precision in (("matmul", "bf16"), ("sdpa", "fp32")):
         monkeypatch.setattr("mtkit.engines.pytorch.choose_decoding_attention", take(kernel))
-        engine = load_torch_engine([checkpoint], "cpu", precision="fp32")
+        engine = load_torch_engine([checkpoint], "cpu", precision=precision)
         assert engine.precision["attention"] == {"kernel": kernel}
         assert {m.kernel for m in engine.model.modules()
                 if isinstance(m, MultiHeadAttention)} == {kernel}
+    assert timed == [torch.bfloat16, None]  # measured as each engine runs
