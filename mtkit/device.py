@@ -23,13 +23,15 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from mtkit.errors import UserError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 BF16_MARGIN = 0.9  # bf16 is taken when it needs at most 90% of the fp32 time
 
@@ -141,13 +143,8 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
 
     `measure` replaces the real timer (tests fake the timings)."""
     if measure is None:  # the real timer, on one thread
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return calibrate_cpu(rows, d_in, d_out, repeats,
-                                 linear_timer(rows, d_in, d_out, backward))
-        finally:
-            torch.set_num_threads(threads)
+        return on_one_thread(lambda: calibrate_cpu(rows, d_in, d_out, repeats,
+                                                   linear_timer(rows, d_in, d_out, backward)))
     once = measure
     bf16 = torch.bfloat16
     probe_rows = max(1, rows // 16)
@@ -160,6 +157,17 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
     once(bf16, rows)
     best = fastest_interleaved(lambda dtype: once(dtype, rows), (None, bf16), repeats)
     return Calibration(fp32_s=min(best[None], fp32_quick), bf16_s=best[bf16])
+
+
+def on_one_thread(measure: Callable[[], T]) -> T:
+    """`measure()` on one thread: the ratio of two kernels' times is a property of a
+    core, and threads that share cores with another process wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fastest_interleaved(measure: Callable[[Any], float], candidates: Sequence,

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mtkit.attention import matmul_attention
-from mtkit.device import autocast, fastest_interleaved, linear_timer
+from mtkit.device import autocast, fastest_interleaved, linear_timer, on_one_thread
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +106,6 @@ def time_attention(measure: AttentionMeasure, repeats: int = 7) -> AttentionTimi
         measure(kernel)
     best = fastest_interleaved(measure, ("sdpa", "matmul"), repeats)
     return AttentionTiming(sdpa_s=best["sdpa"], matmul_s=best["matmul"])
-
-
-def on_one_thread(measure: Callable[[], AttentionTiming]) -> AttentionTiming:
-    """`measure()` on one thread, as the precision calibration times: the ratio of two
-    kernels is a property of a core, and threads that share cores with another process
-    wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return measure()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def choose_attention(asked: str, device: torch.device, dtype: torch.dtype | None,

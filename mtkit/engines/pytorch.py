@@ -289,11 +289,11 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
         models = [bf16_weights(model, MappedFile(Path(path)).release)
                   for model, path in zip(models, paths, strict=True)]
         dtype = None
-    heads = cfg.model.heads
+    rows, d_model, _ = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model,
+                                       cfg.model.ffn_dim)
     record["attention"] = choose_decoding_attention(
         dev, torch.bfloat16 if record["precision"] == "bf16" else None,
-        AttentionShape(inference_shape(cfg.decode.batch_tokens, 0, 0)[0], 16, heads,
-                       cfg.model.d_model // heads))
+        AttentionShape(rows, 16, cfg.model.heads, d_model // cfg.model.heads))
     for model in models:
         model.use_attention(record["attention"]["kernel"])
     return TorchEngine(models, src_vocab, tgt_vocab, dev, dtype, cfg,
