@@ -218,6 +218,8 @@ class BankedCandidates:
     def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:
         b, n = scores.shape
+        if lprobs.size(0) < b * n:  # the first step: one row for the N same beams
+            lprobs = lprobs.repeat_interleave(n, dim=0)  # (b*N, V)
         vocab = lprobs.size(1)
         want = self.t.want[self.sentence].repeat_interleave(n)  # (b*N,)
         lprobs[(self.met != want) & ~at_limit, EOS] = float("-inf")  # finish only when met

@@ -159,10 +159,10 @@ class DecoderLayer(nn.Module):
         if cache is None:
             q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, T, K) each
             out = self.self_attn.attend_heads(q, k, v, causal=y.size(1) > 1)
-        else:  # one step: the stacked weights would be made anew at each step
-            k, v = self.self_attn.project_kv(h)  # (B*W, H, 1, K)
+        else:  # one step
+            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, 1, K) each
             k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
-            out = self.self_attn.attend(h, k, v, self_mask)
+            out = self.self_attn.attend_heads(q, k, v, self_mask)
         y = self.self_block.after(y, out)
         h = self.cross_block.before(y)
         # In a search, a sentence's rows (its beams) share its source keys/values, held

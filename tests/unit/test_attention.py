@@ -58,6 +58,42 @@ def test_stacked_linear_is_each_layer_applied_alone():
     assert all(layer.weight.grad is not None for layer in layers)
 
 
+def test_without_gradients_the_stack_is_kept_until_a_weight_changes():
+    """Translation stacks the weights once: the same stack while nothing changes; a new
+    one after a weight is written in place, replaced, or cast (bf16 weights, int8), and
+    each time the layers' own outputs; never an entry of the state dict."""
+    from mtkit.int8 import Int8Linear
+
+    torch.manual_seed(5)
+    layers = [nn.Linear(16, 8), nn.Linear(16, 8)]
+    x = torch.randn(3, 16)
+
+    def check(atol=1e-6):
+        with torch.no_grad():
+            outs = stacked_linear(x.to(layers[0].weight.dtype) if isinstance(
+                layers[0], nn.Linear) else x, layers)
+            for layer, out in zip(layers, outs, strict=True):
+                torch.testing.assert_close(out, layer(x.to(out.dtype)), atol=atol, rtol=0)
+        return layers[0]._stacked[2]
+
+    first = check()
+    assert check() is first  # kept
+    with torch.no_grad():
+        layers[1].weight.mul_(2)  # written in place (an optimizer step)
+    second = check()
+    assert second is not first
+    layers[0].bias = nn.Parameter(torch.randn(8))  # replaced
+    third = check()
+    assert third is not second and check() is third
+    layers[1].weight.data = layers[1].weight.data * 3  # new storage in the same Parameter
+    assert check() is not third
+    layers = [layer.to(torch.bfloat16) for layer in layers]  # cast
+    check(atol=0.05)
+    layers = [Int8Linear.of(layer.float()) for layer in layers]  # int8
+    check(atol=0.05)
+    assert not any("stacked" in name for name in nn.ModuleList(layers).state_dict())
+
+
 def test_self_attention_projects_queries_keys_and_values_as_its_three_layers():
     torch.manual_seed(4)
     attn = MultiHeadAttention(32, 4, 0.0)

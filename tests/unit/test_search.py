@@ -14,6 +14,7 @@ from mtkit.search import (
     greedy_search,
     length_penalty,
     max_lengths,
+    row_topk,
 )
 from mtkit.vocab import BOS, EOS, PAD
 
@@ -158,7 +159,7 @@ def test_each_hypothesis_scores_what_teacher_forcing_gives_its_tokens():
                 assert h.log_prob == pytest.approx(float(forced), abs=1e-4)
 
 
-@pytest.mark.parametrize("vocab", [5, 40])
+@pytest.mark.parametrize("vocab", [5, 40, 3000])  # 3000: `row_topk` in blocks
 def test_candidates_are_the_best_of_all_extensions(vocab):
     """Each beam's own 2N best, then the sentence's best of those, are the 2N best of
     all N x V extensions: the same scores, and the same (beam, token) for every finite
@@ -180,6 +181,45 @@ def test_candidates_are_the_best_of_all_extensions(vocab):
         finite = torch.isfinite(want_scores[i])
         want = {(int(f) // vocab, int(f) % vocab) for f in flat[i][finite]}
         assert {(int(x), int(y)) for x, y in zip(beams[i][finite], tokens[i][finite])} == want
+
+
+@pytest.mark.parametrize("width", [4096, 4100, 2000])  # whole blocks, a tail, too few
+def test_row_topk_gives_topks_values_with_their_columns(width):
+    """The k largest values of each row, best first, equal to `topk`'s, each with a
+    column that holds it, no column twice: on rows with many equal values (rounded to
+    a coarse grid, as bf16 logits are), a row of -inf but one, an all -inf row, and a
+    row whose best values share one block."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, width, generator=g) * 4).round() / 2  # many ties
+    x[1] = float("-inf")
+    x[1, width - 1] = 0.0  # one allowed token, in the last column
+    x[2] = float("-inf")
+    x[3, 64:74] = 100.0 + torch.arange(10.0)  # the 10 best in one block
+    for k in (1, 10):
+        values, cols = row_topk(x, k)
+        assert torch.equal(values, x.topk(k, dim=-1).values)
+        assert torch.equal(x.gather(1, cols), values)
+        assert all(len(set(row)) == k for row in cols.tolist())
+    assert cols[3].tolist() == list(range(73, 63, -1))
+
+
+def test_the_first_step_takes_one_row_per_sentence():
+    """At the first step (one row per sentence, its N beams the same), the candidates
+    are those of the N rows repeated, where only the first beam is live: the same scores
+    and tokens, every one from the first beam; also with V < 2N."""
+    g = torch.Generator().manual_seed(4)
+    b, n = 3, 4
+    scores = torch.full((b, n), float("-inf"))
+    scores[:, 0] = 0.0
+    for vocab in (40, 3, 3000):
+        lprobs = torch.log_softmax(torch.randn(b, vocab, generator=g), -1)
+        want = TopCandidates().candidates(scores, lprobs.repeat_interleave(n, dim=0), None)
+        got = TopCandidates().candidates(scores, lprobs.clone(), None)
+        assert got[0].shape == (b, min(2 * n, n * vocab))
+        finite = torch.isfinite(want[0])
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[2][finite], want[2][finite])
+        assert not got[1][finite].any() and not want[1][finite].any()
 
 
 def test_beam_never_emits_pad_or_bos():
