@@ -399,12 +399,12 @@ def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: 
     if not ends.any():
         return
     penalty = length_penalty(step + 1, lenpen)
-    for row, rank in ends.nonzero().tolist():
-        sentence = int(alive[row])
-        source = row * beam + int(cand_beams[row, rank])
-        log_prob = float(cand_scores[row, rank])
+    rows, ranks = ends.nonzero(as_tuple=True)  # (e,) each: read out in one go, not one by one
+    sources = rows * beam + cand_beams[rows, ranks]  # (e,)
+    for sentence, tokens, log_prob in zip(alive[rows].tolist(), history[sources].tolist(),
+                                          cand_scores[rows, ranks].tolist(), strict=True):
         hyps = finished[sentence]
-        hyps.append(Hypothesis(history[source].tolist(), log_prob, log_prob / penalty))
+        hyps.append(Hypothesis(tokens, log_prob, log_prob / penalty))
         hyps.sort(key=lambda h: -h.score)
         del hyps[beam:]
 
@@ -419,10 +419,13 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
     limit = limits[alive]  # (b,)
     bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
     done = step > limit  # (b,)
-    for row, sentence in enumerate(alive.tolist()):
-        hyps = finished[sentence]
-        if len(hyps) >= nbest and not bool(bound[row] > hyps[nbest - 1].score):
-            done[row] = True
+    full = [(row, finished[sentence][nbest - 1].score)
+            for row, sentence in enumerate(alive.tolist()) if len(finished[sentence]) >= nbest]
+    if full:  # compared in the bound's precision, all at once
+        rows = torch.tensor([row for row, _ in full], device=done.device)  # (f,)
+        worst = torch.tensor([score for _, score in full], dtype=bound.dtype,
+                             device=done.device)  # (f,)
+        done[rows] |= ~(bound[rows] > worst)
     return done
 
 
