@@ -31,9 +31,10 @@ CTranslate2 on the same lines, greedy
 and beam 5 with the checkpoint's length penalty, `--rounds` rounds (medians, load time
 excluded), each engine in a process of its own (in one process, one engine's OpenMP
 threads slow the other). Each engine first gets its best batch size of --batch-sweep
-source tokens. It reports sentences/s, BLEU against `--ref`, the share of outputs
-identical to native mtkit fp32, and the peak RSS of one `mtkit translate` process per
-engine (beam 5).
+source tokens. The engines take turns, one timed run each per round, so that a slow
+spell of a shared machine falls on all of them, not on one. It reports sentences/s,
+BLEU against `--ref`, the share of outputs identical to native mtkit fp32, and the peak
+RSS of one `mtkit translate` process per engine (beam 5).
 """
 
 from __future__ import annotations
@@ -202,14 +203,26 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
             engines[f"ct2_{q}"] = [f"{tmp}/{q}", "auto"]
-        runs = {}
-        for name, (model, precision) in engines.items():
-            done = subprocess.run(
-                [sys.executable, __file__, "-m", model, "--engine-worker", precision,
-                 "--src", args.src, "--limit", str(args.limit), "--rounds", str(args.rounds),
-                 "--batch-sweep", args.batch_sweep, "--device", args.device],
-                capture_output=True, text=True, check=True)
-            runs[name] = json.loads(done.stdout.splitlines()[-1])
+        runs: dict[str, dict] = {}
+        # Round by round, each engine in a fresh process of its own for one timed run (the
+        # first round also finds its best batch sizes): timings on a shared machine drift
+        # by tens of percent within minutes, and taking turns spreads a slow spell over
+        # every engine instead of one.
+        for _ in range(args.rounds):
+            for name, (model, precision) in engines.items():
+                batches = {mode: r["batch_tokens"] for mode, r in runs[name].items()} \
+                    if name in runs else None
+                done = subprocess.run(
+                    [sys.executable, __file__, "-m", model, "--engine-worker", precision,
+                     "--src", args.src, "--limit", str(args.limit), "--rounds", "1",
+                     "--batch-sweep", args.batch_sweep, "--device", args.device,
+                     *(["--engine-batches", json.dumps(batches)] if batches else [])],
+                    capture_output=True, text=True, check=True)
+                result = json.loads(done.stdout.splitlines()[-1])
+                for mode, r in result.items():
+                    if name in runs:
+                        r["times"] = runs[name][mode]["times"] + r["times"]
+                runs[name] = result
         for mode in ("greedy", "beam5"):
             speed = {n: len(lines) / statistics.median(r[mode]["times"]) for n, r in runs.items()}
             for name, r in runs.items():
@@ -239,18 +252,22 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
 
 
 def engine_worker(args, lines: list[str]) -> dict:
-    """In a process of its own: one engine's best batch size of --batch-sweep, then
-    --rounds timed runs, greedy and beam 5 with the checkpoint's length penalty (load
-    and warm-up excluded); its outputs."""
+    """In a process of its own: one engine's best batch size of --batch-sweep (or the
+    --engine-batches given), then --rounds timed runs, greedy and beam 5 with the
+    checkpoint's length penalty (load and warm-up excluded); its outputs."""
     engine = load_engine(args.model, args.device, precision=args.engine_worker)
     base = SearchOptions.from_config(engine.config.decode)
     engine.translate(lines[:100], base)  # warm-up
+    given = json.loads(args.engine_batches) if args.engine_batches else {}
     result = {}
     for mode, beam in (("greedy", 1), ("beam5", 5)):
         opts = replace(base, beam=beam)
-        sweep = {int(b): time_mtkit(engine, lines, opts, int(b))[1]
-                 for b in args.batch_sweep.split(",")}
-        best = min(sweep, key=sweep.get)
+        if mode in given:
+            best = int(given[mode])
+        else:
+            sweep = {int(b): time_mtkit(engine, lines, opts, int(b))[1]
+                     for b in args.batch_sweep.split(",")}
+            best = min(sweep, key=sweep.get)
         times, texts = [], []
         for _ in range(args.rounds):
             outputs, elapsed, _ = time_mtkit(engine, lines, opts, best)
@@ -279,6 +296,7 @@ def main() -> None:
     parser.add_argument("--constraint-beams", default="5,10")
     parser.add_argument("--per-line", type=int, default=2, help="constraints per line")
     parser.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--engine-batches", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     lines = read_source(args.src, args.limit)

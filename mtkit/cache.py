@@ -61,23 +61,34 @@ class BeamCache:
     the last step. The next step's `update` makes each layer's keys/values of all
     positions in one copy, the reorder and the new position together, where a reorder
     then a concatenation would copy them twice (the largest tensors of a search after
-    the logits: 15% of a beam search's time was their copies)."""
+    the logits: 15% of a beam search's time was their copies).
 
-    self_k: tuple[Tensor, ...]
-    self_v: tuple[Tensor, ...]
+    A step spends the cache it is given: `update` lets go of each layer's old keys and
+    values as soon as it has made the new ones, so a search holds its caches about once,
+    not twice (the old ones until the step returned, and the step's logits beside them).
+    Use the cache the step returns; a spent one refuses another step. Each cache (and each
+    `index_select` of it) has its own lists of layers, so a copy made before the step is
+    not spent by it."""
+
+    self_k: list[Tensor | None]  # a tuple given is made a list of this cache's own
+    self_v: list[Tensor | None]
     cross_k: tuple[Tensor, ...]
     cross_v: tuple[Tensor, ...]
     rows: Tensor | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "self_k", list(self.self_k))
+        object.__setattr__(self, "self_v", list(self.self_v))
+
     @staticmethod
     def first(cross_k: tuple[Tensor, ...], cross_v: tuple[Tensor, ...]) -> BeamCache:
         """The cache of the first step: the sources' keys/values (B, H, S, K) per layer."""
-        return BeamCache((), (), cross_k, cross_v)
+        return BeamCache([], [], cross_k, cross_v)
 
     @property
     def length(self) -> int:
         """Target positions decoded so far."""
-        return self.self_k[0].size(2) if self.self_k else 0
+        return self.self_k[0].size(2) if self.self_k and self.self_k[0] is not None else 0
 
     def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> BeamCache:
         """Reorder (or subset) the rows: beam search calls this once per step, and the
@@ -111,8 +122,14 @@ class BeamCache:
         recorded order, and the step's position are written in one copy."""
         if not self.self_k:  # the first step
             return k, v, None
-        return (self._append(self.self_k[layer], k), self._append(self.self_v[layer], v),
-                None)
+        if self.self_k[layer] is None:
+            raise RuntimeError("this decoder cache was spent by a step: use the cache the "
+                               "step returned")
+        k = self._append(self.self_k[layer], k)
+        self.self_k[layer] = None  # the old keys go now, before the next layer's are made
+        v = self._append(self.self_v[layer], v)
+        self.self_v[layer] = None
+        return k, v, None
 
     def _append(self, old: Tensor, new: Tensor) -> Tensor:
         """old (R, H, t, K) reordered by `rows`, then new (R', H, 1, K): (R', H, t+1, K)."""

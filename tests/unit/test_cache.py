@@ -44,7 +44,7 @@ def test_the_first_beam_cache_holds_the_sources_only():
     src, tgt = batch()
     memory, mask = model.encode(src)
     first = BeamCache.first(*model.cross_kv(memory))
-    assert first.length == 0 and first.begin(3) == 0 and first.self_k == ()
+    assert first.length == 0 and first.begin(3) == 0 and first.self_k == []
     given, _ = model.decode_step(tgt[:, 0], None, mask, first)
     made, cache = model.decode_step(tgt[:, 0], memory, mask)  # cache None: made of memory
     assert torch.equal(given, made) and cache.length == 1
@@ -135,3 +135,31 @@ def test_a_resized_or_moved_slot_cache_steps_as_before():
     logits, _ = model.decode_step(tgt[[0, 0], 3], None, mask.expand(2, -1), moved)
     assert torch.allclose(logits[1], reference[0], atol=1e-6)
     assert moved.positions[:2].tolist() == [4, 4] and isinstance(moved, SlotCache)
+
+
+def test_a_step_spends_its_cache_and_lets_go_of_the_old_keys_and_values():
+    """Under search (no gradients) a step frees each layer's old keys/values while the
+    caller still holds the cache it passed: the search holds its caches about once.
+    The spent cache refuses a second step (one line, not wrong logits); a copy made by
+    `index_select` before the step is not spent."""
+    import weakref
+
+    model = build_model(tiny(), V, V).eval()
+    src, tgt = batch()
+    memory, mask = model.encode(src)
+    with torch.no_grad():
+        _, cache = model.decode_step(tgt[:, 0], memory, mask)
+        kept = cache.index_select(torch.arange(3))  # its own lists of the same tensors
+        _, cache = model.decode_step(tgt[:, 1], None, mask, cache)
+        old = [weakref.ref(t) for t in (*cache.self_k, *cache.self_v)]
+        ahead = cache.index_select(torch.arange(3))
+        logits, after = model.decode_step(tgt[:, 2], None, mask, cache)
+        assert all(r() is not None for r in old)  # `ahead` still holds them
+        del ahead
+        assert all(r() is None for r in old)  # `cache` is still here: they went with the step
+        assert after.length == 3 and cache.self_k == [None] * len(cache.self_k)
+        with pytest.raises(RuntimeError, match="spent"):
+            model.decode_step(tgt[:, 2], None, mask, cache)
+        assert kept.length == 1
+        again, _ = model.decode_step(tgt[:, 1], None, mask, kept)  # not spent
+        assert again.shape == logits.shape
