@@ -74,24 +74,38 @@ def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
     about 3% faster. The layers keep their own weights, so checkpoints are unchanged.
     Int8 layers (`mtkit.int8`, translation) are stacked as int8.
 
-    Without gradients (translation) the stacked weights are kept, with the first layer,
-    until a weight changes, so a search's steps do not stack them again: one product for
-    a step's queries, keys and values took 0.53 against 0.59 ms as three in bf16, and
-    0.32 against 0.54 ms in int8, whose input is then rounded once (200-500 rows, 2
-    cores of an AVX512-BF16 EPYC)."""
+    A translation engine's layers (`keep_stacked_weights`) keep their stack, on the first
+    layer, and use it again while no weight changes, so a search's steps do not stack
+    the weights anew: one product for a step's queries, keys and values took 0.53 against
+    0.59 ms as three in bf16, and 0.32 against 0.54 ms in int8, whose input is then
+    rounded once (200-500 rows, 2 cores of an AVX512-BF16 EPYC)."""
     sizes = [layer.out_features for layer in layers]
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or not getattr(layers[0], "keep_stacked", False):
         return _stack(layers)(x).split(sizes, dim=-1)
-    # The tensors themselves are kept with the stack, so none is freed and another made
-    # at its address while it is: `is`, their version and their storage tell a change.
     tensors = [t for layer in layers for t in (*layer.parameters(), *layer.buffers())]
-    state = [(t._version, t.data_ptr(), t.dtype) for t in tensors]
+    state = [(0 if t.is_inference() else t._version, t.data_ptr(), t.dtype) for t in tensors]
     kept = getattr(layers[0], "_stacked", None)
     if kept is None or kept[1] != state or any(
             a is not b for a, b in zip(kept[0], tensors, strict=True)):
-        kept = (tensors, state, _stack(layers))
+        # The tensors and their storages are kept with the stack, so no weight's memory
+        # is freed and reused at the same address while it is: a tensor replaced, written
+        # in place (its version) or given new memory (`.data =`) makes a new stack. Not
+        # seen: a write through `.data` in place, or into an inference-mode tensor.
+        storages = [t.untyped_storage() for t in tensors]
+        kept = (tensors, state, _stack(layers), storages)
         object.__setattr__(layers[0], "_stacked", kept)  # not a submodule: no state_dict entry
     return kept[2](x).split(sizes, dim=-1)
+
+
+def keep_stacked_weights(model: nn.Module) -> nn.Module:
+    """Translation's promise that `model`'s weights no longer change: its stacked
+    products (`stacked_linear`) then stack their weights once and keep the stack, at the
+    cost of holding those weights twice (3 MB for the Multi30k model in bf16). Training
+    and validation never keep one. In place; returns the model."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, Int8Linear)):
+            module.keep_stacked = True
+    return model
 
 
 def _stack(layers: list[nn.Linear]) -> Callable[[Tensor], Tensor]:

@@ -297,7 +297,7 @@ def best_extensions(scores: Tensor, lprobs: Tensor, beam: int | None = None
     (b*W, V) log-probabilities."""
     b, n = scores.shape
     k = min(2 * (beam or n), lprobs.size(-1))
-    best, tokens = row_topk(lprobs, k)  # (b*N, k)
+    best, tokens = row_topk(lprobs, k)  # (b*W, k)
     return scores.unsqueeze(-1) + best.view(b, n, k), tokens.view(b, n, k)
 
 

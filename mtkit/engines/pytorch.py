@@ -21,6 +21,7 @@ import torch
 
 from mtkit import int8
 from mtkit.align import align, check_layer
+from mtkit.attention import keep_stacked_weights
 from mtkit.checkpoint import (
     CheckpointError,
     MappedFile,
@@ -296,6 +297,7 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
         AttentionShape(rows, 16, cfg.model.heads, d_model // cfg.model.heads))
     for model in models:
         model.use_attention(record["attention"]["kernel"])
+        keep_stacked_weights(model)  # its weights are final now
     return TorchEngine(models, src_vocab, tgt_vocab, dev, dtype, cfg,
                        [w.step for *_, w in loaded], [w.about for *_, w in loaded], record)
 

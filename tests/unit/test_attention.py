@@ -58,10 +58,14 @@ def test_stacked_linear_is_each_layer_applied_alone():
     assert all(layer.weight.grad is not None for layer in layers)
 
 
-def test_without_gradients_the_stack_is_kept_until_a_weight_changes():
-    """Translation stacks the weights once: the same stack while nothing changes; a new
-    one after a weight is written in place, replaced, or cast (bf16 weights, int8), and
-    each time the layers' own outputs; never an entry of the state dict."""
+def test_a_translation_engines_stack_is_kept_until_a_weight_changes():
+    """Layers marked final (`keep_stacked_weights`, as the engine does) stack their
+    weights once without gradients: the same stack while nothing changes; a new one
+    after a weight is written in place, replaced, given new memory or cast (bf16, int8),
+    and each time the layers' own outputs. Unmarked layers, and marked ones with
+    gradients on (training), keep none; inference-mode weights work; never a state-dict
+    entry."""
+    from mtkit.attention import keep_stacked_weights
     from mtkit.int8 import Int8Linear
 
     torch.manual_seed(5)
@@ -70,28 +74,38 @@ def test_without_gradients_the_stack_is_kept_until_a_weight_changes():
 
     def check(atol=1e-6):
         with torch.no_grad():
-            outs = stacked_linear(x.to(layers[0].weight.dtype) if isinstance(
-                layers[0], nn.Linear) else x, layers)
+            xx = x.to(layers[0].weight.dtype) if isinstance(layers[0], nn.Linear) else x
+            outs = stacked_linear(xx, layers)
             for layer, out in zip(layers, outs, strict=True):
-                torch.testing.assert_close(out, layer(x.to(out.dtype)), atol=atol, rtol=0)
-        return layers[0]._stacked[2]
+                torch.testing.assert_close(out, layer(xx), atol=atol, rtol=0)
+        return getattr(layers[0], "_stacked", (None,) * 3)[2]
 
+    assert check() is None  # not marked: stacked anew at each call
+    stacked_linear(x, layers)  # gradients on
+    assert not hasattr(layers[0], "_stacked")
+    keep_stacked_weights(nn.ModuleList(layers))
+    stacked_linear(x, layers)[0].sum().backward()  # training: still none kept
+    assert not hasattr(layers[0], "_stacked")
     first = check()
-    assert check() is first  # kept
+    assert first is not None and check() is first  # kept
     with torch.no_grad():
         layers[1].weight.mul_(2)  # written in place (an optimizer step)
     second = check()
     assert second is not first
     layers[0].bias = nn.Parameter(torch.randn(8))  # replaced
+    layers[0].keep_stacked = True
     third = check()
     assert third is not second and check() is third
-    layers[1].weight.data = layers[1].weight.data * 3  # new storage in the same Parameter
+    layers[1].weight.data = layers[1].weight.data * 3  # new memory in the same Parameter
     assert check() is not third
-    layers = [layer.to(torch.bfloat16) for layer in layers]  # cast
-    check(atol=0.05)
-    layers = [Int8Linear.of(layer.float()) for layer in layers]  # int8
-    check(atol=0.05)
-    assert not any("stacked" in name for name in nn.ModuleList(layers).state_dict())
+    layers = keep_stacked_weights(nn.ModuleList(la.to(torch.bfloat16) for la in layers))
+    check(atol=0.05)  # cast
+    layers = keep_stacked_weights(nn.ModuleList(Int8Linear.of(la.float()) for la in layers))
+    check(atol=0.05)  # int8
+    assert not any("stacked" in name for name in layers.state_dict())
+    with torch.inference_mode():  # weights made in inference mode have no version
+        layers = keep_stacked_weights(nn.ModuleList([nn.Linear(16, 8), nn.Linear(16, 8)]))
+        check()
 
 
 def test_self_attention_projects_queries_keys_and_values_as_its_three_layers():

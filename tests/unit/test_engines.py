@@ -165,3 +165,22 @@ def test_a_bf16_engine_on_a_cpu_runs_bf16_weights_without_autocast(trained):
         assert 1 <= len(ours[0].tokens) <= 6 and math.isfinite(ours[0].log_prob)
         # the same model in another precision: its best scores about what fp32's does
         assert abs(ours[0].log_prob - theirs[0].log_prob) < 0.5
+
+
+def test_an_engines_layers_keep_their_stacked_weights(trained):
+    """The engine marks its models' weights final: after a translation each stacked
+    product (self-attention's queries/keys/values, the decoder's cross keys/values)
+    holds its stack, and a second translation gives the same outputs with it."""
+    from mtkit.engines.pytorch import load_torch_engine
+
+    engine = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
+                               precision="fp32")
+    opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6)
+    lines = ["A dog runs.", "Two men are sitting on a bench."]
+    first = engine.translate(lines, opts)
+    layer = engine.model.decoder_layers[0]
+    assert layer.self_attn.q_proj._stacked is not None  # queries, keys, values
+    assert layer.cross_attn.k_proj._stacked is not None  # all layers' cross keys/values
+    stack = layer.self_attn.q_proj._stacked[2]
+    assert engine.translate(lines, opts) == first
+    assert layer.self_attn.q_proj._stacked[2] is stack  # kept, not made again

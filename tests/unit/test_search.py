@@ -313,3 +313,36 @@ def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
     assert together == alone
     assert all(out[:len(p)] == p for out, p in zip(
         (x if search == "greedy" else x[0] for x in together), prefixes))
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_beam_search_over_a_large_vocabulary_finds_what_topk_finds(constrained, monkeypatch):
+    """Over 3,000 target tokens `best_extensions` searches in blocks (`row_topk`): plain
+    and constrained beam search give the same hypotheses and scores as with `topk`
+    over every column (a random fp32 model: no equal scores)."""
+    import mtkit.search as search
+    from mtkit.config import ModelConfig
+    from mtkit.constrained import constrained_beam_search
+    from mtkit.model import build_model
+
+    torch.manual_seed(7)
+    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=1, decoder_layers=1,
+                      dropout=0.0, max_positions=64, share_embeddings=False)
+    model = build_model(cfg, 40, 3000).eval()
+    src = random_src(4, 5)
+
+    def run():
+        if constrained:
+            return constrained_beam_search(model, src, [[[[7, 8]]], [], [[[9]]], [[[10, 11]]]],
+                                           beam=4, max_len_b=8, nbest=2)
+        return beam_search(model, src, beam=4, max_len_b=8, nbest=2)
+
+    blocked = run()
+    calls = []
+    monkeypatch.setattr(search, "row_topk", lambda x, k, block=64: calls.append(x.size(1))
+                        or x.topk(k, dim=-1))
+    plain = run()
+    assert calls and set(calls) == {3000}  # the large vocabulary went through row_topk
+    for a, b in zip(blocked, plain, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.log_prob for h in a] == pytest.approx([h.log_prob for h in b], abs=1e-5)
