@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,17 +85,26 @@ def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
         return _stack(layers)(x).split(sizes, dim=-1)
     tensors = [t for layer in layers for t in (*layer.parameters(), *layer.buffers())]
     state = [(0 if t.is_inference() else t._version, t.data_ptr(), t.dtype) for t in tensors]
-    kept = getattr(layers[0], "_stacked", None)
-    if kept is None or kept[1] != state or any(
-            a is not b for a, b in zip(kept[0], tensors, strict=True)):
-        # The tensors and their storages are kept with the stack, so no weight's memory
-        # is freed and reused at the same address while it is: a tensor replaced, written
-        # in place (its version) or given new memory (`.data =`) makes a new stack. Not
-        # seen: a write through `.data` in place, or into an inference-mode tensor.
-        storages = [t.untyped_storage() for t in tensors]
-        kept = (tensors, state, _stack(layers), storages)
+    kept: KeptStack | None = getattr(layers[0], "_stacked", None)
+    if kept is None or kept.state != state or any(
+            a is not b for a, b in zip(kept.tensors, tensors, strict=True)):
+        kept = KeptStack(tensors, state, _stack(layers),
+                         [t.untyped_storage() for t in tensors])
         object.__setattr__(layers[0], "_stacked", kept)  # not a submodule: no state_dict entry
-    return kept[2](x).split(sizes, dim=-1)
+    return kept.product(x).split(sizes, dim=-1)
+
+
+class KeptStack(NamedTuple):
+    """A translation engine's stacked layers (`stacked_linear`) and what they were made
+    of. The tensors and their storages are held, so no weight's memory is freed and
+    reused at the same address while the stack lives: a tensor replaced, written in place
+    (its version) or given new memory (`.data =`) makes a new stack. Not seen: a write
+    through `.data` in place, or into an inference-mode tensor."""
+
+    tensors: list[Tensor]
+    state: list[tuple]  # (version, data_ptr, dtype) of each tensor when stacked
+    product: Callable[[Tensor], Tensor]
+    storages: list  # the tensors' storages, held
 
 
 def keep_stacked_weights(model: nn.Module) -> nn.Module:

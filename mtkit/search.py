@@ -313,7 +313,7 @@ class TopCandidates:
                    ) -> tuple[Tensor, Tensor, Tensor]:
         b, beam = scores.shape
         n = lprobs.size(0) // b  # N, or 1 at the first step: only the first beam is live
-        if n * lprobs.size(1) < 2 * beam:  # fewer than 2N tokens: all N beams give some
+        if n < beam and n * lprobs.size(1) < 2 * beam:  # < 2N tokens: all N beams give some
             lprobs, n = lprobs.repeat_interleave(beam // n, dim=0), beam
         own, tokens = best_extensions(scores[:, :n], lprobs, beam)  # (b, n, k) each
         k = own.size(-1)
