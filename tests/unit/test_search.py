@@ -15,6 +15,7 @@ from mtkit.search import (
     length_penalty,
     max_lengths,
     row_topk,
+    step_log_probs,
 )
 from mtkit.vocab import BOS, EOS, PAD
 
@@ -346,3 +347,25 @@ def test_beam_search_over_a_large_vocabulary_finds_what_topk_finds(constrained, 
     for a, b in zip(blocked, plain, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.log_prob for h in a] == pytest.approx([h.log_prob for h in b], abs=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_log_probs_are_fp32_log_softmax_of_the_logits_with_the_rules_applied(dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 50) * 4).to(dtype)  # (rows, V)
+
+    class Fixed:
+        def decode_step(self, token, memory, src_mask, cache=None):
+            return logits.clone(), "cache"
+
+    limits = torch.tensor([9, 9, 9, 9, 9, 3])  # the last row is at its limit
+    lprobs, cache = step_log_probs(Fixed(), torch.zeros(6, dtype=torch.long), None,
+                                   torch.ones(6, 4, dtype=torch.bool), None, 3, limits,
+                                   min_len=0)
+    want = torch.log_softmax(logits.float(), dim=-1)
+    assert lprobs.dtype == torch.float32 and cache == "cache"
+    other = [t for t in range(50) if t not in (PAD, BOS, EOS)]
+    assert torch.equal(lprobs[:5, other], want[:5, other])
+    assert (lprobs[:, PAD] == float("-inf")).all() and (lprobs[:, BOS] == float("-inf")).all()
+    assert torch.equal(lprobs[:5, EOS], want[:5, EOS])
+    assert lprobs[5, EOS] == 0.0 and (lprobs[5, other] == float("-inf")).all()
