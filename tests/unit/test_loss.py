@@ -97,16 +97,22 @@ def test_a_projection_in_chunks_gives_the_loss_and_gradients_of_its_logits(eps, 
 def test_a_projection_under_bf16_autocast_stays_close_to_fp32():
     torch.manual_seed(3)
     hidden = torch.randn(64, 32, requires_grad=True)
-    weight = torch.randn(50, 32, requires_grad=True) * 0.1
-    weight.retain_grad()
+    weight = (torch.randn(50, 32) * 0.1).requires_grad_()
     target = torch.randint(1, 50, (64,))
+    target[40:] = 0  # pad rows
     fp32 = label_smoothed_nll(Projection(hidden, weight), target)
+    fp32.loss.backward()
+    expected = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = label_smoothed_nll(Projection(hidden, weight), target)
     assert bf16.loss.dtype == torch.float32
     assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
     bf16.loss.backward()
     assert hidden.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    assert hidden.grad[40:].abs().sum() == 0  # pad rows get no gradient
+    assert torch.allclose(hidden.grad, expected[0], atol=2e-2)
+    assert torch.allclose(weight.grad, expected[1], atol=5e-2)
 
 
 def test_a_projection_without_gradients_gives_the_same_loss(monkeypatch):
