@@ -2,7 +2,7 @@
 
     python benchmarks/train_throughput.py --config configs/multi30k.yaml [--compare hf]
         [--precision auto|fp32|bf16] [--steps 12] [--synthetic 32 32] [--device auto]
-        [--set train.max_tokens=4096] [--batch-shapes auto|exact|classes]
+        [--set train.max_tokens=4096] [--batch-shapes auto|exact|classes] [--rounds 3]
 
 Runs full training steps (forward, label-smoothed loss, backward, clipping, AdamW) on
 the same batches: real ones from RUN/data/train (run `mtkit preprocess` first) or, with
@@ -14,7 +14,9 @@ runs the same batches through it in the same process (in fp32, its default, and 
 mtkit's precision), each with both of its attention implementations, `eager` and
 `sdpa` (eager measured faster on CPUs), and compares mtkit with the faster one.
 Achieved model FLOP/s are set beside a large matrix product timed in the same run at
-the same precision. mtkit's batches are token-bucketed or in few shapes, as
+the same precision. With `--rounds N` the sides take turns N times (mtkit, then each
+Hugging Face setting, round after round) and every figure is a median, so that a slow
+spell of a shared machine falls on both sides. mtkit's batches are token-bucketed or in few shapes, as
 `train.batch_shapes` decides (measured under auto, as `mtkit train` does); where they
 are in few shapes, Hugging Face runs on both kinds and its faster counts.
 """
@@ -247,6 +249,9 @@ def main() -> None:
                              "Hugging Face runs on token batches and, where mtkit's are in "
                              "few shapes, on those too, and its faster counts")
     parser.add_argument("--compare", choices=["hf"], default=None)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each side this many times, taking turns (mtkit, then "
+                             "each Hugging Face setting); figures are medians")
     parser.add_argument("--attention", choices=["auto", "sdpa", "matmul"], default=None,
                         help="mtkit's attention kernel (default: the config's train.attention)")
     args = parser.parse_args()
@@ -274,22 +279,48 @@ def main() -> None:
               else None)
     batches = get_batches(cfg, args, vocab, shapes)
 
-    torch.manual_seed(0)
-    model = build_model(cfg.model, vocab, vocab).to(device).train()
     mean_length = sum(int((b.tgt_out != PAD).sum()) for b in batches) / max(
         sum(b.tgt_out.size(0) for b in batches), 1) + 1
     attention = choose_attention(
         args.attention or cfg.train.attention, device, autocast_dtype,
         AttentionShape.of_run(cfg.train.max_tokens, mean_length, cfg.model.d_model,
                               cfg.model.heads))
-    model.use_attention(attention["kernel"])
 
-    def mtkit_step(batch: Batch) -> torch.Tensor:
-        out = batch_loss(model, batch, cfg.train.label_smoothing)  # the trainer's own
-        return out.loss / max(out.tokens, 1)
+    def mtkit_throughput() -> tuple[float, float, int]:
+        """(tokens/s, seconds timed, peak memory) of a fresh mtkit model."""
+        torch.manual_seed(0)
+        model = build_model(cfg.model, vocab, vocab).to(device).train()
+        model.use_attention(attention["kernel"])
 
-    rate, elapsed, peak = time_training(mtkit_step, list(model.parameters()), batches, args,
-                                        device, autocast_dtype)
+        def mtkit_step(batch: Batch) -> torch.Tensor:
+            out = batch_loss(model, batch, cfg.train.label_smoothing)  # the trainer's own
+            return out.loss / max(out.tokens, 1)
+
+        return time_training(mtkit_step, list(model.parameters()), batches, args, device,
+                             autocast_dtype)
+
+    # Each round times mtkit, then each Hugging Face setting, so that a slow spell of a
+    # shared machine falls on both sides; the figures are medians over the rounds.
+    hf_settings = []  # (name, dtype, batching, batches, attention)
+    if args.compare == "hf":
+        runs = {"hf_fp32": None}
+        if autocast_dtype is not None:
+            runs["hf_same_precision"] = autocast_dtype
+        batchings = {"token": get_batches(cfg, args, vocab) if shapes else batches}
+        if shapes:
+            batchings["classes"] = batches  # mtkit's, given to Hugging Face as well
+        hf_settings = [(name, dtype, batching, theirs, attn)
+                       for name, dtype in runs.items()
+                       for batching, theirs in batchings.items()
+                       for attn in ("eager", "sdpa")]
+    mine, theirs_by_setting = [], {i: [] for i in range(len(hf_settings))}
+    for _ in range(args.rounds):
+        mine.append(mtkit_throughput())
+        for i, (_, dtype, _, theirs, attn) in enumerate(hf_settings):
+            theirs_by_setting[i].append(hf_throughput(cfg, vocab, attn, theirs, args, device,
+                                                      dtype))
+    rate, elapsed, _ = sorted(mine)[len(mine) // 2]  # the median run (upper of two)
+    peak = max(p for _, _, p in mine)
     flops = sum(model_flops(cfg.model, vocab, b) for b in batches[args.warmup:]) / elapsed
     peak_dtype = autocast_dtype or torch.float32
     gemm = matmul_peak(device, peak_dtype)
@@ -300,36 +331,31 @@ def main() -> None:
         **({"calibration": calibration.as_dict()} if calibration else {}),
         "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
                     else "train"),
-        "steps": args.steps, "mtkit_tokens_per_s": round(rate),
+        "steps": args.steps, "rounds": args.rounds, "mtkit_tokens_per_s": round(rate),
+        **({"mtkit_tokens_per_s_each_round": [round(r) for r, _, _ in mine]}
+           if args.rounds > 1 else {}),
         "mtkit_peak_memory_mb": round(peak / 2**20),
         "mtkit_model_tflops": round(flops / 1e12, 3),
         "matmul_peak_tflops": round(gemm / 1e12, 3),
         "mtkit_utilisation": round(flops / gemm, 3),
     }
-    model = None  # free it before the Hugging Face runs
-    if args.compare == "hf":
-        runs = {"hf_fp32": None}
-        if autocast_dtype is not None:
-            runs["hf_same_precision"] = autocast_dtype
-        batchings = {"token": get_batches(cfg, args, vocab) if shapes else batches}
-        if shapes:
-            batchings["classes"] = batches  # mtkit's, given to Hugging Face as well
-        for name, dtype in runs.items():
-            best = None
-            for batching, theirs in batchings.items():
-                for attention in ("eager", "sdpa"):
-                    hf_rate, hf_peak = hf_throughput(cfg, vocab, attention, theirs, args,
-                                                     device, dtype)
-                    tail = "" if batching == "token" else "_classes"
-                    result[f"{name}_{attention}{tail}_tokens_per_s"] = round(hf_rate)
-                    if best is None or hf_rate > best[0]:
-                        best = (hf_rate, hf_peak, attention, batching)
-            hf_rate, hf_peak, attention, batching = best
-            result[f"{name}_attention"] = attention  # Hugging Face at its faster setting
-            result[f"{name}_batches"] = batching
-            result[f"{name}_tokens_per_s"] = round(hf_rate)
-            result[f"{name}_peak_memory_mb"] = round(hf_peak / 2**20)
-            result[f"speedup_vs_{name}"] = round(rate / hf_rate, 2)
+    best: dict[str, tuple] = {}  # name -> (median tokens/s, peak, attention, batching)
+    for i, (name, _, batching, _, attn) in enumerate(hf_settings):
+        rates = sorted(r for r, _ in theirs_by_setting[i])
+        hf_rate, hf_peak = rates[len(rates) // 2], max(p for _, p in theirs_by_setting[i])
+        tail = "" if batching == "token" else "_classes"
+        result[f"{name}_{attn}{tail}_tokens_per_s"] = round(hf_rate)
+        if args.rounds > 1:
+            result[f"{name}_{attn}{tail}_tokens_per_s_each_round"] = [
+                round(r) for r, _ in theirs_by_setting[i]]
+        if name not in best or hf_rate > best[name][0]:
+            best[name] = (hf_rate, hf_peak, attn, batching)
+    for name, (hf_rate, hf_peak, attn, batching) in best.items():
+        result[f"{name}_attention"] = attn  # Hugging Face at its faster setting
+        result[f"{name}_batches"] = batching
+        result[f"{name}_tokens_per_s"] = round(hf_rate)
+        result[f"{name}_peak_memory_mb"] = round(hf_peak / 2**20)
+        result[f"speedup_vs_{name}"] = round(rate / hf_rate, 2)
     print(json.dumps(result))
 
 
