@@ -16,9 +16,10 @@ mtkit's precision), each with both of its attention implementations, `eager` and
 Achieved model FLOP/s are set beside a large matrix product timed in the same run at
 the same precision. With `--rounds N` the sides take turns N times (mtkit, then each
 Hugging Face setting, round after round) and every figure is a median, so that a slow
-spell of a shared machine falls on both sides. mtkit's batches are token-bucketed or in few shapes, as
-`train.batch_shapes` decides (measured under auto, as `mtkit train` does); where they
-are in few shapes, Hugging Face runs on both kinds and its faster counts.
+spell of a shared machine falls on both sides. mtkit's batches are token-bucketed or in
+few shapes, as `train.batch_shapes` decides (measured under auto, as `mtkit train`
+does); where they are in few shapes, Hugging Face runs on both kinds and its faster
+counts.
 """
 
 from __future__ import annotations

@@ -143,7 +143,11 @@ class TorchEngine(Engine):
                 src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
                 seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch] \
                     if opts.sampling else []
-                with self.autocast():
+                # Inference mode, not only no_grad: no version counters or view records
+                # for the ~1,100 small tensor operations of each step (bf16 beam 5, 500
+                # test2016 sentences, interleaved in one process: 4.26 against 4.56 s,
+                # and 3.56 against 4.05 s in an earlier run; the same outputs).
+                with self.autocast(), torch.inference_mode():
                     hyps = self.search(src, opts, [forced[k] for k in batch] if forced
                                        else None, seeds,
                                        [wanted[k] for k in batch] if wanted else None, model)

@@ -181,6 +181,37 @@ def test_an_engines_layers_keep_their_stacked_weights(trained):
     layer = engine.model.decoder_layers[0]
     assert layer.self_attn.q_proj._stacked is not None  # queries, keys, values
     assert layer.cross_attn.k_proj._stacked is not None  # all layers' cross keys/values
-    stack = layer.self_attn.q_proj._stacked[2]
+    stack = layer.self_attn.q_proj._stacked.product
     assert engine.translate(lines, opts) == first
-    assert layer.self_attn.q_proj._stacked[2] is stack  # kept, not made again
+    assert layer.self_attn.q_proj._stacked.product is stack  # kept, not made again
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_an_engines_searches_run_in_inference_mode(tiny_engine, beam):
+    """No autograd records in a translation's steps (faster small operations), and
+    the search's outputs are unchanged by it."""
+    import torch
+
+    seen = []
+
+    class Watched:
+        def __init__(self, model):
+            self.model = model
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+        def decode_step(self, *args, **kwargs):
+            seen.append(torch.is_inference_mode_enabled())
+            return self.model.decode_step(*args, **kwargs)
+
+    class WatchedEngine(TorchEngine):
+        step_model = Watched(tiny_engine.step_model)
+
+    watched = WatchedEngine(tiny_engine.models, tiny_engine.src_vocab, tiny_engine.tgt_vocab,
+                            tiny_engine.device, None, tiny_engine.config)
+    opts = SearchOptions(beam=beam, max_len_a=0, max_len_b=5)
+    out = watched.translate(["A dog runs.", "Two men."], opts)
+    assert seen and all(seen)
+    assert not torch.is_inference_mode_enabled()
+    assert out == tiny_engine.translate(["A dog runs.", "Two men."], opts)
