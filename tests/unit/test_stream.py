@@ -86,3 +86,37 @@ def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone(
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
     assert stream_joining_every_step(Ensemble([wide]), src) == \
         stream_joining_every_step(wide, src)
+
+
+def test_a_line_stream_steps_in_inference_mode_and_gives_the_engines_outputs(tiny_engine):
+    """A server's stream (`LineStream`) runs its steps in inference mode, as the engine's
+    own searches do, and each line gets what the engine's greedy decoding gives it."""
+    from mtkit.decoding import SearchOptions
+    from mtkit.serving.stream import LineStream
+
+    seen = []
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(tiny_engine.step_model, name)
+
+        def decode_step(self, *args, **kwargs):
+            seen.append(torch.is_inference_mode_enabled())
+            return tiny_engine.step_model.decode_step(*args, **kwargs)
+
+    class WatchedEngine(type(tiny_engine)):
+        step_model = Watched()
+
+    engine = WatchedEngine(tiny_engine.models, tiny_engine.src_vocab, tiny_engine.tgt_vocab,
+                           tiny_engine.device, None, tiny_engine.config)
+    opts = SearchOptions(beam=1, max_len_a=0, max_len_b=6)
+    lines = ["A dog runs.", "Two men are sitting.", "A cat."]
+    stream = LineStream(engine, opts)
+    stream.add(lines, [0, 1, 2], opts)
+    got = {}
+    while len(got) < 3:
+        got.update(stream.step())
+    assert seen and all(seen) and not torch.is_inference_mode_enabled()
+    want = tiny_engine.translate(lines, opts)
+    assert [[h.tokens for h in got[i]] for i in range(3)] == [[h.tokens for h in w]
+                                                              for w in want]
