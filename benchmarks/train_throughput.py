@@ -256,6 +256,8 @@ def main() -> None:
     parser.add_argument("--attention", choices=["auto", "sdpa", "matmul"], default=None,
                         help="mtkit's attention kernel (default: the config's train.attention)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     cfg = load_config(args.config, args.set)
     precision = args.precision or cfg.train.precision
