@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from mtkit.config import config_from_dict
@@ -15,6 +17,24 @@ from mtkit.tokenizer import build_tokenizer
 from mtkit.train import train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
+
+# The suite runs in pytest-xdist workers (`-n auto --dist loadfile`, pyproject.toml): each
+# test file in one worker, the files spread over the workers. The tiny models gain nearly
+# nothing from a second thread (300 steps of the multilingual copy task: 28 s on two
+# threads, 31 s on one), so each worker, and each process it starts, keeps to one, and two
+# workers share two cores without crowding them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+# The most workers `-n auto` starts: the suite's two longest files (the multilingual
+# models, minutes each) bound its time beyond that, and each worker builds the session's
+# fixtures again.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
 def read_lines(name: str, n: int | None = None) -> list[str]:
