@@ -18,7 +18,7 @@ python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 
 echo "== 1. CUDA tests"
-timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log"
+timeout 240 python3 -m pytest -q -n 0 -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log"
 
 echo "== 2. training throughput, WMT14 base, bf16, synthetic batches"
 timeout 150 python3 benchmarks/train_throughput.py --config configs/wmt14-en-de-base.yaml \
