@@ -34,7 +34,9 @@ MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # not on macOS
+             else os.cpu_count() or 1)
+    return max(1, min(MAX_WORKERS, cores))
 
 
 def read_lines(name: str, n: int | None = None) -> list[str]:

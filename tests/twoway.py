@@ -97,7 +97,6 @@ def served(checkpoint: Path, body: dict) -> dict:
         return answer.json()
 
 
-
 def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path: Path
                                    ) -> None:
     """Training saves each target language's pieces with the target vocabulary (cp and

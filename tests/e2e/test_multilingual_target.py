@@ -15,7 +15,7 @@ from twoway import check_target_language_pieces, copied_or_reversed, served, tra
 
 @pytest.fixture(scope="module")
 def two_way_target(tmp_path_factory):
-    """The same, with the tag as the decoder's first token (`model.lang_tag: target`)."""
+    """The two-way copy model with the tag as the decoder's first token."""
     return train_two_way(tmp_path_factory.mktemp("multilingual-target"), "target")
 
 
