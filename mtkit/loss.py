@@ -122,7 +122,7 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
         hidden, target = hidden.index_select(0, real), target.index_select(0, real)  # (M, .)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     nll = torch.zeros_like(loss)
-    grad_real = torch.empty_like(hidden) if want_hidden else None  # (M, D)
+    grad_hidden = torch.empty_like(hidden) if want_hidden else None  # (M, D)
     grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
                    if want_weight else None)
     for start in range(0, hidden.size(0), chunk_rows):
@@ -144,12 +144,12 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
         torch.sub(probs, eps / vocab, out=grad)  # (n, V)
         del lprobs, probs
         if want_hidden:
-            grad_real[start : start + chunk_rows] = grad @ weight  # autocast: weight cast once
+            grad_hidden[start : start + chunk_rows] = grad @ weight  # autocast: weight cast once
         if want_weight:
             grad_weight += (grad.t() @ h).float()
-    grad_hidden = grad_real
     if want_hidden and padded:  # pad rows: no gradient
-        grad_hidden = grad_real.new_zeros(rows, grad_real.size(1)).index_copy_(0, real, grad_real)
+        grad_hidden = grad_hidden.new_zeros(rows, grad_hidden.size(1)).index_copy_(0, real,
+                                                                                   grad_hidden)
     return loss, nll, grad_hidden, grad_weight
 
 

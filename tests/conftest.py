@@ -175,6 +175,29 @@ def tiny_engine():
     return TorchEngine([model], vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
 
 
+def inference_mode_watched(engine):
+    """A copy of the PyTorch `engine` whose model records, at each decoding step,
+    whether inference mode is on: (the copy, the list of what each step saw)."""
+    import torch
+
+    seen: list[bool] = []
+    model = engine.step_model
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def decode_step(self, *args, **kwargs):
+            seen.append(torch.is_inference_mode_enabled())
+            return model.decode_step(*args, **kwargs)
+
+    class WatchedEngine(type(engine)):
+        step_model = Watched()
+
+    return WatchedEngine(engine.models, engine.src_vocab, engine.tgt_vocab, engine.device,
+                         None, engine.config), seen
+
+
 def cli(*args, input: str | None = None):
     """Run the `mtkit` command line in-process (Typer's CliRunner); args may be paths."""
     from typer.testing import CliRunner

@@ -14,6 +14,8 @@ from mtkit.engines.pytorch import TorchEngine
 from mtkit.search import length_penalty
 from mtkit.vocab import EOS
 
+from conftest import inference_mode_watched
+
 
 def test_beam_one_is_greedy_decoding(tiny_engine):
     # eos is the argmax after A, but A B C A eos scores better under a strong length
@@ -192,24 +194,7 @@ def test_an_engines_searches_run_in_inference_mode(tiny_engine, beam):
     the search's outputs are unchanged by it."""
     import torch
 
-    seen = []
-
-    class Watched:
-        def __init__(self, model):
-            self.model = model
-
-        def __getattr__(self, name):
-            return getattr(self.model, name)
-
-        def decode_step(self, *args, **kwargs):
-            seen.append(torch.is_inference_mode_enabled())
-            return self.model.decode_step(*args, **kwargs)
-
-    class WatchedEngine(TorchEngine):
-        step_model = Watched(tiny_engine.step_model)
-
-    watched = WatchedEngine(tiny_engine.models, tiny_engine.src_vocab, tiny_engine.tgt_vocab,
-                            tiny_engine.device, None, tiny_engine.config)
+    watched, seen = inference_mode_watched(tiny_engine)
     opts = SearchOptions(beam=beam, max_len_a=0, max_len_b=5)
     out = watched.translate(["A dog runs.", "Two men."], opts)
     assert seen and all(seen)

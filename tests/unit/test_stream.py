@@ -11,6 +11,8 @@ from mtkit.search import greedy_hypotheses
 from mtkit.serving.stream import GreedyStream
 from mtkit.vocab import EOS, PAD
 
+from conftest import inference_mode_watched
+
 
 def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
     """Sentences join a running `GreedyStream` at every step, a long one among them (the
@@ -94,21 +96,7 @@ def test_a_line_stream_steps_in_inference_mode_and_gives_the_engines_outputs(tin
     from mtkit.decoding import SearchOptions
     from mtkit.serving.stream import LineStream
 
-    seen = []
-
-    class Watched:
-        def __getattr__(self, name):
-            return getattr(tiny_engine.step_model, name)
-
-        def decode_step(self, *args, **kwargs):
-            seen.append(torch.is_inference_mode_enabled())
-            return tiny_engine.step_model.decode_step(*args, **kwargs)
-
-    class WatchedEngine(type(tiny_engine)):
-        step_model = Watched()
-
-    engine = WatchedEngine(tiny_engine.models, tiny_engine.src_vocab, tiny_engine.tgt_vocab,
-                           tiny_engine.device, None, tiny_engine.config)
+    engine, seen = inference_mode_watched(tiny_engine)
     opts = SearchOptions(beam=1, max_len_a=0, max_len_b=6)
     lines = ["A dog runs.", "Two men are sitting.", "A cat."]
     stream = LineStream(engine, opts)
