@@ -34,7 +34,8 @@ threads slow the other). Each engine first gets its best batch size of --batch-s
 source tokens. The engines take turns, one timed run each per round, so that a slow
 spell of a shared machine falls on all of them, not on one. It reports sentences/s,
 BLEU against `--ref`, the share of outputs identical to native mtkit fp32, and the peak
-RSS of one `mtkit translate` process per engine (beam 5).
+RSS of one `mtkit translate` process per engine (beam 5), also above what a process
+holds once it has imported the engine's runtime (torch or CTranslate2) and the CLI.
 """
 
 from __future__ import annotations
@@ -248,7 +249,29 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                 ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu",
                  *extra]))
         os.unlink(f.name)
+    # What each engine's process holds before its model: the CLI and the runtime it
+    # imports (torch for native mtkit, CTranslate2 for its exports, no torch there); the
+    # peak above it is what the model and the search take
+    for runtime, names in (("torch", ("native_fp32", "native_auto", "native_int8")),
+                           ("ctranslate2", ("ct2_float32", "ct2_int8"))):
+        base = import_rss_mb(["mtkit.cli", runtime])
+        out[f"import_rss_mb_{runtime}"] = round(base)
+        for name in (n for n in names if f"peak_rss_mb_{n}" in out):
+            out[f"rss_above_import_mb_{name}"] = round(out[f"peak_rss_mb_{name}"] - base)
     return out
+
+
+def import_rss_mb(modules: list[str]) -> float:
+    """RSS in MB of a fresh Python process once it has imported `modules`."""
+    import subprocess
+    import sys
+
+    probe = ("import importlib, re, sys\n"
+             "for m in sys.argv[1:]: importlib.import_module(m)\n"
+             "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])")
+    done = subprocess.run([sys.executable, "-c", probe, *modules], capture_output=True,
+                          text=True, check=True)
+    return int(done.stdout.split()[-1]) / 1024
 
 
 def engine_worker(args, lines: list[str]) -> dict:

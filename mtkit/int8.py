@@ -12,6 +12,15 @@ This is what CTranslate2's `int8` compute type and PyTorch's deprecated
 projection, tied to the target embedding, gets an int8 copy. Outputs differ from fp32 in
 a few percent of sentences (README: Speed has the share and the BLEU difference).
 
+Not every CPU multiplies int8 exactly at full range. Without VNNI instructions (AVX2
+only: no AVX512-VNNI, AVX-VNNI or AMX) oneDNN shifts the inputs to unsigned bytes and
+adds pairs of byte products in 16 bits (`vpmaddubsw`), which saturate: 255 x 127 x 2
+does not fit, and 99% of a product of random full-range int8 matrices came out wrong
+there. `weight_range()` finds out by multiplying numbers at the edge of the range and
+comparing with exact integer arithmetic, once per process: where full-range weights are
+not exact, weights are rounded to -63..63 (255 x 63 x 2 fits), as PyTorch's
+`reduce_range` does for the same reason.
+
 `quantize(model)` turns a model's Linear layers, and its output projection, into
 `Int8Linear`s in place; `int8_supported()` says whether this torch has the kernel.
 """
@@ -24,25 +33,46 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-QMAX = 127  # symmetric: -127..127, so that a product of two never overflows int16 pairs
+QMAX = 127  # symmetric: -127..127 (no -128, so that negating never overflows)
+REDUCED_QMAX = 63  # weights where full-range products saturate (`weight_range`)
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(x: Tensor, qmax: int = QMAX) -> tuple[Tensor, Tensor]:
     """x (N, K) float -> (int8 (N, K), scale (N, 1) float32) with x ~ q * scale. Each
-    row's largest magnitude becomes 127, so no value needs clamping."""
+    row's largest magnitude becomes `qmax`, so no value needs clamping."""
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-8)  # (N, 1)
-    q = x.float().mul(QMAX / amax).round_().to(torch.int8)  # (N, K)
-    return q, amax / QMAX
+    q = x.float().mul(qmax / amax).round_().to(torch.int8)  # (N, K)
+    return q, amax / qmax
+
+
+def products_exact(qmax: int, mm: Callable[[Tensor, Tensor], Tensor] | None = None) -> bool:
+    """Whether `mm` (default `torch._int_mm`) multiplies full-range inputs (-127..127)
+    by weights in -qmax..qmax exactly: inputs at both edges and random ones, weights of
+    both signs at the edge, against the same product in int64."""
+    mm = mm or torch._int_mm
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(-QMAX, QMAX + 1, (32, 256), dtype=torch.int8, generator=generator)
+    x[0], x[1] = QMAX, -QMAX  # (32, 256): the largest unsigned bytes once shifted
+    w = torch.randint(-qmax, qmax + 1, (256, 64), dtype=torch.int8, generator=generator)
+    w[:, 0], w[:, 1] = qmax, -qmax  # (256, 64)
+    return torch.equal(mm(x, w).long(), x.long() @ w.long())
+
+
+@functools.cache
+def weight_range() -> int:
+    """The largest weight magnitude int8 layers round to on this CPU: 127 where
+    full-range products are exact, else 63 (see the module's docstring)."""
+    return QMAX if products_exact(QMAX) else REDUCED_QMAX
 
 
 class Int8Linear(nn.Module):
-    """`nn.Linear` with an int8 weight (one scale per output feature) and inputs rounded
-    to int8 per row at each call. `weight_t` is stored (in, out), the layout the int8
-    product reads fastest."""
+    """`nn.Linear` with an int8 weight (one scale per output feature, magnitudes up to
+    `qmax`, default `weight_range()`) and inputs rounded to int8 per row at each call.
+    `weight_t` is stored (in, out), the layout the int8 product reads fastest."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, qmax: int | None = None):
         super().__init__()
-        q, scale = quantize_rows(weight.detach())  # (out, in), (out, 1)
+        q, scale = quantize_rows(weight.detach(), qmax or weight_range())  # (out, in), (out, 1)
         self.register_buffer("weight_t", q.t().contiguous())  # (in, out) int8
         self.register_buffer("scale", scale.reshape(1, -1))  # (1, out)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -82,11 +112,10 @@ class Int8Linear(nn.Module):
 
 @functools.cache
 def int8_supported() -> bool:
-    """Whether this torch runs int8 products on a CPU (`torch._int_mm`), exactly."""
+    """Whether this torch runs int8 products on a CPU (`torch._int_mm`) exactly, at least
+    with weights in the reduced range."""
     try:
-        a = torch.arange(-8, 8, dtype=torch.int8).reshape(2, 8)
-        b = torch.ones(8, 3, dtype=torch.int8)
-        return bool(torch.equal(torch._int_mm(a, b), a.int() @ b.int()))
+        return products_exact(REDUCED_QMAX)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -55,6 +56,8 @@ from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.sampling import sample_search
 from mtkit.search import StepModel, beam_search, greedy_hypotheses
 from mtkit.vocab import EOS, PAD, Vocab, entry_vocabs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -342,7 +345,8 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
     it times the model's first FFN layer at one decoding step of a full batch, forward
     only, with bf16 weights and inputs, and takes bf16 only where it needs at most 90% of
     fp32's time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.int8`) is taken
-    only when asked, on a CPU: it rounds every product, so it changes more outputs."""
+    only when asked, on a CPU: it rounds every product, so it changes more outputs; its
+    record has the weight range `int8.weight_range()` found exact on this CPU."""
     check_precision(asked)
     if asked == "int8":
         if device.type != "cpu":
@@ -350,7 +354,11 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
         if not int8.int8_supported():
             raise OptionError(f"--precision int8 needs int8 matrix products on a CPU, which "
                               f"this torch ({torch.__version__}) lacks; use fp32 or auto")
-        return None, {"precision": "int8", "asked": asked}
+        weights = int8.weight_range()
+        if weights < int8.QMAX:
+            log.info("precision int8: full-range int8 products are not exact on this CPU "
+                     "(no VNNI instructions): weights are rounded to -%d..%d", weights, weights)
+        return None, {"precision": "int8", "asked": asked, "int8_weight_range": weights}
     shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
     dtype, calibration = resolve_precision(asked, device, shape, backward=False)
     return dtype, precision_record(dtype, asked, calibration)

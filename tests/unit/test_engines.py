@@ -87,7 +87,8 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
         inference_precision("fp16", cpu, Config())
 
 
-def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monkeypatch):
+def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monkeypatch,
+                                                                            caplog):
     import torch
 
     from mtkit import int8
@@ -97,8 +98,17 @@ def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monk
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(int8, "int8_supported", lambda: True)
-    assert inference_precision("int8", cpu, Config()) == (None, {"precision": "int8",
-                                                                 "asked": "int8"})
+    # the weight range found exact on this CPU is recorded, and said where it is reduced
+    monkeypatch.setattr(int8, "weight_range", lambda: 127)
+    with caplog.at_level(logging.INFO, logger="mtkit"):
+        assert inference_precision("int8", cpu, Config()) == (
+            None, {"precision": "int8", "asked": "int8", "int8_weight_range": 127})
+    assert "weights are rounded" not in caplog.text
+    monkeypatch.setattr(int8, "weight_range", lambda: 63)
+    with caplog.at_level(logging.INFO, logger="mtkit"):
+        assert inference_precision("int8", cpu, Config())[1]["int8_weight_range"] == 63
+    assert "not exact on this CPU (no VNNI instructions): weights are rounded to -63..63" \
+        in caplog.text
     with pytest.raises(OptionError, match=r"^--precision int8 runs on a CPU; on CUDA use "):
         inference_precision("int8", torch.device("cuda"), Config())
     monkeypatch.setattr(int8, "int8_supported", lambda: False)

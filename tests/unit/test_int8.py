@@ -20,9 +20,11 @@ pytestmark = pytest.mark.skipif(not int8.int8_supported(), reason="no int8 produ
 
 
 def test_a_product_of_numbers_that_are_int8_already_is_exact():
+    # in the weight range this CPU multiplies exactly (127, or 63 without VNNI)
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randint(-127, 128, (24, 40), generator=generator).float()
-    weight[:, 0] = 127  # each row's largest magnitude is 127: its scale is exactly 1
+    q = int8.weight_range()
+    weight = torch.randint(-q, q + 1, (24, 40), generator=generator).float()
+    weight[:, 0] = q  # each row's largest magnitude is q: its scale is exactly 1
     x = torch.randint(-127, 128, (5, 3, 40), generator=generator).float()
     x[..., 0] = -127
     bias = torch.randn(24, generator=generator)
@@ -73,3 +75,37 @@ def test_a_quantized_model_has_no_float_linear_and_keeps_the_argmax():
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
     assert torch.allclose(step, got[:, 0], atol=1e-5)
     assert quantized.output_weight.dtype == torch.float32  # the embedding stays float
+
+
+def saturating_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What an int8 product without VNNI computes (oneDNN on AVX2): inputs shifted to
+    unsigned bytes, products added in pairs in 16 bits, saturating, then in 32 bits,
+    and the shift taken back out."""
+    u = x.long() + 128  # (N, K) 0..255
+    pairs = (u[:, :, None] * w.long()[None]).view(u.size(0), -1, 2, w.size(1)).sum(2)
+    pairs = pairs.clamp(-32768, 32767)  # (N, K/2, M): vpmaddubsw
+    return (pairs.sum(1) - 128 * w.long().sum(0)).int()  # (N, M)
+
+
+def test_the_weight_range_is_reduced_where_full_range_products_saturate(monkeypatch):
+    assert int8.products_exact(127, lambda x, w: x.long() @ w.long())
+    assert not int8.products_exact(127, saturating_mm)  # 255 x 127 x 2 > 32,767
+    assert int8.products_exact(63, saturating_mm)  # 255 x 63 x 2 fits
+    # the choice follows the probe: weights rounded to -63..63 where it fails
+    weight = torch.randn(16, 256)
+    monkeypatch.setattr(int8, "weight_range", lambda: 63)
+    assert Int8Linear(weight, None).weight_t.abs().max() == 63
+    monkeypatch.setattr(int8, "weight_range", lambda: 127)
+    assert Int8Linear(weight, None).weight_t.abs().max() == 127
+
+
+def test_products_at_the_chosen_range_are_exact_on_this_cpu():
+    # The real kernel: inputs at full range, weights at `weight_range()`. Without the
+    # reduced range, 99% of such products were wrong under ONEDNN_MAX_CPU_ISA=AVX2.
+    generator = torch.Generator().manual_seed(2)
+    q = int8.weight_range()
+    x = torch.randint(-127, 128, (64, 512), dtype=torch.int8, generator=generator)
+    x[:4] = 127
+    w = torch.randint(-q, q + 1, (512, 96), dtype=torch.int8, generator=generator)
+    assert torch.equal(torch._int_mm(x, w).long(), x.long() @ w.long())
+    assert int8.int8_supported() and int8.products_exact(q)
