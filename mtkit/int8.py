@@ -12,8 +12,8 @@ This is what CTranslate2's `int8` compute type and PyTorch's deprecated
 projection, tied to the target embedding, gets an int8 copy. Outputs differ from fp32 in
 a few percent of sentences (README: Speed has the share and the BLEU difference).
 
-Not every CPU multiplies int8 exactly at full range. Without VNNI instructions (AVX2
-only: no AVX512-VNNI, AVX-VNNI or AMX) oneDNN shifts the inputs to unsigned bytes and
+Not every CPU multiplies int8 exactly at full range. Without VNNI instructions (AVX2,
+or AVX-512 without VNNI; no AVX-VNNI or AMX) oneDNN shifts the inputs to unsigned bytes and
 adds pairs of byte products in 16 bits (`vpmaddubsw`), which saturate: 255 x 127 x 2
 does not fit, and 99% of a product of random full-range int8 matrices came out wrong
 there. `weight_range()` finds out by multiplying numbers at the edge of the range and
