@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check: run it once whenever a CUDA GPU is at hand (about 6-8 minutes on one).
+# The GPU check: run it once whenever a CUDA GPU is at hand (under 3 minutes on an H200).
 #   1. the CUDA tests (pytest -m cuda);
 #   2. training throughput of the WMT14 base model on synthetic 32x32 batches in bf16:
-#      target tokens/s and model FLOP utilisation against a bf16 GEMM timed in the run;
+#      target tokens/s and model FLOP utilisation against a bf16 GEMM timed in the run,
+#      beside Hugging Face's Marian on the same batches; then on batches twice as large;
 #   3. a short Multi30k training on the GPU (300 steps), then translation speed
-#      (greedy and beam 5) with that checkpoint.
+#      (greedy and beam 5) with that checkpoint, and where beam search's time goes
+#      (benchmarks/profile_decode.py: cold and warm, the GPU's busy share, host-device
+#      waits), and cold and warm with SDPA in place of the engine's matmul attention.
 # Everything lands in $OUT (default gpu_check/): logs and one JSON line per benchmark.
-# The machine needs torch with CUDA, sentencepiece, typer, sacrebleu, datasets, pyyaml
-# and pytest; mtkit itself runs from this checkout (PYTHONPATH), nothing is installed.
+# The machine needs torch with CUDA, sentencepiece, typer, sacrebleu, pyyaml, transformers
+# and pytest (not datasets: the corpora are text files); mtkit itself runs from this
+# checkout (PYTHONPATH), nothing is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
@@ -21,9 +25,14 @@ echo "== 1. CUDA tests"
 timeout 240 python3 -m pytest -q -n 0 -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log"
 
 echo "== 2. training throughput, WMT14 base, bf16, synthetic batches"
-timeout 150 python3 benchmarks/train_throughput.py --config configs/wmt14-en-de-base.yaml \
+timeout 200 python3 benchmarks/train_throughput.py --config configs/wmt14-en-de-base.yaml \
     --synthetic 32 32 --vocab-size 32000 --precision bf16 --device cuda --steps 40 \
-    --warmup 8 2>"$out/train_throughput.log" | tee "$out/train_throughput.json"
+    --warmup 8 --compare hf --rounds 2 2>"$out/train_throughput.log" \
+    | tee "$out/train_throughput.json"
+timeout 100 python3 benchmarks/train_throughput.py --config configs/wmt14-en-de-base.yaml \
+    --synthetic 32 32 --vocab-size 32000 --precision bf16 --device cuda --steps 40 \
+    --warmup 8 --set train.max_tokens=25000 2>>"$out/train_throughput.log" \
+    | tee -a "$out/train_throughput.json"
 
 echo "== 3. a short Multi30k training on the GPU, then translation speed"
 run=$(mktemp -d)/multi30k
@@ -35,3 +44,8 @@ for stage in tokenizer preprocess train; do
 done
 timeout 150 python3 benchmarks/translate_speed.py -m "$run/checkpoints/best.pt" --device cuda \
     2>"$out/translate_speed.log" | tee "$out/translate_speed.json"
+timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+    --limit 300 2>>"$out/translate_speed.log" | tee "$out/profile_decode.json"
+timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+    --limit 300 --attention sdpa --no-profile 2>>"$out/translate_speed.log" \
+    | tee -a "$out/profile_decode.json"

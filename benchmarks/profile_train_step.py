@@ -2,7 +2,7 @@
 
     python benchmarks/profile_train_step.py [--config configs/multi30k.yaml]
         [--precision bf16] [--attention sdpa|matmul] [--steps 5] [--synthetic 16 16]
-        [--set train.max_tokens=4096] [--batch-shapes exact|classes]
+        [--set train.max_tokens=4096] [--batch-shapes exact|classes] [--device cuda]
 
 Runs `--warmup` untimed steps, then profiles `--steps` steps (forward, label-smoothed
 loss, backward, AdamW) of the config's model on the same batches as
@@ -10,7 +10,8 @@ loss, backward, AdamW) of the config's model on the same batches as
 products (mm, addmm, bmm, linear, SDPA's kernels), in casts (`aten::_to_copy`,
 `aten::copy_`) and the number of casts per step, and the 12 costliest operators. On a
 CPU without bf16 instructions bf16 cannot be timed, but the counts still compare
-variants.
+variants. With `--device cuda` it profiles the GPU too, and adds the step's wall time,
+the share of it the GPU spent in kernels and the 8 costliest kernels.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 from contextlib import nullcontext
 
 import torch
+from profile_decode import device_time  # a sibling script
 from torch.profiler import ProfilerActivity, profile
-from train_throughput import get_batches  # noqa: I001 (a sibling script)
+from train_throughput import get_batches, sync
 
 from mtkit.config import load_config
 from mtkit.data.batching import BatchShapes
-from mtkit.device import cpu_description, resolve_precision, tune_cpu_runtime
+from mtkit.device import cpu_description, resolve_device, resolve_precision, tune_cpu_runtime
 from mtkit.model import build_model
 from mtkit.train import batch_loss
 from mtkit.vocab import Vocab
@@ -49,6 +52,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
     parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-shapes", choices=["exact", "classes"], default="exact",
                         help="token batches, or batches of few shapes (train.batch_shapes); "
                              "with classes the profiled steps are the first --steps "
@@ -59,8 +63,10 @@ def main() -> None:
     cfg = load_config(args.config, args.set)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
                                                              precision=args.precision))
-    tune_cpu_runtime()
-    dtype, _ = resolve_precision(args.precision, torch.device("cpu"))
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        tune_cpu_runtime()
+    dtype, _ = resolve_precision(args.precision, device)
     spm = cfg.run_path / "spm.model"
     vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
         else len(Vocab.load(spm))
@@ -69,9 +75,12 @@ def main() -> None:
     batches = get_batches(cfg, args, vocab, shapes)
     profiled = batches[: args.steps] if shapes else batches[args.warmup:]
     torch.manual_seed(0)
-    model = build_model(cfg.model, vocab, vocab).train().use_attention(args.attention)
+    model = build_model(cfg.model, vocab, vocab).to(device).train()
+    model.use_attention(args.attention)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as mtkit.optim
-    amp = torch.autocast("cpu", dtype=dtype) if dtype else nullcontext()
+    amp = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+    batches = [batch.to(device) for batch in batches]
+    profiled = [batch.to(device) for batch in profiled]
 
     def step(batch) -> None:
         with amp:
@@ -82,22 +91,34 @@ def main() -> None:
 
     for batch in batches[: args.warmup]:
         step(batch)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities, profile_memory=True) as prof:
+        start = time.perf_counter()
         for batch in profiled:
             step(batch)
+        sync(device)
+        wall = time.perf_counter() - start
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     share = {name: sum(e.self_cpu_time_total for e in events if e.key in names) / total
              for name, names in (("matmul", MATMUL), ("casts", CASTS))}
     casts = sum(e.count for e in events if e.key in CASTS) / args.steps
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
-    print(json.dumps({
-        "cpu": cpu_description(), "precision": args.precision, "attention": args.attention,
-        "batch_shapes": args.batch_shapes,
+    result = {
+        "device": str(device), "cpu": cpu_description(), "precision": args.precision,
+        "attention": args.attention, "batch_shapes": args.batch_shapes,
         "steps": args.steps, "ms_per_step": round(total / args.steps / 1e3, 1),
         "matmul_share": round(share["matmul"], 3), "cast_share": round(share["casts"], 3),
         "casts_per_step": round(casts),
-        "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}))
+        "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}
+    if device.type == "cuda":  # the CPU's time is the host's: the step's is the wall's
+        result["wall_ms_per_step"] = round(wall / len(profiled) * 1e3, 1)
+        result["gpu_busy_share"] = round(sum(device_time(e) for e in events) / 1e6 / wall, 3)
+        result["top_gpu"] = {e.key[:60]: round(device_time(e) / 1e3 / len(profiled), 2)
+                             for e in sorted(events, key=lambda e: -device_time(e))[:8]}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -349,6 +349,7 @@ def main() -> None:
         return
     runs = {"greedy": 1, "beam5": 5}
     outputs = {}
+    translator.translate(lines[:100], SearchOptions(beam=5))  # warm-up (on a GPU: kernels)
     for name, beam in runs.items():
         # Plain log-probability ranking and a fixed output limit, as the comparison needs.
         opts = SearchOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len)

@@ -168,10 +168,17 @@ def choose_decoding_attention(device: torch.device, dtype: torch.dtype | None,
     On a CPU it times one beam-search step's attention with each kernel
     (`decoding_attention_timer`, in the precision translation runs in) and takes matmul +
     softmax only where it is clearly faster: in bf16 on a 2-core AVX512-BF16 EPYC, beam 5
-    ran 1.07-1.09x SDPA's speed there, in fp32 at the same speed. SDPA on CUDA. Logged at
-    debug level (`translate` keeps stderr for errors); the engine keeps the record."""
+    ran 1.07-1.09x SDPA's speed there, in fp32 at the same speed. Logged at debug level
+    (`translate` keeps stderr for errors); the engine keeps the record.
+
+    On CUDA, matmul + softmax, unmeasured: SDPA there takes cuDNN's attention, which
+    builds a plan for every new shape, and a search meets new shapes at every step (the
+    keys grow by one, sentences leave the batch). On an H200, beam 5 over 1,000 test2016
+    sentences the engine had not seen ran at 49 sentences/s with SDPA and 775 with
+    matmul (646 with SDPA kept off cuDNN); translated again, with every shape known, at
+    945 and 895 (`benchmarks/profile_decode.py`)."""
     if device.type == "cuda":
-        return {"kernel": "sdpa"}
+        return {"kernel": "matmul"}
     timing = time_attention(measure) if measure is not None else on_one_thread(
         lambda: time_attention(decoding_attention_timer(shape, dtype)))
     log.debug("attention for translation: a beam-search step of %d rows, %d heads of %d "

@@ -3,6 +3,8 @@ GPU; `benchmarks/gpu_check.sh` runs them with `-m cuda` wherever one is at hand.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from scripted import stream_in_two_joins
@@ -43,7 +45,10 @@ def test_auto_picks_cuda_and_bf16_where_supported(cuda_run):
     assert resolve_precision("auto", torch.device("cuda"))[0] == (
         torch.bfloat16 if expected == "bf16" else None)
     assert result.precision == expected and result.step == 30
-    assert next(result.model.parameters()).is_cuda
+    lines = (cfg.run_path / "metrics.jsonl").read_text().splitlines()
+    start = json.loads(lines[0])
+    assert start["event"] == "start" and start["device"].startswith("cuda")
+    assert start["precision"] == expected
 
 
 def test_cached_decode_equals_full_decode_on_cuda_in_bf16():
@@ -66,6 +71,7 @@ def test_translation_on_cuda_gives_one_line_per_input(cuda_run):
     cfg, _ = cuda_run
     translator = load_engine(cfg.run_path / "checkpoints" / "last.pt", "cuda")
     assert translator.device.type == "cuda"
+    assert translator.precision["attention"] == {"kernel": "matmul"}  # not cuDNN's plans
     lines = ["A dog runs in the park.", "", "Two men are talking."]
     out = translate_texts(translator, lines, SearchOptions(beam=3))
     assert len(out) == 3 and out[1] == "" and out[0]
@@ -92,7 +98,11 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
 
 def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
     """Sampling, no-repeat n-grams, prefixes, alignments and a two-model ensemble in one
-    search on the GPU; the seeded samples come out the same twice, batched or alone."""
+    search on the GPU; the seeded samples come out the same twice, and a line gets the
+    same samples at another place in a batch. Not checked here: the same samples batched
+    and alone. The GPU's kernels round differently for other batch shapes, and the
+    30-step model's nearly flat distributions turn such last-bit differences into other
+    draws (seen on an H200: 3 of 8 tokens differed); the CPU tests check that case."""
     cfg, _ = cuda_run
     last = cfg.run_path / "checkpoints" / "last.pt"
     pair = load_engine([last, last], "cuda")
@@ -101,9 +111,9 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
                          no_repeat_ngram=2, alignments=True)
     first = pair.translate(lines, opts, prefixes=prefixes)
     again = pair.translate(lines, opts, prefixes=prefixes)
-    alone = pair.translate(lines[2:], opts)
     assert [[h.tokens for h in x] for x in first] == [[h.tokens for h in x] for x in again]
-    assert [h.tokens for h in first[2]] == [h.tokens for h in alone[0]]
+    twice = pair.translate([lines[2], lines[0], lines[2]], opts)
+    assert [h.tokens for h in twice[0]] == [h.tokens for h in twice[2]]
     assert len(first[0]) == 3 and first[1][0].tokens == []
     assert all(pair.tgt_vocab.decode(h.tokens).startswith("Ein") for h in first[0])
     assert all(h.alignment is not None for h in first[0])

@@ -1,0 +1,137 @@
+"""Where batched beam search's time goes: a file translated cold and warm, and
+`torch.profiler` over it.
+
+    python benchmarks/profile_decode.py -m runs/multi30k/checkpoints/best.pt
+        [--device cuda] [--beam 5] [--limit 1000] [--src data/multi30k/test2016.en.gz]
+        [--attention engine|sdpa|matmul|sdpa-no-cudnn] [--no-profile]
+
+Warms the engine up on 100 other lines (`--warmup-src`: one-time costs, such as CUDA's
+start, are not the file's), then translates `--limit` source lines twice, timed: cold,
+as `mtkit translate` meets a new file, and warm, the same shapes again. Kernels built
+for each new shape (oneDNN's bf16 and int8 products on a CPU, cuDNN's attention on a
+GPU) are paid in the cold pass alone, so the two differ by what such building costs.
+Each attention variant runs best in a process of its own (the kernel caches are the
+process's). Then it translates once more under the profiler (the CPU, and CUDA where
+the engine runs there), at the checkpoint's batch size, and prints one JSON line:
+sentences/s of both timed passes; the profiled pass's operator
+calls per sentence; its host-device waits (`aten::_local_scalar_dense`, the reading of a
+GPU value, and `cudaStreamSynchronize` / `cudaMemcpyAsync`) per sentence; on CUDA the
+share of the wall time the GPU spent in kernels (a small share means the search is
+bound by the host: Python and operator dispatch, not the GPU); and the 12 operators
+with the most self CPU time. On a CPU, the share of matrix products says how much of a
+step is the model and how much the search around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from train_throughput import sync  # noqa: I001 (sibling scripts)
+from translate_speed import read_source
+
+from mtkit.decoding import SearchOptions
+from mtkit.device import cpu_description, tune_cpu_runtime
+from mtkit.engines.loader import load_engine
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
+          "aten::matmul", "aten::_int_mm")
+WAITS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaMemcpyAsync")
+
+
+def device_time(event) -> float:
+    """An event's self time on the GPU in microseconds (the attribute was renamed)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return getattr(event, name)
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("--src", default="data/multi30k/test2016.en.gz")
+    parser.add_argument("--limit", type=int, default=1000)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--warmup-src", default="data/multi30k/val.en.gz")
+    parser.add_argument("--attention", default="engine",
+                        choices=["engine", "sdpa", "matmul", "sdpa-no-cudnn"],
+                        help="the engine's own choice, or another kernel; sdpa-no-cudnn: "
+                             "SDPA with cuDNN's attention left out of its backends")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args()
+
+    lines = read_source(args.src, args.limit)
+    if not Path(args.model).is_dir():  # as `mtkit translate` does for a checkpoint
+        tune_cpu_runtime()
+    engine = load_engine(args.model, args.device)
+    device = torch.device(str(engine.device))
+    if args.attention != "engine":
+        for model in engine.models:
+            model.use_attention("matmul" if args.attention == "matmul" else "sdpa")
+
+    def backends():  # a new context each time: sdpa_kernel's is used once
+        if args.attention != "sdpa-no-cudnn":
+            return nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                            SDPBackend.MATH])
+    opts = SearchOptions(beam=args.beam)
+
+    def timed() -> float:
+        sync(device)
+        start = time.perf_counter()
+        with backends():
+            engine.translate(lines, opts)
+        sync(device)
+        return time.perf_counter() - start
+
+    with backends():
+        engine.translate(read_source(args.warmup_src, 100), opts)
+    cold, warm = timed(), timed()
+    n = len(lines)
+    result = {
+        "model": args.model, "device": str(device), "cpu": cpu_description(),
+        "precision": engine.precision["precision"], "attention": args.attention,
+        "engine_attention": engine.precision.get("attention"), "beam": args.beam,
+        "sentences": n, "cold_sentences_per_s": round(n / cold, 1),
+        "warm_sentences_per_s": round(n / warm, 1)}
+    if args.no_profile:
+        print(json.dumps(result))
+        return
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof, backends():
+        start = time.perf_counter()
+        engine.translate(lines, opts)
+        sync(device)
+        profiled_wall = time.perf_counter() - start
+    events = prof.key_averages()
+    cpu_total = sum(e.self_cpu_time_total for e in events)
+    result |= {
+        "profiled_wall_s": round(profiled_wall, 2),
+        "operator_calls_per_sentence": round(sum(e.count for e in events) / n, 1),
+        "waits_per_sentence": {k: round(sum(e.count for e in events if e.key == k) / n, 2)
+                               for k in WAITS},
+        "matmul_share_of_cpu_time": round(
+            sum(e.self_cpu_time_total for e in events if e.key in MATMUL) / cpu_total, 3),
+        "top_cpu": {e.key: round(e.self_cpu_time_total / cpu_total, 3)
+                    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]},
+    }
+    if device.type == "cuda":
+        kernels = sum(device_time(e) for e in events) / 1e6
+        result["gpu_busy_share"] = round(kernels / profiled_wall, 3)
+        result["top_gpu"] = {e.key[:60]: round(device_time(e) / 1e6, 4)
+                             for e in sorted(events, key=lambda e: -device_time(e))[:8]}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
