@@ -10,8 +10,10 @@ loss, backward, AdamW) of the config's model on the same batches as
 products (mm, addmm, bmm, linear, SDPA's kernels), in casts (`aten::_to_copy`,
 `aten::copy_`) and the number of casts per step, and the 12 costliest operators. On a
 CPU without bf16 instructions bf16 cannot be timed, but the counts still compare
-variants. With `--device cuda` it profiles the GPU too, and adds the step's wall time,
-the share of it the GPU spent in kernels and the 8 costliest kernels.
+variants. With `--device cuda` it profiles the GPU too, and adds the profiled step's wall
+time, its time in GPU kernels, and the 8 operators whose kernels took the most (the
+profiler slows the host, so compare the kernels' time with an unprofiled step's, as
+`train_throughput.py` times it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from contextlib import nullcontext
 
 import torch
-from profile_decode import device_time  # a sibling script
+from profile_decode import gpu_times  # a sibling script
 from torch.profiler import ProfilerActivity, profile
 from train_throughput import get_batches, sync
 
@@ -114,10 +116,12 @@ def main() -> None:
         "casts_per_step": round(casts),
         "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}
     if device.type == "cuda":  # the CPU's time is the host's: the step's is the wall's
-        result["wall_ms_per_step"] = round(wall / len(profiled) * 1e3, 1)
-        result["gpu_busy_share"] = round(sum(device_time(e) for e in events) / 1e6 / wall, 3)
-        result["top_gpu"] = {e.key[:60]: round(device_time(e) / 1e3 / len(profiled), 2)
-                             for e in sorted(events, key=lambda e: -device_time(e))[:8]}
+        kernels, operators = gpu_times(events)
+        steps = len(profiled)
+        result["profiled_wall_ms_per_step"] = round(wall / steps * 1e3, 1)
+        result["gpu_kernel_ms_per_step"] = round(kernels / steps * 1e3, 1)
+        result["top_gpu_ms_per_step"] = {k: round(v / steps * 1e3, 2)
+                                         for k, v in operators.items()}
     print(json.dumps(result))
 
 
