@@ -4,10 +4,12 @@
 #   2. training throughput of the WMT14 base model on synthetic 32x32 batches in bf16:
 #      target tokens/s and model FLOP utilisation against a bf16 GEMM timed in the run,
 #      beside Hugging Face's Marian on the same batches; then on batches twice as large;
-#   3. a short Multi30k training on the GPU (300 steps), then translation speed
+#   3. a short Multi30k training on the GPU (300 steps, token batches), then translation speed
 #      (greedy and beam 5) with that checkpoint, and where beam search's time goes
 #      (benchmarks/profile_decode.py: cold and warm, the GPU's busy share, host-device
-#      waits), and cold and warm with SDPA in place of the engine's matmul attention.
+#      waits), and cold and warm with SDPA in place of the engine's matmul attention;
+#   4. that training again with matmul attention, and both trainings' tokens/s (whether
+#      cuDNN's attention, with a plan for every new shape, slows training on real batches).
 # Everything lands in $OUT (default gpu_check/): logs and one JSON line per benchmark.
 # The machine needs torch with CUDA, sentencepiece, typer, sacrebleu, pyyaml, transformers
 # and pytest (not datasets: the corpora are text files); mtkit itself runs from this
@@ -49,3 +51,21 @@ timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" -
 timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
     --limit 300 --attention sdpa --no-profile 2>>"$out/translate_speed.log" \
     | tee -a "$out/profile_decode.json"
+
+echo "== 4. the same training with matmul attention (step 3's auto took SDPA): tokens/s"
+run2=$(mktemp -d)/multi30k
+set_run2=(--set "run_dir=$run2" "${set_run[@]:2}" --set train.attention=matmul)
+for stage in tokenizer preprocess train; do
+  timeout 200 python3 -m mtkit -q "$stage" -c configs/multi30k.yaml "${set_run2[@]}" \
+      2>&1 | tee -a "$out/multi30k.log" || exit 1
+done
+python3 - "$run" "$run2" <<'PY' 2>&1 | tee -a "$out/multi30k.log"
+import json, statistics, sys
+for run in sys.argv[1:]:
+    records = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+    start = next(r for r in records if r["event"] == "start")
+    rates = [r["tokens_per_s"] for r in records if r["event"] == "train"]
+    print(json.dumps({"attention": start.get("attention"), "precision": start["precision"],
+                      "median_tokens_per_s": round(statistics.median(rates)) if rates else None,
+                      "train_records": len(rates)}))
+PY
