@@ -44,9 +44,17 @@ def snapshot(*paths: Path) -> dict[Path, bytes]:
     return files
 
 
+# Ctrl-C as a foreground command gets it: a process started in the background of a
+# non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and Python then keeps it
+# ignored, so the Ctrl-C test would wait forever there.
+_FOREGROUND = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+               " runpy.run_module('mtkit', run_name='__main__', alter_sys=True)")
+
+
 def mtkit_process(*args, **popen) -> subprocess.Popen:
-    """`python -m mtkit ARGS` as a real process (for signals and the lock)."""
-    return subprocess.Popen([sys.executable, "-m", "mtkit", *map(str, args)], cwd=ROOT,
+    """`python -m mtkit ARGS` as a real process (for signals and the lock), with Ctrl-C
+    handled as in a foreground command whatever this process ignores."""
+    return subprocess.Popen([sys.executable, "-c", _FOREGROUND, *map(str, args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
