@@ -74,15 +74,13 @@ def main() -> None:
         else len(Vocab.load(spm))
     shapes = BatchShapes(limit=cfg.model.max_positions) if args.batch_shapes == "classes" \
         else None
-    batches = get_batches(cfg, args, vocab, shapes)
+    batches = [batch.to(device) for batch in get_batches(cfg, args, vocab, shapes)]
     profiled = batches[: args.steps] if shapes else batches[args.warmup:]
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).to(device).train()
     model.use_attention(args.attention)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as mtkit.optim
     amp = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-    batches = [batch.to(device) for batch in batches]
-    profiled = [batch.to(device) for batch in profiled]
 
     def step(batch) -> None:
         with amp:
