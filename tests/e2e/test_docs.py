@@ -1,0 +1,451 @@
+"""The documentation shows only commands that work: README.md and every page under docs/.
+
+Every `mtkit ...` command in a fenced code block (bash or console, also after a pipe, after
+`&&`, or as `torchrun ... -m mtkit ...`) is parsed by the real command line, without being
+run: the subcommand must exist, every option name must be one it takes, and every value
+must convert (click's own parsing, `make_context(resilient_parsing=False)`). A command
+that names a config under `configs/` must name a real one, and its `--set` overrides
+must be keys of it (the config is loaded as the command would load it). A file the docs
+name under `configs/`, `data/`, `benchmarks/` or `docs/` must exist, and a
+`python benchmarks/X.py --option` command must name an option the script defines.
+
+A `console` block (`$ mtkit ...` followed by its output) is run for real, and each line of
+the output it shows must appear in what the command prints. `docs/plot_curve.py` is run on
+the metrics it documents.
+
+README.md stays a front door: at most 300 lines, no commit hashes, and every relative
+link in it resolves (a page, a file, a heading's anchor). The site itself is checked by
+`mkdocs build --strict` (in CI; here too where MkDocs is installed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import typer
+
+import mtkit.cli
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
+SEPARATORS = {"|", "||", "&&", ";", "&"}
+REDIRECTIONS = {"<", ">", ">>", "2>", "2>>", "&>"}
+REPO_PREFIXES = ("configs/", "data/", "benchmarks/", "docs/")
+HEX_WORD = re.compile(r"(?<![\w-])[0-9a-f]{7,40}(?![\w-])")
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int  # of the opening fence, counted from 1
+    language: str
+    text: str
+
+
+@dataclass
+class Command:
+    where: str  # file:line, for messages
+    argv: list[str]  # after `mtkit`
+    expected: list[str] = field(default_factory=list)  # a console block's shown output
+
+
+def doc_files() -> list[Path]:
+    return [README, *sorted(DOCS.glob("**/*.md"))]
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    blocks, lines = [], path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        opening = re.match(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)", lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, fence, language = opening.groups()
+        body, j = [], i + 1
+        while j < len(lines) and not lines[j].strip().startswith(fence):
+            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            j += 1
+        blocks.append(Block(path, i + 1, language.lower(), "\n".join(body)))
+        i = j + 1
+    return blocks
+
+
+def shell_lines(text: str) -> list[tuple[int, str]]:
+    """(offset, line) of each command line, continuation lines (`\\`) joined."""
+    out, pending, start = [], "", 0
+    for k, line in enumerate(text.splitlines()):
+        if not pending:
+            start = k
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        out.append((start, pending + line))
+        pending = ""
+    if pending:
+        out.append((start, pending))
+    return out
+
+
+def tokens(line: str) -> list[str]:
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    return list(lexer)
+
+
+def segments(words: list[str]) -> list[list[str]]:
+    """A shell line's simple commands: split at pipes and lists, redirections dropped."""
+    out, current, skip = [], [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in SEPARATORS:
+            out.append(current)
+            current = []
+        elif word in REDIRECTIONS or word.endswith(("<", ">")) and set(word) <= set("0123&<>"):
+            skip = True
+        else:
+            current.append(word)
+    out.append(current)
+    return [s for s in out if s]
+
+
+def mtkit_argv(segment: list[str]) -> list[str] | None:
+    """The arguments after `mtkit` when the segment runs mtkit, else None."""
+    words = list(segment)
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):  # VAR=value prefixes
+        words.pop(0)
+    if not words:
+        return None
+    if words[0] == "mtkit":
+        return words[1:]
+    if words[0] in ("python", "python3", "torchrun"):
+        for k in range(1, len(words) - 1):
+            if words[k] == "-m":
+                return words[k + 2:] if words[k + 1] == "mtkit" else None
+    return None
+
+
+def script_argv(segment: list[str]) -> list[str] | None:
+    """`python benchmarks/X.py ...` or `bash benchmarks/X.sh`: the script and its args."""
+    words = [w for w in segment if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
+    if len(words) >= 2 and words[0] in ("python", "python3", "bash") and words[1].startswith(
+            REPO_PREFIXES):
+        return words[1:]
+    return None
+
+
+def collect() -> tuple[list[Command], list[tuple[str, list[str]]], list[tuple[str, str]]]:
+    """Every mtkit command, every repository script command, every repository path named
+    in a command, from README.md and docs/."""
+    commands, scripts, paths = [], [], []
+    for path in doc_files():
+        for block in fenced_blocks(path):
+            if block.language not in SHELL_LANGUAGES:
+                continue
+            rel = path.relative_to(ROOT)
+            if block.language == "console":
+                lines = block.text.splitlines()
+                for k, line in enumerate(lines):
+                    if not line.startswith("$ "):
+                        continue
+                    shown = []
+                    for after in lines[k + 1:]:
+                        if after.startswith("$ "):
+                            break
+                        shown.append(after)
+                    for segment in segments(tokens(line[2:])):
+                        argv = mtkit_argv(segment)
+                        if argv is not None:
+                            commands.append(Command(f"{rel}:{block.line + 1 + k}", argv, shown))
+                continue
+            for offset, line in shell_lines(block.text):
+                where = f"{rel}:{block.line + 1 + offset}"
+                for segment in segments(tokens(line)):
+                    argv = mtkit_argv(segment)
+                    if argv is not None:
+                        commands.append(Command(where, argv))
+                    script = script_argv(segment)
+                    if script is not None:
+                        scripts.append((where, script))
+                    for word in segment:
+                        value = word.partition("=")[2] if word.startswith("--") else word
+                        if value.startswith(REPO_PREFIXES):
+                            paths.append((where, value))
+    return commands, scripts, paths
+
+
+COMMANDS, SCRIPTS, PATHS = collect()
+
+
+def root_command():
+    """The CLI's click command (Typer's own click: `typer._click` in recent Typer)."""
+    return typer.main.get_command(mtkit.cli.app)
+
+
+class DocCommandError(Exception):
+    pass
+
+
+def pending_args(ctx) -> list[str]:
+    """What a group's context left for its subcommand (click 8.1 and 8.2+ alike)."""
+    protected = ctx.__dict__.get("_protected_args")
+    if protected is None:
+        protected = ctx.__dict__.get("protected_args", [])
+    return [*protected, *ctx.args]
+
+
+def parse(argv: list[str]) -> tuple[list[str], dict]:
+    """Parse `mtkit ARGV` as the CLI would, down to the leaf command, without running it:
+    the command's path and its parameters. Raises DocCommandError with click's message
+    for an unknown command or option, a missing value, or a value that does not convert."""
+    command, ctx, names = root_command(), None, []
+    try:
+        ctx = command.make_context("mtkit", list(argv), resilient_parsing=False)
+        while hasattr(command, "resolve_command"):  # a group: go down to its subcommand
+            rest = pending_args(ctx)
+            if not rest:
+                raise DocCommandError(f"`{' '.join(['mtkit', *names])}` needs a subcommand")
+            name, command, rest = command.resolve_command(ctx, rest)
+            names.append(name)
+            ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=False)
+    except DocCommandError:
+        raise
+    except Exception as e:  # click's UsageError, NoSuchOption, BadParameter, ...
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        raise DocCommandError(message) from None
+    if ctx.args:
+        raise DocCommandError(f"unexpected extra arguments {ctx.args}")
+    return names, dict(ctx.params)
+
+
+def option_value(argv: list[str], *names: str) -> list[str]:
+    values = []
+    for k, word in enumerate(argv):
+        for name in names:
+            if word == name and k + 1 < len(argv):
+                values.append(argv[k + 1])
+            elif name.startswith("--") and word.startswith(name + "="):
+                values.append(word.split("=", 1)[1])
+    return values
+
+
+def config_loader():
+    for module in ("mtkit.core.config", "mtkit.config"):
+        try:
+            return importlib.import_module(module).load_config
+        except (ImportError, AttributeError):
+            continue
+    pytest.fail("no load_config in mtkit.core.config or mtkit.config")
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) >= 60, f"only {len(COMMANDS)} mtkit commands found in the docs"
+    shown = {parse(c.argv)[0][0] for c in COMMANDS if not shows_an_error(c)}
+    every = set(root_command().commands)
+    assert every - shown == set(), f"commands the docs never show: {sorted(every - shown)}"
+
+
+def test_every_code_block_says_its_language():
+    """So that no command hides from these checks in an unlabelled block."""
+    unlabelled = [f"{b.path.relative_to(ROOT)}:{b.line}" for p in doc_files()
+                  for b in fenced_blocks(p) if not b.language]
+    assert unlabelled == [], "label each fence: ```bash, ```console, ```yaml, ```text, ..."
+
+
+def test_readme_has_the_set_up_commands_first():
+    text = README.read_text(encoding="utf-8")
+    first = fenced_blocks(README)[0].text.splitlines()
+    assert first == [
+        "pip install torch==2.13.0 -e . && mtkit run --config configs/multi30k.yaml",
+        "pip install -e '.[dev]' && python -m pytest",
+    ]
+    assert text.index("pip install torch==2.13.0") < text.index("\n## ")
+
+
+def shows_an_error(command: Command) -> bool:
+    """A console block that shows the command failing, on purpose (run for real below)."""
+    return any(line.startswith(("error:", "config error:")) for line in command.expected)
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if not shows_an_error(c)],
+                         ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")
+def test_each_command_parses(command: Command):
+    try:
+        parse(command.argv)
+    except DocCommandError as e:
+        pytest.fail(f"{command.where}: `mtkit {shlex.join(command.argv)}`: {e}")
+
+
+def test_configs_named_by_commands_are_real_and_their_overrides_are_keys():
+    load_config = config_loader()
+    checked = 0
+    for command in COMMANDS:
+        configs = option_value(command.argv, "-c", "--config")
+        overrides = option_value(command.argv, "--set")
+        for config in configs:
+            if not config.startswith("configs/"):
+                continue  # a placeholder such as my-finetune.yaml, shown beside its YAML
+            assert (ROOT / config).is_file(), f"{command.where}: no {config}"
+            if shows_an_error(command):
+                continue  # a console block that shows this very error
+            try:
+                load_config(ROOT / config, overrides)
+            except Exception as e:  # a ConfigError: one line, as the CLI prints it
+                pytest.fail(f"{command.where}: {config} with {overrides}: {e}")
+            checked += 1
+    assert checked >= 20
+
+
+def test_repository_paths_named_in_commands_exist():
+    missing = [f"{where}: {path}" for where, path in PATHS
+               if not (ROOT / path.rstrip("/")).exists()]
+    assert missing == []
+
+
+def test_benchmark_commands_name_real_scripts_and_options():
+    assert SCRIPTS, "no benchmark commands found"
+    for where, (script, *args) in SCRIPTS:
+        path = ROOT / script
+        assert path.is_file(), f"{where}: no {script}"
+        source = path.read_text(encoding="utf-8")
+        for word in args:
+            if word.startswith("-") and not re.fullmatch(r"-?\d[\d.e+-]*", word):
+                option = word.split("=", 1)[0]
+                assert f'"{option}"' in source, f"{where}: {script} defines no {option}"
+
+
+def run_mtkit(argv: list[str], capsys) -> tuple[int, str]:
+    """`mtkit ARGV` through the console script's own entry point (`mtkit.cli.main`: its
+    one-line errors and exit codes), in this process; its exit code and what it printed.
+    The process-wide things main() sets (the SIGTERM handler, logging) are put back."""
+    import logging
+    import signal
+
+    saved_argv, saved_term = sys.argv, signal.getsignal(signal.SIGTERM)
+    root = logging.getLogger()
+    saved_logging = (root.handlers[:], root.level)
+    capsys.readouterr()
+    sys.argv = ["mtkit", *argv]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            mtkit.cli.main()
+    finally:
+        sys.argv = saved_argv
+        signal.signal(signal.SIGTERM, saved_term)
+        root.handlers[:], _ = saved_logging
+        root.setLevel(saved_logging[1])
+    out, err = capsys.readouterr()
+    code = exit_info.value.code
+    return (code if isinstance(code, int) else 0 if code is None else 1), out + err
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.expected],
+                         ids=lambda c: c.where)
+def test_console_blocks_print_what_they_show(command: Command, capsys):
+    code, output = run_mtkit(command.argv, capsys)
+    printed = [" ".join(line.split()) for line in output.splitlines()]
+    for line in command.expected:
+        line = " ".join(line.split())
+        if line.endswith("..."):  # shown shortened: what it starts with
+            line = line[:-3].rstrip()
+        if line:
+            assert any(line in out for out in printed), (
+                f"{command.where}: `mtkit {shlex.join(command.argv)}` did not print {line!r}; "
+                f"it printed:\n{output}")
+    assert code == (2 if shows_an_error(command) else 0), output
+
+
+def test_the_training_curve_script_draws_the_documented_metrics(tmp_path):
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("plot_curve", DOCS / "plot_curve.py")
+    plot_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_curve)
+    train, valid = plot_curve.read_metrics(DOCS / "assets" / "copy_metrics.jsonl")
+    assert len(train) >= 50 and valid and valid[-1][2] == 100.0
+    out = tmp_path / "curve.png"
+    plot_curve.plot(DOCS / "assets" / "copy_metrics.jsonl", out, "copy")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines (at most 300)"
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_commit_hashes_in_user_documentation(path: Path):
+    found = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for word in HEX_WORD.findall(line):
+            if re.search(r"\d", word) and re.search(r"[a-f]", word):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {word}")
+    assert found == [], "commit hashes belong in git, not in the documentation"
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors MkDocs (and GitHub, for these headings) gives a page's headings."""
+    anchors, fenced = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            text = re.sub(r"[`*_]", "", m.group(1)).lower()
+            text = re.sub(r"[^\w\s-]", "", text)
+            anchors.add(re.sub(r"[\s-]+", "-", text).strip("-"))
+    return anchors
+
+
+def test_readme_links_resolve():
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert len(links) >= 15
+    for link in links:
+        if re.match(r"^[a-z]+:", link):
+            continue  # an outside address
+        target, _, anchor = link.partition("#")
+        path = (README.parent / target) if target else README
+        assert path.exists(), f"README.md links to {link}: no such file"
+        if anchor:
+            assert anchor in heading_anchors(path), f"README.md links to {link}: no such heading"
+
+
+def test_every_page_is_in_the_site_navigation():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def pages(node) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, list):
+            return [p for item in node for p in pages(item)]
+        if isinstance(node, dict):
+            return [p for value in node.values() for p in pages(value)]
+        return []
+
+    listed = set(pages(config["nav"]))
+    on_disk = {str(p.relative_to(DOCS)) for p in DOCS.glob("**/*.md")}
+    assert listed == on_disk
+    assert config.get("strict") is True
+
+
+def test_the_site_builds_strict(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec(
+            "material") is None:
+        pytest.skip("MkDocs and mkdocs-material are not installed (pip install -e '.[docs]')")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
+                          str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
