@@ -367,6 +367,19 @@ def test_console_blocks_print_what_they_show(command: Command, capsys):
     assert code == (2 if shows_an_error(command) else 0), output
 
 
+CHEAP = [c for c in COMMANDS if c.argv[:1] == ["explain"] and c.argv[1:2] != ["attention"]
+         and not c.expected and all(v.startswith("configs/")
+                                    for v in option_value(c.argv, "-c", "--config") or ["-"])]
+
+
+@pytest.mark.parametrize("command", CHEAP, ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")
+def test_documented_explain_commands_run(command: Command, capsys):
+    """`explain shapes` and `explain params` on a preset config need no trained model:
+    they are run for real (a fresh model, seconds)."""
+    code, output = run_mtkit(command.argv, capsys)
+    assert code == 0, f"{command.where}: `mtkit {shlex.join(command.argv)}`:\n{output}"
+
+
 def test_the_training_curve_script_draws_the_documented_metrics(tmp_path):
     pytest.importorskip("matplotlib")
     spec = importlib.util.spec_from_file_location("plot_curve", DOCS / "plot_curve.py")
