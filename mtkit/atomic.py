@@ -3,7 +3,8 @@
 Every stage marks its output finished by renaming it into place, so an interrupted
 stage leaves nothing a later stage could take for finished, and a user's file given as
 an output is replaced only once the new content is complete. A failed write (disk full,
-read-only folder) becomes one `WriteError` naming the path; the temporary is removed.
+read-only folder, a name too long) becomes one `WriteError` naming the path the caller
+gave, never the temporary beside it; the temporary is removed.
 
 Only regular files are replaced that way. An output that is a device or a FIFO
 (`/dev/null`, a named pipe), or that names an open descriptor (`/dev/stdout`,
@@ -48,17 +49,49 @@ def reason(e: OSError) -> str:
     return _REASONS.get(e.errno, (e.strerror or type(e).__name__).lower())
 
 
-def write_failure(e: BaseException, path: Path | str) -> WriteError | None:
+def write_failure(e: BaseException, path: Path | str,
+                  temporary: Path | str | None = None) -> WriteError | None:
     """The `WriteError` behind `e` (also when a library wrapped the OSError, as
-    `torch.save` does), or None when `e` is not a failed write."""
+    `torch.save` does), naming `path`, or None when `e` is not a failed write. Any
+    OSError about `temporary` (the file or folder written in place of `path`, or what is
+    inside it) is a failed write of `path`, whatever its errno: the user never named the
+    temporary, so no message may."""
     seen = e
     while seen is not None:
         if isinstance(seen, WriteError):
             return seen
-        if isinstance(seen, OSError) and seen.errno in _REASONS:
-            return WriteError(seen.errno, f"{_REASONS[seen.errno]} while writing {path}")
+        if isinstance(seen, OSError) and (seen.errno in _REASONS
+                                          or _about(seen, temporary)):
+            return WriteError(seen.errno, f"{reason(seen)} while writing {path}")
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _about(e: OSError, temporary: Path | str | None) -> bool:
+    """Whether `e` names `temporary` or a path inside it (a write to an open file names
+    none: it is about the temporary too, when one is given)."""
+    if temporary is None or e.errno in (None, errno.EPIPE):  # a reader that left: not ours
+        return False
+    names = [n for n in (e.filename, e.filename2) if n is not None]
+    temporary = os.fspath(temporary)
+    return not names or any(os.fspath(n) == temporary
+                            or os.fspath(n).startswith(temporary + os.sep) for n in names)
+
+
+def _temporary_prefix(path: Path) -> str:
+    """`.NAME.` for the temporary beside `path`; a name too long to take the prefix and
+    a random suffix within the file system's 255 bytes is shortened (its leftovers are
+    then not found by `remove_leftovers`, which a name that long never needs)."""
+    prefix = f".{path.name}."
+    while len(os.fsencode(prefix)) > 255 - 24:  # mkstemp's 8 random characters + suffix
+        prefix = prefix[:-2] + "."
+    return prefix
+
+
+def _refuse_folder(path: Path, given: Path | str) -> None:
+    """A folder where a file is to be written: one line, before any temporary exists."""
+    if os.path.isdir(path):
+        raise WriteError(errno.EISDIR, f"{given} is a folder; name a file to write")
 
 
 def _umask() -> int:
@@ -104,7 +137,7 @@ def _in_place(path: Path) -> Iterator[BinaryIO]:
             yield f
             f.flush()
     except BaseException as e:
-        failure = write_failure(e, path)
+        failure = write_failure(e, path, path)
         if failure is not None:
             raise failure from None
         raise
@@ -120,11 +153,14 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         with _in_place(Path(path)) as f:
             yield f
         return
+    given = path
     path = Path(os.path.realpath(path))
+    _refuse_folder(path, given)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path),
+                                   suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -134,7 +170,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        failure = write_failure(e, path)
+        failure = write_failure(e, given, tmp if tmp is not None else path.parent)
         if failure is not None:
             raise failure from None
         raise
@@ -173,11 +209,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.",
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_temporary_prefix(path),
                                     suffix=".partial"))
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
-        old = path.with_name(f".{path.name}.old")
+        old = path.with_name(_temporary_prefix(path) + "old")
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
             os.replace(path, old)
@@ -186,7 +222,7 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        failure = write_failure(e, path)
+        failure = write_failure(e, path, tmp if tmp is not None else path.parent)
         if failure is not None:
             raise failure from None
         raise

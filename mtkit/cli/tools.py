@@ -51,7 +51,9 @@ def export(
     quantization: Annotated[str, typer.Option(
         help="float32, int8, int8_float32, int8_float16, int8_bfloat16, bfloat16 or "
              "float16 (what this machine can run; ctranslate2 only).")] = "float32",
-    force: Annotated[bool, typer.Option(help="Replace a previous export there.")] = False,
+    force: Annotated[bool, typer.Option(
+        help="Replace a previous mtkit export there (a folder its mtkit.json marks; "
+             "nothing else).")] = False,
 ) -> None:
     """Export a checkpoint to a self-contained CTranslate2 or Hugging Face folder.
 
@@ -86,7 +88,9 @@ def import_(
     """Import a Marian (OPUS-MT) model as a self-contained mtkit checkpoint.
 
     The weights are read without running code (safetensors, or torch.load with
-    weights_only); an architecture mtkit cannot represent exactly is refused."""
+    weights_only); everything is checked before anything is written: an architecture
+    mtkit cannot represent exactly, a config at odds with the weights, or weights the
+    config does not use are refused in one line."""
     from mtkit.atomic import refuse_same_file
     from mtkit.marian import import_marian
 

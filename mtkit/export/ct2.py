@@ -6,31 +6,24 @@ sinusoidal or learned positions (the exact table is stored: mtkit's sinusoids in
 sin and cos, which CTranslate2's built-in table does not), ReLU or GELU, shared or
 separate embeddings. The output projection is tied to the target embedding, without bias.
 The folder is written beside its final place and renamed when complete. `--force`
-replaces only a previous export: never a folder that holds anything else (a checkpoint,
-a run directory, the current folder).
+replaces only a previous export, which its `mtkit.json` marks (`mtkit.export.folder`):
+never a folder that holds anything else (a checkpoint, a run directory, the current
+folder, a model mtkit did not write).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mtkit.atomic import atomic_dir
-from mtkit.checksum import file_sha256
 from mtkit.config import config_to_dict
-from mtkit.engines.ct2 import (
-    EXPORT_FILES,
-    FORMAT,
-    MANIFEST,
-    ExportError,
-    ctranslate2_module,
-    looks_exported,
-)
+from mtkit.engines.ct2 import FORMAT, MANIFEST, ExportError, ctranslate2_module
+from mtkit.export.folder import export_target, manifest_files
 
 if TYPE_CHECKING:
     from mtkit.model import Transformer
@@ -49,59 +42,6 @@ def check_quantization(quantization: str, device: str = "cpu") -> None:
     if quantization not in supported:
         raise ExportError(f"--quantization {quantization} is not supported on this "
                           f"{device.upper()} (supported: {', '.join(sorted(supported))})")
-
-
-def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
-                  force: bool = False, files: frozenset[str] = EXPORT_FILES,
-                  not_export: Callable[[Path], str | None] | None = None) -> Path:
-    """The folder that exporting `checkpoint` to `-o output` may (re)place: `output` with
-    its symbolic links resolved. Refused in one line: a file, `-`, the current folder or
-    a folder above it, a folder that holds the checkpoint, and a non-empty folder unless
-    `force` is given and it is a previous export that holds nothing else. An export's
-    names (`files`) and `not_export(folder)`, why a folder is no previous export (None:
-    it is one), are CTranslate2's unless given (`mtkit.export.huggingface` gives its own)."""
-    if str(output) == "-":
-        raise ExportError("-o -: an export is a folder, not a stream; name a folder")
-    target = Path(os.path.realpath(output))
-    if target.exists() and not target.is_dir():
-        raise ExportError(f"{output} is a file; -o must name a folder")
-    here = Path(os.path.realpath(os.curdir))
-    if target == here or target in here.parents:
-        raise ExportError(f"-o {output} is the current folder or one above it, which "
-                          f"exporting would replace; name a new folder")
-    if target in Path(os.path.realpath(checkpoint)).parents:
-        raise ExportError(f"{output} holds the checkpoint {checkpoint}; export to another "
-                          f"folder")
-    if not target.is_dir() or not any(target.iterdir()):
-        return target
-    if not force:
-        raise ExportError(f"{output} exists and is not empty; add --force to replace it")
-    foreign = sorted((p.name for p in target.iterdir()
-                      if p.name not in files or p.is_symlink() or not p.is_file()),
-                     key=lambda name: (name.startswith("."), name))
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ExportError(f"{output} holds {foreign[0]}{more}, which an export does not; "
-                          f"--force replaces only a previous export")
-    why = (not_export or _not_ct2_export)(target)
-    if why is not None:
-        raise ExportError(f"{output} is not an mtkit export ({why}); --force replaces "
-                          f"only a previous export")
-    return target
-
-
-def _not_ct2_export(folder: Path) -> str | None:
-    if looks_exported(folder) and _manifest_format(folder) == FORMAT:
-        return None
-    return f"no readable {MANIFEST} and model.bin"
-
-
-def _manifest_format(folder: Path) -> object:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest.get("format") if isinstance(manifest, dict) else None
 
 
 def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
@@ -129,8 +69,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         folder.rmdir()
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-                 for p in sorted(tmp.iterdir())}
+        files = manifest_files(tmp)
         manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint),
                                "step": weights.step, "weights": weights.about,
                                "quantization": quantization, "files": files,

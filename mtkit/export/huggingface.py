@@ -9,6 +9,9 @@ layout, which `transformers.MarianMTModel` and `MarianTokenizer` load with
     DIR/vocab.json               piece -> id (both sides when the embeddings are shared)
     DIR/target_vocab.json        the target's, for separate vocabularies
     DIR/tokenizer_config.json    the languages, separate_vocabs, the special pieces
+    DIR/mtkit.json               the marker: format mtkit-hf-1, the checkpoint, every
+                                 file's size and SHA-256 (`mtkit.export.folder`); only a
+                                 folder it marks is replaced by `--force`
 
 Writing the folder needs safetensors (`pip install 'mtkit[hf]'`), never transformers.
 
@@ -45,18 +48,14 @@ import torch
 
 from mtkit.atomic import atomic_dir
 from mtkit.config import Config, ModelConfig
-from mtkit.engines.ct2 import ExportError
+from mtkit.engines.ct2 import MANIFEST, ExportError
 from mtkit.engines.pytorch import load_model
-from mtkit.export.ct2 import export_target
+from mtkit.export.folder import HF_FORMAT, export_target, manifest_files
 from mtkit.model import Transformer
 from mtkit.vocab import BOS, EOS, UNK, Vocab
 
 log = logging.getLogger(__name__)
 
-# Every name a Hugging Face export holds: `--force` replaces a folder that holds nothing else.
-HF_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors",
-                      "source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                      "tokenizer_config.json"})
 PAD_PIECE = "<pad>"  # Marian's pad and decoder start: mtkit's bos row
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}  # mtkit's -> Marian's
 POSITIONS = {"sinusoidal": "interleaves its sines and cosines",
@@ -188,24 +187,12 @@ def tokenizer_config(cfg: Config, src_table: dict[str, int], shared: bool) -> di
             "model_max_length": cfg.model.max_positions}
 
 
-def not_hf_export(folder: Path) -> str | None:
-    """Why `folder` is not a previous Hugging Face export (None: it is one)."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = None
-    if (isinstance(config, dict) and config.get("model_type") == "marian"
-            and (folder / "model.safetensors").is_file()):
-        return None
-    return "no readable config.json of a Marian model and model.safetensors"
-
-
 def export_huggingface(checkpoint: str | os.PathLike, output: str | os.PathLike,
                        force: bool = False) -> Path:
     """Write the Hugging Face Marian folder of `checkpoint` to `output` (atomically);
-    `force` replaces a previous Hugging Face export there (`export_target`)."""
+    `force` replaces a previous mtkit export there (`export_target`)."""
     save_file = safetensors_writer()
-    target = export_target(output, checkpoint, force, HF_FILES, not_hf_export)
+    target = export_target(output, checkpoint, force)
     model, src_vocab, tgt_vocab, cfg, weights = load_model(checkpoint)
     check_expressible(cfg.model)
     shared = cfg.model.share_embeddings
@@ -230,6 +217,9 @@ def export_huggingface(checkpoint: str | os.PathLike, output: str | os.PathLike,
         for name, data in files.items():
             (tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n",
                                     encoding="utf-8")
+        manifest = {"format": HF_FORMAT, "checkpoint": str(checkpoint), "step": weights.step,
+                    "weights": weights.about, "files": manifest_files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     log.info("exported %s (%s) to %s as a Hugging Face Marian model", checkpoint,
              weights.about, output)
     return Path(output)

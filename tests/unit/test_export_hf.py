@@ -144,8 +144,8 @@ def test_writing_an_export_needs_no_transformers(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "source.spm",
-        "target.spm", "tokenizer_config.json", "vocab.json"]
+        "config.json", "generation_config.json", "model.safetensors", "mtkit.json",
+        "source.spm", "target.spm", "tokenizer_config.json", "vocab.json"]
 
 
 def test_without_safetensors_the_export_says_what_to_install(tmp_path, monkeypatch):

@@ -54,7 +54,7 @@ def test_what_mtkit_cannot_import_is_one_line(tmp_path):
     (folder / "vocab.json").unlink()
     with pytest.raises(MarianImportError, match="no vocab.json"):
         import_marian(folder, tmp_path / "out.pt")
-    with pytest.raises(MarianImportError, match="not a model folder"):
+    with pytest.raises(MarianImportError, match="nowhere: no such folder"):
         import_marian(tmp_path / "nowhere", tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
