@@ -9,9 +9,13 @@ must be keys of it (the config is loaded as the command would load it). A file t
 name under `configs/`, `data/`, `benchmarks/` or `docs/` must exist, and a
 `python benchmarks/X.py --option` command must name an option the script defines.
 
+A YAML block that shows a config, or a data split's corpora, must load as a config.
+
 A `console` block (`$ mtkit ...` followed by its output) is run for real, and each line of
-the output it shows must appear in what the command prints. `docs/plot_curve.py` is run on
-the metrics it documents.
+the output it shows must appear in what the command prints; so are the documented
+`mtkit explain shapes|params` commands on preset configs. `docs/plot_curve.py` is run on
+the metrics it documents. (The command chain itself is run on tiny models by the other
+tests in tests/e2e/.)
 
 README.md stays a front door: at most 300 lines, no commit hashes, and every relative
 link in it resolves (a page, a file, a heading's anchor). The site itself is checked by
@@ -306,6 +310,45 @@ def test_configs_named_by_commands_are_real_and_their_overrides_are_keys():
                 pytest.fail(f"{command.where}: {config} with {overrides}: {e}")
             checked += 1
     assert checked >= 20
+
+
+SECTIONS = {"run_dir", "data", "tokenizer", "model", "train", "decode"}
+
+
+def yaml_configs() -> list[tuple[str, dict]]:
+    """The YAML blocks that show a config or a part of one: each whole block whose keys are
+    config sections, and each top-level entry of a block of data splits (`train: ...`,
+    shown as alternatives), as the `data:` section it belongs in."""
+    import yaml
+
+    out = []
+    for path in doc_files():
+        for block in fenced_blocks(path):
+            if block.language != "yaml":
+                continue
+            where = f"{path.relative_to(ROOT)}:{block.line}"
+            data = yaml.safe_load(block.text)
+            if isinstance(data, dict) and set(data) <= {"train", "valid", "test"}:
+                chunks = re.split(r"\n(?=\S)", block.text.strip())
+                out.extend((where, {"data": yaml.safe_load(chunk)}) for chunk in chunks)
+            elif isinstance(data, dict) and set(data) <= SECTIONS:
+                out.append((where, data))
+    return out
+
+
+def test_yaml_shown_is_a_valid_config(tmp_path):
+    import yaml
+
+    load_config = config_loader()
+    shown = yaml_configs()
+    assert len(shown) >= 5
+    for k, (where, data) in enumerate(shown):
+        path = tmp_path / f"shown{k}.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        try:
+            load_config(path)
+        except Exception as e:  # a ConfigError: one line
+            pytest.fail(f"{where}: the config shown does not load: {e}")
 
 
 def test_repository_paths_named_in_commands_exist():
