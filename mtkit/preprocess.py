@@ -50,6 +50,7 @@ from mtkit.langid import in_language
 from mtkit.languages import direction, name, shares
 from mtkit.progress import ProgressLog
 from mtkit.rundir import run_lock
+from mtkit.signals import held_while_starting_workers, ignore_in_worker
 from mtkit.vocab import Vocab, load_vocabs
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ _worker_encoder: _Encoder | None = None  # one per worker process
 
 def _start_worker(*args) -> None:
     global _worker_encoder
+    ignore_in_worker()  # Ctrl-C and SIGTERM to the group are the main process's to handle
     _worker_encoder = _Encoder(*args)
 
 
@@ -208,10 +210,11 @@ class EncoderPool:
         # Stopped early (an error, Ctrl-C, a dead worker): the workers' results are not
         # wanted; stop them now rather than wait (a pool broken by a dead worker can wait
         # forever on the survivors).
+        # They ignore SIGTERM (`mtkit.signals`): SIGKILL.
         workers = list(getattr(self._pool, "_processes", {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
         for worker in workers:
-            worker.terminate()
+            worker.kill()
             worker.join()
 
     def encode(self, chunks: Iterator[Chunk], hashes: bool, texts: bool) -> Iterator[Encoded]:
@@ -222,7 +225,8 @@ class EncoderPool:
         pending: deque[Future] = deque()
         try:
             for chunk in chunks:
-                pending.append(self._pool.submit(_encode_in_worker, chunk, hashes, texts))
+                with held_while_starting_workers():  # a submit may start a worker
+                    pending.append(self._pool.submit(_encode_in_worker, chunk, hashes, texts))
                 if len(pending) >= 2 * self.workers:
                     yield pending.popleft().result()
             while pending:

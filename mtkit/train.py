@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -46,6 +45,7 @@ from mtkit.optim import learning_rate, per_token_gradients, set_lr
 from mtkit.progress import ProgressView
 from mtkit.rundir import run_lock
 from mtkit.search import greedy_search
+from mtkit.signals import StopFlag
 from mtkit.trainstate import Progress, TrainError, TrainState, rng_state, setup
 from mtkit.vocab import Vocab, vocab_entry
 
@@ -98,7 +98,7 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
     # Ctrl-C is a flag from the start: one that comes during set-up stops before step 1.
-    with _StopSignal() as signals:
+    with StopFlag() as signals:
         state = setup(cfg, resume)
         view = ProgressView(cfg.train, state.progress, enabled=state.main)
         try:
@@ -108,7 +108,7 @@ def _train(cfg: Config, resume: bool) -> TrainResult:
             state.metrics.close()
 
 
-def _loop(state: TrainState, view: ProgressView, signals: _StopSignal) -> TrainResult:
+def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResult:
     """Updates until `stop_reason` says why not; then the last checkpoint or validation."""
     cfg = state.cfg
     tc, p = cfg.train, state.progress
@@ -387,7 +387,7 @@ def save(state: TrainState, is_best: bool) -> None:
     state.saved_step = p.step
 
 
-# --- progress records and signals -----------------------------------------------------
+# --- progress records -----------------------------------------------------------
 
 
 @dataclass
@@ -417,30 +417,3 @@ class Window:
                                             for k, v in record.items()})
             view.update(p, record)
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, time.perf_counter()
-
-
-class _StopSignal:
-    """Turns SIGINT/SIGTERM into a flag, so the loop saves a checkpoint and stops."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:  # a second signal: stop at once
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        log.warning("%s received: saving a checkpoint and stopping (again to abort)",
-                    self.received)
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)

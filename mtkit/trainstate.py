@@ -40,6 +40,7 @@ from mtkit.languages import epoch_counts, output_vocabularies, tag_ids
 from mtkit.metrics import MetricsLog
 from mtkit.model import Transformer, build_model, count_parameters
 from mtkit.optim import adamw
+from mtkit.signals import held_while_starting_workers
 from mtkit.vocab import Vocab, entry_vocabs, load_vocabs
 
 log = logging.getLogger("mtkit.train")  # one stage: its lines read "mtkit.train"
@@ -443,6 +444,8 @@ def _batches_from(sampler: TokenBatchSampler, dataset: ShardDataset, progress: P
     while True:
         sampler.set_epoch(epoch, start)
         loader = make_loader(dataset, sampler, workers, pin_memory=pin, generator=generator)
-        for k, batch in enumerate(loader, start=start):
+        with held_while_starting_workers():  # a signal to the group is the trainer's
+            batches = iter(loader)  # starts the workers
+        for k, batch in enumerate(batches, start=start):
             yield epoch, k, batch
         epoch, start = epoch + 1, 0

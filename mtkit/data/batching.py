@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from mtkit.signals import ignore_in_worker
 from mtkit.vocab import BOS, EOS, PAD
 
 
@@ -267,10 +268,12 @@ def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
                 pin_memory: bool = False, generator: torch.Generator | None = None
                 ) -> DataLoader:
     """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches. Pass a
-    `generator` to keep the loader from drawing on the global RNG (exact resume)."""
+    `generator` to keep the loader from drawing on the global RNG (exact resume). Its
+    workers ignore stop signals (`mtkit.signals`): start them with
+    `held_while_starting_workers`, i.e. create the loader's iterator inside it."""
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collate_fn,
                       num_workers=workers, pin_memory=pin_memory, persistent_workers=False,
-                      generator=generator)
+                      generator=generator, worker_init_fn=ignore_in_worker)
 
 
 def padding_share(batches: Sequence[np.ndarray], src_lengths: np.ndarray,

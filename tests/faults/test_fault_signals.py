@@ -1,0 +1,179 @@
+"""A stop signal sent to the whole process group of `mtkit train` / `mtkit run`, as
+Ctrl-C, `kill -TERM -- -PGID`, `timeout`, systemd and cluster schedulers send it: the
+DataLoader workers ignore it, the trainer saves a checkpoint at the step it reached and
+exits 130/143, and a resume ends with the weights of a run that never stopped.
+
+The signal comes at a chosen moment (during set-up, a step, a validation, a checkpoint
+save): the trainer runs in a new session (`start_new_session`, so it leads its own group,
+as a shell job does) under a small driver that wraps one of mtkit's functions to send the
+signal to the group (`kill -- -PGID` from another process) the first time it is called,
+then lets it go on.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from mtkit.checkpoint import load_checkpoint
+from mtkit.config import config_from_dict
+from mtkit.preprocess import preprocess
+from mtkit.tokenizer import build_tokenizer
+
+from conftest import tiny_config_dict
+from faultkit import ROOT
+
+STEPS, VALID_EVERY = 12, 6
+
+# Each moment: the module and the function whose first call (or, for a step, the call
+# that makes step 4) sends the signal to the group, and the step the stop saves.
+MOMENTS = {
+    "setup": ("mtkit.trainstate", "_open_metrics", 0),
+    "step": ("mtkit.train", "apply_update", 4),
+    "validation": ("mtkit.train", "greedy_search", VALID_EVERY),
+    "save": ("mtkit.train", "write_training_checkpoint", VALID_EVERY),
+}
+
+_DRIVER = """
+import importlib, os, runpy, signal, subprocess, sys
+prelude, module, name, sig, skip = sys.argv[1:5] + [int(sys.argv[5])]
+exec(prelude)
+target = importlib.import_module(module)
+*owners, name = name.split(".")
+for owner in owners:
+    target = getattr(target, owner)
+original = getattr(target, name)
+calls = 0
+def signalled(*args, **kwargs):
+    global calls
+    calls += 1
+    if calls == skip + 1:  # from another process, as `kill` sends it (a DataLoader
+        # worker obeys a SIGTERM from its parent whatever it ignores)
+        subprocess.run([sys.executable, "-c", "import os, signal, sys; "
+                        "os.killpg(int(sys.argv[1]), getattr(signal, sys.argv[2]))",
+                        str(os.getpgrp()), sig], start_new_session=True)
+    return original(*args, **kwargs)
+setattr(target, name, signalled)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a foreground command
+sys.argv = ["mtkit", *sys.argv[6:]]
+runpy.run_module("mtkit", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+    run = tmp_path_factory.mktemp("signals") / "run"
+    cfg = config_from_dict(tiny_config_dict(corpus, run))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    return run
+
+
+def _config(prepared, folder, corpus, loader_workers: int):
+    run = folder / "run"
+    shutil.copytree(prepared, run)
+    data = tiny_config_dict(corpus, run, data={"loader_workers": loader_workers},
+                            model={"dropout": 0.1},
+                            train={"max_steps": STEPS, "valid_every": VALID_EVERY})
+    path = folder / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, run
+
+
+def _weights(run):
+    return load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+
+
+@pytest.fixture(scope="module")
+def straight(prepared, corpus, tmp_path_factory):
+    """The weights of a run that never stopped."""
+    config, run = _config(prepared, tmp_path_factory.mktemp("straight"), corpus, 0)
+    done = subprocess.run([sys.executable, "-m", "mtkit", "train", "-c", str(config)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return _weights(run)
+
+
+def _signalled(args, module, name, sig, skip, prelude="") -> subprocess.CompletedProcess:
+    """`mtkit ARGS` in a new process group; the group gets `sig` at `name`'s call number
+    `skip + 1`. `prelude`: Python run first (to make a small job look big)."""
+    return subprocess.run([sys.executable, "-c", _DRIVER, prelude, module, name, sig, str(skip),
+                           *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          start_new_session=True, timeout=300)
+
+
+@pytest.mark.parametrize("moment, loader_workers, sig", [
+    ("setup", 1, "SIGTERM"), ("step", 1, "SIGTERM"), ("validation", 1, "SIGTERM"),
+    ("save", 1, "SIGTERM"), ("step", 2, "SIGTERM"), ("validation", 2, "SIGTERM"),
+    ("step", 2, "SIGINT"),
+])
+def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
+        prepared, corpus, tmp_path, straight, moment, loader_workers, sig):
+    config, run = _config(prepared, tmp_path, corpus, loader_workers)
+    module, name, step = MOMENTS[moment]
+    skip = step - 1 if moment == "step" else 0
+    stopped = _signalled(["train", "-c", config], module, name, sig, skip)
+    code = 128 + getattr(signal, sig)
+    assert stopped.returncode == code, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "DataLoader worker" not in stopped.stderr
+    assert stopped.stderr.count(f"{sig} received") == 1, stopped.stderr  # the trainer's
+    checkpoints = run / "checkpoints"
+    if step == 0:  # nothing trained yet: nothing to save
+        assert not list(checkpoints.glob("*.pt")) if checkpoints.exists() else True
+    else:
+        saved = load_checkpoint(checkpoints / "last.pt")
+        assert saved["train"]["progress"]["step"] == step
+        assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == [f"step_{step}.pt"]
+    resumed = subprocess.run([sys.executable, "-m", "mtkit", "train", "-c", str(config)],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ("resuming from" in resumed.stderr) == (step > 0)
+    got = _weights(run)
+    assert all(torch.equal(got[k], straight[k]) for k in straight)
+
+
+def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, corpus,
+                                                                      tmp_path):
+    """`mtkit run` (the stages before training are finished: the prepared run directory)
+    stops with the training's checkpoint and does not go on to translate the test set."""
+    config, run = _config(prepared, tmp_path, corpus, 2)
+    stopped = _signalled(["run", "-c", config], "mtkit.train", "apply_update", "SIGTERM", 2)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "interrupted: stopped by SIGTERM after saving a checkpoint; rerun to go on")
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["train"]["progress"]["step"] == 3
+    assert not (run / "test.hyp").exists()
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corpus, tmp_path,
+                                                                           sig):
+    """Encoding in two worker processes (the corpus made to look big enough for them, in
+    chunks of 200 pairs): the group gets the signal after the second chunk is written.
+    The workers print nothing (a worker's KeyboardInterrupt traceback was seen), the
+    command says one word and exits 130/143, and no shard is left half-written."""
+    run = tmp_path / "run"
+    data = tiny_config_dict(corpus, run, data={"workers": 2})
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert subprocess.run([sys.executable, "-m", "mtkit", "tokenizer", "-c", str(config)],
+                          capture_output=True, cwd=ROOT).returncode == 0
+    before = sorted(p.name for p in run.iterdir())
+    big = ("import mtkit.preprocess, mtkit.data.sources as s;"
+           "mtkit.preprocess.preprocess.__defaults__ = (1,);"
+           "s.Corpus.chunks.__defaults__ = (200,)")
+    stopped = _signalled(["preprocess", "-c", config], "mtkit.data.shards",
+                         "ShardWriter.append", sig, 1, prelude=big)
+    assert stopped.returncode == 128 + getattr(signal, sig), stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "interrupted" if sig == "SIGINT" else "terminated")
+    assert not (run / "data").exists()
+    assert sorted(p.name for p in run.iterdir()) == before
