@@ -9,6 +9,11 @@ must be keys of it (the config is loaded as the command would load it). A file t
 name under `configs/`, `data/`, `benchmarks/` or `docs/` must exist, and a
 `python benchmarks/X.py --option` command must name an option the script defines.
 
+Commands written inline, in prose and in tables, are checked too: an `mtkit ...` mention
+must name real commands and options (it may leave out required ones or use placeholders
+such as DIR), and an inline `python benchmarks/X.py ...` is checked as in a block (the
+performance page's reproduction commands live in its tables).
+
 A YAML block that shows a config, or a data split's corpora, must load as a config.
 
 A `console` block (`$ mtkit ...` followed by its output) is run for real, and each line of
@@ -190,7 +195,55 @@ def collect() -> tuple[list[Command], list[tuple[str, list[str]]], list[tuple[st
     return commands, scripts, paths
 
 
+def prose(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of a page outside its fenced blocks."""
+    out, fence = [], None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        stripped = line.strip()
+        if fence is None and re.match(r"^(`{3,}|~{3,})", stripped):
+            fence = stripped[:3]
+        elif fence is not None and stripped.startswith(fence):
+            fence = None
+        elif fence is None:
+            out.append((number, line))
+    return out
+
+
+def collect_inline() -> tuple[list[Command], list[tuple[str, list[str]]], list[tuple[str, str]]]:
+    """Commands written inline, in prose and tables (`mtkit run --config ...`,
+    `python benchmarks/X.py ...`): mtkit ones are often a command's name and some of its
+    options rather than a whole command line, so they are checked by name (below)."""
+    commands, scripts, paths = [], [], []
+    for path in doc_files():
+        rel = path.relative_to(ROOT)
+        lines = prose(path)
+        text = "\n".join(line for _, line in lines)
+        for match in re.finditer(r"(?<!`)`([^`]+)`(?!`)", text):
+            number = lines[text.count("\n", 0, match.start())][0]
+            where = f"{rel}:{number}"
+            try:
+                words = tokens(" ".join(match.group(1).split()))
+            except ValueError:
+                continue
+            for segment in segments(words):
+                argv = mtkit_argv(segment)
+                if argv is not None:
+                    commands.append(Command(where, argv))
+                script = script_argv(segment)
+                if script is not None:
+                    scripts.append((where, script))
+                if argv is not None or script is not None:
+                    for word in segment:
+                        value = word.partition("=")[2] if word.startswith("--") else word
+                        if value.startswith(REPO_PREFIXES):
+                            paths.append((where, value))
+    return commands, scripts, paths
+
+
 COMMANDS, SCRIPTS, PATHS = collect()
+INLINE, INLINE_SCRIPTS, INLINE_PATHS = collect_inline()
+SCRIPTS += INLINE_SCRIPTS
+PATHS += INLINE_PATHS
 
 
 def root_command():
@@ -292,10 +345,52 @@ def test_each_command_parses(command: Command):
         pytest.fail(f"{command.where}: `mtkit {shlex.join(command.argv)}`: {e}")
 
 
+def placeholder(word: str) -> bool:
+    return word == "..." or bool(re.fullmatch(r"[A-Z][A-Z0-9_]*", word))
+
+
+def check_names(argv: list[str]) -> None:
+    """The subcommands and option names of an inline mention exist (values, required
+    options and placeholders such as DIR or ... are not checked)."""
+    command, words, names = root_command(), [w for w in argv if w != "..."], ["mtkit"]
+
+    def options(cmd) -> set[str]:
+        return {"--help"} | {o for p in cmd.params for o in [*p.opts, *p.secondary_opts]
+                             if o.startswith("-")}
+
+    def check_option(cmd, word: str) -> None:
+        for part in word.split("/"):  # `--terms/--glossary`: both
+            name = part.split("=", 1)[0]
+            if name and name not in options(cmd):
+                raise DocCommandError(f"`{' '.join(names)}` has no option {name}")
+
+    while hasattr(command, "commands"):
+        while words and words[0].startswith("-"):
+            check_option(command, words.pop(0))
+        if not words or placeholder(words[0]):
+            return
+        name = words.pop(0)
+        if name not in command.commands:
+            raise DocCommandError(f"`{' '.join(names)}` has no command {name}")
+        command = command.commands[name]
+        names.append(name)
+    for word in words:
+        if word.startswith("-") and not re.fullmatch(r"-?\d[\d.e+-]*", word):
+            check_option(command, word)
+
+
+@pytest.mark.parametrize("command", INLINE, ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")
+def test_each_inline_mention_names_real_commands_and_options(command: Command):
+    try:
+        check_names(command.argv)
+    except DocCommandError as e:
+        pytest.fail(f"{command.where}: `mtkit {' '.join(command.argv)}`: {e}")
+
+
 def test_configs_named_by_commands_are_real_and_their_overrides_are_keys():
     load_config = config_loader()
     checked = 0
-    for command in COMMANDS:
+    for command in COMMANDS + INLINE:
         configs = option_value(command.argv, "-c", "--config")
         overrides = option_value(command.argv, "--set")
         for config in configs:
