@@ -191,19 +191,29 @@ def check(options: SearchOptions, capabilities: Capabilities,
 MAX_CONSTRAINTS = 62  # per line: which ones a hypothesis has met is one int64 bit mask
 
 
+def constraints_need(options: SearchOptions, capabilities: Capabilities,
+                     spell: Callable[[str], str] = flag) -> str:
+    """What searching with constraints needs that `options` on an engine with
+    `capabilities` lack ("beam search, not --sampling"), or "" where they can be
+    searched for: beam search with a beam of two or more, on an engine that has it."""
+    if not capabilities.constraints:
+        return capabilities.needs
+    if options.sampling:
+        return f"beam search, not {spell('sampling')}"
+    if options.beam < 2:
+        return (f"a beam of 2 or more ({spell('beam')} {options.beam}): the beam is shared "
+                f"among hypotheses that have met different numbers of constraint tokens")
+    return ""
+
+
 def check_constraints(options: SearchOptions, capabilities: Capabilities,
                       given: str = "--constraints", spell: Callable[[str], str] = flag) -> None:
     """One line where constraints (given by `given`: --constraints, --glossary, a
     request's field) cannot be searched with `options` by an engine with
-    `capabilities`: they need beam search with a beam of two or more."""
-    if not capabilities.constraints:
-        raise OptionError(f"{given} needs {capabilities.needs}", "constraints")
-    if options.sampling:
-        raise OptionError(f"{given} needs beam search, not {spell('sampling')}", "constraints")
-    if options.beam < 2:
-        raise OptionError(f"{given} needs a beam of 2 or more ({spell('beam')} "
-                          f"{options.beam}): the beam is shared among hypotheses that "
-                          f"have met different numbers of constraint tokens", "constraints")
+    `capabilities` (`constraints_need`)."""
+    need = constraints_need(options, capabilities, spell)
+    if need:
+        raise OptionError(f"{given} needs {need}", "constraints")
 
 
 class Translator(Protocol):

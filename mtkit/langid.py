@@ -93,16 +93,33 @@ class OffTarget:
                 f"\tpy3langid, {among}")
 
 
+def check_languages(lang: str, among: Sequence[str] | None = None,
+                    the_models: bool = False) -> None:
+    """One line where `off_target(..., lang, among)` would fail, so that a caller can
+    check before it translates: py3langid is not installed, does not know `lang` or
+    one of `among` (`the_models`: they are a model's languages, not --among's), or
+    `lang` is not among them."""
+    known = _identifier(None).nb_classes
+    such = f"it knows {len(known)} ISO 639-1 codes such as en, de"
+    if base(lang) not in known:
+        raise LangIdError(f"--lang {lang}: py3langid does not know it; {such}")
+    named = f"the model's languages {', '.join(among or ())}" if the_models else "--among"
+    unknown = sorted({x for x in among or () if base(x) not in known})
+    if unknown:
+        hint = "; give --among with the codes to tell apart, such as en,de" \
+            if the_models else ""
+        raise LangIdError(f"{named}: py3langid does not know {', '.join(unknown)}; "
+                          f"{such}{hint}")
+    if among and base(lang) not in {base(x) for x in among}:
+        raise LangIdError(f"--lang {lang} is not among "
+                          f"{named if the_models else ', '.join(among)}")
+
+
 def off_target(hypotheses: Sequence[str], lang: str, among: Sequence[str] | None = None
                ) -> OffTarget:
     """How many hypotheses are not in `lang`, and what they are in instead (detected
-    `among` those languages when given; `lang` must be one of them)."""
-    known = _identifier(None).nb_classes
-    if base(lang) not in known:
-        raise LangIdError(f"--lang {lang}: py3langid does not know it; it knows "
-                          f"{len(known)} ISO 639-1 codes such as en, de")
-    if among and base(lang) not in {base(x) for x in among}:
-        raise LangIdError(f"--lang {lang} is not among {', '.join(among)}")
+    `among` those languages when given; `lang` must be one of them: `check_languages`)."""
+    check_languages(lang, among)
     found = [x for x in detect(hypotheses, among) if x]
     others = Counter(x for x in found if x != base(lang))
     return OffTarget(lang, sum(others.values()), len(found), dict(others.most_common()),

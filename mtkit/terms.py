@@ -112,7 +112,7 @@ class Glossary:
             if len(fields) != 2:
                 raise TermsError(f"{path}: line {n}: expected 'source term<TAB>target "
                                  f"term', got {plural(len(fields), 'field')}: "
-                                 f"{_shorten(line)!r}")
+                                 f"{shorten(line)!r}")
             entries.setdefault(fields[0], []).append(fields[1])
         return cls(entries)
 
@@ -127,7 +127,9 @@ class Glossary:
         return _unique(self.entries[m.group()] for m in self._pattern.finditer(line))
 
 
-def _shorten(text: str, limit: int = 60) -> str:
+def shorten(text: str, limit: int = 60) -> str:
+    """At most `limit` characters of `text`, "..." at the end where it was cut (a term or
+    line echoed in a message: a runaway one is not printed whole)."""
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import BinaryIO, Literal, TextIO
 
 from mtkit.data.sources import line_count
-from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator
+from mtkit.decoding import BATCH_TOKENS, SearchOptions, Translator, constraints_need
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.languages import tag_ids, tagging, untagged
@@ -304,8 +304,8 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         if prefixes is not None:
             chunk_prefixes = prefixes[count : count + len(lines)]
         given = constraints[count : count + len(lines)] if constraints is not None else None
-        requests, wanted = _searchable(translator, requests, given, glossary, opts, count,
-                                       output.kind == "jsonl")
+        requests, wanted = searchable(translator, requests, given, glossary, opts, count,
+                                      output.kind == "jsonl")
         chunk_prefixes = [r.target_tag + p for r, p in zip(requests, chunk_prefixes,
                                                            strict=True)]
         results = translator.translate([r.text for r in requests], opts, done,
@@ -314,9 +314,11 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
         out = []
         for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
             if hyps and hyps[0].met is False:
-                log.warning("line %d: no translation met all its constraints within the "
-                            "length limit; it gets the best unconstrained one",
-                            count + offset + 1)
+                log.warning("%s: %s", line_name(count + offset, output.kind == "jsonl"),
+                            "the source is empty, and so is its translation: its "
+                            "constraints are not met" if not request.text.strip() else
+                            "no translation met all its constraints within the length "
+                            "limit; it gets the best unconstrained one")
             if request.tag or request.target_tag:
                 hyps = untagged(hyps, bool(request.tag), _tag_ids(translator, request))
             out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
@@ -341,9 +343,10 @@ def _into(request: Request, translator: Translator, tgt_lang: str | None,
     jsonl and one line in text."""
     if request.error or not request.src.strip():
         return request
+    option = "--tgt-lang" if not jsonl or tgt_lang else '--tgt-lang or "tgt_lang"'
     try:
         placed = tagging(translator.config, request.tgt_lang or tgt_lang,
-                         "tgt_lang" if jsonl and request.tgt_lang else "--tgt-lang")
+                         "tgt_lang" if jsonl and request.tgt_lang else option)
     except OptionError as e:
         if not jsonl:
             raise
@@ -355,8 +358,9 @@ def _into(request: Request, translator: Translator, tgt_lang: str | None,
 def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
                      glossary: Glossary | None = None) -> list[list[tuple[str, ...]]] | None:
     """Each request's constraints: its own (jsonl), the `given` ones (a constraints
-    file), and those its source terms require in the `glossary`; None if none has any."""
-    wanted = [list(r.constraints) for r in requests]
+    file), and those its source terms require in the `glossary`; None if none has any
+    (a request with an error has none of its own)."""
+    wanted = [[] if r.error else list(r.constraints) for r in requests]
     if given is not None:
         wanted = combine(wanted, given)
     if glossary is not None:
@@ -364,34 +368,46 @@ def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]]
     return wanted if any(wanted) else None
 
 
-def _searchable(translator: Translator, requests: list[Request],
-                given: list[list[tuple[str, ...]]] | None, glossary: Glossary | None,
-                opts: SearchOptions, count: int, jsonl: bool
-                ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
+def line_name(index: int, jsonl: bool = False) -> str:
+    """How a message names input line `index` (from 0): "line 3"; in jsonl also as its
+    record does, whose `line` counts from 0: 'line 3 (record "line": 2)'."""
+    return f'line {index + 1} (record "line": {index})' if jsonl else f"line {index + 1}"
+
+
+def searchable(translator: Translator, requests: list[Request],
+               given: list[list[tuple[str, ...]]] | None, glossary: Glossary | None,
+               opts: SearchOptions, count: int = 0, jsonl: bool = False
+               ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
     """The requests and each one's constraints, with those that cannot be searched for
-    (`Translator.constraint_errors`) dealt with: a line's own constraints (a file, its
-    jsonl record) are its error record in jsonl, and one line in text (`count` lines
-    came before this chunk; a file's were checked before anything was written); a
-    glossary's are dropped from that line with a warning, so a stream never stops on a
-    term."""
+    dealt with: by these options on this engine (`decoding.constraints_need`: a beam of
+    two or more, a checkpoint), or on this line (`Translator.constraint_errors`). A
+    line's own constraints (a file's, its jsonl record's) are its error record in jsonl,
+    and one line in text (`count` lines came before this chunk; a file's were checked
+    before anything was written); a glossary's are dropped from that line with a
+    warning, so a stream never stops on a term."""
     own = line_constraints(requests, given)
     wanted = line_constraints(requests, given, glossary)
     if wanted is None:
         return requests, None
-    errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
+    need = constraints_need(opts, translator.capabilities)
+    if need:  # no line's constraints can be searched for
+        errors = [f"searching for them needs {need}" if w else "" for w in wanted]
+    else:
+        errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
     if own is not None and any(errors):
-        bad = [i for i, why in enumerate(errors) if why]
-        mine = translator.constraint_errors([requests[i].text for i in bad],
-                                            [own[i] for i in bad], opts)
+        bad = [i for i, why in enumerate(errors) if why and own[i]]
+        mine = [errors[i] for i in bad] if need else translator.constraint_errors(
+            [requests[i].text for i in bad], [own[i] for i in bad], opts)
         for i, why in zip(bad, mine, strict=True):
             if why and not jsonl:
-                raise OptionError(f"line {count + i + 1}: {why}", "constraints")
+                raise OptionError(f"{line_name(count + i)}: {why}", "constraints")
             if why:
                 requests[i] = replace(requests[i], src="", error=f"constraints: {why}")
                 wanted[i] = []
     for i, why in enumerate(errors):
         if why and wanted[i] and not requests[i].error:
-            log.warning("line %d: the glossary's terms are left out: %s", count + i + 1, why)
+            log.warning("%s: the glossary's terms are left out: %s",
+                        line_name(count + i, jsonl), why)
             wanted[i] = own[i] if own is not None else []
     return requests, wanted if any(wanted) else None
 
@@ -402,7 +418,7 @@ def check_constraint_lines(translator: Translator, source: BinaryIO,
     """One line for the first input line (of `source`, which is read and rewound) whose
     constraints (one list per line) cannot be searched for
     (`Translator.constraint_errors`): checked before anything is written. (A glossary's
-    terms never stop a translation: `_searchable`.)"""
+    terms never stop a translation: `searchable`.)"""
     lines = [line for chunk in read_chunks(source) for line in chunk]
     source.seek(0)
     wanted = line_constraints([Request(x) for x in lines], constraints) or []

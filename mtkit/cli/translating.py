@@ -143,8 +143,8 @@ def translate(
             alignments=alignments, align_layer=align_layer, lang_vocab=lang_vocab)
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
-        if written.kind == "text":  # jsonl records may name their own
-            check_target(engine.config.data, tgt_lang)
+        if written.kind == "text" or tgt_lang is not None:  # (jsonl records may name
+            check_target(engine.config.data, tgt_lang)  # their own where it is not given)
         _translate_file(engine, input, output, opts, written,
                         _batch_tokens(engine, batch_tokens), prefixes, prefix_file,
                         Lines(constraints, constraints_file, terms, tgt_lang))
@@ -221,32 +221,40 @@ def eval_(
         help="Term accuracy: a 'source term<TAB>target term' TSV; each --src line requires "
              "the targets of the source terms in it.")] = None,
     lang: Annotated[Opt[str], typer.Option(
-        help="The language the translations should be in: reports the off-target rate "
-             "(pip install 'mtkit[langid]'); with -m, also the language to translate "
-             "into.")] = None,
+        help="The language the translations should be in, as py3langid codes it: reports "
+             "the off-target rate (pip install 'mtkit[langid]'); with -m, also the "
+             "language a multilingual model translates into, unless --tgt-lang says.")
+    ] = None,
     among: Annotated[Opt[str], typer.Option(
         help="With --lang: the languages to tell apart, comma-separated (default: with -m, "
              "the model's languages; else all that py3langid knows).")] = None,
+    tgt_lang: Annotated[Opt[str], typer.Option(
+        help="With -m: the language a multilingual model translates into, as translate's "
+             "(default: --lang, where the model has it; give both where the model's code "
+             "is not py3langid's, such as --tgt-lang deu --lang de).")] = None,
 ) -> None:
     """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
     accuracy with --terms or --glossary, and the off-target rate with --lang."""
     import json
 
     from mtkit.evaluate import parse_metrics, score
-    from mtkit.langid import codes, off_target
+    from mtkit.langid import off_target
 
     with reported():
         names = parse_metrics(metrics)
         _check_inputs(hyp, ref, model, src, glossary)
+        among_given = _check_languages(lang, among, tgt_lang, model)
         references = read_lines(ref)
         sources = _lines_like(src, references, ref) if src is not None else None
-        required = _required_terms(terms, glossary, sources, references, ref)
-        hypotheses, languages = (_translated(model, sources, device, required, lang)
-                                 if model is not None else (_lines_like(hyp, references, ref),
-                                                            None))
+        own, found, required = _required_terms(terms, glossary, sources, references, ref)
+        engine = _engine([model], device) if model is not None else None
+        # everything that can fail is checked before translating
+        tag, among_used = _eval_languages(engine, lang, among_given, tgt_lang)
+        hypotheses = (_translated(engine, sources, tag, own, found) if engine is not None
+                      else _lines_like(hyp, references, ref))
         results = score(hypotheses, references, names)
         accuracy = term_accuracy(hypotheses, required) if required is not None else None
-        off = off_target(hypotheses, lang, codes(among) or languages) if lang else None
+        off = off_target(hypotheses, lang, among_used) if lang else None
     if json_:
         report = {r.metric: {"score": round(r.score, 2), "signature": r.signature,
                              "text": r.text} for r in results}
@@ -274,6 +282,64 @@ def _check_inputs(hyp: Path | None, ref: Path | None, model: Path | None, src: P
         raise OptionError("--src with --hyp is only for --glossary; to translate it, give -m")
 
 
+def _check_languages(lang: str | None, among: str | None, tgt_lang: str | None,
+                     model: Path | None) -> list[str]:
+    """One line for a language option that would be ignored or is empty: --lang '',
+    --among without codes or without --lang, --tgt-lang '' or without -m. Returns
+    --among's codes ([] where not given)."""
+    from mtkit.langid import codes
+
+    for option, value in (("--lang", lang), ("--tgt-lang", tgt_lang)):
+        if value is not None and not value.strip():
+            raise OptionError(f"{option} is empty: give a language code, such as de")
+    if tgt_lang is not None and model is None:
+        raise OptionError("--tgt-lang is the language -m translates into: give -m, or "
+                          "leave it out")
+    if among is None:
+        return []
+    if lang is None:
+        raise OptionError("--among is for --lang: give --lang too, the language the "
+                          "translations should be in")
+    if not codes(among):
+        raise OptionError(f"--among {among!r} has no language codes: give them "
+                          f"comma-separated, such as en,de")
+    return codes(among)
+
+
+def _eval_languages(engine: Translator | None, lang: str | None, among: list[str],
+                    tgt_lang: str | None):
+    """Where the tag of the language `engine` (None: no -m) translates into goes
+    (`languages.Tagging`: --tgt-lang's, else --lang's for a multilingual model), and the
+    languages the off-target rate tells apart (--among's, else the model's); one line,
+    before anything is translated, for a language the model lacks, or one py3langid
+    cannot tell. --lang is py3langid's code, --tgt-lang the model's: they may differ."""
+    from mtkit.langid import LangIdError, check_languages
+    from mtkit.languages import Tagging, directions, tagging, target_languages
+
+    tag, languages = Tagging(), among
+    if engine is not None:
+        multilingual = bool(target_languages(engine.config.data))
+        option, into = ("--tgt-lang", tgt_lang) if tgt_lang is not None else \
+            ("--lang", lang if multilingual else None)
+        try:
+            tag = tagging(engine.config, into, option)
+        except OptionError as e:
+            hint = "; give --tgt-lang for the model's code (--lang is the language-ID " \
+                   "code the translations are checked against)" if option == "--lang" else ""
+            raise OptionError(f"{e}{hint}", e.option) from None
+        if not among:
+            languages = sorted({x for pair in directions(engine.config.data) for x in pair})
+    if lang:
+        try:
+            check_languages(lang, languages, the_models=bool(languages) and not among)
+        except LangIdError as e:
+            hint = f"; give --tgt-lang {lang} for the model's code, and --lang with " \
+                   f"py3langid's" if any(tag) and tgt_lang is None and \
+                str(e).startswith(f"--lang {lang}:") else ""
+            raise LangIdError(f"{e}{hint}") from None
+    return tag, languages
+
+
 def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
     """The lines of `path`, as many as the references (or one line saying not)."""
     from mtkit.evaluate import EvalError
@@ -288,18 +354,19 @@ def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
 
 
 def _required_terms(terms: Path | None, glossary: Path | None, sources: list[str] | None,
-                    references: list[str], ref: Path) -> list[list[Constraint]] | None:
-    """The constraints each line requires, from --terms and --glossary (None: neither)."""
-    per_line = []
-    if terms is not None:
-        per_line.append(read_constraints(terms))
-        if len(per_line[0]) != len(references):
-            raise TermsError(f"line counts differ: {terms} has "
-                             f"{plural(len(per_line[0]), 'line')}, {ref} has {len(references)}")
-    if glossary is not None:
-        found = Glossary.read(glossary)
-        per_line.append([found.constraints(line) for line in sources])
-    return combine(*per_line) if per_line else None
+                    references: list[str], ref: Path
+                    ) -> tuple[list[list[Constraint]] | None, Glossary | None,
+                               list[list[Constraint]] | None]:
+    """The constraints of --terms (one list per line), the --glossary, and what each line
+    requires of both (None: not given)."""
+    own = read_constraints(terms) if terms is not None else None
+    if own is not None and len(own) != len(references):
+        raise TermsError(f"line counts differ: {terms} has {plural(len(own), 'line')}, "
+                         f"{ref} has {len(references)}")
+    found = Glossary.read(glossary) if glossary is not None else None
+    per_line = ([own] if own is not None else []) + (
+        [[found.constraints(line) for line in sources]] if found is not None else [])
+    return own, found, combine(*per_line) if per_line else None
 
 
 def _terms_json(accuracy: TermScore) -> dict:
@@ -309,28 +376,26 @@ def _terms_json(accuracy: TermScore) -> dict:
             "text": accuracy.text}
 
 
-def _translated(model: Path, sources: list[str], device: str,
-                required: list[list[Constraint]] | None, lang: str | None
-                ) -> tuple[list[str], list[str]]:
-    """`sources` translated by `model` into `lang` (a multilingual model's; None for a
-    bilingual one) with the checkpoint's decoding defaults and the `required` terms as
-    constraints; and the model's languages."""
-    from mtkit.languages import directions, tagging
-    from mtkit.textio import translate_texts
+def _translated(engine: Translator, sources: list[str], tag, terms: list | None,
+                glossary: Glossary | None) -> list[str]:
+    """`sources` translated by `engine` with the tag of the language it translates into
+    (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
+    and --glossary terms as constraints: a term of --terms that cannot be searched for is
+    one line, a glossary's is left out of its line with a warning, as in `translate`."""
+    from mtkit.textio import Request, searchable, translate_texts
 
-    engine = _engine([model], device)
-    tag = tagging(engine.config, lang, "--lang")
-    languages = sorted({x for pair in directions(engine.config.data) for x in pair})
-    sources = [tag.source + x if x.strip() else x for x in sources]
     opts = SearchOptions.from_config(engine.config.decode)
-    if required is not None and any(required):  # the terms constrain the translation
+    requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
+    if (terms is not None and any(terms)) or (glossary is not None and any(
+            glossary.constraints(x) for x in sources)):  # the terms constrain the search
         from mtkit.decoding import check_constraints
 
-        check_constraints(opts, engine.capabilities, "--terms/--glossary with -m")
-        engine.check_constraint_lines(sources, required, opts)
-    return translate_texts(engine, sources, opts, engine.config.decode.batch_tokens,
-                           required, [tag.target] * len(sources) if tag.target else None
-                           ), languages
+        check_constraints(opts, engine.capabilities, "--glossary with -m" if terms is None
+                          else "--terms with -m")
+    requests, wanted = searchable(engine, requests, terms, glossary, opts)
+    return translate_texts(engine, [r.text for r in requests], opts,
+                           engine.config.decode.batch_tokens, wanted,
+                           [tag.target] * len(sources) if tag.target else None)
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain

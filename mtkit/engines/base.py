@@ -4,17 +4,22 @@ the constraints) it cannot honour."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from mtkit.decoding import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
 from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 from mtkit.languages import tag
+from mtkit.terms import shorten
 from mtkit.vocab import EOS, UNK, Vocab
 
 log = logging.getLogger(__name__)
+TAG_PIECE = re.compile(r"<2[^>\s]*>|>>[^<\s]*<<")  # a target-language tag as one piece
 
 
 class Engine:
@@ -52,17 +57,20 @@ class Engine:
         return [x[:limit] for x in ids]
 
     def prepare(self, lines: list[str], opts: SearchOptions, done: Callable[[int], None],
-                prefixes: list[str] | None
+                prefixes: list[str] | None,
+                constraints: list[list[tuple[str, ...]]] | None = None
                 ) -> tuple[list[list[Hypothesis]], list[int], list[list[int]],
                            list[list[int]] | None]:
-        """Empty lines answered (an empty hypothesis each; `done` is told), the others
-        encoded: the results so far, the indices of the lines left, their source ids
-        and their target prefix ids (None without prefixes)."""
+        """Empty lines answered (an empty hypothesis each, which has not met the line's
+        `constraints` where it has some; `done` is told), the others encoded: the results
+        so far, the indices of the lines left, their source ids and their target prefix
+        ids (None without prefixes)."""
         out: list[list[Hypothesis]] = [[] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
-        empty = [Hypothesis([], 0.0, 0.0, () if opts.alignments else None)] * opts.nbest
+        empty = Hypothesis([], 0.0, 0.0, () if opts.alignments else None)
         for i in set(range(len(lines))) - set(todo):
-            out[i] = empty
+            unmet = bool(constraints and constraints[i])
+            out[i] = [replace(empty, met=False) if unmet else empty] * opts.nbest
         done(len(lines) - len(todo))
         ids = self.encode([lines[i] for i in todo]) if todo else []
         forced = (self._cut(self.tgt_vocab.encode([prefixes[i] for i in todo]),
@@ -106,12 +114,30 @@ class Engine:
 
     def _phrase_ids(self, constraints: list[list[tuple[str, ...]]]) -> dict[str, list[int]]:
         """Each phrase's target ids, encoded as it reads inside a sentence (SentencePiece
-        puts the word-start marker before it); [] for one that cannot be searched for:
-        it encodes to nothing, or holds a piece the vocabulary lacks (unk)."""
+        puts the word-start marker before it); [] for one that cannot be searched for
+        (`_unusable`)."""
         phrases = sorted({p for line in constraints for c in line for p in c})
         ids = dict(zip(phrases, self.tgt_vocab.encode(phrases) if phrases else [],
                        strict=True))
-        return {p: [] if UNK in x else x for p, x in ids.items()}
+        return {p: [] if self._unusable(x) else x for p, x in ids.items()}
+
+    def _unusable(self, ids: list[int]) -> str:
+        """Why a phrase of these target ids cannot be searched for, or "": it encodes to
+        nothing, holds a piece the vocabulary lacks (unk), or a control piece that no
+        output holds as text: a language tag, bos, eos (`_control_ids`)."""
+        if not ids or UNK in ids:
+            return "it has characters the target vocabulary lacks, or none it keeps"
+        if not self._control_ids.isdisjoint(ids):
+            return "it holds a language tag or another control piece, which is no text"
+        return ""
+
+    @functools.cached_property
+    def _control_ids(self) -> frozenset[int]:
+        """The target ids that are no text: the specials (pad, unk, bos, eos) and the
+        language tags (a multilingual run's <2xx>, an imported model's >>xx<<)."""
+        tags = {i for i in range(EOS + 1, len(self.tgt_vocab))
+                if TAG_PIECE.fullmatch(self.tgt_vocab.piece(i))}
+        return frozenset(range(EOS + 1)) | frozenset(tags)
 
     def constraint_ids(self, sources: list[list[int]], constraints: list[list[tuple[str, ...]]],
                        opts: SearchOptions, numbers: list[int]) -> list[list[list[list[int]]]]:
@@ -145,11 +171,12 @@ class Engine:
             return f"{len(line)} constraints; a line may have at most {MAX_CONSTRAINTS}"
         for phrases in line:
             usable = [ids[p] for p in phrases if ids[p]]
+            shown = repr(shorten(phrases[0]))  # a runaway phrase is not echoed whole
             if not usable:
-                return (f"the constraint {phrases[0]!r} cannot be searched for: it has "
-                        f"characters the target vocabulary lacks, or none it keeps")
+                why = self._unusable(self.tgt_vocab.encode([phrases[0]])[0])
+                return f"the constraint {shown} cannot be searched for: {why}"
             if min(map(len, usable)) > limit:
-                return (f"the constraint {phrases[0]!r} is {min(map(len, usable))} subwords, "
+                return (f"the constraint {shown} is {min(map(len, usable))} subwords, "
                         f"longer than the line's output limit of {limit} (--max-len-a "
                         f"{opts.max_len_a:g} x {src_len + 1} source subwords + --max-len-b "
                         f"{opts.max_len_b})")

@@ -133,7 +133,7 @@ class TorchEngine(Engine):
         if constraints:
             check_constraints(opts, self.capabilities)
         done = done or (lambda n: None)
-        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes)
+        out, todo, ids, forced = self.prepare(lines, opts, done, prefixes, constraints)
         wanted = self.constraint_ids(ids, [constraints[i] for i in todo], opts,
                                      [i + 1 for i in todo]) if constraints else None
         required = [[i for c in line for alt in c for i in alt] for line in wanted] \

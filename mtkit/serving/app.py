@@ -30,11 +30,18 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_constraints
+from mtkit.decoding import (
+    OPTIONS,
+    SearchOptions,
+    Translator,
+    check_constraints,
+    constraints_need,
+)
 from mtkit.errors import OptionError, plural
 from mtkit.hypothesis import Hypothesis, pharaoh
 from mtkit.languages import (
     Tagging,
+    bilingual_pair,
     directions,
     name,
     tag_ids,
@@ -201,9 +208,17 @@ class Service:
     def constraints(self, body: TranslateRequest, lines: list[str], opts: SearchOptions
                     ) -> list[list[Constraint]] | None:
         """Each sentence's constraints: the request's, and the glossary's for its terms;
-        None if none has any. 422 where the request's own cannot be searched for; a
-        glossary's that cannot are left out of that sentence (logged)."""
+        None if none has any. 422 where the request's own cannot be searched for, and
+        for options that cannot search with the server's glossary (a beam of 1), as
+        `translate --glossary` refuses them; a glossary's terms that cannot be searched
+        for in a sentence are left out of it (logged)."""
         own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+        if self.glossary:  # as `translate --glossary`: options it cannot search with are
+            # refused, in every request, whether or not its sentences hold a term
+            need = constraints_need(opts, self.translator.capabilities, spell=str)
+            if need:
+                raise ServeError(422, f"this server's glossary (serve --glossary) needs "
+                                      f"{need}", "beam")
         wanted = combine(own, [self.glossary.constraints(x) for x in lines]) \
             if self.glossary is not None else own
         if not any(wanted):
@@ -243,8 +258,13 @@ class Service:
     def info(self) -> dict:
         """What /v1/info says: languages, engine, decoding defaults, limits, load."""
         cfg = self.translator.config
-        return {"model": self.model_name, "source_language": cfg.data.src_lang,
-                "target_language": cfg.data.tgt_lang, "step": self.step,
+        pairs = directions(cfg.data) or [bilingual_pair(cfg.data)]
+        return {"model": self.model_name,
+                # the model's own, not the data section's defaults: a multilingual
+                # model's several, comma-separated (`target_languages` lists them)
+                "source_language": ", ".join(sorted({src for src, _ in pairs})),
+                "target_language": ", ".join(sorted({tgt for _, tgt in pairs})),
+                "step": self.step,
                 "directions": [name(d) for d in directions(cfg.data)],
                 "target_languages": target_languages(cfg.data),  # [] for a bilingual model
                 "weights": " + ".join(self.translator.weights),

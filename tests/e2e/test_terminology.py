@@ -132,7 +132,8 @@ def test_serve_takes_constraints_per_sentence_and_a_glossary(best, files):
         for body, says in (({"text": ["A dog."], "constraints": [[], []]},
                             "one list per sentence"),
                            ({"text": ["A dog."], "constraints": [[""]]}, "constraints.0: item 0"),
-                           ({"text": ["A dog."], "beam": 1}, "constraints needs a beam"),
+                           ({"text": ["A dog."], "beam": 1},
+                            "this server's glossary (serve --glossary) needs a beam"),
                            ({"text": ["A dog."], "constraints": [["Hund " * 80]]},
                             "constraints.0: the constraint")):
             r = client.post("/v1/translate", json=body)
