@@ -7,7 +7,7 @@ on a CPU does not guess from CPU flags: it times a forward and backward pass of 
 Linear layer of the model's own shapes in fp32 and in bf16 (`calibrate_cpu`: warmed up,
 interleaved, on one thread, about 0.2 s) and takes bf16 only when it is clearly faster.
 On CUDA, `auto` is bf16 where supported. Training decides once per run and stores the
-choice (`mtkit.trainstate.run_precision`).
+choice (`mtkit.trainstate.decided_once`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ fp32 (issue 23). So `train.attention: auto` times forward+backward of both at th
 own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
 the precision the run chose, and keeps the matmul form only where it is clearly faster.
 The choice is made once, at the run's first start, and stored in every checkpoint with
-the precision (`trainstate.run_precision`): a resumed run reuses it. On CUDA, SDPA
+the precision (`trainstate.decided_once`): a resumed run reuses it. On CUDA, SDPA
 (flash kernels) is kept without measuring.
 
 The shapes of a run's batches are chosen the same way (`choose_batch_shapes`). On an

@@ -143,7 +143,7 @@ def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResu
     state.metrics.write("end", step=p.step, reason=reason,
                         best_bleu=round(p.best_bleu, 4) if validated else None)
     result = TrainResult(p.step, p.epoch, p.best_bleu if validated else None, reason,
-                         cfg.run_path, state.precision["precision"])
+                         cfg.run_path, state.choices.precision.value)
     if state.main:
         log.info("%s", result.summary())
     if state.distributed:
@@ -380,7 +380,8 @@ def save(state: TrainState, is_best: bool) -> None:
     payload = training_payload(
         config_to_dict(state.cfg), vocab_entry(*state.vocabs),
         state.model.state_dict(), state.optimizer.state_dict(), rng_state(),
-        dataclasses.asdict(p), state.train_data.fingerprint, state.precision)
+        dataclasses.asdict(p), state.train_data.fingerprint,
+        state.choices.as_record())
     path = write_training_checkpoint(payload, state.cfg.run_path / "checkpoints", p.step,
                                      is_best, state.cfg.train.keep_last)
     state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)

@@ -2,10 +2,10 @@
 resumed from the newest intact checkpoint.
 
 A resumed run must be the same run: the checkpoint's model config, shards and tokenizer
-are the run's, or it is refused (`TrainError`), and it keeps the precision decided at
-its first start (`run_precision`). The checkpoint gives back the weights, the optimizer,
-the RNG streams and the `Progress` (step, epoch, batch within the epoch), so that
-training goes on exactly where it stopped.
+are the run's, or it is refused (`TrainError`), and it keeps the choices measured at its
+first start (`decided_once`: precision, attention kernel, batch shapes). The checkpoint
+gives back the weights, the optimizer, the RNG streams and the `Progress` (step, epoch,
+batch within the epoch), so that training goes on exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,13 +78,16 @@ class TrainState:
     train_data: ShardDataset
     valid_data: ShardDataset | None
     device: torch.device
-    autocast_dtype: torch.dtype | None
-    precision: dict  # {"precision", "asked", "cpu", "calibration"?}: decided at the first start
+    choices: RunChoices  # precision, attention kernel, batch shapes: decided at the first start
     metrics: MetricsLog
     rank: int
     world: int
     clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
     saved_step: int  # the step of the newest checkpoint
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.choices.autocast_dtype
 
     @property
     def main(self) -> bool:
@@ -116,27 +119,24 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     if found is not None:  # refused before anything is decided or logged
         _check_same_model(cfg, found[1], found[0])
         _check_same_data(found[1], found[0], train_data, vocabs)
-    autocast_dtype, precision = run_precision(cfg, device, found, distributed)
-    precision["attention"] = run_attention(cfg, device, autocast_dtype, found, train_data,
-                                           distributed)
-    precision["batches"] = run_batch_shapes(cfg, device, autocast_dtype, found, distributed)
+    choices = run_choices(cfg, device, found, train_data, distributed)
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
     if tc.init_from and found is None:
         _init_weights(tc.init_from, model, vocabs)
     freeze(model, tc.freeze)
-    model.use_attention(precision["attention"]["kernel"])
+    model.use_attention(choices.attention.value)
     optimizer = adamw(model, tc, device)
     metrics = _open_metrics(cfg, rank)
     progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
     if rank == 0:
         save_config(cfg, run / "config.yaml")
         log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
-                 device, "bf16 autocast" if autocast_dtype else "fp32", world)
+                 device, "bf16 autocast" if choices.autocast_dtype else "fp32", world)
         metrics.write("start", step=progress.step, parameters=count_parameters(model),
                       device=str(device), world_size=world, resumed=found is not None,
-                      **precision)
+                      **choices.as_record())
     wrapped: nn.Module = model
     if distributed:
         wrapped = nn.parallel.DistributedDataParallel(
@@ -145,14 +145,14 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
                                 seed=tc.seed, rank=rank, world_size=world,
                                 draws=direction_draws(train_data, cfg.data.temperature),
-                                shapes=batch_shapes(precision["batches"],
+                                shapes=batch_shapes(choices.batches,
                                                     cfg.model.max_positions))
     batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
                             pin=device.type == "cuda")
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
     return TrainState(cfg, model, wrapped, optimizer, progress, batches, sampler,
                       vocabs, train_data, valid_data,
-                      device, autocast_dtype, precision, metrics, rank, world,
+                      device, choices, metrics, rank, world,
                       clock_start=time.perf_counter() - progress.elapsed,
                       saved_step=progress.step)
 
@@ -206,121 +206,185 @@ def _open_metrics(cfg: Config, rank: int) -> MetricsLog:
     return MetricsLog(cfg.run_path / "metrics.jsonl", board)
 
 
-def run_precision(cfg: Config, device: torch.device,
-                  found: tuple[Path, dict] | None, distributed: bool = False
-                  ) -> tuple[torch.dtype | None, dict]:
-    """The precision a run trains in, decided once, at its first start, and kept in every
-    checkpoint: a resumed run reuses it and never measures again (a second measurement on
-    a busy machine could switch precision mid-run). A resume whose `train.precision` names
-    the other precision is refused. Returns the autocast dtype (None for fp32) and the
-    record stored with the run: {"precision", "asked", "cpu" (the machine of the first
-    start), "calibration" (when measured)}."""
-    asked = cfg.train.precision
-    stored = found[1]["train"].get("precision") if found is not None else None
-    if stored is not None:
-        name = stored["precision"]
-        if asked not in ("auto", name):
-            raise TrainError(f"{found[0]} was trained in {name}, the config says "
-                             f"train.precision={asked}; resume with train.precision={name} "
-                             f"(or auto), or start over with --no-resume")
-        measured = stored.get("calibration")
-        log.info("precision %s, as decided at this run's first start (%s); not measured "
-                 "again", name, f"fp32 {measured['fp32_ms']} ms, bf16 {measured['bf16_ms']} "
-                 f"ms" if measured else f"train.precision={stored['asked']}")
-        return (torch.bfloat16 if name == "bf16" else None), dict(stored)
+# --- measured run choices, decided once -------------------------------------------------
+#
+# A choice that depends on the machine (the precision, the attention kernel, the batches'
+# shapes) is decided at a run's first start: the config asks for a value, or for `auto`,
+# which measures; the decision is stored in every checkpoint and in metrics.jsonl's `start`
+# record. A resumed run reuses it and never measures again: a second measurement on a busy
+# machine could switch the choice mid-run, and the run would no longer be the one that
+# never stopped. A resume whose config asks for another value is refused. Under DDP on
+# CPUs every rank takes rank 0's choice. `decided_once` is that sequence, once for every
+# choice; a `RunChoice` says how one choice is named, stored and measured.
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One run choice as decided: the value the run uses, what the config asked for, and
+    the rest of its stored record (the measurement behind `auto`, the machine it was
+    measured on, what the value brings with it)."""
+
+    value: str  # e.g. "bf16", "matmul", "classes"
+    asked: str  # "auto" or a value
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    """How one measured choice is named, stored and refused."""
+
+    name: str  # in log lines: "precision"
+    key: str  # the config key that asks for it: "train.precision"
+    stored_as: str  # the stored record's key for the value: "precision"
+    values: tuple[str, ...]  # what it can choose (rank 0's is broadcast by position)
+    trained: str = "with {key}={value}"  # "<checkpoint> was trained ..."
+    # What a checkpoint from before the choice existed ran with (None: decide it now).
+    before: Decision | None = None
+
+    def record(self, decision: Decision) -> dict:
+        """The stored form: {stored_as: value, "asked": ..., **details}."""
+        return {self.stored_as: decision.value, "asked": decision.asked, **decision.details}
+
+    def decision(self, record: dict) -> Decision:
+        details = {k: v for k, v in record.items() if k not in (self.stored_as, "asked")}
+        value = record[self.stored_as]
+        return Decision(value, record.get("asked", value), details)
+
+    def refusal(self, source: Path, stored: Decision, asked: str) -> str:
+        trained = self.trained.format(key=self.key, value=stored.value)
+        said = asked if self.key in trained else f"{self.key}={asked}"
+        return (f"{source} was trained {trained}, the config says {said}; resume with "
+                f"{self.key}={stored.value} (or auto), or start over with --no-resume")
+
+
+PRECISION = RunChoice("precision", "train.precision", "precision", ("fp32", "bf16"),
+                      trained="in {value}")
+ATTENTION = RunChoice("attention", "train.attention", "kernel", ("sdpa", "matmul"))
+# Batches of a checkpoint from before train.batch_shapes were token batches: resuming on
+# others would change which batch its saved position names.
+BATCH_SHAPES = RunChoice("batch shapes", "train.batch_shapes", "shapes",
+                         ("exact", "classes"), before=Decision("exact", "exact"))
+
+
+def decided_once(choice: RunChoice, asked: str, found: tuple[Path, dict | None] | None,
+                 measure: Callable[[], Decision], broadcast: bool = False) -> Decision:
+    """The run's decision for `choice`: the stored one when resuming (`found`: the
+    checkpoint's path and the choice's stored record, None where the checkpoint predates
+    the choice), refused if the config asks for another value; else `measure()`'s, with
+    rank 0's value taken by every rank when `broadcast` (DDP on CPUs)."""
     if found is not None:
-        log.warning("%s does not say which precision it was trained in (an older mtkit); "
-                    "deciding it now", found[0])
-    tc = cfg.train
-    dtype, calibration = resolve_precision(
-        asked, device, calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
-    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
-        flag = torch.tensor([float(dtype is not None)])
-        dist.broadcast(flag, 0)
-        dtype = torch.bfloat16 if flag.item() else None
-    record = precision_record(dtype, asked, calibration)
-    record["cpu"] = cpu_description() if device.type == "cpu" else str(device)
-    return dtype, record
-
-
-def run_attention(cfg: Config, device: torch.device, dtype: torch.dtype | None,
-                  found: tuple[Path, dict] | None, train_data: ShardDataset,
-                  distributed: bool = False) -> dict:
-    """The attention kernel a run trains with, decided once as its precision is (and
-    stored in the same record): measured at the first start (`kernels.choose_attention`)
-    at the run's shapes, then reused; a resume whose `train.attention` names the other
-    kernel is refused."""
-    asked = cfg.train.attention
-    stored = found[1]["train"].get("precision", {}).get("attention") if found else None
-    if stored is not None:
-        if asked not in ("auto", stored["kernel"]):
-            raise TrainError(f"{found[0]} was trained with train.attention="
-                             f"{stored['kernel']}, the config says {asked}; resume with "
-                             f"train.attention={stored['kernel']} (or auto), or start over "
-                             f"with --no-resume")
-        log.info("attention %s, as decided at this run's first start; not measured again",
-                 stored["kernel"])
-        return dict(stored)
-    mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
-    shape = AttentionShape.of_run(cfg.train.max_tokens, mean_length, cfg.model.d_model,
-                                  cfg.model.heads)
-    record = choose_attention(asked, device, dtype, shape)
-    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
-        flag = torch.tensor([float(record["kernel"] == "matmul")])
-        dist.broadcast(flag, 0)
-        record["kernel"] = "matmul" if flag.item() else "sdpa"
-    return record
-
-
-def run_batch_shapes(cfg: Config, device: torch.device, dtype: torch.dtype | None,
-                     found: tuple[Path, dict] | None, distributed: bool = False) -> dict:
-    """The shapes of a run's batches (`kernels.choose_batch_shapes`), decided once as its
-    precision is and stored in the same record; a resumed run reuses them, and a
-    checkpoint from before the choice existed trained on token batches (resuming on
-    others would change which batch its saved position names). A resume whose
-    `train.batch_shapes` names the other kind is refused."""
-    asked = cfg.train.batch_shapes
-    if found is not None:
-        stored = found[1]["train"].get("precision", {}).get("batches")
-        older = stored is None
-        if older:
-            stored = {"shapes": "exact", "asked": "exact"}
-        if asked not in ("auto", stored["shapes"]):
-            raise TrainError(f"{found[0]} was trained with train.batch_shapes="
-                             f"{stored['shapes']}, the config says {asked}; resume with "
-                             f"train.batch_shapes={stored['shapes']} (or auto), or start "
-                             f"over with --no-resume")
-        if older:
-            log.warning("%s does not say which batch shapes it was trained on (an older "
-                        "mtkit, before train.batch_shapes): token batches", found[0])
+        source, record = found
+        if record is not None:
+            stored = choice.decision(record)
+            log.info("%s %s, as decided at this run's first start (%s); not measured again",
+                     choice.name, stored.value, _measured(stored))
+        elif choice.before is not None:
+            stored = choice.before
+            log.warning("%s does not say which %s it was trained with (an older mtkit): "
+                        "%s=%s", source, choice.name, choice.key, stored.value)
         else:
-            log.info("batch shapes %s, as decided at this run's first start; not measured "
-                     "again", stored["shapes"])
-        return dict(stored)
-    tc = cfg.train
-    record = choose_batch_shapes(
-        asked, device, dtype,
-        calibration_shape(tc.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
-        fresh_above=tc.max_tokens)
-    if distributed and device.type == "cpu":  # every rank takes rank 0's measurement
-        flag = torch.tensor([float(record["shapes"] == "classes")])
-        dist.broadcast(flag, 0)
-        record["shapes"] = "classes" if flag.item() else "exact"
-    if record["shapes"] == "classes":
-        shapes = BatchShapes()
-        record.update(multiple=shapes.multiple, group=shapes.group)
-    return record
+            stored = None
+            log.warning("%s does not say which %s it was trained with (an older mtkit); "
+                        "deciding it now", source, choice.name)
+        if stored is not None:
+            if asked not in ("auto", stored.value):
+                raise TrainError(choice.refusal(source, stored, asked))
+            return stored
+    decision = measure()
+    if broadcast:
+        chosen = torch.tensor([choice.values.index(decision.value)])
+        dist.broadcast(chosen, 0)
+        decision = replace(decision, value=choice.values[int(chosen.item())])
+    return decision
 
 
-def batch_shapes(record: dict, max_positions: int | None = None) -> BatchShapes | None:
-    """The `BatchShapes` a run's record asks for (its own multiple and run length, so that
-    a later mtkit resumes on the same batches), no wider than the model's positions; None
-    for token batches."""
-    if record["shapes"] != "classes":
+def _measured(decision: Decision) -> str:
+    """'fp32 10.8 ms, bf16 2.9 ms' from a stored record's timings, or what was asked."""
+    found = {**decision.details, **decision.details.get("calibration", {})}
+    timings = [f"{k.removesuffix('_ms').replace('_', ' ')} {v} ms" for k, v in found.items()
+               if k.endswith("_ms")]
+    return ", ".join(timings) or f"asked for {decision.asked}"
+
+
+@dataclass(frozen=True)
+class RunChoices:
+    """Every measured choice of a run. Stored (`as_record`) as mtkit has always stored
+    them: the precision's record, holding the attention's and the batch shapes'."""
+
+    precision: Decision
+    attention: Decision
+    batches: Decision
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision.value == "bf16" else None
+
+    def as_record(self) -> dict:
+        return {**PRECISION.record(self.precision),
+                "attention": ATTENTION.record(self.attention),
+                "batches": BATCH_SHAPES.record(self.batches)}
+
+
+def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dict | None]]:
+    """For `decided_once`: each choice's stored record in a checkpoint (None where the
+    checkpoint predates it); empty for a fresh run."""
+    if found is None:
+        return {}
+    path, payload = found
+    top = payload["train"].get("precision")
+    if top is None:
+        return {name: (path, None) for name in ("precision", "attention", "batches")}
+    precision = {k: v for k, v in top.items() if k not in ("attention", "batches")}
+    return {"precision": (path, precision), "attention": (path, top.get("attention")),
+            "batches": (path, top.get("batches"))}
+
+
+def run_choices(cfg: Config, device: torch.device, found: tuple[Path, dict] | None,
+                train_data: ShardDataset, distributed: bool = False) -> RunChoices:
+    """The run's precision, attention kernel and batch shapes, each `decided_once`."""
+    tc, model = cfg.train, cfg.model
+    stored = stored_choices(found)
+    broadcast = distributed and device.type == "cpu"
+    linear = calibration_shape(tc.max_tokens, model.d_model, model.ffn_dim)
+
+    def measure_precision() -> Decision:
+        dtype, calibration = resolve_precision(tc.precision, device, linear)
+        record = precision_record(dtype, tc.precision, calibration)
+        record["cpu"] = cpu_description() if device.type == "cpu" else str(device)
+        return PRECISION.decision(record)
+
+    precision = decided_once(PRECISION, tc.precision, stored.get("precision"),
+                             measure_precision, broadcast)
+    dtype = torch.bfloat16 if precision.value == "bf16" else None
+
+    def measure_attention() -> Decision:
+        mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
+        shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
+        return ATTENTION.decision(choose_attention(tc.attention, device, dtype, shape))
+
+    attention = decided_once(ATTENTION, tc.attention, stored.get("attention"),
+                             measure_attention, broadcast)
+    batches = decided_once(BATCH_SHAPES, tc.batch_shapes, stored.get("batches"),
+                           lambda: BATCH_SHAPES.decision(choose_batch_shapes(
+                               tc.batch_shapes, device, dtype, linear,
+                               fresh_above=tc.max_tokens)),
+                           broadcast)
+    if batches.value == "classes" and "multiple" not in batches.details:
+        shapes = BatchShapes()  # stored, so that a later mtkit resumes on the same batches
+        batches = replace(batches, details={**batches.details, "multiple": shapes.multiple,
+                                            "group": shapes.group})
+    return RunChoices(precision, attention, batches)
+
+
+def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchShapes | None:
+    """The `BatchShapes` a run's decision asks for (its own multiple and run length, so
+    that a later mtkit resumes on the same batches), no wider than the model's positions;
+    None for token batches."""
+    if decision.value != "classes":
         return None
     default = BatchShapes()
-    return BatchShapes(record.get("multiple", default.multiple),
-                       record.get("group", default.group), max_positions)
+    return BatchShapes(decision.details.get("multiple", default.multiple),
+                       decision.details.get("group", default.group), max_positions)
 
 
 def init_model_config(cfg: Config) -> Config:

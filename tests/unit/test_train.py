@@ -433,13 +433,12 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
 
 
 def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path):
-    from mtkit.trainstate import batch_shapes, run_batch_shapes
+    from mtkit.trainstate import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
 
-    cfg = config_from_dict({})
     old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
-    record = run_batch_shapes(cfg, torch.device("cpu"), torch.bfloat16,
-                              (tmp_path / "last.pt", old))
-    assert record["shapes"] == "exact" and batch_shapes(record) is None
+    record = decided_once(BATCH_SHAPES, "auto", stored_choices((tmp_path / "last.pt", old))[
+        "batches"], measure=lambda: pytest.fail("a resumed run measured again"))
+    assert record.value == "exact" and batch_shapes(record) is None
 
 
 def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path):
@@ -457,3 +456,96 @@ def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path)
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lang_tag="target"))
     with pytest.raises(TrainError, match="model.lang_tag='source', the config says 'target'"):
         _check_same_model(other, {"config": old}, tmp_path / "last.pt")
+
+
+# --- decided_once: one mechanism for every measured run choice -------------------------
+
+
+def _counting(decision):
+    """A fake measurement: returns `decision`, counting its calls."""
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return decision
+
+    return measure, calls
+
+
+def test_decided_once_measures_a_fresh_run_and_stores_the_record():
+    from mtkit.trainstate import ATTENTION, Decision, decided_once
+
+    measure, calls = _counting(Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}))
+    decision = decided_once(ATTENTION, "auto", None, measure)
+    assert calls == [1] and decision.value == "matmul"
+    assert ATTENTION.record(decision) == {"kernel": "matmul", "asked": "auto",
+                                          "sdpa_ms": 13.8, "matmul_ms": 1.7}
+    assert ATTENTION.decision(ATTENTION.record(decision)) == decision
+
+
+@pytest.mark.parametrize("asked", ["auto", "bf16"])
+def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
+    from mtkit.trainstate import PRECISION, decided_once
+
+    stored = {"precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 9.0,
+                                                                    "bf16_ms": 3.0}}
+    measure, calls = _counting(None)
+    decision = decided_once(PRECISION, asked, (tmp_path / "last.pt", stored), measure)
+    assert calls == [] and PRECISION.record(decision) == stored
+
+
+@pytest.mark.parametrize("choice_name, stored, asked, says", [
+    ("PRECISION", {"precision": "bf16", "asked": "auto"}, "fp32",
+     "last.pt was trained in bf16, the config says train.precision=fp32; resume with "
+     "train.precision=bf16 (or auto), or start over with --no-resume"),
+    ("ATTENTION", {"kernel": "matmul", "asked": "auto"}, "sdpa",
+     "last.pt was trained with train.attention=matmul, the config says sdpa; resume with "
+     "train.attention=matmul (or auto), or start over with --no-resume"),
+    ("BATCH_SHAPES", None, "classes",
+     "last.pt was trained with train.batch_shapes=exact, the config says classes; resume "
+     "with train.batch_shapes=exact (or auto), or start over with --no-resume"),
+])
+def test_decided_once_refuses_a_resume_that_asks_for_another_value(tmp_path, choice_name,
+                                                                   stored, asked, says):
+    """The batch shapes of a checkpoint from before the choice existed count as token
+    batches (`before`), and are held to as a stored choice is."""
+    import mtkit.trainstate as ts
+
+    measure, calls = _counting(None)
+    with pytest.raises(TrainError) as refused:
+        ts.decided_once(getattr(ts, choice_name), asked, (tmp_path / "last.pt", stored),
+                        measure)
+    assert str(refused.value).endswith(says) and calls == []
+
+
+def test_decided_once_decides_now_for_a_checkpoint_from_before_the_choice(tmp_path):
+    from mtkit.trainstate import ATTENTION, Decision, decided_once
+
+    measure, calls = _counting(Decision("sdpa", "auto"))
+    assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value \
+        == "sdpa"
+    assert calls == [1]
+
+
+def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
+    """The precision's record holds the attention's and the batch shapes' (checkpoints and
+    metrics.jsonl's `start` record, as before `decided_once`), and reads back the same."""
+    from pathlib import Path as P
+
+    from mtkit.trainstate import Decision, RunChoices, stored_choices
+
+    choices = RunChoices(Decision("bf16", "auto", {"calibration": {"fp32_ms": 9.0,
+                                                                    "bf16_ms": 3.0},
+                                                    "cpu": "AMD EPYC"}),
+                         Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}),
+                         Decision("classes", "auto", {"multiple": 8, "group": 4}))
+    record = choices.as_record()
+    assert record == {"precision": "bf16", "asked": "auto",
+                      "calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0}, "cpu": "AMD EPYC",
+                      "attention": {"kernel": "matmul", "asked": "auto", "sdpa_ms": 13.8,
+                                    "matmul_ms": 1.7},
+                      "batches": {"shapes": "classes", "asked": "auto", "multiple": 8,
+                                  "group": 4}}
+    stored = stored_choices((P("last.pt"), {"train": {"precision": record}}))
+    assert stored["attention"][1] == record["attention"]
+    assert "attention" not in stored["precision"][1]
