@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from mtkit.atomic import write_atomic
-from mtkit.configcheck import ConfigError, build_section, value_range
+from mtkit.configcheck import ConfigError, build_section, language_code_fault, value_range
 from mtkit.decoding import OPTIONS
 
 log = logging.getLogger(__name__)
@@ -250,6 +250,7 @@ def _check_consistency(cfg: Config, where: str) -> None:
     if t.lr_schedule == "linear" and not (t.max_steps or t.max_time):
         raise ConfigError(f"{where}train.lr_schedule: linear decays over the budget, so it "
                           f"needs train.max_steps or train.max_time")
+    _check_languages(cfg.data, where)
     _check_targets(cfg.data, where)
     for split in ("train", "valid", "test"):
         corpora = getattr(cfg.data, split)
@@ -265,6 +266,23 @@ def _check_consistency(cfg: Config, where: str) -> None:
             if c.weight != 1 and split != "train":
                 raise ConfigError(f"{where}{name}.weight: weights apply to data.train only "
                                   f"(a {split} set is scored as it is)")
+
+
+def _check_languages(data: DataConfig, where: str) -> None:
+    """Every language code, the data section's and each corpus's own ("": the data
+    section's), can be a tag (`configcheck.language_code_fault`); the key named is the
+    one `--set` takes (`data.train.tgt_lang`, `data.train.1.tgt_lang` in a list)."""
+    named = [("data", data)]
+    for split in ("train", "valid", "test"):
+        corpora = getattr(data, split)
+        named += [(f"data.{split}" + (f".{i}" if len(corpora) > 1 else ""), c)
+                  for i, c in enumerate(corpora)]
+    for key, section in named:
+        for side in ("src_lang", "tgt_lang"):
+            code = getattr(section, side)
+            fault = language_code_fault(code) if code or section is data else None
+            if fault:
+                raise ConfigError(f"{where}{key}.{side}: {fault}")
 
 
 def _check_targets(data: DataConfig, where: str) -> None:
@@ -312,9 +330,12 @@ def expand_multiway(data: DataConfig, where: str = "") -> DataConfig:
         raise ConfigError(f"{where}{key}.languages must list two or more languages, each "
                           f"once, got {list(mw.languages)}")
     for lang in mw.languages:
-        if not lang.replace("_", "").isalnum():
-            raise ConfigError(f"{where}{key}.languages: {lang!r} is not a language code "
-                              f"(letters, digits and _, e.g. en, pt_BR)")
+        fault = language_code_fault(lang)
+        if fault:
+            raise ConfigError(f"{where}{key}.languages: {fault}")
+        if "-" in lang:  # a direction is written src-tgt
+            raise ConfigError(f"{where}{key}.languages: {lang!r} has a -, which separates "
+                              f"the languages of a direction here; write it with _ (pt_BR)")
     every = [f"{a}-{b}" for a in mw.languages for b in mw.languages if a != b]
     pairs = [_pair(d, mw.languages, f"{key}.directions", where) for d in mw.directions or every]
     tests = [_pair(d, mw.languages, f"{key}.test_directions", where)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from typing import Any, Literal
 
@@ -68,6 +69,9 @@ def _convert(value: Any, tp, key: str, where: str) -> Any:
     if tp is str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, bool):  # `tgt_lang: no` (Norwegian) reads as false
+            raise ConfigError(f"{where}{key} must be a string, got {value!r}: quote it, as "
+                              f"YAML reads yes, no, on and off as true or false")
         if not isinstance(value, str):
             raise bad
         return value
@@ -84,6 +88,25 @@ def _check_range(value, meta, key: str, where: str) -> None:
         left = "(" if lo_open else "["
         span = f"{left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
         raise ConfigError(f"{where}{key} must be in {span}, got {value!r}")
+
+
+# A language code goes into its tag, `<2xx>` (`mtkit.languages`), a SentencePiece
+# user-defined symbol that must stay one piece: ASCII letters, digits, - and _ (en,
+# pt-BR, deu_Latn). A space splits it (`c p`: 7 pieces, in every translation), a `>`
+# ends it early, and a non-ASCII letter may not survive the tokenizer's NFKC
+# normalization. 35 characters: what RFC 5646 (4.4.1) asks any holder of a BCP 47
+# language tag to allow for.
+LANGUAGE_CODE = re.compile(r"[A-Za-z0-9_-]{1,35}")
+LANGUAGE_CODE_RULE = "ASCII letters, digits, - and _, at most 35; e.g. en, pt-BR, deu_Latn"
+
+
+def language_code_fault(code: str) -> str | None:
+    """What is wrong with `code` as a language code, as the end of an error line
+    ("'c p' is not a language code (...)"; a long value shortened), or None."""
+    if isinstance(code, str) and LANGUAGE_CODE.fullmatch(code):
+        return None
+    shown = code if not isinstance(code, str) or len(code) <= 40 else code[:40] + "..."
+    return f"{shown!r} is not a language code ({LANGUAGE_CODE_RULE})"
 
 
 ALIASES = {"from": "from_"}  # YAML keys that are Python keywords -> their field names

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from mtkit.configcheck import language_code_fault
 from mtkit.errors import OptionError
 from mtkit.hypothesis import Hypothesis
 
@@ -37,6 +38,18 @@ OUTPUT_SHARE = 0.1
 def tag(lang: str) -> str:
     """The tag of target language `lang`: <2de>."""
     return f"<2{lang}>"
+
+
+def check_language_code(code: str, option: str = "--tgt-lang", field: str | None = None
+                        ) -> str:
+    """`code` when it can be a language's tag (one SentencePiece piece: ASCII letters,
+    digits, - and _, `configcheck.LANGUAGE_CODE`), else an `OptionError` whose one line
+    names `option` (`field`: the request field at fault, for `mtkit serve`). Config
+    files are checked the same way when they load."""
+    fault = language_code_fault(code)
+    if fault:
+        raise OptionError(f"{option} {fault}", field)
+    return code
 
 
 def direction(corpus: CorpusConfig, data: DataConfig) -> tuple[str, str]:
@@ -113,6 +126,8 @@ def check_target(data: DataConfig, lang: str | None, option: str = "--tgt-lang")
     """The prefix a source line gets to be translated into `lang` (None: not given):
     its tag for a multilingual model, "" for a bilingual one. One line for a missing
     language on a multilingual model, or one the model does not translate into."""
+    if lang is not None:
+        check_language_code(lang, option, "tgt_lang")
     known = target_languages(data)
     if not known:
         src, tgt = bilingual_pair(data)

@@ -21,6 +21,7 @@ from pathlib import Path
 from mtkit.atomic import write_atomic
 from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 from mtkit.config import Config
+from mtkit.configcheck import ConfigError
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.decoding import SearchOptions
@@ -86,6 +87,10 @@ def final_checkpoint(cfg: Config) -> Path:
 
 
 def run_all(cfg: Config) -> RunResult:
+    if not cfg.data.corpora("test"):  # before hours of training, not after them
+        raise ConfigError("data.test is not set: `mtkit run` ends by translating and "
+                          "scoring the test set; set data.test, or run the tokenizer, "
+                          "preprocess and train commands on their own")
     with run_lock(cfg.run_path, "run"):
         return _run_all(cfg)
 
@@ -95,8 +100,9 @@ def _run_all(cfg: Config) -> RunResult:
     if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
         log.info("stage tokenizer")
         build_tokenizer(cfg)
-    if not (run / "data" / "train" / "manifest.json").exists():
-        log.info("stage preprocess")
+    shards = run / "data"
+    if not all((shards / split / "manifest.json").exists() for split in ("train", "test")):
+        log.info("stage preprocess")  # (data.test added since: its shards are still to do)
         preprocess(cfg)
     else:  # skipped: the shards must still come from the current tokenizer
         ShardDataset(run / "data" / "train").check_tokenizer(
