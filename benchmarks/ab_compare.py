@@ -51,7 +51,7 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
-from mtkit.checksum import file_sha256  # (the harness's own checkout; each side runs its own)
+from mtkit.core.checksum import file_sha256  # (the harness's own checkout; each side runs its own)
 
 HERE = Path(__file__).resolve().parent
 FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")

@@ -46,12 +46,12 @@ def main() -> None:
     import torch.nn.functional as F
     from train_throughput import get_batches, hf_marian, time_training
 
-    from mtkit.config import load_config
+    from mtkit.core.config import load_config
+    from mtkit.core.device import cpu_description, tune_cpu_runtime
+    from mtkit.core.vocab import PAD, Vocab
     from mtkit.data.batching import BatchShapes
-    from mtkit.device import cpu_description, tune_cpu_runtime
-    from mtkit.model import build_model
-    from mtkit.train import batch_loss
-    from mtkit.vocab import PAD, Vocab
+    from mtkit.model.transformer import build_model
+    from mtkit.training.loop import batch_loss
 
     tune_cpu_runtime()  # as the CLI: glibc settings, and 32-entry caches unless --cache
     cfg = load_config(args.config)

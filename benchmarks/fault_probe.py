@@ -113,7 +113,7 @@ def flip_weight(work: Path) -> None:
 
 def nan_checkpoint(work: Path) -> None:
     sys.path.insert(0, str(ROOT))
-    from mtkit.checkpoint import load_checkpoint, save_checkpoint
+    from mtkit.core.checkpoint import load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(work / "run/checkpoints/best.pt")
     next(iter(payload["model"].values())).view(-1)[0] = float("nan")

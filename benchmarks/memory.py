@@ -24,7 +24,7 @@ from pathlib import Path
 
 from train_throughput import process_peak_rss_mb  # noqa: I001 (a sibling script)
 
-from mtkit.device import cpu_description
+from mtkit.core.device import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ test directions one after another) and test.scores.json. Each bilingual DIR is a
 finished `mtkit run` of one direction (configs/multi30k.yaml with that direction's
 files). For every test direction the table gives the multilingual BLEU and chrF, the
 bilingual BLEU where one is given and the difference, and the off-target rate: the share
-of non-empty hypotheses that py3langid (`mtkit.langid`, among the run's languages) does
+of non-empty hypotheses that py3langid (`mtkit.core.langid`, among the run's languages) does
 not detect as the target language, beside the same rate for the references (what the
 identifier gets wrong on human translations). Zero-shot directions (not trained) are
 marked. It also prints how many updates and how much training time each run took.
@@ -24,10 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from mtkit.config import load_config  # noqa: E402
+from mtkit.core.config import load_config  # noqa: E402
+from mtkit.core.langid import off_target  # noqa: E402
+from mtkit.core.languages import directions, name  # noqa: E402
 from mtkit.data.shards import ShardDataset  # noqa: E402
-from mtkit.langid import off_target  # noqa: E402
-from mtkit.languages import directions, name  # noqa: E402
 
 
 def training(run: Path) -> str:

@@ -19,15 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from mtkit.device import cpu_description
+from mtkit.core.device import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # One start: calibrate exactly as `mtkit train` does and print the outcome.
 _START = """
 import json, sys, time
-from mtkit.config import load_config
-from mtkit.device import calibrate_cpu, calibration_shape
+from mtkit.core.config import load_config
+from mtkit.core.device import calibrate_cpu, calibration_shape
 cfg = load_config(sys.argv[1])
 shape = calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim)
 start = time.perf_counter()

@@ -8,7 +8,7 @@
 heads, FFN 2,048, SiLU, shared embeddings) over SentencePiece models trained on the
 embedded Multi30k corpus (6,000 pieces a side, one shared id table), saves it in the
 Hugging Face layout in DIR/marian (nothing is downloaded: these machines reach no model
-hub) and imports it to DIR/imported.pt with `mtkit.marian`.
+hub) and imports it to DIR/imported.pt with `mtkit.interop.marian_import`.
 
 `train` times full training steps (`train_throughput.time_training`, the trainer's own
 loss) of the imported model against an mtkit model of the same shape with mtkit's own
@@ -48,7 +48,7 @@ def make(folder: Path) -> None:
     import sentencepiece as spm
     import transformers
 
-    from mtkit.marian import import_marian
+    from mtkit.interop.marian_import import import_marian
 
     marian = folder / "marian"
     marian.mkdir(parents=True, exist_ok=True)
@@ -82,11 +82,11 @@ def train_speed(folder: Path, args) -> dict:
 
     from train_throughput import get_batches, time_training
 
-    from mtkit.checkpoint import load_checkpoint
-    from mtkit.config import config_from_dict
-    from mtkit.device import calibration_shape, resolve_precision, tune_cpu_runtime
-    from mtkit.model import build_model
-    from mtkit.train import batch_loss
+    from mtkit.core.checkpoint import load_checkpoint
+    from mtkit.core.config import config_from_dict
+    from mtkit.core.device import calibration_shape, resolve_precision, tune_cpu_runtime
+    from mtkit.model.transformer import build_model
+    from mtkit.training.loop import batch_loss
 
     tune_cpu_runtime()
     payload = load_checkpoint(folder / "imported.pt")
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=60)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from mtkit.device import cpu_description
+    from mtkit.core.device import cpu_description
 
     if args.what == "make":
         make(args.folder)

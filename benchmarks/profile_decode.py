@@ -37,8 +37,8 @@ from torch.profiler import ProfilerActivity, profile
 from train_throughput import sync  # noqa: I001 (sibling scripts)
 from translate_speed import read_source
 
-from mtkit.decoding import SearchOptions
-from mtkit.device import cpu_description, tune_cpu_runtime
+from mtkit.core.device import cpu_description, tune_cpu_runtime
+from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",

@@ -29,12 +29,12 @@ from profile_decode import gpu_times  # a sibling script
 from torch.profiler import ProfilerActivity, profile
 from train_throughput import get_batches, sync
 
-from mtkit.config import load_config
+from mtkit.core.config import load_config
+from mtkit.core.device import cpu_description, resolve_device, resolve_precision, tune_cpu_runtime
+from mtkit.core.vocab import Vocab
 from mtkit.data.batching import BatchShapes
-from mtkit.device import cpu_description, resolve_device, resolve_precision, tune_cpu_runtime
-from mtkit.model import build_model
-from mtkit.train import batch_loss
-from mtkit.vocab import Vocab
+from mtkit.model.transformer import build_model
+from mtkit.training.loop import batch_loss
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
           "aten::matmul", "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -79,7 +79,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).to(device).train()
     model.use_attention(args.attention)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as mtkit.optim
+    # as mtkit.training.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     amp = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
 
     def step(batch) -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 from serverkit import LocalServer  # noqa: I001 (a sibling script)
 from train_throughput import process_peak_rss_mb
 
-from mtkit.decoding import SearchOptions
-from mtkit.device import tune_cpu_runtime
+from mtkit.core.device import tune_cpu_runtime
+from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
 
 

@@ -5,12 +5,12 @@
 
 It translates the whole source file (test2016) with beam 5, then keeps the first
 `--limit` lines (500) whose reference holds `--per-line` phrases (2) of 1 to 3 words that
-are not in that unconstrained output (whole words, `mtkit.terms.occurs`) and do not
+are not in that unconstrained output (whole words, `mtkit.core.terms.occurs`) and do not
 overlap each other, chosen with a fixed seed. It then times, on those lines, in interleaved rounds
 (medians): plain beam 5; beam 5 given an empty constraint list for every line (the cost
 of the feature when unused); and the constrained search at each of `--constraint-beams`.
 It reports sentences/s, each one's time relative to plain beam 5, BLEU against the
-references, the share of required phrases that appear (`mtkit.terms.term_accuracy`, as
+references, the share of required phrases that appear (`mtkit.core.terms.term_accuracy`, as
 whole words) and of lines whose output met all of them in the search (`met`), and the
 CPU it ran on.
 """
@@ -22,10 +22,10 @@ import statistics
 import time
 from dataclasses import replace
 
-from mtkit.decoding import SearchOptions
+from mtkit.core.scoring import score
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.terms import occurs, term_accuracy
 from mtkit.engines.pytorch import TorchEngine
-from mtkit.evaluate import score
-from mtkit.terms import occurs, term_accuracy
 
 WORD_EDGE = ".,;:!?\"'()[]"
 

@@ -34,7 +34,15 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from mtkit.config import ModelConfig, load_config
+from mtkit.core.config import ModelConfig, load_config
+from mtkit.core.device import (
+    calibration_shape,
+    cpu_description,
+    resolve_device,
+    resolve_precision,
+    tune_cpu_runtime,
+)
+from mtkit.core.vocab import PAD, Vocab
 from mtkit.data.batching import (
     Batch,
     BatchShapes,
@@ -44,17 +52,9 @@ from mtkit.data.batching import (
     token_batches,
 )
 from mtkit.data.shards import ShardDataset
-from mtkit.device import (
-    calibration_shape,
-    cpu_description,
-    resolve_device,
-    resolve_precision,
-    tune_cpu_runtime,
-)
-from mtkit.kernels import AttentionShape, choose_attention, choose_batch_shapes
-from mtkit.model import build_model
-from mtkit.train import batch_loss
-from mtkit.vocab import PAD, Vocab
+from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
+from mtkit.model.transformer import build_model
+from mtkit.training.loop import batch_loss
 
 # Run in the child: at exit, write its own VmHWM (the peak RSS of its memory map, which
 # exec resets) to the file named by $MTKIT_PEAK_FILE. (ru_maxrss from wait4 would not do:
@@ -175,7 +175,7 @@ def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None
 
 def time_training(step_fn, params, batches: list[Batch], args, device, autocast_dtype):
     """Tokens/s over the window after `args.warmup` steps, and peak memory."""
-    # Fused AdamW on both sides: mtkit's own (`mtkit.optim.adamw`), and the Hugging Face
+    # Fused AdamW on both sides: mtkit's own (`mtkit.training.optim.adamw`), and the Hugging Face
     # Trainer's default (`adamw_torch_fused` with torch >= 2.8).
     optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype

@@ -51,13 +51,13 @@ from pathlib import Path
 import torch
 from train_throughput import PeakMemory, process_peak_rss_mb, sync  # noqa: I001 (a sibling script)
 
-from mtkit.decoding import SearchOptions
-from mtkit.device import cpu_description, tune_cpu_runtime
+from mtkit.core.device import cpu_description, tune_cpu_runtime
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.engines.loader import load_engine
 from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
-from mtkit.int8 import int8_supported
-from mtkit.model import Transformer, sinusoidal_positions
-from mtkit.vocab import BOS, EOS, PAD
+from mtkit.model.int8 import int8_supported
+from mtkit.model.transformer import Transformer, sinusoidal_positions
 
 
 def read_source(path: str, limit: int) -> list[str]:
@@ -191,7 +191,7 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
 
     import sacrebleu
 
-    from mtkit.export.ct2 import export_ctranslate2
+    from mtkit.interop.ct2_export import export_ctranslate2
 
     refs = read_source(args.ref, args.limit)
     out: dict = {"cpu": cpu_description(), "native_auto_chose": translator.precision}
@@ -199,7 +199,7 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
         engines = {"native": [args.model, "fp32"]}  # the reference of "identical"
         if translator.precision["precision"] != "fp32":  # what --precision auto chose
             engines["native_auto"] = [args.model, "auto"]
-        if int8_supported():  # dynamic int8 products (`mtkit.int8`), asked for
+        if int8_supported():  # dynamic int8 products (`mtkit.model.int8`), asked for
             engines["native_int8"] = [args.model, "int8"]
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)

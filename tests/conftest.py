@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-from mtkit.config import config_from_dict
-from mtkit.preprocess import preprocess
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
+from mtkit.core.config import config_from_dict
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
@@ -147,7 +147,7 @@ def exported(trained, tmp_path_factory) -> Path:
     """A CTranslate2 export of the trained run's best.pt (tests copy it before damaging
     it); skipped without the `ct2` extra."""
     pytest.importorskip("ctranslate2")
-    from mtkit.export.ct2 import export_ctranslate2
+    from mtkit.interop.ct2_export import export_ctranslate2
 
     folder = tmp_path_factory.mktemp("export") / "ct2"
     export_ctranslate2(trained / "run" / "checkpoints" / "best.pt", folder)
@@ -160,11 +160,11 @@ def tiny_engine():
     120-piece vocabulary: fast, deterministic, not a translator."""
     import torch
 
-    from mtkit.config import Config, ModelConfig, TokenizerConfig
+    from mtkit.core.config import Config, ModelConfig, TokenizerConfig
+    from mtkit.core.vocab import Vocab
     from mtkit.engines.pytorch import TorchEngine
-    from mtkit.model import build_model
-    from mtkit.tokenizer import train_sentencepiece
-    from mtkit.vocab import Vocab
+    from mtkit.model.transformer import build_model
+    from mtkit.stages.tokenizer import train_sentencepiece
 
     vocab = Vocab(train_sentencepiece(read_lines("train.en.gz", 300),
                                       TokenizerConfig(vocab_size=120)))

@@ -5,8 +5,8 @@ import sys
 
 import torch
 
-import mtkit.train as train_module
-from mtkit.config import load_config
+import mtkit.training.loop as train_module
+from mtkit.core.config import load_config
 
 config, out = sys.argv[1], sys.argv[2]
 models = []

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
-from mtkit.config import ModelConfig
-from mtkit.model import build_model
-from mtkit.vocab import EOS, PAD
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import EOS, PAD
+from mtkit.model.transformer import build_model
 
 A, B, C = 4, 5, 6
 V = 8

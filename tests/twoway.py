@@ -1,4 +1,4 @@
-"""One model for two directions (`mtkit.languages`), shared by the multilingual tests:
+"""One model for two directions (`mtkit.core.languages`), shared by the multilingual tests:
 the copy task as two "languages", copy (`cp`) and copy reversed (`rv`), chosen by a <2xx>
 tag. The model with the tag on the source side (test_multilingual.py) and the one with
 it on the target side (test_multilingual_target.py) each train for minutes, so they live
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mtkit.config import load_config
-from mtkit.preprocess import preprocess
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
+from mtkit.core.config import load_config
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import train
 
 from conftest import cli
 
@@ -86,7 +86,7 @@ def served(checkpoint: Path, body: dict) -> dict:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.loader import load_engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits
@@ -109,10 +109,10 @@ def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path:
     stream mixes languages)."""
     from collections import Counter
 
-    from mtkit.checkpoint import load_checkpoint
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.checkpoint import load_checkpoint
+    from mtkit.core.languages import tagging, untagged
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.loader import load_engine
-    from mtkit.languages import tagging, untagged
     from mtkit.serving.stream import open_stream
 
     saved = load_checkpoint(checkpoint)["vocab"]["tgt_languages"]

@@ -1,7 +1,7 @@
 """The `mtkit` Typer app and what every command shares: one-line errors, exit codes,
 signals, the config and the options that take files.
 
-User errors (`mtkit.errors.UserError`: bad config, bad data, bad options, a run
+User errors (`mtkit.core.errors.UserError`: bad config, bad data, bad options, a run
 directory in use; and `OSError`: a missing file, a full disk) print one line to stderr
 and exit 2; Ctrl-C exits 130 (SIGTERM 143) after whatever the command was writing is
 saved or discarded whole.
@@ -26,8 +26,8 @@ try:  # recent Typer vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
-from mtkit.config import Config, load_config
-from mtkit.errors import OptionError, UserError
+from mtkit.core.config import Config, load_config
+from mtkit.core.errors import OptionError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ SetOpt = Annotated[
 
 def _message(e: OSError) -> str:
     """One line for an OSError: the file it names and the reason."""
-    from mtkit.atomic import WriteError, reason
+    from mtkit.core.atomic import WriteError, reason
 
     if isinstance(e, WriteError) or e.errno is None:
         text = str(e).strip()
@@ -82,7 +82,7 @@ def reported() -> Iterator[None]:
     except BrokenPipeError:  # `mtkit translate | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(code=128 + signal.SIGPIPE) from None
-    except UserError as e:  # every mtkit error the user can fix (`mtkit.errors`)
+    except UserError as e:  # every mtkit error the user can fix (`mtkit.core.errors`)
         typer.echo(e.label + e.line(), err=True)
         raise typer.Exit(code=e.exit_code) from None
     except OSError as e:  # a missing file, a full disk, a read-only folder
@@ -117,8 +117,8 @@ def main() -> None:
 
 
 def tune_runtime() -> None:
-    """The process-wide CPU settings of `mtkit.device`, for commands that run the model."""
-    from mtkit.device import tune_cpu_runtime
+    """The process-wide CPU settings of `mtkit.core.device`, for commands that run the model."""
+    from mtkit.core.device import tune_cpu_runtime
 
     tune_cpu_runtime()
 

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from mtkit.cli.app import Opt, SetOpt, app, reported
-from mtkit.config import ConfigError, load_config
-from mtkit.errors import OptionError, plural
+from mtkit.core.config import ConfigError, load_config
+from mtkit.core.errors import OptionError, plural
 
 explain_app = typer.Typer(help="See inside the Transformer: shapes, parameters, attention.",
                           no_args_is_help=True)
@@ -36,8 +36,8 @@ def _explain_checkpoint(model: Path):
 def _explain_model(config: Path | None, model: Path | None, overrides: list[str] | None):
     """(model, src vocab or None, tgt vocab or None, config) from a checkpoint, or from a
     config: random weights, the run's tokenizer if trained, else hashed word ids."""
-    from mtkit.model import build_model
-    from mtkit.vocab import load_vocabs
+    from mtkit.core.vocab import load_vocabs
+    from mtkit.model.transformer import build_model
 
     if (config is None) == (model is None):
         raise ConfigError("give --config C or -m CKPT")
@@ -61,7 +61,7 @@ def explain_shapes(
     values: Annotated[bool, typer.Option(help="Also print the (rounded) numbers.")] = False,
 ) -> None:
     """Trace one small batch through the model: every stage's shape, axes named."""
-    from mtkit.explain import DEFAULT_PAIRS, format_trace, make_batch, trace_shapes
+    from mtkit.stages.explain import DEFAULT_PAIRS, format_trace, make_batch, trace_shapes
 
     with reported():
         net, src_vocab, tgt_vocab, cfg = _explain_model(config, model, set_)
@@ -83,7 +83,7 @@ def explain_shapes(
 def explain_params(config: MaybeConfig = None, model: CkptOpt = None,
                    set_: SetOpt = None) -> None:
     """Parameters per component with the closed-form count beside each."""
-    from mtkit.explain import format_parameter_table
+    from mtkit.stages.explain import format_parameter_table
 
     with reported():
         net, _, _, _ = _explain_model(config, model, set_)
@@ -98,7 +98,7 @@ def explain_attention(
         "attention"),
 ) -> None:
     """Translate a sentence and draw every layer's and head's attention as PNG heatmaps."""
-    from mtkit.explain import attention_maps, plot_attention
+    from mtkit.stages.explain import attention_maps, plot_attention
 
     try:
         import matplotlib  # noqa: F401

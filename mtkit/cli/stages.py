@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from mtkit.cli.app import ConfigOpt, SetOpt, app, load, reported, tune_runtime
-from mtkit.errors import plural
+from mtkit.core.errors import plural
 
 
 @app.command()
 def tokenizer(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Train SentencePiece on the training text (RUN/spm.model)."""
-    from mtkit.tokenizer import build_tokenizer
+    from mtkit.stages.tokenizer import build_tokenizer
 
     cfg = load(config, set_)
     with reported():
@@ -28,8 +28,8 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None,
                    "--verify", help="Only check the existing shards' sizes, offsets and "
                    "checksums against their manifests; write nothing.")] = False) -> None:
     """Clean, encode and binarize train/valid/test into RUN/data/."""
-    from mtkit.preprocess import preprocess as run_preprocess
-    from mtkit.preprocess import verify_shards
+    from mtkit.stages.preprocess import preprocess as run_preprocess
+    from mtkit.stages.preprocess import verify_shards
 
     cfg = load(config, set_)
     with reported():
@@ -48,7 +48,7 @@ def train(config: ConfigOpt, set_: SetOpt = None,
           resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints.")] = True
           ) -> None:
     """Train the Transformer (RUN/checkpoints/); resumes from RUN/checkpoints/last.pt."""
-    from mtkit.train import train as run_training
+    from mtkit.training.loop import train as run_training
 
     cfg = load(config, set_)
     tune_runtime()
@@ -62,8 +62,8 @@ def train(config: ConfigOpt, set_: SetOpt = None,
 @app.command()
 def run(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Run every stage (tokenizer, preprocess, train, translate, eval), skipping finished ones."""
-    from mtkit.languages import directions, name
-    from mtkit.pipeline import direction_table, run_all
+    from mtkit.core.languages import directions, name
+    from mtkit.stages.pipeline import direction_table, run_all
 
     cfg = load(config, set_)
     tune_runtime()

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mtkit.cli.app import app, reported
-from mtkit.errors import OptionError, plural
+from mtkit.core.errors import OptionError, plural
 
 
 @app.command()
@@ -21,13 +21,13 @@ def average(
     last: Annotated[int, typer.Option(help="With a folder: average its last N.")] = 5,
 ) -> None:
     """Average the weights of several checkpoints into one that translates."""
-    from mtkit.atomic import refuse_same_file
-    from mtkit.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
+    from mtkit.core.atomic import refuse_same_file
+    from mtkit.core.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
 
     with reported():
         if last < 1:
             raise OptionError(f"--last must be at least 1, got {last}")
-        if str(output) == "-":  # written in place, as every descriptor is (mtkit.atomic)
+        if str(output) == "-":  # written in place, as every descriptor is (mtkit.core.atomic)
             if sys.stdout.isatty():
                 raise OptionError("-o - would write a binary checkpoint to the terminal; "
                                   "redirect stdout to a file or a pipe")
@@ -62,11 +62,11 @@ def export(
     layout (post-norm models with positions sinusoidal_split, as imported ones are)."""
     with reported():
         if to == "ctranslate2":
-            from mtkit.export.ct2 import export_ctranslate2
+            from mtkit.interop.ct2_export import export_ctranslate2
 
             export_ctranslate2(model, output, quantization, force)
         elif to == "huggingface":
-            from mtkit.export.huggingface import export_huggingface
+            from mtkit.interop.marian_export import export_huggingface
 
             if quantization != "float32":
                 raise OptionError(f"--quantization {quantization} is for --to ctranslate2; "
@@ -91,8 +91,8 @@ def import_(
     weights_only); everything is checked before anything is written: an architecture
     mtkit cannot represent exactly, a config at odds with the weights, or weights the
     config does not use are refused in one line."""
-    from mtkit.atomic import refuse_same_file
-    from mtkit.marian import import_marian
+    from mtkit.core.atomic import refuse_same_file
+    from mtkit.interop.marian_import import import_marian
 
     with reported():
         folder = Path(source)

@@ -1,5 +1,5 @@
 """The commands that translate: translate, eval, serve. The decoding options are
-`mtkit.decoding.OPTIONS`' (their help, their checks), the same for all three."""
+`mtkit.core.search_options.OPTIONS`' (their help, their checks), the same for all three."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from mtkit.cli.app import (
     reported,
     tune_runtime,
 )
-from mtkit.config import ConfigError
-from mtkit.decoding import OPTIONS, SearchOptions, Translator, check_value
-from mtkit.errors import OptionError, plural
-from mtkit.terms import (
+from mtkit.core.config import ConfigError
+from mtkit.core.errors import OptionError, plural
+from mtkit.core.search_options import OPTIONS, SearchOptions, Translator, check_value
+from mtkit.core.terms import (
     Constraint,
     Glossary,
     TermScore,
@@ -117,9 +117,9 @@ def translate(
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
-    from mtkit.languages import check_target
-    from mtkit.terms import read_constraints
-    from mtkit.textio import OutputFormat
+    from mtkit.core.languages import check_target
+    from mtkit.core.terms import read_constraints
+    from mtkit.core.textio import OutputFormat
 
     input, output = dash(input), dash(output)
     with reported():
@@ -152,7 +152,7 @@ def translate(
 
 def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | None],
                                model: list[Path]) -> None:
-    from mtkit.atomic import refuse_same_file
+    from mtkit.core.atomic import refuse_same_file
     from mtkit.engines.loader import model_files
 
     if output:
@@ -162,7 +162,7 @@ def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | Non
 def _check_constraints(engine: Translator, opts: SearchOptions, constraints: Path | None,
                        glossary: Path | None) -> None:
     """One line if the engine or the options cannot search with constraints."""
-    from mtkit.decoding import check_constraints
+    from mtkit.core.search_options import check_constraints
 
     for name, given in (("--constraints", constraints), ("--glossary", glossary)):
         if given:
@@ -185,9 +185,9 @@ def _translate_file(engine: Translator, input: Path | None, output: Path | None,
                     extra: Lines = Lines()) -> None:
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
     only once complete), with a progress bar on a terminal."""
-    from mtkit.atomic import atomic_text
-    from mtkit.progress import progress_bar
-    from mtkit.textio import check_constraint_lines, read_all_lines, translate_stream
+    from mtkit.core.atomic import atomic_text
+    from mtkit.core.progress import progress_bar
+    from mtkit.core.textio import check_constraint_lines, read_all_lines, translate_stream
 
     with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
             (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
@@ -237,8 +237,8 @@ def eval_(
     accuracy with --terms or --glossary, and the off-target rate with --lang."""
     import json
 
-    from mtkit.evaluate import parse_metrics, score
-    from mtkit.langid import off_target
+    from mtkit.core.langid import off_target
+    from mtkit.core.scoring import parse_metrics, score
 
     with reported():
         names = parse_metrics(metrics)
@@ -287,7 +287,7 @@ def _check_languages(lang: str | None, among: str | None, tgt_lang: str | None,
     """One line for a language option that would be ignored or is empty: --lang '',
     --among without codes or without --lang, --tgt-lang '' or without -m. Returns
     --among's codes ([] where not given)."""
-    from mtkit.langid import codes
+    from mtkit.core.langid import codes
 
     for option, value in (("--lang", lang), ("--tgt-lang", tgt_lang)):
         if value is not None and not value.strip():
@@ -313,8 +313,8 @@ def _eval_languages(engine: Translator | None, lang: str | None, among: list[str
     languages the off-target rate tells apart (--among's, else the model's); one line,
     before anything is translated, for a language the model lacks, or one py3langid
     cannot tell. --lang is py3langid's code, --tgt-lang the model's: they may differ."""
-    from mtkit.langid import LangIdError, check_languages
-    from mtkit.languages import Tagging, directions, tagging, target_languages
+    from mtkit.core.langid import LangIdError, check_languages
+    from mtkit.core.languages import Tagging, directions, tagging, target_languages
 
     tag, languages = Tagging(), among
     if engine is not None:
@@ -342,7 +342,7 @@ def _eval_languages(engine: Translator | None, lang: str | None, among: list[str
 
 def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
     """The lines of `path`, as many as the references (or one line saying not)."""
-    from mtkit.evaluate import EvalError
+    from mtkit.core.scoring import EvalError
 
     if not references:
         raise EvalError(f"nothing to score: {ref} is empty")
@@ -382,13 +382,13 @@ def _translated(engine: Translator, sources: list[str], tag, terms: list | None,
     (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
     and --glossary terms as constraints: a term of --terms that cannot be searched for is
     one line, a glossary's is left out of its line with a warning, as in `translate`."""
-    from mtkit.textio import Request, searchable, translate_texts
+    from mtkit.core.textio import Request, searchable, translate_texts
 
     opts = SearchOptions.from_config(engine.config.decode)
     requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
     if (terms is not None and any(terms)) or (glossary is not None and any(
             glossary.constraints(x) for x in sources)):  # the terms constrain the search
-        from mtkit.decoding import check_constraints
+        from mtkit.core.search_options import check_constraints
 
         check_constraints(opts, engine.capabilities, "--glossary with -m" if terms is None
                           else "--terms with -m")
@@ -491,8 +491,8 @@ def _limits(port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lin
 
 
 def _glossary(path: Path | None):
-    """The glossary at `path` (`mtkit.terms.Glossary`), or None."""
-    from mtkit.terms import Glossary
+    """The glossary at `path` (`mtkit.core.terms.Glossary`), or None."""
+    from mtkit.core.terms import Glossary
 
     return Glossary.read(path) if path else None
 

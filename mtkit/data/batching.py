@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mtkit.signals import ignore_in_worker
-from mtkit.vocab import BOS, EOS, PAD
+from mtkit.core.signals import ignore_in_worker
+from mtkit.core.vocab import BOS, EOS, PAD
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
                 ) -> DataLoader:
     """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches. Pass a
     `generator` to keep the loader from drawing on the global RNG (exact resume). Its
-    workers ignore stop signals (`mtkit.signals`): start them with
+    workers ignore stop signals (`mtkit.core.signals`): start them with
     `held_while_starting_workers`, i.e. create the loader's iterator inside it."""
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collate_fn,
                       num_workers=workers, pin_memory=pin_memory, persistent_workers=False,

@@ -11,7 +11,7 @@ A split's folder `RUN/data/<split>/` holds
                          and SHA-256; written last
 
 `ShardWriter` appends encoded pairs to the files as they stream in (the preprocess
-stage, `mtkit.preprocess`, feeds it), keeping each file's size and SHA-256 as it grows.
+stage, `mtkit.stages.preprocess`, feeds it), keeping each file's size and SHA-256 as it grows.
 Training reads the .bin files memory-mapped (`ShardDataset`). Opening a shard checks
 every file's size and the offsets against the data; `verify` checks the checksums too
 (training does at start, `mtkit preprocess --verify` on demand).
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mtkit.checksum import bytes_sha256, file_sha256
+from mtkit.core.checksum import bytes_sha256, file_sha256
+from mtkit.core.errors import plural
+from mtkit.core.vocab import Vocab
 from mtkit.data.sources import DataError
-from mtkit.errors import plural
-from mtkit.vocab import Vocab
 
 FORMAT = "mtkit-shards-2"
 SPLITS = ("train", "valid", "test")

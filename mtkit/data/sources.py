@@ -31,10 +31,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from mtkit.atomic import reason, write_failure
-from mtkit.config import CorpusConfig, DataConfig
-from mtkit.errors import UserError, plural
-from mtkit.languages import direction, source_tag, target_tag
+from mtkit.core.atomic import reason, write_failure
+from mtkit.core.config import CorpusConfig, DataConfig
+from mtkit.core.errors import UserError, plural
+from mtkit.core.languages import direction, source_tag, target_tag
+from mtkit.core.textio import line_count
 
 if TYPE_CHECKING:
     import datasets
@@ -201,17 +202,6 @@ def _read_failure(path: str, e: Exception) -> DataError:
     return DataError(f"{path}: cannot read at line {lines + 1} ({reason(e)})")
 
 
-def line_count(stream: BinaryIO) -> int:
-    """Lines in a binary stream, read to its end in blocks, without decoding: a last line
-    without its newline counts. The one line counter (corpora here, the translate bar in
-    `mtkit.progress`)."""
-    lines, last = 0, b"\n"
-    while block := stream.read(1 << 20):
-        lines += block.count(b"\n")
-        last = block[-1:]
-    return lines + (last != b"\n")
-
-
 def count_lines(path: str) -> int:
     """Lines in a text file (plain or .gz) as `_text_chunks` reads them (`line_count`).
     Errors name the file and the line."""
@@ -363,7 +353,7 @@ def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None,
                lang_tag: str = "source") -> list[Corpus]:
     """Every corpus of a split, opened (empty when the split is not set), each in its
     own languages; in a multilingual run each source line (or with `lang_tag: target`
-    each target line) starts with its target's tag (`mtkit.languages`)."""
+    each target line) starts with its target's tag (`mtkit.core.languages`)."""
     return [tagged(open_corpus(c, *direction(c, cfg), cache_dir), source_tag(c, cfg, lang_tag),
                    target_tag(c, cfg, lang_tag))
             for c in cfg.corpora(split)]

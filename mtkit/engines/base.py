@@ -11,19 +11,19 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from mtkit.decoding import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
-from mtkit.errors import OptionError
-from mtkit.hypothesis import Hypothesis
-from mtkit.languages import tag
-from mtkit.terms import shorten
-from mtkit.vocab import EOS, UNK, Vocab
+from mtkit.core.errors import OptionError
+from mtkit.core.hypothesis import Hypothesis
+from mtkit.core.languages import tag
+from mtkit.core.search_options import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
+from mtkit.core.terms import shorten
+from mtkit.core.vocab import EOS, UNK, Vocab
 
 log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]*>|>>[^<\s]*<<")  # a target-language tag as one piece
 
 
 class Engine:
-    """The shared half of an engine (`mtkit.decoding.Translator`). Subclasses set
+    """The shared half of an engine (`mtkit.core.search_options.Translator`). Subclasses set
     `src_vocab`, `tgt_vocab`, `max_positions`, `capabilities`, `config`, `steps`, and
     search in `translate`."""
 

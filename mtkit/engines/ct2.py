@@ -10,7 +10,7 @@
 
 Loading a folder checks every file against mtkit.json first, so a damaged or truncated
 file is one line naming it, not a wrong translation or a CTranslate2 traceback. The
-exporter is `mtkit.export.ct2`.
+exporter is `mtkit.interop.ct2_export`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mtkit.checksum import file_sha256
-from mtkit.config import config_from_dict
-from mtkit.decoding import BATCH_TOKENS, Capabilities, SearchOptions, check_constraints
+from mtkit.core.checksum import file_sha256
+from mtkit.core.config import config_from_dict
+from mtkit.core.errors import OptionError, UserError
+from mtkit.core.hypothesis import Hypothesis, length_penalty
+from mtkit.core.search_options import BATCH_TOKENS, Capabilities, SearchOptions, check_constraints
+from mtkit.core.vocab import BOS, PAD, Vocab
 from mtkit.engines.base import Engine
-from mtkit.errors import OptionError, UserError
-from mtkit.hypothesis import Hypothesis, length_penalty
-from mtkit.vocab import BOS, PAD, Vocab
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class CT2Engine(Engine):
                   batch_tokens: int = BATCH_TOKENS,
                   constraints: list[list[tuple[str, ...]]] | None = None
                   ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.decoding.Translator`).
+        """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`).
         CTranslate2 has no hard lexical constraints (only prefixes): constraints are
         refused in one line."""
         self.check(opts)

@@ -9,8 +9,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtkit.decoding import Translator, check_precision
-from mtkit.errors import OptionError
+from mtkit.core.errors import OptionError
+from mtkit.core.search_options import Translator, check_precision
 
 
 def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:

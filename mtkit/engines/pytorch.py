@@ -1,4 +1,4 @@
-"""The PyTorch engine: checkpoints' models behind `mtkit.search`.
+"""The PyTorch engine: checkpoints' models behind `mtkit.search.beam`.
 
 `TorchEngine.translate` takes lines, sets empty ones aside (`Engine.prepare`), sorts the
 rest by length, and runs each batch of at most `batch_tokens` source tokens x beam (the
@@ -20,19 +20,24 @@ from typing import NamedTuple
 
 import torch
 
-from mtkit import int8
-from mtkit.align import align, check_layer
-from mtkit.attention import keep_stacked_weights
-from mtkit.checkpoint import (
+from mtkit.core.checkpoint import (
     CheckpointError,
     MappedFile,
     describe_weights,
     load_checkpoint,
     trained_step,
 )
-from mtkit.config import Config, config_from_dict
-from mtkit.constrained import constrained_beam_search
-from mtkit.decoding import (
+from mtkit.core.config import Config, config_from_dict
+from mtkit.core.device import (
+    autocast,
+    inference_shape,
+    precision_record,
+    resolve_device,
+    resolve_precision,
+)
+from mtkit.core.errors import OptionError
+from mtkit.core.hypothesis import Hypothesis
+from mtkit.core.search_options import (
     BATCH_TOKENS,
     Capabilities,
     SearchOptions,
@@ -40,22 +45,17 @@ from mtkit.decoding import (
     check_precision,
     flag,
 )
-from mtkit.device import (
-    autocast,
-    inference_shape,
-    precision_record,
-    resolve_device,
-    resolve_precision,
-)
+from mtkit.core.vocab import EOS, PAD, Vocab, entry_vocabs
 from mtkit.engines.base import Engine
-from mtkit.ensemble import Ensemble
-from mtkit.errors import OptionError
-from mtkit.hypothesis import Hypothesis
-from mtkit.kernels import AttentionShape, choose_decoding_attention
-from mtkit.model import Transformer, build_model, count_parameters
-from mtkit.sampling import sample_search
-from mtkit.search import StepModel, beam_search, greedy_hypotheses
-from mtkit.vocab import EOS, PAD, Vocab, entry_vocabs
+from mtkit.model import int8
+from mtkit.model.attention import keep_stacked_weights
+from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
+from mtkit.model.transformer import Transformer, build_model, count_parameters
+from mtkit.search.alignment import align, check_layer
+from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses
+from mtkit.search.constraints import constrained_beam_search
+from mtkit.search.ensemble import Ensemble
+from mtkit.search.sampling import sample_search
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class TorchEngine(Engine):
     weights: list[str] = field(default_factory=list)  # what each model's weights are
     # {"precision", "asked", "calibration"?, "attention"?}: what the models run in, fp32
     # (`autocast_dtype` None), bf16 (autocast on CUDA; on a CPU the models' own weights
-    # are bf16, `bf16_weights`, and `autocast_dtype` is None) or int8 (`mtkit.int8`), and
+    # are bf16, `bf16_weights`, and `autocast_dtype` is None) or int8 (`mtkit.model.int8`), and
     # the attention kernel they run with (`kernels.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
 
@@ -125,7 +125,7 @@ class TorchEngine(Engine):
                   batch_tokens: int = BATCH_TOKENS,
                   constraints: list[list[tuple[str, ...]]] | None = None
                   ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.decoding.Translator`). With
+        """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
         samples are the same in any batch, at any place in the input, alone or not."""
         self.check(opts)
@@ -182,7 +182,7 @@ class TorchEngine(Engine):
     def constrained(self, src: torch.Tensor, opts: SearchOptions,
                     prefixes: list[list[int]] | None, constraints: list[list[list[list[int]]]],
                     model: StepModel) -> list[list[Hypothesis]]:
-        """Constrained beam search (`mtkit.constrained`). A sentence with fewer than
+        """Constrained beam search (`mtkit.search.constraints`). A sentence with fewer than
         n-best hypotheses that meet its constraints within its length limit (none, or
         too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
         hyps = constrained_beam_search(model, src, constraints, opts.beam,
@@ -214,7 +214,7 @@ class TorchEngine(Engine):
 
     def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
                         layer: int | None) -> list[list[Hypothesis]]:
-        """Each hypothesis with its word links to its source (`mtkit.align`)."""
+        """Each hypothesis with its word links to its source (`mtkit.search.alignment`)."""
         pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True)
                  for h in nbest]
         links = iter(align(self.models, [src for src, _ in pairs], [out for _, out in pairs],
@@ -344,7 +344,7 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
     weights on a CPU, `bf16_weights`) and its record. `auto` takes bf16 on CUDA; on a CPU
     it times the model's first FFN layer at one decoding step of a full batch, forward
     only, with bf16 weights and inputs, and takes bf16 only where it needs at most 90% of
-    fp32's time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.int8`) is taken
+    fp32's time (AVX512-BF16, AMX; never where bf16 is emulated). int8 (`mtkit.model.int8`) is taken
     only when asked, on a CPU: it rounds every product, so it changes more outputs; its
     record has the weight range `int8.weight_range()` found exact on this CPU."""
     check_precision(asked)

@@ -30,16 +30,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.decoding import (
-    OPTIONS,
-    SearchOptions,
-    Translator,
-    check_constraints,
-    constraints_need,
-)
-from mtkit.errors import OptionError, plural
-from mtkit.hypothesis import Hypothesis, pharaoh
-from mtkit.languages import (
+from mtkit.core.errors import OptionError, plural
+from mtkit.core.hypothesis import Hypothesis, pharaoh
+from mtkit.core.languages import (
     Tagging,
     bilingual_pair,
     directions,
@@ -49,9 +42,16 @@ from mtkit.languages import (
     target_languages,
     untagged,
 )
+from mtkit.core.search_options import (
+    OPTIONS,
+    SearchOptions,
+    Translator,
+    check_constraints,
+    constraints_need,
+)
+from mtkit.core.terms import Constraint, Glossary, combine
+from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
-from mtkit.terms import Constraint, Glossary, combine
-from mtkit.textio import lone_surrogate, read_constraints_field, read_json
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
@@ -63,7 +63,8 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: list[str] = Field(description="Sentences to translate; empty strings stay empty.")
-    # Ranges are the options' own (`mtkit.decoding.OPTIONS`), checked with the CLI's checks.
+    # Ranges are the options' own (`mtkit.core.search_options.OPTIONS`), checked with the
+    # CLI's checks.
     beam: int | None = Field(None, description=OPTIONS["beam"].help)
     nbest: int | None = Field(None, description="Hypotheses per sentence (at most the beam).")
     alignments: bool = Field(False, description=OPTIONS["alignments"].help)

@@ -21,8 +21,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from mtkit.decoding import SearchOptions, Translator
-from mtkit.hypothesis import Hypothesis
+from mtkit.core.hypothesis import Hypothesis
+from mtkit.core.search_options import SearchOptions, Translator
 from mtkit.serving.stream import LineStream, open_stream
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class _Job:
     opts: SearchOptions
     tokens: int  # source tokens, for the batch budget
     longest: int  # tokens of its longest sentence
-    constraints: list[list[tuple[str, ...]]] | None = None  # per line (`mtkit.terms`)
+    constraints: list[list[tuple[str, ...]]] | None = None  # per line (`mtkit.core.terms`)
     prefixes: list[str] | None = None  # per line: the output's forced start
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)

@@ -21,12 +21,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from mtkit.cache import resize
-from mtkit.decoding import DEFAULTS, SearchOptions, Translator
+from mtkit.core.hypothesis import Hypothesis
+from mtkit.core.search_options import DEFAULTS, SearchOptions, Translator
+from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.engines.pytorch import TorchEngine, pad_rows
-from mtkit.hypothesis import Hypothesis
-from mtkit.search import as_hypotheses, max_lengths, step_log_probs
-from mtkit.vocab import BOS, EOS, PAD
+from mtkit.model.cache import resize
+from mtkit.search.beam import as_hypotheses, max_lengths, step_log_probs
 
 
 class StreamCache(Protocol):

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtkit import int8
-from mtkit.config import load_config
+from mtkit.core.config import load_config
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import translate_texts
 from mtkit.data.shards import ShardDataset
-from mtkit.decoding import SearchOptions
 from mtkit.engines.loader import load_engine
-from mtkit.preprocess import preprocess
-from mtkit.textio import translate_texts
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
+from mtkit.model import int8
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import train
 
 from conftest import cli
 

@@ -299,12 +299,12 @@ def option_value(argv: list[str], *names: str) -> list[str]:
 
 
 def config_loader():
-    for module in ("mtkit.core.config", "mtkit.config"):
+    for module in ("mtkit.core.config", "mtkit.core.config"):
         try:
             return importlib.import_module(module).load_config
         except (ImportError, AttributeError):
             continue
-    pytest.fail("no load_config in mtkit.core.config or mtkit.config")
+    pytest.fail("no load_config in mtkit.core.config or mtkit.core.config")
 
 
 def test_the_docs_show_commands():

@@ -119,7 +119,7 @@ def test_an_export_is_served_and_what_it_cannot_do_is_refused(exported):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.ct2 import CT2Engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from hfmarian import LIMIT, generate, lines, marian_folder  # noqa: E402
 
-from mtkit.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from mtkit.core.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 from conftest import cli, one_line_error  # noqa: E402
 

@@ -20,13 +20,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from hfmarian import marian_folder  # noqa: E402
 
-from mtkit.checkpoint import load_checkpoint  # noqa: E402
-from mtkit.config import config_from_dict  # noqa: E402
-from mtkit.marian import import_marian  # noqa: E402
-from mtkit.preprocess import preprocess  # noqa: E402
-from mtkit.tokenizer import TokenizerError, build_tokenizer  # noqa: E402
-from mtkit.train import train  # noqa: E402
-from mtkit.trainstate import TrainError  # noqa: E402
+from mtkit.core.checkpoint import load_checkpoint  # noqa: E402
+from mtkit.core.config import config_from_dict  # noqa: E402
+from mtkit.interop.marian_import import import_marian  # noqa: E402
+from mtkit.stages.preprocess import preprocess  # noqa: E402
+from mtkit.stages.tokenizer import TokenizerError, build_tokenizer  # noqa: E402
+from mtkit.training.loop import train  # noqa: E402
+from mtkit.training.state import TrainError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY = ROOT / "data" / "copy"

@@ -1,4 +1,4 @@
-"""One model for two directions (`mtkit.languages`): the copy task as two "languages",
+"""One model for two directions (`mtkit.core.languages`): the copy task as two "languages",
 copy (`cp`) and copy reversed (`rv`), chosen by the <2xx> tag each source line starts
 with. Both are learned by one model and `translate --tgt-lang` picks which (serve's
 target_lang, and an export to CTranslate2, likewise); a missing or unknown language is
@@ -55,7 +55,7 @@ def test_serve_takes_target_lang_and_info_lists_the_directions(two_way):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.loader import load_engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits

@@ -23,8 +23,8 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     """With `model.lang_tag: target` the tag starts each stored target, not the source;
     translate forces it as the output's start and takes it off again, and the tag still
     picks the task; validation and `mtkit run` score outputs without it."""
+    from mtkit.core.vocab import load_vocabs
     from mtkit.data.shards import ShardDataset
-    from mtkit.vocab import load_vocabs
 
     checkpoint, sources = two_way_target
     run = checkpoint.parents[1]

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from mtkit.cli import app as cli_app  # noqa: E402
-from mtkit.decoding import SearchOptions
+from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.scheduler import Batcher, Limits

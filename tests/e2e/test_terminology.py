@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from mtkit.terms import Glossary, occurs
+from mtkit.core.terms import Glossary, occurs
 
 from conftest import cli, one_line_error
 
@@ -112,7 +112,7 @@ def test_serve_takes_constraints_per_sentence_and_a_glossary(best, files):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.loader import load_engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits

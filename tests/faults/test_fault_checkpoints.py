@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from mtkit.checkpoint import CheckpointError, find_resumable, load_checkpoint, save_checkpoint
+from mtkit.core.checkpoint import CheckpointError, find_resumable, load_checkpoint, save_checkpoint
 from mtkit.engines.loader import load_engine
 
 from faultkit import ROOT, assert_one_line, cli, snapshot

@@ -170,7 +170,7 @@ def test_a_config_in_its_own_run_directory_is_kept(corpus, tmp_path, monkeypatch
         assert "Traceback" not in result.output
         assert "the resolved config is not written to config.yaml" in result.stderr
         assert snapshot(config) == before
-    from mtkit.config import load_config, save_config  # as train.py saves it
+    from mtkit.core.config import load_config, save_config  # as train.py saves it
 
     save_config(load_config(config, ["train.max_steps=3"]), tmp_path / "config.yaml")
     assert snapshot(config) == before
@@ -187,7 +187,7 @@ def test_a_config_elsewhere_still_gets_its_resolved_copy(work):
 
 
 def test_an_export_records_every_file_size_and_checksum(exported):
-    from mtkit.checksum import file_sha256
+    from mtkit.core.checksum import file_sha256
 
     files = json.loads((exported / "mtkit.json").read_text())["files"]
     assert set(files) == {p.name for p in exported.iterdir()} - {"mtkit.json"}
@@ -251,7 +251,7 @@ def test_verify_fails_on_a_missing_split_the_config_names(work):
 
 
 def test_huge_length_limits_are_capped_at_the_models_positions(work, ckpts):
-    from mtkit.checkpoint import load_checkpoint, save_checkpoint
+    from mtkit.core.checkpoint import load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(ckpts / "best.pt")  # 48 positions: outputs of 47 tokens at most
     payload["config"]["model"]["max_positions"] = 48  # (the sinusoids are not stored)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from mtkit.textio import MAX_LINE_BYTES, read_chunks
+from mtkit.core.textio import MAX_LINE_BYTES, read_chunks
 
 from conftest import write_config
 from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_for

@@ -18,7 +18,7 @@ pytest.importorskip("safetensors")
 from hfmarian import marian_folder  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from mtkit.checkpoint import load_checkpoint  # noqa: E402
+from mtkit.core.checkpoint import load_checkpoint  # noqa: E402
 
 from faultkit import assert_one_line, cli, snapshot  # noqa: E402
 
@@ -242,7 +242,7 @@ def test_a_long_output_name_is_written_not_refused_for_its_temporary(original, t
 
 
 def test_a_write_error_names_the_users_path(original, tmp_path, monkeypatch):
-    import mtkit.atomic
+    import mtkit.core.atomic
 
     real = os.replace
 
@@ -251,7 +251,7 @@ def test_a_write_error_names_the_users_path(original, tmp_path, monkeypatch):
             raise OSError(errno.EXDEV, "Invalid cross-device link", src, dst)
         return real(src, dst)
 
-    monkeypatch.setattr(mtkit.atomic.os, "replace", failing)
+    monkeypatch.setattr(mtkit.core.atomic.os, "replace", failing)
     link = tmp_path / "link.pt"
     link.symlink_to(tmp_path / "target.pt")
     for out in (tmp_path / "out.pt", link):

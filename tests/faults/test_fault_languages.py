@@ -14,12 +14,12 @@ import shutil
 import pytest
 import yaml
 
-from mtkit.config import config_from_dict
-from mtkit.configcheck import ConfigError
-from mtkit.errors import OptionError
-from mtkit.languages import check_language_code, check_target, tag, tags
-from mtkit.train import TrainResult
-from mtkit.vocab import load_vocabs
+from mtkit.core.config import config_from_dict
+from mtkit.core.configcheck import ConfigError
+from mtkit.core.errors import OptionError
+from mtkit.core.languages import check_language_code, check_target, tag, tags
+from mtkit.core.vocab import load_vocabs
+from mtkit.training.loop import TrainResult
 
 from conftest import tiny_config_dict, write_config
 from faultkit import assert_one_line, cli, snapshot

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from mtkit.rundir import RunDirError, run_lock
+from mtkit.core.rundir import RunDirError, run_lock
 
 from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_for
 
@@ -18,7 +18,7 @@ def hold_lock(run, stage="train") -> subprocess.Popen:
     """Another process that holds the run directory's lock until it is killed."""
     code = textwrap.dedent(f"""
         import sys, time
-        from mtkit.rundir import run_lock
+        from mtkit.core.rundir import run_lock
         with run_lock({str(run)!r}, {stage!r}):
             print("locked", flush=True)
             time.sleep(600)

@@ -80,7 +80,7 @@ def api(trained):
     pytest.importorskip("httpx")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.engines.loader import load_engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits
@@ -277,7 +277,7 @@ def test_averaging_one_checkpoint_says_one_checkpoint(work, best):
 
 
 def test_score_counts_one_hypothesis():
-    from mtkit.evaluate import EvalError, score
+    from mtkit.core.scoring import EvalError, score
 
     with pytest.raises(EvalError, match="^1 hypothesis but 2 references$"):
         score(["a"], ["a", "b"], ["bleu"])

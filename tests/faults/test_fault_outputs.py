@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from mtkit.checkpoint import load_checkpoint
+from mtkit.core.checkpoint import load_checkpoint
 
 from faultkit import assert_one_line, cli, mtkit_process, snapshot, wait_for
 
@@ -65,7 +65,7 @@ def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpt
         args[2].write("half of the output\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mtkit.textio.translate_stream", interrupted)
+    monkeypatch.setattr("mtkit.core.textio.translate_stream", interrupted)
     assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
                     code=130, says="interrupted")
     assert snapshot(work) == before

@@ -21,10 +21,10 @@ import pytest
 import torch
 import yaml
 
-from mtkit.checkpoint import load_checkpoint
-from mtkit.config import config_from_dict
-from mtkit.preprocess import preprocess
-from mtkit.tokenizer import build_tokenizer
+from mtkit.core.checkpoint import load_checkpoint
+from mtkit.core.config import config_from_dict
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
 
 from conftest import tiny_config_dict
 from faultkit import ROOT
@@ -34,10 +34,10 @@ STEPS, VALID_EVERY = 12, 6
 # Each moment: the module and the function whose first call (or, for a step, the call
 # that makes step 4) sends the signal to the group, and the step the stop saves.
 MOMENTS = {
-    "setup": ("mtkit.trainstate", "_open_metrics", 0),
-    "step": ("mtkit.train", "apply_update", 4),
-    "validation": ("mtkit.train", "greedy_search", VALID_EVERY),
-    "save": ("mtkit.train", "write_training_checkpoint", VALID_EVERY),
+    "setup": ("mtkit.training.state", "_open_metrics", 0),
+    "step": ("mtkit.training.loop", "apply_update", 4),
+    "validation": ("mtkit.training.loop", "greedy_search", VALID_EVERY),
+    "save": ("mtkit.training.loop", "write_training_checkpoint", VALID_EVERY),
 }
 
 _DRIVER = """
@@ -143,7 +143,7 @@ def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, 
     """`mtkit run` (the stages before training are finished: the prepared run directory)
     stops with the training's checkpoint and does not go on to translate the test set."""
     config, run = _config(prepared, tmp_path, corpus, 2)
-    stopped = _signalled(["run", "-c", config], "mtkit.train", "apply_update", "SIGTERM", 2)
+    stopped = _signalled(["run", "-c", config], "mtkit.training.loop", "apply_update", "SIGTERM", 2)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
@@ -166,8 +166,8 @@ def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corp
     assert subprocess.run([sys.executable, "-m", "mtkit", "tokenizer", "-c", str(config)],
                           capture_output=True, cwd=ROOT).returncode == 0
     before = sorted(p.name for p in run.iterdir())
-    big = ("import mtkit.preprocess, mtkit.data.sources as s;"
-           "mtkit.preprocess.preprocess.__defaults__ = (1,);"
+    big = ("import mtkit.stages.preprocess, mtkit.data.sources as s;"
+           "mtkit.stages.preprocess.preprocess.__defaults__ = (1,);"
            "s.Corpus.chunks.__defaults__ = (200,)")
     stopped = _signalled(["preprocess", "-c", config], "mtkit.data.shards",
                          "ShardWriter.append", sig, 1, prelude=big)

@@ -114,7 +114,7 @@ def test_an_unwritable_run_directory_is_one_line_naming_it(work, monkeypatch):
     def refuse(*args, **kwargs):
         raise OSError(errno.EACCES, "Permission denied", str(args[0]))
 
-    monkeypatch.setattr("mtkit.rundir.os.open", refuse)  # as a non-root user would meet
+    monkeypatch.setattr("mtkit.core.rundir.os.open", refuse)  # as a non-root user would meet
     before = snapshot(work)
     for stage in ("tokenizer", "preprocess", "train"):
         assert_one_line(cli(stage, "-c", work / "exp.yaml"),

@@ -13,10 +13,10 @@ import json
 import pytest
 import yaml
 
-from mtkit.config import config_from_dict
-from mtkit.preprocess import preprocess
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
+from mtkit.core.config import config_from_dict
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import train
 
 from conftest import one_line_error, tiny_config_dict
 from faultkit import assert_one_line, cli
@@ -186,11 +186,11 @@ def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multi
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
+    from mtkit.core.terms import Glossary
     from mtkit.engines.loader import load_engine
     from mtkit.serving.app import create_app
     from mtkit.serving.scheduler import Limits
-    from mtkit.terms import Glossary
 
     (tmp_path / "g.tsv").write_text("dog\tHund\n")
     engine = load_engine(best, "cpu")
@@ -337,7 +337,7 @@ def test_a_constraint_that_is_a_language_tag_is_refused(multilingual, tmp_path):
 
 
 def test_an_engine_never_takes_a_special_piece_for_a_phrase(tiny_engine):
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
 
     errors = tiny_engine.constraint_errors(["a b c"] * 3, [[("</s>",)], [("<pad>",)], []],
                                            SearchOptions(max_len_b=200))

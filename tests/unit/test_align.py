@@ -3,7 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtkit.align import (
+from mtkit.core.config import ModelConfig
+from mtkit.core.errors import OptionError
+from mtkit.core.hypothesis import pharaoh
+from mtkit.data.batching import collate
+from mtkit.model.transformer import build_model
+from mtkit.search.alignment import (
     align,
     check_layer,
     cross_attention,
@@ -11,11 +16,6 @@ from mtkit.align import (
     word_index,
     word_links,
 )
-from mtkit.config import ModelConfig
-from mtkit.data.batching import collate
-from mtkit.errors import OptionError
-from mtkit.hypothesis import pharaoh
-from mtkit.model import build_model
 
 
 def test_subwords_map_to_the_words_they_belong_to():

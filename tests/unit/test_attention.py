@@ -1,4 +1,4 @@
-"""Attention and dropout (`mtkit.attention`): the stacked projections compute what the
+"""Attention and dropout (`mtkit.model.attention`): the stacked projections compute what the
 separate Linear layers do, and the CPU dropout masks drop what they say."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from mtkit.attention import MultiHeadAttention, dropout, keep_mask, stacked_linear
-from mtkit.config import ModelConfig
-from mtkit.model import build_model
+from mtkit.core.config import ModelConfig
+from mtkit.model.attention import MultiHeadAttention, dropout, keep_mask, stacked_linear
+from mtkit.model.transformer import build_model
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.3])
@@ -65,8 +65,8 @@ def test_a_translation_engines_stack_is_kept_until_a_weight_changes():
     and each time the layers' own outputs. Unmarked layers, and marked ones with
     gradients on (training), keep none; inference-mode weights work; never a state-dict
     entry."""
-    from mtkit.attention import keep_stacked_weights
-    from mtkit.int8 import Int8Linear
+    from mtkit.model.attention import keep_stacked_weights
+    from mtkit.model.int8 import Int8Linear
 
     torch.manual_seed(5)
     layers = [nn.Linear(16, 8), nn.Linear(16, 8)]
@@ -139,11 +139,11 @@ def test_cross_kv_in_one_product_equals_each_layers_own():
 def test_cross_kv_stacks_on_a_cpu_or_without_gradients_only(monkeypatch):
     """On a GPU in training, one product would hold every layer's key/value gradients
     until the backward pass reaches the first layer: there each layer makes its own."""
-    import mtkit.model
+    import mtkit.model.transformer
 
     calls = []
-    real = mtkit.model.stacked_linear
-    monkeypatch.setattr(mtkit.model, "stacked_linear",
+    real = mtkit.model.transformer.stacked_linear
+    monkeypatch.setattr(mtkit.model.transformer, "stacked_linear",
                         lambda x, layers: calls.append(x.device.type) or real(x, layers))
     model = build_model(ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4,
                                     ffn_dim=64), 20, 20)

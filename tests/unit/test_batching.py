@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.data.batching import (
     Batch,
     BatchShapes,
@@ -14,7 +15,6 @@ from mtkit.data.batching import (
     shaped_collate,
     token_batches,
 )
-from mtkit.vocab import BOS, EOS, PAD
 
 RNG = np.random.default_rng(0)
 SRC = RNG.integers(1, 40, size=3000)
@@ -109,8 +109,8 @@ def test_temperature_draws_each_direction_its_count_each_epoch():
     """Three directions of 2,000, 800 and 200 pairs; at temperature 5 an epoch draws
     1,218 / 1,014 / 768 (`languages.epoch_counts`): the big one without replacement, the
     small ones every pair and more."""
+    from mtkit.core.languages import epoch_counts
     from mtkit.data.batching import draw_pairs
-    from mtkit.languages import epoch_counts
 
     groups = {"a": np.arange(0, 2000), "b": np.arange(2000, 2800), "c": np.arange(2800, 3000)}
     counts = epoch_counts({d: len(ix) for d, ix in groups.items()}, 5.0)
@@ -194,9 +194,9 @@ def test_shaped_collate_pads_both_sides_to_the_class_and_adds_empty_rows():
 def test_a_shaped_batch_has_the_loss_and_gradients_of_the_exact_one():
     import torch
 
-    from mtkit.config import ModelConfig
-    from mtkit.model import build_model
-    from mtkit.train import batch_loss
+    from mtkit.core.config import ModelConfig
+    from mtkit.model.transformer import build_model
+    from mtkit.training.loop import batch_loss
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2,

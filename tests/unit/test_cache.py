@@ -4,8 +4,8 @@ import pytest
 import torch
 from scripted import batch, tiny
 
-from mtkit.cache import BeamCache, SlotCache, resize
-from mtkit.model import build_model
+from mtkit.model.cache import BeamCache, SlotCache, resize
+from mtkit.model.transformer import build_model
 
 V = 40
 

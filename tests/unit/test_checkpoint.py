@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from mtkit.checkpoint import (
+from mtkit.core.checkpoint import (
     CheckpointError,
     average_checkpoints,
     find_resumable,
@@ -67,7 +67,7 @@ def test_a_memory_mapped_load_hands_back_the_pages_it_checked(tmp_path):
 
 
 def test_handing_back_pages_leaves_memory_that_is_not_the_files_alone(tmp_path):
-    from mtkit.checkpoint import MappedFile
+    from mtkit.core.checkpoint import MappedFile
 
     save_checkpoint(payload(1.0), tmp_path / "a.pt")
     mapped = load_checkpoint(tmp_path / "a.pt", mmap=True)
@@ -164,7 +164,7 @@ def test_an_average_keeps_the_newest_checkpoints_language_pieces(tmp_path):
 
 def test_an_average_says_which_steps_it_is_the_average_of(tmp_path):
     """What `mtkit serve`'s page shows as the model's weights (no more "step ?")."""
-    from mtkit.checkpoint import describe_weights
+    from mtkit.core.checkpoint import describe_weights
 
     for step, value in ((800, 1.0), (900, 2.0), (1000, 3.0)):
         trained = payload(value) | {"train": {"progress": {"step": step}}}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mtkit.config import (
+from mtkit.core.config import (
     Config,
     ConfigError,
     config_from_dict,

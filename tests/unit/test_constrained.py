@@ -1,4 +1,4 @@
-"""Lexically constrained beam search (`mtkit.constrained`): every constraint appears, the
+"""Lexically constrained beam search (`mtkit.search.constraints`): every constraint appears, the
 scores are the model's, batching changes nothing, and it composes with prefixes, n-best,
 no-repeat n-grams and ensembles."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from scripted import A, B, C, Scripted, random_model, random_src
 
-from mtkit.constrained import allocate, automaton, constrained_beam_search, move, tables
-from mtkit.ensemble import Ensemble
-from mtkit.search import beam_search
-from mtkit.vocab import EOS, PAD
+from mtkit.core.vocab import EOS, PAD
+from mtkit.search.beam import beam_search
+from mtkit.search.constraints import allocate, automaton, constrained_beam_search, move, tables
+from mtkit.search.ensemble import Ensemble
 
 SRC = torch.tensor([[A, B, C, EOS]])
 D = 7  # a fourth content token of the scripted vocabulary (V = 8)

@@ -9,17 +9,17 @@ import pytest
 import torch
 from scripted import stream_in_two_joins
 
-from mtkit.config import config_from_dict
-from mtkit.decoding import SearchOptions
-from mtkit.device import resolve_device, resolve_precision
+from mtkit.core.config import config_from_dict
+from mtkit.core.device import resolve_device, resolve_precision
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import translate_texts
+from mtkit.core.vocab import EOS
 from mtkit.engines.loader import load_engine
-from mtkit.model import build_model
-from mtkit.preprocess import preprocess
-from mtkit.search import greedy_hypotheses
-from mtkit.textio import translate_texts
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import train
-from mtkit.vocab import EOS
+from mtkit.model.transformer import build_model
+from mtkit.search.beam import greedy_hypotheses
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import train
 
 from conftest import tiny_config_dict
 

@@ -1,15 +1,15 @@
-"""Decoding options (`mtkit.decoding`): one table, one builder, one check."""
+"""Decoding options (`mtkit.core.search_options`): one table, one builder, one check."""
 
 from __future__ import annotations
 
 import pytest
 
-from mtkit.decoding import SearchOptions
+from mtkit.core.search_options import SearchOptions
 
 
 def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
-    from mtkit.config import DecodeConfig
-    from mtkit.errors import OptionError
+    from mtkit.core.config import DecodeConfig
+    from mtkit.core.errors import OptionError
 
     with pytest.raises(OptionError, match=r"--nbest 6 must not exceed the checkpoint's beam "
                                           r"size 5"):
@@ -21,8 +21,8 @@ def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
 def test_the_config_decode_section_takes_its_defaults_and_ranges_from_the_options():
     from dataclasses import fields
 
-    from mtkit.config import ConfigError, DecodeConfig, config_from_dict
-    from mtkit.decoding import OPTIONS
+    from mtkit.core.config import ConfigError, DecodeConfig, config_from_dict
+    from mtkit.core.search_options import OPTIONS
 
     for f in fields(DecodeConfig):
         if f.name != "precision":  # the engine's, not a search option
@@ -37,7 +37,7 @@ def test_the_command_line_help_of_each_decoding_option_is_the_tables():
     import typer
 
     from mtkit.cli import app
-    from mtkit.decoding import OPTIONS
+    from mtkit.core.search_options import OPTIONS
 
     commands = typer.main.get_command(app).commands
     for command in ("translate", "serve"):
@@ -59,8 +59,8 @@ def test_the_command_line_help_of_each_decoding_option_is_the_tables():
     ({"align_layer": 0}, "--align-layer chooses where alignments come from: add --alignments"),
 ])
 def test_each_option_is_checked_once_with_the_flag_named(given, says):
-    from mtkit.config import DecodeConfig
-    from mtkit.errors import OptionError
+    from mtkit.core.config import DecodeConfig
+    from mtkit.core.errors import OptionError
 
     with pytest.raises(OptionError) as e:
         SearchOptions.from_config(DecodeConfig(), **given)
@@ -69,7 +69,7 @@ def test_each_option_is_checked_once_with_the_flag_named(given, says):
 
 def test_a_request_field_is_named_as_the_api_spells_it():
     """`mtkit serve` builds a request's options with the same checks, naming its fields."""
-    from mtkit.errors import OptionError
+    from mtkit.core.errors import OptionError
 
     defaults = SearchOptions(beam=4)
     assert SearchOptions.from_config(defaults, spell=str, nbest=4).nbest == 4
@@ -79,8 +79,8 @@ def test_a_request_field_is_named_as_the_api_spells_it():
 
 
 def test_an_engine_refuses_what_it_cannot_do_in_one_line_naming_the_option():
-    from mtkit.decoding import Capabilities, check
-    from mtkit.errors import OptionError
+    from mtkit.core.errors import OptionError
+    from mtkit.core.search_options import Capabilities, check
 
     ct2 = Capabilities(sampling=False, alignments=False, needs="a checkpoint")
     check(SearchOptions(beam=3, nbest=2), ct2)  # a plain search: fine

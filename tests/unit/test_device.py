@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from mtkit.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, autocast, calibrate_cpu
+from mtkit.core.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, autocast, calibrate_cpu
 
 ROWS = 1024
 
@@ -82,7 +82,7 @@ def test_the_runtime_settings_cap_onednns_kernel_caches_unless_the_user_set_them
     """Both caches read their size at first use, so the setting must be in the
     environment before the first bf16 matrix product (benchmarks/memory.py shows the
     effect: bf16 training at the memory of fp32)."""
-    probe = ("import os; from mtkit.device import tune_cpu_runtime; tune_cpu_runtime(); "
+    probe = ("import os; from mtkit.core.device import tune_cpu_runtime; tune_cpu_runtime(); "
              "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
              "os.environ['LRU_CACHE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items()
@@ -109,7 +109,7 @@ def test_autocast_runs_in_bf16_when_chosen_and_plain_fp32_for_none():
 def test_translations_timer_runs_bf16_weights_without_autocast(monkeypatch):
     """Translation's `auto` times what it will run: a Linear whose weights and inputs are
     bf16 (`engines.pytorch.bf16_weights`), forward only; training's, under autocast."""
-    from mtkit import device
+    from mtkit.core import device
 
     seen = []
     real = torch.nn.functional.linear

@@ -9,10 +9,10 @@ import math
 import pytest
 from scripted import A, B, C, Scripted
 
-from mtkit.decoding import SearchOptions
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.vocab import EOS
 from mtkit.engines.pytorch import TorchEngine
-from mtkit.search import length_penalty
-from mtkit.vocab import EOS
+from mtkit.search.beam import length_penalty
 
 from conftest import inference_mode_watched
 
@@ -59,11 +59,11 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
         monkeypatch, caplog):
     import torch
 
-    import mtkit.device as device_module
-    from mtkit.config import Config
-    from mtkit.device import Calibration
+    import mtkit.core.device as device_module
+    from mtkit.core.config import Config
+    from mtkit.core.device import Calibration
+    from mtkit.core.errors import OptionError
     from mtkit.engines.pytorch import inference_precision
-    from mtkit.errors import OptionError
 
     seen = []
 
@@ -73,7 +73,7 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
 
     monkeypatch.setattr(device_module, "calibrate_cpu", faked)
     cpu = torch.device("cpu")
-    with caplog.at_level("INFO", logger="mtkit.device"):
+    with caplog.at_level("INFO", logger="mtkit.core.device"):
         dtype, record = inference_precision("auto", cpu, Config())
     assert dtype == torch.bfloat16 and record == {
         "precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 4.0, "bf16_ms": 1.0}}
@@ -91,10 +91,10 @@ def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monk
                                                                             caplog):
     import torch
 
-    from mtkit import int8
-    from mtkit.config import Config
+    from mtkit.core.config import Config
+    from mtkit.core.errors import OptionError
     from mtkit.engines.pytorch import inference_precision
-    from mtkit.errors import OptionError
+    from mtkit.model import int8
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(int8, "int8_supported", lambda: True)
@@ -131,9 +131,9 @@ def test_an_engine_in_bf16_translates_and_says_so(tiny_engine):
 def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones():
     import torch
 
-    from mtkit.config import ModelConfig
+    from mtkit.core.config import ModelConfig
     from mtkit.engines.pytorch import bf16_weights
-    from mtkit.model import build_model
+    from mtkit.model.transformer import build_model
 
     torch.manual_seed(0)
     cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,

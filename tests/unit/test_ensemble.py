@@ -6,12 +6,12 @@ import pytest
 import torch
 from scripted import A, B, C, Scripted, random_model, random_src
 
-from mtkit.config import ModelConfig
-from mtkit.ensemble import Ensemble
-from mtkit.model import build_model
-from mtkit.sampling import sample_search
-from mtkit.search import beam_search, greedy_search
-from mtkit.vocab import BOS, EOS, PAD
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import BOS, EOS, PAD
+from mtkit.model.transformer import build_model
+from mtkit.search.beam import beam_search, greedy_search
+from mtkit.search.ensemble import Ensemble
+from mtkit.search.sampling import sample_search
 
 SRC = torch.tensor([[A, B, C, EOS]])
 

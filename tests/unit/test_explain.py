@@ -5,8 +5,10 @@ import struct
 import pytest
 import torch
 
-from mtkit.config import ModelConfig
-from mtkit.explain import (
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import PAD, Vocab
+from mtkit.model.transformer import build_model, count_parameters
+from mtkit.stages.explain import (
     attention_maps,
     format_parameter_table,
     format_trace,
@@ -15,8 +17,6 @@ from mtkit.explain import (
     plot_attention,
     trace_shapes,
 )
-from mtkit.model import build_model, count_parameters
-from mtkit.vocab import PAD, Vocab
 
 CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, heads=2, ffn_dim=32,
                   dropout=0.0, max_positions=32)
@@ -93,8 +93,8 @@ def test_parameter_table_matches_the_model(kw):
 
 
 def test_attention_pngs_are_written_and_valid(tmp_path):
-    from mtkit.config import TokenizerConfig
-    from mtkit.tokenizer import train_sentencepiece
+    from mtkit.core.config import TokenizerConfig
+    from mtkit.stages.tokenizer import train_sentencepiece
 
     from conftest import read_lines
 

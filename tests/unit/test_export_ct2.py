@@ -8,11 +8,11 @@ import torch
 
 ct2 = pytest.importorskip("ctranslate2")
 
-from mtkit.config import ModelConfig  # noqa: E402
-from mtkit.export.ct2 import model_spec  # noqa: E402
-from mtkit.model import build_model  # noqa: E402
-from mtkit.search import greedy_search  # noqa: E402
-from mtkit.vocab import BOS, EOS, PAD  # noqa: E402
+from mtkit.core.config import ModelConfig  # noqa: E402
+from mtkit.core.vocab import BOS, EOS, PAD  # noqa: E402
+from mtkit.interop.ct2_export import model_spec  # noqa: E402
+from mtkit.model.transformer import build_model  # noqa: E402
+from mtkit.search.beam import greedy_search  # noqa: E402
 
 V = 40
 PIECES = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, V)]

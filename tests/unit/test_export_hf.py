@@ -1,4 +1,4 @@
-"""The Hugging Face export (`mtkit.export.huggingface`): a tiny random Marian model,
+"""The Hugging Face export (`mtkit.interop.marian_export`): a tiny random Marian model,
 imported and exported again, loads in `transformers` (`MarianMTModel`, `MarianTokenizer`)
 and translates as mtkit does, greedy and beam 5, shared and separate vocabularies;
 importing the export gives back the checkpoint bit for bit; what MarianMTModel cannot
@@ -21,15 +21,15 @@ pytest.importorskip("safetensors")
 import transformers  # noqa: E402
 from hfmarian import LIMIT, generate, lines, marian_folder  # noqa: E402
 
-from mtkit.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from mtkit.config import Config, ModelConfig, TokenizerConfig, config_to_dict  # noqa: E402
-from mtkit.decoding import SearchOptions  # noqa: E402
+from mtkit.core.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from mtkit.core.config import Config, ModelConfig, TokenizerConfig, config_to_dict  # noqa: E402
+from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.core.vocab import Vocab, vocab_entry  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
-from mtkit.export.huggingface import HFExportError, export_huggingface  # noqa: E402
-from mtkit.marian import import_marian  # noqa: E402
-from mtkit.model import build_model  # noqa: E402
-from mtkit.tokenizer import train_sentencepiece  # noqa: E402
-from mtkit.vocab import Vocab, vocab_entry  # noqa: E402
+from mtkit.interop.marian_export import HFExportError, export_huggingface  # noqa: E402
+from mtkit.interop.marian_import import import_marian  # noqa: E402
+from mtkit.model.transformer import build_model  # noqa: E402
+from mtkit.stages.tokenizer import train_sentencepiece  # noqa: E402
 
 from conftest import read_lines  # noqa: E402
 
@@ -137,7 +137,7 @@ def test_what_marian_cannot_express_is_one_line_and_writes_nothing(tmp_path, mod
 def test_writing_an_export_needs_no_transformers(tmp_path):
     checkpoint = import_marian(marian_folder(tmp_path / "marian"), tmp_path / "imported.pt")
     code = ("import sys; sys.modules['transformers'] = None  # any import of it fails\n"
-            "from mtkit.export.huggingface import export_huggingface\n"
+            "from mtkit.interop.marian_export import export_huggingface\n"
             f"export_huggingface({str(checkpoint)!r}, {str(tmp_path / 'hf')!r})")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

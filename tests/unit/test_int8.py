@@ -1,4 +1,4 @@
-"""Dynamic int8 products for translation (`mtkit.int8`): exact where the numbers are
+"""Dynamic int8 products for translation (`mtkit.model.int8`): exact where the numbers are
 int8 already, close to fp32 otherwise, stacked layers equal to separate ones, and a
 quantized model whose every product is int8."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from mtkit import int8
-from mtkit.attention import stacked_linear
-from mtkit.config import ModelConfig
-from mtkit.int8 import Int8Linear
-from mtkit.model import build_model
+from mtkit.core.config import ModelConfig
+from mtkit.model import int8
+from mtkit.model.attention import stacked_linear
+from mtkit.model.int8 import Int8Linear
+from mtkit.model.transformer import build_model
 
 pytestmark = pytest.mark.skipif(not int8.int8_supported(), reason="no int8 products here")
 

@@ -1,5 +1,5 @@
-"""The attention kernel (`mtkit.attention.matmul_attention` beside SDPA) and how a run
-chooses it (`mtkit.kernels`), with faked timings."""
+"""The attention kernel (`mtkit.model.attention.matmul_attention` beside SDPA) and how a run
+chooses it (`mtkit.model.kernel_timing`), with faked timings."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtkit.attention import matmul_attention
-from mtkit.config import ModelConfig
-from mtkit.kernels import (
+from mtkit.core.config import ModelConfig
+from mtkit.model.attention import matmul_attention
+from mtkit.model.kernel_timing import (
     AttentionShape,
     choose_attention,
     choose_batch_shapes,
     time_attention,
 )
-from mtkit.model import build_model
+from mtkit.model.transformer import build_model
 
 
 @pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])
@@ -72,7 +72,7 @@ SHAPE = AttentionShape.of_run(max_tokens=4096, mean_length=15.6, d_model=256, he
 def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
     assert (SHAPE.length, SHAPE.batch, SHAPE.head_dim) == (16, 256, 64)
     measure, calls = faked(sdpa_ms=2.0, matmul_ms=1.4)
-    with caplog.at_level("INFO", logger="mtkit.kernels"):
+    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
         record = choose_attention("auto", torch.device("cpu"), torch.bfloat16, SHAPE, measure)
     assert record == {"kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.4}
     assert "2.00 ms with SDPA and 1.40 ms with matmul + softmax on this CPU: matmul" in \
@@ -116,7 +116,7 @@ def faked_shapes(new_ms: float, known_ms: float):
 
 def test_batch_shapes_auto_takes_classes_where_a_new_shape_costs_twice_a_known_one(caplog):
     measure, calls = faked_shapes(new_ms=6.0, known_ms=1.0)
-    with caplog.at_level("INFO", logger="mtkit.kernels"):
+    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
         record = choose_batch_shapes("auto", torch.device("cpu"), torch.bfloat16,
                                      (635, 256, 1024), fresh_above=1024, measure=measure)
     assert record == {"shapes": "classes", "asked": "auto", "new_shape_ms": 6.0,
@@ -156,10 +156,10 @@ def test_the_real_shape_timer_gives_a_record_with_both_figures():
 
 
 def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster(caplog):
-    from mtkit.kernels import choose_decoding_attention
+    from mtkit.model.kernel_timing import choose_decoding_attention
 
     measure, calls = faked(sdpa_ms=6.6, matmul_ms=1.9)
-    with caplog.at_level("DEBUG", logger="mtkit.kernels"):
+    with caplog.at_level("DEBUG", logger="mtkit.model.kernel_timing"):
         record = choose_decoding_attention(torch.device("cpu"), torch.bfloat16, SHAPE,
                                            measure)
     assert record == {"kernel": "matmul", "sdpa_ms": 6.6, "matmul_ms": 1.9}
@@ -175,15 +175,15 @@ def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_the_real_decoding_attention_timer_runs_both_kernels(dtype):
-    from mtkit.kernels import decoding_attention_timer
+    from mtkit.model.kernel_timing import decoding_attention_timer
 
     once = decoding_attention_timer(AttentionShape(20, 7, 2, 8), dtype)
     assert once("sdpa") > 0 and once("matmul") > 0
 
 
 def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatch):
-    from mtkit.attention import MultiHeadAttention
     from mtkit.engines.pytorch import load_torch_engine
+    from mtkit.model.attention import MultiHeadAttention
 
     timed = []  # the precision each choice was measured in
 

@@ -1,4 +1,4 @@
-"""Language identification (`mtkit.langid`, py3langid): the off-target rate that
+"""Language identification (`mtkit.core.langid`, py3langid): the off-target rate that
 `eval --lang` reports, and `data.langid_filter`, which drops training pairs whose sides
 are not in their corpus's languages."""
 
@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("py3langid")
 
-from mtkit.config import DataConfig, config_from_dict  # noqa: E402
+from mtkit.core.config import DataConfig, config_from_dict  # noqa: E402
+from mtkit.core.langid import LangIdError, _identifier, codes, detect, off_target  # noqa: E402
+from mtkit.core.progress import ProgressLog  # noqa: E402
 from mtkit.data.shards import ShardWriter  # noqa: E402
-from mtkit.langid import LangIdError, _identifier, codes, detect, off_target  # noqa: E402
-from mtkit.preprocess import EncoderPool, _write_corpus  # noqa: E402
-from mtkit.progress import ProgressLog  # noqa: E402
+from mtkit.stages.preprocess import EncoderPool, _write_corpus  # noqa: E402
 
 from conftest import read_lines  # noqa: E402
 
@@ -85,9 +85,9 @@ def _filtered(vocab, folder, src, tgt, cfg) -> dict:
 
 @pytest.fixture(scope="module")
 def vocab_en_de():
-    from mtkit.config import TokenizerConfig
-    from mtkit.tokenizer import train_sentencepiece
-    from mtkit.vocab import Vocab
+    from mtkit.core.config import TokenizerConfig
+    from mtkit.core.vocab import Vocab
+    from mtkit.stages.tokenizer import train_sentencepiece
 
     text = read_lines("train.en.gz", 300) + read_lines("train.de.gz", 300) + \
         read_lines("train.fr.gz", 300)

@@ -1,4 +1,4 @@
-"""Languages of a run (`mtkit.languages`): directions, the <2xx> tags of a multilingual
+"""Languages of a run (`mtkit.core.languages`): directions, the <2xx> tags of a multilingual
 run and none for a bilingual one, the tag a translation request gets, and tags as
 SentencePiece pieces of their own."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from mtkit.config import config_from_dict, dump_config
-from mtkit.configcheck import ConfigError
-from mtkit.errors import OptionError
-from mtkit.languages import (
+from mtkit.core.config import config_from_dict, dump_config
+from mtkit.core.configcheck import ConfigError
+from mtkit.core.errors import OptionError
+from mtkit.core.languages import (
     check_target,
     directions,
     epoch_counts,
@@ -21,8 +21,8 @@ from mtkit.languages import (
     tags,
     target_languages,
 )
-from mtkit.tokenizer import train_sentencepiece
-from mtkit.vocab import Vocab
+from mtkit.core.vocab import Vocab
+from mtkit.stages.tokenizer import train_sentencepiece
 
 
 def data(*corpora: dict):
@@ -131,8 +131,8 @@ def test_temperature_moves_the_shares_towards_uniform():
 
 
 def test_a_tag_goes_where_the_model_reads_it_and_comes_off_the_output():
-    from mtkit.hypothesis import Hypothesis
-    from mtkit.languages import Tagging, tag_end, tagging, untagged, without_tag
+    from mtkit.core.hypothesis import Hypothesis
+    from mtkit.core.languages import Tagging, tag_end, tagging, untagged, without_tag
 
     cfg = config_from_dict({"model": {"lang_tag": "target"}, "data": {"train": [
         {"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}})

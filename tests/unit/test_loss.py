@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import mtkit.loss
-from mtkit.loss import label_smoothed_nll
-from mtkit.model import Projection
+import mtkit.model.loss
+from mtkit.model.loss import label_smoothed_nll
+from mtkit.model.transformer import Projection
 
 
 def test_hand_computed_example():
@@ -73,7 +73,7 @@ def test_hand_written_gradient_matches_autograd(eps):
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_a_projection_in_chunks_gives_the_loss_and_gradients_of_its_logits(eps, monkeypatch):
-    monkeypatch.setattr(mtkit.loss, "CHUNK_ELEMENTS", 16 * 13)  # 16 rows per chunk
+    monkeypatch.setattr(mtkit.model.loss, "CHUNK_ELEMENTS", 16 * 13)  # 16 rows per chunk
     torch.manual_seed(2)
     hidden = torch.randn(3, 20, 6, dtype=torch.float64, requires_grad=True)  # 60 rows
     weight = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
@@ -116,7 +116,7 @@ def test_a_projection_under_bf16_autocast_stays_close_to_fp32():
 
 
 def test_a_projection_without_gradients_gives_the_same_loss(monkeypatch):
-    monkeypatch.setattr(mtkit.loss, "CHUNK_ELEMENTS", 8 * 13)  # 8 rows per chunk
+    monkeypatch.setattr(mtkit.model.loss, "CHUNK_ELEMENTS", 8 * 13)  # 8 rows per chunk
     torch.manual_seed(4)
     hidden, weight = torch.randn(2, 15, 6), torch.randn(13, 6, requires_grad=True)
     target = torch.randint(0, 13, (2, 15))

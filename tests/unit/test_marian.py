@@ -1,5 +1,6 @@
-"""Importing Marian (OPUS-MT) models (`mtkit.marian`): tiny random `MarianMTModel`s in the
-configurations OPUS-MT uses, saved with `save_pretrained`, imported, and translated by
+"""Importing Marian (OPUS-MT) models (`mtkit.interop.marian_import`): tiny random
+`MarianMTModel`s in the configurations OPUS-MT uses, saved with `save_pretrained`,
+imported, and translated by
 mtkit and by `transformers`' `generate` with the same search: the texts are identical.
 Nothing is downloaded; `transformers` is a test (and benchmark) dependency only."""
 
@@ -14,10 +15,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from hfmarian import LIMIT, generate, lines, marian_folder  # noqa: E402
 
-from mtkit.checkpoint import load_checkpoint  # noqa: E402
-from mtkit.decoding import SearchOptions  # noqa: E402
+from mtkit.core.checkpoint import load_checkpoint  # noqa: E402
+from mtkit.core.search_options import SearchOptions  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
-from mtkit.marian import MarianImportError, import_marian  # noqa: E402
+from mtkit.interop.marian_import import MarianImportError, import_marian  # noqa: E402
 
 
 @pytest.mark.parametrize("activation, shared", [("swish", True), ("relu", True),
@@ -62,8 +63,8 @@ def test_what_mtkit_cannot_import_is_one_line(tmp_path):
 def test_a_target_language_tag_is_one_piece_as_marians_tokenizer_makes_it(tmp_path):
     import transformers
 
-    from mtkit.marian import id_table
-    from mtkit.vocab import Vocab
+    from mtkit.core.vocab import Vocab
+    from mtkit.interop.marian_import import id_table
 
     folder = marian_folder(tmp_path / "marian")
     table = json.loads((folder / "vocab.json").read_text())

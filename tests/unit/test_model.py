@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from scripted import batch, tiny
 
-from mtkit.cache import BeamCache
-from mtkit.config import ModelConfig
-from mtkit.model import build_model, count_parameters, sinusoidal_positions
-from mtkit.vocab import PAD
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import PAD
+from mtkit.model.cache import BeamCache
+from mtkit.model.transformer import build_model, count_parameters, sinusoidal_positions
 
 V = 40
 
@@ -62,7 +62,7 @@ def test_the_unprojected_forward_makes_the_same_logits(kw):
 
 
 def test_marians_positions_are_the_papers_sines_then_cosines():
-    from mtkit.model import sinusoidal_positions, split_sinusoidal_positions
+    from mtkit.model.transformer import sinusoidal_positions, split_sinusoidal_positions
 
     paper, split = sinusoidal_positions(50, 16), split_sinusoidal_positions(50, 16)
     assert torch.equal(split[:, :8], paper[:, 0::2]) and torch.equal(split[:, 8:], paper[:, 1::2])

@@ -1,4 +1,4 @@
-"""The optimizer's schedule (`mtkit.optim`)."""
+"""The optimizer's schedule (`mtkit.training.optim`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from mtkit.config import TrainConfig, config_from_dict
-from mtkit.configcheck import ConfigError
-from mtkit.optim import adamw, budget_used, inverse_sqrt_lr, learning_rate, per_token_gradients
+from mtkit.core.config import TrainConfig, config_from_dict
+from mtkit.core.configcheck import ConfigError
+from mtkit.training.optim import (
+    adamw,
+    budget_used,
+    inverse_sqrt_lr,
+    learning_rate,
+    per_token_gradients,
+)
 
 
 def test_schedule_warms_up_then_decays_as_inverse_sqrt():

@@ -1,5 +1,5 @@
 """The preprocess stage: cleaning, encoding (in worker processes), filtering and
-writing every split (`mtkit.preprocess`)."""
+writing every split (`mtkit.stages.preprocess`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from mtkit.config import CorpusConfig, DataConfig
+from mtkit.core.config import CorpusConfig, DataConfig
+from mtkit.core.progress import ProgressLog
+from mtkit.core.vocab import load_vocabs
 from mtkit.data.shards import ShardDataset, ShardWriter
 from mtkit.data.sources import Corpus, DataError, SeenHashes
-from mtkit.preprocess import (
+from mtkit.stages.preprocess import (
     EncoderPool,
     WordCache,
     _Encoder,
@@ -21,9 +23,7 @@ from mtkit.preprocess import (
     length_filter,
     preprocess,
 )
-from mtkit.progress import ProgressLog
-from mtkit.tokenizer import build_tokenizer
-from mtkit.vocab import load_vocabs
+from mtkit.stages.tokenizer import build_tokenizer
 
 
 def test_length_filter_gives_each_reason_its_mask():
@@ -80,9 +80,9 @@ def corpus_of(src: list[str], tgt: list[str], weight: int = 1, origin: str = "me
 
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
-    from mtkit.config import TokenizerConfig
-    from mtkit.tokenizer import train_sentencepiece
-    from mtkit.vocab import Vocab
+    from mtkit.core.config import TokenizerConfig
+    from mtkit.core.vocab import Vocab
+    from mtkit.stages.tokenizer import train_sentencepiece
 
     from conftest import read_lines
 
@@ -154,7 +154,7 @@ class _DiesWhenUnpickled:
 
 
 def test_a_worker_that_dies_is_one_error_not_a_hang(vocab):
-    from mtkit.preprocess import EncodingError
+    from mtkit.stages.preprocess import EncodingError
 
     with EncoderPool(((vocab.model_proto, None), (vocab.model_proto, None), "uint16"), 2) as pool:
         chunks = iter([(["A dog."], ["Ein Hund."]), _DiesWhenUnpickled()])

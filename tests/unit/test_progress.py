@@ -1,10 +1,10 @@
-"""Progress bars and progress log lines (`mtkit.progress`)."""
+"""Progress bars and progress log lines (`mtkit.core.progress`)."""
 
 from __future__ import annotations
 
-from mtkit.config import config_from_dict
-from mtkit.progress import ProgressLog
-from mtkit.trainstate import Progress
+from mtkit.core.config import config_from_dict
+from mtkit.core.progress import ProgressLog
+from mtkit.training.state import Progress
 
 
 def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys):
@@ -13,9 +13,9 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys
 
     from rich.console import Console
 
-    from mtkit.progress import ProgressView
+    from mtkit.core.progress import ProgressView
 
-    caplog.set_level(logging.INFO, logger="mtkit.progress")
+    caplog.set_level(logging.INFO, logger="mtkit.core.progress")
     tc = config_from_dict({"train": {"max_steps": 20, "log_every": 5}}).train
     record = {"loss": 2.5, "lr": 1e-3, "tokens_per_s": 1234.0}
     screen = io.StringIO()
@@ -42,9 +42,9 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys
 
 def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkeypatch):
     clock = iter([0.0, 5.0, 12.0, 14.0, 30.0])
-    monkeypatch.setattr("mtkit.progress.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("mtkit.core.progress.time.perf_counter", lambda: next(clock))
     progress = ProgressLog(total=1000, every=10.0)  # starts at 0 s
-    with caplog.at_level("INFO", logger="mtkit.progress"):
+    with caplog.at_level("INFO", logger="mtkit.core.progress"):
         for pairs in (100, 200, 100, 400):  # at 5, 12, 14 and 30 s
             progress.advance(pairs)
     lines = [r.getMessage() for r in caplog.records]
@@ -57,7 +57,7 @@ def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):
 
     from rich.console import Console
 
-    from mtkit.progress import progress_bar
+    from mtkit.core.progress import progress_bar
 
     long, short = tmp_path / "long.txt", tmp_path / "short.txt"
     long.write_text("a line\n" * 400)

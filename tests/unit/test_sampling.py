@@ -3,8 +3,8 @@ from __future__ import annotations
 import torch
 from scripted import A, B, C, Scripted
 
-from mtkit.sampling import sample_search
-from mtkit.vocab import EOS, PAD
+from mtkit.core.vocab import EOS, PAD
+from mtkit.search.sampling import sample_search
 
 SRC = torch.tensor([[A, B, C, EOS]])
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from mtkit.decoding import SearchOptions  # noqa: E402
+from mtkit.core.search_options import SearchOptions  # noqa: E402
 from mtkit.serving.scheduler import JOIN_AFTER_STEPS, _Job, join_policy  # noqa: E402
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from scripted import A, B, C, Scripted, V, random_model, random_src
 
-from mtkit.search import (
+from mtkit.core.vocab import BOS, EOS, PAD
+from mtkit.search.beam import (
     Hypothesis,
     TopCandidates,
     beam_search,
@@ -17,7 +18,6 @@ from mtkit.search import (
     row_topk,
     step_log_probs,
 )
-from mtkit.vocab import BOS, EOS, PAD
 
 SRC = torch.tensor([[A, B, C, EOS]])
 
@@ -231,7 +231,7 @@ def test_beam_never_emits_pad_or_bos():
 
 
 def test_no_repeat_ngram_blocks_exactly_the_repeated_ngram():
-    from mtkit.search import ban_repeated_ngrams
+    from mtkit.search.beam import ban_repeated_ngrams
 
     history = torch.tensor([[A, B, C, A, B]])  # the 2-gram (A, B) and the suffix B
     lprobs = torch.zeros(1, V)
@@ -250,7 +250,7 @@ def test_no_repeat_ngram_blocks_exactly_the_repeated_ngram():
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "sampling"])
 def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
-    from mtkit.sampling import sample_search
+    from mtkit.search.sampling import sample_search
 
     loop = Scripted({(A, B) * n: {A: 0.9, EOS: 0.1} for n in range(0, 20)}
                     | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)})
@@ -279,7 +279,7 @@ PREFIXED = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 1.0}, (B,): {C: 0.6, EOS: 0.4},
 
 
 def test_the_prefix_is_kept_and_scored_then_search_goes_on():
-    from mtkit.sampling import sample_search
+    from mtkit.search.sampling import sample_search
 
     model = Scripted(PREFIXED)
     assert greedy_search(model, SRC) == [[A]]
@@ -294,7 +294,7 @@ def test_the_prefix_is_kept_and_scored_then_search_goes_on():
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
 def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
-    from mtkit.sampling import sample_search
+    from mtkit.search.sampling import sample_search
 
     model = Scripted(PREFIXED)
     src = torch.tensor([[A, B, C, EOS], [A, EOS, PAD, PAD], [B, C, EOS, PAD]])
@@ -321,10 +321,10 @@ def test_beam_search_over_a_large_vocabulary_finds_what_topk_finds(constrained, 
     """Over 3,000 target tokens `best_extensions` searches in blocks (`row_topk`): plain
     and constrained beam search give the same hypotheses and scores as with `topk`
     over every column (a random fp32 model: no equal scores)."""
-    import mtkit.search as search
-    from mtkit.config import ModelConfig
-    from mtkit.constrained import constrained_beam_search
-    from mtkit.model import build_model
+    import mtkit.search.beam as search
+    from mtkit.core.config import ModelConfig
+    from mtkit.model.transformer import build_model
+    from mtkit.search.constraints import constrained_beam_search
 
     torch.manual_seed(7)
     cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=1, decoder_layers=1,

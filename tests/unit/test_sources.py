@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from mtkit.config import CorpusConfig, DataConfig
+from mtkit.core.config import CorpusConfig, DataConfig
 from mtkit.data.sources import (
     DataError,
     SeenHashes,

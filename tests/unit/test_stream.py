@@ -4,12 +4,12 @@ import pytest
 import torch
 from scripted import random_model, random_src, stream_in_two_joins
 
-from mtkit.config import ModelConfig
-from mtkit.ensemble import Ensemble
-from mtkit.model import build_model
-from mtkit.search import greedy_hypotheses
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import EOS, PAD
+from mtkit.model.transformer import build_model
+from mtkit.search.beam import greedy_hypotheses
+from mtkit.search.ensemble import Ensemble
 from mtkit.serving.stream import GreedyStream
-from mtkit.vocab import EOS, PAD
 
 from conftest import inference_mode_watched
 
@@ -93,7 +93,7 @@ def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone(
 def test_a_line_stream_steps_in_inference_mode_and_gives_the_engines_outputs(tiny_engine):
     """A server's stream (`LineStream`) runs its steps in inference mode, as the engine's
     own searches do, and each line gets what the engine's greedy decoding gives it."""
-    from mtkit.decoding import SearchOptions
+    from mtkit.core.search_options import SearchOptions
     from mtkit.serving.stream import LineStream
 
     engine, seen = inference_mode_watched(tiny_engine)

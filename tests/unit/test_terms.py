@@ -1,4 +1,4 @@
-"""Terminology, the text side (`mtkit.terms`): constraints files, glossaries, whole-word
+"""Terminology, the text side (`mtkit.core.terms`): constraints files, glossaries, whole-word
 matching, term accuracy."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mtkit.terms import (
+from mtkit.core.terms import (
     Glossary,
     TermScore,
     TermsError,
@@ -194,7 +194,7 @@ def test_occurs_refuses_an_empty_phrase():
 
 
 def test_terms_loads_no_torch():
-    code = "import sys, mtkit.terms; print('torch' in sys.modules)"
+    code = "import sys, mtkit.core.terms; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"

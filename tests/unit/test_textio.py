@@ -1,4 +1,4 @@
-"""Text in, text out (`mtkit.textio`): one output line per input line, in order, as lines
+"""Text in, text out (`mtkit.core.textio`): one output line per input line, in order, as lines
 arrive; invalid UTF-8; output formats."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import os
 import threading
 
-from mtkit.decoding import SearchOptions
-from mtkit.textio import OutputFormat, Request, format_lines, read_chunks, translate_stream
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import OutputFormat, Request, format_lines, read_chunks, translate_stream
 
 
 def test_one_output_line_per_input_line_in_order(tiny_engine):

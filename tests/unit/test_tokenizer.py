@@ -4,16 +4,16 @@ import dataclasses
 
 import pytest
 
-from mtkit.config import TokenizerConfig
+from mtkit.core.config import TokenizerConfig
+from mtkit.core.vocab import BOS, EOS, PAD, UNK, Vocab, load_vocabs
 from mtkit.data.sources import Corpus
-from mtkit.tokenizer import (
+from mtkit.stages.tokenizer import (
     TokenizerError,
     build_tokenizer,
     sample_pairs,
     train_sentencepiece,
     train_tokenizer,
 )
-from mtkit.vocab import BOS, EOS, PAD, UNK, Vocab, load_vocabs
 
 from conftest import read_lines
 

@@ -14,20 +14,20 @@ import pytest
 import torch
 import yaml
 
-from mtkit.checkpoint import load_checkpoint
-from mtkit.config import config_from_dict
-from mtkit.data.batching import TokenBatchSampler
-from mtkit.data.shards import ShardDataset
-from mtkit.device import (
+from mtkit.core.checkpoint import load_checkpoint
+from mtkit.core.config import config_from_dict
+from mtkit.core.device import (
     Calibration,
     DeviceError,
     cpu_description,
     resolve_device,
     resolve_precision,
 )
-from mtkit.preprocess import preprocess
-from mtkit.tokenizer import build_tokenizer
-from mtkit.train import Progress, TrainError, batches_left, stop_reason, train
+from mtkit.data.batching import TokenBatchSampler
+from mtkit.data.shards import ShardDataset
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import Progress, TrainError, batches_left, stop_reason, train
 
 from conftest import tiny_config_dict
 
@@ -175,7 +175,7 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path
 
 def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, tmp_path,
                                                                      corpus, monkeypatch):
-    import mtkit.device as device_module
+    import mtkit.core.device as device_module
 
     monkeypatch.setattr(device_module, "calibrate_cpu",
                         lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001))
@@ -226,7 +226,7 @@ def test_changed_model_config_refuses_to_resume(prepared, tmp_path, corpus):
 
 
 def test_non_finite_losses_are_skipped_then_stop(prepared, tmp_path, corpus, monkeypatch):
-    import mtkit.train as train_module
+    import mtkit.training.loop as train_module
 
     real = train_module.label_smoothed_nll
 
@@ -375,7 +375,7 @@ def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(prepared, tmp_p
                                                                  monkeypatch):
     """`train.attention: auto` measures once (faked: matmul twice as fast) and stores the
     kernel with the precision; a resume reuses it and refuses another."""
-    import mtkit.kernels as kernels
+    import mtkit.model.kernel_timing as kernels
 
     monkeypatch.setattr(kernels, "attention_timer",
                         lambda shape, dtype: lambda k: 0.002 if k == "sdpa" else 0.001)
@@ -403,7 +403,7 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
     resumes across an epoch boundary ends with the weights of one that never stopped;
     a resume under auto keeps the stored shapes without deciding again, and one asking
     for the other kind is refused."""
-    import mtkit.trainstate as trainstate
+    import mtkit.training.state as trainstate
 
     a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 85, 50,
                                            valid_every=1000, max_tokens=1024,
@@ -433,7 +433,7 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
 
 
 def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path):
-    from mtkit.trainstate import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
+    from mtkit.training.state import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
 
     old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
     record = decided_once(BATCH_SHAPES, "auto", stored_choices((tmp_path / "last.pt", old))[
@@ -446,8 +446,8 @@ def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path)
     defaults, which is what that version trained; a real difference is still refused."""
     import dataclasses
 
-    from mtkit.config import config_to_dict
-    from mtkit.trainstate import _check_same_model
+    from mtkit.core.config import config_to_dict
+    from mtkit.training.state import _check_same_model
 
     cfg = config_from_dict({})
     old = config_to_dict(cfg)
@@ -473,7 +473,7 @@ def _counting(decision):
 
 
 def test_decided_once_measures_a_fresh_run_and_stores_the_record():
-    from mtkit.trainstate import ATTENTION, Decision, decided_once
+    from mtkit.training.state import ATTENTION, Decision, decided_once
 
     measure, calls = _counting(Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}))
     decision = decided_once(ATTENTION, "auto", None, measure)
@@ -485,7 +485,7 @@ def test_decided_once_measures_a_fresh_run_and_stores_the_record():
 
 @pytest.mark.parametrize("asked", ["auto", "bf16"])
 def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
-    from mtkit.trainstate import PRECISION, decided_once
+    from mtkit.training.state import PRECISION, decided_once
 
     stored = {"precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 9.0,
                                                                     "bf16_ms": 3.0}}
@@ -509,7 +509,7 @@ def test_decided_once_refuses_a_resume_that_asks_for_another_value(tmp_path, cho
                                                                    stored, asked, says):
     """The batch shapes of a checkpoint from before the choice existed count as token
     batches (`before`), and are held to as a stored choice is."""
-    import mtkit.trainstate as ts
+    import mtkit.training.state as ts
 
     measure, calls = _counting(None)
     with pytest.raises(TrainError) as refused:
@@ -519,7 +519,7 @@ def test_decided_once_refuses_a_resume_that_asks_for_another_value(tmp_path, cho
 
 
 def test_decided_once_decides_now_for_a_checkpoint_from_before_the_choice(tmp_path):
-    from mtkit.trainstate import ATTENTION, Decision, decided_once
+    from mtkit.training.state import ATTENTION, Decision, decided_once
 
     measure, calls = _counting(Decision("sdpa", "auto"))
     assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value \
@@ -532,7 +532,7 @@ def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
     metrics.jsonl's `start` record, as before `decided_once`), and reads back the same."""
     from pathlib import Path as P
 
-    from mtkit.trainstate import Decision, RunChoices, stored_choices
+    from mtkit.training.state import Decision, RunChoices, stored_choices
 
     choices = RunChoices(Decision("bf16", "auto", {"calibration": {"fp32_ms": 9.0,
                                                                     "bf16_ms": 3.0},

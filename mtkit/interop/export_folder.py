@@ -1,0 +1,87 @@
+"""The folder an export is written to, and the marker that makes it mtkit's.
+
+Every export (CTranslate2's and Hugging Face's) holds `mtkit.json`, a manifest whose
+`format` names what wrote it (`mtkit-ct2-1`, `mtkit-hf-1`) and whose `files` lists every
+file the export holds. `--force` replaces a folder only when that marker says mtkit
+wrote it and the folder holds nothing the manifest does not list: a folder's file
+names prove nothing (an original Hugging Face Marian folder has an export's names, and
+`--force` once overwrote one so). Anything else is refused in one line before anything
+is written or removed.
+
+Hugging Face exports made before this marker existed hold no `mtkit.json`. They are
+refused like any folder mtkit did not write: nothing in them tells them apart from the
+Hugging Face folder they may have been imported from, and deleting one by hand costs
+less than overwriting an original.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mtkit.core.checksum import file_sha256
+from mtkit.engines.ct2 import EXPORT_FILES, FORMAT, MANIFEST, ExportError
+
+HF_FORMAT = "mtkit-hf-1"
+# The marker's formats, and the names each held before manifests listed their files.
+FORMATS = {FORMAT: EXPORT_FILES, HF_FORMAT: frozenset()}
+
+
+def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
+                  force: bool = False) -> Path:
+    """The folder that exporting `checkpoint` to `-o output` may (re)place: `output` with
+    its symbolic links resolved. Refused in one line: a file, `-`, the current folder or
+    a folder above it, a folder that holds the checkpoint, and a non-empty folder unless
+    `force` is given and it is a previous mtkit export (`not_an_export`)."""
+    if str(output) == "-":
+        raise ExportError("-o -: an export is a folder, not a stream; name a folder")
+    target = Path(os.path.realpath(output))
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"{output} is a file; -o must name a folder")
+    here = Path(os.path.realpath(os.curdir))
+    if target == here or target in here.parents:
+        raise ExportError(f"-o {output} is the current folder or one above it, which "
+                          f"exporting would replace; name a new folder")
+    if target in Path(os.path.realpath(checkpoint)).parents:
+        raise ExportError(f"{output} holds the checkpoint {checkpoint}; export to another "
+                          f"folder")
+    if not target.is_dir() or not any(target.iterdir()):
+        return target
+    if not force:
+        raise ExportError(f"{output} exists and is not empty; add --force to replace it")
+    why = not_an_export(target)
+    if why is not None:
+        raise ExportError(f"{output} {why}; --force replaces only a previous export")
+    return target
+
+
+def not_an_export(folder: Path) -> str | None:
+    """Why `folder` is not a previous mtkit export that `--force` may replace (None: it
+    is one): no readable marker, or something in it that the marker does not list."""
+    marker = folder / MANIFEST
+    manifest = None
+    if marker.is_file() and not marker.is_symlink():
+        try:
+            manifest = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = None
+    kind = manifest.get("format") if isinstance(manifest, dict) else None
+    if not isinstance(kind, str) or kind not in FORMATS:
+        return (f"is not an mtkit export (no {MANIFEST} naming an export format, the "
+                f"marker every mtkit export holds)")
+    listed = manifest.get("files")
+    names = set(listed) if isinstance(listed, dict) else set(FORMATS[kind])
+    foreign = sorted((p.name for p in folder.iterdir() if p.name != MANIFEST and (
+                      p.name not in names or p.is_symlink() or not p.is_file())),
+                     key=lambda name: (name.startswith("."), name))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        return f"holds {foreign[0]}{more}, which an export does not"
+    return None
+
+
+def manifest_files(folder: Path) -> dict[str, dict]:
+    """The `files` entry of a manifest: every file of `folder`, its size and SHA-256."""
+    return {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in sorted(folder.iterdir())}

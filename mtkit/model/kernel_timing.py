@@ -1,0 +1,247 @@
+"""Which attention kernel a run trains with, measured as `precision: auto` is.
+
+`scaled_dot_product_attention` and explicit matmul + softmax (`attention.matmul_attention`)
+compute the same function, but not at the same speed everywhere: on a 2-core AMD EPYC
+with AVX512-BF16, the matmul form trained 1.4-1.5x faster in bf16 and no faster in
+fp32 (issue 23). So `train.attention: auto` times forward+backward of both at the run's
+own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
+the precision the run chose, and keeps the matmul form only where it is clearly faster.
+The choice is made once, at the run's first start, and stored in every checkpoint with
+the precision (`trainstate.decided_once`): a resumed run reuses it. On CUDA, SDPA
+(flash kernels) is kept without measuring.
+
+The shapes of a run's batches are chosen the same way (`choose_batch_shapes`). On an
+Intel Xeon with AMX, oneDNN compiles a bf16 kernel for each matrix shape it meets, and
+compiling costs far more than computing (a (1,000 x 256) x (256 x 1,024) product: 0.33
+ms at a known shape, 2.9 ms at a new one); token-bucketed batches bring hundreds of
+shapes an epoch, more than its kernel caches hold. Where `train.batch_shapes: auto`
+measures a new shape at `NEW_SHAPE_COST` times a known one or more, in the bf16 the run
+chose, the run trains on batches of few shapes (`data.batching.BatchShapes`): about 13%
+more padded positions, and 1.27x the tokens/s on that Xeon (issue 23). In fp32 and on
+CUDA nothing is compiled per shape, and the batches stay token-bucketed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mtkit.core.device import autocast, fastest_interleaved, linear_timer, on_one_thread
+from mtkit.model.attention import matmul_attention
+
+log = logging.getLogger(__name__)
+
+MATMUL_MARGIN = 0.9  # matmul is taken when it needs at most 90% of SDPA's time
+NEW_SHAPE_COST = 2.0  # batches of few shapes where a new shape costs 2x a known one or more
+
+# One timed forward+backward of attention with a kernel ("sdpa" or "matmul") -> seconds.
+AttentionMeasure = Callable[[str], float]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention a run computes most: `batch` sentences of `length` tokens (about
+    `max_tokens` in all), `heads` heads of `head_dim`."""
+
+    batch: int
+    length: int
+    heads: int
+    head_dim: int
+
+    @classmethod
+    def of_run(cls, max_tokens: int, mean_length: float, d_model: int, heads: int
+               ) -> AttentionShape:
+        length = int(min(max(round(mean_length), 4), 512))
+        return cls(max(1, max_tokens // length), length, heads, d_model // heads)
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """Seconds per forward+backward of each kernel: the fastest of interleaved runs."""
+
+    sdpa_s: float
+    matmul_s: float
+
+    @property
+    def kernel(self) -> str:
+        return "matmul" if self.matmul_s <= MATMUL_MARGIN * self.sdpa_s else "sdpa"
+
+    def as_dict(self) -> dict:
+        return {"sdpa_ms": round(self.sdpa_s * 1e3, 3), "matmul_ms": round(self.matmul_s * 1e3, 3)}
+
+
+def attention_timer(shape: AttentionShape, dtype: torch.dtype | None) -> AttentionMeasure:
+    """A measure of forward+backward of padding-masked attention at `shape` under `dtype`
+    autocast (None: fp32); a quarter of the keys are padding, as in a real batch."""
+    generator = torch.Generator().manual_seed(0)
+    b, t, h, k = shape.batch, shape.length, shape.heads, shape.head_dim
+    q, key, v = (torch.randn(b, h, t, k, generator=generator) for _ in range(3))
+    lengths = torch.randint(max(1, 3 * t // 4), t + 1, (b,), generator=generator)
+    mask = (torch.arange(t)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+
+    def once(kernel: str) -> float:
+        inputs = [x.clone().requires_grad_() for x in (q, key, v)]
+        start = time.perf_counter()
+        with autocast("cpu", dtype):
+            if kernel == "matmul":
+                out = matmul_attention(*inputs, mask, causal=False)
+            else:
+                out = F.scaled_dot_product_attention(*inputs, attn_mask=mask)
+        out.float().sum().backward()
+        return time.perf_counter() - start
+
+    return once
+
+
+def time_attention(measure: AttentionMeasure, repeats: int = 7) -> AttentionTiming:
+    """Both kernels warmed up, then each one's fastest of interleaved runs
+    (`device.fastest_interleaved`, as the precision calibration times)."""
+    for kernel in ("sdpa", "matmul", "sdpa", "matmul"):
+        measure(kernel)
+    best = fastest_interleaved(measure, ("sdpa", "matmul"), repeats)
+    return AttentionTiming(sdpa_s=best["sdpa"], matmul_s=best["matmul"])
+
+
+def choose_attention(asked: str, device: torch.device, dtype: torch.dtype | None,
+                     shape: AttentionShape, measure: AttentionMeasure | None = None
+                     ) -> dict:
+    """The kernel record of a run: {"kernel", "asked", "sdpa_ms"?, "matmul_ms"?}. `auto`
+    measures on a CPU (on one thread) and keeps SDPA on CUDA; `measure` replaces the
+    real timer."""
+    if asked != "auto":
+        return {"kernel": asked, "asked": asked}
+    if device.type == "cuda":
+        return {"kernel": "sdpa", "asked": asked}
+    timing = time_attention(measure) if measure is not None else on_one_thread(
+        lambda: time_attention(attention_timer(shape, dtype)))
+    log.info("attention auto: %d x %d heads of %d x %d, forward+backward in %s, took "
+             "%.2f ms with SDPA and %.2f ms with matmul + softmax on this CPU: %s",
+             shape.batch, shape.heads, shape.length, shape.head_dim,
+             "bf16" if dtype is not None else "fp32", timing.sdpa_s * 1e3,
+             timing.matmul_s * 1e3, timing.kernel)
+    return {"kernel": timing.kernel, "asked": asked, **timing.as_dict()}
+
+
+def decoding_attention_timer(shape: AttentionShape, dtype: torch.dtype | None,
+                             beam: int = 5) -> AttentionMeasure:
+    """A measure of the attention of one beam-search step, forward only, its tensors in
+    `dtype` (None: fp32), as translation runs them: `batch` rows, each one query over
+    its `length` positions so far (self-attention), and the same rows as `beam` queries
+    per sentence over a source of `length` positions, a quarter of them padding
+    (cross-attention)."""
+    generator = torch.Generator().manual_seed(0)
+    b, t, h, k = shape.batch, shape.length, shape.heads, shape.head_dim
+    n = max(1, b // beam)  # sentences
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator).to(dtype or torch.float32)
+
+    query, keys, values = randn(b, h, 1, k), randn(b, h, t, k), randn(b, h, t, k)
+    beams, src_k, src_v = randn(n, h, beam, k), randn(n, h, t, k), randn(n, h, t, k)
+    lengths = torch.randint(max(1, 3 * t // 4), t + 1, (n,), generator=generator)
+    mask = (torch.arange(t)[None, :] < lengths[:, None])[:, None, None, :]  # (n, 1, 1, T)
+
+    def once(kernel: str) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            if kernel == "matmul":
+                matmul_attention(query, keys, values, None, causal=False)
+                matmul_attention(beams, src_k, src_v, mask, causal=False)
+            else:
+                F.scaled_dot_product_attention(query, keys, values)
+                F.scaled_dot_product_attention(beams, src_k, src_v, attn_mask=mask)
+        return time.perf_counter() - start
+
+    return once
+
+
+def choose_decoding_attention(device: torch.device, dtype: torch.dtype | None,
+                              shape: AttentionShape, measure: AttentionMeasure | None = None
+                              ) -> dict:
+    """The attention kernel translation runs with: {"kernel", "sdpa_ms"?, "matmul_ms"?}.
+    On a CPU it times one beam-search step's attention with each kernel
+    (`decoding_attention_timer`, in the precision translation runs in) and takes matmul +
+    softmax only where it is clearly faster: in bf16 on a 2-core AVX512-BF16 EPYC, beam 5
+    ran 1.07-1.09x SDPA's speed there, in fp32 at the same speed. Logged at debug level
+    (`translate` keeps stderr for errors); the engine keeps the record.
+
+    On CUDA, matmul + softmax, unmeasured: SDPA there takes cuDNN's attention, which
+    builds a plan for every new shape, and a search meets new shapes at every step (the
+    keys grow by one, sentences leave the batch). On an H200, beam 5 over 1,000 test2016
+    sentences the engine had not seen ran at 49 sentences/s with SDPA and 775 with
+    matmul (646 with SDPA kept off cuDNN); translated again, with every shape known, at
+    945 and 895 (`benchmarks/profile_decode.py`)."""
+    if device.type == "cuda":
+        return {"kernel": "matmul"}
+    timing = time_attention(measure) if measure is not None else on_one_thread(
+        lambda: time_attention(decoding_attention_timer(shape, dtype)))
+    log.debug("attention for translation: a beam-search step of %d rows, %d heads of %d "
+             "positions, in %s, took %.3f ms with SDPA and %.3f ms with matmul + softmax "
+             "on this CPU: %s", shape.batch, shape.heads, shape.length,
+             "bf16" if dtype is not None else "fp32", timing.sdpa_s * 1e3,
+             timing.matmul_s * 1e3, timing.kernel)
+    return {"kernel": timing.kernel, **timing.as_dict()}
+
+
+# One timed forward+backward of a Linear at a number of rows -> seconds (the first call at
+# a number of rows it has not seen pays for that shape's kernels).
+ShapeMeasure = Callable[[int], float]
+
+# Row counts that timing new shapes has used in this process (a shape is new only once).
+_fresh_rows = itertools.count(1)
+
+
+def time_shapes(measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
+                ) -> tuple[float, float]:
+    """(seconds at a new shape, seconds at the same shape once known): after two warm-up
+    calls at `rows`, `repeats` times a first call at a number of rows never timed before
+    in this process and above `fresh_above` (so above any a training batch has, whose
+    kernels could still be cached), then two more calls at it; each side's fastest (load
+    only adds time)."""
+    measure(rows)
+    measure(rows)
+    new = known = float("inf")
+    for _ in range(repeats):
+        fresh = max(rows, fresh_above) + next(_fresh_rows)
+        new = min(new, measure(fresh))
+        known = min(known, measure(fresh), measure(fresh))  # (the 2nd call still settles)
+    return new, known
+
+
+def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | None,
+                        shape: tuple[int, int, int], fresh_above: int = 0,
+                        measure: ShapeMeasure | None = None) -> dict:
+    """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
+    "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
+    thread, as the precision calibration), timing forward+backward of the Linear
+    `shape` = (rows, d_in, d_out) at new row counts above `fresh_above` (the run's
+    max_tokens), first and once known; elsewhere it keeps token batches. `measure`
+    replaces the real timer."""
+    if asked != "auto":
+        return {"shapes": asked, "asked": asked}
+    if device.type == "cuda" or dtype is None:
+        return {"shapes": "exact", "asked": asked}
+    rows, d_in, d_out = shape
+    if measure is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            new, known = time_shapes(
+                lambda n: linear_timer(n, d_in, d_out)(dtype, n), rows, fresh_above)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        new, known = time_shapes(measure, rows, fresh_above)
+    chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
+    log.info("batch shapes auto: a (%d+ x %d) x (%d x %d) Linear, forward+backward in "
+             "bf16, took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
+             max(rows, fresh_above), d_in, d_in, d_out, new * 1e3, known * 1e3,
+             "batches in few shapes" if chosen == "classes" else "token batches")
+    return {"shapes": chosen, "asked": asked, "new_shape_ms": round(new * 1e3, 3),
+            "known_shape_ms": round(known * 1e3, 3)}

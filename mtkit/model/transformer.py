@@ -1,0 +1,350 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), batch-first.
+
+    memory, src_mask = model.encode(src)                        # (B, S, D), (B, S)
+    logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  training
+    logits, cache = model.decode_step(token, memory, src_mask, cache)   # (B, V) inference
+
+`decode_step` sees its cache through `cache.DecoderCache` (`begin`, `cross`, `update`,
+`advanced`), whichever it is: the `BeamCache` of offline search, a value that search
+reorders with `index_select`, or the `SlotCache` of continuous batching, written in place.
+
+Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
+`norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
+gelu`, `positions: learned`. The model knows nothing of decoding; that is `search.py`.
+Its attention and dropout are `mtkit.model.attention`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtkit.core.config import ModelConfig
+from mtkit.core.vocab import PAD
+from mtkit.model.attention import ATTENTION_KERNELS, Dropout, MultiHeadAttention, stacked_linear
+from mtkit.model.cache import BeamCache, DecoderCache, SlotCache
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...): (length, D)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+                     * (-math.log(10000.0) / d_model))  # (D/2,)
+    table = torch.zeros(length, d_model)  # (L, D)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
+
+
+def split_sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """Marian's layout of the same sines and cosines: PE[pos, i] = sin(pos / 10000^(2i/D))
+    for i < D/2, PE[pos, D/2 + i] = cos(...): (length, D)."""
+    table = sinusoidal_positions(length, d_model)  # (L, D), interleaved
+    return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)  # (L, D)
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(D), plus positions, then dropout."""
+
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model)
+        if cfg.positions == "learned":
+            self.learned = nn.Embedding(cfg.max_positions, cfg.d_model)
+            nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
+        else:
+            self.learned = None
+            table = (split_sinusoidal_positions if cfg.positions == "sinusoidal_split"
+                     else sinusoidal_positions)(cfg.max_positions, cfg.d_model)
+            self.register_buffer("sinusoidal", table, persistent=False)
+        self.max_positions = cfg.max_positions
+        self.dropout = Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+        """ids (B, L) at positions start..start+L-1 -> (B, L, D). `start` may also give
+        each row its own position, (B,), for one token per row (L = 1)."""
+        length = ids.size(1)
+        last = (int(start.max()) if isinstance(start, Tensor) else start) + length
+        if last > self.max_positions:
+            raise ValueError(f"sequence of {last} tokens exceeds "
+                             f"model.max_positions={self.max_positions}")
+        x = self.tokens(ids) * self.scale  # (B, L, D)
+        table = self.learned.weight if self.learned is not None else self.sinusoidal
+        if isinstance(start, Tensor):
+            pos = table.index_select(0, start)[:, None]  # (B, 1, D)
+        else:
+            pos = table[start : start + length]  # (L, D)
+        return self.dropout(x + pos.to(x.dtype))
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(D, F) -> ReLU (or GELU, or SiLU) -> Linear(F, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inner = nn.Linear(cfg.d_model, cfg.ffn_dim)
+        self.outer = nn.Linear(cfg.ffn_dim, cfg.d_model)
+        self.activation = ACTIVATIONS[cfg.activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.outer(self.activation(self.inner(x)))  # (B, L, F) -> (B, L, D)
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer f with dropout and LayerNorm: post-norm
+    LN(x + drop(f(x))) as in the paper, or pre-norm x + drop(f(LN(x))).
+
+    Used as `after(x, f(before(x)))`, so that f may also return other values."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = Dropout(cfg.dropout)
+        self.pre_norm = cfg.norm == "pre"
+
+    def before(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def after(self, x: Tensor, out: Tensor) -> Tensor:
+        x = x + self.dropout(out)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg)
+        self.attn_block, self.ffn_block = Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D)."""
+        h = self.attn_block.before(x)
+        x = self.attn_block.after(x, self.self_attn(h, mask))
+        return self.ffn_block.after(x, self.ffn(self.ffn_block.before(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = (Sublayer(cfg), Sublayer(cfg),
+                                                             Sublayer(cfg))
+
+    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
+                cache: DecoderCache | None = None, index: int = 0
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """y (B*W, T, D): new target positions, W consecutive rows per sentence (W > 1
+        in a beam search); memory_kv: cross-attention keys/values (B, H, S, K), one per
+        sentence; mask (B, 1, 1, S); cache: the decoder's cache, this layer the `index`th
+        of the stack (T = 1), or None (teacher forcing). Returns the output (B*W, T, D)
+        and the self-attention keys/values of all positions so far (B*W, H, t+T, K)."""
+        h = self.self_block.before(y)
+        # Without a cache the T positions attend causally; with one, the single new
+        # position sees all earlier ones (of its own sentence: `self_mask`). Targets are
+        # right-padded, so no pad key lies before a real query and no padding mask is
+        # needed.
+        if cache is None:
+            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, T, K) each
+            out = self.self_attn.attend_heads(q, k, v, causal=y.size(1) > 1)
+        else:  # one step
+            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, 1, K) each
+            k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
+            out = self.self_attn.attend_heads(q, k, v, self_mask)
+        y = self.self_block.after(y, out)
+        h = self.cross_block.before(y)
+        # In a search, a sentence's rows (its beams) share its source keys/values, held
+        # once: its rows' positions are then queries of one attention over its source.
+        rows, length, d = h.shape
+        sentences = memory_kv[0].size(0)
+        q = h.reshape(sentences, rows // sentences * length, d)  # (B, W*T, D)
+        out = self.cross_attn.attend(q, *memory_kv, mask).reshape(rows, length, d)
+        y = self.cross_block.after(y, out)
+        return self.ffn_block.after(y, self.ffn(self.ffn_block.before(y))), (k, v)
+
+
+class Projection(NamedTuple):
+    """Logits not yet made: the decoder's output (B, T, D), the output weight (V, D) and
+    the output bias (V,) or None."""
+
+    hidden: Tensor
+    weight: Tensor
+    bias: Tensor | None = None
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("shared embeddings need one vocabulary for both sides")
+        self.cfg = cfg
+        tgt_tokens = nn.Embedding(tgt_vocab_size, cfg.d_model, padding_idx=PAD)
+        src_tokens = (tgt_tokens if cfg.share_embeddings
+                      else nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=PAD))
+        self.src_embed = Embedding(src_tokens, cfg)
+        self.tgt_embed = Embedding(tgt_tokens, cfg)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm ones do not
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        # A fixed bias on the logits (`output_bias`): a buffer, saved, never trained.
+        self.register_buffer("output_bias", torch.zeros(tgt_vocab_size) if cfg.output_bias
+                             else None)
+        # An int8 copy of the output projection, set by `mtkit.model.int8.quantize` (translation).
+        self.output_int8: nn.Module | None = None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    def use_attention(self, kernel: str) -> Transformer:
+        """Attend with `kernel` ("sdpa" or "matmul", `ATTENTION_KERNELS`) in every layer."""
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernel = kernel
+        return self
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection, tied to the target embedding: (V, D)."""
+        return self.tgt_embed.tokens.weight
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_mask (B, S) (True at real tokens)."""
+        src_mask = src != PAD  # (B, S)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        x = self.src_embed(src)  # (B, S, D)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        return self.encoder_norm(x), src_mask
+
+    def cross_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Each decoder layer's cross-attention keys and values: per layer (B, H, S, K),
+        all in one matrix product (`stacked_linear`) on a CPU or without gradients.
+        Layer by layer where `mtkit explain` watches them, and in training on a GPU:
+        there one product would hold every layer's gradients of them until the
+        backward pass reaches the first layer (more memory; later DDP all-reduce)."""
+        attns = [layer.cross_attn for layer in self.decoder_layers]
+        if any(a.observer is not None for a in attns) or (
+                torch.is_grad_enabled() and memory.device.type != "cpu"):
+            kvs = [a.project_kv(memory) for a in attns]
+            return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+        out = stacked_linear(memory, [p for a in attns for p in (a.k_proj, a.v_proj)])
+        return (tuple(a.split_heads(k) for a, k in zip(attns, out[0::2], strict=True)),
+                tuple(a.split_heads(v) for a, v in zip(attns, out[1::2], strict=True)))
+
+    def project(self, y: Tensor) -> Tensor:
+        if self.output_int8 is not None:  # int8 translation (`mtkit.model.int8`)
+            return self.output_int8(self.decoder_norm(y))  # (..., V)
+        bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
+        return F.linear(self.decoder_norm(y), self.output_weight, bias)  # (..., V)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
+               project: bool = True) -> Tensor | Projection:
+        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V), or with `project`
+        False the `Projection` that would make them."""
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = self.tgt_embed(tgt_in)  # (B, T, D)
+        keys, values = self.cross_kv(memory)  # per layer (B, H, S, K)
+        for layer, k, v in zip(self.decoder_layers, keys, values, strict=True):
+            y, _ = layer(y, (k, v), attn_mask)
+        if not project:
+            return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
+        return self.project(y)  # (B, T, V)
+
+    def slot_cache(self, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]], slots: int,
+                   columns: int, source_capacity: int) -> SlotCache:
+        """Free slots with these capacities, for continuous batching (`serving.stream`),
+        for sources like `sources` (keys and values from `cross_kv`): in their shapes per
+        head, dtype and device. A method, so that an ensemble gives each model its own."""
+        return SlotCache.empty(sources[0], slots, columns, source_capacity)
+
+    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
+                    cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache]:
+        """One step: token (B*W,) is the last target token of each row (bos first), W
+        consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
+        the next token's logits (B*W, V) and the cache after the step. memory is read at
+        the first step only (cache None: a `BeamCache` is made of it); the cache holds
+        its keys/values, so later steps may pass None. A `SlotCache` steps its first B
+        slots, with src_mask (B, S) theirs, and is written in place."""
+        if cache is None:
+            cache = BeamCache.first(*self.cross_kv(memory))
+        start = cache.begin(token.size(0))  # () or (B*W,)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = self.tgt_embed(token[:, None], start=start)  # (B*W, 1, D)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            memory_kv = cache.cross(i, src_mask.size(1))  # (B, H, S, K) each
+            y, (k, v) = layer(y, memory_kv, attn_mask, cache, i)  # (B*W, 1, D)
+            new_k.append(k)  # (B*W, H, t+1, K)
+            new_v.append(v)
+        logits = self.project(y[:, 0])  # (B*W, V)
+        return logits, cache.advanced(tuple(new_k), tuple(new_v))
+
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True
+                ) -> Tensor | Projection:
+        """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V), or with
+        `project` False the `Projection` that would make them (for the loss to make in
+        chunks: `mtkit.model.loss`)."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask, project)
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                initialize: bool = True) -> Transformer:
+    """A new Transformer, its weights drawn at random; with `initialize` False they are
+    left as `torch.empty` gives them, unwritten, for weights that a checkpoint then
+    assigns (`load_state_dict(assign=True)`): memory that is never written is never
+    made resident, so a loaded model holds its weights once, not twice."""
+    if initialize:
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+    with unwritten_parameters():
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+# The initializers that torch's layers and `Transformer._init_weights` call.
+INITIALIZERS = ("uniform_", "normal_", "xavier_uniform_", "kaiming_uniform_", "zeros_",
+                "ones_", "constant_")
+
+
+@contextmanager
+def unwritten_parameters() -> Iterator[None]:
+    """Within: `nn.init`'s initializers do nothing (as Hugging Face's `no_init_weights`),
+    so new layers keep their parameters unwritten. Only for building a model whose every
+    weight is then replaced; not thread-safe (it swaps module functions)."""
+    saved = {name: getattr(nn.init, name) for name in INITIALIZERS}
+    for name in INITIALIZERS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """All parameters (trainable or not), shared tensors counted once."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,176 @@
+"""`mtkit run`: every stage in order, skipping those whose outputs are complete.
+
+tokenizer -> preprocess -> train -> (average) -> translate the test set -> eval.
+A stage is complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
+a checkpoint that reached the training limits, RUN/test.hyp newer than the checkpoint
+it came from. Rerunning after an interruption picks up where it stopped. Ctrl-C (or
+SIGTERM) during training saves a checkpoint and stops the whole pipeline (`Interrupted`):
+nothing is translated with an unfinished model. The run directory's lock is held
+throughout, so the stages it calls cannot race with another process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtkit.core.atomic import write_atomic
+from mtkit.core.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
+from mtkit.core.config import Config
+from mtkit.core.configcheck import ConfigError
+from mtkit.core.device import release_freed_memory
+from mtkit.core.errors import UserError
+from mtkit.core.languages import direction, tag, tags, without_tag
+from mtkit.core.rundir import run_lock
+from mtkit.core.scoring import Score, score
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import translate_texts
+from mtkit.core.vocab import load_vocabs, vocab_paths
+from mtkit.data.shards import ShardDataset
+from mtkit.data.sources import DataError
+from mtkit.engines.loader import load_engine
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training.loop import TrainResult, train
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(UserError):
+    """Training stopped on a signal; the pipeline stops after its checkpoint, and the
+    CLI exits as the shell does for that signal (128 + its number)."""
+
+    label = "interrupted: "
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} after saving a checkpoint; rerun to go on")
+        self.signal_name = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + signal.Signals[self.signal_name].value
+
+
+@dataclass(frozen=True)
+class RunResult:
+    checkpoint: Path
+    hypotheses: Path
+    scores: list[Score]  # over the whole test set
+    training: TrainResult  # where training stopped, why, and in which precision
+    # A multilingual test set's scores per direction ("en-de": [...]); {} for one direction
+    by_direction: dict[str, list[Score]] = field(default_factory=dict)
+
+
+def _newer(path: Path, than: Path) -> bool:
+    return path.exists() and path.stat().st_mtime >= than.stat().st_mtime
+
+
+def final_checkpoint(cfg: Config) -> Path:
+    """The checkpoint the test set is translated with: the average of the last
+    `train.average_last` checkpoints when set, else best.pt (last.pt without validation)."""
+    folder = cfg.run_path / "checkpoints"
+    last = folder / "last.pt"
+    if cfg.train.average_last > 1:
+        out = folder / "average.pt"
+        if _newer(out, last):
+            return out
+        steps = last_step_checkpoints(folder, cfg.train.average_last)
+        log.info("averaging %d checkpoints: %s", len(steps), ", ".join(p.name for p in steps))
+        save_checkpoint(average_checkpoints(steps), out)
+        return out
+    best = folder / "best.pt"
+    return best if best.exists() else last
+
+
+def run_all(cfg: Config) -> RunResult:
+    if not cfg.data.corpora("test"):  # before hours of training, not after them
+        raise ConfigError("data.test is not set: `mtkit run` ends by translating and "
+                          "scoring the test set; set data.test, or run the tokenizer, "
+                          "preprocess and train commands on their own")
+    with run_lock(cfg.run_path, "run"):
+        return _run_all(cfg)
+
+
+def _run_all(cfg: Config) -> RunResult:
+    run = cfg.run_path
+    if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
+        log.info("stage tokenizer")
+        build_tokenizer(cfg)
+    shards = run / "data"
+    if not all((shards / split / "manifest.json").exists() for split in ("train", "test")):
+        log.info("stage preprocess")  # (data.test added since: its shards are still to do)
+        preprocess(cfg)
+    else:  # skipped: the shards must still come from the current tokenizer
+        ShardDataset(run / "data" / "train").check_tokenizer(
+            *load_vocabs(run, cfg.tokenizer.joint))
+    log.info("stage train")
+    result = train(cfg, resume=True)
+    release_freed_memory()  # the trained model is gone: translation starts from less
+    if result.interrupted_by:
+        raise Interrupted(result.interrupted_by)
+    checkpoint = final_checkpoint(cfg)
+    test_dir = run / "data" / "test"
+    if not (test_dir / "manifest.json").exists():
+        raise DataError("data.test is not set: `mtkit run` ends by scoring the test set")
+    test = ShardDataset(test_dir)
+    sources, references, target_tags = _test_texts(cfg, test)
+    groups = test.directions()
+    hyp_path = run / "test.hyp"
+    if _newer(hyp_path, checkpoint):
+        hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
+    else:
+        log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
+        engine = load_engine(checkpoint, cfg.train.device)
+        hypotheses = translate_texts(engine, sources, SearchOptions.from_config(cfg.decode),
+                                     cfg.decode.batch_tokens, target_tags=target_tags)
+        write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
+    scores = score(hypotheses, references, METRICS)
+    by_direction = {} if len(groups) < 2 else {
+        d: score([hypotheses[i] for i in ix], [references[i] for i in ix], METRICS)
+        for d, ix in groups.items()}
+    report = _report(scores)
+    if by_direction:
+        report["directions"] = {d: _report(s) for d, s in by_direction.items()}
+    report["checkpoint"] = str(checkpoint)
+    write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
+    return RunResult(checkpoint, hyp_path, scores, result, by_direction)
+
+
+METRICS = ["bleu", "chrf", "ter"]
+
+
+def _test_texts(cfg: Config, test: ShardDataset) -> tuple[list[str], list[str], list[str] | None]:
+    """The test sources and references, and each output's forced start: a multilingual
+    model's target tag with `model.lang_tag: target` (then taken off the references),
+    else None."""
+    sources, references = test.texts("src"), test.texts("tgt")
+    if cfg.model.lang_tag != "target" or not tags(cfg.data):
+        return sources, references, None
+    target_tags, first = [""] * len(sources), 0
+    for corpus, report in zip(cfg.data.corpora("test"), test.manifest["corpora"], strict=True):
+        end = first + report["written"]  # preprocess wrote the corpora one after another
+        target_tags[first:end] = [f"{tag(direction(corpus, cfg.data)[1])} "] * (end - first)
+        first = end
+    return sources, [without_tag(r) for r in references], target_tags
+
+
+def _report(scores: list[Score]) -> dict:
+    return {s.metric: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+
+
+def direction_table(by_direction: dict[str, list[Score]], trained: Collection[str]) -> str:
+    """The test scores of each direction, a table; those not `trained` marked zero-shot,
+    and the mean of the trained ones."""
+    lines = ["direction            BLEU   chrF    TER"]
+    for d, scores in by_direction.items():
+        label = d if d in trained else f"{d} (zero-shot)"
+        lines.append(f"{label:<18} " + " ".join(f"{x.score:6.2f}" for x in scores))
+    rows = [[x.score for x in s] for d, s in by_direction.items() if d in trained]
+    if rows:
+        mean = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
+        lines.append(f"{'mean (trained)':<18} " + " ".join(f"{x:6.2f}" for x in mean))
+    return "\n".join(lines)

@@ -1,0 +1,515 @@
+"""The state of one training run (`TrainState`), and `setup`, which builds it: fresh, or
+resumed from the newest intact checkpoint.
+
+A resumed run must be the same run: the checkpoint's model config, shards and tokenizer
+are the run's, or it is refused (`TrainError`), and it keeps the choices measured at its
+first start (`decided_once`: precision, attention kernel, batch shapes). The checkpoint
+gives back the weights, the optimizer, the RNG streams and the `Progress` (step, epoch,
+batch within the epoch), so that training goes on exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mtkit.core.checkpoint import CheckpointError, describe_weights, find_resumable, load_checkpoint
+from mtkit.core.config import Config, ModelConfig, config_from_dict, config_to_dict, save_config
+from mtkit.core.device import (
+    calibration_shape,
+    cpu_description,
+    precision_record,
+    resolve_device,
+    resolve_precision,
+)
+from mtkit.core.errors import UserError
+from mtkit.core.languages import epoch_counts, output_vocabularies, tag_ids
+from mtkit.core.signals import held_while_starting_workers
+from mtkit.core.vocab import Vocab, entry_vocabs, load_vocabs
+from mtkit.data.batching import Batch, BatchShapes, TokenBatchSampler, make_loader
+from mtkit.data.shards import ShardDataset
+from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
+from mtkit.model.transformer import Transformer, build_model, count_parameters
+from mtkit.training.metrics_log import MetricsLog
+from mtkit.training.optim import adamw
+
+log = logging.getLogger("mtkit.training.loop")  # one stage: its lines read "mtkit.training.loop"
+
+
+class TrainError(UserError, RuntimeError):
+    """A training run that cannot start or go on (one line)."""
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 1
+    batch: int = 0  # batches of `epoch` already consumed (this rank)
+    best_bleu: float = -1.0
+    bad_validations: int = 0
+    elapsed: float = 0.0  # seconds of training, over all sessions
+    early_stopped: bool = False  # patience ran out: resuming changes nothing
+
+
+@dataclass
+class TrainState:
+    """Everything one training run works on, built once by `setup`."""
+
+    cfg: Config
+    model: Transformer
+    wrapped: nn.Module  # the model, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    progress: Progress
+    batches: Iterator[tuple[int, int, Batch]]  # endless (epoch, index in epoch, batch)
+    sampler: TokenBatchSampler  # `epoch_size(epoch)`: this rank's batches in an epoch
+    vocabs: tuple[Vocab, Vocab]
+    train_data: ShardDataset
+    valid_data: ShardDataset | None
+    device: torch.device
+    choices: RunChoices  # precision, attention kernel, batch shapes: decided at the first start
+    metrics: MetricsLog
+    rank: int
+    world: int
+    clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
+    saved_step: int  # the step of the newest checkpoint
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.choices.autocast_dtype
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def setup(cfg: Config, resume: bool) -> TrainState:
+    """Check the run's data, build the model and optimizer, resume from the newest intact
+    checkpoint when asked, and open the batch stream at the saved position."""
+    cfg = init_model_config(cfg)
+    tc, run = cfg.train, cfg.run_path
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    device = resolve_device(tc.device)
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    vocabs = load_vocabs(run, cfg.tokenizer.joint)
+    train_data, valid_data = _open_data(cfg, vocabs)
+    found = find_resumable(run / "checkpoints") if resume else None
+    if found is not None:  # refused before anything is decided or logged
+        _check_same_model(cfg, found[1], found[0])
+        _check_same_data(found[1], found[0], train_data, vocabs)
+    choices = run_choices(cfg, device, found, train_data, distributed)
+
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
+    if tc.init_from and found is None:
+        _init_weights(tc.init_from, model, vocabs)
+    freeze(model, tc.freeze)
+    model.use_attention(choices.attention.value)
+    optimizer = adamw(model, tc, device)
+    metrics = _open_metrics(cfg, rank)
+    progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
+    if rank == 0:
+        save_config(cfg, run / "config.yaml")
+        log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
+                 device, "bf16 autocast" if choices.autocast_dtype else "fp32", world)
+        metrics.write("start", step=progress.step, parameters=count_parameters(model),
+                      device=str(device), world_size=world, resumed=found is not None,
+                      **choices.as_record())
+    wrapped: nn.Module = model
+    if distributed:
+        wrapped = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    wrapped.train()
+    sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
+                                seed=tc.seed, rank=rank, world_size=world,
+                                draws=direction_draws(train_data, cfg.data.temperature),
+                                shapes=batch_shapes(choices.batches,
+                                                    cfg.model.max_positions))
+    batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
+                            pin=device.type == "cuda")
+    sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
+    return TrainState(cfg, model, wrapped, optimizer, progress, batches, sampler,
+                      vocabs, train_data, valid_data,
+                      device, choices, metrics, rank, world,
+                      clock_start=time.perf_counter() - progress.elapsed,
+                      saved_step=progress.step)
+
+
+def direction_draws(data: ShardDataset, temperature: float) -> list[tuple[np.ndarray, int]]:
+    """What each epoch draws from each direction under `data.temperature` (its pair
+    indices and how many: `languages.epoch_counts`); [] (every pair once) for one
+    direction or a temperature of 1."""
+    groups = data.directions()
+    if len(groups) < 2 or temperature == 1.0:
+        return []
+    counts = epoch_counts({d: len(ix) for d, ix in groups.items()}, temperature)
+    log.info("temperature %g: an epoch draws %s", temperature,
+             ", ".join(f"{d} {counts[d]:,} of {len(ix):,}" for d, ix in groups.items()))
+    return [(ix, counts[d]) for d, ix in groups.items()]
+
+
+def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
+               ) -> tuple[ShardDataset, ShardDataset | None]:
+    """The run's train shard (and valid, when there is one), checked against the
+    tokenizer and their checksums; every training pair must fit the model's positions.
+    The pieces each target language's text uses go into the target vocabulary, which
+    checkpoints save (`languages.output_vocabularies`)."""
+    folder = cfg.run_path / "data"
+    train_data = ShardDataset(folder / "train")
+    valid_data = ShardDataset(folder / "valid") if (folder / "valid").exists() else None
+    for data in (train_data, valid_data):
+        if data is not None:
+            data.check_tokenizer(*vocabs)
+            data.verify()
+    _check_positions(cfg, train_data)
+    vocabs[1].languages = output_vocabularies(train_data, cfg.data, len(vocabs[1]),
+                                              vocabs[0].same(vocabs[1]),
+                                              tag_ids(vocabs[1], cfg.data))
+    return train_data, valid_data
+
+
+def _open_metrics(cfg: Config, rank: int) -> MetricsLog:
+    """RUN/metrics.jsonl on rank 0, with TensorBoard when `train.tensorboard` asks for it;
+    a log that writes nothing on the other ranks."""
+    if rank != 0:
+        return MetricsLog(None)
+    board = None
+    if cfg.train.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise TrainError("train.tensorboard needs TensorBoard: pip install "
+                             "'mtkit[tensorboard]'") from None
+        board = SummaryWriter(str(cfg.run_path / "tensorboard"))
+    return MetricsLog(cfg.run_path / "metrics.jsonl", board)
+
+
+# --- measured run choices, decided once -------------------------------------------------
+#
+# A choice that depends on the machine (the precision, the attention kernel, the batches'
+# shapes) is decided at a run's first start: the config asks for a value, or for `auto`,
+# which measures; the decision is stored in every checkpoint and in metrics.jsonl's `start`
+# record. A resumed run reuses it and never measures again: a second measurement on a busy
+# machine could switch the choice mid-run, and the run would no longer be the one that
+# never stopped. A resume whose config asks for another value is refused. Under DDP on
+# CPUs every rank takes rank 0's choice. `decided_once` is that sequence, once for every
+# choice; a `RunChoice` says how one choice is named, stored and measured.
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One run choice as decided: the value the run uses, what the config asked for, and
+    the rest of its stored record (the measurement behind `auto`, the machine it was
+    measured on, what the value brings with it)."""
+
+    value: str  # e.g. "bf16", "matmul", "classes"
+    asked: str  # "auto" or a value
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    """How one measured choice is named, stored and refused."""
+
+    name: str  # in log lines: "precision"
+    key: str  # the config key that asks for it: "train.precision"
+    stored_as: str  # the stored record's key for the value: "precision"
+    values: tuple[str, ...]  # what it can choose (rank 0's is broadcast by position)
+    trained: str = "with {key}={value}"  # "<checkpoint> was trained ..."
+    # What a checkpoint from before the choice existed ran with (None: decide it now).
+    before: Decision | None = None
+
+    def record(self, decision: Decision) -> dict:
+        """The stored form: {stored_as: value, "asked": ..., **details}."""
+        return {self.stored_as: decision.value, "asked": decision.asked, **decision.details}
+
+    def decision(self, record: dict) -> Decision:
+        details = {k: v for k, v in record.items() if k not in (self.stored_as, "asked")}
+        value = record[self.stored_as]
+        return Decision(value, record.get("asked", value), details)
+
+    def refusal(self, source: Path, stored: Decision, asked: str) -> str:
+        trained = self.trained.format(key=self.key, value=stored.value)
+        said = asked if self.key in trained else f"{self.key}={asked}"
+        return (f"{source} was trained {trained}, the config says {said}; resume with "
+                f"{self.key}={stored.value} (or auto), or start over with --no-resume")
+
+
+PRECISION = RunChoice("precision", "train.precision", "precision", ("fp32", "bf16"),
+                      trained="in {value}")
+ATTENTION = RunChoice("attention", "train.attention", "kernel", ("sdpa", "matmul"))
+# Batches of a checkpoint from before train.batch_shapes were token batches: resuming on
+# others would change which batch its saved position names.
+BATCH_SHAPES = RunChoice("batch shapes", "train.batch_shapes", "shapes",
+                         ("exact", "classes"), before=Decision("exact", "exact"))
+
+
+def decided_once(choice: RunChoice, asked: str, found: tuple[Path, dict | None] | None,
+                 measure: Callable[[], Decision], broadcast: bool = False) -> Decision:
+    """The run's decision for `choice`: the stored one when resuming (`found`: the
+    checkpoint's path and the choice's stored record, None where the checkpoint predates
+    the choice), refused if the config asks for another value; else `measure()`'s, with
+    rank 0's value taken by every rank when `broadcast` (DDP on CPUs)."""
+    if found is not None:
+        source, record = found
+        if record is not None:
+            stored = choice.decision(record)
+            log.info("%s %s, as decided at this run's first start (%s); not measured again",
+                     choice.name, stored.value, _measured(stored))
+        elif choice.before is not None:
+            stored = choice.before
+            log.warning("%s does not say which %s it was trained with (an older mtkit): "
+                        "%s=%s", source, choice.name, choice.key, stored.value)
+        else:
+            stored = None
+            log.warning("%s does not say which %s it was trained with (an older mtkit); "
+                        "deciding it now", source, choice.name)
+        if stored is not None:
+            if asked not in ("auto", stored.value):
+                raise TrainError(choice.refusal(source, stored, asked))
+            return stored
+    decision = measure()
+    if broadcast:
+        chosen = torch.tensor([choice.values.index(decision.value)])
+        dist.broadcast(chosen, 0)
+        decision = replace(decision, value=choice.values[int(chosen.item())])
+    return decision
+
+
+def _measured(decision: Decision) -> str:
+    """'fp32 10.8 ms, bf16 2.9 ms' from a stored record's timings, or what was asked."""
+    found = {**decision.details, **decision.details.get("calibration", {})}
+    timings = [f"{k.removesuffix('_ms').replace('_', ' ')} {v} ms" for k, v in found.items()
+               if k.endswith("_ms")]
+    return ", ".join(timings) or f"asked for {decision.asked}"
+
+
+@dataclass(frozen=True)
+class RunChoices:
+    """Every measured choice of a run. Stored (`as_record`) as mtkit has always stored
+    them: the precision's record, holding the attention's and the batch shapes'."""
+
+    precision: Decision
+    attention: Decision
+    batches: Decision
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision.value == "bf16" else None
+
+    def as_record(self) -> dict:
+        return {**PRECISION.record(self.precision),
+                "attention": ATTENTION.record(self.attention),
+                "batches": BATCH_SHAPES.record(self.batches)}
+
+
+def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dict | None]]:
+    """For `decided_once`: each choice's stored record in a checkpoint (None where the
+    checkpoint predates it); empty for a fresh run."""
+    if found is None:
+        return {}
+    path, payload = found
+    top = payload["train"].get("precision")
+    if top is None:
+        return {name: (path, None) for name in ("precision", "attention", "batches")}
+    precision = {k: v for k, v in top.items() if k not in ("attention", "batches")}
+    return {"precision": (path, precision), "attention": (path, top.get("attention")),
+            "batches": (path, top.get("batches"))}
+
+
+def run_choices(cfg: Config, device: torch.device, found: tuple[Path, dict] | None,
+                train_data: ShardDataset, distributed: bool = False) -> RunChoices:
+    """The run's precision, attention kernel and batch shapes, each `decided_once`."""
+    tc, model = cfg.train, cfg.model
+    stored = stored_choices(found)
+    broadcast = distributed and device.type == "cpu"
+    linear = calibration_shape(tc.max_tokens, model.d_model, model.ffn_dim)
+
+    def measure_precision() -> Decision:
+        dtype, calibration = resolve_precision(tc.precision, device, linear)
+        record = precision_record(dtype, tc.precision, calibration)
+        record["cpu"] = cpu_description() if device.type == "cpu" else str(device)
+        return PRECISION.decision(record)
+
+    precision = decided_once(PRECISION, tc.precision, stored.get("precision"),
+                             measure_precision, broadcast)
+    dtype = torch.bfloat16 if precision.value == "bf16" else None
+
+    def measure_attention() -> Decision:
+        mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
+        shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
+        return ATTENTION.decision(choose_attention(tc.attention, device, dtype, shape))
+
+    attention = decided_once(ATTENTION, tc.attention, stored.get("attention"),
+                             measure_attention, broadcast)
+    batches = decided_once(BATCH_SHAPES, tc.batch_shapes, stored.get("batches"),
+                           lambda: BATCH_SHAPES.decision(choose_batch_shapes(
+                               tc.batch_shapes, device, dtype, linear,
+                               fresh_above=tc.max_tokens)),
+                           broadcast)
+    if batches.value == "classes" and "multiple" not in batches.details:
+        shapes = BatchShapes()  # stored, so that a later mtkit resumes on the same batches
+        batches = replace(batches, details={**batches.details, "multiple": shapes.multiple,
+                                            "group": shapes.group})
+    return RunChoices(precision, attention, batches)
+
+
+def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchShapes | None:
+    """The `BatchShapes` a run's decision asks for (its own multiple and run length, so
+    that a later mtkit resumes on the same batches), no wider than the model's positions;
+    None for token batches."""
+    if decision.value != "classes":
+        return None
+    default = BatchShapes()
+    return BatchShapes(decision.details.get("multiple", default.multiple),
+                       decision.details.get("group", default.group), max_positions)
+
+
+def init_model_config(cfg: Config) -> Config:
+    """With `train.init_from`, the run's model section is the checkpoint's, but for the
+    dropout rates (training settings: this config's)."""
+    if not cfg.train.init_from:
+        return cfg
+    theirs = config_from_dict(load_checkpoint(cfg.train.init_from, mmap=True)["config"],
+                              cfg.train.init_from).model
+    return replace(cfg, model=replace(theirs, dropout=cfg.model.dropout,
+                                      attention_dropout=cfg.model.attention_dropout))
+
+
+def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
+    """`train.init_from`: the checkpoint's weights, which need the run's tokenizers."""
+    payload = load_checkpoint(path, mmap=True)
+    theirs = entry_vocabs(payload["vocab"])
+    if not (theirs[0].same(vocabs[0]) and theirs[1].same(vocabs[1])):
+        raise TrainError(f"train.init_from: {path} has other tokenizers than the run's; set "
+                         f"tokenizer.from: {path}, then run mtkit tokenizer and preprocess "
+                         f"again")
+    model.load_state_dict(payload["model"])
+    log.info("starting from the weights of %s (%s)", path, describe_weights(payload))
+
+
+def freeze(model: Transformer, what: str) -> None:
+    """`train.freeze`: no gradients for the embeddings (and so the tied output
+    projection), the encoder, or both."""
+    parts = {"embeddings": (model.src_embed, model.tgt_embed),
+             "encoder": (model.encoder_layers, model.encoder_norm)}
+    for name in () if what == "none" else what.split("+"):
+        for module in parts[name]:
+            module.requires_grad_(False)
+
+
+def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,
+            optimizer, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab],
+            rank: int) -> Progress:
+    """Load the newest intact checkpoint (`found`) into model and optimizer and return its
+    progress; a fresh `Progress` when there is none (with --no-resume, old checkpoints
+    move aside)."""
+    tc, ckpt_dir = cfg.train, cfg.run_path / "checkpoints"
+    if found is None:
+        if not resume and rank == 0 and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+            aside = ckpt_dir.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
+            ckpt_dir.rename(aside)
+            log.warning("--no-resume: starting over; earlier checkpoints moved to %s", aside)
+        if rank > 0:
+            torch.manual_seed(tc.seed + 1000 * rank)
+        return Progress()
+    path, payload = found
+    try:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["train"]["optimizer"])
+        progress = Progress(**payload["train"]["progress"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:100]})") from None
+    if rank == 0:
+        _set_rng_state(payload["train"]["rng"])
+    else:  # other ranks' RNG streams are not saved; derive fresh ones
+        torch.manual_seed(tc.seed + 1000 * rank + progress.step)
+    log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
+             progress.epoch, progress.batch)
+    return progress
+
+
+def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
+    """Refuse to resume with another model section; a field the checkpoint predates
+    counts as its default (what that mtkit version trained)."""
+    saved = {**dataclasses.asdict(ModelConfig()), **payload["config"]["model"]}
+    now = config_to_dict(cfg)["model"]
+    diff = [k for k in now if saved.get(k) != now[k]]
+    if diff:
+        k = diff[0]
+        raise TrainError(f"{path} was trained with model.{k}={saved.get(k)!r}, the config "
+                         f"says {now[k]!r}; use another run_dir or --no-resume")
+
+
+def _check_same_data(payload: dict, path: Path, train_data: ShardDataset,
+                     vocabs: tuple[Vocab, Vocab]) -> None:
+    """Refuse to resume on shards or a tokenizer other than those the checkpoint saw."""
+    saved = payload["train"].get("shards")  # absent in checkpoints of older mtkit versions
+    vocab = payload["vocab"]
+    if (saved is not None and saved != train_data.fingerprint) or (
+            vocab["src"], vocab["tgt"]) != (vocabs[0].model_proto, vocabs[1].model_proto):
+        raise TrainError(f"{path} was trained on other data or another tokenizer than "
+                         f"{train_data.folder} (preprocess or tokenizer ran again since); "
+                         f"start over with --no-resume, or use another run_dir")
+
+
+def _check_positions(cfg: Config, data: ShardDataset) -> None:
+    """Every training pair, with its bos/eos, must fit the model's positions."""
+    longest = int(max(data.src_lengths.max(initial=0), data.tgt_lengths.max(initial=0)))
+    if longest + 1 > cfg.model.max_positions:
+        raise TrainError(f"{data.folder} holds pairs of {longest} subwords, more than "
+                         f"model.max_positions={cfg.model.max_positions} allows (it must be at "
+                         f"least data.max_len + 2); rerun `mtkit preprocess` with a smaller "
+                         f"data.max_len or raise model.max_positions")
+
+
+def rng_state() -> dict:
+    """The RNG streams training draws on (dropout); batching is seeded by (seed, epoch)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _batches_from(sampler: TokenBatchSampler, dataset: ShardDataset, progress: Progress,
+                  workers: int, pin: bool) -> Iterator[tuple[int, int, Batch]]:
+    """Endless (epoch, index in epoch, batch), starting at the saved position."""
+    epoch, start = progress.epoch, progress.batch
+    generator = torch.Generator()  # DataLoader seeds its workers from this, not the global RNG
+    while True:
+        sampler.set_epoch(epoch, start)
+        loader = make_loader(dataset, sampler, workers, pin_memory=pin, generator=generator)
+        with held_while_starting_workers():  # a signal to the group is the trainer's
+            batches = iter(loader)  # starts the workers
+        for k, batch in enumerate(batches, start=start):
+            yield epoch, k, batch
+        epoch, start = epoch + 1, 0
