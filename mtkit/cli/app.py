@@ -129,10 +129,26 @@ def load(path: Path, overrides: list[str] | None) -> Config:
         return load_config(path, overrides or [])
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"mtkit {version('mtkit')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("mtkit (not installed)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs.")] = False,
-          quiet: Annotated[bool, typer.Option(
-              "--quiet", "-q", help="Only warnings and errors on stderr.")] = False) -> None:
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print mtkit's version.")
+    ] = False,
+) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(stream=sys.stderr, level=level,
                         format="%(asctime)s | %(name)s | %(message)s", datefmt="%H:%M:%S",

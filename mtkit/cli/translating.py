@@ -14,7 +14,6 @@ from typing import Annotated, NamedTuple
 import typer
 
 from mtkit.cli.app import (
-    DeviceOpt,
     Opt,
     app,
     check_device,
@@ -36,49 +35,66 @@ from mtkit.core.terms import (
     term_accuracy,
 )
 
+# The headings `--help` groups the options under (Typer's rich help panels).
+MODEL = "Model"
+IO = "Input and output"
+SEARCH = "Search"
+SAMPLING = "Sampling"
+TERMINOLOGY = "Terminology"
+LANGUAGES = "Languages"
+SPEED = "Device and speed"
+SERVER = "Server"
 
-def _help(name: str, **option) -> typer.models.OptionInfo:
-    """A decoding option's typer.Option, its help from `OPTIONS`."""
-    return typer.Option(help=OPTIONS[name].help, **option)
+
+def _help(name: str, panel: str, *flags: str) -> typer.models.OptionInfo:
+    """A decoding option's typer.Option, its help from `OPTIONS`, under `panel`."""
+    return typer.Option(*flags, help=OPTIONS[name].help, rich_help_panel=panel)
 
 
 ModelsOpt = Annotated[list[Path], typer.Option(
-    "--model", "-m", help="Checkpoint file; repeat for an ensemble.")]
-BeamOpt = Annotated[Opt[int], _help("beam")]
-LenpenOpt = Annotated[Opt[float], _help("lenpen")]
-MaxLenAOpt = Annotated[Opt[float], _help("max_len_a")]
-MaxLenBOpt = Annotated[Opt[int], _help("max_len_b")]
-NbestOpt = Annotated[int, _help("nbest")]
-BatchTokensOpt = Annotated[Opt[int], _help("batch_tokens")]
-NoRepeatOpt = Annotated[Opt[int], _help("no_repeat_ngram")]
-SamplingOpt = Annotated[bool, typer.Option("--sampling", help=OPTIONS["sampling"].help)]
-TemperatureOpt = Annotated[Opt[float], _help("temperature")]
-TopkOpt = Annotated[Opt[int], _help("topk")]
-ToppOpt = Annotated[Opt[float], _help("topp")]
-SeedOpt = Annotated[Opt[int], _help("seed")]
-AlignmentsOpt = Annotated[bool, typer.Option("--alignments", help=OPTIONS["alignments"].help)]
-AlignLayerOpt = Annotated[Opt[int], _help("align_layer")]
-LangVocabOpt = Annotated[Opt[bool], typer.Option("--lang-vocab/--no-lang-vocab",
-                                                  help=OPTIONS["lang_vocab"].help)]
+    "--model", "-m", help="Checkpoint file or exported folder; repeat for an ensemble.",
+    rich_help_panel=MODEL)]
+BeamOpt = Annotated[Opt[int], _help("beam", SEARCH)]
+LenpenOpt = Annotated[Opt[float], _help("lenpen", SEARCH)]
+MaxLenAOpt = Annotated[Opt[float], _help("max_len_a", SEARCH)]
+MaxLenBOpt = Annotated[Opt[int], _help("max_len_b", SEARCH)]
+NbestOpt = Annotated[int, _help("nbest", SEARCH)]
+NoRepeatOpt = Annotated[Opt[int], _help("no_repeat_ngram", SEARCH)]
+SamplingOpt = Annotated[bool, _help("sampling", SAMPLING, "--sampling")]
+TemperatureOpt = Annotated[Opt[float], _help("temperature", SAMPLING)]
+TopkOpt = Annotated[Opt[int], _help("topk", SAMPLING)]
+ToppOpt = Annotated[Opt[float], _help("topp", SAMPLING)]
+SeedOpt = Annotated[Opt[int], _help("seed", SAMPLING)]
+AlignmentsOpt = Annotated[bool, _help("alignments", IO, "--alignments")]
+AlignLayerOpt = Annotated[Opt[int], _help("align_layer", IO)]
+LangVocabOpt = Annotated[Opt[bool], _help("lang_vocab", LANGUAGES,
+                                          "--lang-vocab/--no-lang-vocab")]
+BatchTokensOpt = Annotated[Opt[int], _help("batch_tokens", SPEED)]
+TranslateDeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.",
+                                                 rich_help_panel=SPEED)]
 PrecisionOpt = Annotated[Opt[str], typer.Option(
-    help="auto, fp32, bf16 or int8 (default: the checkpoint's decode.precision, auto): "
-         "auto takes bf16 where it is measured clearly faster (CUDA, AVX512-BF16, AMX); "
-         "int8 rounds the matrix products to int8 on a CPU, as CTranslate2's int8 does.")]
-InputOpt = Annotated[Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.")]
+    help="auto, fp32, bf16 or int8 (default: the checkpoint's decode.precision; auto "
+         "measures).", rich_help_panel=SPEED)]
+InputOpt = Annotated[Opt[Path], typer.Option(
+    "--input", "-i", help="Default (or -): stdin.", rich_help_panel=IO)]
 OutputOpt = Annotated[Opt[Path], typer.Option(
-    "--output", "-o", help="Default (or -): stdout. A device or FIFO is written in place.")]
+    "--output", "-o", help="Default (or -): stdout; a file is replaced only when complete.",
+    rich_help_panel=IO)]
+FormatOpt = Annotated[str, typer.Option(help="text or jsonl.", rich_help_panel=IO)]
+ScoresOpt = Annotated[bool, typer.Option(help="Append a tab and the score.",
+                                         rich_help_panel=IO)]
 PrefixOpt = Annotated[Opt[Path], typer.Option(
-    help="A target prefix for each input line: the output starts with it.")]
+    help="A target prefix for each input line: the output starts with it.",
+    rich_help_panel=SEARCH)]
 ConstraintsOpt = Annotated[Opt[Path], typer.Option(
-    "--constraints", help="Target phrases each output must contain (anywhere, in any "
-    "order): one line per input line, phrases separated by tabs; an empty line: none.")]
+    "--constraints", help="Phrases each output must contain: tab-separated, a line per "
+    "input line.", rich_help_panel=TERMINOLOGY)]
 TgtLangOpt = Annotated[Opt[str], typer.Option(
-    help="The language to translate into, for a multilingual model (its <2xx> tag goes "
-         "before each source line).")]
+    help="The language a multilingual model translates into (its <2xx> tag).",
+    rich_help_panel=LANGUAGES)]
 GlossaryOpt = Annotated[Opt[Path], typer.Option(
-    help="A 'source term<TAB>target term' TSV: a line whose source has a term (whole "
-         "words, case as given) must contain its target term (several lines for one "
-         "source term: any one of them).")]
+    help="A 'source term<TAB>target term' TSV: a line with a source term must contain "
+         "its target term.", rich_help_panel=TERMINOLOGY)]
 
 
 def _engine(model: list[Path], device: str, precision: str | None = None) -> Translator:
@@ -101,18 +117,32 @@ def _batch_tokens(engine: Translator, given: int | None) -> int:
 
 @app.command()
 def translate(
-    model: ModelsOpt, input: InputOpt = None, output: OutputOpt = None,
-    beam: BeamOpt = None, lenpen: LenpenOpt = None, nbest: NbestOpt = 1,
-    scores: Annotated[bool, typer.Option(help="Append a tab and the score.")] = False,
-    max_len_a: MaxLenAOpt = None, max_len_b: MaxLenBOpt = None,
-    batch_tokens: BatchTokensOpt = None, device: DeviceOpt = "auto",
-    format: Annotated[str, typer.Option(help="text or jsonl.")] = "text",
-    no_repeat_ngram: NoRepeatOpt = None, sampling: SamplingOpt = False,
-    temperature: TemperatureOpt = None, topk: TopkOpt = None, topp: ToppOpt = None,
-    seed: SeedOpt = None, prefix_file: PrefixOpt = None, alignments: AlignmentsOpt = False,
-    align_layer: AlignLayerOpt = None, precision: PrecisionOpt = None,
-    constraints_file: ConstraintsOpt = None, glossary: GlossaryOpt = None,
-    tgt_lang: TgtLangOpt = None, lang_vocab: LangVocabOpt = None,
+    model: ModelsOpt,
+    input: InputOpt = None,
+    output: OutputOpt = None,
+    format: FormatOpt = "text",
+    scores: ScoresOpt = False,
+    alignments: AlignmentsOpt = False,
+    align_layer: AlignLayerOpt = None,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    nbest: NbestOpt = 1,
+    max_len_a: MaxLenAOpt = None,
+    max_len_b: MaxLenBOpt = None,
+    no_repeat_ngram: NoRepeatOpt = None,
+    prefix_file: PrefixOpt = None,
+    sampling: SamplingOpt = False,
+    temperature: TemperatureOpt = None,
+    topk: TopkOpt = None,
+    topp: ToppOpt = None,
+    seed: SeedOpt = None,
+    constraints_file: ConstraintsOpt = None,
+    glossary: GlossaryOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    lang_vocab: LangVocabOpt = None,
+    device: TranslateDeviceOpt = "auto",
+    precision: PrecisionOpt = None,
+    batch_tokens: BatchTokensOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -206,32 +236,36 @@ def _translate_file(engine: Translator, input: Path | None, output: Path | None,
 
 @app.command(name="eval")
 def eval_(
-    hyp: Annotated[Opt[Path], typer.Option(help="Hypotheses, one per line.")] = None,
-    ref: Annotated[Opt[Path], typer.Option(help="References, one per line.")] = None,
-    model: Annotated[Opt[Path], typer.Option("--model", "-m", help="Translate first.")] = None,
+    model: Annotated[Opt[Path], typer.Option(
+        "--model", "-m", help="Translate --src first.", rich_help_panel=MODEL)] = None,
+    hyp: Annotated[Opt[Path], typer.Option(
+        help="Hypotheses, one per line.", rich_help_panel=IO)] = None,
+    ref: Annotated[Opt[Path], typer.Option(
+        help="References, one per line.", rich_help_panel=IO)] = None,
     src: Annotated[Opt[Path], typer.Option(
-        help="Source text: translated with -m; what --glossary looks for terms in.")] = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
-    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda (with -m).")] = "auto",
+        help="Source text: translated with -m; where --glossary looks for terms.",
+        rich_help_panel=IO)] = None,
+    metrics: Annotated[str, typer.Option(
+        help="Comma-separated: bleu,chrf,ter.", rich_help_panel=IO)] = "bleu,chrf,ter",
+    json_: Annotated[bool, typer.Option(
+        "--json", help="Print JSON.", rich_help_panel=IO)] = False,
     terms: Annotated[Opt[Path], typer.Option(
-        help="Term accuracy: the target phrases each line must contain, tab-separated, one "
-             "line per reference (the --constraints format).")] = None,
+        help="Term accuracy: the phrases each line must contain (the --constraints "
+             "format).", rich_help_panel=TERMINOLOGY)] = None,
     glossary: Annotated[Opt[Path], typer.Option(
-        help="Term accuracy: a 'source term<TAB>target term' TSV; each --src line requires "
-             "the targets of the source terms in it.")] = None,
+        help="Term accuracy: a 'source term<TAB>target term' TSV, looked up in --src.",
+        rich_help_panel=TERMINOLOGY)] = None,
     lang: Annotated[Opt[str], typer.Option(
-        help="The language the translations should be in, as py3langid codes it: reports "
-             "the off-target rate (pip install 'mtkit[langid]'); with -m, also the "
-             "language a multilingual model translates into, unless --tgt-lang says.")
-    ] = None,
+        help="The language the translations should be in (py3langid's code): the "
+             "off-target rate.", rich_help_panel=LANGUAGES)] = None,
     among: Annotated[Opt[str], typer.Option(
-        help="With --lang: the languages to tell apart, comma-separated (default: with -m, "
-             "the model's languages; else all that py3langid knows).")] = None,
+        help="With --lang: the languages to tell apart, comma-separated.",
+        rich_help_panel=LANGUAGES)] = None,
     tgt_lang: Annotated[Opt[str], typer.Option(
-        help="With -m: the language a multilingual model translates into, as translate's "
-             "(default: --lang, where the model has it; give both where the model's code "
-             "is not py3langid's, such as --tgt-lang deu --lang de).")] = None,
+        help="With -m: the language a multilingual model translates into (default: "
+             "--lang).", rich_help_panel=LANGUAGES)] = None,
+    device: Annotated[str, typer.Option(
+        help="auto, cpu or cuda (with -m).", rich_help_panel=SPEED)] = "auto",
 ) -> None:
     """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
     accuracy with --terms or --glossary, and the off-target rate with --lang."""
@@ -404,30 +438,43 @@ MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any ba
 @app.command()
 def serve(
     model: ModelsOpt,
-    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless set).")
-                    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (1 to 65535).")] = 8080,
-    beam: BeamOpt = None, lenpen: LenpenOpt = None, max_len_a: MaxLenAOpt = None,
-    max_len_b: MaxLenBOpt = None, no_repeat_ngram: NoRepeatOpt = None,
-    sampling: SamplingOpt = False, temperature: TemperatureOpt = None, topk: TopkOpt = None,
-    topp: ToppOpt = None, seed: SeedOpt = None, align_layer: AlignLayerOpt = None,
-    lang_vocab: LangVocabOpt = None, device: DeviceOpt = "auto",
-    precision: PrecisionOpt = None, glossary: GlossaryOpt = None,
-    max_batch_tokens: Annotated[Opt[int], typer.Option(
-        help="Source tokens the model worker takes into one batch (default: the "
-             "checkpoint's decode.batch_tokens).")] = None,
-    max_wait_ms: Annotated[float, typer.Option(
-        help="Longest wait of a sentence for others to batch with (0 to 60,000).")] = 5.0,
-    continuous: Annotated[bool, typer.Option(
-        "--continuous/--rounds",
-        help="Greedy requests join one running search between its steps and leave it "
-             "as each sentence ends (continuous batching); --rounds batches them as "
-             "other requests are: in rounds, each answered when its round ends.")] = True,
-    max_lines: Annotated[int, typer.Option(help="Sentences per request.")] = 64,
-    max_chars: Annotated[int, typer.Option(help="Characters per request.")] = 20_000,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (loopback unless set).", rich_help_panel=SERVER
+    )] = "127.0.0.1",
+    port: Annotated[int, typer.Option(
+        help="Port to listen on (1 to 65535).", rich_help_panel=SERVER)] = 8080,
     api_key: Annotated[Opt[str], typer.Option(
-        envvar="MTKIT_API_KEY", show_envvar=True,
+        envvar="MTKIT_API_KEY", show_envvar=True, rich_help_panel=SERVER,
         help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).")] = None,
+    max_lines: Annotated[int, typer.Option(
+        help="Sentences per request.", rich_help_panel=SERVER)] = 64,
+    max_chars: Annotated[int, typer.Option(
+        help="Characters per request.", rich_help_panel=SERVER)] = 20_000,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    max_len_a: MaxLenAOpt = None,
+    max_len_b: MaxLenBOpt = None,
+    no_repeat_ngram: NoRepeatOpt = None,
+    align_layer: Annotated[Opt[int], _help("align_layer", SEARCH)] = None,
+    sampling: SamplingOpt = False,
+    temperature: TemperatureOpt = None,
+    topk: TopkOpt = None,
+    topp: ToppOpt = None,
+    seed: SeedOpt = None,
+    glossary: GlossaryOpt = None,
+    lang_vocab: LangVocabOpt = None,
+    device: TranslateDeviceOpt = "auto",
+    precision: PrecisionOpt = None,
+    max_batch_tokens: Annotated[Opt[int], typer.Option(
+        help="Source tokens one batch takes (default: the checkpoint's "
+             "decode.batch_tokens).", rich_help_panel=SPEED)] = None,
+    max_wait_ms: Annotated[float, typer.Option(
+        help="Longest wait of a sentence for others to batch with (0 to 60,000).",
+        rich_help_panel=SPEED)] = 5.0,
+    continuous: Annotated[bool, typer.Option(
+        "--continuous/--rounds", rich_help_panel=SPEED,
+        help="Greedy requests join a running search between its steps (--rounds: batched "
+             "in rounds).")] = True,
 ) -> None:
     """Serve translations over HTTP: a JSON API, a page at /, docs at /docs.
 
