@@ -77,14 +77,19 @@ def git(repo: Path, *args: str) -> str:
 def add_worktree(repo: Path, rev: str, path: Path) -> dict:
     sha = git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}")
     git(repo, "worktree", "add", "--detach", str(path), sha)
-    return {"rev": rev, "sha": sha, "path": str(path),
-            "subject": git(repo, "log", "-1", "--format=%s", sha)[:120]}
+    return {
+        "rev": rev,
+        "sha": sha,
+        "path": str(path),
+        "subject": git(repo, "log", "-1", "--format=%s", sha)[:120],
+    }
 
 
 def remove_worktrees(repo: Path, paths: list[str]) -> None:
     for path in paths:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", path],
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", path], capture_output=True
+        )
     subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
 
 
@@ -93,8 +98,14 @@ def run_side(side: dict, argv: list[str]) -> tuple[float, str]:
     seconds, stdout). Raises JobFailed with the end of stderr if it fails."""
     env = {**os.environ, "PYTHONPATH": side["path"]}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], cwd=side["path"], env=env,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        cwd=side["path"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
@@ -122,8 +133,11 @@ def last_json(stdout: str) -> dict:
 
 
 def numbers(result: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in result.items() if k not in IGNORED
-            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in result.items()
+        if k not in IGNORED and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def tiny_config(run: Path, data: Path) -> dict:
@@ -132,14 +146,33 @@ def tiny_config(run: Path, data: Path) -> dict:
     valid = {"src": str(run / "valid.en"), "tgt": str(run / "valid.de")}
     return {
         "run_dir": str(run),
-        "data": {"src_lang": "en", "tgt_lang": "de", "valid": valid, "test": valid,
-                 "train": {"src": str(data / "train.en.gz"), "tgt": str(data / "train.de.gz")}},
+        "data": {
+            "src_lang": "en",
+            "tgt_lang": "de",
+            "valid": valid,
+            "test": valid,
+            "train": {"src": str(data / "train.en.gz"), "tgt": str(data / "train.de.gz")},
+        },
         "tokenizer": {"model_type": "bpe", "vocab_size": 2000, "joint": True},
-        "model": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "heads": 4,
-                  "ffn_dim": 512, "dropout": 0.1},
-        "train": {"max_tokens": 4096, "lr": 0.002, "warmup_steps": 100, "max_time": 60,
-                  "valid_every": 1000000, "patience": 0, "keep_last": 1, "precision": "fp32",
-                  "seed": 1},
+        "model": {
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "d_model": 128,
+            "heads": 4,
+            "ffn_dim": 512,
+            "dropout": 0.1,
+        },
+        "train": {
+            "max_tokens": 4096,
+            "lr": 0.002,
+            "warmup_steps": 100,
+            "max_time": 60,
+            "valid_every": 1000000,
+            "patience": 0,
+            "keep_last": 1,
+            "precision": "fp32",
+            "seed": 1,
+        },
     }
 
 
@@ -147,16 +180,18 @@ def tiny_checkpoint(side: dict, data: Path, cache: Path) -> Path:
     """Train the tiny model with this side's mtkit, once per commit; its checkpoint."""
     import yaml  # mtkit's own dependency
 
-    key = hashlib.sha256((side["sha"] + json.dumps(tiny_config(Path(), data), sort_keys=True))
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        (side["sha"] + json.dumps(tiny_config(Path(), data), sort_keys=True)).encode()
+    ).hexdigest()[:16]
     ready = cache / key
     if (ready / "checkpoints" / "last.pt").exists():
         return ready / "checkpoints" / "last.pt"
     run = cache / f"{key}.partial-{os.getpid()}"
     run.mkdir(parents=True, exist_ok=True)
     for lang in ("en", "de"):
-        (run / f"valid.{lang}").write_text("".join(read_lines(data / f"val.{lang}.gz", 200)),
-                                           encoding="utf-8")
+        (run / f"valid.{lang}").write_text(
+            "".join(read_lines(data / f"val.{lang}.gz", 200)), encoding="utf-8"
+        )
     config = run / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_config(run, data)), encoding="utf-8")
     log(f"training the tiny checkpoint at {side['name']} ({side['sha'][:10]}), about 2 min")
@@ -178,17 +213,35 @@ def read_lines(path: Path, limit: int) -> list[str]:
 
 
 def job_translate_speed(side: dict, ctx: dict, round_: int) -> dict:
-    argv = ["benchmarks/translate_speed.py", "-m", ctx["model"], "--src", ctx["test_src"],
-            "--limit", str(ctx["speed_lines"])]
+    argv = [
+        "benchmarks/translate_speed.py",
+        "-m",
+        ctx["model"],
+        "--src",
+        ctx["test_src"],
+        "--limit",
+        str(ctx["speed_lines"]),
+    ]
     wall, out = run_side(side, argv)
     result = last_json(out)
     return numbers(result) | {"wall_s": wall, "raw": result}
 
 
 def job_train_throughput(side: dict, ctx: dict, round_: int) -> dict:
-    argv = ["benchmarks/train_throughput.py", "--config", "configs/multi30k.yaml",
-            "--synthetic", "24", "24", "--precision", "fp32", "--steps",
-            str(ctx["train_steps"]), "--warmup", "2"]
+    argv = [
+        "benchmarks/train_throughput.py",
+        "--config",
+        "configs/multi30k.yaml",
+        "--synthetic",
+        "24",
+        "24",
+        "--precision",
+        "fp32",
+        "--steps",
+        str(ctx["train_steps"]),
+        "--warmup",
+        "2",
+    ]
     wall, out = run_side(side, argv)
     result = last_json(out)
     return numbers(result) | {"wall_s": wall, "raw": result}
@@ -198,14 +251,34 @@ def job_translate(beam: int):
     def job(side: dict, ctx: dict, round_: int) -> dict:
         out = Path(ctx["tmp"]) / "out" / f"{side['name']}-beam{beam}-round{round_}.txt"
         out.parent.mkdir(exist_ok=True)
-        wall, _ = run_side(side, ["-m", "mtkit", "-q", "translate", "-m", ctx["model"],
-                                  "-i", ctx["lines_file"], "-o", str(out), "--beam", str(beam)])
+        wall, _ = run_side(
+            side,
+            [
+                "-m",
+                "mtkit",
+                "-q",
+                "translate",
+                "-m",
+                ctx["model"],
+                "-i",
+                ctx["lines_file"],
+                "-o",
+                str(out),
+                "--beam",
+                str(beam),
+            ],
+        )
         return {"wall_s": wall, "output": str(out)}
+
     return job
 
 
-JOBS = {"translate_speed": job_translate_speed, "train_throughput": job_train_throughput,
-        "translate_beam5": job_translate(5), "translate_beam1": job_translate(1)}
+JOBS = {
+    "translate_speed": job_translate_speed,
+    "train_throughput": job_train_throughput,
+    "translate_beam5": job_translate(5),
+    "translate_beam1": job_translate(1),
+}
 
 
 def run_rounds(sides: dict, ctx: dict, rounds: int) -> dict:
@@ -230,16 +303,21 @@ def summarize(runs: dict) -> dict:
     summary = {}
     for job, by_side in runs.items():
         ok = {name: [r for r in rs if "error" not in r] for name, rs in by_side.items()}
-        keys = sorted({k for rs in ok.values() for r in rs for k, v in r.items()
-                       if isinstance(v, float)})
+        keys = sorted(
+            {k for rs in ok.values() for r in rs for k, v in r.items() if isinstance(v, float)}
+        )
         for key in keys:
             values = {name: [r[key] for r in rs if key in r] for name, rs in ok.items()}
             row = {name: statistics.median(v) if v else None for name, v in values.items()}
-            row["ratio"] = (row["B"] / row["A"] if row["A"] and row["B"] is not None
-                            else None)
-            row["spread"] = max(((max(v) - min(v)) / abs(statistics.median(v))
-                                 for v in values.values() if v and statistics.median(v)),
-                                default=0.0)
+            row["ratio"] = row["B"] / row["A"] if row["A"] and row["B"] is not None else None
+            row["spread"] = max(
+                (
+                    (max(v) - min(v)) / abs(statistics.median(v))
+                    for v in values.values()
+                    if v and statistics.median(v)
+                ),
+                default=0.0,
+            )
             summary[f"{job}.{key}"] = row
     return summary
 
@@ -249,8 +327,13 @@ def first_difference(a: bytes, b: bytes) -> dict:
     the end of a file)."""
     for number, (x, y) in enumerate(zip_longest(a.split(b"\n"), b.split(b"\n")), 1):
         if x != y:
-            return {"line": number, "A": shown_line(x), "B": shown_line(y),
-                    "lines_A": a.count(b"\n"), "lines_B": b.count(b"\n")}
+            return {
+                "line": number,
+                "A": shown_line(x),
+                "B": shown_line(y),
+                "lines_A": a.count(b"\n"),
+                "lines_B": b.count(b"\n"),
+            }
     return {}
 
 
@@ -262,18 +345,24 @@ def compare_outputs(runs: dict) -> dict:
     """Per translate job: identical across all rounds and sides, or the first difference."""
     report = {}
     for job in (j for j in JOBS if j.startswith("translate_beam")):
-        outs = {name: [Path(r["output"]).read_bytes() for r in rs if "output" in r]
-                for name, rs in runs[job].items()}
+        outs = {
+            name: [Path(r["output"]).read_bytes() for r in rs if "output" in r]
+            for name, rs in runs[job].items()
+        }
         if not outs["A"] or not outs["B"]:
             report[job] = {"status": "not compared (a side failed)"}
             continue
         unstable = [name for name, o in outs.items() if len(set(o)) > 1]
         same = outs["A"][0] == outs["B"][0]
-        report[job] = {"status": ("identical" if same and not unstable else
-                                  "differs" if not same else "unstable"),
-                       "unstable_sides": unstable,
-                       "sha256": {n: sorted({hashlib.sha256(x).hexdigest()[:16] for x in o})
-                                  for n, o in outs.items()}}
+        report[job] = {
+            "status": (
+                "identical" if same and not unstable else "differs" if not same else "unstable"
+            ),
+            "unstable_sides": unstable,
+            "sha256": {
+                n: sorted({hashlib.sha256(x).hexdigest()[:16] for x in o}) for n, o in outs.items()
+            },
+        }
         if not same:
             report[job]["first_difference"] = first_difference(outs["A"][0], outs["B"][0])
     return report
@@ -287,9 +376,12 @@ def cpu_info() -> dict:
         text = ""
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     flags = set(fields.get("Flags", "").split())
-    return {"model_name": fields.get("Model name", "").strip() or "unknown",
-            "cpus": os.cpu_count(), "flags": {f: f in flags for f in FLAGS},
-            "amx": any(f.startswith("amx") for f in flags)}
+    return {
+        "model_name": fields.get("Model name", "").strip() or "unknown",
+        "cpus": os.cpu_count(),
+        "flags": {f: f in flags for f in FLAGS},
+        "amx": any(f.startswith("amx") for f in flags),
+    }
 
 
 def fmt(value: float | None, digits: int = 4, missing: str = "failed") -> str:
@@ -300,11 +392,15 @@ def table(report: dict) -> str:
     """The figures' table, then the translations' verdicts, the revisions and the CPU."""
     summary, outputs, cpu = report["summary"], report["outputs"], report["cpu"]
     rows = [("metric", "A median", "B median", "B/A", "spread")]
-    rows += [(name, fmt(s["A"]), fmt(s["B"]), fmt(s["ratio"], 3, "-"), f"{s['spread']:.0%}")
-             for name, s in summary.items()]
+    rows += [
+        (name, fmt(s["A"]), fmt(s["B"]), fmt(s["ratio"], 3, "-"), f"{s['spread']:.0%}")
+        for name, s in summary.items()
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for job, result in outputs.items():
         line = f"{job} output: {result['status']}"
@@ -325,31 +421,50 @@ def table(report: dict) -> str:
     flags = ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in cpu["flags"].items())
     lines.append(f"CPU: {cpu['model_name']}, {cpu['cpus']} CPUs; {flags}")
     lines.append(f"{report['rounds']} round(s); checkpoint {report['model']}")
-    busiest = max(r["load_average"][0] for rs in report["runs"].values()
-                  for side in rs.values() for r in side)
+    busiest = max(
+        r["load_average"][0] for rs in report["runs"].values() for side in rs.values() for r in side
+    )
     if busiest > 1.5 * (cpu["cpus"] or 1):
-        lines.append(f"warning: load average up to {busiest:.1f} on {cpu['cpus']} CPUs during "
-                     "the runs: other work shared the CPUs, the timings are not reliable")
+        lines.append(
+            f"warning: load average up to {busiest:.1f} on {cpu['cpus']} CPUs during "
+            "the runs: other work shared the CPUs, the timings are not reliable"
+        )
     return "\n".join(lines)
 
 
 def measure(args, sides: dict, tmp: Path) -> dict:
     """The checkpoint, the inputs, the interleaved rounds and their summary."""
     data = Path(args.data).resolve()
-    model = (Path(args.model).resolve() if args.model
-             else tiny_checkpoint(sides["A"], data, Path(args.cache).expanduser()))
+    model = (
+        Path(args.model).resolve()
+        if args.model
+        else tiny_checkpoint(sides["A"], data, Path(args.cache).expanduser())
+    )
     lines_file = tmp / "source.en"
-    lines_file.write_text("".join(read_lines(data / "test2016.en.gz", args.lines)),
-                          encoding="utf-8")
-    ctx = {"model": str(model), "test_src": str(data / "test2016.en.gz"), "tmp": str(tmp),
-           "lines_file": str(lines_file), "speed_lines": args.speed_lines,
-           "train_steps": args.train_steps}
+    lines_file.write_text(
+        "".join(read_lines(data / "test2016.en.gz", args.lines)), encoding="utf-8"
+    )
+    ctx = {
+        "model": str(model),
+        "test_src": str(data / "test2016.en.gz"),
+        "tmp": str(tmp),
+        "lines_file": str(lines_file),
+        "speed_lines": args.speed_lines,
+        "train_steps": args.train_steps,
+    }
     load_before = os.getloadavg()
     runs = run_rounds(sides, ctx, args.rounds)
-    return {"model": str(model), "model_sha256": file_sha256(model),
-            "lines": args.lines, "speed_lines": args.speed_lines, "rounds": args.rounds,
-            "load_average": {"before": load_before, "after": os.getloadavg()},
-            "summary": summarize(runs), "outputs": compare_outputs(runs), "runs": runs}
+    return {
+        "model": str(model),
+        "model_sha256": file_sha256(model),
+        "lines": args.lines,
+        "speed_lines": args.speed_lines,
+        "rounds": args.rounds,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "summary": summarize(runs),
+        "outputs": compare_outputs(runs),
+        "runs": runs,
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -357,15 +472,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--base", required=True, help="revision A (the reference)")
     parser.add_argument("--head", required=True, help="revision B (the change)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--lines", type=int, default=1000,
-                        help="test2016 lines translated and compared per side and round")
-    parser.add_argument("--speed-lines", type=int, default=1000,
-                        help="translate_speed.py --limit")
-    parser.add_argument("--train-steps", type=int, default=12,
-                        help="train_throughput.py --steps")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        default=1000,
+        help="test2016 lines translated and compared per side and round",
+    )
+    parser.add_argument("--speed-lines", type=int, default=1000, help="translate_speed.py --limit")
+    parser.add_argument("--train-steps", type=int, default=12, help="train_throughput.py --steps")
     parser.add_argument("--model", help="checkpoint both sides use (default: a tiny one)")
-    parser.add_argument("--data", default=str(HERE.parent / "data" / "multi30k"),
-                        help="folder with Multi30k's {train,val,test2016}.{en,de}.gz")
+    parser.add_argument(
+        "--data",
+        default=str(HERE.parent / "data" / "multi30k"),
+        help="folder with Multi30k's {train,val,test2016}.{en,de}.gz",
+    )
     parser.add_argument("--cache", default="~/.cache/mtkit-ab", help="tiny checkpoints")
     parser.add_argument("--out", help="write the JSON report here")
     return parser.parse_args()

@@ -43,9 +43,14 @@ def mtkit(tree: Path, *args: str) -> None:
 
 def imported_from(tree: Path) -> Path:
     """Where `mtkit` is imported from when run as `mtkit` runs it for `tree`."""
-    out = subprocess.run([sys.executable, "-c", "import mtkit; print(mtkit.__file__)"],
-                         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
-                         capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", "import mtkit; print(mtkit.__file__)"],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return Path(out).resolve()
 
 
@@ -69,16 +74,28 @@ def main() -> None:
     try:
         for label, rev in (("A", args.base), ("B", args.head)):
             tree = work / f"tree-{label}"
-            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev],
-                           cwd=ROOT, check=True)
+            subprocess.run(
+                ["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT, check=True
+            )
             if not imported_from(tree).is_relative_to(tree.resolve()):
-                raise SystemExit(f"side {label} would not run {rev}'s mtkit but "
-                                 f"{imported_from(tree)}")
+                raise SystemExit(
+                    f"side {label} would not run {rev}'s mtkit but {imported_from(tree)}"
+                )
             run = work / f"run-{label}"
-            sets = ["--set", f"run_dir={run}", "--set", f"train.max_steps={args.steps}",
-                    "--set", "train.max_time=0", "--set", f"train.precision={args.precision}",
-                    "--set", f"train.log_every={max(args.steps // 4, 1)}",
-                    "--set", f"train.valid_every={args.steps * 10}"]
+            sets = [
+                "--set",
+                f"run_dir={run}",
+                "--set",
+                f"train.max_steps={args.steps}",
+                "--set",
+                "train.max_time=0",
+                "--set",
+                f"train.precision={args.precision}",
+                "--set",
+                f"train.log_every={max(args.steps // 4, 1)}",
+                "--set",
+                f"train.valid_every={args.steps * 10}",
+            ]
             mtkit(tree, "tokenizer", "-c", config, *sets)
             mtkit(tree, "preprocess", "-c", config, *sets)
             sides[label] = (tree, run, sets, [])
@@ -89,21 +106,43 @@ def main() -> None:
                 mtkit(tree, "train", "-c", config, *sets)
                 events = train_events(run)
                 results.append(events)
-                print(json.dumps({"side": label, "round": round_,
-                                  "tokens_per_s": events[-1]["tokens_per_s"],
-                                  "losses": [e["loss"] for e in events]}), flush=True)
-        speed = {label: statistics.median(r[-1]["tokens_per_s"] for r in results)
-                 for label, (_, _, _, results) in sides.items()}
-        losses = {label: [[e["loss"] for e in r] for r in results]
-                  for label, (_, _, _, results) in sides.items()}
+                print(
+                    json.dumps(
+                        {
+                            "side": label,
+                            "round": round_,
+                            "tokens_per_s": events[-1]["tokens_per_s"],
+                            "losses": [e["loss"] for e in events],
+                        }
+                    ),
+                    flush=True,
+                )
+        speed = {
+            label: statistics.median(r[-1]["tokens_per_s"] for r in results)
+            for label, (_, _, _, results) in sides.items()
+        }
+        losses = {
+            label: [[e["loss"] for e in r] for r in results]
+            for label, (_, _, _, results) in sides.items()
+        }
         same = all(a == b for a in losses["A"] for b in losses["B"])
-        print(json.dumps({"tokens_per_s": speed, "ratio": round(speed["B"] / speed["A"], 3),
-                          "losses_identical": same, "steps": args.steps,
-                          "rounds": args.rounds, "precision": args.precision}))
+        print(
+            json.dumps(
+                {
+                    "tokens_per_s": speed,
+                    "ratio": round(speed["B"] / speed["A"], 3),
+                    "losses_identical": same,
+                    "steps": args.steps,
+                    "rounds": args.rounds,
+                    "precision": args.precision,
+                }
+            )
+        )
     finally:
         for label in sides:
-            subprocess.run(["git", "worktree", "remove", "--force", str(work / f"tree-{label}")],
-                           cwd=ROOT)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(work / f"tree-{label}")], cwd=ROOT
+            )
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -42,8 +42,12 @@ def parse_variant(text: str, steps: int) -> tuple[str, int, list[str]]:
 
 
 def mtkit(*args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run([sys.executable, "-m", "mtkit", "-q", *args], cwd=ROOT, check=True,
-                   env={**os.environ, **(env or {})})
+    subprocess.run(
+        [sys.executable, "-m", "mtkit", "-q", *args],
+        cwd=ROOT,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def prepare(config: str, shared: Path) -> None:
@@ -53,17 +57,35 @@ def prepare(config: str, shared: Path) -> None:
             mtkit(stage, "--config", config, "--set", f"run_dir={shared}")
 
 
-def run_variant(config: str, shared: Path, run: Path, steps: int, overrides: list[str],
-                precision: str, avx2: bool) -> None:
+def run_variant(
+    config: str,
+    shared: Path,
+    run: Path,
+    steps: int,
+    overrides: list[str],
+    precision: str,
+    avx2: bool,
+) -> None:
     if not run.exists():
         run.mkdir(parents=True)
         shutil.copytree(shared / "data", run / "data")
         for spm in shared.glob("spm*"):
             shutil.copy(spm, run / spm.name)
-    sets = [f"run_dir={run}", "train.max_time=0", f"train.max_steps={steps}",
-            f"train.precision={precision}", f"decode.precision={precision}", *overrides]
-    mtkit("run", "--config", config, *[a for s in sets for a in ("--set", s)],
-          env=AVX2 if avx2 else None)
+    sets = [
+        f"run_dir={run}",
+        "train.max_time=0",
+        f"train.max_steps={steps}",
+        f"train.precision={precision}",
+        f"decode.precision={precision}",
+        *overrides,
+    ]
+    mtkit(
+        "run",
+        "--config",
+        config,
+        *[a for s in sets for a in ("--set", s)],
+        env=AVX2 if avx2 else None,
+    )
 
 
 def summary(run: Path) -> dict:
@@ -72,9 +94,14 @@ def summary(run: Path) -> dict:
     end = [e for e in events if e["event"] == "end"][-1]
     valid = [e["valid_bleu"] for e in events if e["event"] == "valid"]
     test = json.loads((run / "test.scores.json").read_text())
-    return {"updates": end["step"], "valid_bleu": valid[-1] if valid else None,
-            "test_bleu": test["bleu"]["score"], "train_s": round(end["time"] - start["time"]),
-            "precision": start["precision"], "cpu": start.get("cpu", "")}
+    return {
+        "updates": end["step"],
+        "valid_bleu": valid[-1] if valid else None,
+        "test_bleu": test["bleu"]["score"],
+        "train_s": round(end["time"] - start["time"]),
+        "precision": start["precision"],
+        "cpu": start.get("cpu", ""),
+    }
 
 
 def main() -> None:
@@ -93,16 +120,19 @@ def main() -> None:
         name, steps, overrides = parse_variant(text, args.steps)
         run = out / name.replace(" ", "_")
         if not (run / "test.scores.json").exists():
-            run_variant(args.config, out / "_shared", run, steps, overrides, args.precision,
-                        args.avx2)
+            run_variant(
+                args.config, out / "_shared", run, steps, overrides, args.precision, args.avx2
+            )
         row = {"variant": name, "overrides": overrides, **summary(run)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     print("\n| variant | overrides | updates | valid BLEU | test BLEU | training s | precision |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
-        print(f"| {r['variant']} | {' '.join(r['overrides']) or '-'} | {r['updates']} | "
-              f"{r['valid_bleu']} | {r['test_bleu']:.2f} | {r['train_s']} | {r['precision']} |")
+        print(
+            f"| {r['variant']} | {' '.join(r['overrides']) or '-'} | {r['updates']} | "
+            f"{r['valid_bleu']} | {r['test_bleu']:.2f} | {r['train_s']} | {r['precision']} |"
+        )
     print(f"\nCPU: {rows[0]['cpu']}{' (AVX2 kernels forced)' if args.avx2 else ''}")
 
 

@@ -56,40 +56,62 @@ def main() -> None:
     tune_cpu_runtime()  # as the CLI: glibc settings, and 32-entry caches unless --cache
     cfg = load_config(args.config)
     vocab = len(Vocab.load(cfg.run_path / "spm.model"))
-    shapes = (BatchShapes(args.multiple, args.group, cfg.model.max_positions)
-              if args.shapes == "classes" else None)
-    batches = get_batches(cfg, argparse.Namespace(warmup=0, steps=args.steps, synthetic=None),
-                          vocab, shapes)
+    shapes = (
+        BatchShapes(args.multiple, args.group, cfg.model.max_positions)
+        if args.shapes == "classes"
+        else None
+    )
+    batches = get_batches(
+        cfg, argparse.Namespace(warmup=0, steps=args.steps, synthetic=None), vocab, shapes
+    )
     torch.manual_seed(0)
     if args.hf:
         model = hf_marian(cfg.model, vocab, "eager").train()
 
         def step(batch):
-            logits = model(input_ids=batch.src, attention_mask=batch.src != PAD,
-                           decoder_input_ids=batch.tgt_in).logits
-            return F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                   batch.tgt_out.view(-1), ignore_index=PAD,
-                                   label_smoothing=cfg.train.label_smoothing)
+            logits = model(
+                input_ids=batch.src, attention_mask=batch.src != PAD, decoder_input_ids=batch.tgt_in
+            ).logits
+            return F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)),
+                batch.tgt_out.view(-1),
+                ignore_index=PAD,
+                label_smoothing=cfg.train.label_smoothing,
+            )
     else:
         model = build_model(cfg.model, vocab, vocab).train().use_attention("matmul")
 
         def step(batch):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
             return out.loss / max(out.tokens, 1)
+
     # Two passes of train_throughput's timed loop (AdamW, clipping), none untimed.
     timing = argparse.Namespace(warmup=0)
-    first, second = (time_training(step, list(model.parameters()), batches, timing,
-                                   torch.device("cpu"), torch.bfloat16)[0] for _ in range(2))
+    first, second = (
+        time_training(
+            step, list(model.parameters()), batches, timing, torch.device("cpu"), torch.bfloat16
+        )[0]
+        for _ in range(2)
+    )
     real = sum(int((b.tgt_out != PAD).sum()) for b in batches)
-    print(json.dumps({
-        "cpu": cpu_description(), "model": "hf_marian_eager" if args.hf else "mtkit",
-        "shapes": args.shapes, "multiple": args.multiple, "group": args.group,
-        "cache_entries": args.cache or int(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]),
-        "steps": len(batches),
-        "distinct_shapes": len({(*b.src.shape, b.tgt_in.size(1)) for b in batches}),
-        "real_target_share": round(real / sum(b.tgt_out.numel() for b in batches), 3),
-        "pass1_tokens_per_s": round(first), "pass2_tokens_per_s": round(second),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+    print(
+        json.dumps(
+            {
+                "cpu": cpu_description(),
+                "model": "hf_marian_eager" if args.hf else "mtkit",
+                "shapes": args.shapes,
+                "multiple": args.multiple,
+                "group": args.group,
+                "cache_entries": args.cache or int(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]),
+                "steps": len(batches),
+                "distinct_shapes": len({(*b.src.shape, b.tgt_in.size(1)) for b in batches}),
+                "real_target_share": round(real / sum(b.tgt_out.numel() for b in batches), 3),
+                "pass1_tokens_per_s": round(first),
+                "pass2_tokens_per_s": round(second),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

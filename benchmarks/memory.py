@@ -42,17 +42,30 @@ def main() -> None:
         prepared = Path(tmp) / "prepared"
         sets = ["--set", f"run_dir={prepared}"]
         for stage in ("tokenizer", "preprocess"):
-            subprocess.run([sys.executable, "-m", "mtkit", "-q", stage, "-c", args.config,
-                            *sets], check=True, cwd=ROOT)
-        limits = [f"train.max_steps={args.steps}", "train.max_time=0",
-                  f"train.valid_every={args.valid_every}"]
+            subprocess.run(
+                [sys.executable, "-m", "mtkit", "-q", stage, "-c", args.config, *sets],
+                check=True,
+                cwd=ROOT,
+            )
+        limits = [
+            f"train.max_steps={args.steps}",
+            "train.max_time=0",
+            f"train.valid_every={args.valid_every}",
+        ]
         for name in wanted:
             run = Path(tmp) / name
             shutil.copytree(prepared, run)
             sets = [x for s in [f"run_dir={run}", *limits] for x in ("--set", s)]
             if name.startswith("train-"):
-                command = ["-q", "train", "-c", args.config, *sets, "--set",
-                           f"train.precision={name.removeprefix('train-')}"]
+                command = [
+                    "-q",
+                    "train",
+                    "-c",
+                    args.config,
+                    *sets,
+                    "--set",
+                    f"train.precision={name.removeprefix('train-')}",
+                ]
             elif name == "run":
                 command = ["-q", "run", "-c", args.config, *sets]
             else:
@@ -63,8 +76,11 @@ def main() -> None:
             if name == "run":
                 start_event = json.loads((run / "metrics.jsonl").open().readline())
                 result["run_precision"] = start_event["precision"]
-            print(json.dumps({k: v for k, v in result.items() if k.startswith(name)}),
-                  file=sys.stderr, flush=True)
+            print(
+                json.dumps({k: v for k, v in result.items() if k.startswith(name)}),
+                file=sys.stderr,
+                flush=True,
+            )
     print(json.dumps(result))
 
 

@@ -31,7 +31,7 @@ from mtkit.data.shards import ShardDataset  # noqa: E402
 
 
 def training(run: Path) -> str:
-    """"N updates, M min" from the run's metrics.jsonl (wall time from its first start
+    """ "N updates, M min" from the run's metrics.jsonl (wall time from its first start
     to its end, validations included)."""
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     starts = [r["time"] for r in records if r.get("event") == "start"]
@@ -61,8 +61,10 @@ def main() -> None:
     print(f"multilingual: {training(args.run)}")
     for direction, (_, spent) in bilingual.items():
         print(f"bilingual {direction}: {spent}")
-    print("\n| direction | multilingual BLEU | chrF | bilingual BLEU | difference | "
-          "off-target | references off-target |")
+    print(
+        "\n| direction | multilingual BLEU | chrF | bilingual BLEU | difference | "
+        "off-target | references off-target |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for direction, ix in test.directions().items():
         target = direction.split("-")[1]
@@ -76,8 +78,10 @@ def main() -> None:
             versus = f"{base:.2f} | {bleu - base:+.2f}"
         else:
             versus = "- | -"
-        print(f"| {label} | {bleu:.2f} | {chrf:.2f} | {versus} | {off.rate:.1f}% | "
-              f"{ref_off.rate:.1f}% |")
+        print(
+            f"| {label} | {bleu:.2f} | {chrf:.2f} | {versus} | {off.rate:.1f}% | "
+            f"{ref_off.rate:.1f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -46,18 +46,32 @@ while True:
 
 def starts(config: str, n: int) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return [json.loads(subprocess.run([sys.executable, "-c", _START, config], check=True,
-                                      capture_output=True, text=True, env=env).stdout)
-            for _ in range(n)]
+    return [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _START, config],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=env,
+            ).stdout
+        )
+        for _ in range(n)
+    ]
 
 
 def summary(runs: list[dict]) -> dict:
     bf16 = sum(r["bf16"] for r in runs)
     ratios = sorted(r["bf16_ms"] / r["fp32_ms"] for r in runs)
-    return {"chose_bf16": bf16, "chose_fp32": len(runs) - bf16,
-            "ratio_min": round(ratios[0], 3), "ratio_max": round(ratios[-1], 3),
-            "fp32_ms": [r["fp32_ms"] for r in runs], "bf16_ms": [r["bf16_ms"] for r in runs],
-            "calibration_s_max": round(max(r["s"] for r in runs), 3)}
+    return {
+        "chose_bf16": bf16,
+        "chose_fp32": len(runs) - bf16,
+        "ratio_min": round(ratios[0], 3),
+        "ratio_max": round(ratios[-1], 3),
+        "fp32_ms": [r["fp32_ms"] for r in runs],
+        "bf16_ms": [r["bf16_ms"] for r in runs],
+        "calibration_s_max": round(max(r["s"] for r in runs), 3),
+    }
 
 
 def main() -> None:

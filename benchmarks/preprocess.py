@@ -86,8 +86,13 @@ def _tree_rss(pid: int) -> int:
 def run_stage(args: list[str]) -> dict:
     """Run `mtkit ARGS`; its wall time and the peak RSS of its process tree."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "mtkit", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mtkit", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     peak = 0
     done = threading.Event()
 
@@ -113,9 +118,21 @@ def first_step(common: list[str], run_dir: Path) -> dict:
     metrics.jsonl (start-up: opening and verifying the shards, the sampler, the model),
     and the peak RSS of the run."""
     launched = time.time()
-    stats = run_stage(["train", *common, "--no-resume", "--set", "train.max_steps=1",
-                       "--set", "train.log_every=1", "--set", "train.valid_every=1000000",
-                       "--set", "train.max_time=0"])
+    stats = run_stage(
+        [
+            "train",
+            *common,
+            "--no-resume",
+            "--set",
+            "train.max_steps=1",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "train.valid_every=1000000",
+            "--set",
+            "train.max_time=0",
+        ]
+    )
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record["event"] == "train" and record["step"] == 1:
@@ -130,8 +147,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--workers", type=int, default=0, help="data.workers (0: config's)")
     parser.add_argument("--keep", help="build the run here and keep it (default: temp)")
-    parser.add_argument("--train", action="store_true",
-                        help="also time `mtkit train` from launch to its first step")
+    parser.add_argument(
+        "--train", action="store_true", help="also time `mtkit train` from launch to its first step"
+    )
     args = parser.parse_args()
     config = yaml.safe_load((ROOT / args.config).read_text())
 
@@ -158,24 +176,31 @@ def main() -> None:
         mean_size = len(data) / len(batches)
         order = np.random.default_rng(1).permutation(len(data))
         step = round(mean_size)
-        naive = padding_share([order[i:i + step] for i in range(0, len(data), step)], src, tgt)
-        manifests = {s: json.loads((run_dir / "data" / s / "manifest.json").read_text())
-                     for s in ("train", "valid", "test") if (run_dir / "data" / s).exists()}
+        naive = padding_share([order[i : i + step] for i in range(0, len(data), step)], src, tgt)
+        manifests = {
+            s: json.loads((run_dir / "data" / s / "manifest.json").read_text())
+            for s in ("train", "valid", "test")
+            if (run_dir / "data" / s).exists()
+        }
     read = sum(c["read"] for m in manifests.values() for c in m["corpora"])
-    print(json.dumps({
-        "pairs_read": read,
-        "train_pairs": manifests["train"]["pairs"],
-        "tokenizer": {**tokenizer, "pairs_per_s": round(read / tokenizer["wall_s"])},
-        "preprocess": {**preprocess, "pairs_per_s": round(read / preprocess["wall_s"])},
-        "open_and_batch_s": round(sampler_s, 2),
-        **({"train": train} if train else {}),
-        "max_tokens": args.max_tokens,
-        "batches": len(batches),
-        "mean_batch_pairs": round(mean_size, 1),
-        "padding_share": round(ours, 4),
-        "sentence_count_padding_share": round(naive, 4),
-        "cpu": _cpu_model(),
-    }))
+    print(
+        json.dumps(
+            {
+                "pairs_read": read,
+                "train_pairs": manifests["train"]["pairs"],
+                "tokenizer": {**tokenizer, "pairs_per_s": round(read / tokenizer["wall_s"])},
+                "preprocess": {**preprocess, "pairs_per_s": round(read / preprocess["wall_s"])},
+                "open_and_batch_s": round(sampler_s, 2),
+                **({"train": train} if train else {}),
+                "max_tokens": args.max_tokens,
+                "batches": len(batches),
+                "mean_batch_pairs": round(mean_size, 1),
+                "padding_share": round(ours, 4),
+                "sentence_count_padding_share": round(naive, 4),
+                "cpu": _cpu_model(),
+            }
+        )
+    )
 
 
 def _cpu_model() -> str:

@@ -38,9 +38,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # hfmarian: the tests' Marian builder
 sys.path.insert(0, str(HERE))
 
-OPUS_MT = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-               decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
-               max_position_embeddings=512, activation_function="swish")
+OPUS_MT = dict(
+    d_model=512,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=8,
+    decoder_attention_heads=8,
+    encoder_ffn_dim=2048,
+    decoder_ffn_dim=2048,
+    max_position_embeddings=512,
+    activation_function="swish",
+)
 
 
 def make(folder: Path) -> None:
@@ -56,25 +64,51 @@ def make(folder: Path) -> None:
     for side, corpus in (("source", "train.en"), ("target", "train.de")):
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(hfmarian.lines(corpus, 29000)),
-            model_prefix=str(marian / side), vocab_size=6000, model_type="unigram",
-            bos_id=-1, eos_id=1, unk_id=0, pad_id=-1, minloglevel=2)
+            model_prefix=str(marian / side),
+            vocab_size=6000,
+            model_type="unigram",
+            bos_id=-1,
+            eos_id=1,
+            unk_id=0,
+            pad_id=-1,
+            minloglevel=2,
+        )
         (marian / f"{side}.model").rename(marian / f"{side}.spm")
         sp = spm.SentencePieceProcessor(model_file=str(marian / f"{side}.spm"))
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())
-                   if not (sp.is_control(i) or sp.is_unknown(i))]
+        pieces += [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i))
+        ]
     table = hfmarian.table(pieces)
     (marian / "vocab.json").write_text(json.dumps(table, ensure_ascii=False))
-    (marian / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en",
-                                                               "target_lang": "de"}))
+    (marian / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "en", "target_lang": "de"})
+    )
     pad = len(table) - 1
     torch.manual_seed(0)
-    model = transformers.MarianMTModel(transformers.MarianConfig(
-        vocab_size=len(table), **OPUS_MT, scale_embedding=True, pad_token_id=pad,
-        decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0))
+    model = transformers.MarianMTModel(
+        transformers.MarianConfig(
+            vocab_size=len(table),
+            **OPUS_MT,
+            scale_embedding=True,
+            pad_token_id=pad,
+            decoder_start_token_id=pad,
+            eos_token_id=0,
+            forced_eos_token_id=0,
+        )
+    )
     model.save_pretrained(marian)
     import_marian(marian, folder / "imported.pt")
-    print(json.dumps({"folder": str(folder), "vocab": len(table),
-                      "parameters": sum(p.numel() for p in model.parameters())}))
+    print(
+        json.dumps(
+            {
+                "folder": str(folder),
+                "vocab": len(table),
+                "parameters": sum(p.numel() for p in model.parameters()),
+            }
+        )
+    )
 
 
 def train_speed(folder: Path, args) -> dict:
@@ -94,10 +128,14 @@ def train_speed(folder: Path, args) -> dict:
     cfg = replace(cfg, train=replace(cfg.train, max_tokens=args.max_tokens))
     vocab = payload["model"]["tgt_embed.tokens.weight"].size(0)
     device = torch.device("cpu")
-    dtype, _ = resolve_precision(args.precision, device, calibration_shape(
-        args.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
-    batches = get_batches(cfg, argparse.Namespace(synthetic=(24, 24), steps=args.steps,
-                                                  warmup=args.warmup), vocab)
+    dtype, _ = resolve_precision(
+        args.precision,
+        device,
+        calibration_shape(args.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
+    )
+    batches = get_batches(
+        cfg, argparse.Namespace(synthetic=(24, 24), steps=args.steps, warmup=args.warmup), vocab
+    )
     own = replace(cfg.model, activation="relu", positions="sinusoidal", output_bias=False)
     rates = {}
     for name, model_cfg in (("imported", cfg.model), ("mtkit_same_shape", own)) * 2:
@@ -109,13 +147,14 @@ def train_speed(folder: Path, args) -> dict:
             out = batch_loss(model, batch, cfg.train.label_smoothing)
             return out.loss / max(out.tokens, 1)
 
-        rate, _, _ = time_training(step, list(model.parameters()), batches, args, device,
-                                   dtype)
+        rate, _, _ = time_training(step, list(model.parameters()), batches, args, device, dtype)
         rates.setdefault(name, []).append(rate)
     best = {k: max(v) for k, v in rates.items()}
-    return {"precision": "bf16" if dtype else "fp32", "tokens_per_s": {
-        k: round(v) for k, v in best.items()},
-        "imported_vs_mtkit": round(best["imported"] / best["mtkit_same_shape"], 3)}
+    return {
+        "precision": "bf16" if dtype else "fp32",
+        "tokens_per_s": {k: round(v) for k, v in best.items()},
+        "imported_vs_mtkit": round(best["imported"] / best["mtkit_same_shape"], 3),
+    }
 
 
 def main() -> None:

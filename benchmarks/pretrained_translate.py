@@ -18,10 +18,28 @@ SRC = HERE.parent / "data" / "multi30k" / "test2016.en.gz"
 
 def translate_speed(folder: Path, args) -> dict:
     done = subprocess.run(
-        [sys.executable, str(HERE / "translate_speed.py"), "-m", str(folder / "imported.pt"),
-         "--compare", "ct2", "--limit", str(args.limit), "--rounds", "1", "--src", str(SRC),
-         "--ref", str(SRC.with_name("test2016.de.gz")), "--device", "cpu"],
-        capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            str(HERE / "translate_speed.py"),
+            "-m",
+            str(folder / "imported.pt"),
+            "--compare",
+            "ct2",
+            "--limit",
+            str(args.limit),
+            "--rounds",
+            "1",
+            "--src",
+            str(SRC),
+            "--ref",
+            str(SRC.with_name("test2016.de.gz")),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ours = json.loads(done.stdout.splitlines()[-1])
     out = {k: v for k, v in ours.items() if k.startswith(("greedy_", "beam5_", "peak_rss"))}
     out["native_auto_chose"] = ours.get("native_auto_chose")
@@ -31,7 +49,8 @@ def translate_speed(folder: Path, args) -> dict:
         for name in ("native", "native_auto", "ct2_float32", "ct2_int8"):
             if f"{mode}_{name}" in out:
                 out[f"{mode}_{name}_vs_transformers"] = round(
-                    out[f"{mode}_{name}"]["sentences_per_s"] / hf, 2)
+                    out[f"{mode}_{name}"]["sentences_per_s"] / hf, 2
+                )
     return out
 
 
@@ -58,13 +77,19 @@ def hf_speed(folder: Path, args) -> dict:
                 batch = [lines[k] for k in order[i : i + size]]
                 enc = tok(batch, return_tensors="pt", padding=True)
                 with torch.no_grad():
-                    model.generate(**enc, num_beams=beam, do_sample=False,
-                                   max_new_tokens=int(1.2 * enc["input_ids"].size(1)) + 10,
-                                   **({"length_penalty": 0.6} if beam > 1 else {}))
+                    model.generate(
+                        **enc,
+                        num_beams=beam,
+                        do_sample=False,
+                        max_new_tokens=int(1.2 * enc["input_ids"].size(1)) + 10,
+                        **({"length_penalty": 0.6} if beam > 1 else {}),
+                    )
             elapsed = time.perf_counter() - start
             if best is None or elapsed < best[0]:
                 best = (elapsed, size)
-        out[f"{mode}_transformers"] = {"sentences_per_s": round(len(lines) / best[0], 1),
-                                       "batch_sentences": best[1]}
+        out[f"{mode}_transformers"] = {
+            "sentences_per_s": round(len(lines) / best[0], 1),
+            "batch_sentences": best[1],
+        }
     out["transformers_settings"] = "fp32 (its default), best of 16 and 64 sentences a batch"
     return out

@@ -41,8 +41,15 @@ from mtkit.core.device import cpu_description, tune_cpu_runtime
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
-          "aten::matmul", "aten::_int_mm")
+MATMUL = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::_int_mm",
+)
 WAITS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaMemcpyAsync")
 
 
@@ -60,8 +67,9 @@ def gpu_times(events) -> tuple[float, dict[str, float]]:
     it (seconds each, the 8 largest). Each kernel appears twice among the events, as
     itself and in its operator's self time, so the total counts kernels alone."""
     kernels = sum(device_time(e) for e in events if e.device_type != DeviceType.CPU)
-    operators = sorted((e for e in events if e.device_type == DeviceType.CPU),
-                       key=lambda e: -device_time(e))[:8]
+    operators = sorted(
+        (e for e in events if e.device_type == DeviceType.CPU), key=lambda e: -device_time(e)
+    )[:8]
     return kernels / 1e6, {e.key[:60]: device_time(e) / 1e6 for e in operators}
 
 
@@ -73,10 +81,13 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--warmup-src", default="data/multi30k/val.en.gz")
-    parser.add_argument("--attention", default="engine",
-                        choices=["engine", "sdpa", "matmul", "sdpa-no-cudnn"],
-                        help="the engine's own choice, or another kernel; sdpa-no-cudnn: "
-                             "SDPA with cuDNN's attention left out of its backends")
+    parser.add_argument(
+        "--attention",
+        default="engine",
+        choices=["engine", "sdpa", "matmul", "sdpa-no-cudnn"],
+        help="the engine's own choice, or another kernel; sdpa-no-cudnn: "
+        "SDPA with cuDNN's attention left out of its backends",
+    )
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
 
@@ -94,8 +105,10 @@ def main() -> None:
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                            SDPBackend.MATH])
+        return sdpa_kernel(
+            [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        )
+
     opts = SearchOptions(beam=args.beam)
 
     def timed() -> float:
@@ -111,16 +124,21 @@ def main() -> None:
     cold, warm = timed(), timed()
     n = len(lines)
     result = {
-        "model": args.model, "device": str(device), "cpu": cpu_description(),
-        "precision": engine.precision["precision"], "attention": args.attention,
-        "engine_attention": engine.precision.get("attention"), "beam": args.beam,
-        "sentences": n, "cold_sentences_per_s": round(n / cold, 1),
-        "warm_sentences_per_s": round(n / warm, 1)}
+        "model": args.model,
+        "device": str(device),
+        "cpu": cpu_description(),
+        "precision": engine.precision["precision"],
+        "attention": args.attention,
+        "engine_attention": engine.precision.get("attention"),
+        "beam": args.beam,
+        "sentences": n,
+        "cold_sentences_per_s": round(n / cold, 1),
+        "warm_sentences_per_s": round(n / warm, 1),
+    }
     if args.no_profile:
         print(json.dumps(result))
         return
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, backends():
         start = time.perf_counter()
         engine.translate(lines, opts)
@@ -131,12 +149,16 @@ def main() -> None:
     result |= {
         "profiled_wall_s": round(profiled_wall, 2),
         "operator_calls_per_sentence": round(sum(e.count for e in events) / n, 1),
-        "waits_per_sentence": {k: round(sum(e.count for e in events if e.key == k) / n, 2)
-                               for k in WAITS},
+        "waits_per_sentence": {
+            k: round(sum(e.count for e in events if e.key == k) / n, 2) for k in WAITS
+        },
         "matmul_share_of_cpu_time": round(
-            sum(e.self_cpu_time_total for e in events if e.key in MATMUL) / cpu_total, 3),
-        "top_cpu": {e.key: round(e.self_cpu_time_total / cpu_total, 3)
-                    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]},
+            sum(e.self_cpu_time_total for e in events if e.key in MATMUL) / cpu_total, 3
+        ),
+        "top_cpu": {
+            e.key: round(e.self_cpu_time_total / cpu_total, 3)
+            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+        },
     }
     if device.type == "cuda":  # the share of the warm pass's time, without the profiler
         kernels, operators = gpu_times(events)

@@ -36,18 +36,30 @@ from mtkit.data.batching import BatchShapes
 from mtkit.model.transformer import build_model
 from mtkit.training.loop import batch_loss
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
-          "aten::matmul", "aten::_scaled_dot_product_flash_attention_for_cpu",
-          "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+MATMUL = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+)
 CASTS = ("aten::_to_copy", "aten::copy_")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a dotted config override, as mtkit's --set; the README's "
-                             "speed figures used train.max_tokens=4096")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted config override, as mtkit's --set; the README's "
+        "speed figures used train.max_tokens=4096",
+    )
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     parser.add_argument("--attention", choices=["sdpa", "matmul"], default="sdpa")
     parser.add_argument("--steps", type=int, default=5)
@@ -55,27 +67,32 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
     parser.add_argument("--vocab-size", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch-shapes", choices=["exact", "classes"], default="exact",
-                        help="token batches, or batches of few shapes (train.batch_shapes); "
-                             "with classes the profiled steps are the first --steps "
-                             "batches again, whose shapes the warm-up has met, as the dozen "
-                             "shapes of a long run are")
+    parser.add_argument(
+        "--batch-shapes",
+        choices=["exact", "classes"],
+        default="exact",
+        help="token batches, or batches of few shapes (train.batch_shapes); "
+        "with classes the profiled steps are the first --steps "
+        "batches again, whose shapes the warm-up has met, as the dozen "
+        "shapes of a long run are",
+    )
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.set)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
-                                                             precision=args.precision))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=args.precision))
     device = resolve_device(args.device)
     if device.type == "cpu":
         tune_cpu_runtime()
     dtype, _ = resolve_precision(args.precision, device)
     spm = cfg.run_path / "spm.model"
-    vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
+    vocab = (
+        (args.vocab_size or cfg.tokenizer.vocab_size)
+        if args.synthetic or not spm.exists()
         else len(Vocab.load(spm))
-    shapes = BatchShapes(limit=cfg.model.max_positions) if args.batch_shapes == "classes" \
-        else None
+    )
+    shapes = BatchShapes(limit=cfg.model.max_positions) if args.batch_shapes == "classes" else None
     batches = [batch.to(device) for batch in get_batches(cfg, args, vocab, shapes)]
-    profiled = batches[: args.steps] if shapes else batches[args.warmup:]
+    profiled = batches[: args.steps] if shapes else batches[args.warmup :]
     torch.manual_seed(0)
     model = build_model(cfg.model, vocab, vocab).to(device).train()
     model.use_attention(args.attention)
@@ -93,8 +110,7 @@ def main() -> None:
     for batch in batches[: args.warmup]:
         step(batch)
     sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, profile_memory=True) as prof:
         start = time.perf_counter()
         for batch in profiled:
@@ -103,24 +119,31 @@ def main() -> None:
         wall = time.perf_counter() - start
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    share = {name: sum(e.self_cpu_time_total for e in events if e.key in names) / total
-             for name, names in (("matmul", MATMUL), ("casts", CASTS))}
+    share = {
+        name: sum(e.self_cpu_time_total for e in events if e.key in names) / total
+        for name, names in (("matmul", MATMUL), ("casts", CASTS))
+    }
     casts = sum(e.count for e in events if e.key in CASTS) / args.steps
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
     result = {
-        "device": str(device), "cpu": cpu_description(), "precision": args.precision,
-        "attention": args.attention, "batch_shapes": args.batch_shapes,
-        "steps": args.steps, "ms_per_step": round(total / args.steps / 1e3, 1),
-        "matmul_share": round(share["matmul"], 3), "cast_share": round(share["casts"], 3),
+        "device": str(device),
+        "cpu": cpu_description(),
+        "precision": args.precision,
+        "attention": args.attention,
+        "batch_shapes": args.batch_shapes,
+        "steps": args.steps,
+        "ms_per_step": round(total / args.steps / 1e3, 1),
+        "matmul_share": round(share["matmul"], 3),
+        "cast_share": round(share["casts"], 3),
         "casts_per_step": round(casts),
-        "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}
+        "top": {e.key: round(e.self_cpu_time_total / total, 3) for e in top},
+    }
     if device.type == "cuda":  # the CPU's time is the host's: the step's is the wall's
         kernels, operators = gpu_times(events)
         steps = len(profiled)
         result["profiled_wall_ms_per_step"] = round(wall / steps * 1e3, 1)
         result["gpu_kernel_ms_per_step"] = round(kernels / steps * 1e3, 1)
-        result["top_gpu_ms_per_step"] = {k: round(v / steps * 1e3, 2)
-                                         for k, v in operators.items()}
+        result["top_gpu_ms_per_step"] = {k: round(v / steps * 1e3, 2) for k, v in operators.items()}
     print(json.dumps(result))
 
 

@@ -74,8 +74,7 @@ def offline(checkpoint: str, requests: list[list[str]], beam: int) -> dict:
         start = time.perf_counter()
         translator.translate(r, opts)
         alone.append(time.perf_counter() - start)
-    return {"sentences_per_s": batch, "alone_ms": [1000 * a for a in alone],
-            "again": throughput}
+    return {"sentences_per_s": batch, "alone_ms": [1000 * a for a in alone], "again": throughput}
 
 
 def load(server: LocalServer, requests: list[list[str]], clients: int, beam: int) -> dict:
@@ -93,8 +92,7 @@ def load(server: LocalServer, requests: list[list[str]], clients: int, beam: int
                 _, lines = todo.pop(0)
             start = time.perf_counter()
             try:
-                status, _ = server.request("POST", "/v1/translate", {"text": lines,
-                                                                     "beam": beam})
+                status, _ = server.request("POST", "/v1/translate", {"text": lines, "beam": beam})
             except OSError:
                 status = 0
             with lock:
@@ -108,8 +106,11 @@ def load(server: LocalServer, requests: list[list[str]], clients: int, beam: int
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    return {"sentences_per_s": sum(len(r) for r in requests) / elapsed, "latencies": latencies,
-            "errors": errors}
+    return {
+        "sentences_per_s": sum(len(r) for r in requests) / elapsed,
+        "latencies": latencies,
+        "errors": errors,
+    }
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -124,8 +125,7 @@ def translate_process_rss_mb(checkpoint: str, requests: list[list[str]]) -> floa
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.writelines(x + "\n" for r in requests for x in r)
     try:
-        return process_peak_rss_mb(["translate", "-m", checkpoint, "-i", f.name, "--device",
-                                    "cpu"])
+        return process_peak_rss_mb(["translate", "-m", checkpoint, "-i", f.name, "--device", "cpu"])
     finally:
         os.unlink(f.name)
 
@@ -136,18 +136,27 @@ def main() -> None:
     parser.add_argument("--src", default="data/multi30k/test2016.en.gz")
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--clients", default="1,8,32")
-    parser.add_argument("--rounds", action="store_true",
-                        help="also serve greedy with --rounds (no continuous batching)")
-    parser.add_argument("--max-wait-ms", type=float, default=None,
-                        help="the server's --max-wait-ms (default: its own)")
+    parser.add_argument(
+        "--rounds",
+        action="store_true",
+        help="also serve greedy with --rounds (no continuous batching)",
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=None,
+        help="the server's --max-wait-ms (default: its own)",
+    )
     args = parser.parse_args()
     tune_cpu_runtime()
     requests = make_requests(args.src, args.requests)
-    result: dict = {"model": args.model, "requests": len(requests),
-                    "sentences": sum(len(r) for r in requests)}
+    result: dict = {
+        "model": args.model,
+        "requests": len(requests),
+        "sentences": sum(len(r) for r in requests),
+    }
     baselines = {beam: offline(args.model, requests, beam) for beam in (1, 5)}
-    result["translate_process_peak_rss_mb"] = round(translate_process_rss_mb(args.model,
-                                                                             requests))
+    result["translate_process_peak_rss_mb"] = round(translate_process_rss_mb(args.model, requests))
     extra = [] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]
     clients = [int(c) for c in args.clients.split(",")]
 
@@ -172,16 +181,20 @@ def main() -> None:
         base = baselines[beam]
         for n, run in runs.items():
             lat = run["latencies"]
-            entry = {"sentences_per_s": round(run["sentences_per_s"], 1),
-                     "vs_offline": round(run["sentences_per_s"] / base["sentences_per_s"], 2),
-                     **{f"p{q}_ms": round(percentile(lat, q)) for q in (50, 95, 99)},
-                     "errors": run["errors"]}
+            entry = {
+                "sentences_per_s": round(run["sentences_per_s"], 1),
+                "vs_offline": round(run["sentences_per_s"] / base["sentences_per_s"], 2),
+                **{f"p{q}_ms": round(percentile(lat, q)) for q in (50, 95, 99)},
+                "errors": run["errors"],
+            }
             if n == 1:
-                entry["p99_vs_alone_p99"] = round(percentile(lat, 99)
-                                                  / percentile(base["alone_ms"], 99), 2)
+                entry["p99_vs_alone_p99"] = round(
+                    percentile(lat, 99) / percentile(base["alone_ms"], 99), 2
+                )
             result[f"{name}_clients{n}"] = entry
-    result["server_rss_vs_translate"] = round(result["server_peak_rss_mb"]
-                                              / result["translate_process_peak_rss_mb"], 2)
+    result["server_rss_vs_translate"] = round(
+        result["server_peak_rss_mb"] / result["translate_process_peak_rss_mb"], 2
+    )
     print(json.dumps(result))
 
 

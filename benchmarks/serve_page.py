@@ -28,8 +28,12 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1100,900"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1100,900",
+    ):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
 
@@ -53,9 +57,13 @@ def check_page(url: str, text: str, out: Path, timeout: float = 60) -> dict:
         links = len(driver.find_elements(By.CSS_SELECTOR, "table.alignment td.link"))
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
-        return {"translation": translation, "alignment_links": links,
-                "about": driver.find_element(By.ID, "about").text,
-                "seconds_in_browser": round(seconds, 2), "screenshot": str(out)}
+        return {
+            "translation": translation,
+            "alignment_links": links,
+            "about": driver.find_element(By.ID, "about").text,
+            "seconds_in_browser": round(seconds, 2),
+            "screenshot": str(out),
+        }
     finally:
         driver.quit()
 

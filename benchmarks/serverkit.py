@@ -23,14 +23,31 @@ def free_port() -> int:
 class LocalServer:
     """`python -m mtkit serve -m CHECKPOINT --port P ARGS...` on 127.0.0.1."""
 
-    def __init__(self, checkpoint: str | Path, *args: str, timeout: float = 120,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        *args: str,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mtkit", "serve", "-m", str(checkpoint), "--port",
-             str(self.port), *map(str, args)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})})
+            [
+                sys.executable,
+                "-m",
+                "mtkit",
+                "serve",
+                "-m",
+                str(checkpoint),
+                "--port",
+                str(self.port),
+                *map(str, args),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         deadline = time.time() + timeout
         while True:
             try:
@@ -49,13 +66,22 @@ class LocalServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def request(self, method: str, path: str, body: dict | None = None,
-                timeout: float = 120, headers: dict[str, str] | None = None
-                ) -> tuple[int, dict]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        timeout: float = 120,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                         headers={"Content-Type": "application/json", **(headers or {})})
+            conn.request(
+                method,
+                path,
+                body=json.dumps(body) if body is not None else None,
+                headers={"Content-Type": "application/json", **(headers or {})},
+            )
             response = conn.getresponse()
             return response.status, json.loads(response.read() or b"null")
         finally:

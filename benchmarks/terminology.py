@@ -30,8 +30,9 @@ from mtkit.engines.pytorch import TorchEngine
 WORD_EDGE = ".,;:!?\"'()[]"
 
 
-def reference_phrases(reference: str, output: str, count: int, rng: random.Random
-                      ) -> list[tuple[str]]:
+def reference_phrases(
+    reference: str, output: str, count: int, rng: random.Random
+) -> list[tuple[str]]:
     """Up to `count` phrases of 1-3 words of `reference`, none in `output`, not
     overlapping, as one-alternative constraints."""
     words = reference.split()
@@ -43,30 +44,41 @@ def reference_phrases(reference: str, output: str, count: int, rng: random.Rando
         phrase = " ".join(words[i : i + n]).strip(WORD_EDGE)
         if len(out) == count:
             break
-        if (not phrase or not any(c.isalnum() for c in phrase) or taken & set(range(i, i + n))
-                or occurs(phrase, output) or not occurs(phrase, reference)):
+        if (
+            not phrase
+            or not any(c.isalnum() for c in phrase)
+            or taken & set(range(i, i + n))
+            or occurs(phrase, output)
+            or not occurs(phrase, reference)
+        ):
             continue
         taken |= set(range(i, i + n))
         out.append((phrase,))
     return out
 
 
-def timed(translator: TorchEngine, lines: list[str], opts: SearchOptions,
-          constraints: list | None) -> tuple[list, float]:
+def timed(
+    translator: TorchEngine, lines: list[str], opts: SearchOptions, constraints: list | None
+) -> tuple[list, float]:
     start = time.perf_counter()
-    hyps = translator.translate(lines, opts, batch_tokens=translator.config.decode.batch_tokens,
-                                constraints=constraints)
+    hyps = translator.translate(
+        lines, opts, batch_tokens=translator.config.decode.batch_tokens, constraints=constraints
+    )
     return hyps, time.perf_counter() - start
 
 
-def compare_constraints(translator: TorchEngine, args, sources: list[str],
-                        all_references: list[str]) -> dict:
+def compare_constraints(
+    translator: TorchEngine, args, sources: list[str], all_references: list[str]
+) -> dict:
     base = SearchOptions.from_config(translator.config.decode, beam=5)
     plain, _ = timed(translator, sources, base, None)  # also warms up
     texts = [translator.tgt_vocab.decode(h[0].tokens) for h in plain]
     rng = random.Random(1)
-    chosen = [(s, r, w) for s, r, o in zip(sources, all_references, texts, strict=True)
-              if len(w := reference_phrases(r, o, args.per_line, rng)) == args.per_line]
+    chosen = [
+        (s, r, w)
+        for s, r, o in zip(sources, all_references, texts, strict=True)
+        if len(w := reference_phrases(r, o, args.per_line, rng)) == args.per_line
+    ]
     lines, references, wanted = (list(x) for x in zip(*chosen[: args.limit], strict=True))
     beams = [int(b) for b in args.constraint_beams.split(",")]
     runs = {"beam5": (base, None), "beam5_no_constraints_given": (base, [[] for _ in lines])}
@@ -81,13 +93,20 @@ def compare_constraints(translator: TorchEngine, args, sources: list[str],
             outputs[name] = [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
             met[name] = sum(h[0].met is not False for h in hyps) / len(hyps)
     median = {name: statistics.median(t) for name, t in times.items()}
-    result = {"lines": len(lines), "of_lines": len(sources), "constraints": sum(map(len, wanted)),
-              "beam_default": translator.config.decode.beam}
+    result = {
+        "lines": len(lines),
+        "of_lines": len(sources),
+        "constraints": sum(map(len, wanted)),
+        "beam_default": translator.config.decode.beam,
+    }
     for name in runs:
         bleu = score(outputs[name], references, ["bleu"])[0].score
         terms = term_accuracy(outputs[name], wanted)
-        result[name] = {"sentences_per_s": round(len(lines) / median[name], 1),
-                        "time_vs_beam5": round(median[name] / median["beam5"], 3),
-                        "bleu": round(bleu, 2), "term_accuracy": round(terms.accuracy, 4),
-                        **({"lines_met": round(met[name], 4)} if runs[name][1] else {})}
+        result[name] = {
+            "sentences_per_s": round(len(lines) / median[name], 1),
+            "time_vs_beam5": round(median[name] / median["beam5"], 3),
+            "bleu": round(bleu, 2),
+            "term_accuracy": round(terms.accuracy, 4),
+            **({"lines_met": round(met[name], 4)} if runs[name][1] else {}),
+        }
     return result

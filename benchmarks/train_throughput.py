@@ -78,8 +78,12 @@ def process_peak_rss_mb(args: list[str]) -> float:
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".peak") as f:
-        subprocess.run([sys.executable, "-c", _PEAK_PROBE, *args], check=True,
-                       stdout=subprocess.DEVNULL, env={**os.environ, "MTKIT_PEAK_FILE": f.name})
+        subprocess.run(
+            [sys.executable, "-c", _PEAK_PROBE, *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "MTKIT_PEAK_FILE": f.name},
+        )
         return int(open(f.name).read()) / 1024
 
 
@@ -125,7 +129,9 @@ def model_flops(cfg: ModelConfig, vocab: int, batch: Batch) -> float:
     dec = cfg.decoder_layers * (
         b * t * (2 * 4 * d * d + 2 * 2 * d * d + 2 * 2 * d * f)  # self-attn, cross q/o, FFN
         + b * s * 2 * 2 * d * d  # cross-attention keys and values
-        + 2 * 2 * b * t * t * d + 2 * 2 * b * t * s * d)  # attention scores and sums
+        + 2 * 2 * b * t * t * d
+        + 2 * 2 * b * t * s * d
+    )  # attention scores and sums
     out = 2 * b * t * d * vocab
     return 3.0 * (enc + dec + out)
 
@@ -150,8 +156,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None
-                ) -> list[Batch]:
+def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None) -> list[Batch]:
     """The benchmark's batches: synthetic, or the run's first training batches, token-
     bucketed or (with `shapes`) in few shapes, as `mtkit train` would form them."""
     n = args.warmup + args.steps
@@ -159,16 +164,26 @@ def get_batches(cfg, args, vocab_size: int, shapes: BatchShapes | None = None
         s, t = args.synthetic
         size = max(cfg.train.max_tokens // (max(s, t) + 1), 1)
         g = torch.Generator().manual_seed(0)
-        pairs = [[(torch.randint(4, vocab_size, (s,), generator=g).numpy(),
-                   torch.randint(4, vocab_size, (t,), generator=g).numpy())
-                  for _ in range(size)] for _ in range(n)]
+        pairs = [
+            [
+                (
+                    torch.randint(4, vocab_size, (s,), generator=g).numpy(),
+                    torch.randint(4, vocab_size, (t,), generator=g).numpy(),
+                )
+                for _ in range(size)
+            ]
+            for _ in range(n)
+        ]
         return [collate(p) for p in pairs]
     data = ShardDataset(cfg.run_path / "data" / "train")
     if shapes is not None:
-        order = shaped_batches(data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0,
-                               shapes)
-        return [shaped_collate([data[i] for i in idx], shapes, cfg.train.max_tokens)
-                for idx in order[:n]]
+        order = shaped_batches(
+            data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0, shapes
+        )
+        return [
+            shaped_collate([data[i] for i in idx], shapes, cfg.train.max_tokens)
+            for idx in order[:n]
+        ]
     order = token_batches(data.src_lengths, data.tgt_lengths, cfg.train.max_tokens, 1, 0)
     return [collate([data[i] for i in idx]) for idx in order[:n]]
 
@@ -178,8 +193,7 @@ def time_training(step_fn, params, batches: list[Batch], args, device, autocast_
     # Fused AdamW on both sides: mtkit's own (`mtkit.training.optim.adamw`), and the Hugging Face
     # Trainer's default (`adamw_torch_fused` with torch >= 2.8).
     optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
-           else nullcontext())
+    amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
     tokens = 0
     with PeakMemory(device) as memory:
         for i, batch in enumerate(batches):
@@ -203,58 +217,96 @@ def hf_marian(cfg: ModelConfig, vocab: int, attention: str):
     from transformers import MarianConfig, MarianMTModel
 
     hf_cfg = MarianConfig(
-        vocab_size=vocab, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
-        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.heads,
-        decoder_attention_heads=cfg.heads, encoder_ffn_dim=cfg.ffn_dim,
-        decoder_ffn_dim=cfg.ffn_dim, dropout=cfg.dropout, attention_dropout=0.0,
-        activation_dropout=0.0, activation_function=cfg.activation,
-        max_position_embeddings=cfg.max_positions, scale_embedding=True, pad_token_id=PAD,
-        decoder_start_token_id=2, eos_token_id=3, share_encoder_decoder_embeddings=True,
-        attn_implementation=attention)
+        vocab_size=vocab,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.heads,
+        decoder_attention_heads=cfg.heads,
+        encoder_ffn_dim=cfg.ffn_dim,
+        decoder_ffn_dim=cfg.ffn_dim,
+        dropout=cfg.dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_positions,
+        scale_embedding=True,
+        pad_token_id=PAD,
+        decoder_start_token_id=2,
+        eos_token_id=3,
+        share_encoder_decoder_embeddings=True,
+        attn_implementation=attention,
+    )
     return MarianMTModel(hf_cfg)
 
 
-def hf_throughput(cfg, vocab: int, attention: str, batches, args, device, dtype
-                  ) -> tuple[float, int]:
+def hf_throughput(
+    cfg, vocab: int, attention: str, batches, args, device, dtype
+) -> tuple[float, int]:
     """(tokens/s, peak memory) of the Marian model with one attention implementation."""
     torch.manual_seed(0)
     hf = hf_marian(cfg.model, vocab, attention).to(device).train()
     eps = cfg.train.label_smoothing
 
     def hf_step(batch: Batch) -> torch.Tensor:
-        logits = hf(input_ids=batch.src, attention_mask=batch.src != PAD,
-                    decoder_input_ids=batch.tgt_in).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                               batch.tgt_out.view(-1), ignore_index=PAD, label_smoothing=eps)
+        logits = hf(
+            input_ids=batch.src, attention_mask=batch.src != PAD, decoder_input_ids=batch.tgt_in
+        ).logits
+        return F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)),
+            batch.tgt_out.view(-1),
+            ignore_index=PAD,
+            label_smoothing=eps,
+        )
 
-    rate, _, peak = time_training(hf_step, list(hf.parameters()), batches, args, device,
-                                  dtype)
+    rate, _, peak = time_training(hf_step, list(hf.parameters()), batches, args, device, dtype)
     return rate, peak
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a dotted config override, as mtkit's --set; the README's "
-                             "speed figures used train.max_tokens=4096")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted config override, as mtkit's --set; the README's "
+        "speed figures used train.max_tokens=4096",
+    )
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--synthetic", type=int, nargs=2, metavar=("S", "T"))
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help="with --synthetic: vocabulary size (default tokenizer.vocab_size)")
-    parser.add_argument("--batch-shapes", choices=["auto", "exact", "classes"], default=None,
-                        help="mtkit's batches (default: the config's train.batch_shapes); "
-                             "Hugging Face runs on token batches and, where mtkit's are in "
-                             "few shapes, on those too, and its faster counts")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="with --synthetic: vocabulary size (default tokenizer.vocab_size)",
+    )
+    parser.add_argument(
+        "--batch-shapes",
+        choices=["auto", "exact", "classes"],
+        default=None,
+        help="mtkit's batches (default: the config's train.batch_shapes); "
+        "Hugging Face runs on token batches and, where mtkit's are in "
+        "few shapes, on those too, and its faster counts",
+    )
     parser.add_argument("--compare", choices=["hf"], default=None)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="time each side this many times, taking turns (mtkit, then "
-                             "each Hugging Face setting); figures are medians")
-    parser.add_argument("--attention", choices=["auto", "sdpa", "matmul"], default=None,
-                        help="mtkit's attention kernel (default: the config's train.attention)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time each side this many times, taking turns (mtkit, then "
+        "each Hugging Face setting); figures are medians",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=["auto", "sdpa", "matmul"],
+        default=None,
+        help="mtkit's attention kernel (default: the config's train.attention)",
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -268,26 +320,43 @@ def main() -> None:
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
     autocast_dtype, calibration = resolve_precision(
-        precision, device,
-        calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim))
+        precision,
+        device,
+        calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
+    )
     spm = cfg.run_path / "spm.model"
-    vocab = (args.vocab_size or cfg.tokenizer.vocab_size) if args.synthetic or not spm.exists() \
+    vocab = (
+        (args.vocab_size or cfg.tokenizer.vocab_size)
+        if args.synthetic or not spm.exists()
         else len(Vocab.load(spm))
-    shaping = {"shapes": "exact", "asked": "synthetic batches"} if args.synthetic else \
-        choose_batch_shapes(args.batch_shapes or cfg.train.batch_shapes, device,
-                            autocast_dtype, calibration_shape(
-                                cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
-                            fresh_above=cfg.train.max_tokens)
-    shapes = (BatchShapes(limit=cfg.model.max_positions) if shaping["shapes"] == "classes"
-              else None)
+    )
+    shaping = (
+        {"shapes": "exact", "asked": "synthetic batches"}
+        if args.synthetic
+        else choose_batch_shapes(
+            args.batch_shapes or cfg.train.batch_shapes,
+            device,
+            autocast_dtype,
+            calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
+            fresh_above=cfg.train.max_tokens,
+        )
+    )
+    shapes = BatchShapes(limit=cfg.model.max_positions) if shaping["shapes"] == "classes" else None
     batches = get_batches(cfg, args, vocab, shapes)
 
-    mean_length = sum(int((b.tgt_out != PAD).sum()) for b in batches) / max(
-        sum(b.tgt_out.size(0) for b in batches), 1) + 1
+    mean_length = (
+        sum(int((b.tgt_out != PAD).sum()) for b in batches)
+        / max(sum(b.tgt_out.size(0) for b in batches), 1)
+        + 1
+    )
     attention = choose_attention(
-        args.attention or cfg.train.attention, device, autocast_dtype,
-        AttentionShape.of_run(cfg.train.max_tokens, mean_length, cfg.model.d_model,
-                              cfg.model.heads))
+        args.attention or cfg.train.attention,
+        device,
+        autocast_dtype,
+        AttentionShape.of_run(
+            cfg.train.max_tokens, mean_length, cfg.model.d_model, cfg.model.heads
+        ),
+    )
 
     def mtkit_throughput() -> tuple[float, float, int]:
         """(tokens/s, seconds timed, peak memory) of a fresh mtkit model."""
@@ -299,8 +368,9 @@ def main() -> None:
             out = batch_loss(model, batch, cfg.train.label_smoothing)  # the trainer's own
             return out.loss / max(out.tokens, 1)
 
-        return time_training(mtkit_step, list(model.parameters()), batches, args, device,
-                             autocast_dtype)
+        return time_training(
+            mtkit_step, list(model.parameters()), batches, args, device, autocast_dtype
+        )
 
     # Each round times mtkit, then each Hugging Face setting, so that a slow spell of a
     # shared machine falls on both sides; the figures are medians over the rounds.
@@ -312,31 +382,43 @@ def main() -> None:
         batchings = {"token": get_batches(cfg, args, vocab) if shapes else batches}
         if shapes:
             batchings["classes"] = batches  # mtkit's, given to Hugging Face as well
-        hf_settings = [(name, dtype, batching, theirs, attn)
-                       for name, dtype in runs.items()
-                       for batching, theirs in batchings.items()
-                       for attn in ("eager", "sdpa")]
+        hf_settings = [
+            (name, dtype, batching, theirs, attn)
+            for name, dtype in runs.items()
+            for batching, theirs in batchings.items()
+            for attn in ("eager", "sdpa")
+        ]
     mine, theirs_by_setting = [], {i: [] for i in range(len(hf_settings))}
     for _ in range(args.rounds):
         mine.append(mtkit_throughput())
         for i, (_, dtype, _, theirs, attn) in enumerate(hf_settings):
-            theirs_by_setting[i].append(hf_throughput(cfg, vocab, attn, theirs, args, device,
-                                                      dtype))
+            theirs_by_setting[i].append(
+                hf_throughput(cfg, vocab, attn, theirs, args, device, dtype)
+            )
     rate, elapsed, _ = sorted(mine)[len(mine) // 2]  # the median run (upper of two)
     peak = max(p for _, _, p in mine)
-    flops = sum(model_flops(cfg.model, vocab, b) for b in batches[args.warmup:]) / elapsed
+    flops = sum(model_flops(cfg.model, vocab, b) for b in batches[args.warmup :]) / elapsed
     peak_dtype = autocast_dtype or torch.float32
     gemm = matmul_peak(device, peak_dtype)
     result = {
-        "config": args.config, "device": str(device), "cpu": cpu_description(),
-        "precision": "bf16" if autocast_dtype else "fp32", "attention": attention,
+        "config": args.config,
+        "device": str(device),
+        "cpu": cpu_description(),
+        "precision": "bf16" if autocast_dtype else "fp32",
+        "attention": attention,
         "batch_shapes": shaping,
         **({"calibration": calibration.as_dict()} if calibration else {}),
-        "batches": (f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic
-                    else "train"),
-        "steps": args.steps, "rounds": args.rounds, "mtkit_tokens_per_s": round(rate),
-        **({"mtkit_tokens_per_s_each_round": [round(r) for r, _, _ in mine]}
-           if args.rounds > 1 else {}),
+        "batches": (
+            f"synthetic {args.synthetic[0]}x{args.synthetic[1]}" if args.synthetic else "train"
+        ),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "mtkit_tokens_per_s": round(rate),
+        **(
+            {"mtkit_tokens_per_s_each_round": [round(r) for r, _, _ in mine]}
+            if args.rounds > 1
+            else {}
+        ),
         "mtkit_peak_memory_mb": round(peak / 2**20),
         "mtkit_model_tflops": round(flops / 1e12, 3),
         "matmul_peak_tflops": round(gemm / 1e12, 3),
@@ -350,7 +432,8 @@ def main() -> None:
         result[f"{name}_{attn}{tail}_tokens_per_s"] = round(hf_rate)
         if args.rounds > 1:
             result[f"{name}_{attn}{tail}_tokens_per_s_each_round"] = [
-                round(r) for r, _ in theirs_by_setting[i]]
+                round(r) for r, _ in theirs_by_setting[i]
+            ]
         if name not in best or hf_rate > best[name][0]:
             best[name] = (hf_rate, hf_peak, attn, batching)
     for name, (hf_rate, hf_peak, attn, batching) in best.items():

@@ -66,8 +66,7 @@ def read_source(path: str, limit: int) -> list[str]:
         return [line.rstrip("\n") for line in f][:limit]
 
 
-def time_mtkit(translator: TorchEngine, lines: list[str], opts: SearchOptions,
-               batch_tokens: int):
+def time_mtkit(translator: TorchEngine, lines: list[str], opts: SearchOptions, batch_tokens: int):
     device = torch.device(str(translator.device))  # CT2Engine's is a string
     sync(device)
     with PeakMemory(device) as memory:
@@ -86,18 +85,33 @@ def marian_copy(model: Transformer, attention: str = "sdpa"):
 
     cfg = model.cfg
     if cfg.norm != "post" or cfg.positions != "sinusoidal" or not cfg.share_embeddings:
-        raise SystemExit("--compare hf needs a post-norm model with sinusoidal positions "
-                         "and shared embeddings (Marian's layout)")
+        raise SystemExit(
+            "--compare hf needs a post-norm model with sinusoidal positions "
+            "and shared embeddings (Marian's layout)"
+        )
     vocab = model.tgt_embed.tokens.num_embeddings
-    hf = MarianMTModel(MarianConfig(
-        vocab_size=vocab, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
-        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.heads,
-        decoder_attention_heads=cfg.heads, encoder_ffn_dim=cfg.ffn_dim,
-        decoder_ffn_dim=cfg.ffn_dim, activation_function=cfg.activation,
-        max_position_embeddings=cfg.max_positions, scale_embedding=True, pad_token_id=PAD,
-        eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=True,
-        attn_implementation=attention))
+    hf = MarianMTModel(
+        MarianConfig(
+            vocab_size=vocab,
+            d_model=cfg.d_model,
+            encoder_layers=cfg.encoder_layers,
+            decoder_layers=cfg.decoder_layers,
+            encoder_attention_heads=cfg.heads,
+            decoder_attention_heads=cfg.heads,
+            encoder_ffn_dim=cfg.ffn_dim,
+            decoder_ffn_dim=cfg.ffn_dim,
+            activation_function=cfg.activation,
+            max_position_embeddings=cfg.max_positions,
+            scale_embedding=True,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            bos_token_id=BOS,
+            decoder_start_token_id=BOS,
+            forced_eos_token_id=None,
+            share_encoder_decoder_embeddings=True,
+            attn_implementation=attention,
+        )
+    )
     ours = model.state_dict()
     theirs = {"model.shared.weight": ours["tgt_embed.tokens.weight"]}
     table = sinusoidal_positions(cfg.max_positions, cfg.d_model)
@@ -113,10 +127,15 @@ def marian_copy(model: Transformer, attention: str = "sdpa"):
                 for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
                     for p in ("weight", "bias"):
                         theirs[f"{dst}{names[attn]}.{proj}.{p}"] = ours[f"{src}{attn}.{proj}.{p}"]
-            norms = ({"attn_block": "self_attn_layer_norm", "ffn_block": "final_layer_norm"}
-                     if prefix == "encoder" else
-                     {"self_block": "self_attn_layer_norm",
-                      "cross_block": "encoder_attn_layer_norm", "ffn_block": "final_layer_norm"})
+            norms = (
+                {"attn_block": "self_attn_layer_norm", "ffn_block": "final_layer_norm"}
+                if prefix == "encoder"
+                else {
+                    "self_block": "self_attn_layer_norm",
+                    "cross_block": "encoder_attn_layer_norm",
+                    "ffn_block": "final_layer_norm",
+                }
+            )
             for block, norm in norms.items():
                 for p in ("weight", "bias"):
                     theirs[f"{dst}{norm}.{p}"] = ours[f"{src}{block}.norm.{p}"]
@@ -130,25 +149,43 @@ def marian_copy(model: Transformer, attention: str = "sdpa"):
     return hf.eval()
 
 
-def time_hf(hf, translator: TorchEngine, lines: list[str], opts: SearchOptions, max_len: int,
-            batch_tokens: int, sentences: int | None = None):
+def time_hf(
+    hf,
+    translator: TorchEngine,
+    lines: list[str],
+    opts: SearchOptions,
+    max_len: int,
+    batch_tokens: int,
+    sentences: int | None = None,
+):
     """Hugging Face generate() on length-sorted batches: of `sentences` sentences each,
     or (None) the token batches mtkit forms."""
     ids = translator.encode(lines)
     order = sorted(range(len(ids)), key=lambda k: -len(ids[k]))
     outputs: list[list[int]] = [[] for _ in lines]
     device = translator.device
-    batches = (list(length_batches(order, ids, batch_tokens)) if sentences is None
-               else [order[i : i + sentences] for i in range(0, len(order), sentences)])
+    batches = (
+        list(length_batches(order, ids, batch_tokens))
+        if sentences is None
+        else [order[i : i + sentences] for i in range(0, len(order), sentences)]
+    )
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         for batch in batches:
             src = pad_rows([ids[k] + [EOS] for k in batch]).to(device)
             with torch.no_grad():
-                out = hf.generate(input_ids=src, attention_mask=src != PAD, num_beams=opts.beam,
-                                  do_sample=False, length_penalty=0.0, early_stopping=True,
-                                  max_new_tokens=max_len + 1, min_new_tokens=1,
-                                  suppress_tokens=[PAD, BOS], num_return_sequences=1)
+                out = hf.generate(
+                    input_ids=src,
+                    attention_mask=src != PAD,
+                    num_beams=opts.beam,
+                    do_sample=False,
+                    length_penalty=0.0,
+                    early_stopping=True,
+                    max_new_tokens=max_len + 1,
+                    min_new_tokens=1,
+                    suppress_tokens=[PAD, BOS],
+                    num_return_sequences=1,
+                )
             for k, row in zip(batch, out.tolist()):
                 row = row[1:]  # decoder start token
                 outputs[k] = row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD]
@@ -157,26 +194,34 @@ def time_hf(hf, translator: TorchEngine, lines: list[str], opts: SearchOptions, 
     return outputs, elapsed, memory.peak
 
 
-def time_options(translator: TorchEngine, path: str, lines: list[str], second: str,
-                 rounds: int) -> dict:
+def time_options(
+    translator: TorchEngine, path: str, lines: list[str], second: str, rounds: int
+) -> dict:
     """Seconds per run (median of `rounds`, interleaved) of beam 5 and of each decoding
     option, and each option's cost relative to beam 5."""
     pair = load_engine([path, second], str(translator.device))
     base, tokens = SearchOptions(), translator.config.decode.batch_tokens
-    runs = {"beam5": (translator, base),
-            "sampling1": (translator, replace(base, sampling=True, beam=1)),
-            "sampling5": (translator, replace(base, sampling=True)),
-            "no_repeat_ngram3": (translator, replace(base, no_repeat_ngram=3)),
-            "alignments": (translator, replace(base, alignments=True)),
-            "ensemble2": (pair, base)}
+    runs = {
+        "beam5": (translator, base),
+        "sampling1": (translator, replace(base, sampling=True, beam=1)),
+        "sampling5": (translator, replace(base, sampling=True)),
+        "no_repeat_ngram3": (translator, replace(base, no_repeat_ngram=3)),
+        "alignments": (translator, replace(base, alignments=True)),
+        "ensemble2": (pair, base),
+    }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, (t, opts) in runs.items():
             times[name].append(time_mtkit(t, lines, opts, tokens)[1])
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    return {**{f"{name}_sentences_per_s": round(len(lines) / m, 1) for name, m in median.items()},
-            **{f"{name}_cost_vs_beam5": round(m / median["beam5"], 2)
-               for name, m in median.items() if name != "beam5"}}
+    return {
+        **{f"{name}_sentences_per_s": round(len(lines) / m, 1) for name, m in median.items()},
+        **{
+            f"{name}_cost_vs_beam5": round(m / median["beam5"], 2)
+            for name, m in median.items()
+            if name != "beam5"
+        },
+    }
 
 
 def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
@@ -211,14 +256,35 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
         # every engine instead of one.
         for _ in range(args.rounds):
             for name, (model, precision) in engines.items():
-                batches = {mode: r["batch_tokens"] for mode, r in runs[name].items()} \
-                    if name in runs else None
+                batches = (
+                    {mode: r["batch_tokens"] for mode, r in runs[name].items()}
+                    if name in runs
+                    else None
+                )
                 done = subprocess.run(
-                    [sys.executable, __file__, "-m", model, "--engine-worker", precision,
-                     "--src", args.src, "--limit", str(args.limit), "--rounds", "1",
-                     "--batch-sweep", args.batch_sweep, "--device", args.device,
-                     *(["--engine-batches", json.dumps(batches)] if batches else [])],
-                    capture_output=True, text=True, check=True)
+                    [
+                        sys.executable,
+                        __file__,
+                        "-m",
+                        model,
+                        "--engine-worker",
+                        precision,
+                        "--src",
+                        args.src,
+                        "--limit",
+                        str(args.limit),
+                        "--rounds",
+                        "1",
+                        "--batch-sweep",
+                        args.batch_sweep,
+                        "--device",
+                        args.device,
+                        *(["--engine-batches", json.dumps(batches)] if batches else []),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 result = json.loads(done.stdout.splitlines()[-1])
                 for mode, r in result.items():
                     if name in runs:
@@ -231,29 +297,48 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                     "sentences_per_s": round(speed[name], 1),
                     "batch_tokens": r[mode]["batch_tokens"],
                     "bleu": round(sacrebleu.corpus_bleu(r[mode]["texts"], [refs]).score, 2),
-                    "identical_to_native": round(sum(a == b for a, b in zip(
-                        r[mode]["texts"], runs["native"][mode]["texts"])) / len(lines), 3)}
+                    "identical_to_native": round(
+                        sum(a == b for a, b in zip(r[mode]["texts"], runs["native"][mode]["texts"]))
+                        / len(lines),
+                        3,
+                    ),
+                }
             for q in ("float32", "int8"):
                 for name in (n for n in runs if n.startswith("native")):
-                    out[f"{mode}_{name}_vs_ct2_{q}"] = round(speed[name] / speed[f"ct2_{q}"],
-                                                             2)
+                    out[f"{mode}_{name}_vs_ct2_{q}"] = round(speed[name] / speed[f"ct2_{q}"], 2)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.writelines(x + "\n" for x in lines)
         for name, model, extra in (
-                ("native_fp32", args.model, ["--precision", "fp32"]),
-                ("native_auto", args.model, ["--precision", "auto"]),
-                *([("native_int8", args.model, ["--precision", "int8"])]
-                  if int8_supported() else []),
-                ("ct2_float32", f"{tmp}/float32", []), ("ct2_int8", f"{tmp}/int8", [])):
-            out[f"peak_rss_mb_{name}"] = round(process_peak_rss_mb(
-                ["translate", "-m", model, "-i", f.name, "--beam", "5", "--device", "cpu",
-                 *extra]))
+            ("native_fp32", args.model, ["--precision", "fp32"]),
+            ("native_auto", args.model, ["--precision", "auto"]),
+            *([("native_int8", args.model, ["--precision", "int8"])] if int8_supported() else []),
+            ("ct2_float32", f"{tmp}/float32", []),
+            ("ct2_int8", f"{tmp}/int8", []),
+        ):
+            out[f"peak_rss_mb_{name}"] = round(
+                process_peak_rss_mb(
+                    [
+                        "translate",
+                        "-m",
+                        model,
+                        "-i",
+                        f.name,
+                        "--beam",
+                        "5",
+                        "--device",
+                        "cpu",
+                        *extra,
+                    ]
+                )
+            )
         os.unlink(f.name)
     # What each engine's process holds before its model: the CLI and the runtime it
     # imports (torch for native mtkit, CTranslate2 for its exports, no torch there); the
     # peak above it is what the model and the search take
-    for runtime, names in (("torch", ("native_fp32", "native_auto", "native_int8")),
-                           ("ctranslate2", ("ct2_float32", "ct2_int8"))):
+    for runtime, names in (
+        ("torch", ("native_fp32", "native_auto", "native_int8")),
+        ("ctranslate2", ("ct2_float32", "ct2_int8")),
+    ):
         base = import_rss_mb(["mtkit.cli", runtime])
         out[f"import_rss_mb_{runtime}"] = round(base)
         for name in (n for n in names if f"peak_rss_mb_{n}" in out):
@@ -266,11 +351,14 @@ def import_rss_mb(modules: list[str]) -> float:
     import subprocess
     import sys
 
-    probe = ("import importlib, re, sys\n"
-             "for m in sys.argv[1:]: importlib.import_module(m)\n"
-             "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])")
-    done = subprocess.run([sys.executable, "-c", probe, *modules], capture_output=True,
-                          text=True, check=True)
+    probe = (
+        "import importlib, re, sys\n"
+        "for m in sys.argv[1:]: importlib.import_module(m)\n"
+        "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *modules], capture_output=True, text=True, check=True
+    )
     return int(done.stdout.split()[-1]) / 1024
 
 
@@ -288,8 +376,10 @@ def engine_worker(args, lines: list[str]) -> dict:
         if mode in given:
             best = int(given[mode])
         else:
-            sweep = {int(b): time_mtkit(engine, lines, opts, int(b))[1]
-                     for b in args.batch_sweep.split(",")}
+            sweep = {
+                int(b): time_mtkit(engine, lines, opts, int(b))[1]
+                for b in args.batch_sweep.split(",")
+            }
             best = min(sweep, key=sweep.get)
         times, texts = [], []
         for _ in range(args.rounds):
@@ -310,12 +400,16 @@ def main() -> None:
     parser.add_argument("--compare", choices=["hf", "ct2"], default=None)
     parser.add_argument("--ref", default="data/multi30k/test2016.de.gz")
     parser.add_argument("--batch-sweep", default="2000,8000")
-    parser.add_argument("--options", action="store_true",
-                        help="time the decoding options against beam 5")
+    parser.add_argument(
+        "--options", action="store_true", help="time the decoding options against beam 5"
+    )
     parser.add_argument("--ensemble", default=None, help="second model of the ensemble")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--constraints", action="store_true",
-                        help="time terminology constraints (benchmarks/terminology.py)")
+    parser.add_argument(
+        "--constraints",
+        action="store_true",
+        help="time terminology constraints (benchmarks/terminology.py)",
+    )
     parser.add_argument("--constraint-beams", default="5,10")
     parser.add_argument("--per-line", type=int, default=2, help="constraints per line")
     parser.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)
@@ -343,8 +437,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     if args.options:
-        result |= time_options(translator, args.model, lines, args.ensemble or args.model,
-                               args.rounds)
+        result |= time_options(
+            translator, args.model, lines, args.ensemble or args.model, args.rounds
+        )
         print(json.dumps(result))
         return
     runs = {"greedy": 1, "beam5": 5}
@@ -353,8 +448,9 @@ def main() -> None:
     for name, beam in runs.items():
         # Plain log-probability ranking and a fixed output limit, as the comparison needs.
         opts = SearchOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=args.max_len)
-        out, elapsed, peak = time_mtkit(translator, lines, opts,
-                                        translator.config.decode.batch_tokens)
+        out, elapsed, peak = time_mtkit(
+            translator, lines, opts, translator.config.decode.batch_tokens
+        )
         tokens = sum(len(o) + 1 for o in out)
         result[f"{name}_sentences_per_s"] = round(len(lines) / elapsed, 1)
         result[f"{name}_tokens_per_s"] = round(tokens / elapsed)
@@ -370,18 +466,20 @@ def main() -> None:
         for attention in ("sdpa", "eager"):
             hf = marian_copy(translator.model, attention).to(translator.device)
             for size in (16, 64, 256, None):  # None: mtkit's token batches
-                out, elapsed, peak = time_hf(hf, translator, lines, opts, args.max_len, tokens,
-                                             size)
+                out, elapsed, peak = time_hf(
+                    hf, translator, lines, opts, args.max_len, tokens, size
+                )
                 batch = f"{size} sentences" if size else f"{tokens} tokens"
                 sweep[f"{attention}, {batch}"] = (elapsed, out, peak)
-        ours = {f"{b} tokens": time_mtkit(translator, lines, opts, b)[1]
-                for b in (2000, tokens)}
+        ours = {f"{b} tokens": time_mtkit(translator, lines, opts, b)[1] for b in (2000, tokens)}
         hf_best = min(sweep, key=lambda k: sweep[k][0])
         mt_best = min(ours, key=ours.get)
         result["hf_beam5_sentences_per_s_by_batch"] = {
-            k: round(len(lines) / v[0], 1) for k, v in sweep.items()}
+            k: round(len(lines) / v[0], 1) for k, v in sweep.items()
+        }
         result["mtkit_beam5_sentences_per_s_by_batch"] = {
-            k: round(len(lines) / v, 1) for k, v in ours.items()}
+            k: round(len(lines) / v, 1) for k, v in ours.items()
+        }
         result["hf_best_batch"], result["mtkit_best_batch"] = hf_best, mt_best
         result["hf_beam5_peak_memory_mb"] = round(sweep[hf_best][2] / 2**20)
         result["speedup_beam5_vs_hf_best"] = round(sweep[hf_best][0] / ours[mt_best], 2)

@@ -43,8 +43,13 @@ def plot(path: Path, out: Path, title: str) -> None:
     left.plot([s for s, _ in train], [v for _, v in train], color="tab:blue", label="training loss")
     valid_losses = [(s, v) for s, v, _ in valid if v is not None]
     if valid_losses:
-        left.plot([s for s, _ in valid_losses], [v for _, v in valid_losses], "o--",
-                  color="tab:cyan", label="validation loss")
+        left.plot(
+            [s for s, _ in valid_losses],
+            [v for _, v in valid_losses],
+            "o--",
+            color="tab:cyan",
+            label="validation loss",
+        )
     left.set_yscale("log")
     left.set_xlabel("update step")
     left.set_ylabel("loss (log scale)")
@@ -52,8 +57,13 @@ def plot(path: Path, out: Path, title: str) -> None:
     bleus = [(s, b) for s, _, b in valid if b is not None]
     if bleus:
         right = left.twinx()
-        right.plot([s for s, _ in bleus], [b for _, b in bleus], "s-", color="tab:orange",
-                   label="validation BLEU")
+        right.plot(
+            [s for s, _ in bleus],
+            [b for _, b in bleus],
+            "s-",
+            color="tab:orange",
+            label="validation BLEU",
+        )
         right.set_ylabel("validation BLEU (greedy)")
         right.set_ylim(0, 105)
         more = right.get_legend_handles_labels()

@@ -34,8 +34,11 @@ MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # not on macOS
-             else os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")  # not on macOS
+        else os.cpu_count() or 1
+    )
     return max(1, min(MAX_WORKERS, cores))
 
 
@@ -57,11 +60,15 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     """2,000 training pairs, 100 valid and 100 test pairs of Multi30k en-de."""
     root = tmp_path_factory.mktemp("corpus")
     out = {}
-    for split, name, n in (("train", "train", 2000), ("valid", "val", 100),
-                           ("test", "test2016", 100)):
+    for split, name, n in (
+        ("train", "train", 2000),
+        ("valid", "val", 100),
+        ("test", "test2016", 100),
+    ):
         for lang in ("en", "de"):
-            out[f"{split}.{lang}"] = write_lines(root / f"{split}.{lang}",
-                                                 read_lines(f"{name}.{lang}.gz", n))
+            out[f"{split}.{lang}"] = write_lines(
+                root / f"{split}.{lang}", read_lines(f"{name}.{lang}.gz", n)
+            )
     return out
 
 
@@ -76,12 +83,26 @@ def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict
             "workers": 1,
         },
         "tokenizer": {"vocab_size": 500},
-        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2,
-                  "ffn_dim": 32, "dropout": 0.0},
-        "train": {"max_tokens": 512, "warmup_steps": 10, "lr": 0.005, "max_steps": 20,
-                  "valid_every": 10, "device": "cpu", "precision": "fp32",
-                  # measured under auto: tests pin them
-                  "attention": "sdpa", "batch_shapes": "exact"},
+        "model": {
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "d_model": 16,
+            "heads": 2,
+            "ffn_dim": 32,
+            "dropout": 0.0,
+        },
+        "train": {
+            "max_tokens": 512,
+            "warmup_steps": 10,
+            "lr": 0.005,
+            "max_steps": 20,
+            "valid_every": 10,
+            "device": "cpu",
+            "precision": "fp32",
+            # measured under auto: tests pin them
+            "attention": "sdpa",
+            "batch_shapes": "exact",
+        },
         "decode": {"precision": "fp32"},  # translation's too
     }
     for section, values in sections.items():
@@ -166,11 +187,19 @@ def tiny_engine():
     from mtkit.model.transformer import build_model
     from mtkit.stages.tokenizer import train_sentencepiece
 
-    vocab = Vocab(train_sentencepiece(read_lines("train.en.gz", 300),
-                                      TokenizerConfig(vocab_size=120)))
+    vocab = Vocab(
+        train_sentencepiece(read_lines("train.en.gz", 300), TokenizerConfig(vocab_size=120))
+    )
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
-                      dropout=0.0, max_positions=24)
+    cfg = ModelConfig(
+        encoder_layers=1,
+        decoder_layers=1,
+        d_model=16,
+        heads=2,
+        ffn_dim=32,
+        dropout=0.0,
+        max_positions=24,
+    )
     model = build_model(cfg, len(vocab), len(vocab)).eval()
     return TorchEngine([model], vocab, vocab, torch.device("cpu"), None, Config(model=cfg))
 
@@ -194,8 +223,9 @@ def inference_mode_watched(engine):
     class WatchedEngine(type(engine)):
         step_model = Watched()
 
-    return WatchedEngine(engine.models, engine.src_vocab, engine.tgt_vocab, engine.device,
-                         None, engine.config), seen
+    return WatchedEngine(
+        engine.models, engine.src_vocab, engine.tgt_vocab, engine.device, None, engine.config
+    ), seen
 
 
 def cli(*args, input: str | None = None):

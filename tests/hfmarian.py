@@ -26,13 +26,24 @@ def sentencepiece(folder: Path, side: str, corpus: str) -> list[str]:
     """A SentencePiece model as OPUS-MT ships them (unk 0, eos 1, no bos or pad), trained
     on 400 lines; returns its ordinary pieces."""
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines(corpus, 400)), model_prefix=str(folder / side),
-        vocab_size=200, model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1,
-        unk_id=0, pad_id=-1, minloglevel=2)
+        sentence_iterator=iter(lines(corpus, 400)),
+        model_prefix=str(folder / side),
+        vocab_size=200,
+        model_type="unigram",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=1,
+        unk_id=0,
+        pad_id=-1,
+        minloglevel=2,
+    )
     (folder / f"{side}.model").rename(folder / f"{side}.spm")
     sp = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.spm"))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())
-            if not (sp.is_control(i) or sp.is_unknown(i))]
+    return [
+        sp.id_to_piece(i)
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i))
+    ]
 
 
 def table(pieces: list[str]) -> dict[str, int]:
@@ -44,13 +55,16 @@ def table(pieces: list[str]) -> dict[str, int]:
     return out
 
 
-def marian_folder(folder: Path, activation: str = "swish", shared: bool = True,
-                  seed: int = 0) -> Path:
+def marian_folder(
+    folder: Path, activation: str = "swish", shared: bool = True, seed: int = 0
+) -> Path:
     """A tiny random Marian model in the Hugging Face layout, with peaked distributions
     (weights x 8, a random logits bias) so that outputs depend on every weight."""
     folder.mkdir(parents=True)
-    src, tgt = sentencepiece(folder, "source", "train.en"), sentencepiece(folder, "target",
-                                                                          "train.de")
+    src, tgt = (
+        sentencepiece(folder, "source", "train.en"),
+        sentencepiece(folder, "target", "train.de"),
+    )
     src_table = table(src + tgt) if shared else table(src)
     (folder / "vocab.json").write_text(json.dumps(src_table, ensure_ascii=False))
     sizes = {"vocab_size": len(src_table)}
@@ -58,15 +72,28 @@ def marian_folder(folder: Path, activation: str = "swish", shared: bool = True,
         tgt_table = table(tgt)
         (folder / "target_vocab.json").write_text(json.dumps(tgt_table, ensure_ascii=False))
         sizes["decoder_vocab_size"] = len(tgt_table)
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"source_lang": "en", "target_lang": "de", "separate_vocabs": not shared}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "en", "target_lang": "de", "separate_vocabs": not shared})
+    )
     pad = len(src_table) - 1 if shared else len(tgt_table) - 1
     cfg = transformers.MarianConfig(
-        **sizes, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=256, activation_function=activation, scale_embedding=True,
-        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
-        share_encoder_decoder_embeddings=shared)
+        **sizes,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=256,
+        activation_function=activation,
+        scale_embedding=True,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=shared,
+    )
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(cfg).eval()
     with torch.no_grad():
@@ -87,9 +114,15 @@ def generate(folder: Path, sources: list[str], beam: int) -> list[str]:
         model = transformers.MarianMTModel.from_pretrained(folder).eval()
         pad = model.config.pad_token_id
         with torch.no_grad():
-            out = model.generate(**tok(sources, return_tensors="pt", padding=True),
-                                 num_beams=beam, do_sample=False, early_stopping=False,
-                                 max_new_tokens=LIMIT + 1, min_new_tokens=1,
-                                 bad_words_ids=[[pad]], forced_eos_token_id=0,
-                                 **({"length_penalty": 0.0} if beam > 1 else {}))
+            out = model.generate(
+                **tok(sources, return_tensors="pt", padding=True),
+                num_beams=beam,
+                do_sample=False,
+                early_stopping=False,
+                max_new_tokens=LIMIT + 1,
+                min_new_tokens=1,
+                bad_words_ids=[[pad]],
+                forced_eos_token_id=0,
+                **({"length_penalty": 0.0} if beam > 1 else {}),
+            )
         return tok.batch_decode(out, skip_special_tokens=True)

@@ -55,8 +55,15 @@ class Scripted:
 
 def tiny(**kw) -> ModelConfig:
     """A tiny model's config (d_model 16, 2+2 layers), for a vocabulary of 40."""
-    base = dict(encoder_layers=2, decoder_layers=2, d_model=16, heads=4, ffn_dim=32,
-                dropout=0.0, max_positions=64)
+    base = dict(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=16,
+        heads=4,
+        ffn_dim=32,
+        dropout=0.0,
+        max_positions=64,
+    )
     return ModelConfig(**{**base, **kw})
 
 
@@ -72,8 +79,15 @@ def batch(seed: int = 0):
 
 def random_model(seed: int = 0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=2, decoder_layers=2,
-                      dropout=0.0, max_positions=64)
+    cfg = ModelConfig(
+        d_model=32,
+        heads=4,
+        ffn_dim=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
     return build_model(cfg, 40, 40).eval()
 
 
@@ -86,8 +100,9 @@ def random_src(n: int = 6, seed: int = 1) -> torch.Tensor:
     return src
 
 
-def stream_in_two_joins(model, src: torch.Tensor, max_len_a: float, max_len_b: int
-                        ) -> tuple[dict, torch.dtype]:
+def stream_in_two_joins(
+    model, src: torch.Tensor, max_len_a: float, max_len_b: int
+) -> tuple[dict, torch.dtype]:
     """Half of src's rows join a `GreedyStream` (lenpen 0.6), the rest one step later:
     each row's hypothesis by row, and the dtype of the stream's caches."""
     from mtkit.serving.stream import GreedyStream

@@ -37,21 +37,32 @@ def train_two_way(folder: Path, lang_tag: str = "source"):
     splits = {}
     for split, name in (("train", "train"), ("valid", "valid"), ("test", "test")):
         src = str(COPY / f"{name}.src.gz")
-        splits[split] = [{"src": src, "tgt": str(COPY / f"{name}.tgt.gz"), "tgt_lang": "cp"},
-                         {"src": src, "tgt": str(reversed_copy(folder, name)), "tgt_lang": "rv"}]
+        splits[split] = [
+            {"src": src, "tgt": str(COPY / f"{name}.tgt.gz"), "tgt_lang": "cp"},
+            {"src": src, "tgt": str(reversed_copy(folder, name)), "tgt_lang": "rv"},
+        ]
     # 4,000 steps at lr 0.003 after 200 of warm-up: with 3,000 at 0.002 after 100, the
     # target-tag model copied 45 and reversed 24 of the 60 test lines under
     # ATEN_CPU_CAPABILITY=avx2 (training's last bits differ by CPU); now it copies all 60
     # and reverses 60 under default kernels, 54 under avx2. On one thread, as in an xdist
     # worker (AVX512-BF16 EPYC): the target-tag model reversed 55 (default kernels) and 59
     # (avx2), the source-tag model 60 and 60; both copied all 60.
-    overrides = [f"run_dir={folder / 'run'}", "train.max_tokens=2048", "train.lr=0.003",
-                 "train.warmup_steps=200", "train.max_steps=4000", "train.valid_every=4000",
-                 "train.log_every=4000",
-                 "train.precision=fp32", "train.attention=sdpa", "tokenizer.vocab_size=34",
-                 f"model.lang_tag={lang_tag}"]
-    overrides += [f"data.{split}={corpora!r}".replace("'", '"') for split, corpora in
-                  splits.items()]
+    overrides = [
+        f"run_dir={folder / 'run'}",
+        "train.max_tokens=2048",
+        "train.lr=0.003",
+        "train.warmup_steps=200",
+        "train.max_steps=4000",
+        "train.valid_every=4000",
+        "train.log_every=4000",
+        "train.precision=fp32",
+        "train.attention=sdpa",
+        "tokenizer.vocab_size=34",
+        f"model.lang_tag={lang_tag}",
+    ]
+    overrides += [
+        f"data.{split}={corpora!r}".replace("'", '"') for split, corpora in splits.items()
+    ]
     cfg = load_config(ROOT / "configs" / "copy.yaml", overrides)
     build_tokenizer(cfg)
     preprocess(cfg)
@@ -61,17 +72,29 @@ def train_two_way(folder: Path, lang_tag: str = "source"):
     return folder / "run" / "checkpoints" / "last.pt", sources
 
 
-def copied_or_reversed(checkpoint: Path, sources: list[str], reversed_share: float
-                       ) -> dict[str, list[str]]:
+def copied_or_reversed(
+    checkpoint: Path, sources: list[str], reversed_share: float
+) -> dict[str, list[str]]:
     """`translate --tgt-lang` cp and rv of `sources`: at least 80% copied exactly, and
     `reversed_share` reversed exactly; the two tasks' outputs differ (but palindromes)."""
     text = "\n".join(sources) + "\n"
     outputs = {}
     for lang, expected, share in (
-            ("cp", sources, 0.8),
-            ("rv", [" ".join(reversed(s.split())) for s in sources], reversed_share)):
-        result = cli("translate", "-m", checkpoint, "--tgt-lang", lang, "--beam", "4",
-                     "--precision", "fp32", input=text)
+        ("cp", sources, 0.8),
+        ("rv", [" ".join(reversed(s.split())) for s in sources], reversed_share),
+    ):
+        result = cli(
+            "translate",
+            "-m",
+            checkpoint,
+            "--tgt-lang",
+            lang,
+            "--beam",
+            "4",
+            "--precision",
+            "fp32",
+            input=text,
+        )
         assert result.exit_code == 0, result.output
         outputs[lang] = result.stdout.splitlines()
         exact = sum(o == e for o, e in zip(outputs[lang], expected, strict=True))
@@ -79,7 +102,6 @@ def copied_or_reversed(checkpoint: Path, sources: list[str], reversed_share: flo
     palindromes = sum(s.split() == s.split()[::-1] for s in sources)
     assert sum(a == b for a, b in zip(outputs["cp"], outputs["rv"])) <= palindromes + 3
     return outputs
-
 
 
 def served(checkpoint: Path, body: dict) -> dict:
@@ -99,8 +121,7 @@ def served(checkpoint: Path, body: dict) -> dict:
         return answer.json()
 
 
-def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path: Path
-                                   ) -> None:
+def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path: Path) -> None:
     """Training saves each target language's pieces with the target vocabulary (cp and
     rv write the same ones), and both engines load them. Translating into a language
     keeps its outputs to its pieces and the line's own prefix, line by line in a batch
@@ -119,20 +140,25 @@ def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path:
     assert set(saved) == {"cp", "rv"} and saved["cp"] == saved["rv"]
     engine = load_engine(checkpoint, "cpu", precision="fp32")
     assert engine.tgt_vocab.languages == saved
-    vocab, opts = engine.tgt_vocab, replace(SearchOptions.from_config(engine.config.decode),
-                                            beam=4)
+    vocab, opts = engine.tgt_vocab, replace(SearchOptions.from_config(engine.config.decode), beam=4)
     into = ["cp", "rv"] * 12  # interleaved
     tags = [tagging(engine.config, lang) for lang in into]
     tag_ids = frozenset(i for i in range(len(vocab)) if vocab.piece(i).startswith("<2"))
 
     def outputs(engine, opts, prefixes=("",) * len(into)):
-        hyps = engine.translate([t.source + s for t, s in zip(tags, sources, strict=False)],
-                                opts, prefixes=[t.target + p for t, p in zip(tags, prefixes)])
+        hyps = engine.translate(
+            [t.source + s for t, s in zip(tags, sources, strict=False)],
+            opts,
+            prefixes=[t.target + p for t, p in zip(tags, prefixes)],
+        )
         return [untagged(h, source=False, target=tag_ids)[0].tokens for h in hyps]
 
     free = outputs(engine, opts)
-    banned = next(i for i, _ in Counter(i for out in free[::2] for i in out).most_common()
-                  if vocab.encode([vocab.decode([i])])[0] == [i])  # a word of its own
+    banned = next(
+        i
+        for i, _ in Counter(i for out in free[::2] for i in out).most_common()
+        if vocab.encode([vocab.decode([i])])[0] == [i]
+    )  # a word of its own
     everything = list(range(len(vocab)))
     vocab.languages = {"cp": [i for i in everything if i != banned], "rv": everything}
     kept = outputs(engine, opts)
@@ -141,7 +167,7 @@ def check_target_language_pieces(checkpoint: Path, sources: list[str], tmp_path:
     word = vocab.decode([banned])
     forced = vocab.encode([word])[0]
     prefixed = outputs(engine, opts, [word] + [""] * (len(into) - 1))
-    assert prefixed[0][:len(forced)] == forced and prefixed[2:] == kept[2:]  # its own only
+    assert prefixed[0][: len(forced)] == forced and prefixed[2:] == kept[2:]  # its own only
     assert outputs(engine, replace(opts, lang_vocab=False)) == free
     assert open_stream(engine, replace(opts, beam=1)) is None
     assert open_stream(engine, replace(opts, beam=1, lang_vocab=False)) is not None

@@ -143,16 +143,22 @@ def _version(shown: bool) -> None:
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs.")] = False,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="Print mtkit's version.")
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print mtkit's version."),
     ] = False,
 ) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(stream=sys.stderr, level=level,
-                        format="%(asctime)s | %(name)s | %(message)s", datefmt="%H:%M:%S",
-                        force=True)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format="%(asctime)s | %(name)s | %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
     if not verbose:  # libraries' own warnings would come before (or twice beside) ours
         warnings.filterwarnings("ignore", module=r"(datasets|pyarrow|torch|huggingface_hub)\b")
 

@@ -11,8 +11,9 @@ from mtkit.cli.app import Opt, SetOpt, app, reported
 from mtkit.core.config import ConfigError, load_config
 from mtkit.core.errors import OptionError, plural
 
-explain_app = typer.Typer(help="See inside the Transformer: shapes, parameters, attention.",
-                          no_args_is_help=True)
+explain_app = typer.Typer(
+    help="See inside the Transformer: shapes, parameters, attention.", no_args_is_help=True
+)
 app.add_typer(explain_app, name="explain")
 CkptOpt = Annotated[Opt[Path], typer.Option("--model", "-m", help="Checkpoint (or --config).")]
 MaybeConfig = Annotated[Opt[Path], typer.Option("--config", "-c", help="Experiment YAML.")]
@@ -55,7 +56,9 @@ def _explain_model(config: Path | None, model: Path | None, overrides: list[str]
 
 @explain_app.command("shapes")
 def explain_shapes(
-    config: MaybeConfig = None, model: CkptOpt = None, set_: SetOpt = None,
+    config: MaybeConfig = None,
+    model: CkptOpt = None,
+    set_: SetOpt = None,
     src: Annotated[Opt[list[str]], typer.Option(help="Source sentence (repeatable).")] = None,
     tgt: Annotated[Opt[list[str]], typer.Option(help="Target sentence (repeatable).")] = None,
     values: Annotated[bool, typer.Option(help="Also print the (rounded) numbers.")] = False,
@@ -74,14 +77,12 @@ def explain_shapes(
         batch = make_batch(pairs, src_vocab, tgt_vocab, vocab_size)
         stages = trace_shapes(net, batch, cfg.train.label_smoothing, values=values)
     if src_vocab is None:
-        typer.echo("(no tokenizer trained for this run: words are mapped to hashed ids)",
-                   err=True)
+        typer.echo("(no tokenizer trained for this run: words are mapped to hashed ids)", err=True)
     typer.echo(format_trace(stages, net.cfg, vocab_size, values=values))
 
 
 @explain_app.command("params")
-def explain_params(config: MaybeConfig = None, model: CkptOpt = None,
-                   set_: SetOpt = None) -> None:
+def explain_params(config: MaybeConfig = None, model: CkptOpt = None, set_: SetOpt = None) -> None:
     """Parameters per component with the closed-form count beside each."""
     from mtkit.stages.explain import format_parameter_table
 
@@ -95,7 +96,8 @@ def explain_attention(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint file.")],
     src: Annotated[str, typer.Option(help="The sentence to translate.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the PNGs.")] = Path(
-        "attention"),
+        "attention"
+    ),
 ) -> None:
     """Translate a sentence and draw every layer's and head's attention as PNG heatmaps."""
     from mtkit.stages.explain import attention_maps, plot_attention
@@ -109,9 +111,12 @@ def explain_attention(
         if not src.strip():
             raise OptionError("--src is empty: give a sentence to translate")
         net, src_vocab, tgt_vocab, cfg = _explain_checkpoint(model)
-        maps = attention_maps(net, src_vocab, tgt_vocab, src, cfg.decode.max_len_a,
-                              cfg.decode.max_len_b)
+        maps = attention_maps(
+            net, src_vocab, tgt_vocab, src, cfg.decode.max_len_a, cfg.decode.max_len_b
+        )
         paths = plot_attention(maps, out)
     typer.echo(maps.translation)
-    typer.echo(f"wrote {plural(len(paths), 'image')} to {out}/ (alignment.png: the mean "
-               f"cross-attention)", err=True)
+    typer.echo(
+        f"wrote {plural(len(paths), 'image')} to {out}/ (alignment.png: the mean cross-attention)",
+        err=True,
+    )

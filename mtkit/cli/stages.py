@@ -23,10 +23,18 @@ def tokenizer(config: ConfigOpt, set_: SetOpt = None) -> None:
 
 
 @app.command()
-def preprocess(config: ConfigOpt, set_: SetOpt = None,
-               verify: Annotated[bool, typer.Option(
-                   "--verify", help="Only check the existing shards' sizes, offsets and "
-                   "checksums against their manifests; write nothing.")] = False) -> None:
+def preprocess(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Only check the existing shards' sizes, offsets and "
+            "checksums against their manifests; write nothing.",
+        ),
+    ] = False,
+) -> None:
     """Clean, encode and binarize train/valid/test into RUN/data/."""
     from mtkit.stages.preprocess import preprocess as run_preprocess
     from mtkit.stages.preprocess import verify_shards
@@ -35,18 +43,26 @@ def preprocess(config: ConfigOpt, set_: SetOpt = None,
     with reported():
         manifests = verify_shards(cfg) if verify else run_preprocess(cfg)
     if verify:
-        typer.echo(f"verified {', '.join(manifests)}: sizes, offsets, checksums and "
-                   f"tokenizer match their manifests", err=True)
+        typer.echo(
+            f"verified {', '.join(manifests)}: sizes, offsets, checksums and "
+            f"tokenizer match their manifests",
+            err=True,
+        )
         return
     for split, m in manifests.items():
-        typer.echo(f"{split}: {plural(m['pairs'], 'pair')}, {m['src_tokens']} + "
-                   f"{plural(m['tgt_tokens'], 'token')}, dropped {m['dropped']}", err=True)
+        typer.echo(
+            f"{split}: {plural(m['pairs'], 'pair')}, {m['src_tokens']} + "
+            f"{plural(m['tgt_tokens'], 'token')}, dropped {m['dropped']}",
+            err=True,
+        )
 
 
 @app.command()
-def train(config: ConfigOpt, set_: SetOpt = None,
-          resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints.")] = True
-          ) -> None:
+def train(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints.")] = True,
+) -> None:
     """Train the Transformer (RUN/checkpoints/); resumes from RUN/checkpoints/last.pt."""
     from mtkit.training.loop import train as run_training
 
@@ -71,12 +87,18 @@ def run(config: ConfigOpt, set_: SetOpt = None) -> None:
         result = run_all(cfg)
     bleu = next(s for s in result.scores if s.metric == "bleu")
     if result.by_direction:
-        typer.echo(direction_table(result.by_direction,
-                                   [name(d) for d in directions(cfg.data)]))
-        typer.echo(f"test BLEU per direction above ({bleu.signature}); translations in "
-                   f"{result.hypotheses}, checkpoint {result.checkpoint}")
+        typer.echo(direction_table(result.by_direction, [name(d) for d in directions(cfg.data)]))
+        typer.echo(
+            f"test BLEU per direction above ({bleu.signature}); translations in "
+            f"{result.hypotheses}, checkpoint {result.checkpoint}"
+        )
     else:
-        typer.echo(f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
-                   f"{result.hypotheses}, checkpoint {result.checkpoint}")
-    typer.echo(f"trained to step {result.training.step} ({result.training.stopped_because}) "
-               f"in {result.training.precision}", err=True)
+        typer.echo(
+            f"test BLEU {bleu.score:.2f} ({bleu.signature}); translations in "
+            f"{result.hypotheses}, checkpoint {result.checkpoint}"
+        )
+    typer.echo(
+        f"trained to step {result.training.step} ({result.training.stopped_because}) "
+        f"in {result.training.precision}",
+        err=True,
+    )

@@ -51,9 +51,15 @@ def _help(name: str, panel: str, *flags: str) -> typer.models.OptionInfo:
     return typer.Option(*flags, help=OPTIONS[name].help, rich_help_panel=panel)
 
 
-ModelsOpt = Annotated[list[Path], typer.Option(
-    "--model", "-m", help="Checkpoint file or exported folder; repeat for an ensemble.",
-    rich_help_panel=MODEL)]
+ModelsOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Checkpoint file or exported folder; repeat for an ensemble.",
+        rich_help_panel=MODEL,
+    ),
+]
 BeamOpt = Annotated[Opt[int], _help("beam", SEARCH)]
 LenpenOpt = Annotated[Opt[float], _help("lenpen", SEARCH)]
 MaxLenAOpt = Annotated[Opt[float], _help("max_len_a", SEARCH)]
@@ -67,34 +73,61 @@ ToppOpt = Annotated[Opt[float], _help("topp", SAMPLING)]
 SeedOpt = Annotated[Opt[int], _help("seed", SAMPLING)]
 AlignmentsOpt = Annotated[bool, _help("alignments", IO, "--alignments")]
 AlignLayerOpt = Annotated[Opt[int], _help("align_layer", IO)]
-LangVocabOpt = Annotated[Opt[bool], _help("lang_vocab", LANGUAGES,
-                                          "--lang-vocab/--no-lang-vocab")]
+LangVocabOpt = Annotated[Opt[bool], _help("lang_vocab", LANGUAGES, "--lang-vocab/--no-lang-vocab")]
 BatchTokensOpt = Annotated[Opt[int], _help("batch_tokens", SPEED)]
-TranslateDeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.",
-                                                 rich_help_panel=SPEED)]
-PrecisionOpt = Annotated[Opt[str], typer.Option(
-    help="auto, fp32, bf16 or int8 (default: the checkpoint's decode.precision; auto "
-         "measures).", rich_help_panel=SPEED)]
-InputOpt = Annotated[Opt[Path], typer.Option(
-    "--input", "-i", help="Default (or -): stdin.", rich_help_panel=IO)]
-OutputOpt = Annotated[Opt[Path], typer.Option(
-    "--output", "-o", help="Default (or -): stdout; a file is replaced only when complete.",
-    rich_help_panel=IO)]
+TranslateDeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.", rich_help_panel=SPEED)]
+PrecisionOpt = Annotated[
+    Opt[str],
+    typer.Option(
+        help="auto, fp32, bf16 or int8 (default: the checkpoint's decode.precision; auto "
+        "measures).",
+        rich_help_panel=SPEED,
+    ),
+]
+InputOpt = Annotated[
+    Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.", rich_help_panel=IO)
+]
+OutputOpt = Annotated[
+    Opt[Path],
+    typer.Option(
+        "--output",
+        "-o",
+        help="Default (or -): stdout; a file is replaced only when complete.",
+        rich_help_panel=IO,
+    ),
+]
 FormatOpt = Annotated[str, typer.Option(help="text or jsonl.", rich_help_panel=IO)]
-ScoresOpt = Annotated[bool, typer.Option(help="Append a tab and the score.",
-                                         rich_help_panel=IO)]
-PrefixOpt = Annotated[Opt[Path], typer.Option(
-    help="A target prefix for each input line: the output starts with it.",
-    rich_help_panel=SEARCH)]
-ConstraintsOpt = Annotated[Opt[Path], typer.Option(
-    "--constraints", help="Phrases each output must contain: tab-separated, a line per "
-    "input line.", rich_help_panel=TERMINOLOGY)]
-TgtLangOpt = Annotated[Opt[str], typer.Option(
-    help="The language a multilingual model translates into (its <2xx> tag).",
-    rich_help_panel=LANGUAGES)]
-GlossaryOpt = Annotated[Opt[Path], typer.Option(
-    help="A 'source term<TAB>target term' TSV: a line with a source term must contain "
-         "its target term.", rich_help_panel=TERMINOLOGY)]
+ScoresOpt = Annotated[bool, typer.Option(help="Append a tab and the score.", rich_help_panel=IO)]
+PrefixOpt = Annotated[
+    Opt[Path],
+    typer.Option(
+        help="A target prefix for each input line: the output starts with it.",
+        rich_help_panel=SEARCH,
+    ),
+]
+ConstraintsOpt = Annotated[
+    Opt[Path],
+    typer.Option(
+        "--constraints",
+        help="Phrases each output must contain: tab-separated, a line per input line.",
+        rich_help_panel=TERMINOLOGY,
+    ),
+]
+TgtLangOpt = Annotated[
+    Opt[str],
+    typer.Option(
+        help="The language a multilingual model translates into (its <2xx> tag).",
+        rich_help_panel=LANGUAGES,
+    ),
+]
+GlossaryOpt = Annotated[
+    Opt[Path],
+    typer.Option(
+        help="A 'source term<TAB>target term' TSV: a line with a source term must contain "
+        "its target term.",
+        rich_help_panel=TERMINOLOGY,
+    ),
+]
 
 
 def _engine(model: list[Path], device: str, precision: str | None = None) -> Translator:
@@ -154,34 +187,63 @@ def translate(
     input, output = dash(input), dash(output)
     with reported():
         written = OutputFormat(format, scores)
-        _refuse_overwriting_inputs(output, {"--input": input, "--prefix-file": prefix_file,
-                                            "--constraints": constraints_file,
-                                            "--glossary": glossary}, model)
-        for name, given, field in (("--prefix-file", prefix_file, "prefix"),
-                                   ("--constraints", constraints_file, "constraints")):
+        _refuse_overwriting_inputs(
+            output,
+            {
+                "--input": input,
+                "--prefix-file": prefix_file,
+                "--constraints": constraints_file,
+                "--glossary": glossary,
+            },
+            model,
+        )
+        for name, given, field in (
+            ("--prefix-file", prefix_file, "prefix"),
+            ("--constraints", constraints_file, "constraints"),
+        ):
             if given and written.kind == "jsonl":
-                raise OptionError(f'{name} is for text input; in jsonl give each line '
-                                  f'"{field}"')
+                raise OptionError(f'{name} is for text input; in jsonl give each line "{field}"')
         prefixes = read_lines(prefix_file) if prefix_file else None
         constraints = read_constraints(constraints_file) if constraints_file else None
         terms = _glossary(glossary)
         engine = _engine(model, device, precision)
         opts = SearchOptions.from_config(
-            engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
-            max_len_b=max_len_b, nbest=nbest, no_repeat_ngram=no_repeat_ngram,
-            sampling=sampling, temperature=temperature, topk=topk, topp=topp, seed=seed,
-            alignments=alignments, align_layer=align_layer, lang_vocab=lang_vocab)
+            engine.config.decode,
+            beam=beam,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            nbest=nbest,
+            no_repeat_ngram=no_repeat_ngram,
+            sampling=sampling,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            seed=seed,
+            alignments=alignments,
+            align_layer=align_layer,
+            lang_vocab=lang_vocab,
+        )
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
         if written.kind == "text" or tgt_lang is not None:  # (jsonl records may name
             check_target(engine.config.data, tgt_lang)  # their own where it is not given)
-        _translate_file(engine, input, output, opts, written,
-                        _batch_tokens(engine, batch_tokens), prefixes, prefix_file,
-                        Lines(constraints, constraints_file, terms, tgt_lang))
+        _translate_file(
+            engine,
+            input,
+            output,
+            opts,
+            written,
+            _batch_tokens(engine, batch_tokens),
+            prefixes,
+            prefix_file,
+            Lines(constraints, constraints_file, terms, tgt_lang),
+        )
 
 
-def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | None],
-                               model: list[Path]) -> None:
+def _refuse_overwriting_inputs(
+    output: Path | None, inputs: dict[str, Path | None], model: list[Path]
+) -> None:
     from mtkit.core.atomic import refuse_same_file
     from mtkit.engines.loader import model_files
 
@@ -189,8 +251,9 @@ def _refuse_overwriting_inputs(output: Path | None, inputs: dict[str, Path | Non
         refuse_same_file(output, {**inputs, **model_files(model)})
 
 
-def _check_constraints(engine: Translator, opts: SearchOptions, constraints: Path | None,
-                       glossary: Path | None) -> None:
+def _check_constraints(
+    engine: Translator, opts: SearchOptions, constraints: Path | None, glossary: Path | None
+) -> None:
     """One line if the engine or the options cannot search with constraints."""
     from mtkit.core.search_options import check_constraints
 
@@ -209,63 +272,113 @@ class Lines(NamedTuple):
     tgt_lang: str | None = None  # --tgt-lang
 
 
-def _translate_file(engine: Translator, input: Path | None, output: Path | None,
-                    opts: SearchOptions, written, batch_tokens: int,
-                    prefixes: list[str] | None, prefix_file: Path | None,
-                    extra: Lines = Lines()) -> None:
+def _translate_file(
+    engine: Translator,
+    input: Path | None,
+    output: Path | None,
+    opts: SearchOptions,
+    written,
+    batch_tokens: int,
+    prefixes: list[str] | None,
+    prefix_file: Path | None,
+    extra: Lines = Lines(),
+) -> None:
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
     only once complete), with a progress bar on a terminal."""
     from mtkit.core.atomic import atomic_text
     from mtkit.core.progress import progress_bar
     from mtkit.core.textio import check_constraint_lines, read_all_lines, translate_stream
 
-    with (open(input, "rb") if input else nullcontext(sys.stdin.buffer)) as source, \
-            (atomic_text(output) if output else nullcontext(sys.stdout)) as sink, \
-            progress_bar(input) as done:
+    with (
+        open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
+        atomic_text(output) if output else nullcontext(sys.stdout) as sink,
+        progress_bar(input) as done,
+    ):
         # counts must agree, and every constraint fit, before anything is written
         if prefixes is not None:
             source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
         if extra.constraints is not None:
-            source = read_all_lines(source, len(extra.constraints),
-                                    f"--constraints {extra.constraints_file}")
+            source = read_all_lines(
+                source, len(extra.constraints), f"--constraints {extra.constraints_file}"
+            )
             check_constraint_lines(engine, source, extra.constraints, opts)
-        translate_stream(engine, source, sink, opts, done, prefixes, output=written,
-                         batch_tokens=batch_tokens, constraints=extra.constraints,
-                         glossary=extra.glossary, tgt_lang=extra.tgt_lang)
+        translate_stream(
+            engine,
+            source,
+            sink,
+            opts,
+            done,
+            prefixes,
+            output=written,
+            batch_tokens=batch_tokens,
+            constraints=extra.constraints,
+            glossary=extra.glossary,
+            tgt_lang=extra.tgt_lang,
+        )
 
 
 @app.command(name="eval")
 def eval_(
-    model: Annotated[Opt[Path], typer.Option(
-        "--model", "-m", help="Translate --src first.", rich_help_panel=MODEL)] = None,
-    hyp: Annotated[Opt[Path], typer.Option(
-        help="Hypotheses, one per line.", rich_help_panel=IO)] = None,
-    ref: Annotated[Opt[Path], typer.Option(
-        help="References, one per line.", rich_help_panel=IO)] = None,
-    src: Annotated[Opt[Path], typer.Option(
-        help="Source text: translated with -m; where --glossary looks for terms.",
-        rich_help_panel=IO)] = None,
-    metrics: Annotated[str, typer.Option(
-        help="Comma-separated: bleu,chrf,ter.", rich_help_panel=IO)] = "bleu,chrf,ter",
-    json_: Annotated[bool, typer.Option(
-        "--json", help="Print JSON.", rich_help_panel=IO)] = False,
-    terms: Annotated[Opt[Path], typer.Option(
-        help="Term accuracy: the phrases each line must contain (the --constraints "
-             "format).", rich_help_panel=TERMINOLOGY)] = None,
-    glossary: Annotated[Opt[Path], typer.Option(
-        help="Term accuracy: a 'source term<TAB>target term' TSV, looked up in --src.",
-        rich_help_panel=TERMINOLOGY)] = None,
-    lang: Annotated[Opt[str], typer.Option(
-        help="The language the translations should be in (py3langid's code): the "
-             "off-target rate.", rich_help_panel=LANGUAGES)] = None,
-    among: Annotated[Opt[str], typer.Option(
-        help="With --lang: the languages to tell apart, comma-separated.",
-        rich_help_panel=LANGUAGES)] = None,
-    tgt_lang: Annotated[Opt[str], typer.Option(
-        help="With -m: the language a multilingual model translates into (default: "
-             "--lang).", rich_help_panel=LANGUAGES)] = None,
-    device: Annotated[str, typer.Option(
-        help="auto, cpu or cuda (with -m).", rich_help_panel=SPEED)] = "auto",
+    model: Annotated[
+        Opt[Path],
+        typer.Option("--model", "-m", help="Translate --src first.", rich_help_panel=MODEL),
+    ] = None,
+    hyp: Annotated[
+        Opt[Path], typer.Option(help="Hypotheses, one per line.", rich_help_panel=IO)
+    ] = None,
+    ref: Annotated[
+        Opt[Path], typer.Option(help="References, one per line.", rich_help_panel=IO)
+    ] = None,
+    src: Annotated[
+        Opt[Path],
+        typer.Option(
+            help="Source text: translated with -m; where --glossary looks for terms.",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    metrics: Annotated[
+        str, typer.Option(help="Comma-separated: bleu,chrf,ter.", rich_help_panel=IO)
+    ] = "bleu,chrf,ter",
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.", rich_help_panel=IO)] = False,
+    terms: Annotated[
+        Opt[Path],
+        typer.Option(
+            help="Term accuracy: the phrases each line must contain (the --constraints format).",
+            rich_help_panel=TERMINOLOGY,
+        ),
+    ] = None,
+    glossary: Annotated[
+        Opt[Path],
+        typer.Option(
+            help="Term accuracy: a 'source term<TAB>target term' TSV, looked up in --src.",
+            rich_help_panel=TERMINOLOGY,
+        ),
+    ] = None,
+    lang: Annotated[
+        Opt[str],
+        typer.Option(
+            help="The language the translations should be in (py3langid's code): the "
+            "off-target rate.",
+            rich_help_panel=LANGUAGES,
+        ),
+    ] = None,
+    among: Annotated[
+        Opt[str],
+        typer.Option(
+            help="With --lang: the languages to tell apart, comma-separated.",
+            rich_help_panel=LANGUAGES,
+        ),
+    ] = None,
+    tgt_lang: Annotated[
+        Opt[str],
+        typer.Option(
+            help="With -m: the language a multilingual model translates into (default: --lang).",
+            rich_help_panel=LANGUAGES,
+        ),
+    ] = None,
+    device: Annotated[
+        str, typer.Option(help="auto, cpu or cuda (with -m).", rich_help_panel=SPEED)
+    ] = "auto",
 ) -> None:
     """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
     accuracy with --terms or --glossary, and the off-target rate with --lang."""
@@ -284,14 +397,19 @@ def eval_(
         engine = _engine([model], device) if model is not None else None
         # everything that can fail is checked before translating
         tag, among_used = _eval_languages(engine, lang, among_given, tgt_lang)
-        hypotheses = (_translated(engine, sources, tag, own, found) if engine is not None
-                      else _lines_like(hyp, references, ref))
+        hypotheses = (
+            _translated(engine, sources, tag, own, found)
+            if engine is not None
+            else _lines_like(hyp, references, ref)
+        )
         results = score(hypotheses, references, names)
         accuracy = term_accuracy(hypotheses, required) if required is not None else None
         off = off_target(hypotheses, lang, among_used) if lang else None
     if json_:
-        report = {r.metric: {"score": round(r.score, 2), "signature": r.signature,
-                             "text": r.text} for r in results}
+        report = {
+            r.metric: {"score": round(r.score, 2), "signature": r.signature, "text": r.text}
+            for r in results
+        }
         if accuracy is not None:
             report["terms"] = _terms_json(accuracy)
         if off is not None:
@@ -305,8 +423,9 @@ def eval_(
                 typer.echo(extra.text)
 
 
-def _check_inputs(hyp: Path | None, ref: Path | None, model: Path | None, src: Path | None,
-                  glossary: Path | None) -> None:
+def _check_inputs(
+    hyp: Path | None, ref: Path | None, model: Path | None, src: Path | None, glossary: Path | None
+) -> None:
     """--hyp H --ref R, or -m CKPT --src S --ref R; --glossary also needs --src."""
     if ref is None or (hyp is None) == (model is None) or (model is not None and src is None):
         raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
@@ -316,8 +435,9 @@ def _check_inputs(hyp: Path | None, ref: Path | None, model: Path | None, src: P
         raise OptionError("--src with --hyp is only for --glossary; to translate it, give -m")
 
 
-def _check_languages(lang: str | None, among: str | None, tgt_lang: str | None,
-                     model: Path | None) -> list[str]:
+def _check_languages(
+    lang: str | None, among: str | None, tgt_lang: str | None, model: Path | None
+) -> list[str]:
     """One line for a language option that would be ignored or is empty: --lang '',
     --among without codes or without --lang, --tgt-lang '' or without -m. Returns
     --among's codes ([] where not given)."""
@@ -327,21 +447,23 @@ def _check_languages(lang: str | None, among: str | None, tgt_lang: str | None,
         if value is not None and not value.strip():
             raise OptionError(f"{option} is empty: give a language code, such as de")
     if tgt_lang is not None and model is None:
-        raise OptionError("--tgt-lang is the language -m translates into: give -m, or "
-                          "leave it out")
+        raise OptionError("--tgt-lang is the language -m translates into: give -m, or leave it out")
     if among is None:
         return []
     if lang is None:
-        raise OptionError("--among is for --lang: give --lang too, the language the "
-                          "translations should be in")
+        raise OptionError(
+            "--among is for --lang: give --lang too, the language the translations should be in"
+        )
     if not codes(among):
-        raise OptionError(f"--among {among!r} has no language codes: give them "
-                          f"comma-separated, such as en,de")
+        raise OptionError(
+            f"--among {among!r} has no language codes: give them comma-separated, such as en,de"
+        )
     return codes(among)
 
 
-def _eval_languages(engine: Translator | None, lang: str | None, among: list[str],
-                    tgt_lang: str | None):
+def _eval_languages(
+    engine: Translator | None, lang: str | None, among: list[str], tgt_lang: str | None
+):
     """Where the tag of the language `engine` (None: no -m) translates into goes
     (`languages.Tagging`: --tgt-lang's, else --lang's for a multilingual model), and the
     languages the off-target rate tells apart (--among's, else the model's); one line,
@@ -353,13 +475,20 @@ def _eval_languages(engine: Translator | None, lang: str | None, among: list[str
     tag, languages = Tagging(), among
     if engine is not None:
         multilingual = bool(target_languages(engine.config.data))
-        option, into = ("--tgt-lang", tgt_lang) if tgt_lang is not None else \
-            ("--lang", lang if multilingual else None)
+        option, into = (
+            ("--tgt-lang", tgt_lang)
+            if tgt_lang is not None
+            else ("--lang", lang if multilingual else None)
+        )
         try:
             tag = tagging(engine.config, into, option)
         except OptionError as e:
-            hint = "; give --tgt-lang for the model's code (--lang is the language-ID " \
-                   "code the translations are checked against)" if option == "--lang" else ""
+            hint = (
+                "; give --tgt-lang for the model's code (--lang is the language-ID "
+                "code the translations are checked against)"
+                if option == "--lang"
+                else ""
+            )
             raise OptionError(f"{e}{hint}", e.option) from None
         if not among:
             languages = sorted({x for pair in directions(engine.config.data) for x in pair})
@@ -367,9 +496,11 @@ def _eval_languages(engine: Translator | None, lang: str | None, among: list[str
         try:
             check_languages(lang, languages, the_models=bool(languages) and not among)
         except LangIdError as e:
-            hint = f"; give --tgt-lang {lang} for the model's code, and --lang with " \
-                   f"py3langid's" if any(tag) and tgt_lang is None and \
-                str(e).startswith(f"--lang {lang}:") else ""
+            hint = (
+                f"; give --tgt-lang {lang} for the model's code, and --lang with py3langid's"
+                if any(tag) and tgt_lang is None and str(e).startswith(f"--lang {lang}:")
+                else ""
+            )
             raise LangIdError(f"{e}{hint}") from None
     return tag, languages
 
@@ -382,36 +513,44 @@ def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
         raise EvalError(f"nothing to score: {ref} is empty")
     lines = read_lines(path)
     if len(lines) != len(references):
-        raise EvalError(f"line counts differ: {path} has {plural(len(lines), 'line')}, "
-                        f"{ref} has {len(references)}")
+        raise EvalError(
+            f"line counts differ: {path} has {plural(len(lines), 'line')}, "
+            f"{ref} has {len(references)}"
+        )
     return lines
 
 
-def _required_terms(terms: Path | None, glossary: Path | None, sources: list[str] | None,
-                    references: list[str], ref: Path
-                    ) -> tuple[list[list[Constraint]] | None, Glossary | None,
-                               list[list[Constraint]] | None]:
+def _required_terms(
+    terms: Path | None,
+    glossary: Path | None,
+    sources: list[str] | None,
+    references: list[str],
+    ref: Path,
+) -> tuple[list[list[Constraint]] | None, Glossary | None, list[list[Constraint]] | None]:
     """The constraints of --terms (one list per line), the --glossary, and what each line
     requires of both (None: not given)."""
     own = read_constraints(terms) if terms is not None else None
     if own is not None and len(own) != len(references):
-        raise TermsError(f"line counts differ: {terms} has {plural(len(own), 'line')}, "
-                         f"{ref} has {len(references)}")
+        raise TermsError(
+            f"line counts differ: {terms} has {plural(len(own), 'line')}, "
+            f"{ref} has {len(references)}"
+        )
     found = Glossary.read(glossary) if glossary is not None else None
     per_line = ([own] if own is not None else []) + (
-        [[found.constraints(line) for line in sources]] if found is not None else [])
+        [[found.constraints(line) for line in sources]] if found is not None else []
+    )
     return own, found, combine(*per_line) if per_line else None
 
 
 def _terms_json(accuracy: TermScore) -> dict:
     """A `TermScore` in `eval --json`: score in percent, null where no term was required."""
     score = round(100 * accuracy.accuracy, 2) if accuracy.total else None
-    return {"score": score, "found": accuracy.found, "total": accuracy.total,
-            "text": accuracy.text}
+    return {"score": score, "found": accuracy.found, "total": accuracy.total, "text": accuracy.text}
 
 
-def _translated(engine: Translator, sources: list[str], tag, terms: list | None,
-                glossary: Glossary | None) -> list[str]:
+def _translated(
+    engine: Translator, sources: list[str], tag, terms: list | None, glossary: Glossary | None
+) -> list[str]:
     """`sources` translated by `engine` with the tag of the language it translates into
     (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
     and --glossary terms as constraints: a term of --terms that cannot be searched for is
@@ -420,16 +559,23 @@ def _translated(engine: Translator, sources: list[str], tag, terms: list | None,
 
     opts = SearchOptions.from_config(engine.config.decode)
     requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
-    if (terms is not None and any(terms)) or (glossary is not None and any(
-            glossary.constraints(x) for x in sources)):  # the terms constrain the search
+    if (terms is not None and any(terms)) or (
+        glossary is not None and any(glossary.constraints(x) for x in sources)
+    ):  # the terms constrain the search
         from mtkit.core.search_options import check_constraints
 
-        check_constraints(opts, engine.capabilities, "--glossary with -m" if terms is None
-                          else "--terms with -m")
+        check_constraints(
+            opts, engine.capabilities, "--glossary with -m" if terms is None else "--terms with -m"
+        )
     requests, wanted = searchable(engine, requests, terms, glossary, opts)
-    return translate_texts(engine, [r.text for r in requests], opts,
-                           engine.config.decode.batch_tokens, wanted,
-                           [tag.target] * len(sources) if tag.target else None)
+    return translate_texts(
+        engine,
+        [r.text for r in requests],
+        opts,
+        engine.config.decode.batch_tokens,
+        wanted,
+        [tag.target] * len(sources) if tag.target else None,
+    )
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
@@ -438,18 +584,28 @@ MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any ba
 @app.command()
 def serve(
     model: ModelsOpt,
-    host: Annotated[str, typer.Option(
-        help="Address to listen on (loopback unless set).", rich_help_panel=SERVER
-    )] = "127.0.0.1",
-    port: Annotated[int, typer.Option(
-        help="Port to listen on (1 to 65535).", rich_help_panel=SERVER)] = 8080,
-    api_key: Annotated[Opt[str], typer.Option(
-        envvar="MTKIT_API_KEY", show_envvar=True, rich_help_panel=SERVER,
-        help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).")] = None,
-    max_lines: Annotated[int, typer.Option(
-        help="Sentences per request.", rich_help_panel=SERVER)] = 64,
-    max_chars: Annotated[int, typer.Option(
-        help="Characters per request.", rich_help_panel=SERVER)] = 20_000,
+    host: Annotated[
+        str,
+        typer.Option(help="Address to listen on (loopback unless set).", rich_help_panel=SERVER),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Port to listen on (1 to 65535).", rich_help_panel=SERVER)
+    ] = 8080,
+    api_key: Annotated[
+        Opt[str],
+        typer.Option(
+            envvar="MTKIT_API_KEY",
+            show_envvar=True,
+            rich_help_panel=SERVER,
+            help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).",
+        ),
+    ] = None,
+    max_lines: Annotated[
+        int, typer.Option(help="Sentences per request.", rich_help_panel=SERVER)
+    ] = 64,
+    max_chars: Annotated[
+        int, typer.Option(help="Characters per request.", rich_help_panel=SERVER)
+    ] = 20_000,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -465,16 +621,29 @@ def serve(
     lang_vocab: LangVocabOpt = None,
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
-    max_batch_tokens: Annotated[Opt[int], typer.Option(
-        help="Source tokens one batch takes (default: the checkpoint's "
-             "decode.batch_tokens).", rich_help_panel=SPEED)] = None,
-    max_wait_ms: Annotated[float, typer.Option(
-        help="Longest wait of a sentence for others to batch with (0 to 60,000).",
-        rich_help_panel=SPEED)] = 5.0,
-    continuous: Annotated[bool, typer.Option(
-        "--continuous/--rounds", rich_help_panel=SPEED,
-        help="Greedy requests join a running search between its steps (--rounds: batched "
-             "in rounds).")] = True,
+    max_batch_tokens: Annotated[
+        Opt[int],
+        typer.Option(
+            help="Source tokens one batch takes (default: the checkpoint's decode.batch_tokens).",
+            rich_help_panel=SPEED,
+        ),
+    ] = None,
+    max_wait_ms: Annotated[
+        float,
+        typer.Option(
+            help="Longest wait of a sentence for others to batch with (0 to 60,000).",
+            rich_help_panel=SPEED,
+        ),
+    ] = 5.0,
+    continuous: Annotated[
+        bool,
+        typer.Option(
+            "--continuous/--rounds",
+            rich_help_panel=SPEED,
+            help="Greedy requests join a running search between its steps (--rounds: batched "
+            "in rounds).",
+        ),
+    ] = True,
 ) -> None:
     """Serve translations over HTTP: a JSON API, a page at /, docs at /docs.
 
@@ -487,15 +656,34 @@ def serve(
         terms = _glossary(glossary)
         engine = _engine(model, device, precision)
         defaults = SearchOptions.from_config(
-            engine.config.decode, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
-            max_len_b=max_len_b, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
-            temperature=temperature, topk=topk, topp=topp, seed=seed,
-            align_layer=align_layer, alignments=align_layer is not None,
-            lang_vocab=lang_vocab)
+            engine.config.decode,
+            beam=beam,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            no_repeat_ngram=no_repeat_ngram,
+            sampling=sampling,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            seed=seed,
+            align_layer=align_layer,
+            alignments=align_layer is not None,
+            lang_vocab=lang_vocab,
+        )
         engine.check(defaults)  # refused now, not in every request
         _check_constraints(engine, defaults, None, glossary)
-        stopped_by = _serve(engine, replace(defaults, alignments=False), limits, model, host,
-                            port, continuous, api_key, terms)
+        stopped_by = _serve(
+            engine,
+            replace(defaults, alignments=False),
+            limits,
+            model,
+            host,
+            port,
+            continuous,
+            api_key,
+            terms,
+        )
     if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
         typer.echo("interrupted", err=True)
         raise typer.Exit(code=130)
@@ -506,8 +694,9 @@ def _need_serve_extra() -> None:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        typer.echo("error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'",
-                   err=True)
+        typer.echo(
+            "error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'", err=True
+        )
         raise typer.Exit(code=2) from None
 
 
@@ -515,23 +704,28 @@ def _api_key(given: str | None) -> str | None:
     if given is None and os.environ.get("MTKIT_API_KEY") is not None:
         given = os.environ["MTKIT_API_KEY"]  # click takes an empty one for unset
     if given is not None and not given.strip():
-        raise OptionError("the API key is empty (--api-key or MTKIT_API_KEY): give a "
-                          "key, or neither to serve without one")
+        raise OptionError(
+            "the API key is empty (--api-key or MTKIT_API_KEY): give a "
+            "key, or neither to serve without one"
+        )
     return given or None
 
 
-def _limits(port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int,
-            max_chars: int):
+def _limits(
+    port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int, max_chars: int
+):
     """The server's limits, each checked (max_batch_tokens None: 0, the checkpoint's)."""
     from mtkit.serving.scheduler import Limits
 
     if not 1 <= port <= 65535:
         raise OptionError(f"--port must be from 1 to 65535, got {port}")
     if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
-        raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got "
-                          f"{max_wait_ms}")
-    for name, value in (("max_batch_tokens", max_batch_tokens), ("max_lines", max_lines),
-                        ("max_chars", max_chars)):
+        raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got {max_wait_ms}")
+    for name, value in (
+        ("max_batch_tokens", max_batch_tokens),
+        ("max_lines", max_lines),
+        ("max_chars", max_chars),
+    ):
         if value is not None and value <= 0:
             raise OptionError(f"--{name.replace('_', '-')} must be above 0, got {value}")
     return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
@@ -544,8 +738,17 @@ def _glossary(path: Path | None):
     return Glossary.read(path) if path else None
 
 
-def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path], host: str,
-           port: int, continuous: bool, api_key: str | None, glossary=None) -> int | None:
+def _serve(
+    engine: Translator,
+    defaults: SearchOptions,
+    limits,
+    model: list[Path],
+    host: str,
+    port: int,
+    continuous: bool,
+    api_key: str | None,
+    glossary=None,
+) -> int | None:
     """Run the service until a signal; returns the signal."""
     from mtkit.serving.app import create_app, serve_forever
     from mtkit.serving.scheduler import Batcher
@@ -554,9 +757,9 @@ def _serve(engine: Translator, defaults: SearchOptions, limits, model: list[Path
         limits = replace(limits, max_batch_tokens=engine.config.decode.batch_tokens)
     name = " + ".join(m.name for m in model)
     batcher = Batcher(engine, limits, continuous)
-    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher,
-                      glossary)
+    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher, glossary)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    ready = (f"serving {name} on {url} (page at /, API docs at /docs)"
-             + ("; API key required" if api_key else ""))
+    ready = f"serving {name} on {url} (page at /, API docs at /docs)" + (
+        "; API key required" if api_key else ""
+    )
     return serve_forever(app_, batcher, host, port, ready)

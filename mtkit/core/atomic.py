@@ -49,8 +49,9 @@ def reason(e: OSError) -> str:
     return _REASONS.get(e.errno, (e.strerror or type(e).__name__).lower())
 
 
-def write_failure(e: BaseException, path: Path | str,
-                  temporary: Path | str | None = None) -> WriteError | None:
+def write_failure(
+    e: BaseException, path: Path | str, temporary: Path | str | None = None
+) -> WriteError | None:
     """The `WriteError` behind `e` (also when a library wrapped the OSError, as
     `torch.save` does), naming `path`, or None when `e` is not a failed write. Any
     OSError about `temporary` (the file or folder written in place of `path`, or what is
@@ -60,8 +61,7 @@ def write_failure(e: BaseException, path: Path | str,
     while seen is not None:
         if isinstance(seen, WriteError):
             return seen
-        if isinstance(seen, OSError) and (seen.errno in _REASONS
-                                          or _about(seen, temporary)):
+        if isinstance(seen, OSError) and (seen.errno in _REASONS or _about(seen, temporary)):
             return WriteError(seen.errno, f"{reason(seen)} while writing {path}")
         seen = seen.__cause__ or seen.__context__
     return None
@@ -74,8 +74,9 @@ def _about(e: OSError, temporary: Path | str | None) -> bool:
         return False
     names = [n for n in (e.filename, e.filename2) if n is not None]
     temporary = os.fspath(temporary)
-    return not names or any(os.fspath(n) == temporary
-                            or os.fspath(n).startswith(temporary + os.sep) for n in names)
+    return not names or any(
+        os.fspath(n) == temporary or os.fspath(n).startswith(temporary + os.sep) for n in names
+    )
 
 
 def _temporary_prefix(path: Path) -> str:
@@ -107,8 +108,8 @@ def descriptor_of(path: str | os.PathLike) -> int | None:
     if text in ("/dev/stdout", "/dev/stderr"):
         return 1 if text == "/dev/stdout" else 2
     for prefix in ("/dev/fd/", "/proc/self/fd/"):
-        if text.startswith(prefix) and text[len(prefix):].isdigit():
-            return int(text[len(prefix):])
+        if text.startswith(prefix) and text[len(prefix) :].isdigit():
+            return int(text[len(prefix) :])
     return None
 
 
@@ -159,8 +160,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path),
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -209,8 +209,9 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_temporary_prefix(path),
-                                    suffix=".partial"))
+        tmp = Path(
+            tempfile.mkdtemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".partial")
+        )
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         old = path.with_name(_temporary_prefix(path) + "old")
@@ -237,8 +238,12 @@ def remove_leftovers(folder: Path, names: tuple[str, ...]) -> list[Path]:
     if not folder.is_dir():
         return removed
     for name in names:
-        for pattern in (f".{name}.*.tmp", f".{name}.*.partial", f".{name}.old",
-                        f".{name}.link"):  # (.link: hard-link temporaries of mtkit < 0.2)
+        for pattern in (
+            f".{name}.*.tmp",
+            f".{name}.*.partial",
+            f".{name}.old",
+            f".{name}.link",
+        ):  # (.link: hard-link temporaries of mtkit < 0.2)
             for p in folder.glob(pattern):
                 if p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p, ignore_errors=True)
@@ -248,8 +253,7 @@ def remove_leftovers(folder: Path, names: tuple[str, ...]) -> list[Path]:
     return removed
 
 
-def refuse_same_file(output: Path,
-                     inputs: dict[str, Path | str | list[Path] | None]) -> None:
+def refuse_same_file(output: Path, inputs: dict[str, Path | str | list[Path] | None]) -> None:
     """Raise `SameFileError` when `output` is the same file as one of `inputs` (through a
     hard link or a symbolic link too): writing it would destroy the input.
 
@@ -263,8 +267,10 @@ def refuse_same_file(output: Path,
     for option, given in inputs.items():
         for path in given if isinstance(given, list) else [given]:
             if path is not None and Path(path).exists() and os.path.samefile(output, path):
-                raise SameFileError(f"the output {output} is the same file as {option} "
-                                    f"{path}; writing it would destroy that input")
+                raise SameFileError(
+                    f"the output {output} is the same file as {option} "
+                    f"{path}; writing it would destroy that input"
+                )
 
 
 class SameFileError(UserError, ValueError):

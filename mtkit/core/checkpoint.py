@@ -46,8 +46,9 @@ class CheckpointError(UserError, ValueError):
     """A missing, corrupt or foreign checkpoint (one line)."""
 
 
-def payload_digest(payload: dict[str, Any],
-                   after: Callable[[torch.Tensor], None] | None = None) -> str:
+def payload_digest(
+    payload: dict[str, Any], after: Callable[[torch.Tensor], None] | None = None
+) -> str:
     """SHA-256 over a checkpoint's content: every key path, every tensor's dtype, shape
     and bytes, every other value's repr. The `format` and `digest` keys are left out.
     `after` is called on each tensor once it is hashed (`MappedFile.release`)."""
@@ -102,18 +103,24 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
-        raise CheckpointError(f"{path}: not a readable checkpoint (not a zip archive: "
-                              f"truncated, corrupt or not made by mtkit)")
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (not a zip archive: "
+            f"truncated, corrupt or not made by mtkit)"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:  # untrusted bytes: any failure to parse them means "corrupt"
         refused = "Weights only load failed" in str(e)
-        why = ("it holds objects that safe loading refuses to build" if refused
-               else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:100]}")
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated, corrupt or not "
-                              f"made by mtkit; {why})") from None
+        why = (
+            "it holds objects that safe loading refuses to build"
+            if refused
+            else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:100]}"
+        )
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated, corrupt or not made by mtkit; {why})"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an mtkit checkpoint")
     _check_content(payload, path, MappedFile(path).release if mmap else None)
@@ -150,39 +157,54 @@ class MappedFile:
         first = -(-start // self.page) * self.page  # the whole pages inside the storage
         last = end // self.page * self.page
         if last > first and any(lo <= first and last <= hi for lo, hi in self.ranges):
-            self.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
-                         self.MADV_DONTNEED)
+            self.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), self.MADV_DONTNEED)
 
 
-def _check_content(payload: dict[str, Any], path: Path,
-                   release: Callable[[torch.Tensor], None] | None = None) -> None:
+def _check_content(
+    payload: dict[str, Any], path: Path, release: Callable[[torch.Tensor], None] | None = None
+) -> None:
     """The digest, the parts and finite weights; `release` is called on each tensor once
     it is read."""
     digest = payload.get("digest")
     if digest is None:
-        log.warning("%s has no digest (written by an older mtkit); its integrity is not "
-                    "checked", path)
+        log.warning(
+            "%s has no digest (written by an older mtkit); its integrity is not checked", path
+        )
     elif digest != payload_digest(payload, release):
-        raise CheckpointError(f"{path}: corrupt checkpoint (its content does not match the "
-                              f"digest stored in it)")
+        raise CheckpointError(
+            f"{path}: corrupt checkpoint (its content does not match the digest stored in it)"
+        )
     model, vocab = payload.get("model"), payload.get("vocab")
     if not isinstance(model, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()
+    ):
         raise CheckpointError(f"{path}: not an mtkit checkpoint (no model weights)")
-    if not isinstance(payload.get("config"), dict) or not isinstance(vocab, dict) or not all(
-            isinstance(vocab.get(side), bytes) for side in ("src", "tgt")):
+    if (
+        not isinstance(payload.get("config"), dict)
+        or not isinstance(vocab, dict)
+        or not all(isinstance(vocab.get(side), bytes) for side in ("src", "tgt"))
+    ):
         raise CheckpointError(f"{path}: not an mtkit checkpoint (no config or vocabulary)")
     for name, t in model.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise CheckpointError(f"{path}: the weights hold NaN or infinite values "
-                                  f"({name}); this checkpoint cannot be used")
+            raise CheckpointError(
+                f"{path}: the weights hold NaN or infinite values "
+                f"({name}); this checkpoint cannot be used"
+            )
         if release is not None:
             release(t)
 
 
-def training_payload(config: dict, vocab: dict, model: dict, optimizer: dict,
-                     rng: dict, progress: dict, shards: str, precision: dict
-                     ) -> dict[str, Any]:
+def training_payload(
+    config: dict,
+    vocab: dict,
+    model: dict,
+    optimizer: dict,
+    rng: dict,
+    progress: dict,
+    shards: str,
+    precision: dict,
+) -> dict[str, Any]:
     """The layout of a training checkpoint (see the module docstring); `shards` is the
     fingerprint of the shard manifest it was trained on, `precision` the run's precision
     record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?}),
@@ -191,8 +213,13 @@ def training_payload(config: dict, vocab: dict, model: dict, optimizer: dict,
         "config": config,
         "vocab": vocab,
         "model": model,
-        "train": {"optimizer": optimizer, "rng": rng, "progress": progress, "shards": shards,
-                  "precision": precision},
+        "train": {
+            "optimizer": optimizer,
+            "rng": rng,
+            "progress": progress,
+            "shards": shards,
+            "precision": precision,
+        },
     }
 
 
@@ -214,8 +241,9 @@ def last_step_checkpoints(folder: Path, n: int) -> list[Path]:
     return paths
 
 
-def write_training_checkpoint(payload: dict[str, Any], folder: Path, step: int,
-                              is_best: bool, keep_last: int) -> Path:
+def write_training_checkpoint(
+    payload: dict[str, Any], folder: Path, step: int, is_best: bool, keep_last: int
+) -> Path:
     """Save `step_<step>.pt`, copy it to `last.pt` (and `best.pt` if best), and delete
     step files beyond the newest `keep_last` (0 keeps only last.pt / best.pt).
 
@@ -268,16 +296,24 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         if "tgt_languages" in payload["vocab"]:  # a checkpoint newer than the first's mtkit
             vocab["tgt_languages"] = payload["vocab"]["tgt_languages"]
         if model.keys() != total.keys() or any(model[k].shape != total[k].shape for k in total):
-            raise CheckpointError(f"{path}: weights do not match {paths[0]}; "
-                                  f"only checkpoints of one model can be averaged")
+            raise CheckpointError(
+                f"{path}: weights do not match {paths[0]}; "
+                f"only checkpoints of one model can be averaged"
+            )
         for k, v in model.items():
             if v.is_floating_point():
                 total[k] += v.double()
     dtypes = {k: v.dtype for k, v in first["model"].items()}
-    averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
-                for k, v in total.items()}
-    return {"config": first["config"], "vocab": vocab, "model": averaged,
-            "averaged_from": [str(p) for p in paths], "averaged_steps": steps}
+    averaged = {
+        k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in total.items()
+    }
+    return {
+        "config": first["config"],
+        "vocab": vocab,
+        "model": averaged,
+        "averaged_from": [str(p) for p in paths],
+        "averaged_steps": steps,
+    }
 
 
 def trained_step(payload: dict[str, Any]) -> int | None:
@@ -296,8 +332,9 @@ def describe_weights(payload: dict[str, Any]) -> str:
     steps = payload.get("averaged_steps")
     if isinstance(steps, list) and steps and all(isinstance(x, int) for x in steps):
         listed = [str(x) for x in steps]
-        return "the average of steps " + (", ".join(listed[:-1]) + " and " + listed[-1]
-                                          if len(listed) > 1 else listed[0])
+        return "the average of steps " + (
+            ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
+        )
     sources = payload.get("averaged_from")
     if isinstance(sources, list) and sources:
         return f"the average of {plural(len(sources), 'checkpoint')}"

@@ -34,8 +34,9 @@ _read_configs: list[Path] = []
 def _option(name: str):
     """A `decode:` field: the decoding option's default and range (`OPTIONS`)."""
     option = OPTIONS[name]
-    return field(default=option.default,
-                 metadata=value_range(option.low, option.high, option.above))
+    return field(
+        default=option.default, metadata=value_range(option.low, option.high, option.above)
+    )
 
 
 @dataclass(frozen=True)
@@ -235,21 +236,28 @@ class Config:
 def _check_consistency(cfg: Config, where: str) -> None:
     m = cfg.model
     if m.d_model % m.heads:
-        raise ConfigError(f"{where}model.d_model ({m.d_model}) must be divisible by "
-                          f"model.heads ({m.heads})")
+        raise ConfigError(
+            f"{where}model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})"
+        )
     if m.max_positions < cfg.data.max_len + 2:
-        raise ConfigError(f"{where}model.max_positions ({m.max_positions}) must be at least "
-                          f"data.max_len + 2 ({cfg.data.max_len + 2}): a pair's longest side "
-                          f"plus bos/eos must fit the model's positions")
+        raise ConfigError(
+            f"{where}model.max_positions ({m.max_positions}) must be at least "
+            f"data.max_len + 2 ({cfg.data.max_len + 2}): a pair's longest side "
+            f"plus bos/eos must fit the model's positions"
+        )
     if m.share_embeddings and not cfg.tokenizer.joint and not cfg.tokenizer.from_:
         raise ConfigError(f"{where}model.share_embeddings needs tokenizer.joint: true")
     if cfg.train.average_last > cfg.train.keep_last:
-        raise ConfigError(f"{where}train.average_last ({cfg.train.average_last}) must not "
-                          f"exceed train.keep_last ({cfg.train.keep_last})")
+        raise ConfigError(
+            f"{where}train.average_last ({cfg.train.average_last}) must not "
+            f"exceed train.keep_last ({cfg.train.keep_last})"
+        )
     t = cfg.train
     if t.lr_schedule == "linear" and not (t.max_steps or t.max_time):
-        raise ConfigError(f"{where}train.lr_schedule: linear decays over the budget, so it "
-                          f"needs train.max_steps or train.max_time")
+        raise ConfigError(
+            f"{where}train.lr_schedule: linear decays over the budget, so it "
+            f"needs train.max_steps or train.max_time"
+        )
     _check_languages(cfg.data, where)
     _check_targets(cfg.data, where)
     for split in ("train", "valid", "test"):
@@ -264,8 +272,10 @@ def _check_consistency(cfg: Config, where: str) -> None:
             if len(corpora) > 1 and not c.given:
                 raise ConfigError(f"{where}{name}: no data given (src/tgt, path or hub)")
             if c.weight != 1 and split != "train":
-                raise ConfigError(f"{where}{name}.weight: weights apply to data.train only "
-                                  f"(a {split} set is scored as it is)")
+                raise ConfigError(
+                    f"{where}{name}.weight: weights apply to data.train only "
+                    f"(a {split} set is scored as it is)"
+                )
 
 
 def _check_languages(data: DataConfig, where: str) -> None:
@@ -275,8 +285,10 @@ def _check_languages(data: DataConfig, where: str) -> None:
     named = [("data", data)]
     for split in ("train", "valid", "test"):
         corpora = getattr(data, split)
-        named += [(f"data.{split}" + (f".{i}" if len(corpora) > 1 else ""), c)
-                  for i, c in enumerate(corpora)]
+        named += [
+            (f"data.{split}" + (f".{i}" if len(corpora) > 1 else ""), c)
+            for i, c in enumerate(corpora)
+        ]
     for key, section in named:
         for side in ("src_lang", "tgt_lang"):
             code = getattr(section, side)
@@ -297,7 +309,8 @@ def _check_targets(data: DataConfig, where: str) -> None:
                 raise ConfigError(
                     f"{where}data.{split}.{i}.tgt_lang {c.tgt_lang or data.tgt_lang}: the "
                     f"training data goes into {', '.join(sorted(targets))} only, so the "
-                    f"model has no tag for it")
+                    f"model has no tag for it"
+                )
 
 
 def config_from_dict(data: dict, where: str = "") -> Config:
@@ -310,12 +323,14 @@ def config_from_dict(data: dict, where: str = "") -> Config:
 
 
 def _pair(text: str, languages: tuple[str, ...], key: str, where: str) -> tuple[str, str]:
-    """"en-de" -> ("en", "de"), both among `languages`."""
+    """ "en-de" -> ("en", "de"), both among `languages`."""
     parts = text.split("-")
     if len(parts) != 2 or parts[0] == parts[1] or not all(p in languages for p in parts):
-        raise ConfigError(f"{where}{key}: {text!r} is not a direction of data.multiway."
-                          f"languages ({', '.join(languages)}); write it src-tgt, e.g. "
-                          f"{languages[0]}-{languages[-1]}")
+        raise ConfigError(
+            f"{where}{key}: {text!r} is not a direction of data.multiway."
+            f"languages ({', '.join(languages)}); write it src-tgt, e.g. "
+            f"{languages[0]}-{languages[-1]}"
+        )
     return parts[0], parts[1]
 
 
@@ -327,25 +342,31 @@ def expand_multiway(data: DataConfig, where: str = "") -> DataConfig:
         return data
     key = "data.multiway"
     if len(mw.languages) < 2 or len(set(mw.languages)) != len(mw.languages):
-        raise ConfigError(f"{where}{key}.languages must list two or more languages, each "
-                          f"once, got {list(mw.languages)}")
+        raise ConfigError(
+            f"{where}{key}.languages must list two or more languages, each "
+            f"once, got {list(mw.languages)}"
+        )
     for lang in mw.languages:
         fault = language_code_fault(lang)
         if fault:
             raise ConfigError(f"{where}{key}.languages: {fault}")
         if "-" in lang:  # a direction is written src-tgt
-            raise ConfigError(f"{where}{key}.languages: {lang!r} has a -, which separates "
-                              f"the languages of a direction here; write it with _ (pt_BR)")
+            raise ConfigError(
+                f"{where}{key}.languages: {lang!r} has a -, which separates "
+                f"the languages of a direction here; write it with _ (pt_BR)"
+            )
     every = [f"{a}-{b}" for a in mw.languages for b in mw.languages if a != b]
     pairs = [_pair(d, mw.languages, f"{key}.directions", where) for d in mw.directions or every]
-    tests = [_pair(d, mw.languages, f"{key}.test_directions", where)
-             for d in mw.test_directions] or pairs
+    tests = [
+        _pair(d, mw.languages, f"{key}.test_directions", where) for d in mw.test_directions
+    ] or pairs
     if not (mw.train or mw.valid or mw.test):
-        raise ConfigError(f"{where}{key} gives no file pattern: set {key}.train (and valid, "
-                          f"test) to a path with {{lang}}")
+        raise ConfigError(
+            f"{where}{key} gives no file pattern: set {key}.train (and valid, "
+            f"test) to a path with {{lang}}"
+        )
     if mw.test_directions and not mw.test:
-        raise ConfigError(f"{where}{key}.test_directions needs {key}.test, the test files' "
-                          f"pattern")
+        raise ConfigError(f"{where}{key}.test_directions needs {key}.test, the test files' pattern")
     out = {}
     for split, directions in (("train", pairs), ("valid", pairs), ("test", tests)):
         pattern = getattr(mw, split)
@@ -355,9 +376,15 @@ def expand_multiway(data: DataConfig, where: str = "") -> DataConfig:
             raise ConfigError(f"{where}{key}.{split} must contain {{lang}}, got {pattern!r}")
         if any(c.given for c in getattr(data, split)):
             raise ConfigError(f"{where}data.{split} and {key}.{split}: give one of them")
-        out[split] = tuple(CorpusConfig(src=pattern.replace("{lang}", a),
-                                        tgt=pattern.replace("{lang}", b),
-                                        src_lang=a, tgt_lang=b) for a, b in directions)
+        out[split] = tuple(
+            CorpusConfig(
+                src=pattern.replace("{lang}", a),
+                tgt=pattern.replace("{lang}", b),
+                src_lang=a,
+                tgt_lang=b,
+            )
+            for a, b in directions
+        )
     return dataclasses.replace(data, **out, multiway=MultiwayConfig())
 
 
@@ -394,7 +421,7 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
         parts, value = parse_override(text)
         node = out
         for depth, part in enumerate(parts[:-1]):
-            node = _child(node, part, ".".join(parts[:depth + 1]))
+            node = _child(node, part, ".".join(parts[: depth + 1]))
         if isinstance(node, list):
             _child(node, parts[-1], ".".join(parts))  # checks the index
             node[int(parts[-1])] = value
@@ -408,8 +435,10 @@ def _child(node: dict | list, part: str, key: str) -> dict | list:
     (`data.train.1.weight=3`)."""
     if isinstance(node, list):
         if not part.isdigit() or int(part) >= len(node):
-            raise ConfigError(f"--set {key}: {key.rsplit('.', 1)[0]} is a list of "
-                              f"{len(node)}; address an item by its index, 0 to {len(node) - 1}")
+            raise ConfigError(
+                f"--set {key}: {key.rsplit('.', 1)[0]} is a list of "
+                f"{len(node)}; address an item by its index, 0 to {len(node) - 1}"
+            )
         return node[int(part)]
     child = node.get(part)
     if not isinstance(child, (dict, list)):
@@ -458,8 +487,12 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     mine = next((src for src in _read_configs if _same_file(src, path)), None)
     if mine is not None:
         if path.read_bytes() != payload:
-            log.warning("the resolved config is not written to %s: it is the config file "
-                        "given with -c (%s), which it would overwrite", path, mine)
+            log.warning(
+                "the resolved config is not written to %s: it is the config file "
+                "given with -c (%s), which it would overwrite",
+                path,
+                mine,
+            )
         return
     write_atomic(path, payload)
 

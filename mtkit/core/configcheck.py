@@ -70,8 +70,10 @@ def _convert(value: Any, tp, key: str, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         if isinstance(value, bool):  # `tgt_lang: no` (Norwegian) reads as false
-            raise ConfigError(f"{where}{key} must be a string, got {value!r}: quote it, as "
-                              f"YAML reads yes, no, on and off as true or false")
+            raise ConfigError(
+                f"{where}{key} must be a string, got {value!r}: quote it, as "
+                f"YAML reads yes, no, on and off as true or false"
+            )
         if not isinstance(value, str):
             raise bad
         return value
@@ -116,8 +118,9 @@ def build_section(cls, data: Any, prefix: str, where: str):
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}{prefix.rstrip('.') or 'config'} must be a mapping, "
-                          f"got {data!r}")
+        raise ConfigError(
+            f"{where}{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}"
+        )
     types_ = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -130,16 +133,19 @@ def build_section(cls, data: Any, prefix: str, where: str):
             names = {v: k for k, v in ALIASES.items()}
             valid = [f"{prefix}{names.get(n, n)}" for n in fields]
             close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
-            hint = (f"did you mean {prefix}{close[0]}?" if close
-                    else "valid keys: " + ", ".join(valid))
+            hint = (
+                f"did you mean {prefix}{close[0]}?" if close else "valid keys: " + ", ".join(valid)
+            )
             raise ConfigError(f"{where}{key} is not a key; {hint}")
         tp = types_[name]
         if typing.get_origin(tp) is tuple and not dataclasses.is_dataclass(
-                typing.get_args(tp)[0]):  # a list of plain values (or one value)
+            typing.get_args(tp)[0]
+        ):  # a list of plain values (or one value)
             kwargs[name] = _build_values(typing.get_args(tp)[0], value, key, where)
         elif typing.get_origin(tp) is tuple:  # a list of corpora (or one mapping)
-            kwargs[name] = _build_list(typing.get_args(tp)[0], value, fields[name].default[0],
-                                       key, where)
+            kwargs[name] = _build_list(
+                typing.get_args(tp)[0], value, fields[name].default[0], key, where
+            )
         elif dataclasses.is_dataclass(tp):
             default = fields[name].default
             base = dataclasses.asdict(default) if default is not dataclasses.MISSING else {}
@@ -156,8 +162,10 @@ def build_section(cls, data: Any, prefix: str, where: str):
 def _build_values(tp, value: Any, key: str, where: str) -> tuple:
     """A tuple of plain values of type `tp`, from a list (or one value)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    return tuple(_convert(item, tp, f"{key}.{i}" if len(items) > 1 else key, where)
-                 for i, item in enumerate(items))
+    return tuple(
+        _convert(item, tp, f"{key}.{i}" if len(items) > 1 else key, where)
+        for i, item in enumerate(items)
+    )
 
 
 def _build_list(cls, value: Any, default, key: str, where: str) -> tuple:

@@ -56,16 +56,16 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             sep = " " if option.startswith("--") else "="
-            raise DeviceError(f"{option}{sep}cuda, but no CUDA device is available "
-                              f"(use {option}{sep}auto or cpu)")
+            raise DeviceError(
+                f"{option}{sep}cuda, but no CUDA device is available (use {option}{sep}auto or cpu)"
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def autocast(device: torch.device | str, dtype: torch.dtype | None
-             ) -> AbstractContextManager:
+def autocast(device: torch.device | str, dtype: torch.dtype | None) -> AbstractContextManager:
     """The precision a pass runs in: autocast to `dtype` (bf16) on `device` (CUDA, or a
     CPU where `precision` chose bf16), or none, plain fp32, when `dtype` is None."""
     kind = device.type if isinstance(device, torch.device) else device
@@ -122,8 +122,14 @@ def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Mea
     return once
 
 
-def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
-                  measure: Measure | None = None, backward: bool = True) -> Calibration:
+def calibrate_cpu(
+    rows: int,
+    d_in: int,
+    d_out: int,
+    repeats: int = 9,
+    measure: Measure | None = None,
+    backward: bool = True,
+) -> Calibration:
     """Time Linear(d_in, d_out) on (rows, d_in) inputs in fp32 and in bf16
     (`linear_timer`: forward+backward under autocast, or forward only in bf16 weights),
     robustly enough that a busy machine makes the same choice as an idle one:
@@ -143,8 +149,11 @@ def calibrate_cpu(rows: int, d_in: int, d_out: int, repeats: int = 9,
 
     `measure` replaces the real timer (tests fake the timings)."""
     if measure is None:  # the real timer, on one thread
-        return on_one_thread(lambda: calibrate_cpu(rows, d_in, d_out, repeats,
-                                                   linear_timer(rows, d_in, d_out, backward)))
+        return on_one_thread(
+            lambda: calibrate_cpu(
+                rows, d_in, d_out, repeats, linear_timer(rows, d_in, d_out, backward)
+            )
+        )
     once = measure
     bf16 = torch.bfloat16
     probe_rows = max(1, rows // 16)
@@ -170,15 +179,16 @@ def on_one_thread(measure: Callable[[], T]) -> T:
         torch.set_num_threads(threads)
 
 
-def fastest_interleaved(measure: Callable[[Any], float], candidates: Sequence,
-                        repeats: int) -> dict:
+def fastest_interleaved(
+    measure: Callable[[Any], float], candidates: Sequence, repeats: int
+) -> dict:
     """Each candidate's fastest of `repeats` runs of `measure(candidate)`, the runs
     alternating between candidates (and which goes first alternating too, so that none
     always follows another): a stretch of load from another process falls on all of
     them, and load only ever adds time, so the fastest run is the least disturbed."""
     best = {c: float("inf") for c in candidates}
     for i in range(repeats):
-        for c in (candidates if i % 2 == 0 else candidates[::-1]):
+        for c in candidates if i % 2 == 0 else candidates[::-1]:
             best[c] = min(best[c], measure(c))
     return best
 
@@ -217,8 +227,9 @@ def inference_shape(batch_tokens: int, d_model: int, ffn_dim: int) -> tuple[int,
     return max(64, batch_tokens // 16), d_model, ffn_dim
 
 
-def precision_record(dtype: torch.dtype | None, asked: str,
-                     calibration: Calibration | None) -> dict:
+def precision_record(
+    dtype: torch.dtype | None, asked: str, calibration: Calibration | None
+) -> dict:
     """What a choice of precision is stored or shown as: {"precision": "fp32" | "bf16",
     "asked", "calibration"? (when measured)}."""
     record = {"precision": "bf16" if dtype is not None else "fp32", "asked": asked}
@@ -227,9 +238,12 @@ def precision_record(dtype: torch.dtype | None, asked: str,
     return record
 
 
-def resolve_precision(precision: str, device: torch.device,
-                      shape: tuple[int, int, int] | None = None, backward: bool = True
-                      ) -> tuple[torch.dtype | None, Calibration | None]:
+def resolve_precision(
+    precision: str,
+    device: torch.device,
+    shape: tuple[int, int, int] | None = None,
+    backward: bool = True,
+) -> tuple[torch.dtype | None, Calibration | None]:
     """The autocast dtype (None for plain fp32) and, when `auto` measured it on the CPU,
     the calibration behind the choice. `shape` = (rows, d_in, d_out) of the Linear layer
     to time, forward+backward for training or forward only (`backward` False) for
@@ -244,10 +258,18 @@ def resolve_precision(precision: str, device: torch.device,
         return None, None
     calibration = calibrate_cpu(*shape, backward=backward)
     chosen = "bf16" if calibration.bf16_faster else "fp32"
-    log.info("precision auto: a (%d x %d) x (%d x %d) Linear, %s, took %.2f ms in fp32 and "
-             "%.2f ms in bf16 on this CPU: %s", shape[0], shape[1], shape[1], shape[2],
-             "forward+backward" if backward else "forward", calibration.fp32_s * 1e3,
-             calibration.bf16_s * 1e3, chosen)
+    log.info(
+        "precision auto: a (%d x %d) x (%d x %d) Linear, %s, took %.2f ms in fp32 and "
+        "%.2f ms in bf16 on this CPU: %s",
+        shape[0],
+        shape[1],
+        shape[1],
+        shape[2],
+        "forward+backward" if backward else "forward",
+        calibration.fp32_s * 1e3,
+        calibration.bf16_s * 1e3,
+        chosen,
+    )
     return (torch.bfloat16 if calibration.bf16_faster else None), calibration
 
 

@@ -34,5 +34,5 @@ class OptionError(UserError, ValueError):
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """"1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
+    """ "1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
     return f"{n} {noun if n == 1 else nouns or noun + 's'}"

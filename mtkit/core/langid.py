@@ -29,20 +29,23 @@ def _identifier(among: tuple[str, ...] | None):
     try:
         from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
     except ImportError:
-        raise LangIdError("language identification needs py3langid: "
-                          "pip install 'mtkit[langid]'") from None
+        raise LangIdError(
+            "language identification needs py3langid: pip install 'mtkit[langid]'"
+        ) from None
     identifier = LanguageIdentifier.from_modelpath(Path(MODEL_DIR) / MODEL_FILE)
     if among:
         unknown = sorted(set(among) - set(identifier.nb_classes))
         if unknown:
-            raise LangIdError(f"py3langid does not know {', '.join(unknown)}; it knows "
-                              f"{len(identifier.nb_classes)} ISO 639-1 codes such as en, de")
+            raise LangIdError(
+                f"py3langid does not know {', '.join(unknown)}; it knows "
+                f"{len(identifier.nb_classes)} ISO 639-1 codes such as en, de"
+            )
         identifier.set_languages(list(among))
     return identifier
 
 
 def codes(text: str | None) -> list[str]:
-    """"en, de,fr" -> ["en", "de", "fr"] (None or "": [])."""
+    """ "en, de,fr" -> ["en", "de", "fr"] (None or "": [])."""
     return [x.strip() for x in (text or "").split(",") if x.strip()]
 
 
@@ -58,8 +61,7 @@ def detect(texts: Sequence[str], among: Sequence[str] | None = None) -> list[str
     return [identifier.classify(t)[0] if t.strip() else "" for t in texts]
 
 
-def in_language(texts: Sequence[str], lang: str, among: Sequence[str] | None = None
-                ) -> list[bool]:
+def in_language(texts: Sequence[str], lang: str, among: Sequence[str] | None = None) -> list[bool]:
     """Whether each text is detected as `lang` (an empty text counts as in it)."""
     want = base(lang)
     return [not found or found == want for found in detect(texts, among)]
@@ -81,20 +83,29 @@ class OffTarget:
 
     @property
     def json(self) -> dict:
-        return {"lang": self.lang, "rate": round(self.rate, 2), "off": self.off,
-                "lines": self.scored, "found": self.found, "among": list(self.among) or None}
+        return {
+            "lang": self.lang,
+            "rate": round(self.rate, 2),
+            "off": self.off,
+            "lines": self.scored,
+            "found": self.found,
+            "among": list(self.among) or None,
+        }
 
     @property
     def text(self) -> str:
         others = ", ".join(f"{k} {v}" for k, v in list(self.found.items())[:5])
         among = f"among {', '.join(self.among)}" if self.among else "all languages"
-        return (f"off-target ({self.lang}) = {self.rate:.1f}% ({self.off} of "
-                f"{plural(self.scored, 'non-empty line')}{': ' + others if others else ''})"
-                f"\tpy3langid, {among}")
+        return (
+            f"off-target ({self.lang}) = {self.rate:.1f}% ({self.off} of "
+            f"{plural(self.scored, 'non-empty line')}{': ' + others if others else ''})"
+            f"\tpy3langid, {among}"
+        )
 
 
-def check_languages(lang: str, among: Sequence[str] | None = None,
-                    the_models: bool = False) -> None:
+def check_languages(
+    lang: str, among: Sequence[str] | None = None, the_models: bool = False
+) -> None:
     """One line where `off_target(..., lang, among)` would fail, so that a caller can
     check before it translates: py3langid is not installed, does not know `lang` or
     one of `among` (`the_models`: they are a model's languages, not --among's), or
@@ -106,21 +117,24 @@ def check_languages(lang: str, among: Sequence[str] | None = None,
     named = f"the model's languages {', '.join(among or ())}" if the_models else "--among"
     unknown = sorted({x for x in among or () if base(x) not in known})
     if unknown:
-        hint = "; give --among with the codes to tell apart, such as en,de" \
-            if the_models else ""
-        raise LangIdError(f"{named}: py3langid does not know {', '.join(unknown)}; "
-                          f"{such}{hint}")
+        hint = "; give --among with the codes to tell apart, such as en,de" if the_models else ""
+        raise LangIdError(f"{named}: py3langid does not know {', '.join(unknown)}; {such}{hint}")
     if among and base(lang) not in {base(x) for x in among}:
-        raise LangIdError(f"--lang {lang} is not among "
-                          f"{named if the_models else ', '.join(among)}")
+        raise LangIdError(f"--lang {lang} is not among {named if the_models else ', '.join(among)}")
 
 
-def off_target(hypotheses: Sequence[str], lang: str, among: Sequence[str] | None = None
-               ) -> OffTarget:
+def off_target(
+    hypotheses: Sequence[str], lang: str, among: Sequence[str] | None = None
+) -> OffTarget:
     """How many hypotheses are not in `lang`, and what they are in instead (detected
     `among` those languages when given; `lang` must be one of them: `check_languages`)."""
     check_languages(lang, among)
     found = [x for x in detect(hypotheses, among) if x]
     others = Counter(x for x in found if x != base(lang))
-    return OffTarget(lang, sum(others.values()), len(found), dict(others.most_common()),
-                     tuple(sorted({base(x) for x in among})) if among else ())
+    return OffTarget(
+        lang,
+        sum(others.values()),
+        len(found),
+        dict(others.most_common()),
+        tuple(sorted({base(x) for x in among})) if among else (),
+    )

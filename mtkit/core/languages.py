@@ -40,8 +40,7 @@ def tag(lang: str) -> str:
     return f"<2{lang}>"
 
 
-def check_language_code(code: str, option: str = "--tgt-lang", field: str | None = None
-                        ) -> str:
+def check_language_code(code: str, option: str = "--tgt-lang", field: str | None = None) -> str:
     """`code` when it can be a language's tag (one SentencePiece piece: ASCII letters,
     digits, - and _, `configcheck.LANGUAGE_CODE`), else an `OptionError` whose one line
     names `option` (`field`: the request field at fault, for `mtkit serve`). Config
@@ -84,14 +83,16 @@ def tags(data: DataConfig) -> list[str]:
 def source_tag(corpus: CorpusConfig, data: DataConfig, side: str = "source") -> str:
     """What a corpus's source lines start with: its target's tag and a space in a
     multilingual run whose tags go on the source `side` (`model.lang_tag`), else ""."""
-    return f"{tag(direction(corpus, data)[1])} " if target_languages(data) and \
-        side == "source" else ""
+    return (
+        f"{tag(direction(corpus, data)[1])} " if target_languages(data) and side == "source" else ""
+    )
 
 
 def target_tag(corpus: CorpusConfig, data: DataConfig, side: str = "source") -> str:
     """What a corpus's target lines start with: its tag with `model.lang_tag: target`."""
-    return f"{tag(direction(corpus, data)[1])} " if target_languages(data) and \
-        side == "target" else ""
+    return (
+        f"{tag(direction(corpus, data)[1])} " if target_languages(data) and side == "target" else ""
+    )
 
 
 TAG_START = re.compile(r"^<2[^>\s]*> ?")
@@ -132,15 +133,19 @@ def check_target(data: DataConfig, lang: str | None, option: str = "--tgt-lang")
     if not known:
         src, tgt = bilingual_pair(data)
         if lang is not None and lang != tgt:
-            raise OptionError(f"{option} {lang}: this model translates {src} into {tgt} "
-                              f"only", "tgt_lang")
+            raise OptionError(
+                f"{option} {lang}: this model translates {src} into {tgt} only", "tgt_lang"
+            )
         return ""
     if lang is None:
-        raise OptionError(f"this model translates into {', '.join(known)}: give {option} "
-                          f"with one of them", "tgt_lang")
+        raise OptionError(
+            f"this model translates into {', '.join(known)}: give {option} with one of them",
+            "tgt_lang",
+        )
     if lang not in known:
-        raise OptionError(f"{option} {lang}: this model translates into {', '.join(known)}",
-                          "tgt_lang")
+        raise OptionError(
+            f"{option} {lang}: this model translates into {', '.join(known)}", "tgt_lang"
+        )
     return f"{tag(lang)} "
 
 
@@ -177,9 +182,14 @@ class Shards(Protocol):
     def id_counts(self, side: str, pairs: np.ndarray, size: int) -> np.ndarray: ...
 
 
-def output_vocabularies(data: Shards, cfg: DataConfig, size: int, joint: bool = True,
-                        tags: frozenset[int] = frozenset(), share: float = OUTPUT_SHARE
-                        ) -> dict[str, list[int]]:
+def output_vocabularies(
+    data: Shards,
+    cfg: DataConfig,
+    size: int,
+    joint: bool = True,
+    tags: frozenset[int] = frozenset(),
+    share: float = OUTPUT_SHARE,
+) -> dict[str, list[int]]:
     """For each language a multilingual run translates into, the ids (of a target
     vocabulary of `size`) its pieces are: the pieces its training text uses at least
     `share` as often per token as the language that uses them most ({} for a bilingual
@@ -205,8 +215,11 @@ def output_vocabularies(data: Shards, cfg: DataConfig, size: int, joint: bool = 
         n[sorted(tags)] = 0
     rates = {lang: n / max(int(n.sum()), 1) for lang, n in counts.items()}
     top = np.max(np.stack(list(rates.values())), axis=0)
-    return {lang: np.flatnonzero((counts[lang] > 0) & (rates[lang] >= share * top)).tolist()
-            for lang in into if lang in counts}
+    return {
+        lang: np.flatnonzero((counts[lang] > 0) & (rates[lang] >= share * top)).tolist()
+        for lang in into
+        if lang in counts
+    }
 
 
 def tag_end(ids: Sequence[int], tags: frozenset[int]) -> int:
@@ -215,8 +228,9 @@ def tag_end(ids: Sequence[int], tags: frozenset[int]) -> int:
     return next((k + 1 for k, i in enumerate(ids[:2]) if int(i) in tags), 0)
 
 
-def untagged(hyps: list[Hypothesis], source: bool = True,
-             target: frozenset[int] = frozenset()) -> list[Hypothesis]:
+def untagged(
+    hyps: list[Hypothesis], source: bool = True, target: frozenset[int] = frozenset()
+) -> list[Hypothesis]:
     """Hypotheses as the user asked for them, not as the model read and wrote them. With
     a `source` tag, which was source word 0, word links to it go and the others move
     down one. With the tag as the output's forced start (`target`: the tag ids), its
@@ -229,6 +243,5 @@ def untagged(hyps: list[Hypothesis], source: bool = True,
         cut = tag_end(h.tokens, target)
         if cut and links:
             links = tuple((s, t - 1) for s, t in links if t > 0)
-        out.append(replace(h, tokens=h.tokens[cut:], alignment=links) if cut or source
-                   else h)
+        out.append(replace(h, tokens=h.tokens[cut:], alignment=links) if cut or source else h)
     return out

@@ -42,8 +42,9 @@ class ProgressView:
     above it. Elsewhere (a file, a pipe): a line per `train.log_every` steps, as logs read
     best. `mtkit --quiet` shows neither."""
 
-    def __init__(self, tc: TrainConfig, progress: TrainPosition, enabled: bool = True,
-                 console=None):
+    def __init__(
+        self, tc: TrainConfig, progress: TrainPosition, enabled: bool = True, console=None
+    ):
         self.tc = tc
         self.bar = None
         self._handlers: list[tuple[logging.StreamHandler, object]] = []
@@ -56,12 +57,20 @@ class ProgressView:
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.bar = Progress(TextColumn("train {task.fields[where]}"), BarColumn(),
-                            TextColumn("{task.fields[figures]}"), TextColumn("ETA"),
-                            TimeRemainingColumn(), console=console, transient=False,
-                            redirect_stdout=False, redirect_stderr=False)
-        self.task = self.bar.add_task("train", total=tc.max_steps or tc.max_time or None,
-                                      where="", figures="")
+        self.bar = Progress(
+            TextColumn("train {task.fields[where]}"),
+            BarColumn(),
+            TextColumn("{task.fields[figures]}"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.task = self.bar.add_task(
+            "train", total=tc.max_steps or tc.max_time or None, where="", figures=""
+        )
         self.bar.start()
         self.update(progress)
         for handler in logging.getLogger().handlers:  # log lines go above the bar
@@ -75,12 +84,22 @@ class ProgressView:
             if record is not None:
                 train_line(progress, record, tc)
             return
-        where = f"step {progress.step}" + (f"/{tc.max_steps}" if tc.max_steps else "") + \
-            f" | epoch {progress.epoch}"
+        where = (
+            f"step {progress.step}"
+            + (f"/{tc.max_steps}" if tc.max_steps else "")
+            + f" | epoch {progress.epoch}"
+        )
         done = progress.step if tc.max_steps else progress.elapsed if tc.max_time else None
-        figures = {} if record is None else {"figures": (
-            f"loss {record['loss']:.3f} | lr {record['lr']:.2e} | "
-            f"{record['tokens_per_s']:,.0f} tok/s")}
+        figures = (
+            {}
+            if record is None
+            else {
+                "figures": (
+                    f"loss {record['loss']:.3f} | lr {record['lr']:.2e} | "
+                    f"{record['tokens_per_s']:,.0f} tok/s"
+                )
+            }
+        )
         self.bar.update(self.task, completed=done, where=where, **figures)
 
     def close(self) -> None:
@@ -116,9 +135,11 @@ def train_line(progress: TrainPosition, record: dict, tc: TrainConfig) -> None:
     elif tc.max_time:
         eta = f" | ETA {_clock(tc.max_time - progress.elapsed)}"
     total = f"/{tc.max_steps}" if tc.max_steps else ""
-    line = (f"train | step {progress.step}{total} | epoch {progress.epoch} | loss "
-            f"{record['loss']:.3f} | lr {record['lr']:.2e} | "
-            f"{record['tokens_per_s']:,.0f} tok/s{eta}")
+    line = (
+        f"train | step {progress.step}{total} | epoch {progress.epoch} | loss "
+        f"{record['loss']:.3f} | lr {record['lr']:.2e} | "
+        f"{record['tokens_per_s']:,.0f} tok/s{eta}"
+    )
     print(line, file=sys.stderr, flush=True)
 
 
@@ -146,9 +167,14 @@ class ProgressLog:
             return
         self.last = now
         rate = self.done / max(now - self.start, 1e-9)
-        log.info("preprocess: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
-                 f"{self.done:,}", f"{self.total:,}", 100 * self.done / self.total,
-                 f"{rate:,.0f}", (self.total - self.done) / max(rate, 1e-9))
+        log.info(
+            "preprocess: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
+            f"{self.done:,}",
+            f"{self.total:,}",
+            100 * self.done / self.total,
+            f"{rate:,.0f}",
+            (self.total - self.done) / max(rate, 1e-9),
+        )
 
 
 # --- translation ----------------------------------------------------------------------------
@@ -158,8 +184,9 @@ BAR_MIN_LINES = 300  # files shorter than this translate without a progress bar
 
 
 @contextmanager
-def progress_bar(path: str | os.PathLike | None, console=None
-                 ) -> Iterator[Callable[[int], None] | None]:
+def progress_bar(
+    path: str | os.PathLike | None, console=None
+) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar (lines done, sentences/s, ETA) for translating the file `path`,
     on stderr when it is a terminal and the file has at least `BAR_MIN_LINES` lines;
     yields the callback that advances it, or None. Never touches stdout."""
@@ -184,9 +211,17 @@ def progress_bar(path: str | os.PathLike | None, console=None
         TimeRemainingColumn,
     )
 
-    bar = Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
-                   console=console, redirect_stdout=False, redirect_stderr=False)
+    bar = Progress(
+        TextColumn("translate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
     task = bar.add_task("translate", total=total, rate="")
     start = time.perf_counter()
 

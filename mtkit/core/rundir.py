@@ -50,24 +50,26 @@ def run_lock(run_dir: Path, stage: str) -> Iterator[None]:
         run.mkdir(parents=True, exist_ok=True)
         fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise RunDirError(f"cannot write to the run directory {run_dir} ({reason(e)})"
-                          ) from None
+        raise RunDirError(f"cannot write to the run directory {run_dir} ({reason(e)})") from None
     try:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise RunDirError(f"cannot lock the run directory {run_dir} ({reason(e)})"
-                                  ) from None
+                raise RunDirError(
+                    f"cannot lock the run directory {run_dir} ({reason(e)})"
+                ) from None
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            raise RunDirError(f"{run_dir} is in use by {holder}; wait for it to finish or "
-                              f"use another run_dir") from None
+            raise RunDirError(
+                f"{run_dir} is in use by {holder}; wait for it to finish or use another run_dir"
+            ) from None
         try:  # the lock file only names its holder: written in place
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} (mtkit {stage})\n".encode(), 0)
         except OSError as e:
-            raise RunDirError(f"cannot write to the run directory {run_dir} ({reason(e)})"
-                              ) from None
+            raise RunDirError(
+                f"cannot write to the run directory {run_dir} ({reason(e)})"
+            ) from None
         _held[run] = 1
         try:
             yield

@@ -27,16 +27,19 @@ def parse_metrics(spec: str) -> list[str]:
     names = [m.strip().lower() for m in spec.split(",") if m.strip()]
     unknown = [m for m in names if m not in METRICS]
     if unknown or not names:
-        raise EvalError(f"unknown metric {unknown[0] if unknown else spec!r}; "
-                        f"choose from {', '.join(METRICS)}")
+        raise EvalError(
+            f"unknown metric {unknown[0] if unknown else spec!r}; choose from {', '.join(METRICS)}"
+        )
     return names
 
 
 def score(hypotheses: list[str], references: list[str], metrics: list[str]) -> list[Score]:
     """Corpus-level scores of the hypotheses against one reference each."""
     if len(hypotheses) != len(references):
-        raise EvalError(f"{plural(len(hypotheses), 'hypothesis', 'hypotheses')} but "
-                        f"{plural(len(references), 'reference')}")
+        raise EvalError(
+            f"{plural(len(hypotheses), 'hypothesis', 'hypotheses')} but "
+            f"{plural(len(references), 'reference')}"
+        )
     if not references:
         raise EvalError("nothing to score: no hypotheses and no references")
     out = []

@@ -45,8 +45,11 @@ class Option:
         if self.low is None or isinstance(value, bool):
             return ""
         finite = isinstance(value, int) or math.isfinite(value)  # an int of any size is
-        if finite and (value > self.low if self.above else value >= self.low) and (
-                self.high is None or value <= self.high):
+        if (
+            finite
+            and (value > self.low if self.above else value >= self.low)
+            and (self.high is None or value <= self.high)
+        ):
             return ""
         if self.above and self.high is not None:
             return f"must be in ({_number(self.low)}, {_number(self.high)}]"
@@ -63,33 +66,69 @@ def _number(value: float) -> str:
 
 
 BEAM_MAX = 256
-OPTIONS: dict[str, Option] = {o.name: o for o in (
-    Option("beam", 5, "Beam size (default: the checkpoint's).", 1, BEAM_MAX),
-    # ((5 + length) / 6) ** lenpen must stay a float32 for any length a model can have
-    Option("lenpen", 0.6, "GNMT length penalty alpha.", 0.0, 10.0),
-    # A huge length limit means the model's positions: the limit is capped there.
-    Option("max_len_a", 1.2, "Output limit a*src_len+b: a (the limit never exceeds the "
-           "model's positions).", 0),
-    Option("max_len_b", 10, "Output limit a*src_len+b: b (the limit never exceeds the "
-           "model's positions).", 0),
-    Option("batch_tokens", 8000, "Source tokens per batch, times the beam (the rows the "
-           "search carries).", 1, MAX_COUNT),
-    Option("nbest", 1, "Hypotheses per line: 'i ||| text ||| score'.", 1, BEAM_MAX),
-    Option("no_repeat_ngram", 0, "Forbid any n-gram of this size from appearing twice in "
-           "an output.", 1, MAX_COUNT),  # 0 (the default) is off
-    Option("sampling", False, "Sample instead of searching: --beam N draws N per line."),
-    Option("temperature", 1.0, "Sampling temperature.", 0, above=True, sampling=True),
-    Option("topk", 0, "Sample from the k likeliest tokens.", 0, sampling=True),  # 0: all
-    Option("topp", 1.0, "Sample from the likeliest tokens whose probability reaches p.",
-           0, 1, above=True, sampling=True),
-    Option("seed", 1, "Sampling seed (per input line).", 0, sampling=True),
-    Option("alignments", False, "Add word alignments (Pharaoh 'src-tgt' pairs) after a "
-           "tab."),
-    Option("lang_vocab", True, "A multilingual model writes only pieces of the target "
-           "language's training text (--no-lang-vocab: any piece)."),
-    Option("align_layer", None, "Decoder layer whose cross-attention gives the alignments "
-           "(default: the second-to-last).", 0),
-)}
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("beam", 5, "Beam size (default: the checkpoint's).", 1, BEAM_MAX),
+        # ((5 + length) / 6) ** lenpen must stay a float32 for any length a model can have
+        Option("lenpen", 0.6, "GNMT length penalty alpha.", 0.0, 10.0),
+        # A huge length limit means the model's positions: the limit is capped there.
+        Option(
+            "max_len_a",
+            1.2,
+            "Output limit a*src_len+b: a (the limit never exceeds the model's positions).",
+            0,
+        ),
+        Option(
+            "max_len_b",
+            10,
+            "Output limit a*src_len+b: b (the limit never exceeds the model's positions).",
+            0,
+        ),
+        Option(
+            "batch_tokens",
+            8000,
+            "Source tokens per batch, times the beam (the rows the search carries).",
+            1,
+            MAX_COUNT,
+        ),
+        Option("nbest", 1, "Hypotheses per line: 'i ||| text ||| score'.", 1, BEAM_MAX),
+        Option(
+            "no_repeat_ngram",
+            0,
+            "Forbid any n-gram of this size from appearing twice in an output.",
+            1,
+            MAX_COUNT,
+        ),  # 0 (the default) is off
+        Option("sampling", False, "Sample instead of searching: --beam N draws N per line."),
+        Option("temperature", 1.0, "Sampling temperature.", 0, above=True, sampling=True),
+        Option("topk", 0, "Sample from the k likeliest tokens.", 0, sampling=True),  # 0: all
+        Option(
+            "topp",
+            1.0,
+            "Sample from the likeliest tokens whose probability reaches p.",
+            0,
+            1,
+            above=True,
+            sampling=True,
+        ),
+        Option("seed", 1, "Sampling seed (per input line).", 0, sampling=True),
+        Option("alignments", False, "Add word alignments (Pharaoh 'src-tgt' pairs) after a tab."),
+        Option(
+            "lang_vocab",
+            True,
+            "A multilingual model writes only pieces of the target "
+            "language's training text (--no-lang-vocab: any piece).",
+        ),
+        Option(
+            "align_layer",
+            None,
+            "Decoder layer whose cross-attention gives the alignments "
+            "(default: the second-to-last).",
+            0,
+        ),
+    )
+}
 
 
 BATCH_TOKENS = OPTIONS["batch_tokens"].default  # where a caller gives none (batching
@@ -128,8 +167,9 @@ class SearchOptions:
     lang_vocab: bool = OPTIONS["lang_vocab"].default  # `Engine.output_groups`
 
     @classmethod
-    def from_config(cls, decode: Any, spell: Callable[[str], str] = flag,
-                    **given: Any) -> SearchOptions:
+    def from_config(
+        cls, decode: Any, spell: Callable[[str], str] = flag, **given: Any
+    ) -> SearchOptions:
         """The options of `decode` (a `DecodeConfig`: beam, lenpen, max_len_a/b), with
         the `given` ones (None: not given) instead, each checked: its range, sampling
         options only with sampling, an alignment layer only with alignments, n-best
@@ -141,15 +181,20 @@ class SearchOptions:
         opts = cls(**{**base, **given})
         if not opts.sampling:
             for name in (n for n, o in OPTIONS.items() if o.sampling and n in given):
-                raise OptionError(f"{spell(name)} is a sampling option: add "
-                                  f"{spell('sampling')}", name)
+                raise OptionError(
+                    f"{spell(name)} is a sampling option: add {spell('sampling')}", name
+                )
         if "align_layer" in given and not opts.alignments:
-            raise OptionError(f"{spell('align_layer')} chooses where alignments come from: "
-                              f"add {spell('alignments')}", "align_layer")
+            raise OptionError(
+                f"{spell('align_layer')} chooses where alignments come from: "
+                f"add {spell('alignments')}",
+                "align_layer",
+            )
         if opts.nbest > opts.beam:
             beam = spell("beam") if "beam" in given else "the checkpoint's beam size"
-            raise OptionError(f"{spell('nbest')} {opts.nbest} must not exceed {beam} "
-                              f"{opts.beam}", "nbest")
+            raise OptionError(
+                f"{spell('nbest')} {opts.nbest} must not exceed {beam} {opts.beam}", "nbest"
+            )
         return opts
 
 
@@ -177,13 +222,15 @@ class Capabilities:
     needs: str = ""
 
 
-def check(options: SearchOptions, capabilities: Capabilities,
-          spell: Callable[[str], str] = flag) -> None:
+def check(
+    options: SearchOptions, capabilities: Capabilities, spell: Callable[[str], str] = flag
+) -> None:
     """One line for the first option that an engine with `capabilities` cannot honour."""
     for name, wanted, able in (
-            ("align_layer", options.align_layer is not None, capabilities.alignments),
-            ("sampling", options.sampling, capabilities.sampling),
-            ("alignments", options.alignments, capabilities.alignments)):
+        ("align_layer", options.align_layer is not None, capabilities.alignments),
+        ("sampling", options.sampling, capabilities.sampling),
+        ("alignments", options.alignments, capabilities.alignments),
+    ):
         if wanted and not able:
             raise OptionError(f"{spell(name)} needs {capabilities.needs}", name)
 
@@ -191,8 +238,9 @@ def check(options: SearchOptions, capabilities: Capabilities,
 MAX_CONSTRAINTS = 62  # per line: which ones a hypothesis has met is one int64 bit mask
 
 
-def constraints_need(options: SearchOptions, capabilities: Capabilities,
-                     spell: Callable[[str], str] = flag) -> str:
+def constraints_need(
+    options: SearchOptions, capabilities: Capabilities, spell: Callable[[str], str] = flag
+) -> str:
     """What searching with constraints needs that `options` on an engine with
     `capabilities` lack ("beam search, not --sampling"), or "" where they can be
     searched for: beam search with a beam of two or more, on an engine that has it."""
@@ -201,13 +249,19 @@ def constraints_need(options: SearchOptions, capabilities: Capabilities,
     if options.sampling:
         return f"beam search, not {spell('sampling')}"
     if options.beam < 2:
-        return (f"a beam of 2 or more ({spell('beam')} {options.beam}): the beam is shared "
-                f"among hypotheses that have met different numbers of constraint tokens")
+        return (
+            f"a beam of 2 or more ({spell('beam')} {options.beam}): the beam is shared "
+            f"among hypotheses that have met different numbers of constraint tokens"
+        )
     return ""
 
 
-def check_constraints(options: SearchOptions, capabilities: Capabilities,
-                      given: str = "--constraints", spell: Callable[[str], str] = flag) -> None:
+def check_constraints(
+    options: SearchOptions,
+    capabilities: Capabilities,
+    given: str = "--constraints",
+    spell: Callable[[str], str] = flag,
+) -> None:
     """One line where constraints (given by `given`: --constraints, --glossary, a
     request's field) cannot be searched with `options` by an engine with
     `capabilities` (`constraints_need`)."""
@@ -232,19 +286,24 @@ class Translator(Protocol):
     def encode(self, lines: list[str]) -> list[list[int]]:
         """Source ids of each line, truncated to the model's positions."""
 
-    def translate(self, lines: list[str], options: SearchOptions,
-                  done: Callable[[int], None] | None = None,
-                  prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS,
-                  constraints: list[list[tuple[str, ...]]] | None = None
-                  ) -> list[list[Hypothesis]]:
+    def translate(
+        self,
+        lines: list[str],
+        options: SearchOptions,
+        done: Callable[[int], None] | None = None,
+        prefixes: list[str] | None = None,
+        *,
+        batch_tokens: int = BATCH_TOKENS,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[list[Hypothesis]]:
         """Hypotheses for each line (`nbest`), in input order; an empty line gets empty
         hypotheses; a line's outputs start with its target prefix, when given, and
         contain one phrase of each of its `constraints` (`mtkit.core.terms`: alternatives),
         when given; `done(n)` is told as lines finish."""
 
-    def constraint_errors(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
-                          options: SearchOptions) -> list[str]:
+    def constraint_errors(
+        self, lines: list[str], constraints: list[list[tuple[str, ...]]], options: SearchOptions
+    ) -> list[str]:
         """For each line, why its constraints cannot be met ("" where they can): more
         than `MAX_CONSTRAINTS`, or a phrase longer than the line's length limit."""
 

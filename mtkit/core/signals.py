@@ -68,8 +68,7 @@ class StopFlag:
         if self.received is not None:  # a second signal: stop at once
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
-        log.warning("%s received: saving a checkpoint and stopping (again to abort)",
-                    self.received)
+        log.warning("%s received: saving a checkpoint and stopping (again to abort)", self.received)
 
     def __exit__(self, *exc) -> None:
         for sig, previous in self._previous.items():

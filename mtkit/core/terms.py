@@ -45,8 +45,10 @@ def _read_lines(path: str | Path) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line, start = data.count(b"\n", 0, e.start) + 1, data.rfind(b"\n", 0, e.start) + 1
-        raise TermsError(f"{path}: line {line} is not valid UTF-8 (byte {e.start - start}: "
-                         f"{data[e.start:e.start + 4]!r})") from None
+        raise TermsError(
+            f"{path}: line {line} is not valid UTF-8 (byte {e.start - start}: "
+            f"{data[e.start : e.start + 4]!r})"
+        ) from None
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -62,8 +64,10 @@ def read_constraints(path: str | Path) -> list[list[Constraint]]:
     """The `--constraints` file: one line per input line, its phrases separated by tabs,
     each a constraint of its own; an empty line has none. Phrases are stripped, empty
     fields skipped, a phrase given twice on a line required once."""
-    return [_unique((p,) for phrase in line.split("\t") if (p := phrase.strip()))
-            for line in _read_lines(path)]
+    return [
+        _unique((p,) for phrase in line.split("\t") if (p := phrase.strip()))
+        for line in _read_lines(path)
+    ]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,8 +96,10 @@ class Glossary:
         for source, targets in entries.items():
             targets = (targets,) if isinstance(targets, str) else targets
             if not source or not targets or not all(targets):
-                raise ValueError(f"a glossary entry needs a source term and target terms, "
-                                 f"got {source!r}: {targets!r}")
+                raise ValueError(
+                    f"a glossary entry needs a source term and target terms, "
+                    f"got {source!r}: {targets!r}"
+                )
             checked[source] = tuple(_unique(targets))
         self.entries = MappingProxyType(checked)  # read-only: the pattern is built from it
         self._pattern = _terms_pattern(checked) if checked else None
@@ -110,9 +116,11 @@ class Glossary:
                 continue
             fields = [f for field in line.split("\t") if (f := field.strip())]
             if len(fields) != 2:
-                raise TermsError(f"{path}: line {n}: expected 'source term<TAB>target "
-                                 f"term', got {plural(len(fields), 'field')}: "
-                                 f"{shorten(line)!r}")
+                raise TermsError(
+                    f"{path}: line {n}: expected 'source term<TAB>target "
+                    f"term', got {plural(len(fields), 'field')}: "
+                    f"{shorten(line)!r}"
+                )
             entries.setdefault(fields[0], []).append(fields[1])
         return cls(entries)
 
@@ -130,7 +138,7 @@ class Glossary:
 def shorten(text: str, limit: int = 60) -> str:
     """At most `limit` characters of `text`, "..." at the end where it was cut (a term or
     line echoed in a message: a runaway one is not printed whole)."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _terms_pattern(terms) -> re.Pattern:
@@ -176,8 +184,9 @@ def combine(*per_line: list[list[Constraint]]) -> list[list[Constraint]]:
     """Several per-line lists of constraints (a constraints file's, a glossary's) merged
     line by line, in order, a constraint already on the line dropped."""
     if len({len(lines) for lines in per_line}) > 1:
-        raise ValueError(f"per-line constraints of different lengths: "
-                         f"{[len(lines) for lines in per_line]}")
+        raise ValueError(
+            f"per-line constraints of different lengths: {[len(lines) for lines in per_line]}"
+        )
     return [_unique(c for line in lines for c in line) for lines in zip(*per_line, strict=True)]
 
 
@@ -194,7 +203,7 @@ class TermScore:
 
     @property
     def text(self) -> str:
-        """"term accuracy 95.0% (190/200)", or "term accuracy n/a (no terms required)". The
+        """ "term accuracy 95.0% (190/200)", or "term accuracy n/a (no terms required)". The
         percentage is cut, not rounded, to one decimal: 1999/2000 reads 99.9%, since 100.0%
         with a term missing would say none is."""
         if not self.total:
@@ -207,8 +216,13 @@ def term_accuracy(hypotheses: list[str], required: list[list[Constraint]]) -> Te
     """How many of each line's constraints its hypothesis has (any one alternative, as
     whole words)."""
     if len(hypotheses) != len(required):
-        raise TermsError(f"{plural(len(hypotheses), 'hypothesis', 'hypotheses')} but terms "
-                         f"for {plural(len(required), 'line')}")
-    found = sum(any(occurs(phrase, hyp) for phrase in constraint)
-                for hyp, line in zip(hypotheses, required, strict=True) for constraint in line)
+        raise TermsError(
+            f"{plural(len(hypotheses), 'hypothesis', 'hypotheses')} but terms "
+            f"for {plural(len(required), 'line')}"
+        )
+    found = sum(
+        any(occurs(phrase, hyp) for phrase in constraint)
+        for hyp, line in zip(hypotheses, required, strict=True)
+        for constraint in line
+    )
     return TermScore(found, sum(map(len, required)))

@@ -65,8 +65,9 @@ class OutputFormat:
 TEXT = OutputFormat()
 
 
-def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
-                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
+def read_chunks(
+    stream: BinaryIO, max_lines: int = CHUNK_LINES, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[list[str]]:
     """Lines as they become available: each chunk holds the complete lines that one read
     returned (at most `max_lines`), so an interactive user gets each line translated at
     once and a pipe gets large batches. Invalid UTF-8 is replaced; a leading byte-order
@@ -79,8 +80,10 @@ def read_chunks(stream: BinaryIO, max_lines: int = CHUNK_LINES,
     def bounded(line: bytes) -> bytes:
         nonlocal warned
         if len(line) > max_line_bytes and not warned:
-            log.warning("an input line is longer than %d bytes; only its start is "
-                        "translated", max_line_bytes)
+            log.warning(
+                "an input line is longer than %d bytes; only its start is translated",
+                max_line_bytes,
+            )
             warned = True
         return line[:max_line_bytes]
 
@@ -143,10 +146,15 @@ def read_constraints_field(value: object) -> tuple[tuple[str, ...], ...]:
     out = []
     for i, item in enumerate(value):
         alternatives = [item] if isinstance(item, str) else item
-        if not isinstance(alternatives, list) or not alternatives or not all(
-                isinstance(p, str) and p.strip() for p in alternatives):
-            raise ValueError(f"item {i}: a phrase (non-empty text) or a list of "
-                             f"alternative phrases, got {_shown(item)}")
+        if (
+            not isinstance(alternatives, list)
+            or not alternatives
+            or not all(isinstance(p, str) and p.strip() for p in alternatives)
+        ):
+            raise ValueError(
+                f"item {i}: a phrase (non-empty text) or a list of "
+                f"alternative phrases, got {_shown(item)}"
+            )
         for phrase in alternatives:
             bad = lone_surrogate(phrase)
             if bad:
@@ -168,13 +176,19 @@ def parse_line(line: str, jsonl: bool) -> Request:
         record = read_json(line) if line.strip() else {"src": ""}
     except ValueError as e:
         return Request("", error=f"not a JSON object: {e}")
-    if not isinstance(record, dict) or not isinstance(record.get("src"), str) or not \
-            isinstance(record.get("prefix", ""), str) or not isinstance(
-                record.get("tgt_lang", ""), str):
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("src"), str)
+        or not isinstance(record.get("prefix", ""), str)
+        or not isinstance(record.get("tgt_lang", ""), str)
+    ):
         got = record if not isinstance(record, dict) else sorted(record)
-        return Request("", id=_echoed_id(record),
-                       error=f'expected {{"src": text, "prefix"?: text, "constraints"?: '
-                             f'[...], "id"?: ...}}, got {_shown(got)}')
+        return Request(
+            "",
+            id=_echoed_id(record),
+            error=f'expected {{"src": text, "prefix"?: text, "constraints"?: '
+            f'[...], "id"?: ...}}, got {_shown(got)}',
+        )
     id_error = check_id(record.get("id"))
     if id_error:
         return Request("", error=id_error)
@@ -186,8 +200,13 @@ def parse_line(line: str, jsonl: bool) -> Request:
         constraints = read_constraints_field(record.get("constraints", []))
     except ValueError as e:
         return Request("", id=record.get("id"), error=f"constraints: {e}")
-    return Request(record["src"], record.get("prefix", ""), record.get("id"),
-                   constraints=constraints, tgt_lang=record.get("tgt_lang"))
+    return Request(
+        record["src"],
+        record.get("prefix", ""),
+        record.get("id"),
+        constraints=constraints,
+        tgt_lang=record.get("tgt_lang"),
+    )
 
 
 def read_json(text: str) -> object:
@@ -241,8 +260,10 @@ def lone_surrogate(text: object) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return (f"a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start} "
-                f"is not a character")
+        return (
+            f"a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start} "
+            f"is not a character"
+        )
     return ""
 
 
@@ -256,31 +277,57 @@ def _shown(value: object) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def format_lines(index: int, request: Request, hyps: list[Hypothesis], tgt_vocab: Vocab,
-                 opts: SearchOptions, output: OutputFormat = TEXT) -> list[str]:
+def format_lines(
+    index: int,
+    request: Request,
+    hyps: list[Hypothesis],
+    tgt_vocab: Vocab,
+    opts: SearchOptions,
+    output: OutputFormat = TEXT,
+) -> list[str]:
     """The output lines of one input line (n of them with --nbest n in text format)."""
     if request.error:  # jsonl only: the line stays, as an error record
-        return [json.dumps({"line": index, **({"id": request.id} if request.id is not None
-                                              else {}), "error": request.error},
-                           ensure_ascii=False)]
+        return [
+            json.dumps(
+                {
+                    "line": index,
+                    **({"id": request.id} if request.id is not None else {}),
+                    "error": request.error,
+                },
+                ensure_ascii=False,
+            )
+        ]
     texts = [tgt_vocab.decode(h.tokens) for h in hyps]
     links = [pharaoh(h.alignment or ()) for h in hyps]
     if output.kind == "jsonl":
-        def entry(k: int) -> dict:
-            return {"translation": texts[k], "score": round(hyps[k].score, 4),
-                    **({"alignment": links[k]} if opts.alignments else {}),
-                    **({"constraints_met": hyps[k].met} if hyps[k].met is not None else {})}
 
-        record = {"line": index, **({"id": request.id} if request.id is not None else {}),
-                  "source": request.src, **entry(0)}
+        def entry(k: int) -> dict:
+            return {
+                "translation": texts[k],
+                "score": round(hyps[k].score, 4),
+                **({"alignment": links[k]} if opts.alignments else {}),
+                **({"constraints_met": hyps[k].met} if hyps[k].met is not None else {}),
+            }
+
+        record = {
+            "line": index,
+            **({"id": request.id} if request.id is not None else {}),
+            "source": request.src,
+            **entry(0),
+        }
         if opts.nbest > 1:
             record["nbest"] = [entry(k) for k in range(len(hyps))]
         return [json.dumps(record, ensure_ascii=False)]
     if opts.nbest > 1:
-        return [f"{index} ||| {t} ||| {h.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
-                for t, h, a in zip(texts, hyps, links, strict=True)]
-    fields = [texts[0]] + ([f"{hyps[0].score:.4f}"] if output.scores else []) \
+        return [
+            f"{index} ||| {t} ||| {h.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
+            for t, h, a in zip(texts, hyps, links, strict=True)
+        ]
+    fields = (
+        [texts[0]]
+        + ([f"{hyps[0].score:.4f}"] if output.scores else [])
         + ([links[0]] if opts.alignments else [])
+    )
     return ["\t".join(fields)]
 
 
@@ -294,12 +341,20 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     return io.BytesIO(data)
 
 
-def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
-                     opts: SearchOptions, done: Callable[[int], None] | None = None,
-                     prefixes: list[str] | None = None, *, output: OutputFormat = TEXT,
-                     batch_tokens: int = BATCH_TOKENS,
-                     constraints: list[list[tuple[str, ...]]] | None = None,
-                     glossary: Glossary | None = None, tgt_lang: str | None = None) -> int:
+def translate_stream(
+    translator: Translator,
+    source: BinaryIO,
+    sink: TextIO,
+    opts: SearchOptions,
+    done: Callable[[int], None] | None = None,
+    prefixes: list[str] | None = None,
+    *,
+    output: OutputFormat = TEXT,
+    batch_tokens: int = BATCH_TOKENS,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    glossary: Glossary | None = None,
+    tgt_lang: str | None = None,
+) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
     In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
     and `constraints`: a target prefix and constraints for each input line (text
@@ -308,31 +363,44 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
     `done(n)` is called as lines are finished (for a progress bar)."""
     count = 0
     for lines in read_chunks(source):
-        requests = [_into(parse_line(x, output.kind == "jsonl"), translator, tgt_lang,
-                          output.kind == "jsonl") for x in lines]
+        requests = [
+            _into(
+                parse_line(x, output.kind == "jsonl"), translator, tgt_lang, output.kind == "jsonl"
+            )
+            for x in lines
+        ]
         chunk_prefixes = [r.prefix for r in requests]
         if prefixes is not None:
             chunk_prefixes = prefixes[count : count + len(lines)]
         given = constraints[count : count + len(lines)] if constraints is not None else None
-        requests, wanted = searchable(translator, requests, given, glossary, opts, count,
-                                      output.kind == "jsonl")
-        chunk_prefixes = [r.target_tag + p for r, p in zip(requests, chunk_prefixes,
-                                                           strict=True)]
-        results = translator.translate([r.text for r in requests], opts, done,
-                                       chunk_prefixes if any(chunk_prefixes) else None,
-                                       batch_tokens=batch_tokens, constraints=wanted)
+        requests, wanted = searchable(
+            translator, requests, given, glossary, opts, count, output.kind == "jsonl"
+        )
+        chunk_prefixes = [r.target_tag + p for r, p in zip(requests, chunk_prefixes, strict=True)]
+        results = translator.translate(
+            [r.text for r in requests],
+            opts,
+            done,
+            chunk_prefixes if any(chunk_prefixes) else None,
+            batch_tokens=batch_tokens,
+            constraints=wanted,
+        )
         out = []
         for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
             if hyps and hyps[0].met is False:
-                log.warning("%s: %s", line_name(count + offset, output.kind == "jsonl"),
-                            "the source is empty, and so is its translation: its "
-                            "constraints are not met" if not request.text.strip() else
-                            "no translation met all its constraints within the length "
-                            "limit; it gets the best unconstrained one")
+                log.warning(
+                    "%s: %s",
+                    line_name(count + offset, output.kind == "jsonl"),
+                    "the source is empty, and so is its translation: its constraints are not met"
+                    if not request.text.strip()
+                    else "no translation met all its constraints within the length "
+                    "limit; it gets the best unconstrained one",
+                )
             if request.tag or request.target_tag:
                 hyps = untagged(hyps, bool(request.tag), _tag_ids(translator, request))
-            out.extend(format_lines(count + offset, request, hyps, translator.tgt_vocab,
-                                    opts, output))
+            out.extend(
+                format_lines(count + offset, request, hyps, translator.tgt_vocab, opts, output)
+            )
         sink.write("".join(x + "\n" for x in out))
         sink.flush()
         count += len(lines)
@@ -341,12 +409,12 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: TextIO,
 
 def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
     """The tag ids an output starting with a forced tag is cut after (none without)."""
-    return tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag \
-        else frozenset()
+    return (
+        tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag else frozenset()
+    )
 
 
-def _into(request: Request, translator: Translator, tgt_lang: str | None,
-          jsonl: bool) -> Request:
+def _into(request: Request, translator: Translator, tgt_lang: str | None, jsonl: bool) -> Request:
     """The request with its target language's tag (`languages.tagging`: a multilingual
     model's, before the source or as the output's start; nothing for a bilingual one). A
     language the model lacks, or none for a multilingual model, is the record's error in
@@ -355,18 +423,23 @@ def _into(request: Request, translator: Translator, tgt_lang: str | None,
         return request
     option = "--tgt-lang" if not jsonl or tgt_lang else '--tgt-lang or "tgt_lang"'
     try:
-        placed = tagging(translator.config, request.tgt_lang or tgt_lang,
-                         "tgt_lang" if jsonl and request.tgt_lang else option)
+        placed = tagging(
+            translator.config,
+            request.tgt_lang or tgt_lang,
+            "tgt_lang" if jsonl and request.tgt_lang else option,
+        )
     except OptionError as e:
         if not jsonl:
             raise
         return replace(request, src="", error=str(e))
-    return replace(request, tag=placed.source, target_tag=placed.target) if any(placed) \
-        else request
+    return replace(request, tag=placed.source, target_tag=placed.target) if any(placed) else request
 
 
-def line_constraints(requests: list[Request], given: list[list[tuple[str, ...]]] | None,
-                     glossary: Glossary | None = None) -> list[list[tuple[str, ...]]] | None:
+def line_constraints(
+    requests: list[Request],
+    given: list[list[tuple[str, ...]]] | None,
+    glossary: Glossary | None = None,
+) -> list[list[tuple[str, ...]]] | None:
     """Each request's constraints: its own (jsonl), the `given` ones (a constraints
     file), and those its source terms require in the `glossary`; None if none has any
     (a request with an error has none of its own)."""
@@ -384,10 +457,15 @@ def line_name(index: int, jsonl: bool = False) -> str:
     return f'line {index + 1} (record "line": {index})' if jsonl else f"line {index + 1}"
 
 
-def searchable(translator: Translator, requests: list[Request],
-               given: list[list[tuple[str, ...]]] | None, glossary: Glossary | None,
-               opts: SearchOptions, count: int = 0, jsonl: bool = False
-               ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
+def searchable(
+    translator: Translator,
+    requests: list[Request],
+    given: list[list[tuple[str, ...]]] | None,
+    glossary: Glossary | None,
+    opts: SearchOptions,
+    count: int = 0,
+    jsonl: bool = False,
+) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
     """The requests and each one's constraints, with those that cannot be searched for
     dealt with: by these options on this engine (`decoding.constraints_need`: a beam of
     two or more, a checkpoint), or on this line (`Translator.constraint_errors`). A
@@ -406,8 +484,13 @@ def searchable(translator: Translator, requests: list[Request],
         errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
     if own is not None and any(errors):
         bad = [i for i, why in enumerate(errors) if why and own[i]]
-        mine = [errors[i] for i in bad] if need else translator.constraint_errors(
-            [requests[i].text for i in bad], [own[i] for i in bad], opts)
+        mine = (
+            [errors[i] for i in bad]
+            if need
+            else translator.constraint_errors(
+                [requests[i].text for i in bad], [own[i] for i in bad], opts
+            )
+        )
         for i, why in zip(bad, mine, strict=True):
             if why and not jsonl:
                 raise OptionError(f"{line_name(count + i)}: {why}", "constraints")
@@ -416,15 +499,19 @@ def searchable(translator: Translator, requests: list[Request],
                 wanted[i] = []
     for i, why in enumerate(errors):
         if why and wanted[i] and not requests[i].error:
-            log.warning("%s: the glossary's terms are left out: %s",
-                        line_name(count + i, jsonl), why)
+            log.warning(
+                "%s: the glossary's terms are left out: %s", line_name(count + i, jsonl), why
+            )
             wanted[i] = own[i] if own is not None else []
     return requests, wanted if any(wanted) else None
 
 
-def check_constraint_lines(translator: Translator, source: BinaryIO,
-                           constraints: list[list[tuple[str, ...]]], opts: SearchOptions
-                           ) -> None:
+def check_constraint_lines(
+    translator: Translator,
+    source: BinaryIO,
+    constraints: list[list[tuple[str, ...]]],
+    opts: SearchOptions,
+) -> None:
     """One line for the first input line (of `source`, which is read and rewound) whose
     constraints (one list per line) cannot be searched for
     (`Translator.constraint_errors`): checked before anything is written. (A glossary's
@@ -432,21 +519,30 @@ def check_constraint_lines(translator: Translator, source: BinaryIO,
     lines = [line for chunk in read_chunks(source) for line in chunk]
     source.seek(0)
     wanted = line_constraints([Request(x) for x in lines], constraints) or []
-    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted
-                            else []):
+    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted else []):
         if why:
             raise OptionError(f"line {i + 1}: {why}", "constraints")
 
 
-def translate_texts(translator: Translator, lines: list[str], opts: SearchOptions,
-                    batch_tokens: int = BATCH_TOKENS,
-                    constraints: list[list[tuple[str, ...]]] | None = None,
-                    target_tags: list[str] | None = None) -> list[str]:
+def translate_texts(
+    translator: Translator,
+    lines: list[str],
+    opts: SearchOptions,
+    batch_tokens: int = BATCH_TOKENS,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    target_tags: list[str] | None = None,
+) -> list[str]:
     """Best translation of each line, in order (for evaluation), with each line's
     `constraints` when given, and each output's forced start with `target_tags` (a
     multilingual model's with `model.lang_tag: target`), taken off again."""
-    hyps = translator.translate(lines, opts, None, target_tags if target_tags else None,
-                                batch_tokens=batch_tokens, constraints=constraints)
+    hyps = translator.translate(
+        lines,
+        opts,
+        None,
+        target_tags if target_tags else None,
+        batch_tokens=batch_tokens,
+        constraints=constraints,
+    )
     if target_tags:
         ids = tag_ids(translator.tgt_vocab, translator.config.data)
         hyps = [untagged(h, False, ids) for h in hyps]

@@ -33,8 +33,12 @@ class Vocab:
     translates into, the ids of the pieces its training text uses
     (`languages.output_vocabularies`); translation may keep its outputs to them."""
 
-    def __init__(self, model_proto: bytes, pieces: Sequence[str] | None = None,
-                 languages: dict[str, list[int]] | None = None):
+    def __init__(
+        self,
+        model_proto: bytes,
+        pieces: Sequence[str] | None = None,
+        languages: dict[str, list[int]] | None = None,
+    ):
         self.model_proto = bytes(model_proto)
         self.languages = dict(languages or {})
         self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
@@ -44,8 +48,10 @@ class Vocab:
             return
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if ids != (PAD, UNK, BOS, EOS):
-            raise VocabError(f"SentencePiece model has special ids {ids}, mtkit needs "
-                             f"pad=0 unk=1 bos=2 eos=3; retrain it with `mtkit tokenizer`")
+            raise VocabError(
+                f"SentencePiece model has special ids {ids}, mtkit needs "
+                f"pad=0 unk=1 bos=2 eos=3; retrain it with `mtkit tokenizer`"
+            )
 
     @classmethod
     def load(cls, path: str | Path) -> Vocab:
@@ -64,10 +70,12 @@ class Vocab:
         # A table's leading target-language tag (OPUS-MT's ">>fra<<") is one piece, the
         # rest of the line is segmented without it, as Marian's tokenizer does.
         tags = [TAG.match(t) for t in texts]
-        rest = [t[m.end():] if m else t for t, m in zip(texts, tags, strict=True)]
+        rest = [t[m.end() :] if m else t for t, m in zip(texts, tags, strict=True)]
         lines = self._sp.encode(rest, out_type=str, num_threads=num_threads)
-        return [([self._ids.get(m.group(0), UNK)] if m else []) +
-                [self._ids.get(p, UNK) for p in line] for m, line in zip(tags, lines, strict=True)]
+        return [
+            ([self._ids.get(m.group(0), UNK)] if m else []) + [self._ids.get(p, UNK) for p in line]
+            for m, line in zip(tags, lines, strict=True)
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> detokenized text; special ids are dropped, decoding stops at eos."""
@@ -97,8 +105,7 @@ class Vocab:
         return (self.model_proto, self.pieces) == (other.model_proto, other.pieces)
 
 
-def vocab_entry(src: Vocab, tgt: Vocab, languages: dict[str, list[int]] | None = None
-                ) -> dict:
+def vocab_entry(src: Vocab, tgt: Vocab, languages: dict[str, list[int]] | None = None) -> dict:
     """A checkpoint's "vocab": each side's SentencePiece model, where its ids are a
     table's the table (`src_pieces`, `tgt_pieces`), and a multilingual model's target
     `languages` (`Vocab`; the target vocabulary's own where not given)."""
@@ -108,8 +115,9 @@ def vocab_entry(src: Vocab, tgt: Vocab, languages: dict[str, list[int]] | None =
             entry[f"{side}_pieces"] = vocab.pieces
     languages = tgt.languages if languages is None else languages
     if languages:
-        entry["tgt_languages"] = {lang: [int(i) for i in ids]
-                                  for lang, ids in sorted(languages.items())}
+        entry["tgt_languages"] = {
+            lang: [int(i) for i in ids] for lang, ids in sorted(languages.items())
+        }
     return entry
 
 
@@ -117,8 +125,11 @@ def entry_vocabs(entry: dict) -> tuple[Vocab, Vocab]:
     """The source and target vocabularies of a checkpoint's "vocab" (`vocab_entry`)."""
     src = Vocab(entry["src"], entry.get("src_pieces"))
     same = entry["tgt"] == entry["src"] and entry.get("tgt_pieces") == entry.get("src_pieces")
-    tgt = Vocab(entry["tgt"], entry.get("tgt_pieces")) if not same or entry.get(
-        "tgt_languages") else src
+    tgt = (
+        Vocab(entry["tgt"], entry.get("tgt_pieces"))
+        if not same or entry.get("tgt_languages")
+        else src
+    )
     tgt.languages = dict(entry.get("tgt_languages") or {})
     return src, tgt
 

@@ -40,8 +40,12 @@ class Batch:
     tgt_out: torch.Tensor
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking)
-                       for t in (self.src, self.tgt_in, self.tgt_out)))
+        return Batch(
+            *(
+                t.to(device, non_blocking=non_blocking)
+                for t in (self.src, self.tgt_in, self.tgt_out)
+            )
+        )
 
     def pin_memory(self) -> Batch:
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
@@ -57,21 +61,20 @@ class BatchShapes:
     group: int = 8
     limit: int | None = None
 
-    def width(self, src_length: np.ndarray | int, tgt_length: np.ndarray | int
-              ) -> np.ndarray:
+    def width(self, src_length: np.ndarray | int, tgt_length: np.ndarray | int) -> np.ndarray:
         """The padded width of pairs of these stored lengths (without specials)."""
         longest = np.maximum(src_length, tgt_length) + 1  # + eos / bos
         width = -(-longest // self.multiple) * self.multiple
-        return width if self.limit is None else np.maximum(np.minimum(width, self.limit),
-                                                           longest)
+        return width if self.limit is None else np.maximum(np.minimum(width, self.limit), longest)
 
     @staticmethod
     def rows(width: int, max_tokens: int) -> int:
         return max(max_tokens // int(width), 1)
 
 
-def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
-            shape: tuple[int, int] | None = None) -> Batch:
+def collate(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, int] | None = None
+) -> Batch:
     """Pairs of id arrays (no specials) -> padded `Batch`. With `shape` (rows, width)
     both sides are padded to width, and rows past the pairs are empty (src = [eos],
     tgt_in = [bos], tgt_out all pad: no loss, no gradient)."""
@@ -80,16 +83,17 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
     t_len = max(len(y) for _, y in pairs) + 1
     if shape is not None:
         if shape[0] < n or shape[1] < max(s_len, t_len):
-            raise ValueError(f"{n} pairs of width {max(s_len, t_len)} do not fit a batch "
-                             f"of shape {shape}")
+            raise ValueError(
+                f"{n} pairs of width {max(s_len, t_len)} do not fit a batch of shape {shape}"
+            )
         n, s_len = shape
         t_len = s_len
     src = torch.full((n, s_len), PAD, dtype=torch.long)  # (B, S)
     tgt_in = torch.full((n, t_len), PAD, dtype=torch.long)  # (B, T)
     tgt_out = torch.full((n, t_len), PAD, dtype=torch.long)  # (B, T)
     if shape is not None:  # the empty rows: one token each side, as a real pair's least
-        src[len(pairs):, 0] = EOS
-        tgt_in[len(pairs):, 0] = BOS
+        src[len(pairs) :, 0] = EOS
+        tgt_in[len(pairs) :, 0] = BOS
     for b, (x, y) in enumerate(pairs):
         x = torch.as_tensor(np.asarray(x, dtype=np.int64))
         y = torch.as_tensor(np.asarray(y, dtype=np.int64))
@@ -102,8 +106,14 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
     return Batch(src, tgt_in, tgt_out)
 
 
-def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
-                  seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+def token_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
     """All batches of one epoch, as arrays of pair indices, in training order.
 
     Lengths are of the stored ids (without specials). A pair longer than `max_tokens` on
@@ -128,7 +138,7 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     # vectorized look at the widest the batch could be: max_tokens // its first width.
     batches, start = [], 0
     while start < n:
-        window = cost[start:start + max_tokens // max(int(cost[start]), 1) + 1]
+        window = cost[start : start + max_tokens // max(int(cost[start]), 1) + 1]
         fits = np.arange(1, len(window) + 1) * np.maximum.accumulate(window) <= max_tokens
         fits[0] = True  # a pair wider than max_tokens forms a batch of one
         end = start + (int(np.argmin(fits)) if not fits.all() else len(window))
@@ -139,32 +149,41 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return batches
 
 
-def shaped_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
-                   seed: int, epoch: int, shapes: BatchShapes, shuffle: bool = True,
-                   runs_of: int | None = None) -> list[np.ndarray]:
+def shaped_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    shapes: BatchShapes,
+    shuffle: bool = True,
+    runs_of: int | None = None,
+) -> list[np.ndarray]:
     """All batches of one epoch in few shapes (`BatchShapes`), as arrays of pair indices,
     in training order: each width class's pairs in (seed, epoch) order, cut every
     max_tokens // width pairs (the last batch of a class may be short), the batches in
     runs of `runs_of` (default `shapes.group`) of one class, the runs shuffled."""
-    width = shapes.width(np.asarray(src_lengths, dtype=np.int64),
-                         np.asarray(tgt_lengths, dtype=np.int64))
+    width = shapes.width(
+        np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    )
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(width)) if shuffle else np.arange(len(width))
     order = order[np.argsort(width[order], kind="stable")]  # by class, shuffled within
     runs, start = [], 0
     run = runs_of or shapes.group
     for w, count in zip(*np.unique(width, return_counts=True), strict=True):
-        pairs, rows = order[start:start + count], shapes.rows(w, max_tokens)
-        batches = [pairs[i:i + rows] for i in range(0, count, rows)]
-        runs += [batches[i:i + run] for i in range(0, len(batches), run)]
+        pairs, rows = order[start : start + count], shapes.rows(w, max_tokens)
+        batches = [pairs[i : i + rows] for i in range(0, count, rows)]
+        runs += [batches[i : i + run] for i in range(0, len(batches), run)]
         start += count
     if shuffle:
         runs = [runs[k] for k in rng.permutation(len(runs))]
     return [batch for r in runs for batch in r]
 
 
-def shaped_collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], shapes: BatchShapes,
-                   max_tokens: int) -> Batch:
+def shaped_collate(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], shapes: BatchShapes, max_tokens: int
+) -> Batch:
     """`collate` into the shape of the pairs' width class."""
     width = int(shapes.width(max(len(x) for x, _ in pairs), max(len(y) for _, y in pairs)))
     return collate(pairs, (shapes.rows(width, max_tokens), width))
@@ -194,10 +213,18 @@ class TokenBatchSampler(Sampler[list[int]]):
     shape.
     """
 
-    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
-                 seed: int = 1, shuffle: bool = True, rank: int = 0, world_size: int = 1,
-                 draws: Sequence[tuple[np.ndarray, int]] = (),
-                 shapes: BatchShapes | None = None):
+    def __init__(
+        self,
+        src_lengths: np.ndarray,
+        tgt_lengths: np.ndarray,
+        max_tokens: int,
+        seed: int = 1,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        draws: Sequence[tuple[np.ndarray, int]] = (),
+        shapes: BatchShapes | None = None,
+    ):
         self.shapes = shapes
         self.draws = list(draws)  # (pair indices of a direction, pairs an epoch draws)
         self._sizes: dict[int, int] = {}  # epoch_size of epochs other than the current
@@ -218,20 +245,31 @@ class TokenBatchSampler(Sampler[list[int]]):
             return collate
         return partial(shaped_collate, shapes=self.shapes, max_tokens=self.max_tokens)
 
-    def _batch(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, epoch: int
-               ) -> list[np.ndarray]:
+    def _batch(
+        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, epoch: int
+    ) -> list[np.ndarray]:
         if self.shapes is None:
-            return token_batches(src_lengths, tgt_lengths, self.max_tokens, self.seed, epoch,
-                                 self.shuffle)
-        return shaped_batches(src_lengths, tgt_lengths, self.max_tokens, self.seed, epoch,
-                              self.shapes, self.shuffle,
-                              runs_of=self.shapes.group * self.world_size)
+            return token_batches(
+                src_lengths, tgt_lengths, self.max_tokens, self.seed, epoch, self.shuffle
+            )
+        return shaped_batches(
+            src_lengths,
+            tgt_lengths,
+            self.max_tokens,
+            self.seed,
+            epoch,
+            self.shapes,
+            self.shuffle,
+            runs_of=self.shapes.group * self.world_size,
+        )
 
     def _make(self, epoch: int) -> list[np.ndarray]:
         if self.draws:  # temperature sampling: this epoch's draw of each direction
             chosen = draw_pairs(self.draws, self.seed, epoch)
-            every = [chosen[b] for b in self._batch(
-                self.src_lengths[chosen], self.tgt_lengths[chosen], epoch)]
+            every = [
+                chosen[b]
+                for b in self._batch(self.src_lengths[chosen], self.tgt_lengths[chosen], epoch)
+            ]
         else:
             every = self._batch(self.src_lengths, self.tgt_lengths, epoch)
         per_rank = len(every) // self.world_size
@@ -264,20 +302,32 @@ class TokenBatchSampler(Sampler[list[int]]):
         return max(len(self._batches) - self.start_batch, 0)
 
 
-def make_loader(dataset, sampler: TokenBatchSampler, workers: int = 1,
-                pin_memory: bool = False, generator: torch.Generator | None = None
-                ) -> DataLoader:
+def make_loader(
+    dataset,
+    sampler: TokenBatchSampler,
+    workers: int = 1,
+    pin_memory: bool = False,
+    generator: torch.Generator | None = None,
+) -> DataLoader:
     """A DataLoader over `dataset` (a `ShardDataset`) in the sampler's batches. Pass a
     `generator` to keep the loader from drawing on the global RNG (exact resume). Its
     workers ignore stop signals (`mtkit.core.signals`): start them with
     `held_while_starting_workers`, i.e. create the loader's iterator inside it."""
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collate_fn,
-                      num_workers=workers, pin_memory=pin_memory, persistent_workers=False,
-                      generator=generator, worker_init_fn=ignore_in_worker)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=sampler.collate_fn,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+        generator=generator,
+        worker_init_fn=ignore_in_worker,
+    )
 
 
-def padding_share(batches: Sequence[np.ndarray], src_lengths: np.ndarray,
-                  tgt_lengths: np.ndarray) -> float:
+def padding_share(
+    batches: Sequence[np.ndarray], src_lengths: np.ndarray, tgt_lengths: np.ndarray
+) -> float:
     """Share of padded positions over all batches, counting source and target tensors."""
     padded = real = 0
     for b in batches:

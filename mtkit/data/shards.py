@@ -39,6 +39,7 @@ RERUN = "rerun `mtkit preprocess`"
 def tokenizer_digests(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, str]:
     """SHA-256 of the SentencePiece model(s) that ids were encoded with (and of the id
     table, for a vocabulary that has one)."""
+
     def digest(vocab: Vocab) -> str:
         table = b"" if vocab.pieces is None else "\n".join(vocab.pieces).encode("utf-8")
         return bytes_sha256(vocab.model_proto + table)
@@ -79,8 +80,11 @@ class _HashedFile:
         self.bytes = 0
 
     def write(self, data: bytes | np.ndarray) -> None:
-        payload = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(
-            data, np.ndarray) else memoryview(data)
+        payload = (
+            memoryview(np.ascontiguousarray(data)).cast("B")
+            if isinstance(data, np.ndarray)
+            else memoryview(data)
+        )
         self._file.write(payload)
         self._sha.update(payload)
         self.bytes += payload.nbytes
@@ -119,15 +123,19 @@ class _Side:
         self.bin.flush()
         self.idx.flush()
         end = self.pairs
-        offsets = np.fromfile(self.idx.path, dtype=np.int64, count=end - first + 1,
-                              offset=8 * first)
+        offsets = np.fromfile(
+            self.idx.path, dtype=np.int64, count=end - first + 1, offset=8 * first
+        )
         for _ in range(times):
             for a in range(0, end - first, block):
                 b = min(a + block, end - first)
-                ids = np.fromfile(self.bin.path, dtype=self.dtype,
-                                  count=int(offsets[b] - offsets[a]),
-                                  offset=int(offsets[a]) * self.dtype.itemsize)
-                self.append(np.diff(offsets[a:b + 1]), ids)
+                ids = np.fromfile(
+                    self.bin.path,
+                    dtype=self.dtype,
+                    count=int(offsets[b] - offsets[a]),
+                    offset=int(offsets[a]) * self.dtype.itemsize,
+                )
+                self.append(np.diff(offsets[a : b + 1]), ids)
 
 
 class ShardWriter:
@@ -138,23 +146,25 @@ class ShardWriter:
         self.folder = folder
         self.dtype = ids_dtype(vocab_size)
         self.src, self.tgt = _Side(folder, "src", self.dtype), _Side(folder, "tgt", self.dtype)
-        self.texts = (_HashedFile(folder / "src.txt"), _HashedFile(folder / "tgt.txt")) \
-            if texts else None
+        self.texts = (
+            (_HashedFile(folder / "src.txt"), _HashedFile(folder / "tgt.txt")) if texts else None
+        )
 
     def __len__(self) -> int:
         return self.src.pairs
 
     def append(self, chunk: Encoded, keep: np.ndarray) -> None:
         """Write the chunk's pairs where `keep` is true."""
-        for side, lengths, ids in ((self.src, chunk.src_lengths, chunk.src_ids),
-                                   (self.tgt, chunk.tgt_lengths, chunk.tgt_ids)):
+        for side, lengths, ids in (
+            (self.src, chunk.src_lengths, chunk.src_ids),
+            (self.tgt, chunk.tgt_lengths, chunk.tgt_ids),
+        ):
             if not keep.all():
                 ids, lengths = ids[np.repeat(keep, lengths)], lengths[keep]
             side.append(lengths, ids)
         if self.texts is not None:
             for out, lines in zip(self.texts, chunk.texts, strict=True):
-                out.write("".join(x + "\n" for x, k in zip(lines, keep, strict=True)
-                                  if k).encode())
+                out.write("".join(x + "\n" for x, k in zip(lines, keep, strict=True) if k).encode())
 
     def repeat(self, first: int, times: int) -> None:
         """Append pairs `first`.. `times` more times (a corpus's weight)."""
@@ -181,9 +191,15 @@ class ShardWriter:
     def finish(self, meta: dict) -> dict:
         """Close the files and write the manifest (last). Returns the manifest."""
         self.close()
-        manifest = {"format": FORMAT, "pairs": self.src.pairs, "dtype": self.dtype.name,
-                    "src_tokens": self.src.tokens, "tgt_tokens": self.tgt.tokens, **meta,
-                    "files": {out.path.name: out.summary() for out in self._files()}}
+        manifest = {
+            "format": FORMAT,
+            "pairs": self.src.pairs,
+            "dtype": self.dtype.name,
+            "src_tokens": self.src.tokens,
+            "tgt_tokens": self.tgt.tokens,
+            **meta,
+            "files": {out.path.name: out.summary() for out in self._files()},
+        }
         with open(self.folder / "manifest.json", "xb") as f:  # new, in the temporary folder
             f.write((json.dumps(manifest, indent=2) + "\n").encode())
         return manifest
@@ -211,8 +227,7 @@ class ShardDataset:
             raise DataError(f"{manifest_path}: corrupt manifest (not JSON); {RERUN}") from None
         if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
             found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
-            raise DataError(f"{self.folder}: shard format {found!r}, expected {FORMAT!r}; "
-                            f"{RERUN}")
+            raise DataError(f"{self.folder}: shard format {found!r}, expected {FORMAT!r}; {RERUN}")
         self.fingerprint = bytes_sha256(raw)  # what a checkpoint records it was trained on
         try:
             self._check_sizes()
@@ -220,8 +235,9 @@ class ShardDataset:
             self.src_lengths = np.diff(self._offsets("src")).astype(np.int32)
             self.tgt_lengths = np.diff(self._offsets("tgt")).astype(np.int32)
         except (KeyError, TypeError, AttributeError):
-            raise DataError(f"{manifest_path}: corrupt manifest (fields missing or of the "
-                            f"wrong type); {RERUN}") from None
+            raise DataError(
+                f"{manifest_path}: corrupt manifest (fields missing or of the wrong type); {RERUN}"
+            ) from None
         self._maps: tuple[np.ndarray, ...] | None = None  # mapped when first read
 
     def _check_sizes(self) -> None:
@@ -231,8 +247,10 @@ class ShardDataset:
                 raise DataError(f"{path}: missing from the shard; {RERUN}")
             size = path.stat().st_size
             if size != expected["bytes"]:
-                raise DataError(f"{path}: {size} bytes, the manifest says {expected['bytes']} "
-                                f"(truncated or changed since preprocessing); {RERUN}")
+                raise DataError(
+                    f"{path}: {size} bytes, the manifest says {expected['bytes']} "
+                    f"(truncated or changed since preprocessing); {RERUN}"
+                )
 
     def _offsets(self, side: str) -> np.ndarray:
         """The n+1 offsets of one side, checked: 0 first, never decreasing, the last one
@@ -241,27 +259,37 @@ class ShardDataset:
         offsets = np.memmap(path, dtype=np.int64, mode="r")
         n, tokens = self.manifest["pairs"], self.manifest[f"{side}_tokens"]
         data_bytes = (self.folder / f"{side}.bin").stat().st_size
-        ok = (len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == tokens
-              and data_bytes == tokens * np.dtype(self.manifest["dtype"]).itemsize
-              and bool((np.diff(offsets) >= 0).all()))
+        ok = (
+            len(offsets) == n + 1
+            and offsets[0] == 0
+            and offsets[-1] == tokens
+            and data_bytes == tokens * np.dtype(self.manifest["dtype"]).itemsize
+            and bool((np.diff(offsets) >= 0).all())
+        )
         if not ok:
-            raise DataError(f"{path}: offsets do not match the data ({plural(n, 'pair')}, "
-                            f"{tokens} ids in {side}.bin); the shard is corrupt; {RERUN}")
+            raise DataError(
+                f"{path}: offsets do not match the data ({plural(n, 'pair')}, "
+                f"{tokens} ids in {side}.bin); the shard is corrupt; {RERUN}"
+            )
         return offsets
 
     def verify(self) -> None:
         """Check every file's SHA-256 against the manifest (about 1.5 GB/s)."""
         for name, expected in self.manifest["files"].items():
             if file_sha256(self.folder / name) != expected["sha256"]:
-                raise DataError(f"{self.folder / name}: checksum mismatch (the file changed "
-                                f"since preprocessing: corrupt or edited); {RERUN}")
+                raise DataError(
+                    f"{self.folder / name}: checksum mismatch (the file changed "
+                    f"since preprocessing: corrupt or edited); {RERUN}"
+                )
 
     def check_tokenizer(self, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
         """Refuse shards encoded with another tokenizer than the run's current one."""
         if self.manifest.get("tokenizer") != tokenizer_digests(src_vocab, tgt_vocab):
-            raise DataError(f"{self.folder} was encoded with another tokenizer than the run's "
-                            f"spm model (the tokenizer was retrained after preprocessing); "
-                            f"{RERUN}")
+            raise DataError(
+                f"{self.folder} was encoded with another tokenizer than the run's "
+                f"spm model (the tokenizer was retrained after preprocessing); "
+                f"{RERUN}"
+            )
 
     def __len__(self) -> int:
         return len(self.src_lengths)
@@ -273,10 +301,13 @@ class ShardDataset:
             dtype = np.dtype(self.manifest["dtype"])
             self._maps = tuple(
                 np.memmap(self.folder / f"{name}.bin", dtype=dtype, mode="r")
-                if self.manifest[f"{name}_tokens"] else np.zeros(0, dtype=dtype)
-                for name in ("src", "tgt")) + tuple(
+                if self.manifest[f"{name}_tokens"]
+                else np.zeros(0, dtype=dtype)
+                for name in ("src", "tgt")
+            ) + tuple(
                 np.memmap(self.folder / f"{name}.idx", dtype=np.int64, mode="r")
-                for name in ("src", "tgt"))
+                for name in ("src", "tgt")
+            )
         return self._maps
 
     def __getstate__(self) -> dict:  # a worker maps the files itself
@@ -284,8 +315,7 @@ class ShardDataset:
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         src, tgt, src_offsets, tgt_offsets = self._open()
-        return (src[src_offsets[i]:src_offsets[i + 1]],
-                tgt[tgt_offsets[i]:tgt_offsets[i + 1]])
+        return (src[src_offsets[i] : src_offsets[i + 1]], tgt[tgt_offsets[i] : tgt_offsets[i + 1]])
 
     def directions(self) -> dict[str, np.ndarray]:
         """Each direction's pair indices ("en-de": ...), from the manifest's corpora, which
@@ -296,12 +326,12 @@ class ShardDataset:
         for corpus in self.manifest.get("corpora", []):
             written = int(corpus.get("written", 0))
             out.setdefault(corpus.get("direction", ""), []).append(
-                np.arange(first, first + written))
+                np.arange(first, first + written)
+            )
             first += written
         if first != len(self) or not out:
             return {"": np.arange(len(self))}
-        return {d: np.concatenate(parts) for d, parts in out.items()
-                if sum(len(p) for p in parts)}
+        return {d: np.concatenate(parts) for d, parts in out.items() if sum(len(p) for p in parts)}
 
     def id_counts(self, side: str, pairs: np.ndarray, size: int) -> np.ndarray:
         """How often each id occurs on one side ("src", "tgt") of these pairs (sorted
@@ -310,10 +340,9 @@ class ShardDataset:
         ids, offsets = (src, src_offsets) if side == "src" else (tgt, tgt_offsets)
         counts = np.zeros(size, dtype=np.int64)
         for run in np.split(pairs, np.flatnonzero(np.diff(pairs) != 1) + 1):
-            first, stop = (int(offsets[run[0]]), int(offsets[run[-1] + 1])) if len(run) \
-                else (0, 0)
+            first, stop = (int(offsets[run[0]]), int(offsets[run[-1] + 1])) if len(run) else (0, 0)
             for start in range(first, stop, COUNT_SLICE):
-                part = ids[start:min(start + COUNT_SLICE, stop)]
+                part = ids[start : min(start + COUNT_SLICE, stop)]
                 counts += np.bincount(part, minlength=size)[:size]
         return counts
 

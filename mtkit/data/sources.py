@@ -53,6 +53,7 @@ def hf_datasets():
     datasets.logging.set_verbosity(logging.DEBUG if debug else logging.CRITICAL)
     return datasets
 
+
 _FILE_BUILDERS = {".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -91,19 +92,27 @@ def _load(builder: str, path: str, cache_dir: Path | None, **kwargs) -> datasets
     if not Path(path).is_file():
         raise DataError(f"{path}: no such file")
     try:
-        return hf_datasets().load_dataset(builder, data_files={"x": path}, split="x",
-                                     cache_dir=str(cache_dir) if cache_dir else None, **kwargs)
+        return hf_datasets().load_dataset(
+            builder,
+            data_files={"x": path},
+            split="x",
+            cache_dir=str(cache_dir) if cache_dir else None,
+            **kwargs,
+        )
     except Exception as e:  # datasets wraps the reader's error; report the real one
         failure = write_failure(e, cache_dir)  # its cache is ours to write, not the input
         if failure is not None:
             raise failure from None
         cause = _root_cause(e)
         if isinstance(cause, UnicodeDecodeError):
-            raise DataError(f"{path}: not valid UTF-8 (byte {cause.start} of a block: "
-                            f"{cause.object[cause.start:cause.start + 4]!r})") from None
-        raise DataError(f"{path}: cannot read ({type(cause).__name__}: "
-                        f"{str(cause).splitlines()[0] if str(cause) else 'unknown error'})"
-                        ) from None
+            raise DataError(
+                f"{path}: not valid UTF-8 (byte {cause.start} of a block: "
+                f"{cause.object[cause.start : cause.start + 4]!r})"
+            ) from None
+        raise DataError(
+            f"{path}: cannot read ({type(cause).__name__}: "
+            f"{str(cause).splitlines()[0] if str(cause) else 'unknown error'})"
+        ) from None
 
 
 @contextmanager
@@ -136,10 +145,14 @@ def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> data
     """A hub dataset (or a local dataset folder): from the cache when it is there, else
     downloaded. Without a network it fails in seconds with one line, instead of retrying
     for half a minute."""
+
     def load() -> datasets.Dataset:
-        return hf_datasets().load_dataset(corpus.hub, corpus.hub_config or None,
-                                          split=corpus.split,
-                                     cache_dir=str(cache_dir) if cache_dir else None)
+        return hf_datasets().load_dataset(
+            corpus.hub,
+            corpus.hub_config or None,
+            split=corpus.split,
+            cache_dir=str(cache_dir) if cache_dir else None,
+        )
 
     try:
         try:
@@ -149,8 +162,10 @@ def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> data
             if Path(corpus.hub).exists():
                 raise  # a local folder: the error is about it, not the network
         if not _hub_reachable():
-            raise DataError(f"{origin}: not in the cache ({cache_dir}) and the hub cannot be "
-                            f"reached (no network?)")
+            raise DataError(
+                f"{origin}: not in the cache ({cache_dir}) and the hub cannot be "
+                f"reached (no network?)"
+            )
         return load()
     except DataError:
         raise
@@ -159,10 +174,10 @@ def _load_hub(corpus: CorpusConfig, origin: str, cache_dir: Path | None) -> data
         if failure is not None:
             raise failure from None
         cause = _root_cause(e)
-        raise DataError(f"{origin}: cannot load dataset ({type(cause).__name__}: "
-                        f"{str(cause).splitlines()[0] if str(cause) else ''})") from None
-
-
+        raise DataError(
+            f"{origin}: cannot load dataset ({type(cause).__name__}: "
+            f"{str(cause).splitlines()[0] if str(cause) else ''})"
+        ) from None
 
 
 # --- two line-aligned text files, streamed -------------------------------------------
@@ -197,8 +212,7 @@ def _read_failure(path: str, e: Exception) -> DataError:
     lines = _lines_before_failure(path)
     if isinstance(e, _GZIP_ERRORS):
         detail = str(e) or type(e).__name__
-        return DataError(f"{path}: corrupt or truncated gzip data at line {lines + 1} "
-                         f"({detail})")
+        return DataError(f"{path}: corrupt or truncated gzip data at line {lines + 1} ({detail})")
     return DataError(f"{path}: cannot read at line {lines + 1} ({reason(e)})")
 
 
@@ -220,8 +234,10 @@ def _decode(lines: list[bytes], path: str, first_line: int) -> list[str]:
             try:
                 x.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}: line {first_line + i} is not valid UTF-8 (byte "
-                                f"{e.start}: {x[e.start:e.start + 4]!r})") from None
+                raise DataError(
+                    f"{path}: line {first_line + i} is not valid UTF-8 (byte "
+                    f"{e.start}: {x[e.start : e.start + 4]!r})"
+                ) from None
         raise
 
 
@@ -247,12 +263,15 @@ def _text_chunks(path: str, size: int) -> Iterator[list[str]]:
 def _open_text_pair(corpus: CorpusConfig) -> Corpus:
     n_src, n_tgt = count_lines(corpus.src), count_lines(corpus.tgt)
     if n_src != n_tgt:
-        raise DataError(f"line counts differ: {corpus.src} has {plural(n_src, 'line')}, "
-                        f"{corpus.tgt} has {n_tgt}")
+        raise DataError(
+            f"line counts differ: {corpus.src} has {plural(n_src, 'line')}, "
+            f"{corpus.tgt} has {n_tgt}"
+        )
 
     def read(size: int) -> Iterator[Chunk]:
-        for src, tgt in zip_longest(_text_chunks(corpus.src, size),
-                                    _text_chunks(corpus.tgt, size), fillvalue=[]):
+        for src, tgt in zip_longest(
+            _text_chunks(corpus.src, size), _text_chunks(corpus.tgt, size), fillvalue=[]
+        ):
             if len(src) != len(tgt):
                 raise DataError(f"{corpus.src} and {corpus.tgt} changed while being read")
             yield src, tgt
@@ -263,18 +282,23 @@ def _open_text_pair(corpus: CorpusConfig) -> Corpus:
 # --- tables (TSV, JSONL, Parquet, hub datasets), through memory-mapped Arrow ----------
 
 
-def _table_columns(ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tgt_lang: str,
-                   origin: str) -> Callable[[dict], Chunk]:
+def _table_columns(
+    ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tgt_lang: str, origin: str
+) -> Callable[[dict], Chunk]:
     """Check the columns once; returns how to take (src, tgt) out of a batch of rows."""
     names = ds.column_names
     if "__index_level_0__" in names:  # pandas took a first column for the index
-        raise DataError(f"{origin}: the first row has more tab-separated fields than the "
-                        f"header; a tab inside a sentence? (columns would shift)")
+        raise DataError(
+            f"{origin}: the first row has more tab-separated fields than the "
+            f"header; a tab inside a sentence? (columns would shift)"
+        )
     if corpus.src_col in names and corpus.tgt_col in names:
         return lambda batch: (batch[corpus.src_col], batch[corpus.tgt_col])
     if "translation" not in names:
-        raise DataError(f"{origin}: no columns {corpus.src_col!r} and {corpus.tgt_col!r} "
-                        f"(nor 'translation'); it has {names}")
+        raise DataError(
+            f"{origin}: no columns {corpus.src_col!r} and {corpus.tgt_col!r} "
+            f"(nor 'translation'); it has {names}"
+        )
 
     def split(batch: dict) -> Chunk:
         rows = batch["translation"]
@@ -283,9 +307,10 @@ def _table_columns(ds: datasets.Dataset, corpus: CorpusConfig, src_lang: str, tg
         except (KeyError, TypeError):
             first = rows[0] if rows else {}
             keys = sorted(first) if isinstance(first, dict) else first
-            raise DataError(f"{origin}: the translation column has keys {keys}, not "
-                            f"data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r}"
-                            ) from None
+            raise DataError(
+                f"{origin}: the translation column has keys {keys}, not "
+                f"data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r}"
+            ) from None
 
     return split
 
@@ -294,21 +319,23 @@ def _as_str(values: list, origin: str, first_row: int) -> list[str]:
     for i, v in enumerate(values):
         if not isinstance(v, str):
             if v is not None:
-                raise DataError(f"{origin}: row {first_row + i} is {type(v).__name__}, "
-                                f"not text")
+                raise DataError(f"{origin}: row {first_row + i} is {type(v).__name__}, not text")
             values[i] = ""
     return values
 
 
-def _open_table(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
-                cache_dir: Path | None) -> Corpus:
+def _open_table(
+    corpus: CorpusConfig, src_lang: str, tgt_lang: str, cache_dir: Path | None
+) -> Corpus:
     if corpus.path:
         origin = corpus.path
         suffix = Path(corpus.path.removesuffix(".gz")).suffix.lower()
         builder = _FILE_BUILDERS.get(suffix)
         if builder is None:
-            raise DataError(f"{origin}: unknown file type {suffix!r}; use .tsv, .jsonl "
-                            f"or .parquet (or src/tgt for two text files)")
+            raise DataError(
+                f"{origin}: unknown file type {suffix!r}; use .tsv, .jsonl "
+                f"or .parquet (or src/tgt for two text files)"
+            )
         extra = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if builder == "csv" else {}
         ds = _load(builder, corpus.path, cache_dir, **extra)
     else:
@@ -321,7 +348,7 @@ def _open_table(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
 
     def read(size: int) -> Iterator[Chunk]:
         for start in range(0, len(ds), size):
-            src, tgt = columns(ds[start:start + size])
+            src, tgt = columns(ds[start : start + size])
             yield _as_str(src, origin, start + 1), _as_str(tgt, origin, start + 1)
 
     return Corpus(origin, len(ds), corpus.weight, read)
@@ -332,12 +359,15 @@ def _refuse_a_pipe(path: str | None) -> None:
     by `mtkit tokenizer` before `mtkit preprocess`): a pipe (`<(...)`, a FIFO) or a
     device would give its lines to the first reading only."""
     if path and Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
-        raise DataError(f"{path} is a pipe or a device, not a file: a corpus is read more "
-                        f"than once (counted, then encoded); save it to a file first")
+        raise DataError(
+            f"{path} is a pipe or a device, not a file: a corpus is read more "
+            f"than once (counted, then encoded); save it to a file first"
+        )
 
 
-def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
-                cache_dir: Path | None = None) -> Corpus:
+def open_corpus(
+    corpus: CorpusConfig, src_lang: str, tgt_lang: str, cache_dir: Path | None = None
+) -> Corpus:
     """Open one corpus: check that it can be read and count its pairs (a line-count
     mismatch between two text files is a `DataError` here, before anything is read)."""
     for path in (corpus.src, corpus.tgt, corpus.path):
@@ -349,14 +379,20 @@ def open_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
     raise DataError("no data given for this split")
 
 
-def open_split(cfg: DataConfig, split: str, cache_dir: Path | None = None,
-               lang_tag: str = "source") -> list[Corpus]:
+def open_split(
+    cfg: DataConfig, split: str, cache_dir: Path | None = None, lang_tag: str = "source"
+) -> list[Corpus]:
     """Every corpus of a split, opened (empty when the split is not set), each in its
     own languages; in a multilingual run each source line (or with `lang_tag: target`
     each target line) starts with its target's tag (`mtkit.core.languages`)."""
-    return [tagged(open_corpus(c, *direction(c, cfg), cache_dir), source_tag(c, cfg, lang_tag),
-                   target_tag(c, cfg, lang_tag))
-            for c in cfg.corpora(split)]
+    return [
+        tagged(
+            open_corpus(c, *direction(c, cfg), cache_dir),
+            source_tag(c, cfg, lang_tag),
+            target_tag(c, cfg, lang_tag),
+        )
+        for c in cfg.corpora(split)
+    ]
 
 
 def tagged(corpus: Corpus, prefix: str, target_prefix: str = "") -> Corpus:
@@ -367,8 +403,10 @@ def tagged(corpus: Corpus, prefix: str, target_prefix: str = "") -> Corpus:
 
     def read(size: int) -> Iterator[Chunk]:
         for src, tgt in corpus.chunks(size):
-            yield ([prefix + x if x else x for x in src],
-                   [target_prefix + y if y else y for y in tgt])
+            yield (
+                [prefix + x if x else x for x in src],
+                [target_prefix + y if y else y for y in tgt],
+            )
 
     return dataclasses.replace(corpus, _read=read)
 
@@ -382,8 +420,9 @@ def clean(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], np.ndar
     run at encoding time (`data/shards.py`)."""
     src = [" ".join(x.split()) for x in src]
     tgt = [" ".join(x.split()) for x in tgt]
-    keep = np.fromiter((bool(s) and bool(t) for s, t in zip(src, tgt, strict=True)),
-                       dtype=bool, count=len(src))
+    keep = np.fromiter(
+        (bool(s) and bool(t) for s, t in zip(src, tgt, strict=True)), dtype=bool, count=len(src)
+    )
     return src, tgt, keep
 
 
@@ -391,8 +430,13 @@ def pair_hashes(src: list[str], tgt: list[str]) -> np.ndarray:
     """A 64-bit hash of each cleaned pair (BLAKE2b, so the same in every process and run).
     Cleaned sentences hold no tab, so "src<TAB>tgt" is unambiguous."""
     return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest(), "little")
-         for s, t in zip(src, tgt, strict=True)), dtype=np.uint64, count=len(src))
+        (
+            int.from_bytes(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest(), "little")
+            for s, t in zip(src, tgt, strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(src),
+    )
 
 
 class SeenHashes:

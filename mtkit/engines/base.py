@@ -51,16 +51,23 @@ class Engine:
         if all(len(x) <= limit for x in ids):
             return ids
         if what not in self._truncated:
-            log.warning("%s longer than %d subwords are truncated (model.max_positions=%d)",
-                        what, limit, self.max_positions)
+            log.warning(
+                "%s longer than %d subwords are truncated (model.max_positions=%d)",
+                what,
+                limit,
+                self.max_positions,
+            )
             self._truncated.add(what)
         return [x[:limit] for x in ids]
 
-    def prepare(self, lines: list[str], opts: SearchOptions, done: Callable[[int], None],
-                prefixes: list[str] | None,
-                constraints: list[list[tuple[str, ...]]] | None = None
-                ) -> tuple[list[list[Hypothesis]], list[int], list[list[int]],
-                           list[list[int]] | None]:
+    def prepare(
+        self,
+        lines: list[str],
+        opts: SearchOptions,
+        done: Callable[[int], None],
+        prefixes: list[str] | None,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> tuple[list[list[Hypothesis]], list[int], list[list[int]], list[list[int]] | None]:
         """Empty lines answered (an empty hypothesis each, which has not met the line's
         `constraints` where it has some; `done` is told), the others encoded: the results
         so far, the indices of the lines left, their source ids and their target prefix
@@ -73,14 +80,24 @@ class Engine:
             out[i] = [replace(empty, met=False) if unmet else empty] * opts.nbest
         done(len(lines) - len(todo))
         ids = self.encode([lines[i] for i in todo]) if todo else []
-        forced = (self._cut(self.tgt_vocab.encode([prefixes[i] for i in todo]),
-                            self.max_src_tokens - 1, "target prefixes")  # room for eos
-                  if prefixes and todo else None)
+        forced = (
+            self._cut(
+                self.tgt_vocab.encode([prefixes[i] for i in todo]),
+                self.max_src_tokens - 1,
+                "target prefixes",
+            )  # room for eos
+            if prefixes and todo
+            else None
+        )
         return out, todo, ids, forced
 
-    def output_groups(self, ids: list[list[int]], forced: list[list[int]] | None,
-                      opts: SearchOptions, required: list[list[int]] | None = None
-                      ) -> list[tuple[list[int], list[int]]]:
+    def output_groups(
+        self,
+        ids: list[list[int]],
+        forced: list[list[int]] | None,
+        opts: SearchOptions,
+        required: list[list[int]] | None = None,
+    ) -> list[tuple[list[int], list[int]]]:
         """The encoded lines (indices into `ids`) in groups searched with one output
         vocabulary each: (the target ids banned, [] for none; the lines). With
         `opts.lang_vocab` on a multilingual model, a line into a language keeps to that
@@ -90,19 +107,25 @@ class Engine:
         languages = self.tgt_vocab.languages if opts.lang_vocab else {}
         if not languages:
             return [([], list(range(len(ids))))]
-        target, source = (_tag_ids(vocab, languages) for vocab in (self.tgt_vocab,
-                                                                   self.src_vocab))
+        target, source = (_tag_ids(vocab, languages) for vocab in (self.tgt_vocab, self.src_vocab))
         groups: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
         for k, line in enumerate(ids):
             own = (forced[k] if forced else []) + (required[k] if required else [])
             found = [target.get(i) for i in (forced[k][:2] if forced else [])] + [
-                source.get(i) for i in line[:2]]
+                source.get(i) for i in line[:2]
+            ]
             lang = next((x for x in found if x), None)
             groups.setdefault((lang, tuple(sorted(set(own))) if lang else ()), []).append(k)
         everything = set(range(len(self.tgt_vocab)))
-        return [([] if lang is None else sorted(everything - set(languages[lang]) - set(own)
-                                                - set(range(EOS + 1))), lines)
-                for (lang, own), lines in groups.items()]
+        return [
+            (
+                []
+                if lang is None
+                else sorted(everything - set(languages[lang]) - set(own) - set(range(EOS + 1))),
+                lines,
+            )
+            for (lang, own), lines in groups.items()
+        ]
 
     def output_limit(self, src_len: int, opts: SearchOptions) -> int:
         """The longest output of a line of `src_len` source ids, as the search sets it
@@ -117,8 +140,7 @@ class Engine:
         puts the word-start marker before it); [] for one that cannot be searched for
         (`_unusable`)."""
         phrases = sorted({p for line in constraints for c in line for p in c})
-        ids = dict(zip(phrases, self.tgt_vocab.encode(phrases) if phrases else [],
-                       strict=True))
+        ids = dict(zip(phrases, self.tgt_vocab.encode(phrases) if phrases else [], strict=True))
         return {p: [] if self._unusable(x) else x for p, x in ids.items()}
 
     def _unusable(self, ids: list[int]) -> str:
@@ -135,38 +157,58 @@ class Engine:
     def _control_ids(self) -> frozenset[int]:
         """The target ids that are no text: the specials (pad, unk, bos, eos) and the
         language tags (a multilingual run's <2xx>, an imported model's >>xx<<)."""
-        tags = {i for i in range(EOS + 1, len(self.tgt_vocab))
-                if TAG_PIECE.fullmatch(self.tgt_vocab.piece(i))}
+        tags = {
+            i
+            for i in range(EOS + 1, len(self.tgt_vocab))
+            if TAG_PIECE.fullmatch(self.tgt_vocab.piece(i))
+        }
         return frozenset(range(EOS + 1)) | frozenset(tags)
 
-    def constraint_ids(self, sources: list[list[int]], constraints: list[list[tuple[str, ...]]],
-                       opts: SearchOptions, numbers: list[int]) -> list[list[list[list[int]]]]:
+    def constraint_ids(
+        self,
+        sources: list[list[int]],
+        constraints: list[list[tuple[str, ...]]],
+        opts: SearchOptions,
+        numbers: list[int],
+    ) -> list[list[list[list[int]]]]:
         """The constraints of lines already encoded (`sources`, from `prepare`) as target
         ids (line -> constraint -> alternative -> ids), without the phrases that cannot be
         searched for (`_phrase_ids`); first, one line for the first line whose
         constraints cannot be (`constraint_errors`), named by its number in `numbers`."""
         ids = self._phrase_ids(constraints)
         for src, line, number in zip(sources, constraints, numbers, strict=True):
-            why = self._constraint_error(line, ids, self.output_limit(len(src), opts),
-                                         len(src), opts)
+            why = self._constraint_error(
+                line, ids, self.output_limit(len(src), opts), len(src), opts
+            )
             if why:
                 raise OptionError(f"line {number}: {why}", "constraints")
-        return [[alts for c in line if (alts := [ids[p] for p in c if ids[p]])]
-                for line in constraints]
+        return [
+            [alts for c in line if (alts := [ids[p] for p in c if ids[p]])] for line in constraints
+        ]
 
-    def constraint_errors(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
-                          opts: SearchOptions) -> list[str]:
+    def constraint_errors(
+        self, lines: list[str], constraints: list[list[tuple[str, ...]]], opts: SearchOptions
+    ) -> list[str]:
         """For each line, why its constraints cannot be searched for ("" where they
         can): more than `MAX_CONSTRAINTS` of them, one whose every phrase encodes to
         nothing or holds characters the target vocabulary lacks, or one whose shortest
         phrase is longer than the line's output limit (`output_limit`)."""
         sources, phrase_ids = self.encode(lines), self._phrase_ids(constraints)
-        return [self._constraint_error(line, phrase_ids, self.output_limit(len(src), opts),
-                                       len(src), opts)
-                for src, line in zip(sources, constraints, strict=True)]
+        return [
+            self._constraint_error(
+                line, phrase_ids, self.output_limit(len(src), opts), len(src), opts
+            )
+            for src, line in zip(sources, constraints, strict=True)
+        ]
 
-    def _constraint_error(self, line: list[tuple[str, ...]], ids: dict[str, list[int]],
-                          limit: int, src_len: int, opts: SearchOptions) -> str:
+    def _constraint_error(
+        self,
+        line: list[tuple[str, ...]],
+        ids: dict[str, list[int]],
+        limit: int,
+        src_len: int,
+        opts: SearchOptions,
+    ) -> str:
         if len(line) > MAX_CONSTRAINTS:
             return f"{len(line)} constraints; a line may have at most {MAX_CONSTRAINTS}"
         for phrases in line:
@@ -176,14 +218,21 @@ class Engine:
                 why = self._unusable(self.tgt_vocab.encode([phrases[0]])[0])
                 return f"the constraint {shown} cannot be searched for: {why}"
             if min(map(len, usable)) > limit:
-                return (f"the constraint {shown} is {min(map(len, usable))} subwords, "
-                        f"longer than the line's output limit of {limit} (--max-len-a "
-                        f"{opts.max_len_a:g} x {src_len + 1} source subwords + --max-len-b "
-                        f"{opts.max_len_b})")
+                return (
+                    f"the constraint {shown} is {min(map(len, usable))} subwords, "
+                    f"longer than the line's output limit of {limit} (--max-len-a "
+                    f"{opts.max_len_a:g} x {src_len + 1} source subwords + --max-len-b "
+                    f"{opts.max_len_b})"
+                )
         return ""
 
-    def check_constraint_lines(self, lines: list[str], constraints: list[list[tuple[str, ...]]],
-                               opts: SearchOptions, first_line: int = 1) -> None:
+    def check_constraint_lines(
+        self,
+        lines: list[str],
+        constraints: list[list[tuple[str, ...]]],
+        opts: SearchOptions,
+        first_line: int = 1,
+    ) -> None:
         """One line for the first line whose constraints cannot be searched for
         (`constraint_errors`); `first_line` numbers the first of `lines`."""
         for i, why in enumerate(self.constraint_errors(lines, constraints, opts)):

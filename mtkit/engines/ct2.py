@@ -37,10 +37,21 @@ MANIFEST = "mtkit.json"
 FORMAT = "mtkit-ct2-1"
 # Every name an export holds (CTranslate2's files, of this release and older ones, then
 # mtkit's): `--force` replaces a folder that holds nothing else.
-EXPORT_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json",
-                          "source_vocabulary.json", "target_vocabulary.json",
-                          "shared_vocabulary.txt", "source_vocabulary.txt",
-                          "target_vocabulary.txt", "source.spm", "target.spm", MANIFEST})
+EXPORT_FILES = frozenset(
+    {
+        "model.bin",
+        "config.json",
+        "shared_vocabulary.json",
+        "source_vocabulary.json",
+        "target_vocabulary.json",
+        "shared_vocabulary.txt",
+        "source_vocabulary.txt",
+        "target_vocabulary.txt",
+        "source.spm",
+        "target.spm",
+        MANIFEST,
+    }
+)
 AGAIN = "export the checkpoint again"
 
 
@@ -71,12 +82,16 @@ class CT2Engine(Engine):
     beam's N finished hypotheses by the GNMT score, as mtkit reports it. Sampling (per-
     line seeds), alignments and ensembles need a checkpoint."""
 
-    capabilities = Capabilities(sampling=False, alignments=False, streaming=False,
-                                needs="a checkpoint (-m FILE.pt), not an exported "
-                                      "CTranslate2 folder")
+    capabilities = Capabilities(
+        sampling=False,
+        alignments=False,
+        streaming=False,
+        needs="a checkpoint (-m FILE.pt), not an exported CTranslate2 folder",
+    )
 
-    def __init__(self, folder: str | os.PathLike, device: str = "auto",
-                 device_option: str = "--device"):
+    def __init__(
+        self, folder: str | os.PathLike, device: str = "auto", device_option: str = "--device"
+    ):
         super().__init__()
         ct2 = ctranslate2_module()
         folder = Path(folder)
@@ -84,47 +99,70 @@ class CT2Engine(Engine):
             manifest = json.loads((folder / MANIFEST).read_text())
             checked = check_files(folder, manifest)
             self.config = config_from_dict(manifest["config"], str(folder / MANIFEST))
-            self.src_vocab = Vocab((folder / "source.spm").read_bytes(),
-                                   manifest.get("src_pieces"))
-            self.tgt_vocab = Vocab((folder / "target.spm").read_bytes(),
-                                   manifest.get("tgt_pieces"), manifest.get("tgt_languages"))
+            self.src_vocab = Vocab((folder / "source.spm").read_bytes(), manifest.get("src_pieces"))
+            self.tgt_vocab = Vocab(
+                (folder / "target.spm").read_bytes(),
+                manifest.get("tgt_pieces"),
+                manifest.get("tgt_languages"),
+            )
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ExportError(f"{folder}: not a readable mtkit export ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:100] if str(e) else ''})") from None
+            raise ExportError(
+                f"{folder}: not a readable mtkit export ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:100] if str(e) else ''})"
+            ) from None
         self.device = ct2_device(ct2, device, device_option)
         self.steps = [manifest.get("step")]
-        self.weights = [manifest.get("weights") or (f"step {self.steps[0]}" if isinstance(
-            self.steps[0], int) else "unknown")]  # (an export before mtkit recorded it)
+        self.weights = [
+            manifest.get("weights")
+            or (f"step {self.steps[0]}" if isinstance(self.steps[0], int) else "unknown")
+        ]  # (an export before mtkit recorded it)
         self.quantization = manifest.get("quantization", "float32")
         self.max_positions = self.config.model.max_positions
         # Where torch is loaded too (tests, benchmarks), keep its thread count:
         # CTranslate2 would otherwise set OpenMP's for the whole process.
         torch = sys.modules.get("torch")
         try:
-            self.engine = ct2.Translator(str(folder), device=self.device,
-                                         compute_type="default",
-                                         intra_threads=torch.get_num_threads() if torch else 0)
+            self.engine = ct2.Translator(
+                str(folder),
+                device=self.device,
+                compute_type="default",
+                intra_threads=torch.get_num_threads() if torch else 0,
+            )
         except (RuntimeError, ValueError, OSError) as e:  # an export without checksums
             where = folder if checked else folder / "model.bin"  # (checked: files intact)
-            raise ExportError(f"{where}: CTranslate2 cannot load the export "
-                              f"({str(e).splitlines()[0][:100] if str(e) else type(e).__name__}"
-                              f"); {AGAIN}") from None
+            raise ExportError(
+                f"{where}: CTranslate2 cannot load the export "
+                f"({str(e).splitlines()[0][:100] if str(e) else type(e).__name__}"
+                f"); {AGAIN}"
+            ) from None
         if not checked:  # after loading: a folder that fails to load says only why
-            log.warning("%s was exported without checksums (an older mtkit): its files are "
-                        "not checked; %s to have them", folder, AGAIN)
+            log.warning(
+                "%s was exported without checksums (an older mtkit): its files are "
+                "not checked; %s to have them",
+                folder,
+                AGAIN,
+            )
 
     def describe(self) -> dict:
-        return {"engine": f"ctranslate2 ({self.quantization})", "models": 1,
-                "parameters": None, "device": self.device}
+        return {
+            "engine": f"ctranslate2 ({self.quantization})",
+            "models": 1,
+            "parameters": None,
+            "device": self.device,
+        }
 
-    def translate(self, lines: list[str], opts: SearchOptions,
-                  done: Callable[[int], None] | None = None,
-                  prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS,
-                  constraints: list[list[tuple[str, ...]]] | None = None
-                  ) -> list[list[Hypothesis]]:
+    def translate(
+        self,
+        lines: list[str],
+        opts: SearchOptions,
+        done: Callable[[int], None] | None = None,
+        prefixes: list[str] | None = None,
+        *,
+        batch_tokens: int = BATCH_TOKENS,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`).
         CTranslate2 has no hard lexical constraints (only prefixes): constraints are
         refused in one line."""
@@ -137,29 +175,53 @@ class CT2Engine(Engine):
             return out
         top = self.max_positions - 1
         a, b = min(opts.max_len_a, top), min(opts.max_len_b, top)  # huge: no overflow
-        limits = [min(max(math.floor(a * (len(x) + 1) + b), 1,
-                          len(forced[k]) + 1 if forced else 1), top)
-                  for k, x in enumerate(ids)]  # each sentence's output limit, as native
+        limits = [
+            min(max(math.floor(a * (len(x) + 1) + b), 1, len(forced[k]) + 1 if forced else 1), top)
+            for k, x in enumerate(ids)
+        ]  # each sentence's output limit, as native
         # Per output vocabulary (`output_groups`), one call with the longest limit; the
         # few outputs that run past their own limit are searched again with it
         # (CTranslate2 takes one limit per call).
         for banned, group in self.output_groups(ids, forced, opts):
-            results = dict(zip(group, self._search(ids, forced, group, max(
-                limits[k] for k in group), opts, batch_tokens, banned), strict=True))
-            over = [k for k in group
-                    if max(len(h) for h in results[k].hypotheses) > limits[k]]
+            results = dict(
+                zip(
+                    group,
+                    self._search(
+                        ids,
+                        forced,
+                        group,
+                        max(limits[k] for k in group),
+                        opts,
+                        batch_tokens,
+                        banned,
+                    ),
+                    strict=True,
+                )
+            )
+            over = [k for k in group if max(len(h) for h in results[k].hypotheses) > limits[k]]
             for limit in sorted({limits[k] for k in over}):
                 again = [k for k in over if limits[k] == limit]
-                for k, result in zip(again, self._search(ids, forced, again, limit, opts,
-                                                          batch_tokens, banned), strict=True):
+                for k, result in zip(
+                    again,
+                    self._search(ids, forced, again, limit, opts, batch_tokens, banned),
+                    strict=True,
+                ):
                     results[k] = result
             for k, result in results.items():
                 out[todo[k]] = self._ranked(result, opts)
         done(len(todo))
         return out
 
-    def _search(self, ids: list[list[int]], forced: list[list[int]] | None, rows, limit: int,
-                opts: SearchOptions, batch_tokens: int, banned: list[int]) -> list:
+    def _search(
+        self,
+        ids: list[list[int]],
+        forced: list[list[int]] | None,
+        rows,
+        limit: int,
+        opts: SearchOptions,
+        batch_tokens: int,
+        banned: list[int],
+    ) -> list:
         """CTranslate2's search of the sentences `rows`, outputs of at most `limit` tokens
         and none of the `banned` ids, in batches of at most `batch_tokens` / beam source
         tokens (as the PyTorch engine's: CTranslate2 counts source tokens, the search
@@ -167,13 +229,18 @@ class CT2Engine(Engine):
         src, tgt = self.src_vocab.piece, self.tgt_vocab.piece
         return self.engine.translate_batch(
             [[src(i) for i in ids[k]] for k in rows],
-            target_prefix=[[tgt(i) for i in forced[k]] or None for k in rows] if forced
-            else None,
-            beam_size=opts.beam, num_hypotheses=opts.beam, length_penalty=0.0,
-            max_decoding_length=limit, min_decoding_length=1,
-            no_repeat_ngram_size=opts.no_repeat_ngram, return_scores=True,
+            target_prefix=[[tgt(i) for i in forced[k]] or None for k in rows] if forced else None,
+            beam_size=opts.beam,
+            num_hypotheses=opts.beam,
+            length_penalty=0.0,
+            max_decoding_length=limit,
+            min_decoding_length=1,
+            no_repeat_ngram_size=opts.no_repeat_ngram,
+            return_scores=True,
             suppress_sequences=[[tgt(PAD)], [tgt(BOS)]] + [[tgt(i)] for i in banned],
-            max_batch_size=max(batch_tokens // opts.beam, 1), batch_type="tokens")
+            max_batch_size=max(batch_tokens // opts.beam, 1),
+            batch_type="tokens",
+        )
 
     def _ranked(self, result, opts: SearchOptions) -> list[Hypothesis]:
         """The N finished hypotheses re-ranked by GNMT score; the `nbest` best."""
@@ -181,8 +248,9 @@ class CT2Engine(Engine):
         hyps = []
         for tokens, log_prob in zip(result.hypotheses, result.scores, strict=True):
             ids = [to_id(p) for p in tokens]
-            hyps.append(Hypothesis(ids, log_prob,
-                                   log_prob / length_penalty(len(ids) + 1, opts.lenpen)))
+            hyps.append(
+                Hypothesis(ids, log_prob, log_prob / length_penalty(len(ids) + 1, opts.lenpen))
+            )
         return sorted(hyps, key=lambda h: -h.score)[: opts.nbest]
 
 
@@ -194,22 +262,24 @@ def check_files(folder: Path, manifest: dict) -> bool:
     if files is None:
         return False
     if not isinstance(files, dict) or "model.bin" not in files:
-        raise ExportError(f"{folder / MANIFEST}: corrupt (its list of files is damaged); "
-                          f"{AGAIN}")
+        raise ExportError(f"{folder / MANIFEST}: corrupt (its list of files is damaged); {AGAIN}")
     for name, expected in files.items():
         path = folder / name
         if Path(name).name != name or not isinstance(expected, dict):
-            raise ExportError(f"{folder / MANIFEST}: corrupt (bad entry {name[:60]!r}); "
-                              f"{AGAIN}")
+            raise ExportError(f"{folder / MANIFEST}: corrupt (bad entry {name[:60]!r}); {AGAIN}")
         if not path.is_file():
             raise ExportError(f"{path}: missing from the export; {AGAIN}")
         size = path.stat().st_size
         if size != expected.get("bytes"):
-            raise ExportError(f"{path}: {size} bytes, {MANIFEST} says {expected.get('bytes')} "
-                              f"(truncated or changed since the export); {AGAIN}")
+            raise ExportError(
+                f"{path}: {size} bytes, {MANIFEST} says {expected.get('bytes')} "
+                f"(truncated or changed since the export); {AGAIN}"
+            )
         if file_sha256(path) != expected.get("sha256"):
-            raise ExportError(f"{path}: its SHA-256 does not match {MANIFEST} (corrupt or "
-                              f"changed since the export); {AGAIN}")
+            raise ExportError(
+                f"{path}: its SHA-256 does not match {MANIFEST} (corrupt or "
+                f"changed since the export); {AGAIN}"
+            )
     return True
 
 
@@ -218,7 +288,8 @@ def ct2_device(ct2, name: str, option: str = "--device") -> str:
     without one is an error naming `option`, as for a checkpoint."""
     if name == "cuda" or (name == "auto" and ct2.get_cuda_device_count() > 0):
         if ct2.get_cuda_device_count() == 0:
-            raise OptionError(f"{option} cuda, but no CUDA device is available (use "
-                              f"{option} auto or cpu)")
+            raise OptionError(
+                f"{option} cuda, but no CUDA device is available (use {option} auto or cpu)"
+            )
         return "cuda"
     return "cpu"

@@ -26,13 +26,17 @@ def model_files(paths: Sequence[str | os.PathLike]) -> dict[str, list[Path]]:
     files = {}
     for i, p in enumerate(map(Path, paths)):
         files["--model" + (f" #{i + 1}" if i else "")] = (
-            sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+            sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        )
     return files
 
 
-def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                device: str = "auto", device_option: str = "--device",
-                precision: str | None = None) -> Translator:
+def load_engine(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    device: str = "auto",
+    device_option: str = "--device",
+    precision: str | None = None,
+) -> Translator:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
     the option `device` came from, for the error when it cannot be used. `precision`
     (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported
@@ -48,14 +52,19 @@ def load_engine(paths: str | os.PathLike | Sequence[str | os.PathLike],
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())
     if not looks_exported(folder):
-        raise OptionError(f"{folder} is a folder but not an exported model (no "
-                          f"mtkit.json and model.bin); -m takes a checkpoint file or a "
-                          f"folder made by mtkit export")
+        raise OptionError(
+            f"{folder} is a folder but not an exported model (no "
+            f"mtkit.json and model.bin); -m takes a checkpoint file or a "
+            f"folder made by mtkit export"
+        )
     if len(paths) > 1:
-        raise OptionError("an ensemble needs checkpoints; an exported CTranslate2 folder "
-                          "translates alone")
+        raise OptionError(
+            "an ensemble needs checkpoints; an exported CTranslate2 folder translates alone"
+        )
     if precision in ("bf16", "int8"):
-        raise OptionError(f"--precision {precision} needs a checkpoint (-m FILE.pt); an exported "
-                          "CTranslate2 folder runs in the type it was exported with "
-                          "(mtkit export --quantization)")
+        raise OptionError(
+            f"--precision {precision} needs a checkpoint (-m FILE.pt); an exported "
+            "CTranslate2 folder runs in the type it was exported with "
+            "(mtkit export --quantization)"
+        )
     return CT2Engine(folder, device, device_option)

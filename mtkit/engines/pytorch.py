@@ -80,8 +80,7 @@ class TorchEngine(Engine):
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
-    capabilities = Capabilities(sampling=True, alignments=True, streaming=True,
-                                constraints=True)
+    capabilities = Capabilities(sampling=True, alignments=True, streaming=True, constraints=True)
 
     def __post_init__(self) -> None:
         Engine.__init__(self)
@@ -102,29 +101,38 @@ class TorchEngine(Engine):
         letter or digit first (punctuation may follow a word). A constraint's phrase
         is never followed by one, so that it is met as whole words."""
         pieces = [self.tgt_vocab.piece(i) for i in range(len(self.tgt_vocab))]
-        return torch.tensor([p[:1].isalnum() and not p.startswith("\u2581") for p in pieces],
-                            device=self.device)
+        return torch.tensor(
+            [p[:1].isalnum() and not p.startswith("\u2581") for p in pieces], device=self.device
+        )
 
     @property
     def max_positions(self) -> int:
         return min(m.cfg.max_positions for m in self.models)
 
     def describe(self) -> dict:
-        return {"engine": "pytorch", "models": len(self.models),
-                "parameters": sum(count_parameters(m) for m in self.models),
-                "device": str(self.device), "precision": self.precision["precision"]}
+        return {
+            "engine": "pytorch",
+            "models": len(self.models),
+            "parameters": sum(count_parameters(m) for m in self.models),
+            "device": str(self.device),
+            "precision": self.precision["precision"],
+        }
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         super().check(options, spell)
         if options.alignments and options.align_layer is not None:
             check_layer(options.align_layer, self.models)
 
-    def translate(self, lines: list[str], opts: SearchOptions,
-                  done: Callable[[int], None] | None = None,
-                  prefixes: list[str] | None = None, *,
-                  batch_tokens: int = BATCH_TOKENS,
-                  constraints: list[list[tuple[str, ...]]] | None = None
-                  ) -> list[list[Hypothesis]]:
+    def translate(
+        self,
+        lines: list[str],
+        opts: SearchOptions,
+        done: Callable[[int], None] | None = None,
+        prefixes: list[str] | None = None,
+        *,
+        batch_tokens: int = BATCH_TOKENS,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
         samples are the same in any batch, at any place in the input, alone or not."""
@@ -134,71 +142,139 @@ class TorchEngine(Engine):
             check_constraints(opts, self.capabilities)
         done = done or (lambda n: None)
         out, todo, ids, forced = self.prepare(lines, opts, done, prefixes, constraints)
-        wanted = self.constraint_ids(ids, [constraints[i] for i in todo], opts,
-                                     [i + 1 for i in todo]) if constraints else None
-        required = [[i for c in line for alt in c for i in alt] for line in wanted] \
-            if wanted else None
+        wanted = (
+            self.constraint_ids(ids, [constraints[i] for i in todo], opts, [i + 1 for i in todo])
+            if constraints
+            else None
+        )
+        required = (
+            [[i for c in line for alt in c for i in alt] for line in wanted] if wanted else None
+        )
         for banned, group in self.output_groups(ids, forced, opts, required):
-            model = OutputVocabulary(self.step_model, banned, len(self.tgt_vocab),
-                                     self.device) if banned else self.step_model
+            model = (
+                OutputVocabulary(self.step_model, banned, len(self.tgt_vocab), self.device)
+                if banned
+                else self.step_model
+            )
             order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
             for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
                 src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
-                seeds = [line_seed(opts.seed, lines[todo[k]]) for k in batch] \
-                    if opts.sampling else []
+                seeds = (
+                    [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling else []
+                )
                 with self.searching():
-                    hyps = self.search(src, opts, [forced[k] for k in batch] if forced
-                                       else None, seeds,
-                                       [wanted[k] for k in batch] if wanted else None, model)
+                    hyps = self.search(
+                        src,
+                        opts,
+                        [forced[k] for k in batch] if forced else None,
+                        seeds,
+                        [wanted[k] for k in batch] if wanted else None,
+                        model,
+                    )
                     if opts.alignments:
-                        hyps = self.with_alignments([ids[k] for k in batch], hyps,
-                                                    opts.align_layer)
+                        hyps = self.with_alignments([ids[k] for k in batch], hyps, opts.align_layer)
                 for k, h in zip(batch, hyps, strict=True):
                     out[todo[k]] = h
                 done(len(batch))
         return out
 
-    def search(self, src: torch.Tensor, opts: SearchOptions,
-               prefixes: list[list[int]] | None, seeds: list[int],
-               constraints: list[list[list[list[int]]]] | None = None,
-               model: StepModel | None = None) -> list[list[Hypothesis]]:
+    def search(
+        self,
+        src: torch.Tensor,
+        opts: SearchOptions,
+        prefixes: list[list[int]] | None,
+        seeds: list[int],
+        constraints: list[list[list[list[int]]]] | None = None,
+        model: StepModel | None = None,
+    ) -> list[list[Hypothesis]]:
         """One batch src (B, S) through sampling, greedy decoding, beam search or
         constrained beam search, of `model` (default: `step_model`)."""
         model = model or self.step_model
         if opts.sampling:
-            hyps = sample_search(model, src, seeds, opts.beam, opts.temperature, opts.topk,
-                                 opts.topp, opts.lenpen, opts.max_len_a, opts.max_len_b,
-                                 no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
+            hyps = sample_search(
+                model,
+                src,
+                seeds,
+                opts.beam,
+                opts.temperature,
+                opts.topk,
+                opts.topp,
+                opts.lenpen,
+                opts.max_len_a,
+                opts.max_len_b,
+                no_repeat_ngram=opts.no_repeat_ngram,
+                prefixes=prefixes,
+            )
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
-            return greedy_hypotheses(model, src, opts.lenpen, opts.max_len_a, opts.max_len_b,
-                                     no_repeat_ngram=opts.no_repeat_ngram, prefixes=prefixes)
+            return greedy_hypotheses(
+                model,
+                src,
+                opts.lenpen,
+                opts.max_len_a,
+                opts.max_len_b,
+                no_repeat_ngram=opts.no_repeat_ngram,
+                prefixes=prefixes,
+            )
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
-        return beam_search(model, src, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
-                           nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
-                           prefixes=prefixes)
+        return beam_search(
+            model,
+            src,
+            opts.beam,
+            opts.lenpen,
+            opts.max_len_a,
+            opts.max_len_b,
+            nbest=opts.nbest,
+            no_repeat_ngram=opts.no_repeat_ngram,
+            prefixes=prefixes,
+        )
 
-    def constrained(self, src: torch.Tensor, opts: SearchOptions,
-                    prefixes: list[list[int]] | None, constraints: list[list[list[list[int]]]],
-                    model: StepModel) -> list[list[Hypothesis]]:
+    def constrained(
+        self,
+        src: torch.Tensor,
+        opts: SearchOptions,
+        prefixes: list[list[int]] | None,
+        constraints: list[list[list[list[int]]]],
+        model: StepModel,
+    ) -> list[list[Hypothesis]]:
         """Constrained beam search (`mtkit.search.constraints`). A sentence with fewer than
         n-best hypotheses that meet its constraints within its length limit (none, or
         too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
-        hyps = constrained_beam_search(model, src, constraints, opts.beam,
-                                       opts.lenpen, opts.max_len_a, opts.max_len_b,
-                                       nbest=opts.nbest, no_repeat_ngram=opts.no_repeat_ngram,
-                                       prefixes=prefixes, inside_word=self.inside_word)
-        hyps = [[replace(h, met=True) for h in nbest] if wanted else nbest
-                for nbest, wanted in zip(hyps, constraints, strict=True)]
+        hyps = constrained_beam_search(
+            model,
+            src,
+            constraints,
+            opts.beam,
+            opts.lenpen,
+            opts.max_len_a,
+            opts.max_len_b,
+            nbest=opts.nbest,
+            no_repeat_ngram=opts.no_repeat_ngram,
+            prefixes=prefixes,
+            inside_word=self.inside_word,
+        )
+        hyps = [
+            [replace(h, met=True) for h in nbest] if wanted else nbest
+            for nbest, wanted in zip(hyps, constraints, strict=True)
+        ]
         short = [i for i, h in enumerate(hyps) if len(h) < opts.nbest]
         if short:
-            plain = self.search(src[short], opts, [prefixes[i] for i in short]
-                                if prefixes else None, [], model=model)
+            plain = self.search(
+                src[short],
+                opts,
+                [prefixes[i] for i in short] if prefixes else None,
+                [],
+                model=model,
+            )
             for i, more in zip(short, plain, strict=True):
                 have = {tuple(h.tokens) for h in hyps[i]}
-                hyps[i] = hyps[i] + [replace(h, met=False) for h in more
-                                     if tuple(h.tokens) not in have][: opts.nbest - len(hyps[i])]
+                hyps[i] = (
+                    hyps[i]
+                    + [replace(h, met=False) for h in more if tuple(h.tokens) not in have][
+                        : opts.nbest - len(hyps[i])
+                    ]
+                )
         return hyps
 
     @contextmanager
@@ -212,15 +288,22 @@ class TorchEngine(Engine):
         with autocast(self.device, self.autocast_dtype), torch.inference_mode():
             yield
 
-    def with_alignments(self, sources: list[list[int]], hyps: list[list[Hypothesis]],
-                        layer: int | None) -> list[list[Hypothesis]]:
+    def with_alignments(
+        self, sources: list[list[int]], hyps: list[list[Hypothesis]], layer: int | None
+    ) -> list[list[Hypothesis]]:
         """Each hypothesis with its word links to its source (`mtkit.search.alignment`)."""
-        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True)
-                 for h in nbest]
-        links = iter(align(self.models, [src for src, _ in pairs], [out for _, out in pairs],
-                           [[self.src_vocab.piece(i) for i in src] for src, _ in pairs],
-                           [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
-                           layer, self.device))
+        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True) for h in nbest]
+        links = iter(
+            align(
+                self.models,
+                [src for src, _ in pairs],
+                [out for _, out in pairs],
+                [[self.src_vocab.piece(i) for i in src] for src, _ in pairs],
+                [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
+                layer,
+                self.device,
+            )
+        )
         return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
 
 
@@ -229,8 +312,7 @@ class OutputVocabulary:
     `size`: their logits are -inf before the search reads them (so the other pieces'
     probabilities add up to 1). Everything else is the model's."""
 
-    def __init__(self, model: StepModel, banned: list[int], size: int,
-                 device: torch.device):
+    def __init__(self, model: StepModel, banned: list[int], size: int, device: torch.device):
         self.model = model
         self.banned = torch.zeros(size, dtype=torch.bool)
         self.banned[banned] = True
@@ -239,8 +321,9 @@ class OutputVocabulary:
     def __getattr__(self, name: str):
         return getattr(self.model, name)
 
-    def decode_step(self, token: torch.Tensor, memory: torch.Tensor | None,
-                    src_mask: torch.Tensor, cache) -> tuple[torch.Tensor, object]:
+    def decode_step(
+        self, token: torch.Tensor, memory: torch.Tensor | None, src_mask: torch.Tensor, cache
+    ) -> tuple[torch.Tensor, object]:
         logits, cache = self.model.decode_step(token, memory, src_mask, cache)  # (rows, V)
         return logits.masked_fill_(self.banned, float("-inf")), cache
 
@@ -251,8 +334,9 @@ def line_seed(seed: int, line: str) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
-def length_batches(order: list[int], ids: list[list[int]], batch_tokens: int
-                    ) -> Iterator[list[int]]:
+def length_batches(
+    order: list[int], ids: list[list[int]], batch_tokens: int
+) -> Iterator[list[int]]:
     """Consecutive runs of `order` with (rows x longest + 1) <= batch_tokens."""
     batch: list[int] = []
     longest = 0
@@ -274,9 +358,12 @@ def pad_rows(rows: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
-                      device_option: str = "--device", precision: str | None = None
-                      ) -> TorchEngine:
+def load_torch_engine(
+    paths: Sequence[str | os.PathLike],
+    device: str = "auto",
+    device_option: str = "--device",
+    precision: str | None = None,
+) -> TorchEngine:
     """Everything translation needs comes from the checkpoint file(s); several files make
     an ensemble, whose models must share the source and the target vocabulary (decoding
     defaults come from the first). `device_option` names the option `device` came from,
@@ -288,32 +375,51 @@ def load_torch_engine(paths: Sequence[str | os.PathLike], device: str = "auto",
     for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
         for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
             if not mine.same(theirs):
-                raise CheckpointError(f"{path} and {first} have different {side} "
-                                      f"vocabularies; the models of an ensemble must share "
-                                      f"their tokenizers")
+                raise CheckpointError(
+                    f"{path} and {first} have different {side} "
+                    f"vocabularies; the models of an ensemble must share "
+                    f"their tokenizers"
+                )
     models = [model.to(dev).eval() for model, *_ in loaded]
     dtype, record = inference_precision(precision or cfg.decode.precision, dev, cfg)
     if record["precision"] == "int8":
-        models = [int8.quantize(model, MappedFile(Path(path)).release)
-                  for model, path in zip(models, paths, strict=True)]
+        models = [
+            int8.quantize(model, MappedFile(Path(path)).release)
+            for model, path in zip(models, paths, strict=True)
+        ]
     elif dtype is not None and dev.type == "cpu":  # bf16 weights, not autocast
-        models = [bf16_weights(model, MappedFile(Path(path)).release)
-                  for model, path in zip(models, paths, strict=True)]
+        models = [
+            bf16_weights(model, MappedFile(Path(path)).release)
+            for model, path in zip(models, paths, strict=True)
+        ]
         dtype = None
-    rows, d_model, _ = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model,
-                                       cfg.model.ffn_dim)
+    rows, d_model, _ = inference_shape(
+        cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim
+    )
     record["attention"] = choose_decoding_attention(
-        dev, torch.bfloat16 if record["precision"] == "bf16" else None,
-        AttentionShape(rows, 16, cfg.model.heads, d_model // cfg.model.heads))
+        dev,
+        torch.bfloat16 if record["precision"] == "bf16" else None,
+        AttentionShape(rows, 16, cfg.model.heads, d_model // cfg.model.heads),
+    )
     for model in models:
         model.use_attention(record["attention"]["kernel"])
         keep_stacked_weights(model)  # its weights are final now
-    return TorchEngine(models, src_vocab, tgt_vocab, dev, dtype, cfg,
-                       [w.step for *_, w in loaded], [w.about for *_, w in loaded], record)
+    return TorchEngine(
+        models,
+        src_vocab,
+        tgt_vocab,
+        dev,
+        dtype,
+        cfg,
+        [w.step for *_, w in loaded],
+        [w.about for *_, w in loaded],
+        record,
+    )
 
 
-def bf16_weights(model: Transformer, release: Callable[[torch.Tensor], None] | None = None
-                 ) -> Transformer:
+def bf16_weights(
+    model: Transformer, release: Callable[[torch.Tensor], None] | None = None
+) -> Transformer:
     """The model with its weights in bf16, for translation on a CPU: every product,
     LayerNorm and residual runs in bf16, where bf16 autocast would cast each Linear's
     input to bf16 and its output back, and keep a bf16 copy of each weight beside the
@@ -324,22 +430,29 @@ def bf16_weights(model: Transformer, release: Callable[[torch.Tensor], None] | N
     is never resident in both precisions. In place; returns the model."""
     cast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (fp32, bf16), tied
     for module in list(model.modules()):  # weights cast once (the fp32 kept: ids stay)
-        for name, t in [*module.named_parameters(recurse=False),
-                        *module.named_buffers(recurse=False)]:
+        for name, t in [
+            *module.named_parameters(recurse=False),
+            *module.named_buffers(recurse=False),
+        ]:
             if not t.is_floating_point():
                 continue
             if id(t) not in cast:
                 new = t.detach().to(torch.bfloat16)
-                cast[id(t)] = (t, torch.nn.Parameter(new, t.requires_grad)
-                               if isinstance(t, torch.nn.Parameter) else new)
+                cast[id(t)] = (
+                    t,
+                    torch.nn.Parameter(new, t.requires_grad)
+                    if isinstance(t, torch.nn.Parameter)
+                    else new,
+                )
                 if release is not None:
                     release(t.detach())
             setattr(module, name, cast[id(t)][1])
     return model
 
 
-def inference_precision(asked: str, device: torch.device, cfg: Config
-                        ) -> tuple[torch.dtype | None, dict]:
+def inference_precision(
+    asked: str, device: torch.device, cfg: Config
+) -> tuple[torch.dtype | None, dict]:
     """The dtype translation runs in (None: fp32; bf16: autocast on CUDA, the models'
     weights on a CPU, `bf16_weights`) and its record. `auto` takes bf16 on CUDA; on a CPU
     it times the model's first FFN layer at one decoding step of a full batch, forward
@@ -352,12 +465,18 @@ def inference_precision(asked: str, device: torch.device, cfg: Config
         if device.type != "cpu":
             raise OptionError("--precision int8 runs on a CPU; on CUDA use bf16 (or auto)")
         if not int8.int8_supported():
-            raise OptionError(f"--precision int8 needs int8 matrix products on a CPU, which "
-                              f"this torch ({torch.__version__}) lacks; use fp32 or auto")
+            raise OptionError(
+                f"--precision int8 needs int8 matrix products on a CPU, which "
+                f"this torch ({torch.__version__}) lacks; use fp32 or auto"
+            )
         weights = int8.weight_range()
         if weights < int8.QMAX:
-            log.info("precision int8: full-range int8 products are not exact on this CPU "
-                     "(no VNNI instructions): weights are rounded to -%d..%d", weights, weights)
+            log.info(
+                "precision int8: full-range int8 products are not exact on this CPU "
+                "(no VNNI instructions): weights are rounded to -%d..%d",
+                weights,
+                weights,
+            )
         return None, {"precision": "int8", "asked": asked, "int8_weight_range": weights}
     shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
     dtype, calibration = resolve_precision(asked, device, shape, backward=False)
@@ -385,8 +504,14 @@ def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Conf
         model = build_model(cfg.model, len(src_vocab), len(tgt_vocab), initialize=False)
         model.load_state_dict(payload["model"], assign=True)
     except (KeyError, TypeError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"{path}: checkpoint is incomplete or does not match its "
-                              f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
-                              ) from None
-    return (model, src_vocab, tgt_vocab, cfg,
-            Weights(trained_step(payload), describe_weights(payload)))
+        raise CheckpointError(
+            f"{path}: checkpoint is incomplete or does not match its "
+            f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+        ) from None
+    return (
+        model,
+        src_vocab,
+        tgt_vocab,
+        cfg,
+        Weights(trained_step(payload), describe_weights(payload)),
+    )

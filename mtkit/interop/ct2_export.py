@@ -28,24 +28,38 @@ from mtkit.interop.export_folder import export_target, manifest_files
 if TYPE_CHECKING:
     from mtkit.model.transformer import Transformer
 
-QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
-                 "bfloat16", "float16")
+QUANTIZATIONS = (
+    "float32",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "bfloat16",
+    "float16",
+)
 
 
 def check_quantization(quantization: str, device: str = "cpu") -> None:
     """One line when this machine cannot run `quantization` on `device`."""
     ct2 = ctranslate2_module()
     if quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
-                          f"got {quantization!r}")
+        raise ExportError(
+            f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
     supported = ct2.get_supported_compute_types(device)
     if quantization not in supported:
-        raise ExportError(f"--quantization {quantization} is not supported on this "
-                          f"{device.upper()} (supported: {', '.join(sorted(supported))})")
+        raise ExportError(
+            f"--quantization {quantization} is not supported on this "
+            f"{device.upper()} (supported: {', '.join(sorted(supported))})"
+        )
 
 
-def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
-                       quantization: str = "float32", force: bool = False) -> Path:
+def export_ctranslate2(
+    checkpoint: str | os.PathLike,
+    output: str | os.PathLike,
+    quantization: str = "float32",
+    force: bool = False,
+) -> Path:
     """Write the CTranslate2 folder of `checkpoint` to `output` (atomically); `force`
     replaces a previous export there (`export_target`)."""
     from mtkit.engines.pytorch import load_model
@@ -54,8 +68,11 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
     check_quantization(quantization)
     target = export_target(output, checkpoint, force)
     model, src_vocab, tgt_vocab, cfg, weights = load_model(checkpoint)
-    spec = model_spec(model, [src_vocab.piece(i) for i in range(len(src_vocab))],
-                      [tgt_vocab.piece(i) for i in range(len(tgt_vocab))])
+    spec = model_spec(
+        model,
+        [src_vocab.piece(i) for i in range(len(src_vocab))],
+        [tgt_vocab.piece(i) for i in range(len(tgt_vocab))],
+    )
 
     class Converter(ct2.converters.Converter):
         def _load(self):
@@ -70,11 +87,20 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output: str | os.PathLike,
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
         files = manifest_files(tmp)
-        manifest = json.dumps({"format": FORMAT, "checkpoint": str(checkpoint),
-                               "step": weights.step, "weights": weights.about,
-                               "quantization": quantization, "files": files,
-                               "config": config_to_dict(cfg), **_tables(src_vocab, tgt_vocab)},
-                              indent=1, default=str)
+        manifest = json.dumps(
+            {
+                "format": FORMAT,
+                "checkpoint": str(checkpoint),
+                "step": weights.step,
+                "weights": weights.about,
+                "quantization": quantization,
+                "files": files,
+                "config": config_to_dict(cfg),
+                **_tables(src_vocab, tgt_vocab),
+            },
+            indent=1,
+            default=str,
+        )
         # All of tmp is renamed into place at the end, so a partial file is never seen:
         (tmp / MANIFEST).write_text(manifest + "\n")  # written in place on purpose
     return output
@@ -84,9 +110,11 @@ def _tables(src_vocab, tgt_vocab) -> dict:
     """The id tables of vocabularies whose ids are not SentencePiece's (an imported
     model's) and a multilingual model's target `languages` (`Vocab`), for the manifest:
     the runtime reads them back (`engines.ct2`)."""
-    tables = {f"{side}_pieces": v.pieces for side, v in (("src", src_vocab),
-                                                          ("tgt", tgt_vocab))
-              if v.pieces is not None}
+    tables = {
+        f"{side}_pieces": v.pieces
+        for side, v in (("src", src_vocab), ("tgt", tgt_vocab))
+        if v.pieces is not None
+    }
     return {**tables, "tgt_languages": tgt_vocab.languages} if tgt_vocab.languages else tables
 
 
@@ -95,16 +123,21 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swish": common_spec.Activation.SWISH}[cfg.activation]
+    activation = {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,
+        "swish": common_spec.Activation.SWISH,
+    }[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.norm == "pre",
-        activation=activation)
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.heads,
+        pre_norm=cfg.norm == "pre",
+        activation=activation,
+    )
     spec.config.layer_norm_epsilon = model.encoder_layers[0].attn_block.norm.eps
     spec.config.add_source_eos = True  # mtkit's sources end with eos
     spec.config.decoder_start_token = "<s>"
-    weights = _Weights({k: v.detach().float().cpu().numpy()
-                        for k, v in model.state_dict().items()})
+    weights = _Weights({k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()})
     _set_inputs(spec.encoder, model.src_embed)
     for i, layer in enumerate(spec.encoder.layer):
         weights.self_attention_and_ffn(layer, f"encoder_layers.{i}", "attn_block")
@@ -113,8 +146,9 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
         p = f"decoder_layers.{i}"
         weights.self_attention_and_ffn(layer, p, "self_block")
         weights.linear(layer.attention.linear[0], f"{p}.cross_attn.q_proj")
-        weights.linear(layer.attention.linear[1], f"{p}.cross_attn.k_proj",
-                       f"{p}.cross_attn.v_proj")
+        weights.linear(
+            layer.attention.linear[1], f"{p}.cross_attn.k_proj", f"{p}.cross_attn.v_proj"
+        )
         weights.linear(layer.attention.linear[2], f"{p}.cross_attn.out_proj")
         weights.norm(layer.attention.layer_norm, f"{p}.cross_block.norm")
     if cfg.norm == "pre":
@@ -130,10 +164,11 @@ def model_spec(model: Transformer, src_pieces: list[str], tgt_pieces: list[str])
 
 def _set_inputs(target, embed) -> None:
     """A stack's token embedding and its position table (mtkit's own, stored whole)."""
-    tokens = target.embeddings[0] if isinstance(target.embeddings, list) \
-        else target.embeddings  # the encoder has a list (source features)
+    tokens = (
+        target.embeddings[0] if isinstance(target.embeddings, list) else target.embeddings
+    )  # the encoder has a list (source features)
     tokens.weight = embed.tokens.weight.detach().float().numpy()
-    table = (embed.learned.weight if embed.learned is not None else embed.sinusoidal)
+    table = embed.learned.weight if embed.learned is not None else embed.sinusoidal
     target.position_encodings.encodings = table.detach().float().numpy()
     target.scale_embeddings = True  # tokens * sqrt(d_model), then + positions
 
@@ -154,8 +189,7 @@ class _Weights:
         target.gamma, target.beta = self.arrays[f"{name}.weight"], self.arrays[f"{name}.bias"]
 
     def self_attention_and_ffn(self, layer, p: str, attn_block: str) -> None:
-        self.linear(layer.self_attention.linear[0],
-                    *(f"{p}.self_attn.{x}_proj" for x in "qkv"))
+        self.linear(layer.self_attention.linear[0], *(f"{p}.self_attn.{x}_proj" for x in "qkv"))
         self.linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
         self.norm(layer.self_attention.layer_norm, f"{p}.{attn_block}.norm")
         self.linear(layer.ffn.linear_0, f"{p}.ffn.inner")

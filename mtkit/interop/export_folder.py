@@ -28,8 +28,9 @@ HF_FORMAT = "mtkit-hf-1"
 FORMATS = {FORMAT: EXPORT_FILES, HF_FORMAT: frozenset()}
 
 
-def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
-                  force: bool = False) -> Path:
+def export_target(
+    output: str | os.PathLike, checkpoint: str | os.PathLike, force: bool = False
+) -> Path:
     """The folder that exporting `checkpoint` to `-o output` may (re)place: `output` with
     its symbolic links resolved. Refused in one line: a file, `-`, the current folder or
     a folder above it, a folder that holds the checkpoint, and a non-empty folder unless
@@ -41,11 +42,12 @@ def export_target(output: str | os.PathLike, checkpoint: str | os.PathLike,
         raise ExportError(f"{output} is a file; -o must name a folder")
     here = Path(os.path.realpath(os.curdir))
     if target == here or target in here.parents:
-        raise ExportError(f"-o {output} is the current folder or one above it, which "
-                          f"exporting would replace; name a new folder")
+        raise ExportError(
+            f"-o {output} is the current folder or one above it, which "
+            f"exporting would replace; name a new folder"
+        )
     if target in Path(os.path.realpath(checkpoint)).parents:
-        raise ExportError(f"{output} holds the checkpoint {checkpoint}; export to another "
-                          f"folder")
+        raise ExportError(f"{output} holds the checkpoint {checkpoint}; export to another folder")
     if not target.is_dir() or not any(target.iterdir()):
         return target
     if not force:
@@ -68,13 +70,20 @@ def not_an_export(folder: Path) -> str | None:
             manifest = None
     kind = manifest.get("format") if isinstance(manifest, dict) else None
     if not isinstance(kind, str) or kind not in FORMATS:
-        return (f"is not an mtkit export (no {MANIFEST} naming an export format, the "
-                f"marker every mtkit export holds)")
+        return (
+            f"is not an mtkit export (no {MANIFEST} naming an export format, the "
+            f"marker every mtkit export holds)"
+        )
     listed = manifest.get("files")
     names = set(listed) if isinstance(listed, dict) else set(FORMATS[kind])
-    foreign = sorted((p.name for p in folder.iterdir() if p.name != MANIFEST and (
-                      p.name not in names or p.is_symlink() or not p.is_file())),
-                     key=lambda name: (name.startswith("."), name))
+    foreign = sorted(
+        (
+            p.name
+            for p in folder.iterdir()
+            if p.name != MANIFEST and (p.name not in names or p.is_symlink() or not p.is_file())
+        ),
+        key=lambda name: (name.startswith("."), name),
+    )
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         return f"holds {foreign[0]}{more}, which an export does not"
@@ -83,5 +92,7 @@ def not_an_export(folder: Path) -> str | None:
 
 def manifest_files(folder: Path) -> dict[str, dict]:
     """The `files` entry of a manifest: every file of `folder`, its size and SHA-256."""
-    return {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-            for p in sorted(folder.iterdir())}
+    return {
+        p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(folder.iterdir())
+    }

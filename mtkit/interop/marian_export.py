@@ -58,14 +58,18 @@ log = logging.getLogger(__name__)
 
 PAD_PIECE = "<pad>"  # Marian's pad and decoder start: mtkit's bos row
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}  # mtkit's -> Marian's
-POSITIONS = {"sinusoidal": "interleaves its sines and cosines",
-             "learned": "learns its positions"}
+POSITIONS = {"sinusoidal": "interleaves its sines and cosines", "learned": "learns its positions"}
 # mtkit's module in a layer -> Marian's (`mtkit.interop.marian_import.state_dict`, inverted)
-LAYER_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "ffn.inner": "fc1",
-               "ffn.outer": "fc2", "attn_block.norm": "self_attn_layer_norm",
-               "self_block.norm": "self_attn_layer_norm",
-               "cross_block.norm": "encoder_attn_layer_norm",
-               "ffn_block.norm": "final_layer_norm"}
+LAYER_NAMES = {
+    "self_attn": "self_attn",
+    "cross_attn": "encoder_attn",
+    "ffn.inner": "fc1",
+    "ffn.outer": "fc2",
+    "attn_block.norm": "self_attn_layer_norm",
+    "self_block.norm": "self_attn_layer_norm",
+    "cross_block.norm": "encoder_attn_layer_norm",
+    "ffn_block.norm": "final_layer_norm",
+}
 
 
 class HFExportError(ExportError):
@@ -77,26 +81,32 @@ def safetensors_writer():
     try:
         from safetensors.torch import save_file
     except ImportError:
-        raise HFExportError("a Hugging Face export needs safetensors: pip install "
-                            "'mtkit[hf]'") from None
+        raise HFExportError(
+            "a Hugging Face export needs safetensors: pip install 'mtkit[hf]'"
+        ) from None
     return save_file
 
 
 def check_expressible(cfg: ModelConfig) -> None:
     """One line naming the field where MarianMTModel cannot express the architecture."""
     if cfg.norm != "post":
-        raise HFExportError(f"model.norm={cfg.norm}: MarianMTModel is post-norm (a LayerNorm "
-                            f"after each residual, none at the end of a stack); a pre-norm "
-                            f"model cannot be exported to it")
+        raise HFExportError(
+            f"model.norm={cfg.norm}: MarianMTModel is post-norm (a LayerNorm "
+            f"after each residual, none at the end of a stack); a pre-norm "
+            f"model cannot be exported to it"
+        )
     if cfg.positions != "sinusoidal_split":
-        raise HFExportError(f"model.positions={cfg.positions}: MarianMTModel adds fixed "
-                            f"sinusoids in Marian's layout (sines, then cosines) and this "
-                            f"model {POSITIONS.get(cfg.positions, 'has others')}; only a "
-                            f"model with positions sinusoidal_split (an imported one, or "
-                            f"one trained so) exports to it")
+        raise HFExportError(
+            f"model.positions={cfg.positions}: MarianMTModel adds fixed "
+            f"sinusoids in Marian's layout (sines, then cosines) and this "
+            f"model {POSITIONS.get(cfg.positions, 'has others')}; only a "
+            f"model with positions sinusoidal_split (an imported one, or "
+            f"one trained so) exports to it"
+        )
     if cfg.activation not in ACTIVATIONS:
-        raise HFExportError(f"model.activation={cfg.activation}: MarianMTModel has "
-                            f"{', '.join(ACTIVATIONS)} here")
+        raise HFExportError(
+            f"model.activation={cfg.activation}: MarianMTModel has {', '.join(ACTIVATIONS)} here"
+        )
 
 
 def marian_table(vocab: Vocab, side: str) -> tuple[dict[str, int], list[int]]:
@@ -108,9 +118,11 @@ def marian_table(vocab: Vocab, side: str) -> tuple[dict[str, int], list[int]]:
     table = {p: m for m, p in enumerate(pieces)}
     if len(table) != len(pieces):
         twice = next(p for p, n in Counter(pieces).items() if n > 1)
-        raise HFExportError(f"the {side} vocabulary has the piece {twice!r} more than once "
-                            f"(mtkit's bos becomes Marian's {PAD_PIECE}); vocab.json needs "
-                            f"each piece once")
+        raise HFExportError(
+            f"the {side} vocabulary has the piece {twice!r} more than once "
+            f"(mtkit's bos becomes Marian's {PAD_PIECE}); vocab.json needs "
+            f"each piece once"
+        )
     return table, rows
 
 
@@ -122,12 +134,13 @@ def marian_name(key: str) -> str:
     if stack in ("encoder", "decoder") and index.isdigit():
         for ours, theirs in LAYER_NAMES.items():
             if rest.startswith(ours + "."):
-                return f"model.{stack}.layers.{index}.{theirs}{rest[len(ours):]}"
+                return f"model.{stack}.layers.{index}.{theirs}{rest[len(ours) :]}"
     raise HFExportError(f"the model has {key}, which MarianMTModel has no place for")
 
 
-def marian_weights(model: Transformer, src_rows: list[int], tgt_rows: list[int],
-                   src_size: int) -> dict[str, torch.Tensor]:
+def marian_weights(
+    model: Transformer, src_rows: list[int], tgt_rows: list[int], src_size: int
+) -> dict[str, torch.Tensor]:
     """The MarianMTModel state dict of an mtkit model: Marian's names, its rows in
     Marian's order (`marian_table`); a separate source embedding is filled up with zero
     rows to `src_size` (MarianMTModel's encoder takes the target's pad id)."""
@@ -153,19 +166,36 @@ def marian_config(cfg: ModelConfig, src_size: int, tgt_size: int) -> dict:
     """config.json: the MarianConfig of `cfg`, its pad (and start) the target's last id."""
     pad = tgt_size - 1
     return {
-        "architectures": ["MarianMTModel"], "model_type": "marian",
-        "vocab_size": src_size, "decoder_vocab_size": tgt_size,
-        "share_encoder_decoder_embeddings": cfg.share_embeddings, "tie_word_embeddings": True,
-        "d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers,
-        "decoder_layers": cfg.decoder_layers, "encoder_attention_heads": cfg.heads,
-        "decoder_attention_heads": cfg.heads, "encoder_ffn_dim": cfg.ffn_dim,
-        "decoder_ffn_dim": cfg.ffn_dim, "activation_function": ACTIVATIONS[cfg.activation],
-        "max_position_embeddings": cfg.max_positions, "scale_embedding": True,
-        "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
-        "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
-        "pad_token_id": pad, "decoder_start_token_id": pad, "eos_token_id": 0,
-        "forced_eos_token_id": 0, "bos_token_id": None, "is_encoder_decoder": True,
-        "use_cache": True, "dtype": "float32"}
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": src_size,
+        "decoder_vocab_size": tgt_size,
+        "share_encoder_decoder_embeddings": cfg.share_embeddings,
+        "tie_word_embeddings": True,
+        "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers,
+        "decoder_layers": cfg.decoder_layers,
+        "encoder_attention_heads": cfg.heads,
+        "decoder_attention_heads": cfg.heads,
+        "encoder_ffn_dim": cfg.ffn_dim,
+        "decoder_ffn_dim": cfg.ffn_dim,
+        "activation_function": ACTIVATIONS[cfg.activation],
+        "max_position_embeddings": cfg.max_positions,
+        "scale_embedding": True,
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": 0.0,
+        "encoder_layerdrop": 0.0,
+        "decoder_layerdrop": 0.0,
+        "pad_token_id": pad,
+        "decoder_start_token_id": pad,
+        "eos_token_id": 0,
+        "forced_eos_token_id": 0,
+        "bos_token_id": None,
+        "is_encoder_decoder": True,
+        "use_cache": True,
+        "dtype": "float32",
+    }
 
 
 def generation_config(cfg: Config, tgt_size: int) -> dict:
@@ -173,22 +203,35 @@ def generation_config(cfg: Config, tgt_size: int) -> dict:
     checkpoint's beam, at most the positions. mtkit's length penalty is GNMT's, which
     `generate`'s is not: it is left at transformers' default."""
     pad = tgt_size - 1
-    return {"decoder_start_token_id": pad, "pad_token_id": pad, "eos_token_id": 0,
-            "forced_eos_token_id": 0, "bad_words_ids": [[pad]],
-            "num_beams": cfg.decode.beam, "max_length": cfg.model.max_positions}
+    return {
+        "decoder_start_token_id": pad,
+        "pad_token_id": pad,
+        "eos_token_id": 0,
+        "forced_eos_token_id": 0,
+        "bad_words_ids": [[pad]],
+        "num_beams": cfg.decode.beam,
+        "max_length": cfg.model.max_positions,
+    }
 
 
 def tokenizer_config(cfg: Config, src_table: dict[str, int], shared: bool) -> dict:
     """tokenizer_config.json: MarianTokenizer's languages, vocabularies and specials."""
     pieces = {m: p for p, m in src_table.items()}
-    return {"tokenizer_class": "MarianTokenizer", "source_lang": cfg.data.src_lang,
-            "target_lang": cfg.data.tgt_lang, "separate_vocabs": not shared,
-            "eos_token": pieces[0], "unk_token": pieces[1], "pad_token": PAD_PIECE,
-            "model_max_length": cfg.model.max_positions}
+    return {
+        "tokenizer_class": "MarianTokenizer",
+        "source_lang": cfg.data.src_lang,
+        "target_lang": cfg.data.tgt_lang,
+        "separate_vocabs": not shared,
+        "eos_token": pieces[0],
+        "unk_token": pieces[1],
+        "pad_token": PAD_PIECE,
+        "model_max_length": cfg.model.max_positions,
+    }
 
 
-def export_huggingface(checkpoint: str | os.PathLike, output: str | os.PathLike,
-                       force: bool = False) -> Path:
+def export_huggingface(
+    checkpoint: str | os.PathLike, output: str | os.PathLike, force: bool = False
+) -> Path:
     """Write the Hugging Face Marian folder of `checkpoint` to `output` (atomically);
     `force` replaces a previous mtkit export there (`export_target`)."""
     save_file = safetensors_writer()
@@ -199,15 +242,19 @@ def export_huggingface(checkpoint: str | os.PathLike, output: str | os.PathLike,
     src_table, src_rows = marian_table(src_vocab, "source")
     tgt_table, tgt_rows = marian_table(tgt_vocab, "target")
     if shared and src_table != tgt_table:
-        raise HFExportError("model.share_embeddings=true but the source and target "
-                            "vocabularies differ; MarianMTModel's shared embedding takes "
-                            "one vocab.json for both sides")
+        raise HFExportError(
+            "model.share_embeddings=true but the source and target "
+            "vocabularies differ; MarianMTModel's shared embedding takes "
+            "one vocab.json for both sides"
+        )
     src_size = max(len(src_table), len(tgt_table)) if not shared else len(tgt_table)
     tensors = marian_weights(model, src_rows, tgt_rows, src_size)
-    files = {"config.json": marian_config(cfg.model, src_size, len(tgt_table)),
-             "generation_config.json": generation_config(cfg, len(tgt_table)),
-             "tokenizer_config.json": tokenizer_config(cfg, src_table, shared),
-             "vocab.json": src_table}
+    files = {
+        "config.json": marian_config(cfg.model, src_size, len(tgt_table)),
+        "generation_config.json": generation_config(cfg, len(tgt_table)),
+        "tokenizer_config.json": tokenizer_config(cfg, src_table, shared),
+        "vocab.json": src_table,
+    }
     if not shared:
         files["target_vocab.json"] = tgt_table
     with atomic_dir(target) as tmp:
@@ -215,11 +262,18 @@ def export_huggingface(checkpoint: str | os.PathLike, output: str | os.PathLike,
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
         for name, data in files.items():
-            (tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n",
-                                    encoding="utf-8")
-        manifest = {"format": HF_FORMAT, "checkpoint": str(checkpoint), "step": weights.step,
-                    "weights": weights.about, "files": manifest_files(tmp)}
+            (tmp / name).write_text(
+                json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+            )
+        manifest = {
+            "format": HF_FORMAT,
+            "checkpoint": str(checkpoint),
+            "step": weights.step,
+            "weights": weights.about,
+            "files": manifest_files(tmp),
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    log.info("exported %s (%s) to %s as a Hugging Face Marian model", checkpoint,
-             weights.about, output)
+    log.info(
+        "exported %s (%s) to %s as a Hugging Face Marian model", checkpoint, weights.about, output
+    )
     return Path(output)

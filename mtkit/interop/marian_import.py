@@ -99,24 +99,35 @@ def locate(source: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise MarianImportError(f"{source}: a file, not a model folder (a Marian model in "
-                                f"the Hugging Face layout)")
+        raise MarianImportError(
+            f"{source}: a file, not a model folder (a Marian model in the Hugging Face layout)"
+        )
     if not HUB_NAME.match(text) or ".." in text or Path(text.split("/")[0]).is_dir():
-        raise MarianImportError(f"{source}: no such folder (a local path; a Hub name is "
-                                f"owner/name, such as Helsinki-NLP/opus-mt-en-de)")
+        raise MarianImportError(
+            f"{source}: no such folder (a local path; a Hub name is "
+            f"owner/name, such as Helsinki-NLP/opus-mt-en-de)"
+        )
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise MarianImportError("a Hub name needs huggingface_hub: pip install 'mtkit[hf]'"
-                                ) from None
-    patterns = [*FILES, "target_vocab.json", "model.safetensors", "pytorch_model.bin",
-                "tokenizer_config.json"]
+        raise MarianImportError(
+            "a Hub name needs huggingface_hub: pip install 'mtkit[hf]'"
+        ) from None
+    patterns = [
+        *FILES,
+        "target_vocab.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "tokenizer_config.json",
+    ]
     try:
         return Path(snapshot_download(text, allow_patterns=patterns))
     except Exception as e:  # offline and not cached, unknown name, network error
-        raise MarianImportError(f"{source}: no such folder here, and cannot fetch it from "
-                                f"the Hugging Face Hub and it is not in the local cache "
-                                f"({type(e).__name__})") from None
+        raise MarianImportError(
+            f"{source}: no such folder here, and cannot fetch it from "
+            f"the Hugging Face Hub and it is not in the local cache "
+            f"({type(e).__name__})"
+        ) from None
 
 
 def read_marian(folder: Path) -> Marian:
@@ -124,8 +135,10 @@ def read_marian(folder: Path) -> Marian:
     config checked against the weights."""
     for name in FILES:
         if not (folder / name).is_file():
-            raise MarianImportError(f"{folder}: no {name}; a Marian model folder holds "
-                                    f"{', '.join(FILES)} and its weights")
+            raise MarianImportError(
+                f"{folder}: no {name}; a Marian model folder holds "
+                f"{', '.join(FILES)} and its weights"
+            )
     config = _json(folder / "config.json")
     weights = read_weights(folder)
     model, ids = model_config(config, folder / "config.json", weights)
@@ -134,21 +147,40 @@ def read_marian(folder: Path) -> Marian:
     separate = not model.share_embeddings and tgt_file.is_file()
     tgt_vocab = _json(tgt_file) if separate else src_vocab
     src_pieces, src_order = id_table(src_vocab, ids, folder / "vocab.json")
-    tgt_pieces, tgt_order = id_table(tgt_vocab, ids, tgt_file if separate
-                                     else folder / "vocab.json")
-    sides = (("source", folder / "vocab.json", src_order, source_embedding(weights, model)),
-             ("target", tgt_file if separate else folder / "vocab.json", tgt_order,
-              target_embedding(weights)))
+    tgt_pieces, tgt_order = id_table(
+        tgt_vocab, ids, tgt_file if separate else folder / "vocab.json"
+    )
+    sides = (
+        ("source", folder / "vocab.json", src_order, source_embedding(weights, model)),
+        (
+            "target",
+            tgt_file if separate else folder / "vocab.json",
+            tgt_order,
+            target_embedding(weights),
+        ),
+    )
     for side, path, order, (name, table) in sides:
         if len(order) - 1 > table.size(0):  # mtkit's pad row is new
-            raise MarianImportError(f"{path}: {len(order) - 1} pieces, but the {side} "
-                                    f"embedding ({name}) has {table.size(0)} rows")
+            raise MarianImportError(
+                f"{path}: {len(order) - 1} pieces, but the {side} "
+                f"embedding ({name}) has {table.size(0)} rows"
+            )
     bias = weights.get("final_logits_bias")
     if bias is not None and bias.numel() < len(tgt_order) - 1:
-        raise MarianImportError(f"{folder}: final_logits_bias has {bias.numel()} values, "
-                                f"fewer than the target's {len(tgt_order) - 1} pieces")
-    return Marian(model, src_pieces, tgt_pieces, src_order, tgt_order,
-                  _spm(folder / "source.spm"), _spm(folder / "target.spm"), weights)
+        raise MarianImportError(
+            f"{folder}: final_logits_bias has {bias.numel()} values, "
+            f"fewer than the target's {len(tgt_order) - 1} pieces"
+        )
+    return Marian(
+        model,
+        src_pieces,
+        tgt_pieces,
+        src_order,
+        tgt_order,
+        _spm(folder / "source.spm"),
+        _spm(folder / "target.spm"),
+        weights,
+    )
 
 
 def _json(path: Path) -> dict:
@@ -171,14 +203,14 @@ def _spm(path: Path) -> bytes:
         raise MarianImportError(f"{path}: not a SentencePiece model (empty)")
     try:
         sp = spm.SentencePieceProcessor(model_proto=data)
-        ok = sp.get_piece_size() > 0 and isinstance(sp.encode("A dog runs.", out_type=str),
-                                                   list)
+        ok = sp.get_piece_size() > 0 and isinstance(sp.encode("A dog runs.", out_type=str), list)
     except Exception:  # sentencepiece says RuntimeError, or worse, for foreign bytes
         ok = False
     if not ok:
         what = "empty" if not data else f"{len(data)} bytes"
-        raise MarianImportError(f"{path}: not a SentencePiece model ({what} that "
-                                f"SentencePiece cannot load)")
+        raise MarianImportError(
+            f"{path}: not a SentencePiece model ({what} that SentencePiece cannot load)"
+        )
     return data
 
 
@@ -195,16 +227,26 @@ def _refuse(path: Path, field: str, value, why: str) -> MarianImportError:
 _MISSING = object()
 
 
-def _field(config: dict, path: Path, field: str, kind: type, lo: float | None = None,
-           hi: float | None = None, default=_MISSING):
+def _field(
+    config: dict,
+    path: Path,
+    field: str,
+    kind: type,
+    lo: float | None = None,
+    hi: float | None = None,
+    default=_MISSING,
+):
     """One field of config.json, of type `kind` (int, float, bool or str) and within
     [lo, hi]; one line naming the field and its value otherwise."""
     value = config.get(field, default)
     if value is _MISSING:
         raise MarianImportError(f"{path}: no {field}; a MarianConfig gives it")
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    span = (f" in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-            if lo is not None or hi is not None else "")
+    span = (
+        f" in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        if lo is not None or hi is not None
+        else ""
+    )
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
@@ -216,82 +258,130 @@ def _field(config: dict, path: Path, field: str, kind: type, lo: float | None = 
     return value
 
 
-def model_config(config: dict, path: Path, weights: dict[str, torch.Tensor]
-                 ) -> tuple[ModelConfig, dict[str, int]]:
+def model_config(
+    config: dict, path: Path, weights: dict[str, torch.Tensor]
+) -> tuple[ModelConfig, dict[str, int]]:
     """The mtkit `ModelConfig` of a MarianConfig, and its special ids (eos, pad, the
     decoder's start). Every field read is checked for its type and range, then the sizes
     against the weights' shapes; a field mtkit cannot represent exactly is refused."""
     if config.get("model_type") != "marian":
-        raise _refuse(path, "model_type", config.get("model_type"),
-                      "not a Marian model (mtkit imports Marian / OPUS-MT models)")
+        raise _refuse(
+            path,
+            "model_type",
+            config.get("model_type"),
+            "not a Marian model (mtkit imports Marian / OPUS-MT models)",
+        )
     d_model = _field(config, path, "d_model", int, 1)
-    layers = {stack: _field(config, path, f"{stack}_layers", int, 1, MAX_LAYERS)
-              for stack in ("encoder", "decoder")}
+    layers = {
+        stack: _field(config, path, f"{stack}_layers", int, 1, MAX_LAYERS)
+        for stack in ("encoder", "decoder")
+    }
     heads = _field(config, path, "encoder_attention_heads", int, 1, d_model)
     ffn_dim = _field(config, path, "encoder_ffn_dim", int, 1)
-    for a, b, value in (("encoder_attention_heads", "decoder_attention_heads", heads),
-                        ("encoder_ffn_dim", "decoder_ffn_dim", ffn_dim)):
+    for a, b, value in (
+        ("encoder_attention_heads", "decoder_attention_heads", heads),
+        ("encoder_ffn_dim", "decoder_ffn_dim", ffn_dim),
+    ):
         if config.get(b) != value or isinstance(config.get(b), bool):
             raise _refuse(path, b, config.get(b), f"mtkit needs it equal to {a} ({value!r})")
     if d_model % heads:
-        raise _refuse(path, "encoder_attention_heads", heads,
-                      f"must divide d_model ({d_model}) into equal heads")
+        raise _refuse(
+            path,
+            "encoder_attention_heads",
+            heads,
+            f"must divide d_model ({d_model}) into equal heads",
+        )
     name = _field(config, path, "activation_function", str, default="gelu")
     activation = ACTIVATIONS.get(name)
     if activation is None:
         raise _refuse(path, "activation_function", name, f"mtkit has {', '.join(ACTIVATIONS)}")
-    for field, wanted in (("scale_embedding", True), ("tie_word_embeddings", True),
-                          ("normalize_before", False), ("add_final_layer_norm", False),
-                          ("normalize_embedding", False), ("static_position_embeddings", True)):
+    for field, wanted in (
+        ("scale_embedding", True),
+        ("tie_word_embeddings", True),
+        ("normalize_before", False),
+        ("add_final_layer_norm", False),
+        ("normalize_embedding", False),
+        ("static_position_embeddings", True),
+    ):
         if _field(config, path, field, bool, default=wanted) != wanted:
             raise _refuse(path, field, config.get(field), f"mtkit's Marian needs {wanted}")
     shared = _field(config, path, "share_encoder_decoder_embeddings", bool, default=True)
-    dropout = {field: _field(config, path, field, float, 0.0, 0.9, default=default)
-               for field, default in (("dropout", 0.1), ("attention_dropout", 0.0))}
+    dropout = {
+        field: _field(config, path, field, float, 0.0, 0.9, default=default)
+        for field, default in (("dropout", 0.1), ("attention_dropout", 0.0))
+    }
     positions = _field(config, path, "max_position_embeddings", int, 8, MAX_POSITIONS)
-    ids = {"eos": _field(config, path, "eos_token_id", int, 0, default=0),
-           "pad": _field(config, path, "pad_token_id", int, 0),
-           "start": _field(config, path, "decoder_start_token_id", int, 0)}
+    ids = {
+        "eos": _field(config, path, "eos_token_id", int, 0, default=0),
+        "pad": _field(config, path, "pad_token_id", int, 0),
+        "start": _field(config, path, "decoder_start_token_id", int, 0),
+    }
     if ids["start"] != ids["pad"]:
-        raise _refuse(path, "decoder_start_token_id", ids["start"],
-                      f"mtkit maps Marian's start token to its bos only when it is the pad "
-                      f"token ({ids['pad']!r})")
+        raise _refuse(
+            path,
+            "decoder_start_token_id",
+            ids["start"],
+            f"mtkit maps Marian's start token to its bos only when it is the pad "
+            f"token ({ids['pad']!r})",
+        )
     model = ModelConfig(
-        encoder_layers=layers["encoder"], decoder_layers=layers["decoder"], d_model=d_model,
-        heads=heads, ffn_dim=ffn_dim, dropout=dropout["dropout"],
-        attention_dropout=dropout["attention_dropout"], activation=activation, norm="post",
-        positions="sinusoidal_split", max_positions=positions, share_embeddings=shared,
-        output_bias=True)
+        encoder_layers=layers["encoder"],
+        decoder_layers=layers["decoder"],
+        d_model=d_model,
+        heads=heads,
+        ffn_dim=ffn_dim,
+        dropout=dropout["dropout"],
+        attention_dropout=dropout["attention_dropout"],
+        activation=activation,
+        norm="post",
+        positions="sinusoidal_split",
+        max_positions=positions,
+        share_embeddings=shared,
+        output_bias=True,
+    )
     check_against_weights(model, path, weights)
     return model, ids
 
 
-def check_against_weights(cfg: ModelConfig, path: Path, weights: dict[str, torch.Tensor]
-                          ) -> None:
+def check_against_weights(cfg: ModelConfig, path: Path, weights: dict[str, torch.Tensor]) -> None:
     """The sizes config.json gives, against the weights' shapes (before any model is
     built, so that its size is the weights' own): d_model, ffn_dim, the layer counts,
     the position tables."""
     name, table = target_embedding(weights)
     if table.dim() != 2 or table.size(1) != cfg.d_model:
-        raise _refuse(path, "d_model", cfg.d_model, f"the weights' {name} has shape "
-                                                    f"{tuple(table.shape)}")
+        raise _refuse(
+            path, "d_model", cfg.d_model, f"the weights' {name} has shape {tuple(table.shape)}"
+        )
     for stack in ("encoder", "decoder"):
-        found = sorted({int(m.group(1)) for k in weights
-                        if (m := re.match(rf"{stack}\.layers\.(\d+)\.", k))})
+        found = sorted(
+            {int(m.group(1)) for k in weights if (m := re.match(rf"{stack}\.layers\.(\d+)\.", k))}
+        )
         count = getattr(cfg, f"{stack}_layers")
         if found != list(range(count)):
             held = f"layers {found[0]}..{found[-1]}" if found else "no layers"
-            raise _refuse(path, f"{stack}_layers", count, f"the weights hold {held} "
-                                                          f"({len(found)}) of the {stack}")
+            raise _refuse(
+                path,
+                f"{stack}_layers",
+                count,
+                f"the weights hold {held} ({len(found)}) of the {stack}",
+            )
         fc1 = weights.get(f"{stack}.layers.0.fc1.weight")
         if fc1 is None or tuple(fc1.shape) != (cfg.ffn_dim, cfg.d_model):
             got = "none" if fc1 is None else f"shape {tuple(fc1.shape)}"
-            raise _refuse(path, f"{stack}_ffn_dim", cfg.ffn_dim,
-                          f"the weights' {stack}.layers.0.fc1.weight has {got}")
+            raise _refuse(
+                path,
+                f"{stack}_ffn_dim",
+                cfg.ffn_dim,
+                f"the weights' {stack}.layers.0.fc1.weight has {got}",
+            )
     for key in POSITION_TABLES:
         if key in weights and tuple(weights[key].shape) != (cfg.max_positions, cfg.d_model):
-            raise _refuse(path, "max_position_embeddings", cfg.max_positions,
-                          f"the weights' {key} has shape {tuple(weights[key].shape)}")
+            raise _refuse(
+                path,
+                "max_position_embeddings",
+                cfg.max_positions,
+                f"the weights' {key} has shape {tuple(weights[key].shape)}",
+            )
 
 
 def target_embedding(weights: dict[str, torch.Tensor]) -> tuple[str, torch.Tensor]:
@@ -299,8 +389,9 @@ def target_embedding(weights: dict[str, torch.Tensor]) -> tuple[str, torch.Tenso
     return _first(weights, "decoder.embed_tokens.weight", "shared.weight", "lm_head.weight")
 
 
-def source_embedding(weights: dict[str, torch.Tensor], cfg: ModelConfig
-                     ) -> tuple[str, torch.Tensor]:
+def source_embedding(
+    weights: dict[str, torch.Tensor], cfg: ModelConfig
+) -> tuple[str, torch.Tensor]:
     """The source embedding: the target's when shared."""
     if cfg.share_embeddings:
         return target_embedding(weights)
@@ -321,14 +412,19 @@ def id_table(vocab: dict, ids: dict[str, int], path: Path) -> tuple[list[str], l
         raise MarianImportError(f"{path}: ids must be 0..{len(vocab) - 1}, each once")
     unk = vocab.get("<unk>")
     if unk is None or ids["pad"] not in pieces or ids["eos"] not in pieces:
-        raise MarianImportError(f"{path}: no <unk>, or no piece for the pad id "
-                                f"{ids['pad']!r} or the eos id {ids['eos']!r}")
+        raise MarianImportError(
+            f"{path}: no <unk>, or no piece for the pad id "
+            f"{ids['pad']!r} or the eos id {ids['eos']!r}"
+        )
     if len({unk, ids["pad"], ids["eos"]}) < 3:
-        raise MarianImportError(f"{path}: <unk> ({unk}), the pad id ({ids['pad']}) and the "
-                                f"eos id ({ids['eos']}) must be three different pieces")
+        raise MarianImportError(
+            f"{path}: <unk> ({unk}), the pad id ({ids['pad']}) and the "
+            f"eos id ({ids['eos']}) must be three different pieces"
+        )
     special = {UNK: unk, BOS: ids["pad"], EOS: ids["eos"]}
-    order = [-1, unk, ids["pad"], ids["eos"]] + [m for m in range(len(pieces))
-                                                  if m not in special.values()]
+    order = [-1, unk, ids["pad"], ids["eos"]] + [
+        m for m in range(len(pieces)) if m not in special.values()
+    ]
     names = {PAD: "<pad>", BOS: "<s>"}  # mtkit's pad is new; bos is Marian's <pad> row
     return [names.get(i, pieces.get(m, "")) for i, m in enumerate(order)], order
 
@@ -343,26 +439,32 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
             name, weights = "model.safetensors", load_file(folder / "model.safetensors")
         elif (folder / "pytorch_model.bin").is_file():
-            name, weights = "pytorch_model.bin", torch.load(
-                folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            name, weights = (
+                "pytorch_model.bin",
+                torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True),
+            )
         else:
             raise MarianImportError(f"{folder}: no model.safetensors or pytorch_model.bin")
     except ImportError:
-        raise MarianImportError("model.safetensors needs safetensors: pip install "
-                                "'mtkit[hf]'") from None
+        raise MarianImportError(
+            "model.safetensors needs safetensors: pip install 'mtkit[hf]'"
+        ) from None
     except MarianImportError:
         raise
     except Exception as e:  # a corrupt or truncated file, whatever the reader says
-        raise MarianImportError(f"{folder}: the weights file is not readable "
-                                f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]})"
-                                ) from None
+        raise MarianImportError(
+            f"{folder}: the weights file is not readable "
+            f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]})"
+        ) from None
     if not isinstance(weights, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
         raise MarianImportError(f"{folder / name}: not a state dict (names -> tensors)")
     for key, value in weights.items():
         if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
-            raise MarianImportError(f"{folder / name}: {key} is not a tensor of finite "
-                                    f"floats ({value.dtype})")
+            raise MarianImportError(
+                f"{folder / name}: {key} is not a tensor of finite floats ({value.dtype})"
+            )
     return {k.removeprefix("model."): v for k, v in weights.items()}
 
 
@@ -385,26 +487,36 @@ def state_dict(marian: Marian) -> tuple[dict[str, torch.Tensor], list[str]]:
     used |= {tgt_name, src_name}
     tgt = rows(tgt_table, marian.tgt_order)
     out = {"tgt_embed.tokens.weight": tgt}
-    out["src_embed.tokens.weight"] = tgt if cfg.share_embeddings else rows(
-        src_table, marian.src_order)
+    out["src_embed.tokens.weight"] = (
+        tgt if cfg.share_embeddings else rows(src_table, marian.src_order)
+    )
     bias = w.get("final_logits_bias", torch.zeros(1, len(marian.tgt_order) - 1))
     out["output_bias"] = rows(bias.reshape(-1), marian.tgt_order, NEVER)
-    names = {"self_attn": "self_attn", "encoder_attn": "cross_attn", "fc1": "ffn.inner",
-             "fc2": "ffn.outer", "self_attn_layer_norm": None, "encoder_attn_layer_norm": None,
-             "final_layer_norm": "ffn_block.norm"}
-    for stack, count, attn_norm in (("encoder", cfg.encoder_layers, "attn_block.norm"),
-                                    ("decoder", cfg.decoder_layers, "self_block.norm")):
+    names = {
+        "self_attn": "self_attn",
+        "encoder_attn": "cross_attn",
+        "fc1": "ffn.inner",
+        "fc2": "ffn.outer",
+        "self_attn_layer_norm": None,
+        "encoder_attn_layer_norm": None,
+        "final_layer_norm": "ffn_block.norm",
+    }
+    for stack, count, attn_norm in (
+        ("encoder", cfg.encoder_layers, "attn_block.norm"),
+        ("decoder", cfg.decoder_layers, "self_block.norm"),
+    ):
         norms = {"self_attn_layer_norm": attn_norm, "encoder_attn_layer_norm": "cross_block.norm"}
         for i in range(count):
             prefix = f"{stack}.layers.{i}."
             for key, value in w.items():
                 if not key.startswith(prefix):
                     continue
-                module, _, rest = key[len(prefix):].partition(".")
+                module, _, rest = key[len(prefix) :].partition(".")
                 ours = names.get(module) or norms.get(module)
                 if ours is None:
-                    raise MarianImportError(f"the weights have {key}, which mtkit's Marian "
-                                            f"does not know")
+                    raise MarianImportError(
+                        f"the weights have {key}, which mtkit's Marian does not know"
+                    )
                 out[f"{stack}_layers.{i}.{ours}.{rest}"] = value
                 used.add(key)
     return out, sorted(set(w) - used)
@@ -424,9 +536,11 @@ def import_marian(source: str | os.PathLike, output: str | os.PathLike) -> Path:
     theirs, unused = state_dict(marian)
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-        raise MarianImportError(f"{folder}: the weights hold {', '.join(unused[:3])}{more}, "
-                                f"which the config does not use; mtkit imports a model "
-                                f"exactly or not at all")
+        raise MarianImportError(
+            f"{folder}: the weights hold {', '.join(unused[:3])}{more}, "
+            f"which the config does not use; mtkit imports a model "
+            f"exactly or not at all"
+        )
     model = build_model(marian.model, len(src_vocab), len(tgt_vocab))
     ours = model.state_dict()
     missing = sorted(set(ours) - set(theirs))
@@ -434,22 +548,35 @@ def import_marian(source: str | os.PathLike, output: str | os.PathLike) -> Path:
     wrong = [k for k in ours if k in theirs and theirs[k].shape != ours[k].shape]
     if missing or extra or wrong:
         bad = (missing or extra or wrong)[0]
-        why = ("missing" if missing else "not in the model" if extra
-               else f"{tuple(theirs[bad].shape)}, the config gives {tuple(ours[bad].shape)}")
+        why = (
+            "missing"
+            if missing
+            else "not in the model"
+            if extra
+            else f"{tuple(theirs[bad].shape)}, the config gives {tuple(ours[bad].shape)}"
+        )
         raise MarianImportError(f"{folder}: the weights do not fit the config ({bad}: {why})")
     model.load_state_dict({k: theirs[k] for k in ours})
-    cfg = Config(data=DataConfig(src_lang=_lang(folder, "source_lang", "src"),
-                                 tgt_lang=_lang(folder, "target_lang", "tgt"),
-                                 max_len=min(256, marian.model.max_positions - 2)),
-                 model=marian.model)
+    cfg = Config(
+        data=DataConfig(
+            src_lang=_lang(folder, "source_lang", "src"),
+            tgt_lang=_lang(folder, "target_lang", "tgt"),
+            max_len=min(256, marian.model.max_positions - 2),
+        ),
+        model=marian.model,
+    )
     try:  # what loading the checkpoint will check (`engines.pytorch.load_model`)
         config_from_dict(config_to_dict(cfg))
     except UserError as e:
-        raise MarianImportError(f"{folder}: the imported config would not load "
-                                f"({e.line()})") from None
-    payload = {"config": config_to_dict(cfg), "vocab": vocab_entry(src_vocab, tgt_vocab),
-               "model": model.state_dict(), "imported": {"from": str(source), "format":
-                                                         "marian"}}
+        raise MarianImportError(
+            f"{folder}: the imported config would not load ({e.line()})"
+        ) from None
+    payload = {
+        "config": config_to_dict(cfg),
+        "vocab": vocab_entry(src_vocab, tgt_vocab),
+        "model": model.state_dict(),
+        "imported": {"from": str(source), "format": "marian"},
+    }
     save_checkpoint(payload, Path(output))
     log.info("imported %s: %d parameters", source, sum(p.numel() for p in model.parameters()))
     return Path(output)
@@ -470,6 +597,11 @@ def _lang(folder: Path, key: str, default: str) -> str:
         return default
     if isinstance(value, str) and LANGUAGE.match(value):
         return value
-    log.warning("%s: %s=%s is not a language code (letters, digits, - and _); "
-                "the checkpoint calls it %s", path, key, _show(value), default)
+    log.warning(
+        "%s: %s=%s is not a language code (letters, digits, - and _); the checkpoint calls it %s",
+        path,
+        key,
+        _show(value),
+        default,
+    )
     return default

@@ -45,7 +45,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor
     range would leave the top bit 0)."""
     n = math.prod(shape)
     dropped = round(p * 65536)  # of the 65,536 values of a draw
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2**63, None)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     draws = words.view(torch.int16)[:n].view(shape)  # uniform over -32768..32767
     return draws >= dropped - 32768, dropped / 65536
 
@@ -87,10 +87,12 @@ def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
     tensors = [t for layer in layers for t in (*layer.parameters(), *layer.buffers())]
     state = [(0 if t.is_inference() else t._version, t.data_ptr(), t.dtype) for t in tensors]
     kept: KeptStack | None = getattr(layers[0], "_stacked", None)
-    if kept is None or kept.state != state or any(
-            a is not b for a, b in zip(kept.tensors, tensors, strict=True)):
-        kept = KeptStack(tensors, state, _stack(layers),
-                         [t.untyped_storage() for t in tensors])
+    if (
+        kept is None
+        or kept.state != state
+        or any(a is not b for a, b in zip(kept.tensors, tensors, strict=True))
+    ):
+        kept = KeptStack(tensors, state, _stack(layers), [t.untyped_storage() for t in tensors])
         object.__setattr__(layers[0], "_stacked", kept)  # not a submodule: no state_dict entry
     return kept.product(x).split(sizes, dim=-1)
 
@@ -128,8 +130,9 @@ def _stack(layers: list[nn.Linear]) -> Callable[[Tensor], Tensor]:
     return functools.partial(F.linear, weight=weight, bias=bias)
 
 
-def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                     p: float = 0.0) -> Tensor:
+def matmul_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, p: float = 0.0
+) -> Tensor:
     """softmax(QK^T / sqrt(K), masked) V with dropout `p` on the weights, as explicit matrix
     products: what `scaled_dot_product_attention` computes (equal in fp32 up to rounding).
     On some CPUs it is the faster of the two in bf16 (`mtkit.model.kernel_timing` measures which).
@@ -180,14 +183,16 @@ class MultiHeadAttention(nn.Module):
         q, k, v = stacked_linear(x, [self.q_proj, self.k_proj, self.v_proj])  # (B, L, D)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-               causal: bool = False) -> Tensor:
+    def attend(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False
+    ) -> Tensor:
         """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
         (B, H, T, S), True = may attend. Returns (B, T, D)."""
         return self.attend_heads(self.split_heads(self.q_proj(x)), k, v, mask, causal)
 
-    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                     causal: bool = False) -> Tensor:
+    def attend_heads(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False
+    ) -> Tensor:
         """`attend` of queries already projected and split into heads, q (B, H, T, K)."""
         p = self.dropout if self.training else 0.0
         if self.observer is not None:
@@ -195,16 +200,18 @@ class MultiHeadAttention(nn.Module):
         elif self.kernel == "matmul":
             out = matmul_attention(q, k, v, mask, causal, p)  # (B, H, T, K)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                 dropout_p=p)  # (B, H, T, K)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p
+            )  # (B, H, T, K)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
         if self.observer is not None:
             self.observer("heads concatenated", out)
         return self.out_proj(out)
 
-    def attend_step_by_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                            causal: bool) -> Tensor:
+    def attend_step_by_step(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> Tensor:
         """What `scaled_dot_product_attention` computes, one stage at a time, each shown
         to `self.observer` (used by `mtkit explain`; same result, no dropout)."""
         see = self.observer

@@ -95,13 +95,19 @@ class BeamCache:
         reorder is only recorded (`rows`). The source's keys/values belong to sentences,
         not rows: `sentences` picks those that stay (None: all of them, as when beams
         are only reordered)."""
+
         def pick(ts: tuple[Tensor, ...], index: Tensor | None) -> tuple[Tensor, ...]:
             return ts if index is None else tuple(t.index_select(0, index) for t in ts)
 
         # `rows` is kept as given (not copied): callers never write into an index
         composed = rows if self.rows is None else self.rows.index_select(0, rows)  # (R',)
-        return BeamCache(self.self_k, self.self_v, pick(self.cross_k, sentences),
-                         pick(self.cross_v, sentences), composed)
+        return BeamCache(
+            self.self_k,
+            self.self_v,
+            pick(self.cross_k, sentences),
+            pick(self.cross_v, sentences),
+            composed,
+        )
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor]:
         """Layer `layer`'s self-attention keys/values of the rows as they are now (R, H,
@@ -123,8 +129,9 @@ class BeamCache:
         if not self.self_k:  # the first step
             return k, v, None
         if self.self_k[layer] is None:
-            raise RuntimeError("this decoder cache was spent by a step: use the cache the "
-                               "step returned")
+            raise RuntimeError(
+                "this decoder cache was spent by a step: use the cache the step returned"
+            )
         k = self._append(self.self_k[layer], k)
         self.self_k[layer] = None  # the old keys go now, before the next layer's are made
         v = self._append(self.self_v[layer], v)
@@ -181,17 +188,23 @@ class SlotCache:
     _seen: Tensor | None = field(default=None, repr=False)
 
     @staticmethod
-    def empty(like: tuple[Tensor, ...], slots: int, columns: int, source_capacity: int
-              ) -> SlotCache:
+    def empty(
+        like: tuple[Tensor, ...], slots: int, columns: int, source_capacity: int
+    ) -> SlotCache:
         """Free slots with these capacities, for sources whose keys are `like` (n, H, S,
         K) per layer: in their shapes per head, their dtype (bf16 under CUDA autocast)
         and on their device."""
+
         def zeros(width: int) -> list[Tensor]:
             return [k.new_zeros(slots, k.size(1), width, k.size(3)) for k in like]
 
-        return SlotCache(zeros(columns), zeros(columns), zeros(source_capacity),
-                         zeros(source_capacity),
-                         torch.zeros(slots, dtype=torch.long, device=like[0].device))
+        return SlotCache(
+            zeros(columns),
+            zeros(columns),
+            zeros(source_capacity),
+            zeros(source_capacity),
+            torch.zeros(slots, dtype=torch.long, device=like[0].device),
+        )
 
     @property
     def slots(self) -> int:
@@ -207,8 +220,7 @@ class SlotCache:
         """Source positions a slot can hold."""
         return self.cross_k[0].size(2)
 
-    def fill(self, slots: Tensor, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]]
-             ) -> None:
+    def fill(self, slots: Tensor, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]]) -> None:
         """New sentences take `slots` (n,): their sources' keys and values (n, H, S', K)
         per layer (`Transformer.cross_kv`), S' <= the source capacity."""
         for mine, theirs in zip((self.cross_k, self.cross_v), sources, strict=True):
@@ -219,12 +231,17 @@ class SlotCache:
     def resized(self, slots: int, columns: int, source_capacity: int) -> SlotCache:
         """A copy with these capacities, bigger or smaller: what fits is kept (the caller
         keeps every live slot's sentence inside)."""
+
         def fit(ts: list[Tensor], width: int) -> list[Tensor]:
             return [resize(t, (slots, t.size(1), width, t.size(3))) for t in ts]
 
-        return SlotCache(fit(self.self_k, columns), fit(self.self_v, columns),
-                         fit(self.cross_k, source_capacity), fit(self.cross_v, source_capacity),
-                         resize(self.positions, (slots,)))
+        return SlotCache(
+            fit(self.self_k, columns),
+            fit(self.self_v, columns),
+            fit(self.cross_k, source_capacity),
+            fit(self.cross_v, source_capacity),
+            resize(self.positions, (slots,)),
+        )
 
     def move(self, old: Tensor, new: Tensor) -> None:
         """Move the sentences in slots `old` (n,) to the free slots `new` (n,)."""
@@ -243,8 +260,10 @@ class SlotCache:
         """The step's slots' source keys/values, cut to the step's source mask (which
         may be narrower than the capacity): (B, H, S, K)."""
         b = self._rows.numel()
-        return (self.cross_k[layer][:b, :, :source_width],
-                self.cross_v[layer][:b, :, :source_width])
+        return (
+            self.cross_k[layer][:b, :, :source_width],
+            self.cross_v[layer][:b, :, :source_width],
+        )
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store the new keys/values (B, H, 1, K) at each row's position; return the

@@ -91,8 +91,7 @@ class Int8Linear(nn.Module):
         out.register_buffer("weight_t", torch.cat([la.weight_t for la in layers], dim=1))
         out.register_buffer("scale", torch.cat([la.scale for la in layers], dim=1))
         biases = [la.bias for la in layers]
-        out.register_buffer("bias", None if any(b is None for b in biases)
-                            else torch.cat(biases))
+        out.register_buffer("bias", None if any(b is None for b in biases) else torch.cat(biases))
         out.in_features = layers[0].in_features
         out.out_features = sum(la.out_features for la in layers)
         return out
@@ -120,8 +119,7 @@ def int8_supported() -> bool:
         return False
 
 
-def quantize(model: nn.Module, release: Callable[[Tensor], None] | None = None
-             ) -> nn.Module:
+def quantize(model: nn.Module, release: Callable[[Tensor], None] | None = None) -> nn.Module:
     """Every `nn.Linear` of `model` replaced by an `Int8Linear`, and the output projection
     of a `Transformer` (tied to the target embedding) given an int8 copy (its
     `output_int8`); the float weights of the Linear layers are let go, and handed to

@@ -55,8 +55,9 @@ class AttentionShape:
     head_dim: int
 
     @classmethod
-    def of_run(cls, max_tokens: int, mean_length: float, d_model: int, heads: int
-               ) -> AttentionShape:
+    def of_run(
+        cls, max_tokens: int, mean_length: float, d_model: int, heads: int
+    ) -> AttentionShape:
         length = int(min(max(round(mean_length), 4), 512))
         return cls(max(1, max_tokens // length), length, heads, d_model // heads)
 
@@ -108,9 +109,13 @@ def time_attention(measure: AttentionMeasure, repeats: int = 7) -> AttentionTimi
     return AttentionTiming(sdpa_s=best["sdpa"], matmul_s=best["matmul"])
 
 
-def choose_attention(asked: str, device: torch.device, dtype: torch.dtype | None,
-                     shape: AttentionShape, measure: AttentionMeasure | None = None
-                     ) -> dict:
+def choose_attention(
+    asked: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    shape: AttentionShape,
+    measure: AttentionMeasure | None = None,
+) -> dict:
     """The kernel record of a run: {"kernel", "asked", "sdpa_ms"?, "matmul_ms"?}. `auto`
     measures on a CPU (on one thread) and keeps SDPA on CUDA; `measure` replaces the
     real timer."""
@@ -118,18 +123,29 @@ def choose_attention(asked: str, device: torch.device, dtype: torch.dtype | None
         return {"kernel": asked, "asked": asked}
     if device.type == "cuda":
         return {"kernel": "sdpa", "asked": asked}
-    timing = time_attention(measure) if measure is not None else on_one_thread(
-        lambda: time_attention(attention_timer(shape, dtype)))
-    log.info("attention auto: %d x %d heads of %d x %d, forward+backward in %s, took "
-             "%.2f ms with SDPA and %.2f ms with matmul + softmax on this CPU: %s",
-             shape.batch, shape.heads, shape.length, shape.head_dim,
-             "bf16" if dtype is not None else "fp32", timing.sdpa_s * 1e3,
-             timing.matmul_s * 1e3, timing.kernel)
+    timing = (
+        time_attention(measure)
+        if measure is not None
+        else on_one_thread(lambda: time_attention(attention_timer(shape, dtype)))
+    )
+    log.info(
+        "attention auto: %d x %d heads of %d x %d, forward+backward in %s, took "
+        "%.2f ms with SDPA and %.2f ms with matmul + softmax on this CPU: %s",
+        shape.batch,
+        shape.heads,
+        shape.length,
+        shape.head_dim,
+        "bf16" if dtype is not None else "fp32",
+        timing.sdpa_s * 1e3,
+        timing.matmul_s * 1e3,
+        timing.kernel,
+    )
     return {"kernel": timing.kernel, "asked": asked, **timing.as_dict()}
 
 
-def decoding_attention_timer(shape: AttentionShape, dtype: torch.dtype | None,
-                             beam: int = 5) -> AttentionMeasure:
+def decoding_attention_timer(
+    shape: AttentionShape, dtype: torch.dtype | None, beam: int = 5
+) -> AttentionMeasure:
     """A measure of the attention of one beam-search step, forward only, its tensors in
     `dtype` (None: fp32), as translation runs them: `batch` rows, each one query over
     its `length` positions so far (self-attention), and the same rows as `beam` queries
@@ -161,9 +177,12 @@ def decoding_attention_timer(shape: AttentionShape, dtype: torch.dtype | None,
     return once
 
 
-def choose_decoding_attention(device: torch.device, dtype: torch.dtype | None,
-                              shape: AttentionShape, measure: AttentionMeasure | None = None
-                              ) -> dict:
+def choose_decoding_attention(
+    device: torch.device,
+    dtype: torch.dtype | None,
+    shape: AttentionShape,
+    measure: AttentionMeasure | None = None,
+) -> dict:
     """The attention kernel translation runs with: {"kernel", "sdpa_ms"?, "matmul_ms"?}.
     On a CPU it times one beam-search step's attention with each kernel
     (`decoding_attention_timer`, in the precision translation runs in) and takes matmul +
@@ -179,13 +198,23 @@ def choose_decoding_attention(device: torch.device, dtype: torch.dtype | None,
     945 and 895 (`benchmarks/profile_decode.py`)."""
     if device.type == "cuda":
         return {"kernel": "matmul"}
-    timing = time_attention(measure) if measure is not None else on_one_thread(
-        lambda: time_attention(decoding_attention_timer(shape, dtype)))
-    log.debug("attention for translation: a beam-search step of %d rows, %d heads of %d "
-             "positions, in %s, took %.3f ms with SDPA and %.3f ms with matmul + softmax "
-             "on this CPU: %s", shape.batch, shape.heads, shape.length,
-             "bf16" if dtype is not None else "fp32", timing.sdpa_s * 1e3,
-             timing.matmul_s * 1e3, timing.kernel)
+    timing = (
+        time_attention(measure)
+        if measure is not None
+        else on_one_thread(lambda: time_attention(decoding_attention_timer(shape, dtype)))
+    )
+    log.debug(
+        "attention for translation: a beam-search step of %d rows, %d heads of %d "
+        "positions, in %s, took %.3f ms with SDPA and %.3f ms with matmul + softmax "
+        "on this CPU: %s",
+        shape.batch,
+        shape.heads,
+        shape.length,
+        "bf16" if dtype is not None else "fp32",
+        timing.sdpa_s * 1e3,
+        timing.matmul_s * 1e3,
+        timing.kernel,
+    )
     return {"kernel": timing.kernel, **timing.as_dict()}
 
 
@@ -197,8 +226,9 @@ ShapeMeasure = Callable[[int], float]
 _fresh_rows = itertools.count(1)
 
 
-def time_shapes(measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
-                ) -> tuple[float, float]:
+def time_shapes(
+    measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
+) -> tuple[float, float]:
     """(seconds at a new shape, seconds at the same shape once known): after two warm-up
     calls at `rows`, `repeats` times a first call at a number of rows never timed before
     in this process and above `fresh_above` (so above any a training batch has, whose
@@ -214,9 +244,14 @@ def time_shapes(measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int
     return new, known
 
 
-def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | None,
-                        shape: tuple[int, int, int], fresh_above: int = 0,
-                        measure: ShapeMeasure | None = None) -> dict:
+def choose_batch_shapes(
+    asked: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    shape: tuple[int, int, int],
+    fresh_above: int = 0,
+    measure: ShapeMeasure | None = None,
+) -> dict:
     """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
     "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
     thread, as the precision calibration), timing forward+backward of the Linear
@@ -233,15 +268,27 @@ def choose_batch_shapes(asked: str, device: torch.device, dtype: torch.dtype | N
         torch.set_num_threads(1)
         try:
             new, known = time_shapes(
-                lambda n: linear_timer(n, d_in, d_out)(dtype, n), rows, fresh_above)
+                lambda n: linear_timer(n, d_in, d_out)(dtype, n), rows, fresh_above
+            )
         finally:
             torch.set_num_threads(threads)
     else:
         new, known = time_shapes(measure, rows, fresh_above)
     chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
-    log.info("batch shapes auto: a (%d+ x %d) x (%d x %d) Linear, forward+backward in "
-             "bf16, took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
-             max(rows, fresh_above), d_in, d_in, d_out, new * 1e3, known * 1e3,
-             "batches in few shapes" if chosen == "classes" else "token batches")
-    return {"shapes": chosen, "asked": asked, "new_shape_ms": round(new * 1e3, 3),
-            "known_shape_ms": round(known * 1e3, 3)}
+    log.info(
+        "batch shapes auto: a (%d+ x %d) x (%d x %d) Linear, forward+backward in "
+        "bf16, took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
+        max(rows, fresh_above),
+        d_in,
+        d_in,
+        d_out,
+        new * 1e3,
+        known * 1e3,
+        "batches in few shapes" if chosen == "classes" else "token batches",
+    )
+    return {
+        "shapes": chosen,
+        "asked": asked,
+        "new_shape_ms": round(new * 1e3, 3),
+        "known_shape_ms": round(known * 1e3, 3),
+    }

@@ -79,16 +79,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
-def label_smoothed_nll(logits: Tensor | Projection, target: Tensor, eps: float = 0.1,
-                       ignore_index: int = PAD) -> LossOutput:
+def label_smoothed_nll(
+    logits: Tensor | Projection, target: Tensor, eps: float = 0.1, ignore_index: int = PAD
+) -> LossOutput:
     """logits (B, T, V), target (B, T) -> summed losses over the non-pad tokens.
 
     Given a `Projection` (hidden states and the output weight) instead of logits, the
     logits are made a chunk of rows at a time and their gradient is taken right away
     (`_ProjectedSmoothedCrossEntropy`), so no (tokens x V) tensor outlives its chunk."""
     if not isinstance(logits, Tensor):
-        return _projected_nll(logits.hidden, logits.weight, target, eps, ignore_index,
-                              logits.bias)
+        return _projected_nll(logits.hidden, logits.weight, target, eps, ignore_index, logits.bias)
     vocab = logits.size(-1)
     dtype = torch.promote_types(logits.dtype, torch.float32)  # at least fp32 for the sums
     flat = logits.reshape(-1, vocab).to(dtype)  # (B*T, V)
@@ -99,10 +99,17 @@ def label_smoothed_nll(logits: Tensor | Projection, target: Tensor, eps: float =
     return LossOutput(loss, nll, int(keep.sum()))
 
 
-def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                  ignore_index: int, chunk_rows: int, want_hidden: bool, want_weight: bool,
-                  bias: Tensor | None = None
-                  ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+def _chunked_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    ignore_index: int,
+    chunk_rows: int,
+    want_hidden: bool,
+    want_weight: bool,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """hidden (N, D), weight (V, D), target (N,) -> the summed smoothed loss and NLL over
     the rows whose target is not `ignore_index`, and (when wanted) the loss's gradients
     with respect to hidden and weight, made `chunk_rows` rows of logits at a time. A
@@ -123,8 +130,11 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     nll = torch.zeros_like(loss)
     grad_hidden = torch.empty_like(hidden) if want_hidden else None  # (M, D)
-    grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-                   if want_weight else None)
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        if want_weight
+        else None
+    )
     for start in range(0, hidden.size(0), chunk_rows):
         h = hidden[start : start + chunk_rows]  # (n, D)
         t = target[start : start + chunk_rows]  # (n,)
@@ -148,8 +158,9 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
         if want_weight:
             grad_weight += (grad.t() @ h).float()
     if want_hidden and padded:  # pad rows: no gradient
-        grad_hidden = grad_hidden.new_zeros(rows, grad_hidden.size(1)).index_copy_(0, real,
-                                                                                   grad_hidden)
+        grad_hidden = grad_hidden.new_zeros(rows, grad_hidden.size(1)).index_copy_(
+            0, real, grad_hidden
+        )
     return loss, nll, grad_hidden, grad_weight
 
 
@@ -163,11 +174,19 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     (N, D) and (V, D); the chunk's logits, log-probabilities and p - q are freed."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                ignore_index: int, chunk_rows: int, bias: Tensor | None):
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        eps: float,
+        ignore_index: int,
+        chunk_rows: int,
+        bias: Tensor | None,
+    ):
         loss, nll, grad_hidden, grad_weight = _chunked_loss(
-            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2],
-            bias)
+            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2], bias
+        )
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
@@ -176,20 +195,34 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor | None):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
-                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
-                None, None, None, None, None)
+        return (
+            None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
+            None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def _projected_nll(hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                   ignore_index: int, bias: Tensor | None = None) -> LossOutput:
+def _projected_nll(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    ignore_index: int,
+    bias: Tensor | None = None,
+) -> LossOutput:
     flat = hidden.reshape(-1, hidden.size(-1))  # (B*T, D)
     target = target.reshape(-1)  # (B*T,)
     chunk_rows = max(1, CHUNK_ELEMENTS // weight.size(0))
     if torch.is_grad_enabled():
-        loss, nll = _ProjectedSmoothedCrossEntropy.apply(flat, weight, target, eps,
-                                                         ignore_index, chunk_rows, bias)
+        loss, nll = _ProjectedSmoothedCrossEntropy.apply(
+            flat, weight, target, eps, ignore_index, chunk_rows, bias
+        )
     else:  # validation: no gradients to take
-        loss, nll, _, _ = _chunked_loss(flat, weight, target, eps, ignore_index, chunk_rows,
-                                        False, False, bias)
+        loss, nll, _, _ = _chunked_loss(
+            flat, weight, target, eps, ignore_index, chunk_rows, False, False, bias
+        )
     return LossOutput(loss, nll, int((target != ignore_index).sum()))

@@ -34,8 +34,9 @@ from mtkit.model.cache import BeamCache, DecoderCache, SlotCache
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...): (length, D)."""
     pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
-    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
-                     * (-math.log(10000.0) / d_model))  # (D/2,)
+    freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )  # (D/2,)
     table = torch.zeros(length, d_model)  # (L, D)
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
@@ -61,8 +62,11 @@ class Embedding(nn.Module):
             nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
         else:
             self.learned = None
-            table = (split_sinusoidal_positions if cfg.positions == "sinusoidal_split"
-                     else sinusoidal_positions)(cfg.max_positions, cfg.d_model)
+            table = (
+                split_sinusoidal_positions
+                if cfg.positions == "sinusoidal_split"
+                else sinusoidal_positions
+            )(cfg.max_positions, cfg.d_model)
             self.register_buffer("sinusoidal", table, persistent=False)
         self.max_positions = cfg.max_positions
         self.dropout = Dropout(cfg.dropout)
@@ -73,8 +77,9 @@ class Embedding(nn.Module):
         length = ids.size(1)
         last = (int(start.max()) if isinstance(start, Tensor) else start) + length
         if last > self.max_positions:
-            raise ValueError(f"sequence of {last} tokens exceeds "
-                             f"model.max_positions={self.max_positions}")
+            raise ValueError(
+                f"sequence of {last} tokens exceeds model.max_positions={self.max_positions}"
+            )
         x = self.tokens(ids) * self.scale  # (B, L, D)
         table = self.learned.weight if self.learned is not None else self.sinusoidal
         if isinstance(start, Tensor):
@@ -140,12 +145,20 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(cfg)
-        self.self_block, self.cross_block, self.ffn_block = (Sublayer(cfg), Sublayer(cfg),
-                                                             Sublayer(cfg))
+        self.self_block, self.cross_block, self.ffn_block = (
+            Sublayer(cfg),
+            Sublayer(cfg),
+            Sublayer(cfg),
+        )
 
-    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor,
-                cache: DecoderCache | None = None, index: int = 0
-                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(
+        self,
+        y: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        mask: Tensor,
+        cache: DecoderCache | None = None,
+        index: int = 0,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """y (B*W, T, D): new target positions, W consecutive rows per sentence (W > 1
         in a beam search); memory_kv: cross-attention keys/values (B, H, S, K), one per
         sentence; mask (B, 1, 1, S); cache: the decoder's cache, this layer the `index`th
@@ -191,8 +204,11 @@ class Transformer(nn.Module):
             raise ValueError("shared embeddings need one vocabulary for both sides")
         self.cfg = cfg
         tgt_tokens = nn.Embedding(tgt_vocab_size, cfg.d_model, padding_idx=PAD)
-        src_tokens = (tgt_tokens if cfg.share_embeddings
-                      else nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=PAD))
+        src_tokens = (
+            tgt_tokens
+            if cfg.share_embeddings
+            else nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=PAD)
+        )
         self.src_embed = Embedding(src_tokens, cfg)
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
@@ -201,8 +217,9 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         # A fixed bias on the logits (`output_bias`): a buffer, saved, never trained.
-        self.register_buffer("output_bias", torch.zeros(tgt_vocab_size) if cfg.output_bias
-                             else None)
+        self.register_buffer(
+            "output_bias", torch.zeros(tgt_vocab_size) if cfg.output_bias else None
+        )
         # An int8 copy of the output projection, set by `mtkit.model.int8.quantize` (translation).
         self.output_int8: nn.Module | None = None
         self._init_weights()
@@ -249,12 +266,15 @@ class Transformer(nn.Module):
         backward pass reaches the first layer (more memory; later DDP all-reduce)."""
         attns = [layer.cross_attn for layer in self.decoder_layers]
         if any(a.observer is not None for a in attns) or (
-                torch.is_grad_enabled() and memory.device.type != "cpu"):
+            torch.is_grad_enabled() and memory.device.type != "cpu"
+        ):
             kvs = [a.project_kv(memory) for a in attns]
             return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
         out = stacked_linear(memory, [p for a in attns for p in (a.k_proj, a.v_proj)])
-        return (tuple(a.split_heads(k) for a, k in zip(attns, out[0::2], strict=True)),
-                tuple(a.split_heads(v) for a, v in zip(attns, out[1::2], strict=True)))
+        return (
+            tuple(a.split_heads(k) for a, k in zip(attns, out[0::2], strict=True)),
+            tuple(a.split_heads(v) for a, v in zip(attns, out[1::2], strict=True)),
+        )
 
     def project(self, y: Tensor) -> Tensor:
         if self.output_int8 is not None:  # int8 translation (`mtkit.model.int8`)
@@ -262,8 +282,9 @@ class Transformer(nn.Module):
         bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
         return F.linear(self.decoder_norm(y), self.output_weight, bias)  # (..., V)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
-               project: bool = True) -> Tensor | Projection:
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, project: bool = True
+    ) -> Tensor | Projection:
         """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V), or with `project`
         False the `Projection` that would make them."""
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
@@ -275,15 +296,25 @@ class Transformer(nn.Module):
             return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
         return self.project(y)  # (B, T, V)
 
-    def slot_cache(self, sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]], slots: int,
-                   columns: int, source_capacity: int) -> SlotCache:
+    def slot_cache(
+        self,
+        sources: tuple[tuple[Tensor, ...], tuple[Tensor, ...]],
+        slots: int,
+        columns: int,
+        source_capacity: int,
+    ) -> SlotCache:
         """Free slots with these capacities, for continuous batching (`serving.stream`),
         for sources like `sources` (keys and values from `cross_kv`): in their shapes per
         head, dtype and device. A method, so that an ensemble gives each model its own."""
         return SlotCache.empty(sources[0], slots, columns, source_capacity)
 
-    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache]:
+    def decode_step(
+        self,
+        token: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> tuple[Tensor, DecoderCache]:
         """One step: token (B*W,) is the last target token of each row (bos first), W
         consecutive rows per sentence of memory (B, S, D) and src_mask (B, S); returns
         the next token's logits (B*W, V) and the cache after the step. memory is read at
@@ -304,8 +335,7 @@ class Transformer(nn.Module):
         logits = self.project(y[:, 0])  # (B*W, V)
         return logits, cache.advanced(tuple(new_k), tuple(new_v))
 
-    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True
-                ) -> Tensor | Projection:
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor | Projection:
         """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V), or with
         `project` False the `Projection` that would make them (for the loss to make in
         chunks: `mtkit.model.loss`)."""
@@ -313,8 +343,9 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, src_mask, project)
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                initialize: bool = True) -> Transformer:
+def build_model(
+    cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialize: bool = True
+) -> Transformer:
     """A new Transformer, its weights drawn at random; with `initialize` False they are
     left as `torch.empty` gives them, unwritten, for weights that a checkpoint then
     assigns (`load_state_dict(assign=True)`): memory that is never written is never
@@ -326,8 +357,15 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
 
 
 # The initializers that torch's layers and `Transformer._init_weights` call.
-INITIALIZERS = ("uniform_", "normal_", "xavier_uniform_", "kaiming_uniform_", "zeros_",
-                "ones_", "constant_")
+INITIALIZERS = (
+    "uniform_",
+    "normal_",
+    "xavier_uniform_",
+    "kaiming_uniform_",
+    "zeros_",
+    "ones_",
+    "constant_",
+)
 
 
 @contextmanager

@@ -30,19 +30,24 @@ def default_layer(model: Transformer) -> int:
     return max(model.cfg.decoder_layers - 2, 0)
 
 
-def check_layer(layer: int, models: Sequence[Transformer], option: str = "--align-layer"
-                ) -> None:
+def check_layer(layer: int, models: Sequence[Transformer], option: str = "--align-layer") -> None:
     fewest = min(m.cfg.decoder_layers for m in models)
     if not 0 <= layer < fewest:
         span = "0" if fewest == 1 else f"between 0 and {fewest - 1}"
-        raise OptionError(f"{option} must be {span} (the model has "
-                          f"{plural(fewest, 'decoder layer')}), got {layer}")
+        raise OptionError(
+            f"{option} must be {span} (the model has "
+            f"{plural(fewest, 'decoder layer')}), got {layer}"
+        )
 
 
 @torch.no_grad()
-def teacher_forced_attention(model: Transformer, src: Tensor, tgt_in: Tensor,
-                             watched: Sequence[MultiHeadAttention],
-                             decoder_layers: int | None = None) -> list[Tensor]:
+def teacher_forced_attention(
+    model: Transformer,
+    src: Tensor,
+    tgt_in: Tensor,
+    watched: Sequence[MultiHeadAttention],
+    decoder_layers: int | None = None,
+) -> list[Tensor]:
     """One teacher-forced pass over src (B, S) and tgt_in (B, T), and the attention
     weights of each `watched` attention of the model, in the order given: (B, H, S, S)
     for an encoder self-attention, (B, H, T, T) for a decoder self-attention, (B, H, T, S)
@@ -51,9 +56,11 @@ def teacher_forced_attention(model: Transformer, src: Tensor, tgt_in: Tensor,
     all of them); the output projection never does."""
     weights: dict[int, Tensor] = {}
     for i, attn in enumerate(watched):
+
         def record(stage: str, t: Tensor, i: int = i) -> None:
             if stage == "attention weights softmax":
                 weights[i] = t  # (B, H, q, k)
+
         attn.observer = record
     try:
         memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
@@ -87,8 +94,9 @@ def word_index(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def word_links(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
-               ) -> tuple[tuple[int, int], ...]:
+def word_links(
+    attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+) -> tuple[tuple[int, int], ...]:
     """attention (T, S) over the output subwords x the source subwords (eos excluded)
     -> sorted unique (source word, target word) links. A bare "▁" piece (a space on its
     own, as small vocabularies make) carries no meaning: it neither links nor is linked
@@ -101,23 +109,45 @@ def word_links(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequenc
         meaningful[:] = True
     scores = attention[: len(tgt_pieces), : len(src_pieces)]  # (T, S)
     best = scores.masked_fill(~meaningful, -1.0).argmax(dim=-1).tolist()  # (T,)
-    return tuple(sorted({(src_words[s], tgt_words[t]) for t, s in enumerate(best)
-                         if tgt_pieces[t] != WORD_START}))
+    return tuple(
+        sorted(
+            {
+                (src_words[s], tgt_words[t])
+                for t, s in enumerate(best)
+                if tgt_pieces[t] != WORD_START
+            }
+        )
+    )
 
 
 @torch.no_grad()
-def align(models: Sequence[Transformer], sources: list[list[int]], outputs: list[list[int]],
-          src_pieces: list[list[str]], tgt_pieces: list[list[str]], layer: int | None,
-          device: torch.device) -> list[tuple[tuple[int, int], ...]]:
+def align(
+    models: Sequence[Transformer],
+    sources: list[list[int]],
+    outputs: list[list[int]],
+    src_pieces: list[list[str]],
+    tgt_pieces: list[list[str]],
+    layer: int | None,
+    device: torch.device,
+) -> list[tuple[tuple[int, int], ...]]:
     """Word links for each (source ids, output ids) pair, from the cross-attention of
     `layer` (None: each model's `default_layer`), averaged over the models."""
     if not sources:
         return []
     batch = collate(list(zip(sources, outputs, strict=True))).to(device)  # (src + eos, bos + out)
-    attention = torch.stack([
-        cross_attention(m, batch.src, batch.tgt_in,
-                        default_layer(m) if layer is None else layer)
-        for m in models]).mean(dim=0).cpu()  # (B, T, S)
-    return [word_links(attention[i], sp, tp)
-            for i, (sp, tp) in enumerate(zip(src_pieces, tgt_pieces, strict=True))]
-
+    attention = (
+        torch.stack(
+            [
+                cross_attention(
+                    m, batch.src, batch.tgt_in, default_layer(m) if layer is None else layer
+                )
+                for m in models
+            ]
+        )
+        .mean(dim=0)
+        .cpu()
+    )  # (B, T, S)
+    return [
+        word_links(attention[i], sp, tp)
+        for i, (sp, tp) in enumerate(zip(src_pieces, tgt_pieces, strict=True))
+    ]

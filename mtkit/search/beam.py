@@ -38,8 +38,9 @@ class StepModel(Protocol):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...  # (B, S, D), (B, S)
 
-    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    cache: Any) -> tuple[Tensor, Any]: ...  # memory: None once in `cache`
+    def decode_step(
+        self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any
+    ) -> tuple[Tensor, Any]: ...  # memory: None once in `cache`
 
 
 def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
@@ -51,8 +52,9 @@ def max_lengths(src_mask: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * src_len + b).floor().clamp(min=1, max=limit - 1).long()  # (B,)
 
 
-def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int,
-                        exempt: Tensor | None = None) -> None:
+def ban_repeated_ngrams(
+    lprobs: Tensor, history: Tensor, n: int, exempt: Tensor | None = None
+) -> None:
     """Forbid (in place) every token that would complete an n-gram already in its row's
     history: lprobs (rows, V), history (rows, t) of the tokens output so far. `exempt`
     (rows, E), padded with -1: tokens never forbidden (a constraint's next tokens: a
@@ -61,7 +63,7 @@ def ban_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int,
     if n < 1 or t < n:  # no complete n-gram yet
         return
     windows = history.unfold(1, n, 1)  # (rows, t-n+1, n): every n-gram so far
-    suffix = history[:, t - (n - 1):]  # (rows, n-1): the n-gram so far
+    suffix = history[:, t - (n - 1) :]  # (rows, n-1): the n-gram so far
     seen = (windows[:, :, : n - 1] == suffix[:, None, :]).all(dim=-1)  # (rows, W)
     rows, at = seen.nonzero(as_tuple=True)
     tokens = windows[rows, at, n - 1]  # (hits,)
@@ -90,15 +92,22 @@ def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int)
     return torch.maximum(limits, need).clamp(max=max_positions - 1)
 
 
-def start_search(model: StepModel, src: Tensor, prefixes: list[list[int]] | None,
-                 max_len_a: float, max_len_b: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+def start_search(
+    model: StepModel,
+    src: Tensor,
+    prefixes: list[list[int]] | None,
+    max_len_a: float,
+    max_len_b: int,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """Encode the source: memory (B, S, D), its mask (B, S), the prefix table (B, L) or
     None, and each sentence's output limit (B,), with room for its prefix."""
     memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
     prefix = prefix_table(prefixes, src.device)  # (B, L) or None
-    limits = _with_prefix_room(max_lengths(src_mask, max_len_a, max_len_b,
-                                           model.cfg.max_positions), prefix,
-                               model.cfg.max_positions)  # (B,)
+    limits = _with_prefix_room(
+        max_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_positions),
+        prefix,
+        model.cfg.max_positions,
+    )  # (B,)
     return memory, src_mask, prefix, limits
 
 
@@ -109,11 +118,20 @@ def _forced(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | Non
     return prefix[sentences, step]
 
 
-def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                   cache: Any, step: int | Tensor, limits: Tensor, min_len: int,
-                   history: Tensor | None = None, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                   forced: Tensor | None = None, exempt: Tensor | None = None
-                   ) -> tuple[Tensor, Any]:
+def step_log_probs(
+    model: StepModel,
+    token: Tensor,
+    memory: Tensor | None,
+    src_mask: Tensor,
+    cache: Any,
+    step: int | Tensor,
+    limits: Tensor,
+    min_len: int,
+    history: Tensor | None = None,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    forced: Tensor | None = None,
+    exempt: Tensor | None = None,
+) -> tuple[Tensor, Any]:
     """Next-token log-probabilities (rows, V) with the decoding constraints applied:
     never pad or bos, no eos before `min_len` tokens, no repeated n-gram of size
     `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
@@ -148,36 +166,66 @@ def step_log_probs(model: StepModel, token: Tensor, memory: Tensor | None, src_m
     return lprobs, cache
 
 
-def greedy_search(model: StepModel, src: Tensor, max_len_a: float = DEFAULTS.max_len_a,
-                  max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1,
-                  no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
+def greedy_search(
+    model: StepModel,
+    src: Tensor,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+    min_len: int = 1,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    prefixes: list[list[int]] | None = None,
+) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given."""
-    return [hyps[0].tokens for hyps in greedy_hypotheses(model, src, 0.0, max_len_a,
-                                                         max_len_b, min_len,
-                                                         no_repeat_ngram, prefixes)]
+    return [
+        hyps[0].tokens
+        for hyps in greedy_hypotheses(
+            model, src, 0.0, max_len_a, max_len_b, min_len, no_repeat_ngram, prefixes
+        )
+    ]
 
 
 @torch.no_grad()
-def greedy_hypotheses(model: StepModel, src: Tensor, lenpen: float = DEFAULTS.lenpen,
-                      max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-                      min_len: int = 1, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+def greedy_hypotheses(
+    model: StepModel,
+    src: Tensor,
+    lenpen: float = DEFAULTS.lenpen,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+    min_len: int = 1,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    prefixes: list[list[int]] | None = None,
+) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
     scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
     length penalty only scores; unlike a beam of one, it never keeps a sentence going
     past the eos it chose."""
     memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
-    out, log_prob = one_per_row(model, memory, src_mask, prefix, limits, 1, min_len,
-                                no_repeat_ngram,
-                                lambda lprobs, alive, step: lprobs.argmax(dim=-1))
+    out, log_prob = one_per_row(
+        model,
+        memory,
+        src_mask,
+        prefix,
+        limits,
+        1,
+        min_len,
+        no_repeat_ngram,
+        lambda lprobs, alive, step: lprobs.argmax(dim=-1),
+    )
     return as_hypotheses(out, log_prob, 1, lenpen)
 
 
-def one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tensor | None,
-                limits: Tensor, samples: int, min_len: int, no_repeat_ngram: int,
-                pick: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, Tensor]:
+def one_per_row(
+    model: StepModel,
+    memory: Tensor,
+    src_mask: Tensor,
+    prefix: Tensor | None,
+    limits: Tensor,
+    samples: int,
+    min_len: int,
+    no_repeat_ngram: int,
+    pick: Callable[[Tensor, Tensor, int], Tensor],
+) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
     alive (r,), step) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
@@ -191,8 +239,9 @@ def one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tens
     # cross-attention keys/values are projected once, not once per sample.
     token = torch.full((sentences,), BOS, dtype=torch.long, device=device)  # (B,)
     first = _forced(prefix, torch.arange(sentences, device=device), 0)  # (B,) or None
-    lprobs, cache = step_log_probs(model, token, memory, src_mask, None, 0, limits,
-                                   min_len, forced=first)
+    lprobs, cache = step_log_probs(
+        model, token, memory, src_mask, None, 0, limits, min_len, forced=first
+    )
     if samples > 1:
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
@@ -210,15 +259,24 @@ def one_per_row(model: StepModel, memory: Tensor, src_mask: Tensor, prefix: Tens
             if not alive.numel():
                 return out, log_prob
         # memory None: the cache holds the source's keys/values from the first step
-        lprobs, cache = step_log_probs(model, token, None, src_mask, cache, step,
-                                       limits[alive], min_len,
-                                       out[alive, :step] if no_repeat_ngram else None,
-                                       no_repeat_ngram,
-                                       _forced(prefix, alive // samples, step))  # (r, V)
+        lprobs, cache = step_log_probs(
+            model,
+            token,
+            None,
+            src_mask,
+            cache,
+            step,
+            limits[alive],
+            min_len,
+            out[alive, :step] if no_repeat_ngram else None,
+            no_repeat_ngram,
+            _forced(prefix, alive // samples, step),
+        )  # (r, V)
 
 
-def _drop_rows(done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, cache: Any
-               ) -> tuple[Tensor, Tensor, Tensor, Any]:
+def _drop_rows(
+    done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, cache: Any
+) -> tuple[Tensor, Tensor, Tensor, Any]:
     """Keep only the rows that are not `done` (one output per row, so a row is its own
     sentence to the model: greedy, sampling)."""
     keep = (~done).nonzero().squeeze(1)  # (rows',)
@@ -241,8 +299,9 @@ class Choice(Protocol):
         the next step, for `width` rows per sentence; None: none. Called first in every
         step, before `candidates`."""
 
-    def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+    def candidates(
+        self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """scores (b, N), lprobs (b*W, V), at_limit (b*N,) -> candidate scores, source
         beams and tokens, each (b, K), in the order beams are filled: an eos among the
         first N finishes a hypothesis (a -inf score never does). W is N, or 1 at the
@@ -277,8 +336,9 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
     whole = blocks * block
     maxima = x[:, :whole].view(rows, blocks, block).amax(dim=-1)  # (rows, blocks)
     chosen = maxima.topk(k, dim=-1, sorted=False).indices  # (rows, k)
-    cols = (chosen[:, :, None] * block
-            + torch.arange(block, device=x.device)).view(rows, k * block)  # (rows, k*block)
+    cols = (chosen[:, :, None] * block + torch.arange(block, device=x.device)).view(
+        rows, k * block
+    )  # (rows, k*block)
     if whole < width:  # the last, partial block is always searched
         tail = torch.arange(whole, width, device=x.device).expand(rows, -1)
         cols = torch.cat([cols, tail], dim=1)
@@ -286,8 +346,9 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
     return values, cols.gather(1, at)
 
 
-def best_extensions(scores: Tensor, lprobs: Tensor, beam: int | None = None
-                    ) -> tuple[Tensor, Tensor]:
+def best_extensions(
+    scores: Tensor, lprobs: Tensor, beam: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Each beam's own k = min(2N, V) best extensions, best first: their scores (the
     beam's score plus the token's log-prob) and tokens, (b, W, k) each, from scores
     (b, W) and lprobs (b*W, V), for a beam size N (default W). A sentence's 2N best
@@ -307,8 +368,9 @@ class TopCandidates:
     def exempt(self, width: int) -> None:
         return None
 
-    def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+    def candidates(
+        self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, beam = scores.shape
         n = lprobs.size(0) // b  # N, or 1 at the first step: only the first beam is live
         if n < beam and n * lprobs.size(1) < 2 * beam:  # < 2N tokens: all N beams give some
@@ -327,12 +389,19 @@ class TopCandidates:
 
 
 @torch.no_grad()
-def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
-                lenpen: float = DEFAULTS.lenpen, max_len_a: float = DEFAULTS.max_len_a,
-                max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1, nbest: int = DEFAULTS.nbest,
-                no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                prefixes: list[list[int]] | None = None, choice: Choice | None = None
-                ) -> list[list[Hypothesis]]:
+def beam_search(
+    model: StepModel,
+    src: Tensor,
+    beam: int = DEFAULTS.beam,
+    lenpen: float = DEFAULTS.lenpen,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+    min_len: int = 1,
+    nbest: int = DEFAULTS.nbest,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    prefixes: list[list[int]] | None = None,
+    choice: Choice | None = None,
+) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first (fewer,
     or none, where `choice` leaves no way to finish: a constrained search).
 
@@ -359,16 +428,25 @@ def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
     cache, step = None, 0
     while alive.numel():
         rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
-        lprobs, cache = step_log_probs(model, token, memory, src_mask, cache, step,
-                                       rows_limit[:: beam // width], min_len,
-                                       history[:: beam // width], no_repeat_ngram,
-                                       _forced(prefix, alive.repeat_interleave(width), step),
-                                       choice.exempt(width))  # (b*width, V)
+        lprobs, cache = step_log_probs(
+            model,
+            token,
+            memory,
+            src_mask,
+            cache,
+            step,
+            rows_limit[:: beam // width],
+            min_len,
+            history[:: beam // width],
+            no_repeat_ngram,
+            _forced(prefix, alive.repeat_interleave(width), step),
+            choice.exempt(width),
+        )  # (b*width, V)
         # At the first step the choice gets one row per sentence (`Choice.candidates`)
-        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs,
-                                                                 step >= rows_limit)
-        _collect_finished(finished, alive, history, cand_scores, cand_beams, cand_tokens,
-                          beam, lenpen, step)
+        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs, step >= rows_limit)
+        _collect_finished(
+            finished, alive, history, cand_scores, cand_beams, cand_tokens, beam, lenpen, step
+        )
         pick = choice.open(cand_scores, cand_tokens, beam)  # (b, N)
         scores, token = cand_scores.gather(1, pick), cand_tokens.gather(1, pick).view(-1)
         offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
@@ -388,9 +466,17 @@ def beam_search(model: StepModel, src: Tensor, beam: int = DEFAULTS.beam,
     return [hyps[:nbest] for hyps in finished]
 
 
-def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: Tensor,
-                      cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor,
-                      beam: int, lenpen: float, step: int) -> None:
+def _collect_finished(
+    finished: list[list[Hypothesis]],
+    alive: Tensor,
+    history: Tensor,
+    cand_scores: Tensor,
+    cand_beams: Tensor,
+    cand_tokens: Tensor,
+    beam: int,
+    lenpen: float,
+    step: int,
+) -> None:
     """Record eos candidates ranked among a sentence's N best as finished hypotheses;
     each sentence keeps its N best finished ones, best first."""
     ends = (cand_tokens[:, :beam] == EOS) & torch.isfinite(cand_scores[:, :beam])  # (b, N)
@@ -399,16 +485,27 @@ def _collect_finished(finished: list[list[Hypothesis]], alive: Tensor, history: 
     penalty = length_penalty(step + 1, lenpen)
     rows, ranks = ends.nonzero(as_tuple=True)  # (e,) each: read out in one go, not one by one
     sources = rows * beam + cand_beams[rows, ranks]  # (e,)
-    for sentence, tokens, log_prob in zip(alive[rows].tolist(), history[sources].tolist(),
-                                          cand_scores[rows, ranks].tolist(), strict=True):
+    for sentence, tokens, log_prob in zip(
+        alive[rows].tolist(),
+        history[sources].tolist(),
+        cand_scores[rows, ranks].tolist(),
+        strict=True,
+    ):
         hyps = finished[sentence]
         hyps.append(Hypothesis(tokens, log_prob, log_prob / penalty))
         hyps.sort(key=lambda h: -h.score)
         del hyps[beam:]
 
 
-def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Tensor,
-                    limits: Tensor, step: int, nbest: int, lenpen: float) -> Tensor:
+def _sentences_done(
+    finished: list[list[Hypothesis]],
+    alive: Tensor,
+    scores: Tensor,
+    limits: Tensor,
+    step: int,
+    nbest: int,
+    lenpen: float,
+) -> Tensor:
     """(b,) True where no open beam can still enter the sentence's `nbest` best: it has
     `nbest` finished hypotheses and the best open beam, even ending at the longest
     allowed length (log-probs only fall; the penalty only grows), scores below the
@@ -417,25 +514,30 @@ def _sentences_done(finished: list[list[Hypothesis]], alive: Tensor, scores: Ten
     limit = limits[alive]  # (b,)
     bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
     done = step > limit  # (b,)
-    full = [(row, finished[sentence][nbest - 1].score)
-            for row, sentence in enumerate(alive.tolist()) if len(finished[sentence]) >= nbest]
+    full = [
+        (row, finished[sentence][nbest - 1].score)
+        for row, sentence in enumerate(alive.tolist())
+        if len(finished[sentence]) >= nbest
+    ]
     if full:  # compared in the bound's precision, all at once
         rows = torch.tensor([row for row, _ in full], device=done.device)  # (f,)
-        worst = torch.tensor([score for _, score in full], dtype=bound.dtype,
-                             device=done.device)  # (f,)
+        worst = torch.tensor(
+            [score for _, score in full], dtype=bound.dtype, device=done.device
+        )  # (f,)
         done[rows] |= ~(bound[rows] > worst)
     return done
 
 
-def as_hypotheses(out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
-                  ) -> list[list[Hypothesis]]:
+def as_hypotheses(
+    out: Tensor, log_prob: Tensor, per_sentence: int, lenpen: float
+) -> list[list[Hypothesis]]:
     """Outputs (R, L) and their log-probabilities (R,), `per_sentence` consecutive rows
     per sentence, as each sentence's hypotheses, best score first."""
     hyps = []
     for ids, lp in zip(out.tolist(), log_prob.tolist(), strict=True):
         tokens = strip_specials(ids)
         hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, lenpen)))
-    return [sorted(hyps[i : i + per_sentence], key=lambda h: -h.score)
-            for i in range(0, len(hyps), per_sentence)]
-
-
+    return [
+        sorted(hyps[i : i + per_sentence], key=lambda h: -h.score)
+        for i in range(0, len(hyps), per_sentence)
+    ]

@@ -57,8 +57,9 @@ class Automaton:
 def automaton(constraints: list[Constraint]) -> Automaton:
     """The automaton of one sentence's constraints (at most `MAX_CONSTRAINTS`)."""
     if len(constraints) > MAX_CONSTRAINTS:
-        raise ValueError(f"at most {MAX_CONSTRAINTS} constraints per sentence, got "
-                         f"{len(constraints)}")
+        raise ValueError(
+            f"at most {MAX_CONSTRAINTS} constraints per sentence, got {len(constraints)}"
+        )
     children: list[dict[int, int]] = [{}]
     parent, depth, ends = [0], [0], [0]
     for c, phrases in enumerate(constraints):
@@ -93,8 +94,9 @@ def _breadth_first(children: list[dict[int, int]]) -> list[int]:
     return queue
 
 
-def _goto(children: list[dict[int, int]], ends: list[int]
-          ) -> tuple[list[dict[int, int]], list[int], list[int]]:
+def _goto(
+    children: list[dict[int, int]], ends: list[int]
+) -> tuple[list[dict[int, int]], list[int], list[int]]:
     """The automaton's moves (node, token -> node, all but those back to the root),
     each node's outputs and its failure node, built breadth first."""
     alphabet = sorted({t for c in children for t in c})
@@ -137,8 +139,9 @@ def tables(constraints: list[list[Constraint]], device: torch.device) -> Tables:
     starts = [0]
     for a in autos:
         starts.append(starts[-1] + len(a.depth))
-    moves = [(list(m), [starts[s] + n for n in m.values()])
-             for s, a in enumerate(autos) for m in a.moves]
+    moves = [
+        (list(m), [starts[s] + n for n in m.values()]) for s, a in enumerate(autos) for m in a.moves
+    ]
     advance = [row for a in autos for row in a.advance]
     width = max([len(t) for t, _ in moves] + [len(r) for r in advance] + [1])
     count = max([len(c) for c in constraints] + [1])
@@ -146,19 +149,24 @@ def tables(constraints: list[list[Constraint]], device: torch.device) -> Tables:
     def padded(rows: list[list[int]], fill: int) -> Tensor:
         return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long)
 
-    flat = {name: torch.tensor([v for a in autos for v in getattr(a, name)], dtype=torch.long)
-            for name in ("depth", "below", "outputs")}
+    flat = {
+        name: torch.tensor([v for a in autos for v in getattr(a, name)], dtype=torch.long)
+        for name in ("depth", "below", "outputs")
+    }
     return Tables(
         move_token=padded([t for t, _ in moves], -1).to(device),
         move_next=padded([n for _, n in moves], 0).to(device),
         advance=padded(advance, -1).to(device),
-        root=torch.tensor([starts[s] for s, a in enumerate(autos) for _ in a.depth],
-                          device=device),
+        root=torch.tensor([starts[s] for s, a in enumerate(autos) for _ in a.depth], device=device),
         **{name: value.to(device) for name, value in flat.items()},
         roots=torch.tensor(starts[:-1], device=device),
         want=torch.tensor([(1 << len(c)) - 1 for c in constraints], device=device),
-        weights=torch.tensor([a.weights + [0] * (count - len(a.weights)) for a in autos],
-                             dtype=torch.long, device=device).view(len(autos), count))
+        weights=torch.tensor(
+            [a.weights + [0] * (count - len(a.weights)) for a in autos],
+            dtype=torch.long,
+            device=device,
+        ).view(len(autos), count),
+    )
 
 
 def move(t: Tables, node: Tensor, met: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
@@ -187,8 +195,9 @@ def advancing(t: Tables, node: Tensor, met: Tensor) -> Tensor:
     """(rows, E) the tokens that bring each row nearer an unmet constraint, -1 else."""
     tokens = t.advance[node]  # (rows, E)
     rows, e = tokens.shape
-    after, _ = move(t, node.repeat_interleave(e), met.repeat_interleave(e),
-                    tokens.clamp(min=0).view(-1))
+    after, _ = move(
+        t, node.repeat_interleave(e), met.repeat_interleave(e), tokens.clamp(min=0).view(-1)
+    )
     useful = (t.below[after] & ~met.repeat_interleave(e)).view(rows, e) != 0  # (rows, E)
     deeper = t.depth[after].view(rows, e) > 0
     return tokens.masked_fill(~(useful & deeper) | (tokens < 0), -1)
@@ -215,8 +224,9 @@ class BankedCandidates:
         self.advancing = advancing(self.t, self.node, self.met)  # (b*N, E): for the step
         return self.advancing[:: self.beam // width]  # (b*width, E)
 
-    def candidates(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+    def candidates(
+        self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, n = scores.shape
         if lprobs.size(0) < b * n:  # the first step: one row for the N same beams
             lprobs = lprobs.repeat_interleave(n, dim=0)  # (b*N, V)
@@ -247,7 +257,8 @@ class BankedCandidates:
         lprobs[rows[:, None], self.inside_word] = float("-inf")
         adv = self.advancing[rows]
         lprobs[rows[:, None], adv.clamp(min=0)] = torch.where(
-            adv >= 0, kept, lprobs[rows[:, None], adv.clamp(min=0)])
+            adv >= 0, kept, lprobs[rows[:, None], adv.clamp(min=0)]
+        )
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
         k = cand_tokens.size(1)
@@ -277,10 +288,15 @@ def _candidates(scores: Tensor, lprobs: Tensor, adv: Tensor) -> tuple[Tensor, Te
     eos_scores = scores + lprobs[:, EOS].view(b, n)  # (b, N)
     adv_scores = lprobs.gather(1, adv.clamp(min=0)).masked_fill(adv < 0, float("-inf"))
     adv_scores = (adv_scores.view(b, n, -1) + scores.unsqueeze(-1)).view(b, -1)  # (b, N*E)
-    flat = torch.cat([own_keys.view(b, -1).gather(1, top), own_keys[:, :, 0],
-                      (beam_of + EOS).expand(b, n),
-                      (beam_of[:, None] + adv.clamp(min=0).view(b, n, -1)).view(b, -1)],
-                     dim=1)  # (b, K)
+    flat = torch.cat(
+        [
+            own_keys.view(b, -1).gather(1, top),
+            own_keys[:, :, 0],
+            (beam_of + EOS).expand(b, n),
+            (beam_of[:, None] + adv.clamp(min=0).view(b, n, -1)).view(b, -1),
+        ],
+        dim=1,
+    )  # (b, K)
     cand_scores = torch.cat([top_scores, own[:, :, 0], eos_scores, adv_scores], dim=1)
     return _without_duplicates(cand_scores, flat), flat
 
@@ -293,8 +309,7 @@ def _without_duplicates(scores: Tensor, keys: Tensor) -> Tensor:
     repeat = torch.zeros_like(sorted_keys, dtype=torch.bool)
     repeat[:, 1:] = sorted_keys[:, 1:] == sorted_keys[:, :-1]
     where = by_score.gather(1, by_key)  # (b, K): each sorted key's place in `scores`
-    return scores.masked_fill(torch.zeros_like(repeat).scatter(1, where, repeat),
-                              float("-inf"))
+    return scores.masked_fill(torch.zeros_like(repeat).scatter(1, where, repeat), float("-inf"))
 
 
 def allocate(scores: Tensor, bank: Tensor) -> Tensor:
@@ -314,19 +329,36 @@ def allocate(scores: Tensor, bank: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def constrained_beam_search(model: StepModel, src: Tensor, constraints: list[list[Constraint]],
-                            beam: int = DEFAULTS.beam, lenpen: float = DEFAULTS.lenpen,
-                            max_len_a: float = DEFAULTS.max_len_a,
-                            max_len_b: int = DEFAULTS.max_len_b, min_len: int = 1,
-                            nbest: int = DEFAULTS.nbest,
-                            no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                            prefixes: list[list[int]] | None = None,
-                            inside_word: Tensor | None = None) -> list[list[Hypothesis]]:
+def constrained_beam_search(
+    model: StepModel,
+    src: Tensor,
+    constraints: list[list[Constraint]],
+    beam: int = DEFAULTS.beam,
+    lenpen: float = DEFAULTS.lenpen,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+    min_len: int = 1,
+    nbest: int = DEFAULTS.nbest,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    prefixes: list[list[int]] | None = None,
+    inside_word: Tensor | None = None,
+) -> list[list[Hypothesis]]:
     """src (B, S) and each sentence's constraints -> its `nbest` best hypotheses that
     meet all of them, best first: none where no hypothesis met them within the length
     limit (the caller decides what then: `engines.pytorch` falls back to plain beam
     search and says so). `inside_word` (V,): the tokens that may not follow a
     completed phrase (`BankedCandidates`); None: any may."""
     choice = BankedCandidates(tables(constraints, src.device), beam, inside_word)
-    return beam_search(model, src, beam, lenpen, max_len_a, max_len_b, min_len, nbest,
-                       no_repeat_ngram, prefixes, choice)
+    return beam_search(
+        model,
+        src,
+        beam,
+        lenpen,
+        max_len_a,
+        max_len_b,
+        min_len,
+        nbest,
+        no_repeat_ngram,
+        prefixes,
+        choice,
+    )

@@ -34,8 +34,7 @@ class EnsembleCache:
             cache.fill(slots, theirs)
 
     def resized(self, slots: int, columns: int, source_capacity: int) -> EnsembleCache:
-        return EnsembleCache(tuple(c.resized(slots, columns, source_capacity)
-                                   for c in self.parts))
+        return EnsembleCache(tuple(c.resized(slots, columns, source_capacity) for c in self.parts))
 
     def move(self, old: Tensor, new: Tensor) -> None:
         for cache in self.parts:
@@ -65,23 +64,35 @@ class Ensemble:
 
     def cross_kv(self, memory: Tensor) -> tuple[Any, ...]:
         """Each model's `cross_kv` of its part of memory (B, S, D1 + D2 + ...)."""
-        return tuple(m.cross_kv(mem) for m, mem in zip(self.models,
-                                                        memory.split(self.widths, dim=-1),
-                                                        strict=True))  # each (B, S, Di)
+        return tuple(
+            m.cross_kv(mem)
+            for m, mem in zip(self.models, memory.split(self.widths, dim=-1), strict=True)
+        )  # each (B, S, Di)
 
-    def slot_cache(self, sources: tuple[Any, ...], slots: int, columns: int,
-                   source_capacity: int) -> EnsembleCache:
+    def slot_cache(
+        self, sources: tuple[Any, ...], slots: int, columns: int, source_capacity: int
+    ) -> EnsembleCache:
         """Each model's free slots, for its `sources` (from `cross_kv`)."""
-        return EnsembleCache(tuple(m.slot_cache(s, slots, columns, source_capacity)
-                                   for m, s in zip(self.models, sources, strict=True)))
+        return EnsembleCache(
+            tuple(
+                m.slot_cache(s, slots, columns, source_capacity)
+                for m, s in zip(self.models, sources, strict=True)
+            )
+        )
 
-    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    cache: EnsembleCache | None) -> tuple[Tensor, EnsembleCache]:
-        memories = (memory.split(self.widths, dim=-1) if memory is not None  # (rows, S, Di)
-                    else (None,) * len(self.models))  # after the first step
+    def decode_step(
+        self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: EnsembleCache | None
+    ) -> tuple[Tensor, EnsembleCache]:
+        memories = (
+            memory.split(self.widths, dim=-1)
+            if memory is not None  # (rows, S, Di)
+            else (None,) * len(self.models)
+        )  # after the first step
         caches = cache.parts if cache is not None else (None,) * len(self.models)
-        outputs = [m.decode_step(token, mem, src_mask, c)
-                   for m, mem, c in zip(self.models, memories, caches, strict=True)]
+        outputs = [
+            m.decode_step(token, mem, src_mask, c)
+            for m, mem, c in zip(self.models, memories, caches, strict=True)
+        ]
         new_cache = EnsembleCache(tuple(c for _, c in outputs))
         if len(outputs) == 1:
             return outputs[0][0], new_cache

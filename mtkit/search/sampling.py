@@ -17,8 +17,12 @@ from mtkit.core.search_options import DEFAULTS
 from mtkit.search.beam import StepModel, as_hypotheses, one_per_row, start_search
 
 
-def sampling_logits(lprobs: Tensor, temperature: float = DEFAULTS.temperature,
-                    topk: int = DEFAULTS.topk, topp: float = DEFAULTS.topp) -> Tensor:
+def sampling_logits(
+    lprobs: Tensor,
+    temperature: float = DEFAULTS.temperature,
+    topk: int = DEFAULTS.topk,
+    topp: float = DEFAULTS.topp,
+) -> Tensor:
     """The sampling distribution, as unnormalized log-probabilities (rows, V): the model's
     scaled by 1/temperature, then cut to the `topk` most likely tokens (0: all) and to the
     smallest set of most likely tokens whose probability reaches `topp` (nucleus
@@ -50,17 +54,29 @@ def sampling_logits(lprobs: Tensor, temperature: float = DEFAULTS.temperature,
 def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]:
     """One CPU generator per sample row, from its sentence's seed and the sample's
     number, so that a sentence's draws never depend on the batch it is in."""
-    return [torch.Generator().manual_seed((seed * 1_000_003 + j) % (1 << 63))
-            for seed in seeds for j in range(samples)]
+    return [
+        torch.Generator().manual_seed((seed * 1_000_003 + j) % (1 << 63))
+        for seed in seeds
+        for j in range(samples)
+    ]
 
 
 @torch.no_grad()
-def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int = 1,
-                  temperature: float = DEFAULTS.temperature, topk: int = DEFAULTS.topk,
-                  topp: float = DEFAULTS.topp, lenpen: float = DEFAULTS.lenpen,
-                  max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-                  min_len: int = 1, no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-                  prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+def sample_search(
+    model: StepModel,
+    src: Tensor,
+    seeds: list[int],
+    samples: int = 1,
+    temperature: float = DEFAULTS.temperature,
+    topk: int = DEFAULTS.topk,
+    topp: float = DEFAULTS.topp,
+    lenpen: float = DEFAULTS.lenpen,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+    min_len: int = 1,
+    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
+    prefixes: list[list[int]] | None = None,
+) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
     sentence. A hypothesis' log_prob is the model's own (before temperature and
@@ -69,10 +85,17 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
     # Each row's uniform numbers, one per step it may take, drawn at once from its own
     # generator: (R, L), padded. A row's numbers depend on its sentence alone.
     steps = (limits + 1).repeat_interleave(samples).tolist()  # (R,)
-    uniforms = torch.nn.utils.rnn.pad_sequence(
-        [torch.rand(n, generator=g) for g, n in zip(sentence_generators(seeds, samples),
-                                                    steps, strict=True)],
-        batch_first=True).clamp_(min=1e-12).to(src.device)  # (R, L)
+    uniforms = (
+        torch.nn.utils.rnn.pad_sequence(
+            [
+                torch.rand(n, generator=g)
+                for g, n in zip(sentence_generators(seeds, samples), steps, strict=True)
+            ],
+            batch_first=True,
+        )
+        .clamp_(min=1e-12)
+        .to(src.device)
+    )  # (R, L)
 
     def draw(lprobs: Tensor, alive: Tensor, step: int) -> Tensor:
         """Inverse-CDF draws of the rows `alive` at `step`."""
@@ -81,6 +104,7 @@ def sample_search(model: StepModel, src: Tensor, seeds: list[int], samples: int 
         token = torch.searchsorted(cdf, u[:, None]).squeeze(1)  # (r,)
         return token.clamp_(max=cdf.size(1) - 1)
 
-    out, log_prob = one_per_row(model, memory, src_mask, prefix, limits, samples, min_len,
-                                no_repeat_ngram, draw)
+    out, log_prob = one_per_row(
+        model, memory, src_mask, prefix, limits, samples, min_len, no_repeat_ngram, draw
+    )
     return as_hypotheses(out, log_prob, samples, lenpen)

@@ -69,13 +69,20 @@ class TranslateRequest(BaseModel):
     nbest: int | None = Field(None, description="Hypotheses per sentence (at most the beam).")
     alignments: bool = Field(False, description=OPTIONS["alignments"].help)
     constraints: list[list[str | list[str]]] | None = Field(
-        None, description="Per sentence, the target phrases its translation must contain: "
-        "each item a phrase, or a list of alternative phrases (any one of them).")
+        None,
+        description="Per sentence, the target phrases its translation must contain: "
+        "each item a phrase, or a list of alternative phrases (any one of them).",
+    )
     target_lang: str | None = Field(
-        None, description="The language to translate into: needed by a multilingual model "
-        "(/v1/info lists its target_languages), optional for a bilingual one.")
-    lang_vocab: bool | None = Field(None, description=OPTIONS["lang_vocab"].help.replace(
-        "--no-lang-vocab", "false") + " Default: the server's.")
+        None,
+        description="The language to translate into: needed by a multilingual model "
+        "(/v1/info lists its target_languages), optional for a bilingual one.",
+    )
+    lang_vocab: bool | None = Field(
+        None,
+        description=OPTIONS["lang_vocab"].help.replace("--no-lang-vocab", "false")
+        + " Default: the server's.",
+    )
 
 
 def parse_body(raw: bytes) -> TranslateRequest:
@@ -94,24 +101,30 @@ def parse_body(raw: bytes) -> TranslateRequest:
     for key in data if isinstance(data, dict) else ():
         bad = lone_surrogate(key)
         if bad:
-            raise ServeError(422, f"body: a field name holds {bad}; the fields are "
-                                  f"{', '.join(TranslateRequest.model_fields)}")
+            raise ServeError(
+                422,
+                f"body: a field name holds {bad}; the fields are "
+                f"{', '.join(TranslateRequest.model_fields)}",
+            )
     try:
         body = TranslateRequest.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         name = ".".join(str(x) for x in first["loc"]) or None
         message = f"{name or 'body'}: {first['msg']}"
-        raise ServeError(422, message.encode("utf-8", "backslashreplace").decode(), name
-                         ) from None
+        raise ServeError(422, message.encode("utf-8", "backslashreplace").decode(), name) from None
     for i, sentence in enumerate(body.text):
         bad = lone_surrogate(sentence)  # an escape such as \ud800 that is no character
         if bad:
             raise ServeError(422, f"text.{i}: {bad}", f"text.{i}")
     if body.constraints is not None and len(body.constraints) != len(body.text):
-        raise ServeError(422, f"constraints: one list per sentence: "
-                              f"{plural(len(body.text), 'sentence')}, "
-                              f"{plural(len(body.constraints), 'list')}", "constraints")
+        raise ServeError(
+            422,
+            f"constraints: one list per sentence: "
+            f"{plural(len(body.text), 'sentence')}, "
+            f"{plural(len(body.constraints), 'list')}",
+            "constraints",
+        )
     for i, items in enumerate(body.constraints or ()):
         try:
             read_constraints_field(items)
@@ -120,8 +133,9 @@ def parse_body(raw: bytes) -> TranslateRequest:
     return body
 
 
-def _error(status: int, message: str, field_name: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, field_name: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = {"error": message, **({"field": field_name} if field_name else {})}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -197,17 +211,22 @@ class Service:
         alignments and output vocabulary (`lang_vocab`), checked as the command line
         checks them (422 naming the field)."""
         try:
-            opts = SearchOptions.from_config(self.defaults, spell=str, beam=body.beam,
-                                             nbest=1 if body.nbest is None else body.nbest,
-                                             alignments=body.alignments or None,
-                                             lang_vocab=body.lang_vocab)
+            opts = SearchOptions.from_config(
+                self.defaults,
+                spell=str,
+                beam=body.beam,
+                nbest=1 if body.nbest is None else body.nbest,
+                alignments=body.alignments or None,
+                lang_vocab=body.lang_vocab,
+            )
             self.translator.check(opts, spell=str)
         except OptionError as e:
             raise ServeError(422, str(e), e.option) from None
         return opts
 
-    def constraints(self, body: TranslateRequest, lines: list[str], opts: SearchOptions
-                    ) -> list[list[Constraint]] | None:
+    def constraints(
+        self, body: TranslateRequest, lines: list[str], opts: SearchOptions
+    ) -> list[list[Constraint]] | None:
         """Each sentence's constraints: the request's, and the glossary's for its terms;
         None if none has any. 422 where the request's own cannot be searched for, and
         for options that cannot search with the server's glossary (a beam of 1), as
@@ -218,10 +237,14 @@ class Service:
             # refused, in every request, whether or not its sentences hold a term
             need = constraints_need(opts, self.translator.capabilities, spell=str)
             if need:
-                raise ServeError(422, f"this server's glossary (serve --glossary) needs "
-                                      f"{need}", "beam")
-        wanted = combine(own, [self.glossary.constraints(x) for x in lines]) \
-            if self.glossary is not None else own
+                raise ServeError(
+                    422, f"this server's glossary (serve --glossary) needs {need}", "beam"
+                )
+        wanted = (
+            combine(own, [self.glossary.constraints(x) for x in lines])
+            if self.glossary is not None
+            else own
+        )
         if not any(wanted):
             return None
         try:
@@ -249,39 +272,58 @@ class Service:
     def check_size(self, body: TranslateRequest) -> None:
         """413 for a request over the per-request limits."""
         if len(body.text) > self.limits.max_lines:
-            raise ServeError(413, f"at most {plural(self.limits.max_lines, 'sentence')} per "
-                                  f"request, got {len(body.text)}", "text")
+            raise ServeError(
+                413,
+                f"at most {plural(self.limits.max_lines, 'sentence')} per "
+                f"request, got {len(body.text)}",
+                "text",
+            )
         chars = sum(len(x) for x in body.text)
         if chars > self.limits.max_chars:
-            raise ServeError(413, f"at most {plural(self.limits.max_chars, 'character')} "
-                                  f"per request, got {chars}", "text")
+            raise ServeError(
+                413,
+                f"at most {plural(self.limits.max_chars, 'character')} per request, got {chars}",
+                "text",
+            )
 
     def info(self) -> dict:
         """What /v1/info says: languages, engine, decoding defaults, limits, load."""
         cfg = self.translator.config
         pairs = directions(cfg.data) or [bilingual_pair(cfg.data)]
-        return {"model": self.model_name,
-                # the model's own, not the data section's defaults: a multilingual
-                # model's several, comma-separated (`target_languages` lists them)
-                "source_language": ", ".join(sorted({src for src, _ in pairs})),
-                "target_language": ", ".join(sorted({tgt for _, tgt in pairs})),
-                "step": self.step,
-                "directions": [name(d) for d in directions(cfg.data)],
-                "target_languages": target_languages(cfg.data),  # [] for a bilingual model
-                "weights": " + ".join(self.translator.weights),
-                **self.translator.describe(),
-                "constraints": self.translator.capabilities.constraints,
-                "glossary_terms": len(self.glossary) if self.glossary is not None else 0,
-                "decoding": {k: v for k, v in asdict(self.defaults).items()
-                             if k not in ("nbest", "alignments")},
-                "limits": asdict(self.limits),
-                "load": {"requests_received": self.batcher.received,
-                         "waiting_lines": self.batcher.waiting_lines}}
+        return {
+            "model": self.model_name,
+            # the model's own, not the data section's defaults: a multilingual
+            # model's several, comma-separated (`target_languages` lists them)
+            "source_language": ", ".join(sorted({src for src, _ in pairs})),
+            "target_language": ", ".join(sorted({tgt for _, tgt in pairs})),
+            "step": self.step,
+            "directions": [name(d) for d in directions(cfg.data)],
+            "target_languages": target_languages(cfg.data),  # [] for a bilingual model
+            "weights": " + ".join(self.translator.weights),
+            **self.translator.describe(),
+            "constraints": self.translator.capabilities.constraints,
+            "glossary_terms": len(self.glossary) if self.glossary is not None else 0,
+            "decoding": {
+                k: v for k, v in asdict(self.defaults).items() if k not in ("nbest", "alignments")
+            },
+            "limits": asdict(self.limits),
+            "load": {
+                "requests_received": self.batcher.received,
+                "waiting_lines": self.batcher.waiting_lines,
+            },
+        }
 
 
-def create_app(translator: Translator, defaults: SearchOptions, limits: Limits,
-               model_name: str, step: int | str | None = None, api_key: str | None = None,
-               batcher: Batcher | None = None, glossary: Glossary | None = None) -> FastAPI:
+def create_app(
+    translator: Translator,
+    defaults: SearchOptions,
+    limits: Limits,
+    model_name: str,
+    step: int | str | None = None,
+    api_key: str | None = None,
+    batcher: Batcher | None = None,
+    glossary: Glossary | None = None,
+) -> FastAPI:
     """The service for one loaded model (or ensemble). `defaults`: the decoding options
     of requests that do not set them. `batcher`: a worker that the caller runs (see
     `serve_forever`); without one, the app starts its own thread. `glossary`: terms
@@ -293,8 +335,7 @@ def create_app(translator: Translator, defaults: SearchOptions, limits: Limits,
         yield
         await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
 
-    app = FastAPI(title="mtkit", summary="Transformer machine translation",
-                  lifespan=lifespan)
+    app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     _guard(app, api_key)
     _routes(app, service)
@@ -311,8 +352,11 @@ def _guard(app: FastAPI, api_key: str | None) -> None:
         if api_key and path.startswith("/v1/") and path != "/v1/health":
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
-                return _error(401, "missing or wrong API key: send 'Authorization: Bearer "
-                                   "KEY'", headers={"WWW-Authenticate": "Bearer"})
+                return _error(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         return await call_next(request)
 
     @app.exception_handler(ServeError)
@@ -321,8 +365,10 @@ def _guard(app: FastAPI, api_key: str | None) -> None:
 
 
 def _routes(app: FastAPI, service: Service) -> None:
-    schema = {"required": True, "content": {"application/json": {
-        "schema": TranslateRequest.model_json_schema()}}}
+    schema = {
+        "required": True,
+        "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
+    }
 
     @app.post("/v1/translate", openapi_extra={"requestBody": schema})
     async def translate(request: Request) -> dict:
@@ -339,17 +385,21 @@ def _routes(app: FastAPI, service: Service) -> None:
         lines = [tag.source + " ".join(x.split()) if x.strip() else "" for x in body.text]
         prefixes = [tag.target if x else "" for x in lines] if tag.target else None
         constraints = service.constraints(body, lines, opts)
-        hyps = await _awaited(request, service.batcher.submit(lines, opts, constraints,
-                                                              prefixes)) if lines else []
+        hyps = (
+            await _awaited(request, service.batcher.submit(lines, opts, constraints, prefixes))
+            if lines
+            else []
+        )
         if hyps is None:  # the client left while its request waited: dropped
             return Response(status_code=400)
         if any(tag):
             ids = tag_ids(service.translator.tgt_vocab, service.translator.config.data)
-            hyps = [untagged(h, bool(tag.source), ids if tag.target else frozenset())
-                    for h in hyps]
-        return {"translations": [_entry(h, service.translator, opts) for h in hyps],
-                "model": service.model_name,
-                "elapsed_ms": round(1000 * (time.perf_counter() - start), 1)}
+            hyps = [untagged(h, bool(tag.source), ids if tag.target else frozenset()) for h in hyps]
+        return {
+            "translations": [_entry(h, service.translator, opts) for h in hyps],
+            "model": service.model_name,
+            "elapsed_ms": round(1000 * (time.perf_counter() - start), 1),
+        }
 
     @app.get("/v1/health")
     async def health() -> dict:
@@ -370,9 +420,12 @@ def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) 
     """One sentence's answer: its best translation, and the n-best list when asked."""
 
     def one(h: Hypothesis) -> dict:
-        return {"text": translator.tgt_vocab.decode(h.tokens), "score": round(h.score, 4),
-                **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {}),
-                **({"constraints_met": h.met} if h.met is not None else {})}
+        return {
+            "text": translator.tgt_vocab.decode(h.tokens),
+            "score": round(h.score, 4),
+            **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {}),
+            **({"constraints_met": h.met} if h.met is not None else {}),
+        }
 
     entry = one(hyps[0])
     if opts.nbest > 1:
@@ -380,8 +433,9 @@ def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) 
     return entry
 
 
-def serve_forever(app: FastAPI, batcher: Batcher, host: str, port: int, ready: str = ""
-                  ) -> int | None:
+def serve_forever(
+    app: FastAPI, batcher: Batcher, host: str, port: int, ready: str = ""
+) -> int | None:
     """Serve `app` (made with `batcher`) until SIGTERM or Ctrl-C; then stop accepting,
     answer what is in flight, and return the signal that stopped it. HTTP runs in a
     thread; the model runs here, on the calling (main) thread. `ready` is logged once the
@@ -394,8 +448,16 @@ def serve_forever(app: FastAPI, batcher: Batcher, host: str, port: int, ready: s
             if self.started and ready:
                 log.info("%s", ready)
 
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                   access_log=False, timeout_graceful_shutdown=60))
+    server = Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=60,
+        )
+    )
     stopped_by: list[int] = []
 
     def stop(sig: int, frame) -> None:
@@ -440,6 +502,5 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {(e.strerror or str(e)).lower()}"
-                      ) from None
+        raise OSError(f"cannot listen on {host}:{port}: {(e.strerror or str(e)).lower()}") from None
     return sock

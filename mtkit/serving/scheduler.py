@@ -27,6 +27,7 @@ from mtkit.serving.stream import LineStream, open_stream
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Limits:
     max_batch_tokens: int = 4000  # source tokens the worker takes into one search
@@ -111,9 +112,13 @@ class Batcher:
         self._thread.start()
         return self
 
-    def submit(self, lines: list[str], opts: SearchOptions,
-               constraints: list[list[tuple[str, ...]]] | None = None,
-               prefixes: list[str] | None = None) -> Future:
+    def submit(
+        self,
+        lines: list[str],
+        opts: SearchOptions,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+        prefixes: list[str] | None = None,
+    ) -> Future:
         """Queue a request's sentences (and each one's constraints and target prefix,
         when given); the future gets one hypothesis list per line."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
@@ -121,8 +126,9 @@ class Batcher:
             if self._stopping:
                 raise ServeError(503, SHUTTING_DOWN)
             if self._queued_lines + len(lines) > self.limits.max_queued_lines:
-                raise ServeError(503, "the server is busy: too many sentences are waiting; "
-                                      "retry shortly")
+                raise ServeError(
+                    503, "the server is busy: too many sentences are waiting; retry shortly"
+                )
             self._queued_lines += len(lines)
             self.received += 1
         job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
@@ -184,8 +190,11 @@ class Batcher:
             else:
                 timeout = deadline - time.monotonic() if wait else 0
                 try:  # past the deadline, still take what is already queued
-                    job = (self._queue.get(timeout=timeout) if timeout > 0
-                           else self._queue.get_nowait())
+                    job = (
+                        self._queue.get(timeout=timeout)
+                        if timeout > 0
+                        else self._queue.get_nowait()
+                    )
                 except queue.Empty:
                     return
             if job is None:
@@ -228,8 +237,9 @@ class Batcher:
         """The backlog's requests that do not stream, oldest first, up to the budget."""
         jobs, tokens = [], 0
         for job in self._backlog:
-            if not self._streams(job) and (not jobs or tokens + job.tokens
-                                           <= self.limits.max_batch_tokens):
+            if not self._streams(job) and (
+                not jobs or tokens + job.tokens <= self.limits.max_batch_tokens
+            ):
                 jobs.append(job)
                 tokens += job.tokens
         jobs = self._taken(jobs)
@@ -247,11 +257,14 @@ class Batcher:
         constraints = [c for job in jobs for c in job.constraints or [[]] * len(job.lines)]
         prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
         try:
-            hyps = self.translator.translate(lines, opts, None,
-                                             prefixes if any(prefixes) else None,
-                                             batch_tokens=self.limits.max_batch_tokens,
-                                             constraints=constraints if any(constraints)
-                                             else None)
+            hyps = self.translator.translate(
+                lines,
+                opts,
+                None,
+                prefixes if any(prefixes) else None,
+                batch_tokens=self.limits.max_batch_tokens,
+                constraints=constraints if any(constraints) else None,
+            )
         except Exception as e:  # answer every waiting request, keep serving
             log.exception("translation failed")
             for job in jobs:
@@ -267,13 +280,13 @@ class Batcher:
         (`joining`; `eager`: at once, as at shutdown)."""
         waiting = [j for j in self._backlog if self._streams(j)]
         decoding = len(self._stream) if self._streaming else 0
-        joining = join_policy(waiting, self._streaming, decoding, self._steps,
-                              self.limits.max_batch_tokens, eager)
+        joining = join_policy(
+            waiting, self._streaming, decoding, self._steps, self.limits.max_batch_tokens, eager
+        )
         for job in self._taken(joining):
             job.results, job.left = [None] * len(job.lines), len(job.lines)
             try:
-                self._stream.add(job.lines, [(id(job), i) for i in range(len(job.lines))],
-                                 job.opts)
+                self._stream.add(job.lines, [(id(job), i) for i in range(len(job.lines))], job.opts)
             except Exception as e:  # the request at fault is answered with the error
                 log.exception("translation failed")
                 job.future.set_exception(e)
@@ -310,8 +323,14 @@ class Batcher:
         self._streaming, self._stream = [], None
 
 
-def join_policy(waiting: list[_Job], streaming: list[_Job], decoding: int, steps: int,
-                budget: int, eager: bool = False) -> list[_Job]:
+def join_policy(
+    waiting: list[_Job],
+    streaming: list[_Job],
+    decoding: int,
+    steps: int,
+    budget: int,
+    eager: bool = False,
+) -> list[_Job]:
     """Which of the `waiting` greedy requests (oldest first) join the stream now, beside
     the `streaming` ones (`decoding` sentences, `steps` run so far): none until a join
     is worth an encoder run (they are at least `JOIN_SHARE` of the sentences decoding, or

@@ -49,11 +49,13 @@ class StreamModel(Protocol):
 
     def cross_kv(self, memory: Tensor) -> Any: ...  # the sources' keys/values, to `fill`
 
-    def slot_cache(self, sources: Any, slots: int, columns: int,
-                   source_capacity: int) -> StreamCache: ...  # free slots for such sources
+    def slot_cache(
+        self, sources: Any, slots: int, columns: int, source_capacity: int
+    ) -> StreamCache: ...  # free slots for such sources
 
-    def decode_step(self, token: Tensor, memory: Tensor | None, src_mask: Tensor,
-                    cache: Any) -> tuple[Tensor, Any]: ...  # steps the first B slots
+    def decode_step(
+        self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any
+    ) -> tuple[Tensor, Any]: ...  # steps the first B slots
 
 
 # Source tokens (with padding) encoded together on a CPU by `GreedyStream`, whose
@@ -98,9 +100,14 @@ class GreedyStream:
     a step runs live slots only. Beside the cache, the stream keeps each slot's last
     token, output limit, tokens so far, log-probability, output and source mask."""
 
-    def __init__(self, model: StreamModel, lenpen: float = DEFAULTS.lenpen,
-                 max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-                 min_len: int = 1):
+    def __init__(
+        self,
+        model: StreamModel,
+        lenpen: float = DEFAULTS.lenpen,
+        max_len_a: float = DEFAULTS.max_len_a,
+        max_len_b: int = DEFAULTS.max_len_b,
+        min_len: int = 1,
+    ):
         self.model, self.lenpen, self.min_len = model, lenpen, min_len
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._clear()
@@ -130,8 +137,9 @@ class GreedyStream:
     def add(self, src: Tensor, keys: list[Any]) -> None:
         """Sentences src (B, S), one key each, join the search at its next step."""
         memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
-        limits = max_lengths(src_mask, self.max_len_a, self.max_len_b,
-                             self.model.cfg.max_positions)  # (B,)
+        limits = max_lengths(
+            src_mask, self.max_len_a, self.max_len_b, self.model.cfg.max_positions
+        )  # (B,)
         sources = self.model.cross_kv(memory)  # per layer (B, H, S, K) (per model)
         b, n, width = len(self), src.size(0), src.size(1)
         if self.cache is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
@@ -197,9 +205,16 @@ class GreedyStream:
             return []
         src_mask = self.src_mask[:b]
         src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
-        lprobs, self.cache = step_log_probs(self.model, self.token[:b], None, src_mask,
-                                            self.cache, self.steps[:b], self.limits[:b],
-                                            self.min_len)  # (b, V)
+        lprobs, self.cache = step_log_probs(
+            self.model,
+            self.token[:b],
+            None,
+            src_mask,
+            self.cache,
+            self.steps[:b],
+            self.limits[:b],
+            self.min_len,
+        )  # (b, V)
         token = lprobs.argmax(dim=-1)  # (b,)
         rows = torch.arange(b, device=token.device)
         self.log_prob[:b] += lprobs[rows, token]
@@ -229,8 +244,9 @@ class GreedyStream:
         if not holes:
             return
         movers = [i for i, k in enumerate(self.keys) if k is not None and i >= self.live]
-        old, new = (torch.tensor(x, dtype=torch.long, device=self.token.device)
-                    for x in (movers, holes))
+        old, new = (
+            torch.tensor(x, dtype=torch.long, device=self.token.device) for x in (movers, holes)
+        )
         self.cache.move(old, new)
         for t in (self.token, self.limits, self.steps, self.log_prob, self.out, self.src_mask):
             t[new] = t[old]
@@ -244,7 +260,8 @@ def open_stream(engine: Translator, opts: SearchOptions) -> LineStream | None:
     each language's outputs to its pieces (`Engine.output_groups`), which a stream's
     rows, of any language, do not."""
     if not (engine.capabilities.streaming and LineStream.can_take(opts)) or (
-            opts.lang_vocab and engine.tgt_vocab.languages):
+        opts.lang_vocab and engine.tgt_vocab.languages
+    ):
         return None
     return LineStream(engine, opts)
 
@@ -258,8 +275,7 @@ class LineStream:
 
     def __init__(self, engine: TorchEngine, opts: SearchOptions):
         self.engine, self.opts = engine, opts
-        self.search = GreedyStream(engine.step_model, opts.lenpen, opts.max_len_a,
-                                   opts.max_len_b)
+        self.search = GreedyStream(engine.step_model, opts.lenpen, opts.max_len_a, opts.max_len_b)
         self.ready: list[tuple[Hashable, list[Hypothesis]]] = []  # empty lines
         self.joining: list[tuple[Hashable, list[int]]] = []  # key, source ids
         self.aligned: dict[Hashable, tuple[list[int], int | None]] = {}  # key -> ids, layer
@@ -288,8 +304,9 @@ class LineStream:
         self.ready += [(keys[i], out[i]) for i in range(len(lines)) if i not in taken]
         self.joining += [(keys[i], x) for i, x in zip(todo, ids, strict=True)]
         if opts.alignments:
-            self.aligned.update((keys[i], (x, opts.align_layer))
-                                for i, x in zip(todo, ids, strict=True))
+            self.aligned.update(
+                (keys[i], (x, opts.align_layer)) for i, x in zip(todo, ids, strict=True)
+            )
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """One token for every line; the lines that ended: (key, hypotheses) each."""

@@ -32,8 +32,10 @@ from mtkit.model.transformer import Transformer, count_parameters
 from mtkit.search.alignment import teacher_forced_attention
 from mtkit.search.beam import greedy_search
 
-DEFAULT_PAIRS = [("A dog runs.", "Ein Hund rennt."),
-                 ("Two men are talking.", "Zwei Männer unterhalten sich.")]
+DEFAULT_PAIRS = [
+    ("A dog runs.", "Ein Hund rennt."),
+    ("Two men are talking.", "Zwei Männer unterhalten sich."),
+]
 
 
 @dataclass(frozen=True)
@@ -46,17 +48,18 @@ class Stage:
 
 def hashed_ids(text: str, vocab_size: int) -> list[int]:
     """Stand-in token ids (one per word) for a model whose tokenizer is not trained yet."""
-    return [4 + int(hashlib.md5(w.encode()).hexdigest(), 16) % (vocab_size - 4)
-            for w in text.split()]
+    return [
+        4 + int(hashlib.md5(w.encode()).hexdigest(), 16) % (vocab_size - 4) for w in text.split()
+    ]
 
 
-def make_batch(pairs: list[tuple[str, str]], src_vocab: Vocab | None,
-               tgt_vocab: Vocab | None, vocab_size: int) -> Batch:
+def make_batch(
+    pairs: list[tuple[str, str]], src_vocab: Vocab | None, tgt_vocab: Vocab | None, vocab_size: int
+) -> Batch:
     def ids(vocab, text):
         return vocab.encode([text])[0] if vocab is not None else hashed_ids(text, vocab_size)
 
-    return collate([(np.array(ids(src_vocab, s)), np.array(ids(tgt_vocab, t)))
-                    for s, t in pairs])
+    return collate([(np.array(ids(src_vocab, s)), np.array(ids(tgt_vocab, t))) for s, t in pairs])
 
 
 class _Recorder:
@@ -68,8 +71,9 @@ class _Recorder:
         self.cfg = cfg
 
     def add(self, name: str, tensor: Tensor, axes: str) -> None:
-        self.stages.append(Stage(name, tuple(tensor.shape), axes,
-                                 tensor.detach().clone() if self.values else None))
+        self.stages.append(
+            Stage(name, tuple(tensor.shape), axes, tensor.detach().clone() if self.values else None)
+        )
 
 
 def _axes(length: str, last: str = "D") -> str:
@@ -89,33 +93,40 @@ class _Hooks:
         """Record the module's output (its first input with `before`)."""
         if before:
             hook = module.register_forward_pre_hook(
-                lambda module, inputs: self.rec.add(name, inputs[0], axes))
+                lambda module, inputs: self.rec.add(name, inputs[0], axes)
+            )
         else:
             hook = module.register_forward_hook(
-                lambda module, inputs, output: self.rec.add(name, output, axes))
+                lambda module, inputs, output: self.rec.add(name, output, axes)
+            )
         self.handles.append(hook)
 
     def entering(self, embed: nn.Module, length: str) -> None:
         def hook(module, inputs):
             self.length = length
+
         self.handles.append(embed.register_forward_pre_hook(hook))
 
     def lookup(self, tokens: nn.Module) -> None:
         def hook(module, inputs, output):
-            self.rec.add("token embedding lookup (before the sqrt(D) scale)", output,
-                         _axes(self.length))
+            self.rec.add(
+                "token embedding lookup (before the sqrt(D) scale)", output, _axes(self.length)
+            )
+
         self.handles.append(tokens.register_forward_hook(hook))
 
     def attention(self, attn: MultiHeadAttention, prefix: str, q_len: str, k_len: str) -> None:
-        names = {"queries split into heads": f"(B, H, {q_len}, K)",
-                 "keys split into heads": f"(B, H, {k_len}, K)",
-                 "values split into heads": f"(B, H, {k_len}, K)",
-                 "scores QK^T / sqrt(d_k)": f"(B, H, {q_len}, {k_len})",
-                 "padding mask": f"(B, 1, {q_len}, {k_len})",
-                 "causal mask": f"({q_len}, {k_len})",
-                 "attention weights softmax": f"(B, H, {q_len}, {k_len})",
-                 "weighted values": f"(B, H, {q_len}, K)",
-                 "heads concatenated": f"(B, {q_len}, D)"}
+        names = {
+            "queries split into heads": f"(B, H, {q_len}, K)",
+            "keys split into heads": f"(B, H, {k_len}, K)",
+            "values split into heads": f"(B, H, {k_len}, K)",
+            "scores QK^T / sqrt(d_k)": f"(B, H, {q_len}, {k_len})",
+            "padding mask": f"(B, 1, {q_len}, {k_len})",
+            "causal mask": f"({q_len}, {k_len})",
+            "attention weights softmax": f"(B, H, {q_len}, {k_len})",
+            "weighted values": f"(B, H, {q_len}, K)",
+            "heads concatenated": f"(B, {q_len}, D)",
+        }
         attn.observer = lambda stage, t: self.rec.add(f"{prefix} / {stage}", t, names[stage])
         self.watch(attn.q_proj, f"{prefix} / Q projection", _axes(q_len))
         self.watch(attn.k_proj, f"{prefix} / K projection", _axes(k_len))
@@ -123,8 +134,9 @@ class _Hooks:
         self.watch(attn.out_proj, f"{prefix} / output projection", _axes(q_len))
 
     def ffn(self, layer: nn.Module, p: str, length: str) -> None:
-        self.watch(layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation",
-                   _axes(length, "F"))
+        self.watch(
+            layer.ffn.inner, f"{p} / FFN in (D -> F), before the activation", _axes(length, "F")
+        )
         self.watch(layer.ffn.outer, f"{p} / FFN out (F -> D)", _axes(length))
         self.watch(layer.ffn_block.norm, f"{p} / {self.norm} (FFN)", _axes(length))
 
@@ -171,8 +183,9 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
 
 
 @torch.no_grad()
-def trace_shapes(model: Transformer, batch: Batch, label_smoothing: float = 0.1,
-                 values: bool = False) -> list[Stage]:
+def trace_shapes(
+    model: Transformer, batch: Batch, label_smoothing: float = 0.1, values: bool = False
+) -> list[Stage]:
     """Every stage of one forward pass and the loss, in data-flow order."""
     model.eval()
     rec = _Recorder(model.cfg, values)
@@ -185,20 +198,26 @@ def trace_shapes(model: Transformer, batch: Batch, label_smoothing: float = 0.1,
     rec.add("log-probabilities (log-softmax over V)", torch.log_softmax(logits, -1), "(B, T, V)")
     rec.add("target output ids (y + eos)", batch.tgt_out, "(B, T)")
     out = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
-    rec.add(f"label-smoothed loss per token (eps {label_smoothing})",
-            (out.loss / max(out.tokens, 1)).reshape(()), "()")
+    rec.add(
+        f"label-smoothed loss per token (eps {label_smoothing})",
+        (out.loss / max(out.tokens, 1)).reshape(()),
+        "()",
+    )
     return rec.stages
 
 
-def format_trace(stages: list[Stage], cfg: ModelConfig, vocab_size: int,
-                 values: bool = False) -> str:
+def format_trace(
+    stages: list[Stage], cfg: ModelConfig, vocab_size: int, values: bool = False
+) -> str:
     """The trace as a text table (and the rounded values, with --values)."""
-    head = [f"axes: B batch, S source length, T target length, D d_model={cfg.d_model}, "
-            f"H heads={cfg.heads}, K head dim={cfg.d_model // cfg.heads},",
-            f"      F ffn_dim={cfg.ffn_dim}, V vocab={vocab_size}; cross-attention takes its "
-            f"queries from the target and its keys/values from the encoder output",
-            "stages are listed in the order the model computes them; the decoder's cross-"
-            "attention keys/values are computed once, before its first layer"]
+    head = [
+        f"axes: B batch, S source length, T target length, D d_model={cfg.d_model}, "
+        f"H heads={cfg.heads}, K head dim={cfg.d_model // cfg.heads},",
+        f"      F ffn_dim={cfg.ffn_dim}, V vocab={vocab_size}; cross-attention takes its "
+        f"queries from the target and its keys/values from the encoder output",
+        "stages are listed in the order the model computes them; the decoder's cross-"
+        "attention keys/values are computed once, before its first layer",
+    ]
     width = max(len(s.name) for s in stages) + 2
     lines = [*head, "", f"{'stage':<{width}}{'shape':<16}axes"]
     for s in stages:
@@ -242,16 +261,26 @@ def parameter_table(model: Transformer) -> list[ParamRow]:
 
     rows = []
     if model.src_embed.tokens is model.tgt_embed.tokens:
-        rows.append(ParamRow("shared embeddings = output projection", n(model.tgt_embed.tokens),
-                             "V*D", v_tgt * d))
+        rows.append(
+            ParamRow(
+                "shared embeddings = output projection", n(model.tgt_embed.tokens), "V*D", v_tgt * d
+            )
+        )
     else:
         rows.append(ParamRow("source embeddings", n(model.src_embed.tokens), "V_src*D", v_src * d))
-        rows.append(ParamRow("target embeddings = output projection",
-                             n(model.tgt_embed.tokens), "V_tgt*D", v_tgt * d))
+        rows.append(
+            ParamRow(
+                "target embeddings = output projection",
+                n(model.tgt_embed.tokens),
+                "V_tgt*D",
+                v_tgt * d,
+            )
+        )
     if cfg.positions == "learned":
         for name, emb in (("source", model.src_embed), ("target", model.tgt_embed)):
-            rows.append(ParamRow(f"{name} learned positions", n(emb.learned), "P*D",
-                                 cfg.max_positions * d))
+            rows.append(
+                ParamRow(f"{name} learned positions", n(emb.learned), "P*D", cfg.max_positions * d)
+            )
     attention = ("4(D^2 + D)", 4 * (d * d + d))
     ffn = ("2DF + F + D", 2 * d * f + f + d)
     norm = ("2D", 2 * d)
@@ -259,18 +288,33 @@ def parameter_table(model: Transformer) -> list[ParamRow]:
         p = f"encoder {i}"
         rows.append(ParamRow(f"{p} self-attention Q,K,V,O", n(layer.self_attn), *attention))
         rows.append(ParamRow(f"{p} FFN", n(layer.ffn), *ffn))
-        rows.append(ParamRow(f"{p} LayerNorms (2)",
-                             n(layer.attn_block) + n(layer.ffn_block), "2*2D", 2 * norm[1]))
+        rows.append(
+            ParamRow(
+                f"{p} LayerNorms (2)", n(layer.attn_block) + n(layer.ffn_block), "2*2D", 2 * norm[1]
+            )
+        )
     for i, layer in enumerate(model.decoder_layers):
         p = f"decoder {i}"
         rows.append(ParamRow(f"{p} self-attention Q,K,V,O", n(layer.self_attn), *attention))
         rows.append(ParamRow(f"{p} cross-attention Q,K,V,O", n(layer.cross_attn), *attention))
         rows.append(ParamRow(f"{p} FFN", n(layer.ffn), *ffn))
-        rows.append(ParamRow(f"{p} LayerNorms (3)", n(layer.self_block) + n(layer.cross_block)
-                             + n(layer.ffn_block), "3*2D", 3 * norm[1]))
+        rows.append(
+            ParamRow(
+                f"{p} LayerNorms (3)",
+                n(layer.self_block) + n(layer.cross_block) + n(layer.ffn_block),
+                "3*2D",
+                3 * norm[1],
+            )
+        )
     if cfg.norm == "pre":
-        rows.append(ParamRow("final LayerNorms (pre-norm)", n(model.encoder_norm)
-                             + n(model.decoder_norm), "2*2D", 2 * norm[1]))
+        rows.append(
+            ParamRow(
+                "final LayerNorms (pre-norm)",
+                n(model.encoder_norm) + n(model.decoder_norm),
+                "2*2D",
+                2 * norm[1],
+            )
+        )
     return rows
 
 
@@ -278,11 +322,12 @@ def format_parameter_table(model: Transformer) -> str:
     rows = parameter_table(model)
     total = count_parameters(model)
     width = max(len(r.component) for r in rows) + 2
-    lines = [f"{'component':<{width}}{'parameters':>12}  formula",
-             *(f"{r.component:<{width}}{r.count:>12,}  {r.formula} = {r.formula_value:,}"
-               for r in rows),
-             f"{'total':<{width}}{sum(r.count for r in rows):>12,}  "
-             f"(sum(p.numel() for p in model.parameters()) = {total:,})"]
+    lines = [
+        f"{'component':<{width}}{'parameters':>12}  formula",
+        *(f"{r.component:<{width}}{r.count:>12,}  {r.formula} = {r.formula_value:,}" for r in rows),
+        f"{'total':<{width}}{sum(r.count for r in rows):>12,}  "
+        f"(sum(p.numel() for p in model.parameters()) = {total:,})",
+    ]
     return "\n".join(lines)
 
 
@@ -301,9 +346,14 @@ class AttentionMaps:
 
 
 @torch.no_grad()
-def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, text: str,
-                   max_len_a: float = DEFAULTS.max_len_a,
-                   max_len_b: int = DEFAULTS.max_len_b) -> AttentionMaps:
+def attention_maps(
+    model: Transformer,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    text: str,
+    max_len_a: float = DEFAULTS.max_len_a,
+    max_len_b: int = DEFAULTS.max_len_b,
+) -> AttentionMaps:
     """Translate one sentence (greedy), then record every attention of the forward pass
     that scores that translation."""
     model.eval()
@@ -311,17 +361,29 @@ def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, text:
     src = torch.tensor([src_ids + [EOS]])  # (1, S)
     out_ids = greedy_search(model, src, max_len_a, max_len_b)[0]
     batch = collate([(np.array(src_ids), np.array(out_ids))])
-    kinds = {"encoder": [layer.self_attn for layer in model.encoder_layers],
-             "decoder": [layer.self_attn for layer in model.decoder_layers],
-             "cross": [layer.cross_attn for layer in model.decoder_layers]}
-    seen = iter(teacher_forced_attention(model, batch.src, batch.tgt_in,
-                                         [attn for attns in kinds.values() for attn in attns]))
+    kinds = {
+        "encoder": [layer.self_attn for layer in model.encoder_layers],
+        "decoder": [layer.self_attn for layer in model.decoder_layers],
+        "cross": [layer.cross_attn for layer in model.decoder_layers],
+    }
+    seen = iter(
+        teacher_forced_attention(
+            model, batch.src, batch.tgt_in, [attn for attns in kinds.values() for attn in attns]
+        )
+    )
     weights = {kind: [next(seen)[0] for _ in attns] for kind, attns in kinds.items()}  # (H, q, k)
     src_tokens = [src_vocab.piece(i) for i in src_ids] + ["</s>"]
     tgt_tokens = ["<s>"] + [tgt_vocab.piece(i) for i in out_ids]
     out_tokens = tgt_tokens[1:] + ["</s>"]
-    return AttentionMaps(tgt_vocab.decode(out_ids), src_tokens, tgt_tokens, out_tokens,
-                         weights["encoder"], weights["decoder"], weights["cross"])
+    return AttentionMaps(
+        tgt_vocab.decode(out_ids),
+        src_tokens,
+        tgt_tokens,
+        out_tokens,
+        weights["encoder"],
+        weights["decoder"],
+        weights["cross"],
+    )
 
 
 def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
@@ -335,12 +397,19 @@ def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def draw(grids: Tensor, rows: list[str], cols: list[str], title: str, path: Path,
-             vmax: float | None = 1.0) -> None:
+    def draw(
+        grids: Tensor,
+        rows: list[str],
+        cols: list[str],
+        title: str,
+        path: Path,
+        vmax: float | None = 1.0,
+    ) -> None:
         heads = grids.size(0)
         size = max(3.0, 0.35 * max(len(rows), len(cols)))
-        fig, axes = plt.subplots(1, heads, figsize=(max(size * heads, 4.5), size + 0.8),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            1, heads, figsize=(max(size * heads, 4.5), size + 0.8), squeeze=False
+        )
         for h in range(heads):
             ax = axes[0][h]
             ax.imshow(grids[h].float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
@@ -355,15 +424,33 @@ def plot_attention(maps: AttentionMaps, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    kinds = (("encoder", maps.encoder, maps.src_tokens, maps.src_tokens, "encoder self-attention"),
-             ("decoder", maps.decoder, maps.out_tokens, maps.tgt_tokens,
-              "decoder self-attention (causal; rows: the token being predicted)"),
-             ("cross", maps.cross, maps.out_tokens, maps.src_tokens,
-              "cross-attention (rows: the token being predicted)"))
+    kinds = (
+        ("encoder", maps.encoder, maps.src_tokens, maps.src_tokens, "encoder self-attention"),
+        (
+            "decoder",
+            maps.decoder,
+            maps.out_tokens,
+            maps.tgt_tokens,
+            "decoder self-attention (causal; rows: the token being predicted)",
+        ),
+        (
+            "cross",
+            maps.cross,
+            maps.out_tokens,
+            maps.src_tokens,
+            "cross-attention (rows: the token being predicted)",
+        ),
+    )
     for kind, layers, rows, cols, title in kinds:
         for i, grid in enumerate(layers):
             draw(grid, rows, cols, f"{title}, layer {i}", out_dir / f"{kind}_layer{i}.png")
     mean = torch.stack(maps.cross).mean(dim=(0, 1))[None]  # (1, T, S)
-    draw(mean, maps.out_tokens, maps.src_tokens, "mean cross-attention (soft alignment)",
-         out_dir / "alignment.png", vmax=None)
+    draw(
+        mean,
+        maps.out_tokens,
+        maps.src_tokens,
+        "mean cross-attention (soft alignment)",
+        out_dir / "alignment.png",
+        vmax=None,
+    )
     return written

@@ -88,9 +88,11 @@ def final_checkpoint(cfg: Config) -> Path:
 
 def run_all(cfg: Config) -> RunResult:
     if not cfg.data.corpora("test"):  # before hours of training, not after them
-        raise ConfigError("data.test is not set: `mtkit run` ends by translating and "
-                          "scoring the test set; set data.test, or run the tokenizer, "
-                          "preprocess and train commands on their own")
+        raise ConfigError(
+            "data.test is not set: `mtkit run` ends by translating and "
+            "scoring the test set; set data.test, or run the tokenizer, "
+            "preprocess and train commands on their own"
+        )
     with run_lock(cfg.run_path, "run"):
         return _run_all(cfg)
 
@@ -105,8 +107,7 @@ def _run_all(cfg: Config) -> RunResult:
         log.info("stage preprocess")  # (data.test added since: its shards are still to do)
         preprocess(cfg)
     else:  # skipped: the shards must still come from the current tokenizer
-        ShardDataset(run / "data" / "train").check_tokenizer(
-            *load_vocabs(run, cfg.tokenizer.joint))
+        ShardDataset(run / "data" / "train").check_tokenizer(*load_vocabs(run, cfg.tokenizer.joint))
     log.info("stage train")
     result = train(cfg, resume=True)
     release_freed_memory()  # the trained model is gone: translation starts from less
@@ -125,13 +126,23 @@ def _run_all(cfg: Config) -> RunResult:
     else:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
         engine = load_engine(checkpoint, cfg.train.device)
-        hypotheses = translate_texts(engine, sources, SearchOptions.from_config(cfg.decode),
-                                     cfg.decode.batch_tokens, target_tags=target_tags)
+        hypotheses = translate_texts(
+            engine,
+            sources,
+            SearchOptions.from_config(cfg.decode),
+            cfg.decode.batch_tokens,
+            target_tags=target_tags,
+        )
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
     scores = score(hypotheses, references, METRICS)
-    by_direction = {} if len(groups) < 2 else {
-        d: score([hypotheses[i] for i in ix], [references[i] for i in ix], METRICS)
-        for d, ix in groups.items()}
+    by_direction = (
+        {}
+        if len(groups) < 2
+        else {
+            d: score([hypotheses[i] for i in ix], [references[i] for i in ix], METRICS)
+            for d, ix in groups.items()
+        }
+    )
     report = _report(scores)
     if by_direction:
         report["directions"] = {d: _report(s) for d, s in by_direction.items()}

@@ -89,10 +89,12 @@ class WordCache:
 
     def _add(self, words: list[str]) -> None:
         lengths, flat = self._flat(self.vocab.encode(words))
-        self._index.update(zip(words, range(len(self._index), len(self._index) + len(words)),
-                               strict=True))
-        self._starts = np.concatenate((self._starts, len(self._pieces) + np.cumsum(lengths)
-                                       - lengths))
+        self._index.update(
+            zip(words, range(len(self._index), len(self._index) + len(words)), strict=True)
+        )
+        self._starts = np.concatenate(
+            (self._starts, len(self._pieces) + np.cumsum(lengths) - lengths)
+        )
         self._lengths = np.concatenate((self._lengths, lengths))
         self._pieces = np.concatenate((self._pieces, flat))
 
@@ -103,8 +105,9 @@ class WordCache:
             if not self.exact or not any(safe):
                 return self._flat(self.vocab.encode(sentences))
             pieces = self._word_pieces([x for x, ok in zip(sentences, safe, strict=True) if ok])
-            whole = iter(self.vocab.encode([x for x, ok in zip(sentences, safe, strict=True)
-                                            if not ok]))
+            whole = iter(
+                self.vocab.encode([x for x, ok in zip(sentences, safe, strict=True) if not ok])
+            )
             return self._flat([next(pieces) if ok else next(whole) for ok in safe])
         words = " ".join(sentences).split(" ")
         missing = list(set(words).difference(self._index))
@@ -117,10 +120,13 @@ class WordCache:
         word_lengths = self._lengths[rows]
         ends = np.cumsum(word_lengths)
         # the pieces of every word in turn: each word's start, counted up along its length
-        flat = self._pieces[np.repeat(self._starts[rows] - ends + word_lengths, word_lengths)
-                            + np.arange(ends[-1] if len(ends) else 0)]
-        counts = np.fromiter((x.count(" ") + 1 for x in sentences), dtype=np.int64,
-                             count=len(sentences))
+        flat = self._pieces[
+            np.repeat(self._starts[rows] - ends + word_lengths, word_lengths)
+            + np.arange(ends[-1] if len(ends) else 0)
+        ]
+        counts = np.fromiter(
+            (x.count(" ") + 1 for x in sentences), dtype=np.int64, count=len(sentences)
+        )
         lengths = np.add.reduceat(word_lengths, np.cumsum(counts) - counts).astype(np.int32)
         if not self._agrees(sentences, lengths, flat):
             return self._flat(self.vocab.encode(sentences))
@@ -129,7 +135,7 @@ class WordCache:
     def _word_pieces(self, sentences: list[str]) -> Iterator[list[int]]:
         lengths, flat = self.encode(sentences)
         ends = np.cumsum(lengths)
-        return (flat[e - n:e].tolist() for n, e in zip(lengths, ends, strict=True))
+        return (flat[e - n : e].tolist() for n, e in zip(lengths, ends, strict=True))
 
     def _agrees(self, sentences: list[str], lengths: np.ndarray, flat: np.ndarray) -> bool:
         """Encode a spread of the sentences whole and compare; turn the cache off if any
@@ -138,9 +144,12 @@ class WordCache:
         ends = np.cumsum(lengths)
         whole = self.vocab.encode([sentences[i] for i in picks])
         for i, ids in zip(picks, whole, strict=True):
-            if flat[ends[i] - lengths[i]:ends[i]].tolist() != ids:
-                log.warning("word-by-word encoding differs from SentencePiece's on %r; "
-                            "encoding whole sentences from here on", sentences[i][:80])
+            if flat[ends[i] - lengths[i] : ends[i]].tolist() != ids:
+                log.warning(
+                    "word-by-word encoding differs from SentencePiece's on %r; "
+                    "encoding whole sentences from here on",
+                    sentences[i][:80],
+                )
                 self.exact = False
                 return False
         return True
@@ -149,8 +158,9 @@ class WordCache:
 class _Encoder:
     """Cleans and encodes chunks; lives in each worker process (built there once)."""
 
-    def __init__(self, src: tuple[bytes, list[str] | None], tgt: tuple[bytes, list[str] | None],
-                 dtype: str):
+    def __init__(
+        self, src: tuple[bytes, list[str] | None], tgt: tuple[bytes, list[str] | None], dtype: str
+    ):
         src_vocab = Vocab(*src)
         tgt_vocab = src_vocab if tgt == src else Vocab(*tgt)
         self.src = WordCache(src_vocab, np.dtype(dtype))
@@ -163,9 +173,15 @@ class _Encoder:
             tgt = [x for x, k in zip(tgt, keep, strict=True) if k]
         src_lengths, src_ids = self.src.encode(src)
         tgt_lengths, tgt_ids = self.tgt.encode(tgt)
-        return Encoded(int((~keep).sum()), src_lengths, tgt_lengths, src_ids, tgt_ids,
-                       pair_hashes(src, tgt) if hashes else None,
-                       (src, tgt) if texts else None)
+        return Encoded(
+            int((~keep).sum()),
+            src_lengths,
+            tgt_lengths,
+            src_ids,
+            tgt_ids,
+            pair_hashes(src, tgt) if hashes else None,
+            (src, tgt) if texts else None,
+        )
 
 
 _worker_encoder: _Encoder | None = None  # one per worker process
@@ -193,9 +209,16 @@ class EncoderPool:
     def __init__(self, encoder_args: tuple, workers: int):
         self.workers = workers
         self._local = _Encoder(*encoder_args) if workers <= 1 else None
-        self._pool = None if workers <= 1 else ProcessPoolExecutor(
-            workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
-            initargs=encoder_args)
+        self._pool = (
+            None
+            if workers <= 1
+            else ProcessPoolExecutor(
+                workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=encoder_args,
+            )
+        )
         self._broken = False
 
     def __enter__(self) -> EncoderPool:
@@ -233,13 +256,15 @@ class EncoderPool:
                 yield pending.popleft().result()
         except BrokenProcessPool:
             self._broken = True
-            raise EncodingError("an encoding worker process died (killed, or out of "
-                                "memory?); nothing was written; rerun `mtkit preprocess`"
-                                ) from None
+            raise EncodingError(
+                "an encoding worker process died (killed, or out of "
+                "memory?); nothing was written; rerun `mtkit preprocess`"
+            ) from None
 
 
-def length_filter(src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: DataConfig
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def length_filter(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: DataConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """Masks over pairs: both sides within [min_len, max_len] subwords (`length_ok`), and
     the longer side at most `max_len_ratio` times the shorter (`ratio_ok`)."""
     s = np.asarray(src_lengths, dtype=np.int64)
@@ -252,25 +277,39 @@ def length_filter(src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: DataCon
 FILTERS = ("empty", "duplicate", "length", "ratio")  # and "language" with data.langid_filter
 
 
-def _in_languages(chunks: Iterator[Chunk], langs: tuple[str, str], cfg: DataConfig,
-                  dropped: dict[str, int]) -> Iterator[Chunk]:
+def _in_languages(
+    chunks: Iterator[Chunk], langs: tuple[str, str], cfg: DataConfig, dropped: dict[str, int]
+) -> Iterator[Chunk]:
     """`data.langid_filter`: the pairs whose source is detected as `langs[0]` and target
     as `langs[1]`, told apart among the run's languages (`mtkit.core.langid`); the others
     are counted in dropped["language"]. A multilingual run's tags are not looked at."""
     among = sorted({x for pair in languages.directions(cfg) for x in pair})
     for src, tgt in chunks:
-        keep = [a and b for a, b in zip(
-            in_language([languages.without_tag(x) for x in src], langs[0], among),
-            in_language([languages.without_tag(y) for y in tgt], langs[1], among),
-            strict=True)]
+        keep = [
+            a and b
+            for a, b in zip(
+                in_language([languages.without_tag(x) for x in src], langs[0], among),
+                in_language([languages.without_tag(y) for y in tgt], langs[1], among),
+                strict=True,
+            )
+        ]
         dropped["language"] += keep.count(False)
-        yield ([x for x, k in zip(src, keep, strict=True) if k],
-               [y for y, k in zip(tgt, keep, strict=True) if k])
+        yield (
+            [x for x, k in zip(src, keep, strict=True) if k],
+            [y for y, k in zip(tgt, keep, strict=True) if k],
+        )
 
 
-def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: DataConfig,
-                  train: bool, seen: SeenHashes | None, progress: ProgressLog,
-                  langs: tuple[str, str] | None = None) -> dict:
+def _write_corpus(
+    corpus: Corpus,
+    pool: EncoderPool,
+    writer: ShardWriter,
+    cfg: DataConfig,
+    train: bool,
+    seen: SeenHashes | None,
+    progress: ProgressLog,
+    langs: tuple[str, str] | None = None,
+) -> dict:
     """Clean, filter, encode and append one corpus (then its weight's repeats). Returns
     its report: pairs read, kept, written (kept times weight) and dropped per filter.
     `langs`: the corpus's (source, target) languages, for `data.langid_filter`."""
@@ -300,8 +339,14 @@ def _write_corpus(corpus: Corpus, pool: EncoderPool, writer: ShardWriter, cfg: D
     kept = len(writer) - first
     if corpus.weight > 1 and kept:
         writer.repeat(first, corpus.weight - 1)
-    return {"origin": corpus.origin, "read": read, "kept": kept, "weight": corpus.weight,
-            "written": len(writer) - first, "dropped": dropped}
+    return {
+        "origin": corpus.origin,
+        "read": read,
+        "kept": kept,
+        "weight": corpus.weight,
+        "written": len(writer) - first,
+        "dropped": dropped,
+    }
 
 
 def preprocess(cfg: Config, parallel_from: int = 4 * CHUNK_PAIRS) -> dict[str, dict]:
@@ -321,8 +366,9 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
         raise DataError("data.train is not set")
     # Open (and count) every corpus before writing anything: a line-count mismatch or a
     # missing file stops here.
-    splits = {split: open_split(cfg.data, split, run / "cache", cfg.model.lang_tag)
-              for split in SPLITS}
+    splits = {
+        split: open_split(cfg.data, split, run / "cache", cfg.model.lang_tag) for split in SPLITS
+    }
     splits = {split: corpora for split, corpora in splits.items() if corpora}
     total = sum(c.size for corpora in splits.values() for c in corpora)
     vocab_size = max(len(src_vocab), len(tgt_vocab))
@@ -330,37 +376,63 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
     workers = cfg.data.workers if total >= parallel_from else 1
     progress = ProgressLog(total)
     manifests = {}
-    with (atomic_dir(run / "data") as out,
-          EncoderPool(((src_vocab.model_proto, src_vocab.pieces),
-                       (tgt_vocab.model_proto, tgt_vocab.pieces), dtype), workers) as pool):
+    with (
+        atomic_dir(run / "data") as out,
+        EncoderPool(
+            (
+                (src_vocab.model_proto, src_vocab.pieces),
+                (tgt_vocab.model_proto, tgt_vocab.pieces),
+                dtype,
+            ),
+            workers,
+        ) as pool,
+    ):
         for split, corpora in splits.items():
             start = time.perf_counter()
             train = split == "train"
             seen = SeenHashes() if cfg.data.dedup and train else None
             writer = ShardWriter(out / split, vocab_size, texts=not train)
             try:
-                reports = [_write_corpus(c, pool, writer, cfg.data, train, seen, progress,
-                                         direction(given, cfg.data))
-                           for c, given in zip(corpora, cfg.data.corpora(split), strict=True)]
+                reports = [
+                    _write_corpus(
+                        c, pool, writer, cfg.data, train, seen, progress, direction(given, cfg.data)
+                    )
+                    for c, given in zip(corpora, cfg.data.corpora(split), strict=True)
+                ]
             finally:
                 writer.close()
             for report, corpus in zip(reports, cfg.data.corpora(split), strict=True):
                 report["direction"] = name(direction(corpus, cfg.data))
-            dropped = {f: sum(r["dropped"].get(f, 0) for r in reports)
-                       for f in dict.fromkeys(f for r in reports for f in r["dropped"])}
+            dropped = {
+                f: sum(r["dropped"].get(f, 0) for r in reports)
+                for f in dict.fromkeys(f for r in reports for f in r["dropped"])
+            }
             origin = " and ".join(c.origin for c in corpora)
             if not len(writer):
-                raise DataError(f"data.{split}: no pairs left after cleaning ({origin}; "
-                                f"dropped: {dropped})")
-            manifests[split] = writer.finish({"origin": origin, "dropped": dropped,
-                                              "corpora": reports,
-                                              "directions": _directions(reports, cfg.data),
-                                              **meta})
+                raise DataError(
+                    f"data.{split}: no pairs left after cleaning ({origin}; dropped: {dropped})"
+                )
+            manifests[split] = writer.finish(
+                {
+                    "origin": origin,
+                    "dropped": dropped,
+                    "corpora": reports,
+                    "directions": _directions(reports, cfg.data),
+                    **meta,
+                }
+            )
             read = sum(r["read"] for r in reports)
             seconds = time.perf_counter() - start
-            log.info("%s: wrote %d pairs (%d read) from %s; dropped %s (%.1fs, %.0f pairs/s)",
-                     split, len(writer), read, origin, dropped, seconds,
-                     read / max(seconds, 1e-9))
+            log.info(
+                "%s: wrote %d pairs (%d read) from %s; dropped %s (%.1fs, %.0f pairs/s)",
+                split,
+                len(writer),
+                read,
+                origin,
+                dropped,
+                seconds,
+                read / max(seconds, 1e-9),
+            )
     save_config(cfg, run / "config.yaml")
     return manifests
 
@@ -371,8 +443,11 @@ def _directions(reports: list[dict], cfg: DataConfig) -> dict[str, dict]:
     pairs: dict[str, int] = {}
     for report in reports:
         pairs[report["direction"]] = pairs.get(report["direction"], 0) + report["written"]
-    share = shares({d: n for d, n in pairs.items() if n}, cfg.temperature) \
-        if any(pairs.values()) else {}
+    share = (
+        shares({d: n for d, n in pairs.items() if n}, cfg.temperature)
+        if any(pairs.values())
+        else {}
+    )
     return {d: {"pairs": n, "share": round(share.get(d, 0.0), 6)} for d, n in pairs.items()}
 
 

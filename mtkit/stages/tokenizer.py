@@ -27,8 +27,9 @@ class TokenizerError(UserError, ValueError):
     """The corpus cannot give the requested vocabulary (one line)."""
 
 
-def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig,
-                        symbols: Sequence[str] = ()) -> bytes:
+def train_sentencepiece(
+    sentences: Iterable[str], cfg: TokenizerConfig, symbols: Sequence[str] = ()
+) -> bytes:
     """Train one SentencePiece model on `sentences` (all of them: `sample_pairs` chooses
     them); returns the serialized model. `symbols` (a multilingual run's `<2xx>` tags)
     are user-defined pieces: never split, with the ids right after the fixed specials."""
@@ -43,7 +44,10 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig,
             model_type=cfg.model_type,
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
-            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
             **({"user_defined_symbols": list(symbols)} if symbols else {}),
             max_sentence_length=1 << 16,
             num_threads=2,
@@ -52,13 +56,14 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig,
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 1234."
         reason = str(e).strip().splitlines()[-1]
-        raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} cannot be trained on "
-                             f"{plural(len(lines), 'sentence')}: {reason}") from None
+        raise TokenizerError(
+            f"tokenizer.vocab_size={cfg.vocab_size} cannot be trained on "
+            f"{plural(len(lines), 'sentence')}: {reason}"
+        ) from None
     return model.getvalue()
 
 
-def sample_pairs(corpora: Sequence[Corpus], pairs: int, seed: int
-                 ) -> tuple[list[str], list[str]]:
+def sample_pairs(corpora: Sequence[Corpus], pairs: int, seed: int) -> tuple[list[str], list[str]]:
     """A seeded uniform sample of `pairs` pairs (0: all) over the corpora taken as one
     stream, cleaned; pairs with an empty side are left out. Only the sampled pairs are
     kept in memory, and the sample is the same whatever the chunk size."""
@@ -90,9 +95,14 @@ def write_vocab_files(model_proto: bytes, model_path: Path) -> None:
     write_atomic(model_path, model_proto)
 
 
-def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig,
-                    run_dir: Path, tags: Sequence[str] = (), side: str = "source"
-                    ) -> list[Path]:
+def train_tokenizer(
+    src: Sequence[str],
+    tgt: Sequence[str],
+    cfg: TokenizerConfig,
+    run_dir: Path,
+    tags: Sequence[str] = (),
+    side: str = "source",
+) -> list[Path]:
     """Train the joint model (or one per side) and write it into the run directory; the
     model of the `side` that reads a multilingual run's `tags` has them as pieces of
     their own."""
@@ -100,8 +110,10 @@ def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig
     if cfg.joint:
         jobs = [(src_path, list(src) + list(tgt), tags)]
     else:
-        jobs = [(src_path, list(src), tags if side == "source" else ()),
-                (tgt_path, list(tgt), tags if side == "target" else ())]
+        jobs = [
+            (src_path, list(src), tags if side == "source" else ()),
+            (tgt_path, list(tgt), tags if side == "target" else ()),
+        ]
     protos = [(path, train_sentencepiece(text, cfg, symbols)) for path, text, symbols in jobs]
     for path, proto in protos:  # write only once every model trained
         write_vocab_files(proto, path)
@@ -124,13 +136,16 @@ def build_tokenizer(cfg: Config) -> list[Path]:
         corpora = open_split(cfg.data, "train", run / "cache", cfg.model.lang_tag)
         tc = cfg.tokenizer
         size = tc.input_sentence_size
-        src, tgt = sample_pairs(corpora, max(size // 2, 1) if size and tc.joint else size,
-                                tc.seed)
+        src, tgt = sample_pairs(corpora, max(size // 2, 1) if size and tc.joint else size, tc.seed)
         if not src:
-            raise DataError(f"{' and '.join(c.origin for c in corpora)}: no pairs left after "
-                            f"cleaning")
-        log.debug("training the tokenizer on %d sampled pairs of %d", len(src),
-                  sum(c.size for c in corpora))
+            raise DataError(
+                f"{' and '.join(c.origin for c in corpora)}: no pairs left after cleaning"
+            )
+        log.debug(
+            "training the tokenizer on %d sampled pairs of %d",
+            len(src),
+            sum(c.size for c in corpora),
+        )
         paths = train_tokenizer(src, tgt, tc, run, tags(cfg.data), cfg.model.lang_tag)
         save_config(cfg, run / "config.yaml")
     return paths
@@ -147,16 +162,18 @@ def copy_tokenizers(cfg: Config) -> list[Path]:
     joint = src.same(tgt)
     if joint != cfg.tokenizer.joint:
         has = "one tokenizer" if joint else "a source and a target tokenizer"
-        raise TokenizerError(f"tokenizer.from: {source} has {has}; set tokenizer.joint: "
-                             f"{str(joint).lower()}")
+        raise TokenizerError(
+            f"tokenizer.from: {source} has {has}; set tokenizer.joint: {str(joint).lower()}"
+        )
     run = cfg.run_path
     with run_lock(run, "tokenizer"):
         remove_leftovers(run, ("spm*", "config.yaml"))
         paths = dict(zip(vocab_paths(run, joint), (src, tgt), strict=True))
         for path, vocab in paths.items():
             if vocab.pieces is not None:
-                write_atomic(pieces_path(path), json.dumps(vocab.pieces, ensure_ascii=False)
-                             .encode("utf-8"))
+                write_atomic(
+                    pieces_path(path), json.dumps(vocab.pieces, ensure_ascii=False).encode("utf-8")
+                )
             write_vocab_files(vocab.model_proto, path)
             log.info("wrote %s (%d pieces) from %s", path, len(vocab), source)
         save_config(cfg, run / "config.yaml")

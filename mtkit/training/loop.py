@@ -65,17 +65,21 @@ class TrainResult:
     precision: str = "fp32"  # what training ran in: "fp32" or "bf16"
 
     def summary(self) -> str:
-        """"stopped at step N (why); best valid BLEU B" or "...; no validation"."""
-        scored = ("no validation (data.valid is not set)" if self.best_bleu is None
-                  else f"best valid BLEU {self.best_bleu:.2f}")
+        """ "stopped at step N (why); best valid BLEU B" or "...; no validation"."""
+        scored = (
+            "no validation (data.valid is not set)"
+            if self.best_bleu is None
+            else f"best valid BLEU {self.best_bleu:.2f}"
+        )
         return f"stopped at step {self.step} ({self.stopped_because}); {scored}"
 
     @property
     def interrupted_by(self) -> str | None:
-        """"SIGINT" or "SIGTERM" when a signal stopped training, else None."""
+        """ "SIGINT" or "SIGTERM" when a signal stopped training, else None."""
         prefix = "signal "
-        return self.stopped_because[len(prefix):] if self.stopped_because.startswith(
-            prefix) else None
+        return (
+            self.stopped_because[len(prefix) :] if self.stopped_because.startswith(prefix) else None
+        )
 
 
 # --- the loop -------------------------------------------------------------------------
@@ -122,9 +126,11 @@ def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResu
         if stepped is None:
             bad_updates += 1
             if bad_updates >= MAX_BAD_STEPS:
-                raise TrainError(f"{bad_updates} updates in a row had a non-finite loss "
-                                 f"or gradient (step {p.step + 1}); lower train.lr or "
-                                 f"check the data")
+                raise TrainError(
+                    f"{bad_updates} updates in a row had a non-finite loss "
+                    f"or gradient (step {p.step + 1}); lower train.lr or "
+                    f"check the data"
+                )
             continue
         bad_updates = 0
         window.add(update)
@@ -137,14 +143,24 @@ def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResu
             save(state, is_best=False)
     if reason.startswith("signal") and p.step != state.saved_step:
         save(state, is_best=False)
-    elif reason in ("max_steps", "max_epochs", "max_time") and p.step > first_step \
-            and p.step % tc.valid_every != 0:
+    elif (
+        reason in ("max_steps", "max_epochs", "max_time")
+        and p.step > first_step
+        and p.step % tc.valid_every != 0
+    ):
         validate_and_save(state)
     validated = state.valid_data is not None
-    state.metrics.write("end", step=p.step, reason=reason,
-                        best_bleu=round(p.best_bleu, 4) if validated else None)
-    result = TrainResult(p.step, p.epoch, p.best_bleu if validated else None, reason,
-                         cfg.run_path, state.choices.precision.value)
+    state.metrics.write(
+        "end", step=p.step, reason=reason, best_bleu=round(p.best_bleu, 4) if validated else None
+    )
+    result = TrainResult(
+        p.step,
+        p.epoch,
+        p.best_bleu if validated else None,
+        reason,
+        cfg.run_path,
+        state.choices.precision.value,
+    )
     if state.main:
         log.info("%s", result.summary())
     if state.distributed:
@@ -182,8 +198,9 @@ def accumulate(state: TrainState) -> Update:
         sync = not state.distributed or micro == micro_batches - 1  # DDP: all-reduce once
         try:
             with nullcontext() if sync else state.wrapped.no_sync():
-                out = _forward_backward(state.wrapped, batch, tc.label_smoothing, state.device,
-                                        state.autocast_dtype)
+                out = _forward_backward(
+                    state.wrapped, batch, tc.label_smoothing, state.device, state.autocast_dtype
+                )
         except RuntimeError as e:
             if not _is_oom(e) or state.distributed:
                 raise
@@ -202,8 +219,9 @@ def apply_update(state: TrainState, update: Update) -> tuple[float, float] | Non
     """Per-token gradients, clipping, the learning rate of the next step, AdamW. Returns
     (lr, gradient norm), or None when the gradients were not finite (update skipped)."""
     tc, p = state.cfg.train, state.progress
-    grad_norm = per_token_gradients(state.model, update.tokens, tc.clip_norm, state.device,
-                                     state.distributed)
+    grad_norm = per_token_gradients(
+        state.model, update.tokens, tc.clip_norm, state.device, state.distributed
+    )
     if not torch.isfinite(grad_norm):
         state.optimizer.zero_grad(set_to_none=True)
         log.warning("non-finite loss or gradient at step %d; update skipped", p.step + 1)
@@ -222,12 +240,18 @@ def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOu
     """The loss of one batch, summed over its tokens, as training computes it: the loss
     makes the output projection a chunk at a time (`mtkit.model.loss`), so the logits of the
     whole batch never exist at once."""
-    return label_smoothed_nll(model(batch.src, batch.tgt_in, project=False), batch.tgt_out,
-                              label_smoothing)
+    return label_smoothed_nll(
+        model(batch.src, batch.tgt_in, project=False), batch.tgt_out, label_smoothing
+    )
 
 
-def _forward_backward(model: nn.Module, batch: Batch, label_smoothing: float,
-                      device: torch.device, autocast_dtype: torch.dtype | None):
+def _forward_backward(
+    model: nn.Module,
+    batch: Batch,
+    label_smoothing: float,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+):
     """Loss of one batch (summed over its tokens) and its gradients, added to .grad."""
     with autocast(device, autocast_dtype):
         out = batch_loss(model, batch, label_smoothing)
@@ -239,8 +263,9 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-def batches_left(progress: Progress, tc: TrainConfig, per_epoch: int | Callable[[int], int]
-                 ) -> int | None:
+def batches_left(
+    progress: Progress, tc: TrainConfig, per_epoch: int | Callable[[int], int]
+) -> int | None:
     """Batches this rank may still take before `max_epochs` (None: no epoch limit).
     `per_epoch`: this rank's batches in every epoch, or in epoch e (`epoch_size(e)`:
     under temperature sampling each epoch has its own)."""
@@ -249,12 +274,19 @@ def batches_left(progress: Progress, tc: TrainConfig, per_epoch: int | Callable[
     size = per_epoch if callable(per_epoch) else (lambda epoch: per_epoch)
     if progress.epoch > tc.max_epochs:
         return 0
-    return size(progress.epoch) - progress.batch + sum(
-        size(e) for e in range(progress.epoch + 1, tc.max_epochs + 1))
+    return (
+        size(progress.epoch)
+        - progress.batch
+        + sum(size(e) for e in range(progress.epoch + 1, tc.max_epochs + 1))
+    )
 
 
-def stop_reason(progress: Progress, tc: TrainConfig, per_epoch: int | Callable[[int], int],
-                signal_name: str | None) -> str:
+def stop_reason(
+    progress: Progress,
+    tc: TrainConfig,
+    per_epoch: int | Callable[[int], int],
+    signal_name: str | None,
+) -> str:
     """Why training stops now, or "" to go on."""
     if progress.early_stopped:
         return "patience"
@@ -281,21 +313,35 @@ def validate_and_save(state: TrainState) -> None:
     if state.main and state.valid_data is None:  # nothing to validate on: just save
         save(state, is_best=False)
     elif state.main:
-        scores = validate(state.model, state.valid_data, state.vocabs[1], state.cfg,
-                          state.device, state.autocast_dtype)
+        scores = validate(
+            state.model,
+            state.valid_data,
+            state.vocabs[1],
+            state.cfg,
+            state.device,
+            state.autocast_dtype,
+        )
         bleu = scores["valid_bleu"]
         is_best = bleu > p.best_bleu
         if is_best:
             p.best_bleu, p.bad_validations = bleu, 0
         else:
             p.bad_validations += 1
-        state.metrics.write("valid", step=p.step, epoch=p.epoch, **_rounded(scores),
-                            best_bleu=round(p.best_bleu, 4))
-        each = "".join(f" | {d} {s['valid_bleu']:.2f}"
-                       for d, s in scores.get("by_direction", {}).items())
-        log.info("valid | step %d | loss %.3f | ppl %.2f | bleu %.2f%s (best %.2f)", p.step,
-                 scores["valid_loss"], scores["valid_ppl"], bleu,
-                 " (mean of the directions)" + each if each else "", p.best_bleu)
+        state.metrics.write(
+            "valid", step=p.step, epoch=p.epoch, **_rounded(scores), best_bleu=round(p.best_bleu, 4)
+        )
+        each = "".join(
+            f" | {d} {s['valid_bleu']:.2f}" for d, s in scores.get("by_direction", {}).items()
+        )
+        log.info(
+            "valid | step %d | loss %.3f | ppl %.2f | bleu %.2f%s (best %.2f)",
+            p.step,
+            scores["valid_loss"],
+            scores["valid_ppl"],
+            bleu,
+            " (mean of the directions)" + each if each else "",
+            p.best_bleu,
+        )
         p.early_stopped = 0 < tc.patience <= p.bad_validations
         save(state, is_best)
         stop[0] = float(p.early_stopped)
@@ -310,8 +356,14 @@ def _rounded(scores: dict) -> dict:
 
 
 @torch.no_grad()
-def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Config,
-             device: torch.device, autocast_dtype: torch.dtype | None) -> dict:
+def validate(
+    model: Transformer,
+    data: ShardDataset,
+    tgt_vocab: Vocab,
+    cfg: Config,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+) -> dict:
     """Valid loss and perplexity (teacher forcing) and the BLEU of greedy decoding. With
     several directions (a multilingual run) each is scored on its own (`by_direction`)
     and valid_bleu is their mean, which `best.pt` follows."""
@@ -321,18 +373,27 @@ def validate(model: Transformer, data: ShardDataset, tgt_vocab: Vocab, cfg: Conf
     tags = tag_ids(tgt_vocab, cfg.data) if cfg.model.lang_tag == "target" else frozenset()
     if tags:  # each target starts with its tag: forced when decoding, not scored
         refs = [without_tag(r) for r in refs]
-    scored = {d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype,
-                                 tags)
-              for d, ix in data.directions().items()}
+    scored = {
+        d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype, tags)
+        for d, ix in data.directions().items()
+    }
     model.train(was_training)
     nll = sum(s.nll for s in scored.values()) / sum(s.tokens for s in scored.values())
-    out = {"valid_loss": sum(s.loss for s in scored.values()) / sum(s.tokens for s in
-                                                                    scored.values()),
-           "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)),
-           "valid_bleu": sum(s.bleu for s in scored.values()) / len(scored)}
+    out = {
+        "valid_loss": sum(s.loss for s in scored.values()) / sum(s.tokens for s in scored.values()),
+        "valid_nll": nll,
+        "valid_ppl": math.exp(min(nll, 50.0)),
+        "valid_bleu": sum(s.bleu for s in scored.values()) / len(scored),
+    }
     if len(scored) > 1:
-        out["by_direction"] = {d: {"valid_loss": s.loss / s.tokens, "valid_ppl": math.exp(
-            min(s.nll / s.tokens, 50.0)), "valid_bleu": s.bleu} for d, s in scored.items()}
+        out["by_direction"] = {
+            d: {
+                "valid_loss": s.loss / s.tokens,
+                "valid_ppl": math.exp(min(s.nll / s.tokens, 50.0)),
+                "valid_bleu": s.bleu,
+            }
+            for d, s in scored.items()
+        }
     return out
 
 
@@ -343,14 +404,28 @@ class _Scored(NamedTuple):
     bleu: float
 
 
-def _validate_pairs(model: Transformer, data: ShardDataset, pairs: np.ndarray, refs: list[str],
-                    tgt_vocab: Vocab, cfg: Config, device: torch.device,
-                    autocast_dtype: torch.dtype | None, tags: frozenset[int]) -> _Scored:
+def _validate_pairs(
+    model: Transformer,
+    data: ShardDataset,
+    pairs: np.ndarray,
+    refs: list[str],
+    tgt_vocab: Vocab,
+    cfg: Config,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    tags: frozenset[int],
+) -> _Scored:
     """Loss sums and greedy BLEU over some of the valid pairs (one direction's). With
     target-side `tags` each output is forced to start with its target's tag, cut off
     before scoring."""
-    batches = token_batches(data.src_lengths[pairs], data.tgt_lengths[pairs],
-                            cfg.decode.batch_tokens, seed=0, epoch=0, shuffle=False)
+    batches = token_batches(
+        data.src_lengths[pairs],
+        data.tgt_lengths[pairs],
+        cfg.decode.batch_tokens,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+    )
     limit = model.cfg.max_positions - 1  # valid pairs are not length-filtered: cut them
     loss_sum = nll_sum = 0.0
     tokens = 0
@@ -358,16 +433,17 @@ def _validate_pairs(model: Transformer, data: ShardDataset, pairs: np.ndarray, r
     for idx in (pairs[b] for b in batches):
         xy = [(x[:limit], y[:limit]) for x, y in (data[i] for i in idx)]
         batch = collate(xy).to(device)
-        forced = [y[:tag_end(y, tags)].tolist() for _, y in xy] if tags else None
+        forced = [y[: tag_end(y, tags)].tolist() for _, y in xy] if tags else None
         with autocast(device, autocast_dtype):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
-            ids = greedy_search(model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b,
-                                prefixes=forced)
+            ids = greedy_search(
+                model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b, prefixes=forced
+            )
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()
         tokens += out.tokens
         for i, out_ids in zip(idx.tolist(), ids, strict=True):
-            hyps[i] = tgt_vocab.decode(out_ids[tag_end(out_ids, tags):])
+            hyps[i] = tgt_vocab.decode(out_ids[tag_end(out_ids, tags) :])
     order = pairs.tolist()
     bleu = score([hyps[i] for i in order], [refs[i] for i in order], ["bleu"])[0].score
     return _Scored(loss_sum, nll_sum, tokens, bleu)
@@ -379,12 +455,18 @@ def save(state: TrainState, is_best: bool) -> None:
         return
     p = state.progress
     payload = training_payload(
-        config_to_dict(state.cfg), vocab_entry(*state.vocabs),
-        state.model.state_dict(), state.optimizer.state_dict(), rng_state(),
-        dataclasses.asdict(p), state.train_data.fingerprint,
-        state.choices.as_record())
-    path = write_training_checkpoint(payload, state.cfg.run_path / "checkpoints", p.step,
-                                     is_best, state.cfg.train.keep_last)
+        config_to_dict(state.cfg),
+        vocab_entry(*state.vocabs),
+        state.model.state_dict(),
+        state.optimizer.state_dict(),
+        rng_state(),
+        dataclasses.asdict(p),
+        state.train_data.fingerprint,
+        state.choices.as_record(),
+    )
+    path = write_training_checkpoint(
+        payload, state.cfg.run_path / "checkpoints", p.step, is_best, state.cfg.train.keep_last
+    )
     state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)
     state.saved_step = p.step
 
@@ -406,16 +488,22 @@ class Window:
         self.loss += update.loss
         self.nll += update.nll
 
-    def report(self, state: TrainState, view: ProgressView, lr: float, grad_norm: float
-               ) -> None:
+    def report(self, state: TrainState, view: ProgressView, lr: float, grad_norm: float) -> None:
         """Rank 0 writes a `train` record and shows it; the window starts over."""
         if state.main:
             p, now = state.progress, time.perf_counter()
-            record = {"step": p.step, "epoch": p.epoch, "loss": self.loss / max(self.tokens, 1),
-                      "ppl": math.exp(min(self.nll / max(self.tokens, 1), 50.0)), "lr": lr,
-                      "grad_norm": grad_norm,
-                      "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9)}
-            state.metrics.write("train", **{k: round(v, 6) if isinstance(v, float) else v
-                                            for k, v in record.items()})
+            record = {
+                "step": p.step,
+                "epoch": p.epoch,
+                "loss": self.loss / max(self.tokens, 1),
+                "ppl": math.exp(min(self.nll / max(self.tokens, 1), 50.0)),
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9),
+            }
+            state.metrics.write(
+                "train",
+                **{k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()},
+            )
             view.update(p, record)
         self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, time.perf_counter()

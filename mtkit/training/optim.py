@@ -64,8 +64,9 @@ def adamw(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.opti
     keeps the kind it was saved with (`load_state_dict` restores it), so that it
     continues exactly: a run begun before the fused optimizer stays unfused. `device`
     is where the parameters are."""
-    settings = dict(lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98), eps=1e-9,
-                    weight_decay=tc.weight_decay)
+    settings = dict(
+        lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98), eps=1e-9, weight_decay=tc.weight_decay
+    )
     try:
         return torch.optim.AdamW(model.parameters(), **settings, fused=True)
     except RuntimeError:  # a torch without a fused AdamW for this device
@@ -78,8 +79,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
-                        device: torch.device, distributed: bool) -> torch.Tensor:
+def per_token_gradients(
+    model: nn.Module, tokens: int, clip_norm: float, device: torch.device, distributed: bool
+) -> torch.Tensor:
     """Turn the summed gradients of one update into per-token means, clip them, and
     return their norm before clipping (non-finite when the loss was).
 
@@ -96,7 +98,10 @@ def per_token_gradients(model: nn.Module, tokens: int, clip_norm: float,
     if not grads:
         return torch.zeros((), device=device)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / count
-    scale = torch.ones((), device=device) if clip_norm <= 0 else \
-        (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    scale = (
+        torch.ones((), device=device)
+        if clip_norm <= 0
+        else (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    )
     torch._foreach_mul_(grads, scale / count)
     return norm

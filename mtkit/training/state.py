@@ -132,29 +132,61 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
     if rank == 0:
         save_config(cfg, run / "config.yaml")
-        log.info("model: %s parameters; device %s, %s; %d rank(s)", f"{count_parameters(model):,}",
-                 device, "bf16 autocast" if choices.autocast_dtype else "fp32", world)
-        metrics.write("start", step=progress.step, parameters=count_parameters(model),
-                      device=str(device), world_size=world, resumed=found is not None,
-                      **choices.as_record())
+        log.info(
+            "model: %s parameters; device %s, %s; %d rank(s)",
+            f"{count_parameters(model):,}",
+            device,
+            "bf16 autocast" if choices.autocast_dtype else "fp32",
+            world,
+        )
+        metrics.write(
+            "start",
+            step=progress.step,
+            parameters=count_parameters(model),
+            device=str(device),
+            world_size=world,
+            resumed=found is not None,
+            **choices.as_record(),
+        )
     wrapped: nn.Module = model
     if distributed:
         wrapped = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     wrapped.train()
-    sampler = TokenBatchSampler(train_data.src_lengths, train_data.tgt_lengths, tc.max_tokens,
-                                seed=tc.seed, rank=rank, world_size=world,
-                                draws=direction_draws(train_data, cfg.data.temperature),
-                                shapes=batch_shapes(choices.batches,
-                                                    cfg.model.max_positions))
-    batches = _batches_from(sampler, train_data, progress, cfg.data.loader_workers,
-                            pin=device.type == "cuda")
+    sampler = TokenBatchSampler(
+        train_data.src_lengths,
+        train_data.tgt_lengths,
+        tc.max_tokens,
+        seed=tc.seed,
+        rank=rank,
+        world_size=world,
+        draws=direction_draws(train_data, cfg.data.temperature),
+        shapes=batch_shapes(choices.batches, cfg.model.max_positions),
+    )
+    batches = _batches_from(
+        sampler, train_data, progress, cfg.data.loader_workers, pin=device.type == "cuda"
+    )
     sampler.set_epoch(progress.epoch)  # (the stream starts it at the saved batch)
-    return TrainState(cfg, model, wrapped, optimizer, progress, batches, sampler,
-                      vocabs, train_data, valid_data,
-                      device, choices, metrics, rank, world,
-                      clock_start=time.perf_counter() - progress.elapsed,
-                      saved_step=progress.step)
+    return TrainState(
+        cfg,
+        model,
+        wrapped,
+        optimizer,
+        progress,
+        batches,
+        sampler,
+        vocabs,
+        train_data,
+        valid_data,
+        device,
+        choices,
+        metrics,
+        rank,
+        world,
+        clock_start=time.perf_counter() - progress.elapsed,
+        saved_step=progress.step,
+    )
 
 
 def direction_draws(data: ShardDataset, temperature: float) -> list[tuple[np.ndarray, int]]:
@@ -165,13 +197,17 @@ def direction_draws(data: ShardDataset, temperature: float) -> list[tuple[np.nda
     if len(groups) < 2 or temperature == 1.0:
         return []
     counts = epoch_counts({d: len(ix) for d, ix in groups.items()}, temperature)
-    log.info("temperature %g: an epoch draws %s", temperature,
-             ", ".join(f"{d} {counts[d]:,} of {len(ix):,}" for d, ix in groups.items()))
+    log.info(
+        "temperature %g: an epoch draws %s",
+        temperature,
+        ", ".join(f"{d} {counts[d]:,} of {len(ix):,}" for d, ix in groups.items()),
+    )
     return [(ix, counts[d]) for d, ix in groups.items()]
 
 
-def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
-               ) -> tuple[ShardDataset, ShardDataset | None]:
+def _open_data(
+    cfg: Config, vocabs: tuple[Vocab, Vocab]
+) -> tuple[ShardDataset, ShardDataset | None]:
     """The run's train shard (and valid, when there is one), checked against the
     tokenizer and their checksums; every training pair must fit the model's positions.
     The pieces each target language's text uses go into the target vocabulary, which
@@ -184,9 +220,13 @@ def _open_data(cfg: Config, vocabs: tuple[Vocab, Vocab]
             data.check_tokenizer(*vocabs)
             data.verify()
     _check_positions(cfg, train_data)
-    vocabs[1].languages = output_vocabularies(train_data, cfg.data, len(vocabs[1]),
-                                              vocabs[0].same(vocabs[1]),
-                                              tag_ids(vocabs[1], cfg.data))
+    vocabs[1].languages = output_vocabularies(
+        train_data,
+        cfg.data,
+        len(vocabs[1]),
+        vocabs[0].same(vocabs[1]),
+        tag_ids(vocabs[1], cfg.data),
+    )
     return train_data, valid_data
 
 
@@ -200,8 +240,9 @@ def _open_metrics(cfg: Config, rank: int) -> MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise TrainError("train.tensorboard needs TensorBoard: pip install "
-                             "'mtkit[tensorboard]'") from None
+            raise TrainError(
+                "train.tensorboard needs TensorBoard: pip install 'mtkit[tensorboard]'"
+            ) from None
         board = SummaryWriter(str(cfg.run_path / "tensorboard"))
     return MetricsLog(cfg.run_path / "metrics.jsonl", board)
 
@@ -253,21 +294,34 @@ class RunChoice:
     def refusal(self, source: Path, stored: Decision, asked: str) -> str:
         trained = self.trained.format(key=self.key, value=stored.value)
         said = asked if self.key in trained else f"{self.key}={asked}"
-        return (f"{source} was trained {trained}, the config says {said}; resume with "
-                f"{self.key}={stored.value} (or auto), or start over with --no-resume")
+        return (
+            f"{source} was trained {trained}, the config says {said}; resume with "
+            f"{self.key}={stored.value} (or auto), or start over with --no-resume"
+        )
 
 
-PRECISION = RunChoice("precision", "train.precision", "precision", ("fp32", "bf16"),
-                      trained="in {value}")
+PRECISION = RunChoice(
+    "precision", "train.precision", "precision", ("fp32", "bf16"), trained="in {value}"
+)
 ATTENTION = RunChoice("attention", "train.attention", "kernel", ("sdpa", "matmul"))
 # Batches of a checkpoint from before train.batch_shapes were token batches: resuming on
 # others would change which batch its saved position names.
-BATCH_SHAPES = RunChoice("batch shapes", "train.batch_shapes", "shapes",
-                         ("exact", "classes"), before=Decision("exact", "exact"))
+BATCH_SHAPES = RunChoice(
+    "batch shapes",
+    "train.batch_shapes",
+    "shapes",
+    ("exact", "classes"),
+    before=Decision("exact", "exact"),
+)
 
 
-def decided_once(choice: RunChoice, asked: str, found: tuple[Path, dict | None] | None,
-                 measure: Callable[[], Decision], broadcast: bool = False) -> Decision:
+def decided_once(
+    choice: RunChoice,
+    asked: str,
+    found: tuple[Path, dict | None] | None,
+    measure: Callable[[], Decision],
+    broadcast: bool = False,
+) -> Decision:
     """The run's decision for `choice`: the stored one when resuming (`found`: the
     checkpoint's path and the choice's stored record, None where the checkpoint predates
     the choice), refused if the config asks for another value; else `measure()`'s, with
@@ -276,16 +330,28 @@ def decided_once(choice: RunChoice, asked: str, found: tuple[Path, dict | None] 
         source, record = found
         if record is not None:
             stored = choice.decision(record)
-            log.info("%s %s, as decided at this run's first start (%s); not measured again",
-                     choice.name, stored.value, _measured(stored))
+            log.info(
+                "%s %s, as decided at this run's first start (%s); not measured again",
+                choice.name,
+                stored.value,
+                _measured(stored),
+            )
         elif choice.before is not None:
             stored = choice.before
-            log.warning("%s does not say which %s it was trained with (an older mtkit): "
-                        "%s=%s", source, choice.name, choice.key, stored.value)
+            log.warning(
+                "%s does not say which %s it was trained with (an older mtkit): %s=%s",
+                source,
+                choice.name,
+                choice.key,
+                stored.value,
+            )
         else:
             stored = None
-            log.warning("%s does not say which %s it was trained with (an older mtkit); "
-                        "deciding it now", source, choice.name)
+            log.warning(
+                "%s does not say which %s it was trained with (an older mtkit); deciding it now",
+                source,
+                choice.name,
+            )
         if stored is not None:
             if asked not in ("auto", stored.value):
                 raise TrainError(choice.refusal(source, stored, asked))
@@ -301,8 +367,11 @@ def decided_once(choice: RunChoice, asked: str, found: tuple[Path, dict | None] 
 def _measured(decision: Decision) -> str:
     """'fp32 10.8 ms, bf16 2.9 ms' from a stored record's timings, or what was asked."""
     found = {**decision.details, **decision.details.get("calibration", {})}
-    timings = [f"{k.removesuffix('_ms').replace('_', ' ')} {v} ms" for k, v in found.items()
-               if k.endswith("_ms")]
+    timings = [
+        f"{k.removesuffix('_ms').replace('_', ' ')} {v} ms"
+        for k, v in found.items()
+        if k.endswith("_ms")
+    ]
     return ", ".join(timings) or f"asked for {decision.asked}"
 
 
@@ -320,9 +389,11 @@ class RunChoices:
         return torch.bfloat16 if self.precision.value == "bf16" else None
 
     def as_record(self) -> dict:
-        return {**PRECISION.record(self.precision),
-                "attention": ATTENTION.record(self.attention),
-                "batches": BATCH_SHAPES.record(self.batches)}
+        return {
+            **PRECISION.record(self.precision),
+            "attention": ATTENTION.record(self.attention),
+            "batches": BATCH_SHAPES.record(self.batches),
+        }
 
 
 def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dict | None]]:
@@ -335,12 +406,20 @@ def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dic
     if top is None:
         return {name: (path, None) for name in ("precision", "attention", "batches")}
     precision = {k: v for k, v in top.items() if k not in ("attention", "batches")}
-    return {"precision": (path, precision), "attention": (path, top.get("attention")),
-            "batches": (path, top.get("batches"))}
+    return {
+        "precision": (path, precision),
+        "attention": (path, top.get("attention")),
+        "batches": (path, top.get("batches")),
+    }
 
 
-def run_choices(cfg: Config, device: torch.device, found: tuple[Path, dict] | None,
-                train_data: ShardDataset, distributed: bool = False) -> RunChoices:
+def run_choices(
+    cfg: Config,
+    device: torch.device,
+    found: tuple[Path, dict] | None,
+    train_data: ShardDataset,
+    distributed: bool = False,
+) -> RunChoices:
     """The run's precision, attention kernel and batch shapes, each `decided_once`."""
     tc, model = cfg.train, cfg.model
     stored = stored_choices(found)
@@ -353,8 +432,9 @@ def run_choices(cfg: Config, device: torch.device, found: tuple[Path, dict] | No
         record["cpu"] = cpu_description() if device.type == "cpu" else str(device)
         return PRECISION.decision(record)
 
-    precision = decided_once(PRECISION, tc.precision, stored.get("precision"),
-                             measure_precision, broadcast)
+    precision = decided_once(
+        PRECISION, tc.precision, stored.get("precision"), measure_precision, broadcast
+    )
     dtype = torch.bfloat16 if precision.value == "bf16" else None
 
     def measure_attention() -> Decision:
@@ -362,17 +442,23 @@ def run_choices(cfg: Config, device: torch.device, found: tuple[Path, dict] | No
         shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
         return ATTENTION.decision(choose_attention(tc.attention, device, dtype, shape))
 
-    attention = decided_once(ATTENTION, tc.attention, stored.get("attention"),
-                             measure_attention, broadcast)
-    batches = decided_once(BATCH_SHAPES, tc.batch_shapes, stored.get("batches"),
-                           lambda: BATCH_SHAPES.decision(choose_batch_shapes(
-                               tc.batch_shapes, device, dtype, linear,
-                               fresh_above=tc.max_tokens)),
-                           broadcast)
+    attention = decided_once(
+        ATTENTION, tc.attention, stored.get("attention"), measure_attention, broadcast
+    )
+    batches = decided_once(
+        BATCH_SHAPES,
+        tc.batch_shapes,
+        stored.get("batches"),
+        lambda: BATCH_SHAPES.decision(
+            choose_batch_shapes(tc.batch_shapes, device, dtype, linear, fresh_above=tc.max_tokens)
+        ),
+        broadcast,
+    )
     if batches.value == "classes" and "multiple" not in batches.details:
         shapes = BatchShapes()  # stored, so that a later mtkit resumes on the same batches
-        batches = replace(batches, details={**batches.details, "multiple": shapes.multiple,
-                                            "group": shapes.group})
+        batches = replace(
+            batches, details={**batches.details, "multiple": shapes.multiple, "group": shapes.group}
+        )
     return RunChoices(precision, attention, batches)
 
 
@@ -383,8 +469,11 @@ def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchS
     if decision.value != "classes":
         return None
     default = BatchShapes()
-    return BatchShapes(decision.details.get("multiple", default.multiple),
-                       decision.details.get("group", default.group), max_positions)
+    return BatchShapes(
+        decision.details.get("multiple", default.multiple),
+        decision.details.get("group", default.group),
+        max_positions,
+    )
 
 
 def init_model_config(cfg: Config) -> Config:
@@ -392,10 +481,15 @@ def init_model_config(cfg: Config) -> Config:
     dropout rates (training settings: this config's)."""
     if not cfg.train.init_from:
         return cfg
-    theirs = config_from_dict(load_checkpoint(cfg.train.init_from, mmap=True)["config"],
-                              cfg.train.init_from).model
-    return replace(cfg, model=replace(theirs, dropout=cfg.model.dropout,
-                                      attention_dropout=cfg.model.attention_dropout))
+    theirs = config_from_dict(
+        load_checkpoint(cfg.train.init_from, mmap=True)["config"], cfg.train.init_from
+    ).model
+    return replace(
+        cfg,
+        model=replace(
+            theirs, dropout=cfg.model.dropout, attention_dropout=cfg.model.attention_dropout
+        ),
+    )
 
 
 def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
@@ -403,9 +497,11 @@ def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) ->
     payload = load_checkpoint(path, mmap=True)
     theirs = entry_vocabs(payload["vocab"])
     if not (theirs[0].same(vocabs[0]) and theirs[1].same(vocabs[1])):
-        raise TrainError(f"train.init_from: {path} has other tokenizers than the run's; set "
-                         f"tokenizer.from: {path}, then run mtkit tokenizer and preprocess "
-                         f"again")
+        raise TrainError(
+            f"train.init_from: {path} has other tokenizers than the run's; set "
+            f"tokenizer.from: {path}, then run mtkit tokenizer and preprocess "
+            f"again"
+        )
     model.load_state_dict(payload["model"])
     log.info("starting from the weights of %s (%s)", path, describe_weights(payload))
 
@@ -413,16 +509,25 @@ def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) ->
 def freeze(model: Transformer, what: str) -> None:
     """`train.freeze`: no gradients for the embeddings (and so the tied output
     projection), the encoder, or both."""
-    parts = {"embeddings": (model.src_embed, model.tgt_embed),
-             "encoder": (model.encoder_layers, model.encoder_norm)}
+    parts = {
+        "embeddings": (model.src_embed, model.tgt_embed),
+        "encoder": (model.encoder_layers, model.encoder_norm),
+    }
     for name in () if what == "none" else what.split("+"):
         for module in parts[name]:
             module.requires_grad_(False)
 
 
-def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: Transformer,
-            optimizer, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab],
-            rank: int) -> Progress:
+def _resume(
+    cfg: Config,
+    found: tuple[Path, dict] | None,
+    resume: bool,
+    model: Transformer,
+    optimizer,
+    train_data: ShardDataset,
+    vocabs: tuple[Vocab, Vocab],
+    rank: int,
+) -> Progress:
     """Load the newest intact checkpoint (`found`) into model and optimizer and return its
     progress; a fresh `Progress` when there is none (with --no-resume, old checkpoints
     move aside)."""
@@ -441,14 +546,20 @@ def _resume(cfg: Config, found: tuple[Path, dict] | None, resume: bool, model: T
         optimizer.load_state_dict(payload["train"]["optimizer"])
         progress = Progress(**payload["train"]["progress"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: cannot resume from it ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:100]})") from None
+        raise CheckpointError(
+            f"{path}: cannot resume from it ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+        ) from None
     if rank == 0:
         _set_rng_state(payload["train"]["rng"])
     else:  # other ranks' RNG streams are not saved; derive fresh ones
         torch.manual_seed(tc.seed + 1000 * rank + progress.step)
-    log.info("resuming from %s at step %d (epoch %d, batch %d)", path, progress.step,
-             progress.epoch, progress.batch)
+    log.info(
+        "resuming from %s at step %d (epoch %d, batch %d)",
+        path,
+        progress.step,
+        progress.epoch,
+        progress.batch,
+    )
     return progress
 
 
@@ -460,30 +571,39 @@ def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:
     diff = [k for k in now if saved.get(k) != now[k]]
     if diff:
         k = diff[0]
-        raise TrainError(f"{path} was trained with model.{k}={saved.get(k)!r}, the config "
-                         f"says {now[k]!r}; use another run_dir or --no-resume")
+        raise TrainError(
+            f"{path} was trained with model.{k}={saved.get(k)!r}, the config "
+            f"says {now[k]!r}; use another run_dir or --no-resume"
+        )
 
 
-def _check_same_data(payload: dict, path: Path, train_data: ShardDataset,
-                     vocabs: tuple[Vocab, Vocab]) -> None:
+def _check_same_data(
+    payload: dict, path: Path, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab]
+) -> None:
     """Refuse to resume on shards or a tokenizer other than those the checkpoint saw."""
     saved = payload["train"].get("shards")  # absent in checkpoints of older mtkit versions
     vocab = payload["vocab"]
-    if (saved is not None and saved != train_data.fingerprint) or (
-            vocab["src"], vocab["tgt"]) != (vocabs[0].model_proto, vocabs[1].model_proto):
-        raise TrainError(f"{path} was trained on other data or another tokenizer than "
-                         f"{train_data.folder} (preprocess or tokenizer ran again since); "
-                         f"start over with --no-resume, or use another run_dir")
+    if (saved is not None and saved != train_data.fingerprint) or (vocab["src"], vocab["tgt"]) != (
+        vocabs[0].model_proto,
+        vocabs[1].model_proto,
+    ):
+        raise TrainError(
+            f"{path} was trained on other data or another tokenizer than "
+            f"{train_data.folder} (preprocess or tokenizer ran again since); "
+            f"start over with --no-resume, or use another run_dir"
+        )
 
 
 def _check_positions(cfg: Config, data: ShardDataset) -> None:
     """Every training pair, with its bos/eos, must fit the model's positions."""
     longest = int(max(data.src_lengths.max(initial=0), data.tgt_lengths.max(initial=0)))
     if longest + 1 > cfg.model.max_positions:
-        raise TrainError(f"{data.folder} holds pairs of {longest} subwords, more than "
-                         f"model.max_positions={cfg.model.max_positions} allows (it must be at "
-                         f"least data.max_len + 2); rerun `mtkit preprocess` with a smaller "
-                         f"data.max_len or raise model.max_positions")
+        raise TrainError(
+            f"{data.folder} holds pairs of {longest} subwords, more than "
+            f"model.max_positions={cfg.model.max_positions} allows (it must be at "
+            f"least data.max_len + 2); rerun `mtkit preprocess` with a smaller "
+            f"data.max_len or raise model.max_positions"
+        )
 
 
 def rng_state() -> dict:
@@ -500,8 +620,9 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _batches_from(sampler: TokenBatchSampler, dataset: ShardDataset, progress: Progress,
-                  workers: int, pin: bool) -> Iterator[tuple[int, int, Batch]]:
+def _batches_from(
+    sampler: TokenBatchSampler, dataset: ShardDataset, progress: Progress, workers: int, pin: bool
+) -> Iterator[tuple[int, int, Batch]]:
     """Endless (epoch, index in epoch, batch), starting at the saved position."""
     epoch, start = progress.epoch, progress.batch
     generator = torch.Generator()  # DataLoader seeds its workers from this, not the global RNG

@@ -11,8 +11,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def ablation(out: Path, *variants: str) -> list[str]:
-    args = [sys.executable, str(ROOT / "benchmarks" / "ablation.py"), "--config",
-            "configs/copy.yaml", "--steps", "20", "--out", str(out)]
+    args = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "ablation.py"),
+        "--config",
+        "configs/copy.yaml",
+        "--steps",
+        "20",
+        "--out",
+        str(out),
+    ]
     for v in variants:
         args += ["--variant", v]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -24,7 +32,9 @@ def test_each_variant_trains_its_updates_and_lands_in_one_table(tmp_path):
     lines = ablation(tmp_path, "base=", "slow lr@10=train.lr=0.0001,model.dropout=0.1")
     rows = [json.loads(line) for line in lines if line.startswith("{")]
     assert [(r["variant"], r["updates"], r["precision"]) for r in rows] == [
-        ("base", 20, "fp32"), ("slow lr", 10, "fp32")]
+        ("base", 20, "fp32"),
+        ("slow lr", 10, "fp32"),
+    ]
     assert rows[1]["overrides"] == ["train.lr=0.0001", "model.dropout=0.1"]
     config = (tmp_path / "slow_lr" / "config.yaml").read_text()
     assert "lr: 0.0001" in config and "max_time: 0" in config

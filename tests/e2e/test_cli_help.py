@@ -16,9 +16,13 @@ SCREEN = 24  # lines of a terminal
 
 
 def _help(*command: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "mtkit", *command, "--help"],
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={"COLUMNS": "100", "TERM": "dumb", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mtkit", *command, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"COLUMNS": "100", "TERM": "dumb", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -37,23 +41,48 @@ def _panels(text: str) -> dict[str, list[str]]:
 
 
 def test_mtkit_version_prints_the_installed_version():
-    done = subprocess.run([sys.executable, "-m", "mtkit", "--version"], capture_output=True,
-                          text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtkit", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"mtkit {version('mtkit')}"
 
 
-@pytest.mark.parametrize("command, groups", [
-    ("translate", ["Model", "Input and output", "Search", "Sampling", "Terminology",
-                   "Languages", "Device and speed"]),
-    ("eval", ["Model", "Input and output", "Terminology", "Languages", "Device and speed"]),
-    ("serve", ["Model", "Server", "Search", "Sampling", "Terminology", "Languages",
-               "Device and speed"]),
-])
+@pytest.mark.parametrize(
+    "command, groups",
+    [
+        (
+            "translate",
+            [
+                "Model",
+                "Input and output",
+                "Search",
+                "Sampling",
+                "Terminology",
+                "Languages",
+                "Device and speed",
+            ],
+        ),
+        ("eval", ["Model", "Input and output", "Terminology", "Languages", "Device and speed"]),
+        (
+            "serve",
+            [
+                "Model",
+                "Server",
+                "Search",
+                "Sampling",
+                "Terminology",
+                "Languages",
+                "Device and speed",
+            ],
+        ),
+    ],
+)
 def test_options_are_grouped_by_purpose_and_each_group_fits_a_screen(command, groups):
     panels = _panels(_help(command))
     assert [p for p in panels if p != "Options"] == groups
     assert [line for line in panels["Options"] if "--" in line] == [
-        line for line in panels["Options"] if "--help" in line]  # only --help left over
+        line for line in panels["Options"] if "--help" in line
+    ]  # only --help left over
     for heading, lines in panels.items():
         assert len(lines) <= SCREEN, (heading, len(lines))

@@ -40,9 +40,21 @@ def test_alignments_follow_the_text_in_every_output_format(trained):
     nbest = translate("-m", best, "--alignments", "--nbest", "2", "--beam", "2")
     assert len(nbest) == 6 and all(len(r.split(" ||| ")) == 4 for r in nbest)
     assert nbest[0].split(" ||| ")[3] == rows[0].split("\t")[1]
-    records = [json.loads(r) for r in translate(
-        "-m", best, "--format", "jsonl", "--alignments", "--nbest", "2", "--beam", "2",
-        input='{"src": "A dog runs in the park.", "id": 7}\n')]
+    records = [
+        json.loads(r)
+        for r in translate(
+            "-m",
+            best,
+            "--format",
+            "jsonl",
+            "--alignments",
+            "--nbest",
+            "2",
+            "--beam",
+            "2",
+            input='{"src": "A dog runs in the park.", "id": 7}\n',
+        )
+    ]
     assert records[0]["alignment"] == rows[0].split("\t")[1] and records[0]["id"] == 7
     assert [e["alignment"] for e in records[0]["nbest"]][0] == records[0]["alignment"]
     other_layer = translate("-m", best, "--alignments", "--align-layer", "0")

@@ -83,7 +83,7 @@ def fenced_blocks(path: Path) -> list[Block]:
         indent, fence, language = opening.groups()
         body, j = [], i + 1
         while j < len(lines) and not lines[j].strip().startswith(fence):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         blocks.append(Block(path, i + 1, language.lower(), "\n".join(body)))
         i = j + 1
@@ -142,15 +142,18 @@ def mtkit_argv(segment: list[str]) -> list[str] | None:
     if words[0] in ("python", "python3", "torchrun"):
         for k in range(1, len(words) - 1):
             if words[k] == "-m":
-                return words[k + 2:] if words[k + 1] == "mtkit" else None
+                return words[k + 2 :] if words[k + 1] == "mtkit" else None
     return None
 
 
 def script_argv(segment: list[str]) -> list[str] | None:
     """`python benchmarks/X.py ...` or `bash benchmarks/X.sh`: the script and its args."""
     words = [w for w in segment if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
-    if len(words) >= 2 and words[0] in ("python", "python3", "bash") and words[1].startswith(
-            REPO_PREFIXES):
+    if (
+        len(words) >= 2
+        and words[0] in ("python", "python3", "bash")
+        and words[1].startswith(REPO_PREFIXES)
+    ):
         return words[1:]
     return None
 
@@ -170,7 +173,7 @@ def collect() -> tuple[list[Command], list[tuple[str, list[str]]], list[tuple[st
                     if not line.startswith("$ "):
                         continue
                     shown = []
-                    for after in lines[k + 1:]:
+                    for after in lines[k + 1 :]:
                         if after.startswith("$ "):
                             break
                         shown.append(after)
@@ -316,8 +319,12 @@ def test_the_docs_show_commands():
 
 def test_every_code_block_says_its_language():
     """So that no command hides from these checks in an unlabelled block."""
-    unlabelled = [f"{b.path.relative_to(ROOT)}:{b.line}" for p in doc_files()
-                  for b in fenced_blocks(p) if not b.language]
+    unlabelled = [
+        f"{b.path.relative_to(ROOT)}:{b.line}"
+        for p in doc_files()
+        for b in fenced_blocks(p)
+        if not b.language
+    ]
     assert unlabelled == [], "label each fence: ```bash, ```console, ```yaml, ```text, ..."
 
 
@@ -336,8 +343,11 @@ def shows_an_error(command: Command) -> bool:
     return any(line.startswith(("error:", "config error:")) for line in command.expected)
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if not shows_an_error(c)],
-                         ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")
+@pytest.mark.parametrize(
+    "command",
+    [c for c in COMMANDS if not shows_an_error(c)],
+    ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}",
+)
 def test_each_command_parses(command: Command):
     try:
         parse(command.argv)
@@ -355,8 +365,9 @@ def check_names(argv: list[str]) -> None:
     command, words, names = root_command(), [w for w in argv if w != "..."], ["mtkit"]
 
     def options(cmd) -> set[str]:
-        return {"--help"} | {o for p in cmd.params for o in [*p.opts, *p.secondary_opts]
-                             if o.startswith("-")}
+        return {"--help"} | {
+            o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("-")
+        }
 
     def check_option(cmd, word: str) -> None:
         for part in word.split("/"):  # `--terms/--glossary`: both
@@ -447,8 +458,9 @@ def test_yaml_shown_is_a_valid_config(tmp_path):
 
 
 def test_repository_paths_named_in_commands_exist():
-    missing = [f"{where}: {path}" for where, path in PATHS
-               if not (ROOT / path.rstrip("/")).exists()]
+    missing = [
+        f"{where}: {path}" for where, path in PATHS if not (ROOT / path.rstrip("/")).exists()
+    ]
     assert missing == []
 
 
@@ -489,8 +501,7 @@ def run_mtkit(argv: list[str], capsys) -> tuple[int, str]:
     return (code if isinstance(code, int) else 0 if code is None else 1), out + err
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c.expected],
-                         ids=lambda c: c.where)
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.expected], ids=lambda c: c.where)
 def test_console_blocks_print_what_they_show(command: Command, capsys):
     code, output = run_mtkit(command.argv, capsys)
     printed = [" ".join(line.split()) for line in output.splitlines()]
@@ -501,13 +512,19 @@ def test_console_blocks_print_what_they_show(command: Command, capsys):
         if line:
             assert any(line in out for out in printed), (
                 f"{command.where}: `mtkit {shlex.join(command.argv)}` did not print {line!r}; "
-                f"it printed:\n{output}")
+                f"it printed:\n{output}"
+            )
     assert code == (2 if shows_an_error(command) else 0), output
 
 
-CHEAP = [c for c in COMMANDS if c.argv[:1] == ["explain"] and c.argv[1:2] != ["attention"]
-         and not c.expected and all(v.startswith("configs/")
-                                    for v in option_value(c.argv, "-c", "--config") or ["-"])]
+CHEAP = [
+    c
+    for c in COMMANDS
+    if c.argv[:1] == ["explain"]
+    and c.argv[1:2] != ["attention"]
+    and not c.expected
+    and all(v.startswith("configs/") for v in option_value(c.argv, "-c", "--config") or ["-"])
+]
 
 
 @pytest.mark.parametrize("command", CHEAP, ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")
@@ -593,10 +610,14 @@ def test_every_page_is_in_the_site_navigation():
 
 
 def test_the_site_builds_strict(tmp_path):
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec(
-            "material") is None:
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("MkDocs and mkdocs-material are not installed (pip install -e '.[docs]')")
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
-                          str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr

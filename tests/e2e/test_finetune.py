@@ -40,20 +40,37 @@ def imported(tmp_path_factory) -> Path:
 
 def config(imported: Path, run: Path, **train) -> dict:
     """Fine-tune the imported model on the copy task (sequences of letters)."""
-    data = {split: {"src": str(COPY / f"{name}.src.gz"), "tgt": str(COPY / f"{name}.tgt.gz")}
-            for split, name in (("train", "train"), ("valid", "valid"), ("test", "test"))}
-    return {"run_dir": str(run), "data": {**data, "max_len": 100, "workers": 1},
-            "tokenizer": {"from": str(imported), "joint": False},
-            "model": {"dropout": 0.0},
-            "train": {"init_from": str(imported), "max_tokens": 1024, "lr": 0.001,
-                      "warmup_steps": 10, "max_steps": 40, "valid_every": 20, "device": "cpu",
-                      "precision": "fp32", "attention": "sdpa", **train},
-            "decode": {"precision": "fp32"}}
+    data = {
+        split: {"src": str(COPY / f"{name}.src.gz"), "tgt": str(COPY / f"{name}.tgt.gz")}
+        for split, name in (("train", "train"), ("valid", "valid"), ("test", "test"))
+    }
+    return {
+        "run_dir": str(run),
+        "data": {**data, "max_len": 100, "workers": 1},
+        "tokenizer": {"from": str(imported), "joint": False},
+        "model": {"dropout": 0.0},
+        "train": {
+            "init_from": str(imported),
+            "max_tokens": 1024,
+            "lr": 0.001,
+            "warmup_steps": 10,
+            "max_steps": 40,
+            "valid_every": 20,
+            "device": "cpu",
+            "precision": "fp32",
+            "attention": "sdpa",
+            **train,
+        },
+        "decode": {"precision": "fp32"},
+    }
 
 
 def valid_losses(run: Path) -> list[float]:
-    return [e["valid_loss"] for e in map(json.loads, (run / "metrics.jsonl").open())
-            if e.get("event") == "valid"]
+    return [
+        e["valid_loss"]
+        for e in map(json.loads, (run / "metrics.jsonl").open())
+        if e.get("event") == "valid"
+    ]
 
 
 def test_fine_tuning_starts_from_the_import_and_lowers_the_validation_loss(imported, tmp_path):
@@ -71,8 +88,9 @@ def test_fine_tuning_starts_from_the_import_and_lowers_the_validation_loss(impor
 
 
 def test_frozen_parts_keep_the_imported_weights(imported, tmp_path):
-    cfg = config_from_dict(config(imported, tmp_path / "run", max_steps=5, valid_every=5,
-                                  freeze="embeddings+encoder"))
+    cfg = config_from_dict(
+        config(imported, tmp_path / "run", max_steps=5, valid_every=5, freeze="embeddings+encoder")
+    )
     build_tokenizer(cfg)
     preprocess(cfg)
     train(cfg)
@@ -80,8 +98,9 @@ def test_frozen_parts_keep_the_imported_weights(imported, tmp_path):
     before = load_checkpoint(imported)["model"]
     frozen = [k for k in before if k.startswith(("src_embed", "tgt_embed", "encoder_layers"))]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
-    assert not torch.equal(before["decoder_layers.0.ffn.inner.weight"],
-                           after["decoder_layers.0.ffn.inner.weight"])
+    assert not torch.equal(
+        before["decoder_layers.0.ffn.inner.weight"], after["decoder_layers.0.ffn.inner.weight"]
+    )
 
 
 def test_a_killed_fine_tuning_resumes_to_the_same_weights(imported, tmp_path):
@@ -111,8 +130,9 @@ def test_a_killed_fine_tuning_resumes_to_the_same_weights(imported, tmp_path):
 
 
 def test_mismatched_tokenizers_are_refused_in_one_line(imported, tmp_path):
-    joint = config_from_dict({**config(imported, tmp_path / "r"),
-                              "tokenizer": {"from": str(imported), "joint": True}})
+    joint = config_from_dict(
+        {**config(imported, tmp_path / "r"), "tokenizer": {"from": str(imported), "joint": True}}
+    )
     with pytest.raises(TokenizerError, match="set tokenizer.joint: false"):
         build_tokenizer(joint)
     own = config(imported, tmp_path / "own")

@@ -34,9 +34,11 @@ def test_import_translate_and_export_an_opus_mt_style_model(tmp_path):
 def test_what_cannot_be_imported_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out.pt"
-    for source, says in (("Helsinki-NLP/opus-mt-xx-yy", "not in the local cache"),
-                         (tmp_path / "nowhere", "nowhere: no such folder"),
-                         (tmp_path, "no config.json")):
+    for source, says in (
+        ("Helsinki-NLP/opus-mt-xx-yy", "not in the local cache"),
+        (tmp_path / "nowhere", "nowhere: no such folder"),
+        (tmp_path, "no config.json"),
+    ):
         result = cli("import", source, "-o", out)
         assert result.exit_code == 2, result.output
         lines_ = result.stderr.strip().splitlines()

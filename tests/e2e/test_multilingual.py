@@ -21,7 +21,6 @@ def two_way(tmp_path_factory):
     return train_two_way(tmp_path_factory.mktemp("multilingual"))
 
 
-
 def test_validation_scores_each_direction_and_best_follows_their_mean(two_way):
     checkpoint, _ = two_way
     lines = (checkpoint.parents[1] / "metrics.jsonl").read_text().splitlines()
@@ -38,8 +37,10 @@ def test_run_prints_a_table_of_the_test_directions(two_way):
     checkpoint, _ = two_way
     run = checkpoint.parents[1]
     manifest = json.loads((run / "data" / "train" / "manifest.json").read_text())
-    assert manifest["directions"] == {"src-cp": {"pairs": manifest["pairs"] // 2, "share": 0.5},
-                                      "src-rv": {"pairs": manifest["pairs"] // 2, "share": 0.5}}
+    assert manifest["directions"] == {
+        "src-cp": {"pairs": manifest["pairs"] // 2, "share": 0.5},
+        "src-rv": {"pairs": manifest["pairs"] // 2, "share": 0.5},
+    }
     result = cli("run", "--config", run / "config.yaml")  # trained: translates and scores
     assert result.exit_code == 0, result.output
     header, cp, rv, mean = result.stdout.splitlines()[:4]
@@ -62,15 +63,15 @@ def test_serve_takes_target_lang_and_info_lists_the_directions(two_way):
 
     checkpoint, sources = two_way
     engine = load_engine(checkpoint, "cpu", precision="fp32")
-    app = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(),
-                     "last.pt")
+    app = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(), "last.pt")
     with TestClient(app) as api:
         info = api.get("/v1/info").json()
         assert info["directions"] == ["src-cp", "src-rv"]
         assert info["target_languages"] == ["cp", "rv"]
         line = sources[0]
-        answer = api.post("/v1/translate", json={"text": [line, ""], "target_lang": "rv",
-                                                 "alignments": True}).json()
+        answer = api.post(
+            "/v1/translate", json={"text": [line, ""], "target_lang": "rv", "alignments": True}
+        ).json()
         first, empty = answer["translations"]
         links = [tuple(map(int, x.split("-"))) for x in first["alignment"].split()]
         opts = replace(SearchOptions.from_config(engine.config.decode), alignments=True)
@@ -79,9 +80,13 @@ def test_serve_takes_target_lang_and_info_lists_the_directions(two_way):
         tagged = best.alignment
         assert links == [(s - 1, t) for s, t in tagged if s > 0]  # the tag: not a user word
         assert links and all(0 <= s < len(line.split()) for s, _ in links)
-        for body, says in (({"text": [line]}, "give target_lang with one of them"),
-                           ({"text": [line], "target_lang": "fr"},
-                            "target_lang fr: this model translates into cp, rv")):
+        for body, says in (
+            ({"text": [line]}, "give target_lang with one of them"),
+            (
+                {"text": [line], "target_lang": "fr"},
+                "target_lang fr: this model translates into cp, rv",
+            ),
+        ):
             r = api.post("/v1/translate", json=body)
             assert r.status_code == 422 and says in r.json()["error"], r.json()
         assert 'id="target_lang"' in api.get("/").text
@@ -94,13 +99,16 @@ def test_an_export_keeps_the_tags(two_way, tmp_path):
     result = cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out)
     assert result.exit_code == 0, result.output
     text = "\n".join(sources[:20]) + "\n"
-    native = cli("translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32",
-                 input=text)
+    native = cli(
+        "translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32", input=text
+    )
     exported = cli("translate", "-m", out, "--tgt-lang", "rv", input=text)
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == native.stdout
-    one_line_error(cli("translate", "-m", out, input=text),
-                   "this model translates into cp, rv: give --tgt-lang")
+    one_line_error(
+        cli("translate", "-m", out, input=text),
+        "this model translates into cp, rv: give --tgt-lang",
+    )
 
 
 def test_one_model_copies_or_reverses_as_the_tag_asks(two_way):
@@ -112,12 +120,24 @@ def test_one_model_copies_or_reverses_as_the_tag_asks(two_way):
 
 def test_a_multilingual_model_needs_a_language_it_knows(two_way):
     checkpoint, _ = two_way
-    one_line_error(cli("translate", "-m", checkpoint, input="a b c\n"),
-                   "this model translates into cp, rv: give --tgt-lang")
-    one_line_error(cli("translate", "-m", checkpoint, "--tgt-lang", "de", input="a b c\n"),
-                   "--tgt-lang de: this model translates into cp, rv")
-    records = cli("translate", "-m", checkpoint, "--format", "jsonl", "--precision", "fp32",
-                  input='{"src": "a b c", "tgt_lang": "rv"}\n{"src": "a b c"}\n')
+    one_line_error(
+        cli("translate", "-m", checkpoint, input="a b c\n"),
+        "this model translates into cp, rv: give --tgt-lang",
+    )
+    one_line_error(
+        cli("translate", "-m", checkpoint, "--tgt-lang", "de", input="a b c\n"),
+        "--tgt-lang de: this model translates into cp, rv",
+    )
+    records = cli(
+        "translate",
+        "-m",
+        checkpoint,
+        "--format",
+        "jsonl",
+        "--precision",
+        "fp32",
+        input='{"src": "a b c", "tgt_lang": "rv"}\n{"src": "a b c"}\n',
+    )
     assert records.exit_code == 0, records.output
     first, second = records.stdout.splitlines()
     assert '"translation": "c b a"' in first and "give --tgt-lang" in second

@@ -37,9 +37,19 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     # kernels when this fixture trained 3,000 steps, 54-60 with 4,000; copying: all or nearly.
     outputs = copied_or_reversed(checkpoint, sources, 0.6)
     assert not any("<2" in o for lines in outputs.values() for o in lines)
-    records = cli("translate", "-m", checkpoint, "--format", "jsonl", "--precision", "fp32",
-                  "--beam", "4", "--alignments",
-                  input=json.dumps({"src": sources[0], "tgt_lang": "rv"}) + "\n")
+    records = cli(
+        "translate",
+        "-m",
+        checkpoint,
+        "--format",
+        "jsonl",
+        "--precision",
+        "fp32",
+        "--beam",
+        "4",
+        "--alignments",
+        input=json.dumps({"src": sources[0], "tgt_lang": "rv"}) + "\n",
+    )
     assert records.exit_code == 0, records.output
     record = json.loads(records.stdout)
     assert record["translation"] == outputs["rv"][0]  # the tag forced, then taken off
@@ -47,8 +57,11 @@ def test_a_target_side_tag_is_forced_and_taken_off(two_way_target):
     assert all(0 <= int(x.split("-")[1]) < words for x in record["alignment"].split())
     answer = served(checkpoint, {"text": sources[:4] + [""], "target_lang": "rv", "beam": 4})
     assert [t["text"] for t in answer["translations"]] == outputs["rv"][:4] + [""]
-    valid = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-             if r.get("event") == "valid"][-1]
+    valid = [
+        r
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if r.get("event") == "valid"
+    ][-1]
     assert valid["by_direction"]["src-cp"]["valid_bleu"] > 90
     result = cli("run", "--config", run / "config.yaml")
     assert result.exit_code == 0, result.output
@@ -62,8 +75,9 @@ def test_an_export_forces_a_target_side_tag_too(two_way_target, tmp_path):
     out = tmp_path / "ct2"
     assert cli("export", "-m", checkpoint, "--to", "ctranslate2", "-o", out).exit_code == 0
     text = "\n".join(sources[:20]) + "\n"
-    native = cli("translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32",
-                 input=text)
+    native = cli(
+        "translate", "-m", checkpoint, "--tgt-lang", "rv", "--precision", "fp32", input=text
+    )
     exported = cli("translate", "-m", out, "--tgt-lang", "rv", input=text)
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == native.stdout and "<2" not in exported.stdout

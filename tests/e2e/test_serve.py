@@ -31,8 +31,13 @@ from serverkit import LocalServer  # noqa: E402
 
 from conftest import assert_same_hypotheses  # noqa: E402
 
-SENTENCES = ["A dog runs in the park.", "", "Two men talk on a bench.", "A girl.",
-             "A man in a blue shirt is playing the guitar on a stage."]
+SENTENCES = [
+    "A dog runs in the park.",
+    "",
+    "Two men talk on a bench.",
+    "A girl.",
+    "A man in a blue shirt is playing the guitar on a stage.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,35 +51,34 @@ def defaults(translator) -> SearchOptions:
 
 def client(translator, **kw) -> TestClient:
     limits = Limits(**{k: v for k, v in kw.items() if k != "api_key"})
-    return TestClient(create_app(translator, defaults(translator), limits, "best.pt", 20,
-                                 kw.get("api_key")))
+    return TestClient(
+        create_app(translator, defaults(translator), limits, "best.pt", 20, kw.get("api_key"))
+    )
 
 
 def alone(translator, lines: list[str], **opts) -> list[str]:
     """What one-by-one offline translation gives, for comparison."""
     o = replace(defaults(translator), **opts)
-    return [translator.tgt_vocab.decode(translator.translate([x], o)[0][0].tokens)
-            for x in lines]
+    return [translator.tgt_vocab.decode(translator.translate([x], o)[0][0].tokens) for x in lines]
 
 
 def test_translate_health_info_page_and_docs(translator):
     with client(translator) as api:
         assert api.get("/v1/health").json() == {"status": "ok", "model_loaded": True}
         info = api.get("/v1/info").json()
-        assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de",
-                                                                                     20)
+        assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de", 20)
         assert info["parameters"] > 0 and info["decoding"]["beam"] == defaults(translator).beam
         assert info["weights"] == "step 20" and info["device"] == "cpu"
         assert info["load"] == {"requests_received": 0, "waiting_lines": 0}
         answer = api.post("/v1/translate", json={"text": SENTENCES}).json()
         texts = [t["text"] for t in answer["translations"]]
         assert texts == alone(translator, SENTENCES) and texts[1] == ""
-        assert api.get("/v1/info").json()["load"] == {"requests_received": 1,
-                                                      "waiting_lines": 0}
+        assert api.get("/v1/info").json()["load"] == {"requests_received": 1, "waiting_lines": 0}
         assert answer["model"] == "best.pt" and answer["elapsed_ms"] >= 0
         assert "alignment" not in answer["translations"][0]
-        answer = api.post("/v1/translate", json={"text": SENTENCES[:1], "alignments": True,
-                                                 "nbest": 2, "beam": 2}).json()
+        answer = api.post(
+            "/v1/translate", json={"text": SENTENCES[:1], "alignments": True, "nbest": 2, "beam": 2}
+        ).json()
         first = answer["translations"][0]
         assert len(first["nbest"]) == 2 and first["nbest"][0]["text"] == first["text"]
         assert first["alignment"] and all("-" in pair for pair in first["alignment"].split())
@@ -89,31 +93,36 @@ def test_translate_health_info_page_and_docs(translator):
 def test_an_api_key_guards_everything_but_health(translator):
     with client(translator, api_key="s3cret") as api:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            for r in (api.get("/v1/info", headers=headers),
-                      api.post("/v1/translate", json={"text": ["A dog."]}, headers=headers)):
+            for r in (
+                api.get("/v1/info", headers=headers),
+                api.post("/v1/translate", json={"text": ["A dog."]}, headers=headers),
+            ):
                 assert r.status_code == 401 and "API key" in r.json()["error"]
                 assert r.headers["www-authenticate"] == "Bearer"
         assert api.get("/v1/health").status_code == 200
         good = {"Authorization": "Bearer s3cret"}
-        assert api.post("/v1/translate", json={"text": ["A dog."]}, headers=good).status_code \
-            == 200
+        assert api.post("/v1/translate", json={"text": ["A dog."]}, headers=good).status_code == 200
 
 
-@pytest.mark.parametrize("body, status, says, field", [
-    (b"", 422, "the body is empty", None),
-    (b'{"text": "A dog."}', 422, "text: Input should be a valid list", "text"),
-    (b'{"text": ["A \xff dog."]}', 422, "not UTF-8", None),
-    (b'{"text": ["A dog."], "beam": 0}', 422, "beam must be from 1 to 256, got 0", "beam"),
-    (b'{"text": ["A dog."], "nbest": 0}', 422, "nbest must be from 1 to 256, got 0", "nbest"),
-    (b'{"text": ["A dog."], "beam": 2, "nbest": 3}', 422, "nbest 3 must not exceed", "nbest"),
-    (b'{"text": ["A dog."], "colour": 1}', 422, "colour: Extra inputs", "colour"),
-    (b'{"text": [', 422, "not JSON", None),
-    (json.dumps({"text": ["A dog."] * 5}).encode(), 413, "at most 4 sentences", "text"),
-    (json.dumps({"text": ["x" * 300]}).encode(), 413, "at most 200 characters", "text"),
-    (b'{"text": ["' + b"a" * (10 << 20) + b'"]}', 413, "body is over", None),
-])
-def test_bad_requests_get_a_json_error_and_the_server_stays_up(translator, body, status,
-                                                               says, field):
+@pytest.mark.parametrize(
+    "body, status, says, field",
+    [
+        (b"", 422, "the body is empty", None),
+        (b'{"text": "A dog."}', 422, "text: Input should be a valid list", "text"),
+        (b'{"text": ["A \xff dog."]}', 422, "not UTF-8", None),
+        (b'{"text": ["A dog."], "beam": 0}', 422, "beam must be from 1 to 256, got 0", "beam"),
+        (b'{"text": ["A dog."], "nbest": 0}', 422, "nbest must be from 1 to 256, got 0", "nbest"),
+        (b'{"text": ["A dog."], "beam": 2, "nbest": 3}', 422, "nbest 3 must not exceed", "nbest"),
+        (b'{"text": ["A dog."], "colour": 1}', 422, "colour: Extra inputs", "colour"),
+        (b'{"text": [', 422, "not JSON", None),
+        (json.dumps({"text": ["A dog."] * 5}).encode(), 413, "at most 4 sentences", "text"),
+        (json.dumps({"text": ["x" * 300]}).encode(), 413, "at most 200 characters", "text"),
+        (b'{"text": ["' + b"a" * (10 << 20) + b'"]}', 413, "body is over", None),
+    ],
+)
+def test_bad_requests_get_a_json_error_and_the_server_stays_up(
+    translator, body, status, says, field
+):
     with client(translator, max_lines=4, max_chars=200) as api:
         r = api.post("/v1/translate", content=body)
         assert r.status_code == status, r.text
@@ -203,8 +212,9 @@ def test_greedy_requests_join_one_running_search_and_get_what_alone_gives(transl
     batcher.stop()
     assert recording.rounds == [SENTENCES[:1]]  # the beam request alone
     for x, hyps in zip(SENTENCES, results):
-        assert [translator.tgt_vocab.decode(h[0].tokens) for h in hyps] == \
-            alone(translator, [x, x + " Again."], beam=1)
+        assert [translator.tgt_vocab.decode(h[0].tokens) for h in hyps] == alone(
+            translator, [x, x + " Again."], beam=1
+        )
     expected = translator.translate(SENTENCES[:1], replace(greedy, alignments=True))
     assert_same_hypotheses(aligned.result(timeout=60), expected)
     assert expected[0][0].alignment
@@ -270,12 +280,14 @@ def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
     results = [f.result(timeout=60)[0][0] for f in futures]
     batcher.stop()
     assert recording.rounds == [SENTENCES]
-    assert [translator.tgt_vocab.decode(h.tokens) for h in results] == \
-        alone(translator, SENTENCES, beam=1)
+    assert [translator.tgt_vocab.decode(h.tokens) for h in results] == alone(
+        translator, SENTENCES, beam=1
+    )
 
 
-def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(translator,
-                                                                             monkeypatch):
+def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(
+    translator, monkeypatch
+):
     from mtkit.serving.stream import LineStream
 
     greedy = replace(defaults(translator), beam=1, nbest=1)
@@ -296,8 +308,9 @@ def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(tra
     later = [batcher.submit([x], greedy) for x in SENTENCES]
     batcher.stop()  # returns once the stream is empty
     assert all(f.done() for f in later)
-    assert [f.result()[0][0].tokens for f in later] == \
-        [translator.translate([x], greedy)[0][0].tokens for x in SENTENCES]
+    assert [f.result()[0][0].tokens for f in later] == [
+        translator.translate([x], greedy)[0][0].tokens for x in SENTENCES
+    ]
 
 
 # --- a real server process -------------------------------------------------------------
@@ -306,15 +319,24 @@ def test_stop_finishes_the_streaming_requests_and_a_failed_step_answers_each(tra
 @pytest.fixture
 def server(trained, request):
     flags = getattr(request, "param", [])
-    s = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "20",
-                    "--device", "cpu", *flags)
+    s = LocalServer(
+        trained / "run" / "checkpoints" / "best.pt",
+        "--max-wait-ms",
+        "20",
+        "--device",
+        "cpu",
+        *flags,
+    )
     yield s
     s.stop()
 
 
-@pytest.mark.parametrize("server, beam", [([], None), ([], 1), (["--rounds"], 1)],
-                         ids=["default beam", "greedy, continuous", "greedy, --rounds"],
-                         indirect=["server"])
+@pytest.mark.parametrize(
+    "server, beam",
+    [([], None), ([], 1), (["--rounds"], 1)],
+    ids=["default beam", "greedy, continuous", "greedy, --rounds"],
+    indirect=["server"],
+)
 def test_concurrent_clients_get_what_one_by_one_translation_gives(server, translator, beam):
     requests = [SENTENCES[i % 5 : i % 5 + 1 + i % 3] for i in range(24)]
     answers: dict[int, list[str]] = {}
@@ -334,15 +356,19 @@ def test_concurrent_clients_get_what_one_by_one_translation_gives(server, transl
 
 def test_slow_and_vanishing_clients_do_not_hold_up_others(server):
     slow = socket.create_connection(("127.0.0.1", server.port))
-    slow.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: 1000\r\n\r\n{\"text\": [\"A do")  # and no more
+    slow.sendall(
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b'\r\nContent-Length: 1000\r\n\r\n{"text": ["A do'
+    )  # and no more
     start = time.perf_counter()
     assert server.translate(["A dog."])[0]  # answered while the slow body is pending
     assert time.perf_counter() - start < 30
     slow.close()  # the slow client leaves mid-request
     with socket.create_connection(("127.0.0.1", server.port)) as s:  # leaves before its answer
-        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n"
-                  b'{"text": ["A dog runs in the park."]}')
+        s.sendall(
+            b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n"
+            b'{"text": ["A dog runs in the park."]}'
+        )
     assert server.translate(["A dog."])[0]
     assert server.proc.poll() is None
 
@@ -360,19 +386,22 @@ def test_the_queue_is_bounded_and_refuses_with_503(translator):
 
 
 def test_the_api_key_can_come_from_the_environment(trained):
-    with LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu",
-                     env={"MTKIT_API_KEY": "k3y"}) as server:
+    with LocalServer(
+        trained / "run" / "checkpoints" / "best.pt", "--device", "cpu", env={"MTKIT_API_KEY": "k3y"}
+    ) as server:
         assert server.request("GET", "/v1/info")[0] == 401
         status, info = server.request("GET", "/v1/info", headers={"Authorization": "Bearer k3y"})
         assert status == 200 and info["step"] == 20
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits_0(trained):
-    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "1500",
-                         "--device", "cpu")
+    server = LocalServer(
+        trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "1500", "--device", "cpu"
+    )
     answer: list = []
-    slow = threading.Thread(target=lambda: answer.append(server.request(
-        "POST", "/v1/translate", {"text": SENTENCES})))
+    slow = threading.Thread(
+        target=lambda: answer.append(server.request("POST", "/v1/translate", {"text": SENTENCES}))
+    )
     slow.start()
     deadline = time.time() + 60  # the request is in; it waits for company (1.5 s)
     while server.get("/v1/info")[1]["load"]["requests_received"] < 1:
@@ -388,8 +417,10 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(trained):
 
 def test_without_the_extra_serve_says_what_to_install(trained, monkeypatch):
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ImportError
-    result = CliRunner().invoke(cli_app, ["serve", "-m", str(trained / "run" / "checkpoints"
-                                                              / "best.pt")])
+    result = CliRunner().invoke(
+        cli_app, ["serve", "-m", str(trained / "run" / "checkpoints" / "best.pt")]
+    )
     assert result.exit_code == 2
-    assert result.stderr.strip() == ("error: mtkit serve needs FastAPI and uvicorn: pip "
-                                     "install 'mtkit[serve]'")
+    assert result.stderr.strip() == (
+        "error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'"
+    )

@@ -16,17 +16,30 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.browser
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                    reason="needs Debian's chromium and chromium-driver")
+@pytest.mark.skipif(
+    not (shutil.which("chromium") and shutil.which("chromedriver")),
+    reason="needs Debian's chromium and chromium-driver",
+)
 def test_the_page_translates_typed_text_and_draws_its_alignment(trained, tmp_path):
     pytest.importorskip("selenium")
     pytest.importorskip("fastapi")
     shot = tmp_path / "page.png"
     done = subprocess.run(
-        [sys.executable, "serve_page.py", "-m", str(trained / "run" / "checkpoints" /
-                                                    "best.pt"), "--text", "A dog runs.",
-         "--out", str(shot)], cwd=ROOT / "benchmarks", capture_output=True, text=True,
-        timeout=300)
+        [
+            sys.executable,
+            "serve_page.py",
+            "-m",
+            str(trained / "run" / "checkpoints" / "best.pt"),
+            "--text",
+            "A dog runs.",
+            "--out",
+            str(shot),
+        ],
+        cwd=ROOT / "benchmarks",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["translation"] and result["alignment_links"] >= 1

@@ -47,15 +47,23 @@ def snapshot(*paths: Path) -> dict[Path, bytes]:
 # Ctrl-C as a foreground command gets it: a process started in the background of a
 # non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and Python then keeps it
 # ignored, so the Ctrl-C test would wait forever there.
-_FOREGROUND = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
-               " runpy.run_module('mtkit', run_name='__main__', alter_sys=True)")
+_FOREGROUND = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('mtkit', run_name='__main__', alter_sys=True)"
+)
 
 
 def mtkit_process(*args, **popen) -> subprocess.Popen:
     """`python -m mtkit ARGS` as a real process (for signals and the lock), with Ctrl-C
     handled as in a foreground command whatever this process ignores."""
-    return subprocess.Popen([sys.executable, "-c", _FOREGROUND, *map(str, args)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", _FOREGROUND, *map(str, args)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:

@@ -33,8 +33,10 @@ def test_a_flipped_bit_in_a_weight_is_one_line_and_training_falls_back(work):
     for name in ("last.pt", "step_20.pt"):
         flip_inside_a_tensor(ckpts / name)
     before = snapshot(work)
-    assert_one_line(cli("translate", "-m", ckpts / "last.pt", input="A dog.\n"),
-                    says="last.pt: corrupt checkpoint (its content does not match the digest")
+    assert_one_line(
+        cli("translate", "-m", ckpts / "last.pt", input="A dog.\n"),
+        says="last.pt: corrupt checkpoint (its content does not match the digest",
+    )
     assert snapshot(work) == before
     path, payload = find_resumable(ckpts)
     assert path.name == "step_10.pt" and payload["train"]["progress"]["step"] == 10
@@ -48,8 +50,10 @@ def test_nan_weights_are_one_line(work, tmp_path):
     name = next(iter(payload["model"]))
     payload["model"][name][0] = float("nan")
     save_checkpoint(payload, tmp_path / "nan.pt")
-    assert_one_line(cli("translate", "-m", tmp_path / "nan.pt", input="A dog.\n"),
-                    says=f"the weights hold NaN or infinite values ({name})")
+    assert_one_line(
+        cli("translate", "-m", tmp_path / "nan.pt", input="A dog.\n"),
+        says=f"the weights hold NaN or infinite values ({name})",
+    )
 
 
 def mutations(good: bytes, seed: int = 0):
@@ -98,16 +102,20 @@ def test_fuzzed_checkpoints_only_ever_give_a_checkpoint_error(work, tmp_path):
     assert sum(outcomes.values()) == 344 and outcomes["rejected"] >= 300, outcomes
 
 
-@pytest.mark.parametrize("junk", [b"just some text\n", bytes(range(256)) * 8,
-                                  b"PK\x03\x04" + bytes(range(256)) * 8])
+@pytest.mark.parametrize(
+    "junk", [b"just some text\n", bytes(range(256)) * 8, b"PK\x03\x04" + bytes(range(256)) * 8]
+)
 def test_junk_given_as_a_checkpoint_is_one_line_everywhere(tmp_path, junk):
     path = tmp_path / "junk.pt"
     path.write_bytes(junk)
     src = tmp_path / "src.txt"
     src.write_text("a\n")
-    for args in (("translate", "-m", path), ("average", path, path, "-o", tmp_path / "o.pt"),
-                 ("eval", "-m", path, "--src", src, "--ref", src),
-                 ("explain", "params", "-m", path)):
+    for args in (
+        ("translate", "-m", path),
+        ("average", path, path, "-o", tmp_path / "o.pt"),
+        ("eval", "-m", path, "--src", src, "--ref", src),
+        ("explain", "params", "-m", path),
+    ):
         assert_one_line(cli(*args, input="A dog.\n"), says="junk.pt: not a readable checkpoint")
     assert not (tmp_path / "o.pt").exists()
 
@@ -116,21 +124,32 @@ def test_a_checkpoint_of_pickled_objects_is_refused_without_library_warnings(tmp
     path = tmp_path / "evil.pt"
     torch.save({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, path)
     plain = tmp_path / "plain.pt"  # protocol 4: torch warns about it before refusing
-    torch.save({"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, plain,
-               pickle_protocol=4)
+    torch.save(
+        {"format": "mtkit-checkpoint-1", "x": zipfile.ZipInfo("x")}, plain, pickle_protocol=4
+    )
     for p in (path, plain):
-        assert_one_line(cli("translate", "-m", p, input="A dog.\n"),
-                        says="safe loading refuses to build")
+        assert_one_line(
+            cli("translate", "-m", p, input="A dog.\n"), says="safe loading refuses to build"
+        )
     # a real process, where nothing captures Python's warnings but mtkit's own filter
-    done = subprocess.run([sys.executable, "-m", "mtkit", "translate", "-m", str(plain)],
-                          input="A dog.\n", capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtkit", "translate", "-m", str(plain)],
+        input="A dog.\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_temporaries_of_killed_checkpoint_writes_are_removed_by_the_next_train(work):
     ckpts = work / "run" / "checkpoints"
-    leftovers = [ckpts / ".step_30.pt.x1y2z3.tmp", ckpts / ".last.pt.a1b2c3.tmp",
-                 ckpts / ".best.pt.link", work / "run" / ".config.yaml.q1w2e3.tmp"]
+    leftovers = [
+        ckpts / ".step_30.pt.x1y2z3.tmp",
+        ckpts / ".last.pt.a1b2c3.tmp",
+        ckpts / ".best.pt.link",
+        work / "run" / ".config.yaml.q1w2e3.tmp",
+    ]
     for p in leftovers:
         p.write_bytes(b"\0" * 1000)
     result = cli("train", "-c", work / "exp.yaml", "--set", "train.max_steps=21")

@@ -22,10 +22,12 @@ def test_a_retrained_tokenizer_makes_train_ask_for_preprocess(work):
     assert cli("tokenizer", "-c", config, "--set", "tokenizer.vocab_size=300").exit_code == 0
     before = snapshot(run / "checkpoints", run / "data")
     for stage in ("train", "run"):
-        assert_one_line(cli(stage, "-c", config),
-                        says="encoded with another tokenizer than the run's spm model "
-                             "(the tokenizer was retrained after preprocessing); rerun "
-                             "`mtkit preprocess`")
+        assert_one_line(
+            cli(stage, "-c", config),
+            says="encoded with another tokenizer than the run's spm model "
+            "(the tokenizer was retrained after preprocessing); rerun "
+            "`mtkit preprocess`",
+        )
     assert snapshot(run / "checkpoints", run / "data") == before
 
 
@@ -34,18 +36,30 @@ def test_checkpoints_refuse_to_resume_on_shards_made_again(work):
     result = cli("preprocess", "-c", config, "--set", "data.max_len=30")
     assert result.exit_code == 0, result.output
     before = snapshot(run / "checkpoints")
-    line = assert_one_line(cli("train", "-c", config, "--set", "data.max_len=30"),
-                           says="was trained on other data or another tokenizer")
+    line = assert_one_line(
+        cli("train", "-c", config, "--set", "data.max_len=30"),
+        says="was trained on other data or another tokenizer",
+    )
     assert line.endswith("start over with --no-resume, or use another run_dir")
     assert snapshot(run / "checkpoints") == before
     # the fingerprint is in the checkpoint, and --no-resume starts over
-    result = cli("train", "-c", config, "--set", "data.max_len=30", "--no-resume",
-                 "--set", "train.max_steps=2")
+    result = cli(
+        "train",
+        "-c",
+        config,
+        "--set",
+        "data.max_len=30",
+        "--no-resume",
+        "--set",
+        "train.max_steps=2",
+    )
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("name, says", [
-    ("tgt.bin", "tgt.bin: "), ("src.idx", "src.idx: "), ("manifest.json", "manifest.json: ")])
+@pytest.mark.parametrize(
+    "name, says",
+    [("tgt.bin", "tgt.bin: "), ("src.idx", "src.idx: "), ("manifest.json", "manifest.json: ")],
+)
 def test_truncated_shard_files_are_one_line_naming_the_file(work, name, says):
     config, run = work / "exp.yaml", work / "run"
     path = run / "data" / "train" / name
@@ -100,20 +114,25 @@ def test_leftovers_of_a_killed_preprocess_are_removed_by_the_next_one(work):
 def test_preprocess_killed_mid_way_then_rerun_writes_the_same_shards(work):
     """SIGKILL right after the first chunk of train reached the shard files."""
     run = work / "run"
-    finished = {s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
-                for s in ("train", "valid", "test")}  # from one uninterrupted preprocess
+    finished = {
+        s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
+        for s in ("train", "valid", "test")
+    }  # from one uninterrupted preprocess
     shutil.rmtree(run / "data")
-    killer = ("import os, signal, sys\n"
-              "from mtkit.data import shards\n"
-              "append = shards.ShardWriter.append\n"
-              "def append_then_die(self, chunk, keep):\n"
-              "    append(self, chunk, keep)\n"
-              "    os.kill(os.getpid(), signal.SIGKILL)\n"
-              "shards.ShardWriter.append = append_then_die\n"
-              "from mtkit.cli import app\n"
-              "app(['preprocess', '-c', sys.argv[1]])\n")
-    killed = subprocess.run([sys.executable, "-c", killer, str(work / "exp.yaml")],
-                            capture_output=True, text=True)
+    killer = (
+        "import os, signal, sys\n"
+        "from mtkit.data import shards\n"
+        "append = shards.ShardWriter.append\n"
+        "def append_then_die(self, chunk, keep):\n"
+        "    append(self, chunk, keep)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "shards.ShardWriter.append = append_then_die\n"
+        "from mtkit.cli import app\n"
+        "app(['preprocess', '-c', sys.argv[1]])\n"
+    )
+    killed = subprocess.run(
+        [sys.executable, "-c", killer, str(work / "exp.yaml")], capture_output=True, text=True
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     partial = [p for p in run.iterdir() if p.name.startswith(".data.")]
     assert partial and (partial[0] / "train" / "src.bin").stat().st_size > 0
@@ -121,8 +140,10 @@ def test_preprocess_killed_mid_way_then_rerun_writes_the_same_shards(work):
     with pytest.raises(DataError, match=r"no finished shard here"):
         ShardDataset(partial[0] / "train")
     assert cli("preprocess", "-c", work / "exp.yaml").exit_code == 0
-    again = {s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
-             for s in ("train", "valid", "test")}
+    again = {
+        s: json.loads((run / "data" / s / "manifest.json").read_text())["files"]
+        for s in ("train", "valid", "test")
+    }
     assert again == finished
     assert not [p for p in run.iterdir() if p.name.startswith(".data.")]
 
@@ -132,11 +153,14 @@ def test_corpora_whose_sides_differ_stop_before_anything_is_written(work, corpus
     short.write_text("".join(corpus["train.de"].read_text().splitlines(True)[:1999]))
     before = snapshot(work / "run")
     config = work / "exp.yaml"
-    extra = (f"data.train=[{{src: {corpus['train.en']}, tgt: {corpus['train.de']}}}, "
-             f"{{src: {corpus['train.en']}, tgt: {short}, weight: 2}}]")
-    assert_one_line(cli("preprocess", "-c", config, "--set", extra),
-                    says=f"error: line counts differ: {corpus['train.en']} has 2000 lines, "
-                         f"{short} has 1999")
+    extra = (
+        f"data.train=[{{src: {corpus['train.en']}, tgt: {corpus['train.de']}}}, "
+        f"{{src: {corpus['train.en']}, tgt: {short}, weight: 2}}]"
+    )
+    assert_one_line(
+        cli("preprocess", "-c", config, "--set", extra),
+        says=f"error: line counts differ: {corpus['train.en']} has 2000 lines, {short} has 1999",
+    )
     assert snapshot(work / "run") == before
 
 
@@ -145,8 +169,14 @@ def test_a_valid_pair_longer_than_the_positions_does_not_stop_training(work, cor
     lines = corpus["valid.en"].read_text().splitlines()
     valid.write_text("\n".join([" ".join(lines[:20])] + lines[1:]) + "\n")  # ~250 subwords
     config = work / "exp.yaml"
-    args = ("--set", "data.max_len=30", "--set", "model.max_positions=32",
-            "--set", f"data.valid.src={valid}")
+    args = (
+        "--set",
+        "data.max_len=30",
+        "--set",
+        "model.max_positions=32",
+        "--set",
+        f"data.valid.src={valid}",
+    )
     assert cli("preprocess", "-c", config, *args).exit_code == 0
     result = cli("train", "-c", config, *args, "--no-resume", "--set", "train.max_steps=10")
     assert result.exit_code == 0, result.output

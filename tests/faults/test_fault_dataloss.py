@@ -35,8 +35,9 @@ def export_copy(exported, tmp_path):
 # 1. export --force replaces only a previous export
 
 
-def test_export_force_never_replaces_a_folder_that_is_not_an_export(work, ckpts, exported,
-                                                                   monkeypatch):
+def test_export_force_never_replaces_a_folder_that_is_not_an_export(
+    work, ckpts, exported, monkeypatch
+):
     best, run = ckpts / "best.pt", work / "run"
     shutil.copy(best, work / "b.pt")
     (work / "mine").mkdir()
@@ -46,14 +47,15 @@ def test_export_force_never_replaces_a_folder_that_is_not_an_export(work, ckpts,
     monkeypatch.chdir(work)
     before = snapshot(work)
     for model, out, says in (
-            (best, ckpts, "holds the checkpoint"),  # every checkpoint was deleted
-            (best, run, "holds the checkpoint"),  # the run directory was deleted
-            (work / "b.pt", run, "holds checkpoints and"),
-            (work / "b.pt", work / "mine", "holds notes.txt, which an export does not"),
-            (work / "b.pt", work / "export+notes", "holds notes.txt"),
-            (best, ".", "is the current folder"),  # was a ValueError traceback
-            (best, work.parent, "is the current folder or one above it"),
-            (best, "-", "an export is a folder")):
+        (best, ckpts, "holds the checkpoint"),  # every checkpoint was deleted
+        (best, run, "holds the checkpoint"),  # the run directory was deleted
+        (work / "b.pt", run, "holds checkpoints and"),
+        (work / "b.pt", work / "mine", "holds notes.txt, which an export does not"),
+        (work / "b.pt", work / "export+notes", "holds notes.txt"),
+        (best, ".", "is the current folder"),  # was a ValueError traceback
+        (best, work.parent, "is the current folder or one above it"),
+        (best, "-", "an export is a folder"),
+    ):
         line = assert_one_line(cli("export", "-m", model, "-o", out, "--force"), says=says)
         assert line.startswith("error: ")
     assert snapshot(work) == before
@@ -76,8 +78,10 @@ def test_translate_never_writes_over_a_file_of_the_exported_model(export_copy, t
     os.link(export_copy / "model.bin", tmp_path / "linked.bin")
     before = snapshot(tmp_path)
     for out in [*sorted(export_copy.iterdir()), tmp_path / "linked.bin"]:
-        assert_one_line(cli("translate", "-m", export_copy, "-i", tmp_path / "in.txt",
-                            "-o", out), says="is the same file as --model")
+        assert_one_line(
+            cli("translate", "-m", export_copy, "-i", tmp_path / "in.txt", "-o", out),
+            says="is the same file as --model",
+        )
     assert snapshot(tmp_path) == before
 
 
@@ -86,10 +90,34 @@ def test_translate_never_writes_over_its_prefix_file_or_a_second_model(work, ckp
     text.write_text("A dog.\nTwo men.\n")
     prefixes.write_text("Ein\nZwei\n")
     before = snapshot(work)
-    assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "--prefix-file",
-                        prefixes, "-o", prefixes), says="is the same file as --prefix-file")
-    assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-m", ckpts / "last.pt", "-i",
-                        text, "-o", ckpts / "last.pt"), says="is the same file as --model #2")
+    assert_one_line(
+        cli(
+            "translate",
+            "-m",
+            ckpts / "best.pt",
+            "-i",
+            text,
+            "--prefix-file",
+            prefixes,
+            "-o",
+            prefixes,
+        ),
+        says="is the same file as --prefix-file",
+    )
+    assert_one_line(
+        cli(
+            "translate",
+            "-m",
+            ckpts / "best.pt",
+            "-m",
+            ckpts / "last.pt",
+            "-i",
+            text,
+            "-o",
+            ckpts / "last.pt",
+        ),
+        says="is the same file as --model #2",
+    )
     assert snapshot(work) == before
 
 
@@ -120,8 +148,10 @@ def test_average_dash_is_stdout(work, ckpts, monkeypatch, capfdbinary):
 def test_a_device_or_a_fifo_as_output_is_written_in_place(work, ckpts, capfd):
     text = work / "in.txt"
     text.write_text(LINES)
-    for args in (["translate", "-m", ckpts / "best.pt", "-i", text, "-o", os.devnull],
-                 ["average", ckpts / "step_10.pt", ckpts / "step_20.pt", "-o", os.devnull]):
+    for args in (
+        ["translate", "-m", ckpts / "best.pt", "-i", text, "-o", os.devnull],
+        ["average", ckpts / "step_10.pt", ckpts / "step_20.pt", "-o", os.devnull],
+    ):
         result = cli(*args)
         assert result.exit_code == 0, result.output
         assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # was replaced by a regular file
@@ -147,8 +177,10 @@ def test_an_output_descriptor_that_is_an_input_is_refused(work, ckpts):
     text.write_text(LINES)
     before = snapshot(work)
     with open(text, "ab") as f:  # as `mtkit translate -i in.txt -o /dev/fd/N N>>in.txt`
-        assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o",
-                            f"/dev/fd/{f.fileno()}"), says="is the same file as --input")
+        assert_one_line(
+            cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", f"/dev/fd/{f.fileno()}"),
+            says="is the same file as --input",
+        )
     assert snapshot(work) == before
 
 
@@ -159,8 +191,9 @@ def test_a_config_in_its_own_run_directory_is_kept(corpus, tmp_path, monkeypatch
     data = tiny_config_dict(corpus, tmp_path, tokenizer={"vocab_size": 200})
     data["run_dir"] = "."
     config = tmp_path / "config.yaml"
-    config.write_text("# my experiment: comments the resolved config would lose\n"
-                      + yaml.safe_dump(data))
+    config.write_text(
+        "# my experiment: comments the resolved config would lose\n" + yaml.safe_dump(data)
+    )
     os.symlink(config, tmp_path / "link.yaml")
     monkeypatch.chdir(tmp_path)
     before = snapshot(config)
@@ -180,7 +213,8 @@ def test_a_config_elsewhere_still_gets_its_resolved_copy(work):
     (work / "run" / "config.yaml").unlink()
     assert cli("tokenizer", "-c", work / "exp.yaml").exit_code == 0
     assert yaml.safe_load((work / "run" / "config.yaml").read_text())["run_dir"] == str(
-        work / "run")
+        work / "run"
+    )
 
 
 # 5. exported folders are checked, every file, each fault one line naming it
@@ -192,8 +226,10 @@ def test_an_export_records_every_file_size_and_checksum(exported):
     files = json.loads((exported / "mtkit.json").read_text())["files"]
     assert set(files) == {p.name for p in exported.iterdir()} - {"mtkit.json"}
     for name, entry in files.items():
-        assert entry == {"bytes": (exported / name).stat().st_size,
-                         "sha256": file_sha256(exported / name)}
+        assert entry == {
+            "bytes": (exported / name).stat().st_size,
+            "sha256": file_sha256(exported / name),
+        }
 
 
 def _flip(path):
@@ -202,13 +238,20 @@ def _flip(path):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, name, says", [
-    (lambda p: p.write_bytes(p.read_bytes()[:1000]), "model.bin", "1000 bytes, mtkit.json says"),
-    (_flip, "model.bin", "SHA-256 does not match mtkit.json"),
-    (_flip, "source.spm", "SHA-256 does not match mtkit.json"),
-    (lambda p: p.unlink(), "shared_vocabulary.json", "missing from the export"),
-    (lambda p: p.write_text("{}"), "config.json", "bytes, mtkit.json says"),
-])
+@pytest.mark.parametrize(
+    "damage, name, says",
+    [
+        (
+            lambda p: p.write_bytes(p.read_bytes()[:1000]),
+            "model.bin",
+            "1000 bytes, mtkit.json says",
+        ),
+        (_flip, "model.bin", "SHA-256 does not match mtkit.json"),
+        (_flip, "source.spm", "SHA-256 does not match mtkit.json"),
+        (lambda p: p.unlink(), "shared_vocabulary.json", "missing from the export"),
+        (lambda p: p.write_text("{}"), "config.json", "bytes, mtkit.json says"),
+    ],
+)
 def test_a_damaged_export_is_one_line_naming_the_file(export_copy, damage, name, says):
     damage(export_copy / name)
     before = snapshot(export_copy)
@@ -229,8 +272,10 @@ def test_an_export_without_checksums_loads_with_one_warning(export_copy):
     assert len(result.stdout.splitlines()) == 3
     assert result.stderr.count("exported without checksums") == 1
     (export_copy / "model.bin").write_bytes((export_copy / "model.bin").read_bytes()[:1000])
-    assert_one_line(cli("translate", "-m", export_copy, input="A dog.\n"),
-                    says=f"{export_copy / 'model.bin'}: CTranslate2 cannot load the export")
+    assert_one_line(
+        cli("translate", "-m", export_copy, input="A dog.\n"),
+        says=f"{export_copy / 'model.bin'}: CTranslate2 cannot load the export",
+    )
 
 
 # 6. preprocess --verify: every split the config names
@@ -239,11 +284,21 @@ def test_an_export_without_checksums_loads_with_one_warning(export_copy):
 def test_verify_fails_on_a_missing_split_the_config_names(work):
     shutil.rmtree(work / "run" / "data" / "valid")
     before = snapshot(work)
-    assert_one_line(cli("preprocess", "-c", work / "exp.yaml", "--verify"),
-                    says="data/valid: missing, but the config names data.valid")
+    assert_one_line(
+        cli("preprocess", "-c", work / "exp.yaml", "--verify"),
+        says="data/valid: missing, but the config names data.valid",
+    )
     assert snapshot(work) == before
-    result = cli("preprocess", "-c", work / "exp.yaml", "--verify", "--set", "data.valid.src=",
-                 "--set", "data.valid.tgt=")  # a config without validation data
+    result = cli(
+        "preprocess",
+        "-c",
+        work / "exp.yaml",
+        "--verify",
+        "--set",
+        "data.valid.src=",
+        "--set",
+        "data.valid.tgt=",
+    )  # a config without validation data
     assert result.exit_code == 0 and "verified train, test:" in result.stderr
 
 
@@ -262,13 +317,17 @@ def test_huge_length_limits_are_capped_at_the_models_positions(work, ckpts):
         assert cli("export", "-m", work / "short.pt", "-o", work / "short").exit_code == 0
         models.append(work / "short")
     for model in models:
-        capped = cli("translate", "-m", model, "--beam", "1", "--max-len-a", "100",
-                     input=LINES)  # (greedy: quick; beam search's limits: tests/unit)
+        capped = cli(
+            "translate", "-m", model, "--beam", "1", "--max-len-a", "100", input=LINES
+        )  # (greedy: quick; beam search's limits: tests/unit)
         rows = capped.stdout.splitlines()
         assert capped.exit_code == 0 and len(rows) == 3 and len(rows[0].split()) > 1
-        for option, value in (("--max-len-a", "1e20"), ("--max-len-a", "1e300"),
-                              ("--max-len-b", "9223372036854775807"),
-                              ("--max-len-b", "1" + "0" * 30)):
+        for option, value in (
+            ("--max-len-a", "1e20"),
+            ("--max-len-a", "1e300"),
+            ("--max-len-b", "9223372036854775807"),
+            ("--max-len-b", "1" + "0" * 30),
+        ):
             result = cli("translate", "-m", model, "--beam", "1", option, value, input=LINES)
             assert result.exit_code == 0, result.output
             assert result.stdout == capped.stdout, (model, option, value)  # not one word

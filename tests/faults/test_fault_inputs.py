@@ -20,21 +20,25 @@ from conftest import write_config
 from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_for
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--beam", "0"], "--beam must be from 1 to 256, got 0"),
-    (["--beam", "2", "--nbest", "3"], "--nbest 3 must not exceed --beam 2"),
-    (["--nbest", "9"], "--nbest 9 must not exceed the checkpoint's beam size 5"),
-    (["--nbest", "0"], "--nbest must be from 1 to 256, got 0"),
-    (["--lenpen", "-1"], "--lenpen must be from 0 to 10, got -1.0"),
-    (["--lenpen", "nan"], "--lenpen must be from 0 to 10, got nan"),
-    (["--max-len-a", "-0.5"], "--max-len-a must be at least 0, got -0.5"),
-    (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
-    (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
-    (["--format", "xml"], "--format must be text or jsonl, got 'xml'"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--beam", "0"], "--beam must be from 1 to 256, got 0"),
+        (["--beam", "2", "--nbest", "3"], "--nbest 3 must not exceed --beam 2"),
+        (["--nbest", "9"], "--nbest 9 must not exceed the checkpoint's beam size 5"),
+        (["--nbest", "0"], "--nbest must be from 1 to 256, got 0"),
+        (["--lenpen", "-1"], "--lenpen must be from 0 to 10, got -1.0"),
+        (["--lenpen", "nan"], "--lenpen must be from 0 to 10, got nan"),
+        (["--max-len-a", "-0.5"], "--max-len-a must be at least 0, got -0.5"),
+        (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
+        (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
+        (["--format", "xml"], "--format must be text or jsonl, got 'xml'"),
+    ],
+)
 def test_translate_options_out_of_range_name_the_option(work, args, says):
-    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", *args,
-                 input="A dog.\n")
+    result = cli(
+        "translate", "-m", work / "run" / "checkpoints" / "best.pt", *args, input="A dog.\n"
+    )
     assert assert_one_line(result, says=says) == f"error: {says}"
     assert result.stdout == ""
 
@@ -42,10 +46,18 @@ def test_translate_options_out_of_range_name_the_option(work, args, says):
 def test_device_cuda_without_cuda_names_the_option_given(work):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", "--device",
-                 "cuda", input="A dog.\n")
-    assert_one_line(result, says="error: --device cuda, but no CUDA device is available "
-                                 "(use --device auto or cpu)")
+    result = cli(
+        "translate",
+        "-m",
+        work / "run" / "checkpoints" / "best.pt",
+        "--device",
+        "cuda",
+        input="A dog.\n",
+    )
+    assert_one_line(
+        result,
+        says="error: --device cuda, but no CUDA device is available (use --device auto or cpu)",
+    )
     result = cli("train", "-c", work / "exp.yaml", "--set", "train.device=cuda")
     assert_one_line(result, says="error: train.device=cuda, but no CUDA device")
 
@@ -56,15 +68,20 @@ def test_average_last_below_one_is_refused(work):
     assert not (work / "a.pt").exists()
 
 
-@pytest.mark.parametrize("override, says", [
-    ("train.lr=.nan", "train.lr must be a finite number, got nan"),
-    ("train.max_time=.inf", "train.max_time must be a finite number, got inf"),
-    ("model.dropout=nan", "model.dropout must be a finite number, got nan"),
-    ("train.seed=-1", "train.seed must be in [0, inf], got -1"),
-    ("tokenizer.seed=-3", "tokenizer.seed must be in [0, inf], got -3"),
-    ("model.max_positions=100", "model.max_positions (100) must be at least data.max_len "
-                                "+ 2 (258)"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("train.lr=.nan", "train.lr must be a finite number, got nan"),
+        ("train.max_time=.inf", "train.max_time must be a finite number, got inf"),
+        ("model.dropout=nan", "model.dropout must be a finite number, got nan"),
+        ("train.seed=-1", "train.seed must be in [0, inf], got -1"),
+        ("tokenizer.seed=-3", "tokenizer.seed must be in [0, inf], got -3"),
+        (
+            "model.max_positions=100",
+            "model.max_positions (100) must be at least data.max_len + 2 (258)",
+        ),
+    ],
+)
 def test_bad_config_values_are_refused_at_load(work, override, says):
     before = snapshot(work)
     for stage in ("tokenizer", "train"):
@@ -74,12 +91,14 @@ def test_bad_config_values_are_refused_at_load(work, override, says):
 
 
 def test_usage_errors_of_the_real_command_are_one_line():
-    for args, says in ((["translate", "--bogus"], "No such option: --bogus"),
-                       (["translate"], "Missing option '--model'"),
-                       (["translate", "-m", "x.pt", "--beam", "two"],
-                        "Invalid value for '--beam'")):
-        done = subprocess.run([sys.executable, "-m", "mtkit", *args], cwd=ROOT,
-                              capture_output=True, text=True)
+    for args, says in (
+        (["translate", "--bogus"], "No such option: --bogus"),
+        (["translate"], "Missing option '--model'"),
+        (["translate", "-m", "x.pt", "--beam", "two"], "Invalid value for '--beam'"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "mtkit", *args], cwd=ROOT, capture_output=True, text=True
+        )
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and says in lines[0], done.stderr
         assert lines[0].endswith("(see `mtkit translate --help`)")
@@ -89,8 +108,9 @@ def test_eval_on_empty_files_is_one_line(tmp_path):
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("")
     ref.write_text("")
-    assert_one_line(cli("eval", "--hyp", hyp, "--ref", ref),
-                    says=f"error: nothing to score: {ref} is empty")
+    assert_one_line(
+        cli("eval", "--hyp", hyp, "--ref", ref), says=f"error: nothing to score: {ref} is empty"
+    )
 
 
 def test_byte_order_marks_are_dropped_from_corpora_and_references(tmp_path, work, corpus):
@@ -105,16 +125,26 @@ def test_byte_order_marks_are_dropped_from_corpora_and_references(tmp_path, work
         lines = corpus[name].read_bytes()
         (tmp_path / f"{name}.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + lines))
     config = yaml.safe_load((work / "exp.yaml").read_text())
-    config["data"]["train"] = {"src": str(tmp_path / "train.en.gz"),
-                               "tgt": str(tmp_path / "train.de.gz")}
+    config["data"]["train"] = {
+        "src": str(tmp_path / "train.en.gz"),
+        "tgt": str(tmp_path / "train.de.gz"),
+    }
     (work / "exp.yaml").write_text(yaml.safe_dump(config))
     assert cli("tokenizer", "-c", work / "exp.yaml").exit_code == 0
     assert "\ufeff" not in (work / "run" / "spm.vocab").read_text()
 
 
 def test_explain_attention_on_an_empty_source_is_one_line(work, tmp_path):
-    result = cli("explain", "attention", "-m", work / "run" / "checkpoints" / "best.pt",
-                 "--src", "   ", "-o", tmp_path / "pics")
+    result = cli(
+        "explain",
+        "attention",
+        "-m",
+        work / "run" / "checkpoints" / "best.pt",
+        "--src",
+        "   ",
+        "-o",
+        tmp_path / "pics",
+    )
     assert_one_line(result, says="error: --src is empty: give a sentence to translate")
     assert not (tmp_path / "pics").exists()
 
@@ -153,22 +183,39 @@ def test_a_byte_order_mark_on_translate_input_is_dropped():
 
 def test_a_hub_dataset_without_network_is_one_line(work, monkeypatch):
     monkeypatch.setattr("mtkit.data.sources._hub_reachable", lambda timeout=3.0: False)
-    result = cli("tokenizer", "-c", work / "exp.yaml", "--set", "data.train.src=",
-                 "--set", "data.train.tgt=", "--set", "data.train.hub=nosuch/corpus-xyz")
+    result = cli(
+        "tokenizer",
+        "-c",
+        work / "exp.yaml",
+        "--set",
+        "data.train.src=",
+        "--set",
+        "data.train.tgt=",
+        "--set",
+        "data.train.hub=nosuch/corpus-xyz",
+    )
     assert_one_line(result, says="nosuch/corpus-xyz [train]: not in the cache")
 
 
 def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
     run = work / "run"
-    proc = mtkit_process("run", "-c", work / "exp.yaml", "--set", "train.max_steps=2000",
-                         "--set", "train.save_every=5")
+    proc = mtkit_process(
+        "run",
+        "-c",
+        work / "exp.yaml",
+        "--set",
+        "train.max_steps=2000",
+        "--set",
+        "train.save_every=5",
+    )
     wait_for(lambda: (run / "checkpoints" / "step_25.pt").exists(), proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == ("interrupted: stopped by SIGINT after saving a "
-                                            "checkpoint; rerun to go on")
+    assert err.strip().splitlines()[-1] == (
+        "interrupted: stopped by SIGINT after saving a checkpoint; rerun to go on"
+    )
     assert not (run / "test.hyp").exists() and not (run / "test.scores.json").exists()
     steps = sorted(int(p.stem[5:]) for p in (run / "checkpoints").glob("step_*.pt"))
     last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
@@ -177,16 +224,20 @@ def test_ctrl_c_in_run_stops_the_pipeline_after_the_checkpoint(work):
     assert last["train"]["progress"]["step"] == steps[-1] >= 25
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--sampling", "--topp", "1.5"], "--topp must be in (0, 1], got 1.5"),
-    (["--sampling", "--temperature", "0"], "--temperature must be above 0, got 0.0"),
-    (["--sampling", "--topk", "-1"], "--topk must be at least 0, got -1"),
-    (["--no-repeat-ngram", "0"], "--no-repeat-ngram must be from 1 to 2,147,483,647, got 0"),
-    (["--topk", "5"], "--topk is a sampling option: add --sampling"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--sampling", "--topp", "1.5"], "--topp must be in (0, 1], got 1.5"),
+        (["--sampling", "--temperature", "0"], "--temperature must be above 0, got 0.0"),
+        (["--sampling", "--topk", "-1"], "--topk must be at least 0, got -1"),
+        (["--no-repeat-ngram", "0"], "--no-repeat-ngram must be from 1 to 2,147,483,647, got 0"),
+        (["--topk", "5"], "--topk is a sampling option: add --sampling"),
+    ],
+)
 def test_decoding_options_out_of_range_name_the_option(work, args, says):
-    result = cli("translate", "-m", work / "run" / "checkpoints" / "best.pt", *args,
-                 input="A dog.\n")
+    result = cli(
+        "translate", "-m", work / "run" / "checkpoints" / "best.pt", *args, input="A dog.\n"
+    )
     assert assert_one_line(result, says=says) == f"error: {says}"
     assert result.stdout == ""
 
@@ -197,16 +248,22 @@ def test_a_prefix_file_must_match_the_input_line_for_line(work, tmp_path):
     prefixes.write_text("Ein\nZwei\n")
     text.write_text("A dog runs.\nTwo men talk.\nA cat.\n")
     result = cli("translate", "-m", best, "-i", text, "--prefix-file", prefixes)
-    assert_one_line(result, says=f"error: --prefix-file {prefixes} has 2 lines, the input "
-                                 f"has 3")
+    assert_one_line(result, says=f"error: --prefix-file {prefixes} has 2 lines, the input has 3")
     assert result.stdout == ""
-    result = cli("translate", "-m", best, "--prefix-file", prefixes,
-                 input="A dog runs.\nTwo men talk.\n")
+    result = cli(
+        "translate", "-m", best, "--prefix-file", prefixes, input="A dog runs.\nTwo men talk.\n"
+    )
     assert result.exit_code == 0, result.output
     outputs = result.stdout.splitlines()
     assert outputs[0].startswith("Ein") and outputs[1].startswith("Zwei")
-    result = cli("translate", "-m", best, "--format", "jsonl",
-                 input='{"src": "A dog runs.", "prefix": "Ein"}\n{"src": "Two men."}\n')
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--format",
+        "jsonl",
+        input='{"src": "A dog runs.", "prefix": "Ein"}\n{"src": "Two men."}\n',
+    )
     first, second = [json.loads(x) for x in result.stdout.splitlines()]
     assert first["translation"].startswith("Ein") and "translation" in second
 
@@ -214,14 +271,17 @@ def test_a_prefix_file_must_match_the_input_line_for_line(work, tmp_path):
 def test_an_ensemble_of_models_with_different_vocabularies_is_refused(work, tmp_path, corpus):
     other = tmp_path / "other"
     other.mkdir()
-    config = write_config(other, corpus, tokenizer={"vocab_size": 400},
-                          train={"max_steps": 1, "valid_every": 1})
+    config = write_config(
+        other, corpus, tokenizer={"vocab_size": 400}, train={"max_steps": 1, "valid_every": 1}
+    )
     for stage in ("tokenizer", "preprocess", "train"):
         assert cli(stage, "-c", config).exit_code == 0
     best = work / "run" / "checkpoints" / "best.pt"
     foreign = other / "run" / "checkpoints" / "last.pt"
     result = cli("translate", "-m", best, "-m", foreign, input="A dog.\n")
-    assert assert_one_line(result) == (f"error: {foreign} and {best} have different source "
-                                       f"vocabularies; the models of an ensemble must share "
-                                       f"their tokenizers")
+    assert assert_one_line(result) == (
+        f"error: {foreign} and {best} have different source "
+        f"vocabularies; the models of an ensemble must share "
+        f"their tokenizers"
+    )
     assert result.stdout == ""

@@ -54,8 +54,7 @@ def assert_refused(folder, out, says):
     line = assert_one_line(cli("import", folder, "-o", out), 2, says)
     assert time.monotonic() - started < 30
     assert snapshot(folder) == before
-    assert not out.exists() and not [p for p in out.parent.iterdir()
-                                      if p.name.startswith(".")]
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(".")]
     return line
 
 
@@ -64,10 +63,14 @@ def assert_refused(folder, out, says):
 BROKEN_CONFIGS = [
     ({"max_position_embeddings": 1}, "max_position_embeddings=1: must be an integer in [8,"),
     ({"max_position_embeddings": 10**9}, "max_position_embeddings=1000000000"),
-    ({"encoder_attention_heads": 3, "decoder_attention_heads": 3},
-     "encoder_attention_heads=3: must divide d_model (32)"),
-    ({"encoder_attention_heads": 0, "decoder_attention_heads": 0},
-     "encoder_attention_heads=0: must be an integer in [1, 32]"),
+    (
+        {"encoder_attention_heads": 3, "decoder_attention_heads": 3},
+        "encoder_attention_heads=3: must divide d_model (32)",
+    ),
+    (
+        {"encoder_attention_heads": 0, "decoder_attention_heads": 0},
+        "encoder_attention_heads=0: must be an integer in [1, 32]",
+    ),
     ({"encoder_layers": 0}, "encoder_layers=0: must be an integer in [1, 64]"),
     ({"encoder_layers": -1}, "encoder_layers=-1: must be an integer in [1, 64]"),
     ({"decoder_layers": 200_000}, "decoder_layers=200000: must be an integer in [1, 64]"),
@@ -79,24 +82,34 @@ BROKEN_CONFIGS = [
     ({"d_model": 32.0}, "d_model=32.0: must be an integer"),
     ({"d_model": "32"}, "d_model='32': must be an integer"),
     ({"d_model": 0}, "d_model=0: must be an integer in [1, inf]"),
-    ({"d_model": 64, "encoder_attention_heads": 4}, "d_model=64: the weights' shared.weight "
-                                                    "has shape (343, 32)"),
+    (
+        {"d_model": 64, "encoder_attention_heads": 4},
+        "d_model=64: the weights' shared.weight has shape (343, 32)",
+    ),
     ({"encoder_ffn_dim": 128, "decoder_ffn_dim": 128}, "encoder_ffn_dim=128: the weights'"),
     ({"decoder_ffn_dim": "64"}, "decoder_ffn_dim='64': mtkit needs it equal"),
     ({"pad_token_id": "x"}, "pad_token_id='x': must be an integer"),
     ({"eos_token_id": True}, "eos_token_id=True: must be an integer"),
     ({"eos_token_id": 10**6}, "no piece for the pad id 342 or the eos id 1000000"),
     ({"eos_token_id": 1}, "must be three different pieces"),
-    ({"share_encoder_decoder_embeddings": "false"},
-     "share_encoder_decoder_embeddings='false': must be true or false"),
+    (
+        {"share_encoder_decoder_embeddings": "false"},
+        "share_encoder_decoder_embeddings='false': must be true or false",
+    ),
     ({"scale_embedding": None}, "scale_embedding=None: must be true or false"),
     ({"activation_function": "x" * 10_000}, "activation_function='xxxx"),
 ]
 
 
-@pytest.mark.parametrize("changes, says", BROKEN_CONFIGS,
-                         ids=[next(iter(c)) + "=" + repr(v)[:12] for c, _ in BROKEN_CONFIGS
-                              for v in [next(iter(c.values()))]])
+@pytest.mark.parametrize(
+    "changes, says",
+    BROKEN_CONFIGS,
+    ids=[
+        next(iter(c)) + "=" + repr(v)[:12]
+        for c, _ in BROKEN_CONFIGS
+        for v in [next(iter(c.values()))]
+    ],
+)
 def test_a_broken_config_is_one_line_naming_the_field(folder, tmp_path, changes, says):
     edit_config(folder, **changes)
     line = assert_refused(folder, tmp_path / "out.pt", says)
@@ -113,21 +126,29 @@ def test_broken_files_are_one_line(folder, tmp_path):
     assert_refused(folder, out, "source.spm: not a SentencePiece model (4096 bytes")
     (folder / "source.spm").write_bytes(spm["source.spm"])
     table = json.loads((folder / "vocab.json").read_text())
-    (folder / "vocab.json").write_text(json.dumps(
-        {**table, **{f"extra{i}": len(table) + i for i in range(50)}}))
-    assert_refused(folder, out, "vocab.json: 393 pieces, but the source embedding "
-                                "(shared.weight) has 343 rows")
+    (folder / "vocab.json").write_text(
+        json.dumps({**table, **{f"extra{i}": len(table) + i for i in range(50)}})
+    )
+    assert_refused(
+        folder, out, "vocab.json: 393 pieces, but the source embedding (shared.weight) has 343 rows"
+    )
 
 
 def test_weights_the_config_does_not_use_are_named_and_refused(folder, tmp_path):
     weights = load_file(folder / "model.safetensors")
     d = weights["model.shared.weight"].size(1)
-    extra = {"model.encoder.layernorm_embedding.weight": weights["model.shared.weight"][0].clone(),
-             "model.decoder.layernorm_embedding.weight": weights["model.shared.weight"][1].clone()}
+    extra = {
+        "model.encoder.layernorm_embedding.weight": weights["model.shared.weight"][0].clone(),
+        "model.decoder.layernorm_embedding.weight": weights["model.shared.weight"][1].clone(),
+    }
     save_file({**weights, **extra}, folder / "model.safetensors")
-    assert_refused(folder, tmp_path / "out.pt", "the weights hold "
-                   "decoder.layernorm_embedding.weight, encoder.layernorm_embedding.weight, "
-                   "which the config does not use")
+    assert_refused(
+        folder,
+        tmp_path / "out.pt",
+        "the weights hold "
+        "decoder.layernorm_embedding.weight, encoder.layernorm_embedding.weight, "
+        "which the config does not use",
+    )
     nan = weights["model.shared.weight"].clone()
     nan[5, 0] = float("nan")
     save_file({**weights, "model.shared.weight": nan}, folder / "model.safetensors")
@@ -138,10 +159,16 @@ def test_weights_the_config_does_not_use_are_named_and_refused(folder, tmp_path)
 def test_what_an_import_writes_loads_and_translates(folder, tmp_path):
     """The smallest configs the checks let through still give a working checkpoint; a
     language that is no code is a warning, the default taking its place."""
-    edit_config(folder, max_position_embeddings=8, dropout=0.9, encoder_attention_heads=1,
-                decoder_attention_heads=1)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en",
-                                                              "target_lang": "c p"}))
+    edit_config(
+        folder,
+        max_position_embeddings=8,
+        dropout=0.9,
+        encoder_attention_heads=1,
+        decoder_attention_heads=1,
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "en", "target_lang": "c p"})
+    )
     out = tmp_path / "out.pt"
     result = cli("import", folder, "-o", out)
     assert result.exit_code == 0, result.output
@@ -154,25 +181,28 @@ def test_what_an_import_writes_loads_and_translates(folder, tmp_path):
     assert len(translated.stdout.splitlines()) == 2
 
 
-def test_output_and_source_paths_are_checked_before_any_hub_lookup(folder, tmp_path,
-                                                                    monkeypatch):
+def test_output_and_source_paths_are_checked_before_any_hub_lookup(folder, tmp_path, monkeypatch):
     import huggingface_hub
 
     asked = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda *a, **k: asked.append(a) or str(folder))
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", lambda *a, **k: asked.append(a) or str(folder)
+    )
     before = snapshot(folder)
     assert_one_line(cli("import", folder, "-o", "-"), 2, "-o -: the import writes a checkpoint")
     (tmp_path / "existing").mkdir()
     assert_one_line(cli("import", folder, "-o", tmp_path / "existing"), 2, "is a folder")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
-    for mistyped in ("models/opus-mt-en-de", "./opus-mt", str(tmp_path / "nowhere"),
-                     "../a/b"):
-        assert_one_line(cli("import", mistyped, "-o", tmp_path / "out.pt"), 2,
-                        f"{mistyped}: no such folder")
-    assert_one_line(cli("import", folder / "vocab.json", "-o", tmp_path / "out.pt"), 2,
-                    "a file, not a model folder")
+    for mistyped in ("models/opus-mt-en-de", "./opus-mt", str(tmp_path / "nowhere"), "../a/b"):
+        assert_one_line(
+            cli("import", mistyped, "-o", tmp_path / "out.pt"), 2, f"{mistyped}: no such folder"
+        )
+    assert_one_line(
+        cli("import", folder / "vocab.json", "-o", tmp_path / "out.pt"),
+        2,
+        "a file, not a model folder",
+    )
     assert asked == [] and not (tmp_path / "out.pt").exists() and snapshot(folder) == before
     assert not any((tmp_path / "existing").iterdir())
 
@@ -185,8 +215,11 @@ def test_force_never_replaces_a_folder_mtkit_did_not_write(imported, folder, to)
     if to == "ctranslate2":
         pytest.importorskip("ctranslate2")
     before = snapshot(folder)
-    assert_one_line(cli("export", "-m", imported, "--to", to, "-o", folder, "--force"), 2,
-                    f"{folder} is not an mtkit export (no mtkit.json")
+    assert_one_line(
+        cli("export", "-m", imported, "--to", to, "-o", folder, "--force"),
+        2,
+        f"{folder} is not an mtkit export (no mtkit.json",
+    )
     assert snapshot(folder) == before
     assert sorted(p.name for p in folder.parent.iterdir()) == ["marian"]
 
@@ -203,18 +236,27 @@ def test_force_replaces_a_marked_export_and_refuses_an_unmarked_one(imported, tm
     assert (out / "model.safetensors").stat().st_size > 1000
     (out / "notes.txt").write_text("mine\n")
     before = snapshot(out)
-    assert_one_line(cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
-                    2, "holds notes.txt, which an export does not")
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
+        2,
+        "holds notes.txt, which an export does not",
+    )
     (out / "notes.txt").unlink()
     # An export by mtkit before the marker existed: nothing tells it from an original.
     (out / "mtkit.json").unlink()
     before = snapshot(out)
-    assert_one_line(cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
-                    2, "is not an mtkit export")
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
+        2,
+        "is not an mtkit export",
+    )
     assert snapshot(out) == before
     (out / "mtkit.json").write_text(json.dumps({"format": "someone-else", "files": {}}))
-    assert_one_line(cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
-                    2, "is not an mtkit export")
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
+        2,
+        "is not an mtkit export",
+    )
 
 
 def test_force_replaces_a_ctranslate2_export_by_its_marker(imported, tmp_path):
@@ -255,7 +297,8 @@ def test_a_write_error_names_the_users_path(original, tmp_path, monkeypatch):
     link = tmp_path / "link.pt"
     link.symlink_to(tmp_path / "target.pt")
     for out in (tmp_path / "out.pt", link):
-        line = assert_one_line(cli("import", original, "-o", out), 2,
-                               f"invalid cross-device link while writing {out}")
+        line = assert_one_line(
+            cli("import", original, "-o", out), 2, f"invalid cross-device link while writing {out}"
+        )
         assert ".tmp" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt"]

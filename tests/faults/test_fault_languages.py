@@ -30,16 +30,21 @@ def _two_corpora(corpus, first: dict, second: dict) -> list[dict]:
     return [{**pair, **first}, {**pair, **second}]
 
 
-@pytest.mark.parametrize(("data", "says"), [
-    ({"tgt_lang": "c p"}, "data.tgt_lang: 'c p' is not a language code"),
-    ({"src_lang": ""}, "data.src_lang: '' is not a language code"),
-    ({"tgt_lang": "x" * 36}, "data.tgt_lang: 'xxxxxxxxxx"),
-    ({"tgt_lang": "fr>"}, "data.tgt_lang: 'fr>' is not a language code"),
-    ({"tgt_lang": "français"}, "data.tgt_lang: 'français' is not a language code"),
-    ({"tgt_lang": "de\n"}, "data.tgt_lang: 'de\\n' is not a language code"),
-    ({"valid": {"src": "v.en", "tgt": "v.de", "tgt_lang": "c p"}},
-     "data.valid.tgt_lang: 'c p' is not a language code"),
-])
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"tgt_lang": "c p"}, "data.tgt_lang: 'c p' is not a language code"),
+        ({"src_lang": ""}, "data.src_lang: '' is not a language code"),
+        ({"tgt_lang": "x" * 36}, "data.tgt_lang: 'xxxxxxxxxx"),
+        ({"tgt_lang": "fr>"}, "data.tgt_lang: 'fr>' is not a language code"),
+        ({"tgt_lang": "français"}, "data.tgt_lang: 'français' is not a language code"),
+        ({"tgt_lang": "de\n"}, "data.tgt_lang: 'de\\n' is not a language code"),
+        (
+            {"valid": {"src": "v.en", "tgt": "v.de", "tgt_lang": "c p"}},
+            "data.valid.tgt_lang: 'c p' is not a language code",
+        ),
+    ],
+)
 def test_a_language_code_that_is_not_one_piece_is_refused_at_load(tmp_path, corpus, data, says):
     config = write_config(tmp_path, corpus, data=data)
     before = snapshot(tmp_path)
@@ -51,14 +56,18 @@ def test_a_language_code_that_is_not_one_piece_is_refused_at_load(tmp_path, corp
 def test_a_corpus_in_a_list_is_named_by_its_index(tmp_path, corpus):
     train = _two_corpora(corpus, {"tgt_lang": "de"}, {"tgt_lang": "c p"})
     config = write_config(tmp_path, corpus, data={"train": train})
-    assert_one_line(cli("preprocess", "-c", config),
-                    says=f"{config}: data.train.1.tgt_lang: 'c p' is not a language code")
+    assert_one_line(
+        cli("preprocess", "-c", config),
+        says=f"{config}: data.train.1.tgt_lang: 'c p' is not a language code",
+    )
 
 
 def test_a_set_override_is_checked_the_same_way(tmp_path, corpus):
     config = write_config(tmp_path, corpus)
-    assert_one_line(cli("run", "-c", config, "--set", "data.train.src_lang=c p"),
-                    says=f"{config}: data.train.src_lang: 'c p' is not a language code")
+    assert_one_line(
+        cli("run", "-c", config, "--set", "data.train.src_lang=c p"),
+        says=f"{config}: data.train.src_lang: 'c p' is not a language code",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -66,16 +75,16 @@ def test_yaml_no_as_a_language_code_is_told_to_be_quoted(tmp_path, corpus):
     config = tmp_path / "exp.yaml"
     text = yaml.safe_dump(tiny_config_dict(corpus, tmp_path / "run"))
     config.write_text(text.replace("workers: 1", "workers: 1\n  tgt_lang: no"))
-    assert_one_line(cli("tokenizer", "-c", config),
-                    says="data.tgt_lang must be a string, got False: quote it")
+    assert_one_line(
+        cli("tokenizer", "-c", config), says="data.tgt_lang must be a string, got False: quote it"
+    )
 
 
 def test_multiway_codes_are_checked_and_keep_the_dash_for_directions():
     with pytest.raises(ConfigError, match=r"data.multiway.languages: 'c p' is not a lang"):
         config_from_dict({"data": {"multiway": {"languages": ["en", "c p"], "train": "{lang}"}}})
     with pytest.raises(ConfigError, match="'pt-BR' has a -, which separates the languages"):
-        config_from_dict({"data": {"multiway": {"languages": ["en", "pt-BR"],
-                                                "train": "{lang}"}}})
+        config_from_dict({"data": {"multiway": {"languages": ["en", "pt-BR"], "train": "{lang}"}}})
 
 
 def test_accepted_codes_make_tags_of_one_piece(tmp_path, corpus):
@@ -108,8 +117,9 @@ def test_check_language_code_is_one_line_naming_the_option():
 
 
 def test_a_requested_target_language_is_checked_before_the_model_is_asked():
-    multi = config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"},
-                                                 {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}})
+    multi = config_from_dict(
+        {"data": {"train": [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}}
+    )
     with pytest.raises(OptionError, match="^--tgt-lang 'c p' is not a language code"):
         check_target(multi.data, "c p")
     with pytest.raises(OptionError, match="^target_lang '' is not a language code") as e:
@@ -123,8 +133,10 @@ def test_run_without_a_test_set_stops_before_the_tokenizer(tmp_path, corpus):
     data = tiny_config_dict(corpus, tmp_path / "run")
     del data["data"]["test"]
     config.write_text(yaml.safe_dump(data))
-    assert_one_line(cli("run", "-c", config),
-                    says="config error: data.test is not set: `mtkit run` ends by translating")
+    assert_one_line(
+        cli("run", "-c", config),
+        says="config error: data.test is not set: `mtkit run` ends by translating",
+    )
     assert not (tmp_path / "run").exists()  # no tokenizer, no shards, no training
 
 
@@ -138,13 +150,16 @@ def test_run_preprocesses_again_when_data_test_was_added_after_preprocessing(wor
     assert len((work / "run" / "test.hyp").read_text("utf-8").splitlines()) == 100
 
 
-@pytest.mark.xfail(strict=True, reason="needs the TrainResult.summary change in train.py "
-                                       "(issue 51 #12): remove this mark with it")
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the TrainResult.summary change in train.py "
+    "(issue 51 #12): remove this mark with it",
+)
 def test_the_summary_before_the_first_validation_shows_no_score():
-    before = TrainResult(step=3, epoch=1, best_bleu=-1.0, stopped_because="signal SIGTERM",
-                         run_dir=None)
+    before = TrainResult(
+        step=3, epoch=1, best_bleu=-1.0, stopped_because="signal SIGTERM", run_dir=None
+    )
     assert "-1.00" not in before.summary()
     assert before.summary() == "stopped at step 3 (signal SIGTERM); not validated yet"
-    after = TrainResult(step=10, epoch=1, best_bleu=0.0, stopped_because="max_steps",
-                        run_dir=None)
+    after = TrainResult(step=10, epoch=1, best_bleu=0.0, stopped_because="max_steps", run_dir=None)
     assert after.summary().endswith("best valid BLEU 0.00")

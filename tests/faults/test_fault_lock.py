@@ -23,8 +23,9 @@ def hold_lock(run, stage="train") -> subprocess.Popen:
             print("locked", flush=True)
             time.sleep(600)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -35,8 +36,10 @@ def test_every_writing_stage_refuses_a_run_dir_in_use(work):
     try:
         before = snapshot(run)
         for stage in ("tokenizer", "preprocess", "train", "run"):
-            assert_one_line(cli(stage, "-c", work / "exp.yaml"),
-                            says=f"is in use by pid {holder.pid} (mtkit train)")
+            assert_one_line(
+                cli(stage, "-c", work / "exp.yaml"),
+                says=f"is in use by pid {holder.pid} (mtkit train)",
+            )
         assert snapshot(run) == before
     finally:
         holder.kill()
@@ -45,8 +48,15 @@ def test_every_writing_stage_refuses_a_run_dir_in_use(work):
 
 def test_a_second_mtkit_train_exits_2_and_the_first_one_goes_on(work):
     run = work / "run"
-    first = mtkit_process("train", "-c", work / "exp.yaml", "--set", "train.max_steps=100000",
-                          "--set", "train.valid_every=1000")
+    first = mtkit_process(
+        "train",
+        "-c",
+        work / "exp.yaml",
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.valid_every=1000",
+    )
     try:
         wait_for(lambda: b"mtkit train" in (run / ".lock").read_bytes(), first)
         result = cli("train", "-c", work / "exp.yaml", "--set", "train.max_steps=400")

@@ -26,8 +26,10 @@ def test_output_that_is_the_input_is_refused_and_the_input_kept(work, ckpts):
     os.symlink(text, work / "soft.txt")
     before = snapshot(work)
     for out in (text, work / "hard.txt", work / "soft.txt"):
-        line = assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
-                               says="is the same file as --input")
+        line = assert_one_line(
+            cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
+            says="is the same file as --input",
+        )
         assert line.startswith("error: the output ")
     assert snapshot(work) == before
 
@@ -35,10 +37,14 @@ def test_output_that_is_the_input_is_refused_and_the_input_kept(work, ckpts):
 def test_output_that_is_the_model_is_refused_and_no_checkpoint_changes(work, ckpts):
     before = snapshot(ckpts)
     for out in (ckpts / "last.pt", ckpts / "best.pt"):
-        assert_one_line(cli("translate", "-m", out, "-o", out, input="A dog.\n"),
-                        says="is the same file as --model")
-    assert_one_line(cli("average", ckpts / "step_10.pt", ckpts / "step_20.pt", "-o",
-                        ckpts / "step_10.pt"), says="is the same file as checkpoint 1")
+        assert_one_line(
+            cli("translate", "-m", out, "-o", out, input="A dog.\n"),
+            says="is the same file as --model",
+        )
+    assert_one_line(
+        cli("average", ckpts / "step_10.pt", ckpts / "step_20.pt", "-o", ckpts / "step_10.pt"),
+        says="is the same file as checkpoint 1",
+    )
     assert snapshot(ckpts) == before
 
 
@@ -51,11 +57,11 @@ def test_checkpoints_are_separate_files_so_a_write_through_one_name_spares_the_o
     with open(ckpts / "last.pt", "r+b") as f:  # a user's tool writing in place
         f.write(b"oops")
     assert snapshot(ckpts / "best.pt", ckpts / "step_20.pt") == {
-        k: v for k, v in before.items() if k.name in ("best.pt", "step_20.pt")}
+        k: v for k, v in before.items() if k.name in ("best.pt", "step_20.pt")
+    }
 
 
-def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpts,
-                                                                      monkeypatch):
+def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpts, monkeypatch):
     text, out = work / "in.txt", work / "out.txt"
     text.write_text("A dog.\n" * 5)
     out.write_text("the user's earlier translation\n")
@@ -66,15 +72,20 @@ def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpt
         raise KeyboardInterrupt
 
     monkeypatch.setattr("mtkit.core.textio.translate_stream", interrupted)
-    assert_one_line(cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
-                    code=130, says="interrupted")
+    assert_one_line(
+        cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
+        code=130,
+        says="interrupted",
+    )
     assert snapshot(work) == before
 
 
-@pytest.mark.parametrize("sig, code, says", [(signal.SIGINT, 130, "interrupted"),
-                                             (signal.SIGTERM, 143, "terminated")])
-def test_a_signal_in_translate_keeps_the_output_file_and_leaves_no_temporary(work, ckpts, sig,
-                                                                             code, says):
+@pytest.mark.parametrize(
+    "sig, code, says", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_a_signal_in_translate_keeps_the_output_file_and_leaves_no_temporary(
+    work, ckpts, sig, code, says
+):
     """Ctrl-C, and SIGTERM (which left the temporary file behind). The signal comes after
     an observable event (the first lines' translation reached the temporary file) while
     standard input is still open, so translate is waiting for more lines: the signal
@@ -82,12 +93,15 @@ def test_a_signal_in_translate_keeps_the_output_file_and_leaves_no_temporary(wor
     at once did not ensure that: a fast machine finished 20,000 lines first.)"""
     out = work / "out.txt"
     out.write_text("keep me\n")
-    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out,
-                         stdin=subprocess.PIPE)
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out, stdin=subprocess.PIPE)
     proc.stdin.write("A dog runs in the park.\n" * 100)
     proc.stdin.flush()  # and left open
-    wait_for(lambda: any(p.name.startswith(".out.txt.") and p.stat().st_size > 0
-                         for p in work.iterdir()), proc)
+    wait_for(
+        lambda: any(
+            p.name.startswith(".out.txt.") and p.stat().st_size > 0 for p in work.iterdir()
+        ),
+        proc,
+    )
     proc.send_signal(sig)
     assert proc.wait(timeout=120) == code
     with contextlib.suppress(BrokenPipeError, OSError):
@@ -108,8 +122,7 @@ def test_output_is_written_whole_on_success(work, ckpts):
 
 
 def test_a_reader_that_leaves_the_pipe_stops_translate_quietly(work, ckpts):
-    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "--beam", "1",
-                         stdin=subprocess.PIPE)
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "--beam", "1", stdin=subprocess.PIPE)
     proc.stdin.write("A dog runs in the park.\n" * 3000)
     proc.stdin.close()
     assert proc.stdout.readline()  # `| head -1`

@@ -25,8 +25,9 @@ def fifo_with(path, text: str) -> threading.Thread:
 def test_eval_reads_its_references_from_a_pipe(tmp_path):
     hyp = tmp_path / "hyp.txt"
     hyp.write_text("a dog runs in the green park\ntwo men talk on a bench\n")
-    writer = fifo_with(tmp_path / "ref.fifo",
-                       "a dog runs in the green park\ntwo men talk on a bench\n")
+    writer = fifo_with(
+        tmp_path / "ref.fifo", "a dog runs in the green park\ntwo men talk on a bench\n"
+    )
     result = cli("eval", "--hyp", hyp, "--ref", tmp_path / "ref.fifo", "--metrics", "bleu")
     writer.join(timeout=10)
     assert result.exit_code == 0, result.output
@@ -36,8 +37,14 @@ def test_eval_reads_its_references_from_a_pipe(tmp_path):
 def test_translate_reads_its_prefix_file_from_a_pipe(work):
     best = work / "run" / "checkpoints" / "best.pt"
     writer = fifo_with(work / "prefix.fifo", "Ein\n\n")
-    result = cli("translate", "-m", best, "--prefix-file", work / "prefix.fifo",
-                 input="A dog runs.\nTwo men.\n")
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--prefix-file",
+        work / "prefix.fifo",
+        input="A dog runs.\nTwo men.\n",
+    )
     writer.join(timeout=10)
     assert result.exit_code == 0, result.output
     first, second = result.stdout.split("\n")[:2]
@@ -47,16 +54,19 @@ def test_translate_reads_its_prefix_file_from_a_pipe(work):
 def test_a_folder_given_as_a_text_file_is_one_line(tmp_path):
     hyp = tmp_path / "hyp.txt"
     hyp.write_text("a\n")
-    assert_one_line(cli("eval", "--hyp", hyp, "--ref", tmp_path),
-                    says="is a folder, not a text file")
+    assert_one_line(
+        cli("eval", "--hyp", hyp, "--ref", tmp_path), says="is a folder, not a text file"
+    )
 
 
 def test_a_corpus_given_as_a_pipe_is_refused_with_the_reason(work):
     """It used to say "no pairs left after cleaning": counting its lines used the pipe up."""
     os.mkfifo(work / "train.fifo")  # never opened: the refusal comes before any read
     before = snapshot(work / "run")
-    assert_one_line(cli("preprocess", "-c", work / "exp.yaml", "--set",
-                        f"data.train.src={work / 'train.fifo'}"),
-                    says="train.fifo is a pipe or a device, not a file: a corpus is read "
-                         "more than once")
+    assert_one_line(
+        cli(
+            "preprocess", "-c", work / "exp.yaml", "--set", f"data.train.src={work / 'train.fifo'}"
+        ),
+        says="train.fifo is a pipe or a device, not a file: a corpus is read more than once",
+    )
     assert snapshot(work / "run") == before

@@ -21,8 +21,15 @@ def test_sigterm_under_a_backlog_finishes_a_round_answers_the_rest_503_and_exits
     """Shutdown's promise under load: 40 requests wait (one fits a round), SIGTERM comes
     once the server has them all; what is in flight is finished, the rest get 503 at
     once (they waited through translating all of it, then 500 and tracebacks), exit 0."""
-    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--max-wait-ms", "5",
-                         "--max-batch-tokens", "64", "--device", "cpu")
+    server = LocalServer(
+        trained / "run" / "checkpoints" / "best.pt",
+        "--max-wait-ms",
+        "5",
+        "--max-batch-tokens",
+        "64",
+        "--device",
+        "cpu",
+    )
     lines = [" ".join(["A man in a blue shirt is playing the guitar."] * 3)] * 8
     statuses: list = []
 
@@ -51,8 +58,10 @@ def test_sigterm_under_a_backlog_finishes_a_round_answers_the_rest_503_and_exits
 def test_a_client_that_leaves_mid_body_is_no_traceback(trained):
     server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
     with socket.create_connection(("127.0.0.1", server.port)) as half:
-        half.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: 1000\r\n\r\n{\"text\": [")
+        half.sendall(
+            b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b'application/json\r\nContent-Length: 1000\r\n\r\n{"text": ['
+        )
     assert server.translate(["A dog."])[0]  # served on
     code, err = server.stop()
     assert code == 0 and "Traceback" not in err and "ClientDisconnect" not in err, err[-2000:]

@@ -78,9 +78,13 @@ def prepared(corpus, tmp_path_factory):
 def _config(prepared, folder, corpus, loader_workers: int):
     run = folder / "run"
     shutil.copytree(prepared, run)
-    data = tiny_config_dict(corpus, run, data={"loader_workers": loader_workers},
-                            model={"dropout": 0.1},
-                            train={"max_steps": STEPS, "valid_every": VALID_EVERY})
+    data = tiny_config_dict(
+        corpus,
+        run,
+        data={"loader_workers": loader_workers},
+        model={"dropout": 0.1},
+        train={"max_steps": STEPS, "valid_every": VALID_EVERY},
+    )
     path = folder / "exp.yaml"
     path.write_text(yaml.safe_dump(data))
     return path, run
@@ -94,8 +98,12 @@ def _weights(run):
 def straight(prepared, corpus, tmp_path_factory):
     """The weights of a run that never stopped."""
     config, run = _config(prepared, tmp_path_factory.mktemp("straight"), corpus, 0)
-    done = subprocess.run([sys.executable, "-m", "mtkit", "train", "-c", str(config)],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtkit", "train", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return _weights(run)
 
@@ -103,18 +111,31 @@ def straight(prepared, corpus, tmp_path_factory):
 def _signalled(args, module, name, sig, skip, prelude="") -> subprocess.CompletedProcess:
     """`mtkit ARGS` in a new process group; the group gets `sig` at `name`'s call number
     `skip + 1`. `prelude`: Python run first (to make a small job look big)."""
-    return subprocess.run([sys.executable, "-c", _DRIVER, prelude, module, name, sig, str(skip),
-                           *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          start_new_session=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _DRIVER, prelude, module, name, sig, str(skip), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("moment, loader_workers, sig", [
-    ("setup", 1, "SIGTERM"), ("step", 1, "SIGTERM"), ("validation", 1, "SIGTERM"),
-    ("save", 1, "SIGTERM"), ("step", 2, "SIGTERM"), ("validation", 2, "SIGTERM"),
-    ("step", 2, "SIGINT"),
-])
+@pytest.mark.parametrize(
+    "moment, loader_workers, sig",
+    [
+        ("setup", 1, "SIGTERM"),
+        ("step", 1, "SIGTERM"),
+        ("validation", 1, "SIGTERM"),
+        ("save", 1, "SIGTERM"),
+        ("step", 2, "SIGTERM"),
+        ("validation", 2, "SIGTERM"),
+        ("step", 2, "SIGINT"),
+    ],
+)
 def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
-        prepared, corpus, tmp_path, straight, moment, loader_workers, sig):
+    prepared, corpus, tmp_path, straight, moment, loader_workers, sig
+):
     config, run = _config(prepared, tmp_path, corpus, loader_workers)
     module, name, step = MOMENTS[moment]
     skip = step - 1 if moment == "step" else 0
@@ -130,16 +151,19 @@ def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
         saved = load_checkpoint(checkpoints / "last.pt")
         assert saved["train"]["progress"]["step"] == step
         assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == [f"step_{step}.pt"]
-    resumed = subprocess.run([sys.executable, "-m", "mtkit", "train", "-c", str(config)],
-                             capture_output=True, text=True, cwd=ROOT)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "mtkit", "train", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert ("resuming from" in resumed.stderr) == (step > 0)
     got = _weights(run)
     assert all(torch.equal(got[k], straight[k]) for k in straight)
 
 
-def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, corpus,
-                                                                      tmp_path):
+def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, corpus, tmp_path):
     """`mtkit run` (the stages before training are finished: the prepared run directory)
     stops with the training's checkpoint and does not go on to translate the test set."""
     config, run = _config(prepared, tmp_path, corpus, 2)
@@ -147,14 +171,14 @@ def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, 
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
-        "interrupted: stopped by SIGTERM after saving a checkpoint; rerun to go on")
+        "interrupted: stopped by SIGTERM after saving a checkpoint; rerun to go on"
+    )
     assert load_checkpoint(run / "checkpoints" / "last.pt")["train"]["progress"]["step"] == 3
     assert not (run / "test.hyp").exists()
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corpus, tmp_path,
-                                                                           sig):
+def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corpus, tmp_path, sig):
     """Encoding in two worker processes (the corpus made to look big enough for them, in
     chunks of 200 pairs): the group gets the signal after the second chunk is written.
     The workers print nothing (a worker's KeyboardInterrupt traceback was seen), the
@@ -163,17 +187,27 @@ def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corp
     data = tiny_config_dict(corpus, run, data={"workers": 2})
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(data))
-    assert subprocess.run([sys.executable, "-m", "mtkit", "tokenizer", "-c", str(config)],
-                          capture_output=True, cwd=ROOT).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "mtkit", "tokenizer", "-c", str(config)],
+            capture_output=True,
+            cwd=ROOT,
+        ).returncode
+        == 0
+    )
     before = sorted(p.name for p in run.iterdir())
-    big = ("import mtkit.stages.preprocess, mtkit.data.sources as s;"
-           "mtkit.stages.preprocess.preprocess.__defaults__ = (1,);"
-           "s.Corpus.chunks.__defaults__ = (200,)")
-    stopped = _signalled(["preprocess", "-c", config], "mtkit.data.shards",
-                         "ShardWriter.append", sig, 1, prelude=big)
+    big = (
+        "import mtkit.stages.preprocess, mtkit.data.sources as s;"
+        "mtkit.stages.preprocess.preprocess.__defaults__ = (1,);"
+        "s.Corpus.chunks.__defaults__ = (200,)"
+    )
+    stopped = _signalled(
+        ["preprocess", "-c", config], "mtkit.data.shards", "ShardWriter.append", sig, 1, prelude=big
+    )
     assert stopped.returncode == 128 + getattr(signal, sig), stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
-        "interrupted" if sig == "SIGINT" else "terminated")
+        "interrupted" if sig == "SIGINT" else "terminated"
+    )
     assert not (run / "data").exists()
     assert sorted(p.name for p in run.iterdir()) == before

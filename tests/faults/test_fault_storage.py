@@ -25,8 +25,9 @@ def tmpfs(tmp_path):
         where = tmp_path / f"fs{len(mounted)}"
         where.mkdir()
         opts = f"size={size}" + (",ro" if readonly else "")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
-                              capture_output=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True
+        )
         if done.returncode != 0:
             pytest.skip("cannot mount a tmpfs here")
         mounted.append(where)
@@ -68,8 +69,10 @@ def test_disk_full_while_preprocessing_leaves_the_old_data(work, monkeypatch):
         write(self, data)
 
     monkeypatch.setattr(_HashedFile, "write", write_until_full)
-    assert_one_line(cli("preprocess", "-c", work / "exp.yaml"),
-                    says=f"error: no space left on device while writing {run}/data")
+    assert_one_line(
+        cli("preprocess", "-c", work / "exp.yaml"),
+        says=f"error: no space left on device while writing {run}/data",
+    )
     assert snapshot(run / "data") == before
     assert not [p for p in run.iterdir() if p.name.startswith(".data")]
 
@@ -105,9 +108,10 @@ def test_a_read_only_run_directory_is_one_line_naming_it(work, tmpfs):
     readonly = tmpfs("1m", readonly=True)
     for stage in ("tokenizer", "preprocess", "train", "run"):
         for run in (readonly, readonly / "sub"):
-            assert_one_line(cli(stage, "-c", work / "exp.yaml", "--set", f"run_dir={run}"),
-                            says=f"cannot write to the run directory {run} "
-                                 f"(read-only file system)")
+            assert_one_line(
+                cli(stage, "-c", work / "exp.yaml", "--set", f"run_dir={run}"),
+                says=f"cannot write to the run directory {run} (read-only file system)",
+            )
 
 
 def test_an_unwritable_run_directory_is_one_line_naming_it(work, monkeypatch):
@@ -117,7 +121,8 @@ def test_an_unwritable_run_directory_is_one_line_naming_it(work, monkeypatch):
     monkeypatch.setattr("mtkit.core.rundir.os.open", refuse)  # as a non-root user would meet
     before = snapshot(work)
     for stage in ("tokenizer", "preprocess", "train"):
-        assert_one_line(cli(stage, "-c", work / "exp.yaml"),
-                        says=f"cannot write to the run directory {work / 'run'} "
-                             f"(permission denied)")
+        assert_one_line(
+            cli(stage, "-c", work / "exp.yaml"),
+            says=f"cannot write to the run directory {work / 'run'} (permission denied)",
+        )
     assert snapshot(work) == before

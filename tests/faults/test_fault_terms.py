@@ -22,9 +22,11 @@ from conftest import one_line_error, tiny_config_dict
 from faultkit import assert_one_line, cli
 
 LINES = ["A dog runs in the park.", "", "Two men talk on a bench.", "A girl in red."]
-NEEDS_BEAM = ("constraints: searching for them needs a beam of 2 or more (--beam 1): the "
-              "beam is shared among hypotheses that have met different numbers of "
-              "constraint tokens")
+NEEDS_BEAM = (
+    "constraints: searching for them needs a beam of 2 or more (--beam 1): the "
+    "beam is shared among hypotheses that have met different numbers of "
+    "constraint tokens"
+)
 
 
 @pytest.fixture
@@ -40,10 +42,17 @@ def multilingual(corpus, tmp_path_factory):
     data = tiny_config_dict(corpus, folder / "run")
     for split in ("train", "valid", "test"):
         data["data"][split] = [
-            {"src": str(corpus[f"{split}.en"]), "tgt": str(corpus[f"{split}.de"]),
-             "tgt_lang": "deu"},
-            {"src": str(corpus[f"{split}.en"]), "tgt": str(corpus[f"{split}.en"]),
-             "tgt_lang": "cp"}]
+            {
+                "src": str(corpus[f"{split}.en"]),
+                "tgt": str(corpus[f"{split}.de"]),
+                "tgt_lang": "deu",
+            },
+            {
+                "src": str(corpus[f"{split}.en"]),
+                "tgt": str(corpus[f"{split}.en"]),
+                "tgt_lang": "cp",
+            },
+        ]
     (folder / "exp.yaml").write_text(yaml.safe_dump(data))
     cfg = config_from_dict(data)
     build_tokenizer(cfg)
@@ -62,16 +71,33 @@ def jsonl(*items: dict) -> str:
 
 # --- 2: one record that cannot be searched with its constraints is one error record ---
 
-@pytest.mark.parametrize("args, says", [
-    (["--beam", "1"], NEEDS_BEAM),
-    (["--sampling"], "constraints: searching for them needs beam search, not --sampling"),
-])
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--beam", "1"], NEEDS_BEAM),
+        (["--sampling"], "constraints: searching for them needs beam search, not --sampling"),
+    ],
+)
 def test_a_record_the_options_cannot_constrain_is_an_error_record_and_the_stream_goes_on(
-        best, tmp_path, args, says):
+    best, tmp_path, args, says
+):
     out = tmp_path / "out.jsonl"
-    result = cli("translate", "-m", best, "--format", "jsonl", "-o", out, *args,
-                 input=jsonl({"src": LINES[0]}, {"src": LINES[2], "constraints": ["Männer"]},
-                             {"src": LINES[3], "id": 3}))
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--format",
+        "jsonl",
+        "-o",
+        out,
+        *args,
+        input=jsonl(
+            {"src": LINES[0]},
+            {"src": LINES[2], "constraints": ["Männer"]},
+            {"src": LINES[3], "id": 3},
+        ),
+    )
     assert result.exit_code == 0, result.output
     first, refused, last = records(out.read_text())  # the file is written, whole
     assert "translation" in first and "translation" in last and last["id"] == 3
@@ -80,52 +106,100 @@ def test_a_record_the_options_cannot_constrain_is_an_error_record_and_the_stream
 
 
 def test_a_record_with_constraints_on_an_export_is_an_error_record(exported):
-    result = cli("translate", "-m", exported, "--format", "jsonl",
-                 input=jsonl({"src": LINES[0], "constraints": ["Hund"]}, {"src": LINES[2]}))
+    result = cli(
+        "translate",
+        "-m",
+        exported,
+        "--format",
+        "jsonl",
+        input=jsonl({"src": LINES[0], "constraints": ["Hund"]}, {"src": LINES[2]}),
+    )
     assert result.exit_code == 0, result.output
     refused, fine = records(result.stdout)
-    assert refused == {"line": 0, "error": "constraints: searching for them needs a "
-                       "checkpoint (-m FILE.pt), not an exported CTranslate2 folder"}
+    assert refused == {
+        "line": 0,
+        "error": "constraints: searching for them needs a "
+        "checkpoint (-m FILE.pt), not an exported CTranslate2 folder",
+    }
     assert "translation" in fine and "--constraints" not in result.output
 
 
 def test_a_glossary_the_options_cannot_search_with_is_still_one_line_before_any_output(
-        best, tmp_path):
+    best, tmp_path
+):
     (tmp_path / "g.tsv").write_text("dog\tHund\n")
     out = tmp_path / "out.jsonl"
-    one_line_error(cli("translate", "-m", best, "--format", "jsonl", "--beam", "1", "-o", out,
-                       "--glossary", tmp_path / "g.tsv", input=jsonl({"src": LINES[0]})),
-                   "--glossary needs a beam of 2 or more (--beam 1)")
+    one_line_error(
+        cli(
+            "translate",
+            "-m",
+            best,
+            "--format",
+            "jsonl",
+            "--beam",
+            "1",
+            "-o",
+            out,
+            "--glossary",
+            tmp_path / "g.tsv",
+            input=jsonl({"src": LINES[0]}),
+        ),
+        "--glossary needs a beam of 2 or more (--beam 1)",
+    )
     assert not out.exists()
 
 
 # --- 4: an unknown --tgt-lang fails every record: one line before any output ---
 
+
 def test_jsonl_with_a_tgt_lang_the_model_lacks_is_one_line_before_any_output(
-        best, multilingual, tmp_path):
+    best, multilingual, tmp_path
+):
     out = tmp_path / "out.jsonl"
-    for model, says in ((best, "error: --tgt-lang xx: this model translates en into de only"),
-                        (multilingual, "error: --tgt-lang xx: this model translates into "
-                                       "cp, deu")):
-        result = cli("translate", "-m", model, "--format", "jsonl", "--tgt-lang", "xx",
-                     "-o", out, input=jsonl({"src": LINES[0]}, {"src": LINES[2]}))
+    for model, says in (
+        (best, "error: --tgt-lang xx: this model translates en into de only"),
+        (multilingual, "error: --tgt-lang xx: this model translates into cp, deu"),
+    ):
+        result = cli(
+            "translate",
+            "-m",
+            model,
+            "--format",
+            "jsonl",
+            "--tgt-lang",
+            "xx",
+            "-o",
+            out,
+            input=jsonl({"src": LINES[0]}, {"src": LINES[2]}),
+        )
         assert assert_one_line(result) == says
         assert result.stdout == "" and not out.exists()
 
 
 def test_jsonl_records_name_their_own_language_where_tgt_lang_is_not_given(multilingual):
-    result = cli("translate", "-m", multilingual, "--format", "jsonl",
-                 input=jsonl({"src": LINES[0]}, {"src": LINES[0], "tgt_lang": "cp"},
-                             {"src": LINES[0], "tgt_lang": "xx"}))
+    result = cli(
+        "translate",
+        "-m",
+        multilingual,
+        "--format",
+        "jsonl",
+        input=jsonl(
+            {"src": LINES[0]},
+            {"src": LINES[0], "tgt_lang": "cp"},
+            {"src": LINES[0], "tgt_lang": "xx"},
+        ),
+    )
     assert result.exit_code == 0, result.output
     missing, fine, unknown = records(result.stdout)
-    assert missing["error"] == ('this model translates into cp, deu: give --tgt-lang or '
-                                '"tgt_lang" with one of them')
+    assert missing["error"] == (
+        'this model translates into cp, deu: give --tgt-lang or "tgt_lang" with one of them'
+    )
     assert "translation" in fine
     assert unknown["error"] == "tgt_lang xx: this model translates into cp, deu"
 
 
 # --- 9: eval -m keeps the model's language apart from the language-ID code ---
+
 
 @pytest.fixture
 def sources(tmp_path, corpus):
@@ -147,31 +221,61 @@ def no_translating(monkeypatch):
 
 
 def test_eval_of_a_model_whose_codes_are_not_iso_639_1_takes_tgt_lang_and_lang(
-        multilingual, sources):
+    multilingual, sources
+):
     pytest.importorskip("py3langid")
     src, ref = sources
-    result = cli("eval", "-m", multilingual, "--src", src, "--ref", ref, "--tgt-lang", "deu",
-                 "--lang", "de", "--among", "en,de", "--json", "--metrics", "bleu")
+    result = cli(
+        "eval",
+        "-m",
+        multilingual,
+        "--src",
+        src,
+        "--ref",
+        ref,
+        "--tgt-lang",
+        "deu",
+        "--lang",
+        "de",
+        "--among",
+        "en,de",
+        "--json",
+        "--metrics",
+        "bleu",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert "bleu" in report and report["off_target"]["lang"] == "de"
     assert report["off_target"]["among"] == ["de", "en"] and report["off_target"]["lines"] == 6
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--lang", "de"], "error: --lang de: this model translates into cp, deu; give --tgt-lang "
-                       "for the model's code (--lang is the language-ID code the "
-                       "translations are checked against)"),
-    (["--tgt-lang", "deu", "--lang", "de"],
-     "error: the model's languages cp, deu, en: py3langid does not know cp, deu; it knows"),
-    (["--lang", "deu"], "error: --lang deu: py3langid does not know it; it knows"),
-    (["--tgt-lang", "xx", "--lang", "de", "--among", "en,de"],
-     "error: --tgt-lang xx: this model translates into cp, deu"),
-    (["--tgt-lang", "deu", "--lang", "fr", "--among", "en,de"],
-     "error: --lang fr is not among en, de"),
-])
-def test_eval_refuses_what_would_fail_before_translating(multilingual, sources,
-                                                         no_translating, args, says):
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--lang", "de"],
+            "error: --lang de: this model translates into cp, deu; give --tgt-lang "
+            "for the model's code (--lang is the language-ID code the "
+            "translations are checked against)",
+        ),
+        (
+            ["--tgt-lang", "deu", "--lang", "de"],
+            "error: the model's languages cp, deu, en: py3langid does not know cp, deu; it knows",
+        ),
+        (["--lang", "deu"], "error: --lang deu: py3langid does not know it; it knows"),
+        (
+            ["--tgt-lang", "xx", "--lang", "de", "--among", "en,de"],
+            "error: --tgt-lang xx: this model translates into cp, deu",
+        ),
+        (
+            ["--tgt-lang", "deu", "--lang", "fr", "--among", "en,de"],
+            "error: --lang fr is not among en, de",
+        ),
+    ],
+)
+def test_eval_refuses_what_would_fail_before_translating(
+    multilingual, sources, no_translating, args, says
+):
     pytest.importorskip("py3langid")
     src, ref = sources
     result = cli("eval", "-m", multilingual, "--src", src, "--ref", ref, *args)
@@ -181,8 +285,8 @@ def test_eval_refuses_what_would_fail_before_translating(multilingual, sources,
 
 # --- 10: serve --glossary and greedy requests; /v1/info's languages ---
 
-def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multilingual,
-                                                                     tmp_path):
+
+def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multilingual, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -194,24 +298,33 @@ def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multi
 
     (tmp_path / "g.tsv").write_text("dog\tHund\n")
     engine = load_engine(best, "cpu")
-    api = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(),
-                     "best.pt", glossary=Glossary.read(tmp_path / "g.tsv"))
+    api = create_app(
+        engine,
+        SearchOptions.from_config(engine.config.decode),
+        Limits(),
+        "best.pt",
+        glossary=Glossary.read(tmp_path / "g.tsv"),
+    )
     with TestClient(api) as client:
         assert client.get("/v1/info").json()["target_language"] == "de"
         for text in ([LINES[0]], [LINES[2]]):  # with a term and without: the same answer
             r = client.post("/v1/translate", json={"text": text, "beam": 1})
             assert r.status_code == 422 and r.json() == {
                 "error": "this server's glossary (serve --glossary) needs a beam of 2 or more "
-                         "(beam 1): the beam is shared among hypotheses that have met "
-                         "different numbers of constraint tokens", "field": "beam"}
-        r = client.post("/v1/translate", json={"text": [LINES[0], ""],
-                                               "constraints": [[], ["Hund"]]})
+                "(beam 1): the beam is shared among hypotheses that have met "
+                "different numbers of constraint tokens",
+                "field": "beam",
+            }
+        r = client.post(
+            "/v1/translate", json={"text": [LINES[0], ""], "constraints": [[], ["Hund"]]}
+        )
         assert r.status_code == 200, r.text
         term, blank = r.json()["translations"]
         assert "Hund" in term["text"] and term["constraints_met"] is True
         assert blank == {"text": "", "score": 0.0, "constraints_met": False}  # 11
-        r = client.post("/v1/translate", json={"text": [LINES[0]],
-                                               "constraints": [["Hund " * 100_000]]})
+        r = client.post(
+            "/v1/translate", json={"text": [LINES[0]], "constraints": [["Hund " * 100_000]]}
+        )
         assert r.status_code == 422 and len(r.text) < 500, r.text[:200]  # 12: not echoed
     engine = load_engine(multilingual, "cpu")
     api = create_app(engine, SearchOptions.from_config(engine.config.decode), Limits(), "m")
@@ -219,31 +332,52 @@ def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multi
         info = client.get("/v1/info").json()
         assert (info["source_language"], info["target_language"]) == ("en", "cp, deu")
         assert info["target_languages"] == ["cp", "deu"]
-        r = client.post("/v1/translate", json={"text": [LINES[0]], "target_lang": "deu",
-                                               "constraints": [["<2cp>"]]})
+        r = client.post(
+            "/v1/translate",
+            json={"text": [LINES[0]], "target_lang": "deu", "constraints": [["<2cp>"]]},
+        )
         assert r.status_code == 422 and r.json()["error"] == (
             "constraints.0: the constraint '<2cp>' cannot be searched for: it holds a "
-            "language tag or another control piece, which is no text")
+            "language tag or another control piece, which is no text"
+        )
 
 
 # --- 11: a blank line's constraints are reported unmet ---
 
+
 def test_a_blank_line_with_constraints_is_reported_unmet(best, tmp_path):
-    result = cli("translate", "-m", best, "--format", "jsonl",
-                 input=jsonl({"src": "", "constraints": ["Hund"]}, {"src": LINES[0]},
-                             {"src": "  ", "constraints": ["Hund"]}))
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--format",
+        "jsonl",
+        input=jsonl(
+            {"src": "", "constraints": ["Hund"]},
+            {"src": LINES[0]},
+            {"src": "  ", "constraints": ["Hund"]},
+        ),
+    )
     assert result.exit_code == 0, result.output
     blank, fine, spaces = records(result.stdout)
-    assert blank == {"line": 0, "source": "", "translation": "", "score": 0.0,
-                     "constraints_met": False}
+    assert blank == {
+        "line": 0,
+        "source": "",
+        "translation": "",
+        "score": 0.0,
+        "constraints_met": False,
+    }
     assert spaces["constraints_met"] is False and "constraints_met" not in fine
     for n in (1, 3):
-        assert (f'line {n} (record "line": {n - 1}): the source is empty, and so is its '
-                f"translation: its constraints are not met") in result.stderr
+        assert (
+            f'line {n} (record "line": {n - 1}): the source is empty, and so is its '
+            f"translation: its constraints are not met"
+        ) in result.stderr
     (tmp_path / "in.en").write_text("\n".join(LINES) + "\n")
     (tmp_path / "c.tsv").write_text("\nMänner\n\n\n")  # the phrase is on the blank line
-    result = cli("translate", "-m", best, "-i", tmp_path / "in.en", "--constraints",
-                 tmp_path / "c.tsv")
+    result = cli(
+        "translate", "-m", best, "-i", tmp_path / "in.en", "--constraints", tmp_path / "c.tsv"
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[1] == ""
     assert "line 2: the source is empty, and so is its translation" in result.stderr
@@ -251,31 +385,49 @@ def test_a_blank_line_with_constraints_is_reported_unmet(best, tmp_path):
 
 # --- 12: echoes cut short; eval's language options; eval --glossary as translate ---
 
+
 def test_an_over_long_constraint_is_not_echoed_whole(best, tmp_path):
     phrase = "Hund " * 120_000  # 600 KB
-    result = cli("translate", "-m", best, "--format", "jsonl",
-                 input=jsonl({"src": LINES[0], "constraints": [phrase]}, {"src": LINES[2]}))
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--format",
+        "jsonl",
+        input=jsonl({"src": LINES[0], "constraints": [phrase]}, {"src": LINES[2]}),
+    )
     assert result.exit_code == 0, result.output
     refused, fine = records(result.stdout)
     assert refused["error"].startswith("constraints: the constraint 'Hund Hund")
     assert "..." in refused["error"] and len(refused["error"]) < 300 and "translation" in fine
     (tmp_path / "in.en").write_text(LINES[0] + "\n")
     (tmp_path / "c.tsv").write_text(phrase + "\n")
-    result = cli("translate", "-m", best, "-i", tmp_path / "in.en", "--constraints",
-                 tmp_path / "c.tsv")
+    result = cli(
+        "translate", "-m", best, "-i", tmp_path / "in.en", "--constraints", tmp_path / "c.tsv"
+    )
     assert len(assert_one_line(result, says="line 1: the constraint 'Hund Hund")) < 300
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--lang", ""], "error: --lang is empty: give a language code, such as de"),
-    (["--lang", " "], "error: --lang is empty: give a language code, such as de"),
-    (["--lang", "de", "--among", ","], "error: --among ',' has no language codes: give "
-                                       "them comma-separated, such as en,de"),
-    (["--among", "en,de"], "error: --among is for --lang: give --lang too, the language "
-                           "the translations should be in"),
-    (["--tgt-lang", "de"], "error: --tgt-lang is the language -m translates into: give -m, "
-                           "or leave it out"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--lang", ""], "error: --lang is empty: give a language code, such as de"),
+        (["--lang", " "], "error: --lang is empty: give a language code, such as de"),
+        (
+            ["--lang", "de", "--among", ","],
+            "error: --among ',' has no language codes: give them comma-separated, such as en,de",
+        ),
+        (
+            ["--among", "en,de"],
+            "error: --among is for --lang: give --lang too, the language "
+            "the translations should be in",
+        ),
+        (
+            ["--tgt-lang", "de"],
+            "error: --tgt-lang is the language -m translates into: give -m, or leave it out",
+        ),
+    ],
+)
 def test_eval_language_options_that_would_be_ignored_are_refused(tmp_path, args, says):
     (tmp_path / "hyp").write_text("Ein Hund.\n")
     result = cli("eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", *args)
@@ -284,63 +436,120 @@ def test_eval_language_options_that_would_be_ignored_are_refused(tmp_path, args,
 
 
 def test_eval_with_a_glossary_warns_and_skips_a_term_it_cannot_spell_as_translate_does(
-        best, tmp_path):
+    best, tmp_path
+):
     (tmp_path / "src.en").write_text("\n".join(LINES) + "\n")
     (tmp_path / "ref.de").write_text("Ein Hund.\n\nZwei Männer.\nEin Mädchen.\n")
     (tmp_path / "g.tsv").write_text("dog\t東京\nmen\tMänner\n")  # 東京: not in the vocabulary
-    warning = ("line 1: the glossary's terms are left out: the constraint '東京' cannot be "
-               "searched for: it has characters the target vocabulary lacks")
-    translated = cli("translate", "-m", best, "-i", tmp_path / "src.en", "--glossary",
-                     tmp_path / "g.tsv")
+    warning = (
+        "line 1: the glossary's terms are left out: the constraint '東京' cannot be "
+        "searched for: it has characters the target vocabulary lacks"
+    )
+    translated = cli(
+        "translate", "-m", best, "-i", tmp_path / "src.en", "--glossary", tmp_path / "g.tsv"
+    )
     assert translated.exit_code == 0 and warning in translated.stderr
-    result = cli("eval", "-m", best, "--src", tmp_path / "src.en", "--ref",
-                 tmp_path / "ref.de", "--glossary", tmp_path / "g.tsv", "--json")
+    result = cli(
+        "eval",
+        "-m",
+        best,
+        "--src",
+        tmp_path / "src.en",
+        "--ref",
+        tmp_path / "ref.de",
+        "--glossary",
+        tmp_path / "g.tsv",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert warning in result.stderr
     assert json.loads(result.stdout)["terms"]["total"] == 2  # still required: counted
     assert "Männer" in translated.stdout.splitlines()[2]
     (tmp_path / "t.tsv").write_text("東京\n\n\n\n")  # --terms: the user's own, as --constraints
-    one_line_error(cli("eval", "-m", best, "--src", tmp_path / "src.en", "--ref",
-                       tmp_path / "ref.de", "--terms", tmp_path / "t.tsv"),
-                   "line 1: the constraint '東京' cannot be searched for")
+    one_line_error(
+        cli(
+            "eval",
+            "-m",
+            best,
+            "--src",
+            tmp_path / "src.en",
+            "--ref",
+            tmp_path / "ref.de",
+            "--terms",
+            tmp_path / "t.tsv",
+        ),
+        "line 1: the constraint '東京' cannot be searched for",
+    )
 
 
 def test_jsonl_warnings_name_the_line_as_the_records_do(best, tmp_path):
     (tmp_path / "g.tsv").write_text("dog\t東京\n")
-    result = cli("translate", "-m", best, "--format", "jsonl", "--glossary",
-                 tmp_path / "g.tsv", input=jsonl({"src": LINES[2]}, {"src": LINES[0]}))
+    result = cli(
+        "translate",
+        "-m",
+        best,
+        "--format",
+        "jsonl",
+        "--glossary",
+        tmp_path / "g.tsv",
+        input=jsonl({"src": LINES[2]}, {"src": LINES[0]}),
+    )
     assert result.exit_code == 0, result.output
     assert [r["line"] for r in records(result.stdout)] == [0, 1]
-    assert "line 2 (record \"line\": 1): the glossary's terms are left out" in result.stderr
+    assert 'line 2 (record "line": 1): the glossary\'s terms are left out' in result.stderr
 
 
 # --- a language tag, or any control piece, is no constraint ---
 
+
 def test_a_constraint_that_is_a_language_tag_is_refused(multilingual, tmp_path):
-    result = cli("translate", "-m", multilingual, "--format", "jsonl", "--tgt-lang", "deu",
-                 input=jsonl({"src": LINES[0], "constraints": ["<2cp>"]},
-                             {"src": LINES[0], "constraints": [["Hund <2deu>"]]},
-                             {"src": LINES[0], "constraints": ["Hund"]}))
+    result = cli(
+        "translate",
+        "-m",
+        multilingual,
+        "--format",
+        "jsonl",
+        "--tgt-lang",
+        "deu",
+        input=jsonl(
+            {"src": LINES[0], "constraints": ["<2cp>"]},
+            {"src": LINES[0], "constraints": [["Hund <2deu>"]]},
+            {"src": LINES[0], "constraints": ["Hund"]},
+        ),
+    )
     assert result.exit_code == 0, result.output
     tag, inside, fine = records(result.stdout)
     for record, phrase in ((tag, "<2cp>"), (inside, "Hund <2deu>")):
-        assert record["error"] == (f"constraints: the constraint {phrase!r} cannot be "
-                                   f"searched for: it holds a language tag or another "
-                                   f"control piece, which is no text")
+        assert record["error"] == (
+            f"constraints: the constraint {phrase!r} cannot be "
+            f"searched for: it holds a language tag or another "
+            f"control piece, which is no text"
+        )
     assert fine["constraints_met"] in (True, False)
     (tmp_path / "in.en").write_text(LINES[0] + "\n")
     (tmp_path / "c.tsv").write_text("<2deu>\n")
-    one_line_error(cli("translate", "-m", multilingual, "--tgt-lang", "deu", "-i",
-                       tmp_path / "in.en", "--constraints", tmp_path / "c.tsv"),
-                   "line 1: the constraint '<2deu>' cannot be searched for: it holds a "
-                   "language tag")
+    one_line_error(
+        cli(
+            "translate",
+            "-m",
+            multilingual,
+            "--tgt-lang",
+            "deu",
+            "-i",
+            tmp_path / "in.en",
+            "--constraints",
+            tmp_path / "c.tsv",
+        ),
+        "line 1: the constraint '<2deu>' cannot be searched for: it holds a language tag",
+    )
 
 
 def test_an_engine_never_takes_a_special_piece_for_a_phrase(tiny_engine):
     from mtkit.core.search_options import SearchOptions
 
-    errors = tiny_engine.constraint_errors(["a b c"] * 3, [[("</s>",)], [("<pad>",)], []],
-                                           SearchOptions(max_len_b=200))
+    errors = tiny_engine.constraint_errors(
+        ["a b c"] * 3, [[("</s>",)], [("<pad>",)], []], SearchOptions(max_len_b=200)
+    )
     assert errors[0].startswith("the constraint '</s>' cannot be searched for")
     assert errors[1].startswith("the constraint '<pad>' cannot be searched for")
     assert errors[2] == ""

@@ -26,10 +26,14 @@ def test_subwords_map_to_the_words_they_belong_to():
 
 
 def test_each_target_subword_links_its_most_attended_source_word():
-    attention = torch.tensor([[0.7, 0.2, 0.1, 0.0],   # target subword 0 -> source subword 0
-                              [0.1, 0.1, 0.8, 0.0],   # 1 -> 2
-                              [0.1, 0.6, 0.3, 0.0],   # 2 -> 1
-                              [0.0, 0.0, 0.0, 1.0]])  # a padding row beyond the output
+    attention = torch.tensor(
+        [
+            [0.7, 0.2, 0.1, 0.0],  # target subword 0 -> source subword 0
+            [0.1, 0.1, 0.8, 0.0],  # 1 -> 2
+            [0.1, 0.6, 0.3, 0.0],  # 2 -> 1
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )  # a padding row beyond the output
     links = word_links(attention, ["▁a", "▁b", "c"], ["▁x", "y", "▁z"])
     assert links == ((0, 0), (1, 0), (1, 1))  # unique, sorted (source word, target word)
     assert pharaoh(links) == "0-0 1-0 1-1"
@@ -37,17 +41,28 @@ def test_each_target_subword_links_its_most_attended_source_word():
 
 
 def test_bare_space_pieces_neither_link_nor_are_linked_to():
-    attention = torch.tensor([[0.9, 0.1, 0.0],   # "▁" (target): no link of its own
-                              [0.6, 0.4, 0.0],   # "x" -> "b", not the bare "▁" it prefers
-                              [0.2, 0.1, 0.7]])  # "▁y" -> "▁c"
+    attention = torch.tensor(
+        [
+            [0.9, 0.1, 0.0],  # "▁" (target): no link of its own
+            [0.6, 0.4, 0.0],  # "x" -> "b", not the bare "▁" it prefers
+            [0.2, 0.1, 0.7],
+        ]
+    )  # "▁y" -> "▁c"
     assert word_links(attention, ["▁", "b", "▁c"], ["▁", "x", "▁y"]) == ((0, 0), (1, 1))
     assert word_links(attention[:1, :1], ["▁"], ["▁z"]) == ((0, 0),)
 
 
 def tiny(layers: int = 3):
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, heads=2, ffn_dim=32, encoder_layers=1,
-                      decoder_layers=layers, dropout=0.0, max_positions=32)
+    cfg = ModelConfig(
+        d_model=16,
+        heads=2,
+        ffn_dim=32,
+        encoder_layers=1,
+        decoder_layers=layers,
+        dropout=0.0,
+        max_positions=32,
+    )
     return build_model(cfg, 30, 30).eval()
 
 
@@ -59,11 +74,15 @@ def test_cross_attention_is_a_distribution_over_real_source_tokens_only():
     assert torch.allclose(weights.sum(-1), torch.ones(2, 4), atol=1e-5)
     assert weights[1, :, 3:].abs().max() == 0  # the short source's padding
     alone = collate([([5, 6], [9, 10, 11])])
-    assert torch.allclose(cross_attention(model, alone.src, alone.tgt_in, 1)[0],
-                          weights[1, :, :3], atol=1e-5)
+    assert torch.allclose(
+        cross_attention(model, alone.src, alone.tgt_in, 1)[0], weights[1, :, :3], atol=1e-5
+    )
     assert not torch.allclose(cross_attention(model, batch.src, batch.tgt_in, 0), weights)
-    assert all(a.observer is None for layer in model.decoder_layers
-               for a in (layer.self_attn, layer.cross_attn))
+    assert all(
+        a.observer is None
+        for layer in model.decoder_layers
+        for a in (layer.self_attn, layer.cross_attn)
+    )
 
 
 def test_the_default_layer_is_the_second_to_last_and_others_are_checked():
@@ -75,8 +94,14 @@ def test_the_default_layer_is_the_second_to_last_and_others_are_checked():
 
 def test_align_gives_word_links_for_every_target_word():
     model = tiny()
-    links = align([model, model], [[5, 6, 7], [8]], [[9, 10, 11], []],
-                  [["▁a", "b", "▁c"], ["▁d"]], [["▁x", "▁y", "z"], []], None,
-                  torch.device("cpu"))
+    links = align(
+        [model, model],
+        [[5, 6, 7], [8]],
+        [[9, 10, 11], []],
+        [["▁a", "b", "▁c"], ["▁d"]],
+        [["▁x", "▁y", "z"], []],
+        None,
+        torch.device("cpu"),
+    )
     assert links[1] == ()
     assert {t for _, t in links[0]} == {0, 1} and {s for s, _ in links[0]} <= {0, 1}

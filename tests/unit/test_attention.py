@@ -126,8 +126,9 @@ def test_self_attention_projects_queries_keys_and_values_as_its_three_layers():
 
 def test_cross_kv_in_one_product_equals_each_layers_own():
     torch.manual_seed(5)
-    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=3, d_model=32, heads=4,
-                                    ffn_dim=64), 20, 20).eval()
+    model = build_model(
+        ModelConfig(encoder_layers=1, decoder_layers=3, d_model=32, heads=4, ffn_dim=64), 20, 20
+    ).eval()
     memory = torch.randn(2, 7, 32)
     keys, values = model.cross_kv(memory)
     for layer, k, v in zip(model.decoder_layers, keys, values, strict=True):
@@ -143,10 +144,14 @@ def test_cross_kv_stacks_on_a_cpu_or_without_gradients_only(monkeypatch):
 
     calls = []
     real = mtkit.model.transformer.stacked_linear
-    monkeypatch.setattr(mtkit.model.transformer, "stacked_linear",
-                        lambda x, layers: calls.append(x.device.type) or real(x, layers))
-    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4,
-                                    ffn_dim=64), 20, 20)
+    monkeypatch.setattr(
+        mtkit.model.transformer,
+        "stacked_linear",
+        lambda x, layers: calls.append(x.device.type) or real(x, layers),
+    )
+    model = build_model(
+        ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64), 20, 20
+    )
     model.cross_kv(torch.randn(2, 7, 32))  # CPU, with gradients: stacked
     assert calls == ["cpu"]
     gpu_like = model.to("meta")  # a device other than the CPU

@@ -55,7 +55,7 @@ def test_batches_are_deterministic_per_seed_and_epoch_and_differ_across_epochs()
 def test_length_bucketing_pads_far_less_than_sentence_count_batches():
     ours = padding_share(token_batches(SRC, TGT, 1000, seed=1, epoch=0), SRC, TGT)
     order = np.random.default_rng(1).permutation(3000)
-    naive = padding_share([order[i:i + 32] for i in range(0, 3000, 32)], SRC, TGT)
+    naive = padding_share([order[i : i + 32] for i in range(0, 3000, 32)], SRC, TGT)
     assert ours < 0.08 and naive > 3 * ours
 
 
@@ -72,8 +72,9 @@ def test_sampler_resumes_at_batch_k_of_an_epoch():
 
 def test_ranks_get_disjoint_equal_shares_of_the_same_epoch():
     every = token_batches(SRC, TGT, 400, seed=1, epoch=0)
-    shares = [list(TokenBatchSampler(SRC, TGT, 400, seed=1, rank=r, world_size=3))
-              for r in range(3)]
+    shares = [
+        list(TokenBatchSampler(SRC, TGT, 400, seed=1, rank=r, world_size=3)) for r in range(3)
+    ]
     assert len({len(s) for s in shares}) == 1 and len(shares[0]) == len(every) // 3
     flat = [tuple(b) for s in shares for b in s]
     assert len(set(flat)) == len(flat)
@@ -172,8 +173,9 @@ def test_shaped_batches_cover_every_pair_once_in_runs_of_one_width_class():
     assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
     in_order = shaped_batches(SRC, TGT, 400, seed=1, epoch=0, shapes=SHAPES, shuffle=False)
-    assert [w for w, _ in runs_of_classes(
-        [int(SHAPES.width(SRC[b], TGT[b])[0]) for b in in_order])] == sorted(set(widths))
+    assert [
+        w for w, _ in runs_of_classes([int(SHAPES.width(SRC[b], TGT[b])[0]) for b in in_order])
+    ] == sorted(set(widths))
 
 
 def test_shaped_collate_pads_both_sides_to_the_class_and_adds_empty_rows():
@@ -199,8 +201,13 @@ def test_a_shaped_batch_has_the_loss_and_gradients_of_the_exact_one():
     from mtkit.training.loop import batch_loss
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2,
-                                    ffn_dim=32, dropout=0.0), 40, 40)
+    model = build_model(
+        ModelConfig(
+            encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32, dropout=0.0
+        ),
+        40,
+        40,
+    )
     rng = np.random.default_rng(1)
     pairs = [(rng.integers(4, 40, n), rng.integers(4, 40, m)) for n, m in [(5, 7), (3, 2), (6, 6)]]
 
@@ -218,19 +225,23 @@ def test_a_shaped_batch_has_the_loss_and_gradients_of_the_exact_one():
 
 
 def test_ranks_get_runs_of_a_class_and_the_loader_pads_to_it():
-    ranks = [TokenBatchSampler(SRC, TGT, 400, seed=2, rank=r, world_size=2, shapes=SHAPES)
-             for r in range(2)]
+    ranks = [
+        TokenBatchSampler(SRC, TGT, 400, seed=2, rank=r, world_size=2, shapes=SHAPES)
+        for r in range(2)
+    ]
     assert len(ranks[0]) == len(ranks[1])
     every = shaped_batches(SRC, TGT, 400, seed=2, epoch=0, shapes=SHAPES, runs_of=6)
     assert [b.tolist() for b in ranks[0]._batches] == [b.tolist() for b in every[0::2]][
-        : len(ranks[0])]
+        : len(ranks[0])
+    ]
     # Runs of 3 x 2 ranks: each rank changes class at most once a run, far less often
     # than token batches of shuffled lengths do.
     widths = [int(SHAPES.width(SRC[b], TGT[b])[0]) for b in ranks[1]._batches]
     assert len(runs_of_classes(widths)) - 1 <= len(every) / 6 + len(set(widths))
     sampler = TokenBatchSampler(SRC[:300], TGT[:300], 400, seed=1, shapes=SHAPES)
-    for batch, idx in zip(make_loader(ListDataset(300), sampler, workers=0), list(sampler),
-                          strict=True):
+    for batch, idx in zip(
+        make_loader(ListDataset(300), sampler, workers=0), list(sampler), strict=True
+    ):
         w = int(SHAPES.width(SRC[idx].max(), TGT[idx].max()))
         assert batch.src.shape == batch.tgt_out.shape == (400 // w, w)
         assert int((batch.tgt_out != PAD).sum()) == int((TGT[idx] + 1).sum())

@@ -26,9 +26,16 @@ def test_state_index_select_reorders_rows():
         cache = twice.index_select(torch.arange(2), torch.tensor([1, 2]))  # `picked`'s 1, 2
         logits, after = model.decode_step(tgt[rows, 1], None, mask[rows], cache)
         reference, made = model.decode_step(
-            tgt[rows, 1], None, mask[rows],
-            BeamCache(*(tuple(t[rows] for t in ts) for ts in (state.self_k, state.self_v,
-                                                              state.cross_k, state.cross_v))))
+            tgt[rows, 1],
+            None,
+            mask[rows],
+            BeamCache(
+                *(
+                    tuple(t[rows] for t in ts)
+                    for ts in (state.self_k, state.self_v, state.cross_k, state.cross_v)
+                )
+            ),
+        )
     assert torch.allclose(logits, reference, atol=1e-6)
     assert after.rows is None and torch.equal(after.self_k[0], made.self_k[0])
     assert torch.equal(picked.cross_v[0], state.cross_v[0][order])
@@ -122,8 +129,9 @@ def test_a_resized_or_moved_slot_cache_steps_as_before():
     cache.fill(torch.tensor([0]), sources)
     for t in range(3):
         _, cache = model.decode_step(tgt[:1, t], None, mask, cache)
-    reference, _ = model.decode_step(tgt[:1, 3], None, mask,
-                                     cache.resized(2, 8, 7))  # a copy: `cache` stays
+    reference, _ = model.decode_step(
+        tgt[:1, 3], None, mask, cache.resized(2, 8, 7)
+    )  # a copy: `cache` stays
     grown = cache.resized(4, 12, 9)
     assert (grown.slots, grown.columns, grown.source_capacity) == (4, 12, 9)
     shrunk = grown.resized(1, 4, 7)

@@ -17,8 +17,11 @@ from mtkit.core.checkpoint import (
 
 
 def payload(value: float, train: bool = True) -> dict:
-    out = {"config": {"model": {}}, "vocab": {"src": b"s", "tgt": b"t"},
-           "model": {"w": torch.full((2, 3), value), "n": torch.tensor([7])}}
+    out = {
+        "config": {"model": {}},
+        "vocab": {"src": b"s", "tgt": b"t"},
+        "model": {"w": torch.full((2, 3), value), "n": torch.tensor([7])},
+    }
     if train:
         out["train"] = {"progress": {"step": int(value)}}
     return out
@@ -38,8 +41,9 @@ def test_a_memory_mapped_load_is_the_same_and_outlives_a_new_save(tmp_path):
     save_checkpoint(payload(2.0), tmp_path / "a.pt")  # replaced, as training does
     mapped["model"]["w"].add_(1)  # copy-on-write: the file is never written through
     assert torch.equal(mapped["model"]["w"], torch.full((2, 3), 2.0))
-    assert torch.equal(load_checkpoint(tmp_path / "a.pt", mmap=True)["model"]["w"],
-                       torch.full((2, 3), 2.0))
+    assert torch.equal(
+        load_checkpoint(tmp_path / "a.pt", mmap=True)["model"]["w"], torch.full((2, 3), 2.0)
+    )
 
 
 def resident_kb(path) -> int:
@@ -175,6 +179,8 @@ def test_an_average_says_which_steps_it_is_the_average_of(tmp_path):
     assert averaged["averaged_steps"] == [800, 900, 1000]
     assert describe_weights(averaged) == "the average of steps 800, 900 and 1000"
     save_checkpoint(averaged, tmp_path / "avg.pt")  # an average has no step of its own
-    assert describe_weights(average_checkpoints([tmp_path / "avg.pt", paths[0]])) == \
-        "the average of 2 checkpoints"
+    assert (
+        describe_weights(average_checkpoints([tmp_path / "avg.pt", paths[0]]))
+        == "the average of 2 checkpoints"
+    )
     assert describe_weights({"model": {}}) == "unknown"

@@ -64,8 +64,16 @@ def test_heads_must_divide_d_model(tmp_path):
 
 def test_overrides_convert_types_and_use_the_same_validator(tmp_path):
     path = write(tmp_path, "model: {d_model: 256}\n")
-    cfg = load_config(path, ["model.d_model=512", "train.lr=3e-4", "model.norm=pre",
-                             "data.dedup=true", "run_dir=runs/x"])
+    cfg = load_config(
+        path,
+        [
+            "model.d_model=512",
+            "train.lr=3e-4",
+            "model.norm=pre",
+            "data.dedup=true",
+            "run_dir=runs/x",
+        ],
+    )
     assert cfg.model.d_model == 512
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.model.norm == "pre" and cfg.data.dedup is True and cfg.run_dir == "runs/x"
@@ -91,8 +99,12 @@ def test_defaults_and_nested_corpus_defaults():
 
 
 def test_a_split_may_list_several_corpora_with_weights(tmp_path):
-    data = {"data": {"train": [{"src": "a.en", "tgt": "a.de"}, {"path": "b.tsv", "weight": 4}],
-                     "valid": [{"hub": "wmt14", "hub_config": "de-en"}]}}
+    data = {
+        "data": {
+            "train": [{"src": "a.en", "tgt": "a.de"}, {"path": "b.tsv", "weight": 4}],
+            "valid": [{"hub": "wmt14", "hub_config": "de-en"}],
+        }
+    }
     cfg = config_from_dict(data)
     assert [c.weight for c in cfg.data.corpora("train")] == [1, 4]
     assert cfg.data.valid[0].split == "validation"  # the split's defaults hold in a list
@@ -101,16 +113,25 @@ def test_a_split_may_list_several_corpora_with_weights(tmp_path):
     assert load_config(tmp_path / "config.yaml") == cfg
     again = load_config(tmp_path / "config.yaml", ["data.train.1.weight=2"])
     assert again.data.train[1].weight == 2 and again.data.train[0] == cfg.data.train[0]
-    with pytest.raises(ConfigError, match=r"--set data.train.src: data.train is a list of 2; "
-                                          r"address an item by its index, 0 to 1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--set data.train.src: data.train is a list of 2; "
+        r"address an item by its index, 0 to 1",
+    ):
         load_config(tmp_path / "config.yaml", ["data.train.src=x"])
-    with pytest.raises(ConfigError, match=r"data.train.1.weigth is not a key; did you mean "
-                                          r"data.train.1.weight\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.train.1.weigth is not a key; did you mean "
+        r"data.train.1.weight\?",
+    ):
         config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"}, {"weigth": 2}]}})
     with pytest.raises(ConfigError, match=r"data.train.1: no data given"):
         config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"}, {"weight": 2}]}})
-    with pytest.raises(ConfigError, match=r"data.valid.weight: weights apply to data.train "
-                                          r"only"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.valid.weight: weights apply to data.train "
+        r"only",
+    ):
         config_from_dict({"data": {"valid": {"src": "a", "tgt": "b", "weight": 2}}})
     with pytest.raises(ConfigError, match=r"data.train.weight must be in \[1, 1000\], got 0"):
         config_from_dict({"data": {"train": {"src": "a", "tgt": "b", "weight": 0}}})

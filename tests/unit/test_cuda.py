@@ -23,16 +23,23 @@ from mtkit.training.loop import train
 
 from conftest import tiny_config_dict
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 @pytest.fixture(scope="module")
 def cuda_run(corpus, tmp_path_factory):
     """A tiny run trained for 30 steps on the GPU with precision auto."""
     run = tmp_path_factory.mktemp("cuda") / "run"
-    cfg = config_from_dict(tiny_config_dict(corpus, run, train={
-        "device": "auto", "precision": "auto", "max_steps": 30, "valid_every": 15}))
+    cfg = config_from_dict(
+        tiny_config_dict(
+            corpus,
+            run,
+            train={"device": "auto", "precision": "auto", "max_steps": 30, "valid_every": 15},
+        )
+    )
     build_tokenizer(cfg)
     preprocess(cfg)
     return cfg, train(cfg)
@@ -43,7 +50,8 @@ def test_auto_picks_cuda_and_bf16_where_supported(cuda_run):
     assert resolve_device("auto").type == "cuda"
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     assert resolve_precision("auto", torch.device("cuda"))[0] == (
-        torch.bfloat16 if expected == "bf16" else None)
+        torch.bfloat16 if expected == "bf16" else None
+    )
     assert result.precision == expected and result.step == 30
     lines = (cfg.run_path / "metrics.jsonl").read_text().splitlines()
     start = json.loads(lines[0])
@@ -53,8 +61,18 @@ def test_auto_picks_cuda_and_bf16_where_supported(cuda_run):
 
 def test_cached_decode_equals_full_decode_on_cuda_in_bf16():
     torch.manual_seed(0)
-    cfg = config_from_dict({"model": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 64,
-                                      "heads": 4, "ffn_dim": 128, "dropout": 0.0}}).model
+    cfg = config_from_dict(
+        {
+            "model": {
+                "encoder_layers": 2,
+                "decoder_layers": 2,
+                "d_model": 64,
+                "heads": 4,
+                "ffn_dim": 128,
+                "dropout": 0.0,
+            }
+        }
+    ).model
     model = build_model(cfg, 50, 50).cuda().eval()
     src = torch.randint(4, 50, (3, 7), device="cuda")
     tgt = torch.randint(4, 50, (3, 6), device="cuda")
@@ -81,8 +99,18 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
     """bf16 rounding depends on the batch's shapes, so a near tie may go either way: most
     outputs, not all, must be those of batched greedy decoding."""
     torch.manual_seed(0)
-    cfg = config_from_dict({"model": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 64,
-                                      "heads": 4, "ffn_dim": 128, "dropout": 0.0}}).model
+    cfg = config_from_dict(
+        {
+            "model": {
+                "encoder_layers": 2,
+                "decoder_layers": 2,
+                "d_model": 64,
+                "heads": 4,
+                "ffn_dim": 128,
+                "dropout": 0.0,
+            }
+        }
+    ).model
     model = build_model(cfg, 50, 50).cuda().eval()
     src = torch.randint(4, 50, (8, 7), device="cuda")
     src[:, -1] = EOS
@@ -91,8 +119,7 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
         alone = greedy_hypotheses(model, src, 0.6, 1.0, 3)
     assert dtype == torch.bfloat16  # the attention keys' dtype, not the memory's
     assert sorted(got) == list(range(8))
-    assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score))
-               for k in got)
+    assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score)) for k in got)
     assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
 
 
@@ -107,8 +134,9 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
     last = cfg.run_path / "checkpoints" / "last.pt"
     pair = load_engine([last, last], "cuda")
     lines, prefixes = ["A dog runs in the park.", "", "Two men are talking."], ["Ein", "", ""]
-    opts = SearchOptions(beam=3, nbest=3, sampling=True, topp=0.9, seed=3,
-                         no_repeat_ngram=2, alignments=True)
+    opts = SearchOptions(
+        beam=3, nbest=3, sampling=True, topp=0.9, seed=3, no_repeat_ngram=2, alignments=True
+    )
     first = pair.translate(lines, opts, prefixes=prefixes)
     again = pair.translate(lines, opts, prefixes=prefixes)
     assert [[h.tokens for h in x] for x in first] == [[h.tokens for h in x] for x in again]

@@ -11,8 +11,11 @@ def test_nbest_larger_than_beam_is_rejected_naming_where_the_beam_came_from():
     from mtkit.core.config import DecodeConfig
     from mtkit.core.errors import OptionError
 
-    with pytest.raises(OptionError, match=r"--nbest 6 must not exceed the checkpoint's beam "
-                                          r"size 5"):
+    with pytest.raises(
+        OptionError,
+        match=r"--nbest 6 must not exceed the checkpoint's beam "
+        r"size 5",
+    ):
         SearchOptions.from_config(DecodeConfig(), nbest=6)
     with pytest.raises(OptionError, match=r"--nbest 3 must not exceed --beam 2"):
         SearchOptions.from_config(DecodeConfig(), nbest=3, beam=2)
@@ -42,22 +45,31 @@ def test_the_command_line_help_of_each_decoding_option_is_the_tables():
     commands = typer.main.get_command(app).commands
     for command in ("translate", "serve"):
         helps = {p.name: p.help for p in commands[command].params}
-        for name in ("beam", "lenpen", "max_len_a", "no_repeat_ngram", "sampling", "topp",
-                     "align_layer"):
+        for name in (
+            "beam",
+            "lenpen",
+            "max_len_a",
+            "no_repeat_ngram",
+            "sampling",
+            "topp",
+            "align_layer",
+        ):
             assert helps[name] == OPTIONS[name].help, (command, name)
-    assert {p.name: p.help for p in commands["translate"].params}["nbest"] == \
-        OPTIONS["nbest"].help
+    assert {p.name: p.help for p in commands["translate"].params}["nbest"] == OPTIONS["nbest"].help
 
 
-@pytest.mark.parametrize("given, says", [
-    ({"beam": 0}, "--beam must be from 1 to 256, got 0"),
-    ({"lenpen": float("nan")}, "--lenpen must be from 0 to 10, got nan"),
-    ({"max_len_b": -1}, "--max-len-b must be at least 0, got -1"),
-    ({"sampling": True, "temperature": 0.0}, "--temperature must be above 0, got 0.0"),
-    ({"sampling": True, "topp": 1.5}, "--topp must be in (0, 1], got 1.5"),
-    ({"topk": 5}, "--topk is a sampling option: add --sampling"),
-    ({"align_layer": 0}, "--align-layer chooses where alignments come from: add --alignments"),
-])
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ({"beam": 0}, "--beam must be from 1 to 256, got 0"),
+        ({"lenpen": float("nan")}, "--lenpen must be from 0 to 10, got nan"),
+        ({"max_len_b": -1}, "--max-len-b must be at least 0, got -1"),
+        ({"sampling": True, "temperature": 0.0}, "--temperature must be above 0, got 0.0"),
+        ({"sampling": True, "topp": 1.5}, "--topp must be in (0, 1], got 1.5"),
+        ({"topk": 5}, "--topk is a sampling option: add --sampling"),
+        ({"align_layer": 0}, "--align-layer chooses where alignments come from: add --alignments"),
+    ],
+)
 def test_each_option_is_checked_once_with_the_flag_named(given, says):
     from mtkit.core.config import DecodeConfig
     from mtkit.core.errors import OptionError
@@ -84,9 +96,11 @@ def test_an_engine_refuses_what_it_cannot_do_in_one_line_naming_the_option():
 
     ct2 = Capabilities(sampling=False, alignments=False, needs="a checkpoint")
     check(SearchOptions(beam=3, nbest=2), ct2)  # a plain search: fine
-    for opts, option in ((SearchOptions(sampling=True), "--sampling"),
-                         (SearchOptions(alignments=True), "--alignments"),
-                         (SearchOptions(alignments=True, align_layer=0), "--align-layer")):
+    for opts, option in (
+        (SearchOptions(sampling=True), "--sampling"),
+        (SearchOptions(alignments=True), "--alignments"),
+        (SearchOptions(alignments=True, align_layer=0), "--align-layer"),
+    ):
         with pytest.raises(OptionError, match=rf"^{option} needs a checkpoint$"):
             check(opts, ct2)
     check(SearchOptions(sampling=True, alignments=True), Capabilities())  # PyTorch's

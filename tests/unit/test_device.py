@@ -20,8 +20,14 @@ class FakeTimer:
     pays `first_call` times its cost (kernel selection, JIT), and with `load` a seeded
     random share of calls is slowed by another process, by up to `load` times."""
 
-    def __init__(self, fp32_s: float, bf16_s: float, first_call: float = 1.0,
-                 load: float = 0.0, seed: int = 0):
+    def __init__(
+        self,
+        fp32_s: float,
+        bf16_s: float,
+        first_call: float = 1.0,
+        load: float = 0.0,
+        seed: int = 0,
+    ):
         self.cost = {None: fp32_s, torch.bfloat16: bf16_s}
         self.first_call, self.load = first_call, load
         self.rng = random.Random(seed)
@@ -53,12 +59,13 @@ def test_the_first_bf16_call_is_a_warm_up_not_a_timing():
 
 
 def test_a_loaded_machine_makes_the_idle_machines_choice_in_20_of_20_starts():
-    for fp32_s, bf16_s in ((4.67e-3, 1.35e-3), (7e-3, 5.6e-3), (5e-3, 5.5e-3),
-                           (2e-3, 3e-3)):
+    for fp32_s, bf16_s in ((4.67e-3, 1.35e-3), (7e-3, 5.6e-3), (5e-3, 5.5e-3), (2e-3, 3e-3)):
         idle = choose(FakeTimer(fp32_s, bf16_s))
         assert idle == (bf16_s <= BF16_MARGIN * fp32_s)
-        loaded = [choose(FakeTimer(fp32_s, bf16_s, first_call=30.0, load=20.0, seed=seed))
-                  for seed in range(20)]
+        loaded = [
+            choose(FakeTimer(fp32_s, bf16_s, first_call=30.0, load=20.0, seed=seed))
+            for seed in range(20)
+        ]
         assert loaded == [idle] * 20, (fp32_s, bf16_s, loaded)
 
 
@@ -82,17 +89,27 @@ def test_the_runtime_settings_cap_onednns_kernel_caches_unless_the_user_set_them
     """Both caches read their size at first use, so the setting must be in the
     environment before the first bf16 matrix product (benchmarks/memory.py shows the
     effect: bf16 training at the memory of fp32)."""
-    probe = ("import os; from mtkit.core.device import tune_cpu_runtime; tune_cpu_runtime(); "
-             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
-             "os.environ['LRU_CACHE_CAPACITY'])")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    ours = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                          text=True, check=True).stdout.split()
+    probe = (
+        "import os; from mtkit.core.device import tune_cpu_runtime; tune_cpu_runtime(); "
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
+        "os.environ['LRU_CACHE_CAPACITY'])"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+    }
+    ours = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert ours == [str(ONEDNN_CACHE_ENTRIES)] * 2
-    theirs = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "500"},
-                            check=True).stdout.split()
+    theirs = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "500"},
+        check=True,
+    ).stdout.split()
     assert theirs == ["500", str(ONEDNN_CACHE_ENTRIES)]
 
 
@@ -121,8 +138,7 @@ def test_translations_timer_runs_bf16_weights_without_autocast(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "linear", linear)
     once = device.linear_timer(8, 4, 4, backward=False)
     assert once(torch.bfloat16, 8) > 0 and once(None, 8) > 0
-    assert seen == [(torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.float32,
-                                                              False)]
+    assert seen == [(torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.float32, False)]
     seen.clear()
     device.linear_timer(8, 4, 4)(torch.bfloat16, 8)  # training: autocast, fp32 weights
     assert seen == [(torch.float32, torch.float32, True)]

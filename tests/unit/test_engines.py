@@ -20,15 +20,25 @@ from conftest import inference_mode_watched
 def test_beam_one_is_greedy_decoding(tiny_engine):
     # eos is the argmax after A, but A B C A eos scores better under a strong length
     # penalty: a search with a beam of one would go on to it; greedy stops at its eos.
-    table = {(): {A: 1.0}, (A,): {EOS: 0.6, B: 0.4}, (A, B): {C: 1.0}, (A, B, C): {A: 1.0},
-             (A, B, C, A): {EOS: 1.0}}
+    table = {
+        (): {A: 1.0},
+        (A,): {EOS: 0.6, B: 0.4},
+        (A, B): {C: 1.0},
+        (A, B, C): {A: 1.0},
+        (A, B, C, A): {EOS: 1.0},
+    }
 
     class ScriptedTranslator(TorchEngine):
         step_model = Scripted(table)
 
-    scripted = ScriptedTranslator(tiny_engine.models, tiny_engine.src_vocab,
-                                  tiny_engine.tgt_vocab, tiny_engine.device, None,
-                                  tiny_engine.config)
+    scripted = ScriptedTranslator(
+        tiny_engine.models,
+        tiny_engine.src_vocab,
+        tiny_engine.tgt_vocab,
+        tiny_engine.device,
+        None,
+        tiny_engine.config,
+    )
     (hyp,), _ = scripted.translate(["A dog.", ""], SearchOptions(beam=1, lenpen=2.0))
     assert hyp.tokens == [A]
     assert hyp.score == pytest.approx(math.log(0.6) / length_penalty(2, 2.0))
@@ -52,11 +62,13 @@ def test_overlong_lines_are_truncated_with_one_warning(tiny_engine, caplog):
     cut = tiny_engine.tgt_vocab.encode([long])[0][:22]
     assert hyp.tokens[:22] == cut and len(hyp.tokens) <= 23  # within the positions
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
-        "target prefixes longer than 22 subwords are truncated"]
+        "target prefixes longer than 22 subwords are truncated"
+    ]
 
 
 def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_asked(
-        monkeypatch, caplog):
+    monkeypatch, caplog
+):
     import torch
 
     import mtkit.core.device as device_module
@@ -76,19 +88,24 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
     with caplog.at_level("INFO", logger="mtkit.core.device"):
         dtype, record = inference_precision("auto", cpu, Config())
     assert dtype == torch.bfloat16 and record == {
-        "precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 4.0, "bf16_ms": 1.0}}
+        "precision": "bf16",
+        "asked": "auto",
+        "calibration": {"fp32_ms": 4.0, "bf16_ms": 1.0},
+    }
     assert seen == [(500, 512, 2048, False)] and "Linear, forward, took" in caplog.text
-    assert inference_precision("fp32", cpu, Config()) == (None, {"precision": "fp32",
-                                                                 "asked": "fp32"})
-    monkeypatch.setattr(device_module, "calibrate_cpu",
-                        lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038))
+    assert inference_precision("fp32", cpu, Config()) == (
+        None,
+        {"precision": "fp32", "asked": "fp32"},
+    )
+    monkeypatch.setattr(
+        device_module, "calibrate_cpu", lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038)
+    )
     assert inference_precision("auto", cpu, Config())[0] is None  # not clearly faster
     with pytest.raises(OptionError, match=r"--precision must be auto, fp32, bf16 or int8"):
         inference_precision("fp16", cpu, Config())
 
 
-def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monkeypatch,
-                                                                            caplog):
+def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monkeypatch, caplog):
     import torch
 
     from mtkit.core.config import Config
@@ -102,13 +119,17 @@ def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monk
     monkeypatch.setattr(int8, "weight_range", lambda: 127)
     with caplog.at_level(logging.INFO, logger="mtkit"):
         assert inference_precision("int8", cpu, Config()) == (
-            None, {"precision": "int8", "asked": "int8", "int8_weight_range": 127})
+            None,
+            {"precision": "int8", "asked": "int8", "int8_weight_range": 127},
+        )
     assert "weights are rounded" not in caplog.text
     monkeypatch.setattr(int8, "weight_range", lambda: 63)
     with caplog.at_level(logging.INFO, logger="mtkit"):
         assert inference_precision("int8", cpu, Config())[1]["int8_weight_range"] == 63
-    assert "not exact on this CPU (no VNNI instructions): weights are rounded to -63..63" \
+    assert (
+        "not exact on this CPU (no VNNI instructions): weights are rounded to -63..63"
         in caplog.text
+    )
     with pytest.raises(OptionError, match=r"^--precision int8 runs on a CPU; on CUDA use "):
         inference_precision("int8", torch.device("cuda"), Config())
     monkeypatch.setattr(int8, "int8_supported", lambda: False)
@@ -121,9 +142,10 @@ def test_an_engine_in_bf16_translates_and_says_so(tiny_engine):
 
     import torch
 
-    bf16 = dataclasses.replace(tiny_engine, autocast_dtype=torch.bfloat16,
-                               precision={"precision": "bf16", "asked": "bf16"})
-    (hyp,), = bf16.translate(["A dog runs."], SearchOptions(beam=2, max_len_a=0, max_len_b=4))
+    bf16 = dataclasses.replace(
+        tiny_engine, autocast_dtype=torch.bfloat16, precision={"precision": "bf16", "asked": "bf16"}
+    )
+    ((hyp,),) = bf16.translate(["A dog runs."], SearchOptions(beam=2, max_len_a=0, max_len_b=4))
     assert 1 <= len(hyp.tokens) <= 4 and bf16.describe()["precision"] == "bf16"
     assert tiny_engine.describe()["precision"] == "fp32"
 
@@ -136,13 +158,23 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
     from mtkit.model.transformer import build_model
 
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32,
-                      dropout=0.0, max_positions=24)
+    cfg = ModelConfig(
+        encoder_layers=1,
+        decoder_layers=1,
+        d_model=16,
+        heads=2,
+        ffn_dim=32,
+        dropout=0.0,
+        max_positions=24,
+    )
     model = build_model(cfg, 50, 50).eval()
     # A second module holding the same weight: it must stay one tensor, cast once.
     model.decoder_layers[0].ffn.outer.weight = model.encoder_layers[0].ffn.outer.weight
-    floats = {id(t): t.data_ptr() for t in (*model.parameters(), *model.buffers())
-              if t.is_floating_point()}  # distinct tensors (parameters() drops repeats)
+    floats = {
+        id(t): t.data_ptr()
+        for t in (*model.parameters(), *model.buffers())
+        if t.is_floating_point()
+    }  # distinct tensors (parameters() drops repeats)
     src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
     reference = model(src, tgt)  # (1, 3, V) fp32
     handed = []
@@ -163,12 +195,12 @@ def test_a_bf16_engine_on_a_cpu_runs_bf16_weights_without_autocast(trained):
 
     from mtkit.engines.pytorch import load_torch_engine
 
-    engine = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
-                               precision="bf16")
+    engine = load_torch_engine(
+        [trained / "run" / "checkpoints" / "best.pt"], "cpu", precision="bf16"
+    )
     assert engine.autocast_dtype is None and engine.precision["precision"] == "bf16"
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
-    fp32 = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
-                             precision="fp32")
+    fp32 = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu", precision="fp32")
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}
     opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6, nbest=3)
     lines = ["A dog runs.", "Two men are sitting on a bench."]
@@ -185,8 +217,9 @@ def test_an_engines_layers_keep_their_stacked_weights(trained):
     holds its stack, and a second translation gives the same outputs with it."""
     from mtkit.engines.pytorch import load_torch_engine
 
-    engine = load_torch_engine([trained / "run" / "checkpoints" / "best.pt"], "cpu",
-                               precision="fp32")
+    engine = load_torch_engine(
+        [trained / "run" / "checkpoints" / "best.pt"], "cpu", precision="fp32"
+    )
     opts = SearchOptions(beam=3, max_len_a=0, max_len_b=6)
     lines = ["A dog runs.", "Two men are sitting on a bench."]
     first = engine.translate(lines, opts)

@@ -27,8 +27,11 @@ def test_an_ensemble_of_identical_models_equals_the_single_model(search):
     def run(m):
         if search == "greedy":
             return [[(tuple(t), 0.0)] for t in greedy_search(m, src)]
-        found = (beam_search(m, src, beam=4, nbest=3) if search == "beam"
-                 else sample_search(m, src, seeds=list(range(6)), samples=3))
+        found = (
+            beam_search(m, src, beam=4, nbest=3)
+            if search == "beam"
+            else sample_search(m, src, seeds=list(range(6)), samples=3)
+        )
         return [[(tuple(h.tokens), h.log_prob) for h in hyps] for hyps in found]
 
     single, pair, one = run(model), run(twins), run(Ensemble([model]))
@@ -53,15 +56,29 @@ def test_an_ensemble_averages_the_models_log_probabilities():
 
 def test_an_ensemble_of_models_of_different_widths_keeps_each_memory_apart():
     torch.manual_seed(5)
-    wide = build_model(ModelConfig(d_model=48, heads=4, ffn_dim=64, encoder_layers=1,
-                                   decoder_layers=1, dropout=0.0, max_positions=32),
-                       40, 40).eval()
+    wide = build_model(
+        ModelConfig(
+            d_model=48,
+            heads=4,
+            ffn_dim=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            dropout=0.0,
+            max_positions=32,
+        ),
+        40,
+        40,
+    ).eval()
     narrow, src = random_model(6), random_src(4, 7)
     pair = Ensemble([wide, narrow])
     memory, _ = pair.encode(src)
     assert memory.shape[-1] == 48 + 32 and pair.cfg.max_positions == 32
     token = torch.full((4,), BOS)
     logits, _ = pair.decode_step(token, memory, src != PAD, None)
-    expected = torch.stack([torch.log_softmax(m.decode_step(token, *m.encode(src), None)[0],
-                                              dim=-1) for m in (wide, narrow)]).mean(0)
+    expected = torch.stack(
+        [
+            torch.log_softmax(m.decode_step(token, *m.encode(src), None)[0], dim=-1)
+            for m in (wide, narrow)
+        ]
+    ).mean(0)
     assert torch.allclose(logits, expected, atol=1e-5)

@@ -18,8 +18,15 @@ from mtkit.stages.explain import (
     trace_shapes,
 )
 
-CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, heads=2, ffn_dim=32,
-                  dropout=0.0, max_positions=32)
+CFG = ModelConfig(
+    encoder_layers=1,
+    decoder_layers=1,
+    d_model=8,
+    heads=2,
+    ffn_dim=32,
+    dropout=0.0,
+    max_positions=32,
+)
 PAIRS = [("a b c", "x y z w v"), ("a b", "x y")]  # S = 4, T = 6 after eos / bos
 
 
@@ -65,8 +72,11 @@ def test_causal_mask_in_the_trace_is_lower_triangular_and_padding_is_masked():
     _, stages = trace()
     causal = next(s for s in stages if s.name.endswith("causal mask"))
     assert torch.equal(causal.values, torch.tril(torch.ones(6, 6, dtype=torch.bool)))
-    weights = next(s for s in stages if s.name == "encoder layer 0 / self-attention / "
-                                                   "attention weights softmax").values
+    weights = next(
+        s
+        for s in stages
+        if s.name == "encoder layer 0 / self-attention / attention weights softmax"
+    ).values
     assert torch.all(weights[1, :, :, 3] == 0)  # second sentence: position 3 is padding
     assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 4))
 
@@ -81,11 +91,15 @@ def test_tracing_does_not_change_the_output():
     assert seen and torch.allclose(plain, traced, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [{}, {"norm": "pre", "positions": "learned"},
-                                {"share_embeddings": False}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"norm": "pre", "positions": "learned"}, {"share_embeddings": False}]
+)
 def test_parameter_table_matches_the_model(kw):
-    model = build_model(ModelConfig(**{**vars(CFG), **kw}), 20, 20 if not kw else 24
-                        if "share_embeddings" in kw else 20)
+    model = build_model(
+        ModelConfig(**{**vars(CFG), **kw}),
+        20,
+        20 if not kw else 24 if "share_embeddings" in kw else 20,
+    )
     rows = parameter_table(model)
     assert sum(r.count for r in rows) == count_parameters(model)
     assert all(r.count == r.formula_value for r in rows), rows
@@ -98,8 +112,9 @@ def test_attention_pngs_are_written_and_valid(tmp_path):
 
     from conftest import read_lines
 
-    vocab = Vocab(train_sentencepiece(read_lines("train.en.gz", 300), TokenizerConfig(
-        vocab_size=100)))
+    vocab = Vocab(
+        train_sentencepiece(read_lines("train.en.gz", 300), TokenizerConfig(vocab_size=100))
+    )
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{**vars(CFG), "encoder_layers": 2}), 100, 100)
     maps = attention_maps(model, vocab, vocab, "A dog runs in the park.", 1.0, 2)
@@ -109,8 +124,13 @@ def test_attention_pngs_are_written_and_valid(tmp_path):
     assert PAD not in maps.src_tokens
     paths = plot_attention(maps, tmp_path / "att")
     names = sorted(p.name for p in paths)
-    assert names == ["alignment.png", "cross_layer0.png", "decoder_layer0.png",
-                     "encoder_layer0.png", "encoder_layer1.png"]
+    assert names == [
+        "alignment.png",
+        "cross_layer0.png",
+        "decoder_layer0.png",
+        "encoder_layer0.png",
+        "encoder_layer1.png",
+    ]
     for p in paths:
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"

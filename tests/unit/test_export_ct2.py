@@ -32,17 +32,30 @@ def converted(model, folder):
     return ct2.Translator(str(folder), device="cpu", intra_threads=torch.get_num_threads())
 
 
-@pytest.mark.parametrize("norm, positions, activation, shared", [
-    ("post", "sinusoidal", "relu", True),
-    ("pre", "learned", "gelu", False),
-    ("post", "learned", "gelu", True),
-    ("pre", "sinusoidal", "relu", False),
-])
+@pytest.mark.parametrize(
+    "norm, positions, activation, shared",
+    [
+        ("post", "sinusoidal", "relu", True),
+        ("pre", "learned", "gelu", False),
+        ("post", "learned", "gelu", True),
+        ("pre", "sinusoidal", "relu", False),
+    ],
+)
 def test_every_variant_converts_exactly(tmp_path, norm, positions, activation, shared):
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=2, decoder_layers=2,
-                      dropout=0.0, max_positions=64, norm=norm, positions=positions,
-                      activation=activation, share_embeddings=shared)
+    cfg = ModelConfig(
+        d_model=32,
+        heads=4,
+        ffn_dim=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_positions=64,
+        norm=norm,
+        positions=positions,
+        activation=activation,
+        share_embeddings=shared,
+    )
     model = build_model(cfg, V, V).eval()
     engine = converted(model, tmp_path / "ct2")
     g = torch.Generator().manual_seed(1)
@@ -51,8 +64,12 @@ def test_every_variant_converts_exactly(tmp_path, norm, positions, activation, s
     for i, s in enumerate(sources):
         src[i, : len(s) + 1] = torch.tensor(s + [EOS])
     ours = greedy_search(model, src, max_len_a=0.0, max_len_b=12)
-    theirs = engine.translate_batch([[PIECES[i] for i in s] for s in sources], beam_size=1,
-                                    max_decoding_length=12, suppress_sequences=NEVER)
+    theirs = engine.translate_batch(
+        [[PIECES[i] for i in s] for s in sources],
+        beam_size=1,
+        max_decoding_length=12,
+        suppress_sequences=NEVER,
+    )
     assert [[PIECES.index(p) for p in r.hypotheses[0]] for r in theirs] == ours
 
     targets = [torch.randint(4, V, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
@@ -61,8 +78,9 @@ def test_every_variant_converts_exactly(tmp_path, norm, positions, activation, s
         tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + t)
     with torch.no_grad():
         lprobs = torch.log_softmax(model(src, tgt_in), dim=-1)  # (B, T, V)
-    scored = engine.score_batch([[PIECES[i] for i in s] for s in sources],
-                                [[PIECES[i] for i in t] for t in targets])
+    scored = engine.score_batch(
+        [[PIECES[i] for i in s] for s in sources], [[PIECES[i] for i in t] for t in targets]
+    )
     for i, t in enumerate(targets):
         expected = [float(lprobs[i, j, tok]) for j, tok in enumerate(t + [EOS])]
         assert scored[i].log_probs == pytest.approx(expected, abs=2e-4)

@@ -57,8 +57,9 @@ def test_stacked_int8_layers_give_what_each_gives():
 
 def test_a_quantized_model_has_no_float_linear_and_keeps_the_argmax():
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128,
-                      dropout=0.0)
+    cfg = ModelConfig(
+        encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0
+    )
     model = build_model(cfg, 60, 60).eval()
     quantized = int8.quantize(copy.deepcopy(model))
     assert not any(isinstance(m, nn.Linear) for m in quantized.modules())

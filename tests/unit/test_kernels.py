@@ -33,8 +33,9 @@ def test_matmul_attention_computes_what_sdpa_computes(causal, masked):
 
 def test_a_model_translates_the_same_with_either_kernel():
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64,
-                      dropout=0.0)
+    cfg = ModelConfig(
+        encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0
+    )
     model = build_model(cfg, 50, 50).eval()
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
     tgt = torch.tensor([[2, 10, 11], [2, 12, 0]])
@@ -51,8 +52,9 @@ def test_dropout_on_the_weights_keeps_the_expected_value():
     torch.manual_seed(0)
     q, k, v = (torch.randn(64, 2, 6, 4) for _ in range(3))
     plain = matmul_attention(q, k, v, None, False)
-    dropped = torch.stack([matmul_attention(q, k, v, None, False, p=0.5)
-                           for _ in range(200)]).mean(0)
+    dropped = torch.stack([matmul_attention(q, k, v, None, False, p=0.5) for _ in range(200)]).mean(
+        0
+    )
     assert (dropped - plain).abs().mean() < 0.05  # inverted dropout: unbiased
 
 
@@ -75,8 +77,10 @@ def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
     with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
         record = choose_attention("auto", torch.device("cpu"), torch.bfloat16, SHAPE, measure)
     assert record == {"kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.4}
-    assert "2.00 ms with SDPA and 1.40 ms with matmul + softmax on this CPU: matmul" in \
-        caplog.text and "in bf16" in caplog.text
+    assert (
+        "2.00 ms with SDPA and 1.40 ms with matmul + softmax on this CPU: matmul" in caplog.text
+        and "in bf16" in caplog.text
+    )
     assert calls.count("sdpa") == calls.count("matmul") > 2  # warmed up, then interleaved
     close, _ = faked(sdpa_ms=2.0, matmul_ms=1.9)  # within the margin: SDPA stays
     assert choose_attention("auto", torch.device("cpu"), None, SHAPE, close)["kernel"] == "sdpa"
@@ -84,19 +88,26 @@ def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
 
 def test_a_kernel_asked_for_or_cuda_is_not_measured():
     measure, calls = faked(2.0, 1.0)
-    assert choose_attention("sdpa", torch.device("cpu"), None, SHAPE, measure) == \
-        {"kernel": "sdpa", "asked": "sdpa"}
-    assert choose_attention("matmul", torch.device("cpu"), None, SHAPE, measure)["kernel"] \
-        == "matmul"
-    assert choose_attention("auto", torch.device("cuda"), None, SHAPE, measure) == \
-        {"kernel": "sdpa", "asked": "auto"}
+    assert choose_attention("sdpa", torch.device("cpu"), None, SHAPE, measure) == {
+        "kernel": "sdpa",
+        "asked": "sdpa",
+    }
+    assert (
+        choose_attention("matmul", torch.device("cpu"), None, SHAPE, measure)["kernel"] == "matmul"
+    )
+    assert choose_attention("auto", torch.device("cuda"), None, SHAPE, measure) == {
+        "kernel": "sdpa",
+        "asked": "auto",
+    }
     assert calls == []
 
 
 def test_the_fastest_run_of_each_kernel_counts_so_load_does_not_decide():
     """A burst of load on some runs (either kernel) does not change the figures."""
-    times = {"sdpa": iter([9.0, 9.0, 2.0, 50.0, 2.0, 2.0, 30.0, 2.0, 2.0]),
-             "matmul": iter([9.0, 9.0, 40.0, 1.0, 1.0, 1.0, 1.0, 45.0, 1.0])}
+    times = {
+        "sdpa": iter([9.0, 9.0, 2.0, 50.0, 2.0, 2.0, 30.0, 2.0, 2.0]),
+        "matmul": iter([9.0, 9.0, 40.0, 1.0, 1.0, 1.0, 1.0, 45.0, 1.0]),
+    }
     timing = time_attention(lambda kernel: next(times[kernel]) / 1000)
     assert dataclasses.astuple(timing) == (0.002, 0.001)
 
@@ -117,37 +128,67 @@ def faked_shapes(new_ms: float, known_ms: float):
 def test_batch_shapes_auto_takes_classes_where_a_new_shape_costs_twice_a_known_one(caplog):
     measure, calls = faked_shapes(new_ms=6.0, known_ms=1.0)
     with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
-        record = choose_batch_shapes("auto", torch.device("cpu"), torch.bfloat16,
-                                     (635, 256, 1024), fresh_above=1024, measure=measure)
-    assert record == {"shapes": "classes", "asked": "auto", "new_shape_ms": 6.0,
-                      "known_shape_ms": 1.0}
-    assert "took 6.00 ms at a new shape and 1.00 ms at a known one on this CPU: batches " \
-           "in few shapes" in caplog.text
+        record = choose_batch_shapes(
+            "auto",
+            torch.device("cpu"),
+            torch.bfloat16,
+            (635, 256, 1024),
+            fresh_above=1024,
+            measure=measure,
+        )
+    assert record == {
+        "shapes": "classes",
+        "asked": "auto",
+        "new_shape_ms": 6.0,
+        "known_shape_ms": 1.0,
+    }
+    assert (
+        "took 6.00 ms at a new shape and 1.00 ms at a known one on this CPU: batches "
+        "in few shapes" in caplog.text
+    )
     fresh = [n for n in calls if n != 635]
     # Three row counts above any a batch of 1,024 tokens can have, each new then known.
     assert len(fresh) == 9 and len(set(fresh)) == 3 and min(fresh) > 1024
     assert fresh[0::3] == fresh[1::3] == fresh[2::3]
     cheap, more = faked_shapes(new_ms=1.5, known_ms=1.0)  # under 2x: token batches stay
-    assert choose_batch_shapes("auto", torch.device("cpu"), torch.bfloat16, (635, 256, 1024),
-                               fresh_above=1024, measure=cheap)["shapes"] == "exact"
+    assert (
+        choose_batch_shapes(
+            "auto",
+            torch.device("cpu"),
+            torch.bfloat16,
+            (635, 256, 1024),
+            fresh_above=1024,
+            measure=cheap,
+        )["shapes"]
+        == "exact"
+    )
     assert not set(more) - {635} & set(fresh)  # measuring again in the process: new rows
 
 
 def test_batch_shapes_are_measured_only_in_bf16_on_a_cpu():
     measure, calls = faked_shapes(new_ms=9.0, known_ms=1.0)
     shape = (635, 256, 1024)
-    assert choose_batch_shapes("auto", torch.device("cpu"), None, shape, measure=measure) \
-        == {"shapes": "exact", "asked": "auto"}  # fp32: no kernel is compiled per shape
-    assert choose_batch_shapes("auto", torch.device("cuda"), torch.bfloat16, shape,
-                               measure=measure)["shapes"] == "exact"
-    assert choose_batch_shapes("classes", torch.device("cpu"), None, shape,
-                               measure=measure) == {"shapes": "classes", "asked": "classes"}
+    assert choose_batch_shapes("auto", torch.device("cpu"), None, shape, measure=measure) == {
+        "shapes": "exact",
+        "asked": "auto",
+    }  # fp32: no kernel is compiled per shape
+    assert (
+        choose_batch_shapes("auto", torch.device("cuda"), torch.bfloat16, shape, measure=measure)[
+            "shapes"
+        ]
+        == "exact"
+    )
+    assert choose_batch_shapes("classes", torch.device("cpu"), None, shape, measure=measure) == {
+        "shapes": "classes",
+        "asked": "classes",
+    }
     assert calls == []
 
 
 def test_the_real_shape_timer_gives_a_record_with_both_figures():
-    record = choose_batch_shapes("auto", torch.device("cpu"), torch.bfloat16, (64, 32, 64),
-                                 fresh_above=64)
+    record = choose_batch_shapes(
+        "auto", torch.device("cpu"), torch.bfloat16, (64, 32, 64), fresh_above=64
+    )
     assert record["shapes"] in ("exact", "classes") and record["asked"] == "auto"
     assert record["new_shape_ms"] > 0 and record["known_shape_ms"] > 0
     ratio = record["new_shape_ms"] / record["known_shape_ms"]
@@ -160,17 +201,22 @@ def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster
 
     measure, calls = faked(sdpa_ms=6.6, matmul_ms=1.9)
     with caplog.at_level("DEBUG", logger="mtkit.model.kernel_timing"):
-        record = choose_decoding_attention(torch.device("cpu"), torch.bfloat16, SHAPE,
-                                           measure)
+        record = choose_decoding_attention(torch.device("cpu"), torch.bfloat16, SHAPE, measure)
     assert record == {"kernel": "matmul", "sdpa_ms": 6.6, "matmul_ms": 1.9}
     assert "attention for translation" in caplog.text and "in bf16" in caplog.text
     assert calls.count("sdpa") == calls.count("matmul") > 2
     close, _ = faked(sdpa_ms=2.0, matmul_ms=1.9)
-    assert choose_decoding_attention(torch.device("cpu"), None, SHAPE, close) == \
-        {"kernel": "sdpa", "sdpa_ms": 2.0, "matmul_ms": 1.9}
+    assert choose_decoding_attention(torch.device("cpu"), None, SHAPE, close) == {
+        "kernel": "sdpa",
+        "sdpa_ms": 2.0,
+        "matmul_ms": 1.9,
+    }
     untouched, calls = faked(1.0, 2.0)  # on CUDA, matmul unmeasured (cuDNN's plans)
-    assert choose_decoding_attention(torch.device("cuda"), None, SHAPE, untouched) == \
-        {"kernel": "matmul"} and calls == []
+    assert (
+        choose_decoding_attention(torch.device("cuda"), None, SHAPE, untouched)
+        == {"kernel": "matmul"}
+        and calls == []
+    )
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
@@ -191,6 +237,7 @@ def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatc
         def choose(device, dtype, shape, measure=None):
             timed.append(dtype)
             return {"kernel": kernel}
+
         return choose
 
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
@@ -198,6 +245,7 @@ def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatc
         monkeypatch.setattr("mtkit.engines.pytorch.choose_decoding_attention", take(kernel))
         engine = load_torch_engine([checkpoint], "cpu", precision=precision)
         assert engine.precision["attention"] == {"kernel": kernel}
-        assert {m.kernel for m in engine.model.modules()
-                if isinstance(m, MultiHeadAttention)} == {kernel}
+        assert {m.kernel for m in engine.model.modules() if isinstance(m, MultiHeadAttention)} == {
+            kernel
+        }
     assert timed == [torch.bfloat16, None]  # measured as each engine runs

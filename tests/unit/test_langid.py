@@ -59,8 +59,14 @@ def test_the_filter_drops_pairs_whose_sides_are_in_other_languages(vocab_en_de, 
         src[i], tgt[i] = de[i], en[i]
     for i in (5, 6, 38):
         tgt[i] = fr[i]
-    cfg = config_from_dict({"data": {"langid_filter": True, "train": [
-        {"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}}).data
+    cfg = config_from_dict(
+        {
+            "data": {
+                "langid_filter": True,
+                "train": [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}],
+            }
+        }
+    ).data
     report = _filtered(vocab_en_de, tmp_path, src, tgt, cfg)
     assert report["dropped"]["language"] == 7 and report["read"] == 40
     assert report["kept"] == 33
@@ -77,8 +83,16 @@ def _filtered(vocab, folder, src, tgt, cfg) -> dict:
     writer = ShardWriter(folder, len(vocab), texts=False)
     args = ((vocab.model_proto, None), (vocab.model_proto, None), "uint16")
     with EncoderPool(args, 1) as pool:
-        report = _write_corpus(Corpus("mem", len(src), 1, read), pool, writer, cfg, True,
-                               None, ProgressLog(0), ("en", "de"))
+        report = _write_corpus(
+            Corpus("mem", len(src), 1, read),
+            pool,
+            writer,
+            cfg,
+            True,
+            None,
+            ProgressLog(0),
+            ("en", "de"),
+        )
     writer.close()
     return report
 
@@ -89,6 +103,9 @@ def vocab_en_de():
     from mtkit.core.vocab import Vocab
     from mtkit.stages.tokenizer import train_sentencepiece
 
-    text = read_lines("train.en.gz", 300) + read_lines("train.de.gz", 300) + \
-        read_lines("train.fr.gz", 300)
+    text = (
+        read_lines("train.en.gz", 300)
+        + read_lines("train.de.gz", 300)
+        + read_lines("train.fr.gz", 300)
+    )
     return Vocab(train_sentencepiece(text, TokenizerConfig(vocab_size=300)))

@@ -26,8 +26,15 @@ from mtkit.stages.tokenizer import train_sentencepiece
 
 
 def data(*corpora: dict):
-    return config_from_dict({"data": {"src_lang": "en", "tgt_lang": "de",
-                                      "train": list(corpora) or {"src": "a", "tgt": "b"}}}).data
+    return config_from_dict(
+        {
+            "data": {
+                "src_lang": "en",
+                "tgt_lang": "de",
+                "train": list(corpora) or {"src": "a", "tgt": "b"},
+            }
+        }
+    ).data
 
 
 def test_a_bilingual_run_has_no_tags_and_takes_only_its_own_language():
@@ -40,8 +47,11 @@ def test_a_bilingual_run_has_no_tags_and_takes_only_its_own_language():
 
 
 def test_a_multilingual_run_tags_each_source_with_its_target():
-    multi = data({"src": "a", "tgt": "b"}, {"src": "c", "tgt": "d", "tgt_lang": "fr"},
-                 {"src": "e", "tgt": "f", "src_lang": "fr", "tgt_lang": "en"})
+    multi = data(
+        {"src": "a", "tgt": "b"},
+        {"src": "c", "tgt": "d", "tgt_lang": "fr"},
+        {"src": "e", "tgt": "f", "src_lang": "fr", "tgt_lang": "en"},
+    )
     assert directions(multi) == [("en", "de"), ("en", "fr"), ("fr", "en")]
     assert target_languages(multi) == ["de", "en", "fr"]
     assert tags(multi) == ["<2de>", "<2en>", "<2fr>"]
@@ -55,8 +65,11 @@ def test_a_multilingual_run_tags_each_source_with_its_target():
 
 def test_tags_are_single_pieces_right_after_the_fixed_specials(tiny_config):
     lines = ["a dog runs in the park", "two men talk", "<2de> a girl"] * 20
-    vocab = Vocab(train_sentencepiece(lines, tiny_config.tokenizer.__class__(vocab_size=60),
-                                      ["<2de>", "<2fr>"]))
+    vocab = Vocab(
+        train_sentencepiece(
+            lines, tiny_config.tokenizer.__class__(vocab_size=60), ["<2de>", "<2fr>"]
+        )
+    )
     assert [vocab.piece(i) for i in (4, 5)] == ["<2de>", "<2fr>"]
     for text in ("<2fr> a dog runs", "a <2de> dog"):
         ids = vocab.encode([text])[0]
@@ -64,14 +77,24 @@ def test_tags_are_single_pieces_right_after_the_fixed_specials(tiny_config):
         assert vocab.decode(ids) == text  # and it round-trips
 
 
-MULTIWAY = {"languages": ["en", "de", "fr"], "train": "corpus/train.{lang}.gz",
-            "valid": "corpus/val.{lang}.gz", "test": "corpus/test.{lang}.gz"}
+MULTIWAY = {
+    "languages": ["en", "de", "fr"],
+    "train": "corpus/train.{lang}.gz",
+    "valid": "corpus/val.{lang}.gz",
+    "test": "corpus/test.{lang}.gz",
+}
 
 
 def test_multiway_is_written_out_as_one_corpus_per_direction():
     cfg = config_from_dict({"data": {"multiway": MULTIWAY}})
-    assert directions(cfg.data) == [("en", "de"), ("en", "fr"), ("de", "en"), ("de", "fr"),
-                                    ("fr", "en"), ("fr", "de")]  # every ordered pair
+    assert directions(cfg.data) == [
+        ("en", "de"),
+        ("en", "fr"),
+        ("de", "en"),
+        ("de", "fr"),
+        ("fr", "en"),
+        ("fr", "de"),
+    ]  # every ordered pair
     first = cfg.data.train[0]
     assert (first.src, first.tgt) == ("corpus/train.en.gz", "corpus/train.de.gz")
     assert directions(cfg.data, "test") == directions(cfg.data, "valid") == directions(cfg.data)
@@ -81,27 +104,43 @@ def test_multiway_is_written_out_as_one_corpus_per_direction():
 
 
 def test_multiway_names_its_directions_and_zero_shot_test_directions():
-    cfg = config_from_dict({"data": {"multiway": {
-        **MULTIWAY, "directions": ["en-de", "de-en", "en-fr", "fr-en"],
-        "test_directions": ["en-de", "de-fr", "fr-de"]}}})
+    cfg = config_from_dict(
+        {
+            "data": {
+                "multiway": {
+                    **MULTIWAY,
+                    "directions": ["en-de", "de-en", "en-fr", "fr-en"],
+                    "test_directions": ["en-de", "de-fr", "fr-de"],
+                }
+            }
+        }
+    )
     assert directions(cfg.data) == [("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")]
     assert directions(cfg.data, "test") == [("en", "de"), ("de", "fr"), ("fr", "de")]
     assert [source_tag(c, cfg.data) for c in cfg.data.test] == ["<2de> ", "<2fr> ", "<2de> "]
 
 
-@pytest.mark.parametrize(("multiway", "message"), [
-    ({"directions": ["en-es"]}, r"data.multiway.directions: 'en-es' is not a direction of "
-                                r"data.multiway.languages \(en, de, fr\)"),
-    ({"test_directions": ["en_de"]}, "data.multiway.test_directions: 'en_de' is not a direc"),
-    ({"directions": "de-de"}, "'de-de' is not a direction"),
-    ({"languages": ["en"]}, "data.multiway.languages must list two or more languages"),
-    ({"languages": ["en", "<2x>"]}, "'<2x>' is not a language code"),
-    ({"valid": "val.gz"}, r"data.multiway.valid must contain \{lang\}"),
-    ({"directoins": []}, "data.multiway.directoins is not a key; did you mean "
-                         "data.multiway.directions"),
-    ({"train": "", "valid": "", "test": ""}, "data.multiway gives no file pattern"),
-    ({"test": "", "test_directions": ["de-fr"]}, "test_directions needs data.multiway.test"),
-])
+@pytest.mark.parametrize(
+    ("multiway", "message"),
+    [
+        (
+            {"directions": ["en-es"]},
+            r"data.multiway.directions: 'en-es' is not a direction of "
+            r"data.multiway.languages \(en, de, fr\)",
+        ),
+        ({"test_directions": ["en_de"]}, "data.multiway.test_directions: 'en_de' is not a direc"),
+        ({"directions": "de-de"}, "'de-de' is not a direction"),
+        ({"languages": ["en"]}, "data.multiway.languages must list two or more languages"),
+        ({"languages": ["en", "<2x>"]}, "'<2x>' is not a language code"),
+        ({"valid": "val.gz"}, r"data.multiway.valid must contain \{lang\}"),
+        (
+            {"directoins": []},
+            "data.multiway.directoins is not a key; did you mean data.multiway.directions",
+        ),
+        ({"train": "", "valid": "", "test": ""}, "data.multiway gives no file pattern"),
+        ({"test": "", "test_directions": ["de-fr"]}, "test_directions needs data.multiway.test"),
+    ],
+)
 def test_multiway_mistakes_are_one_line_naming_the_key(multiway, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"data": {"multiway": {**MULTIWAY, **multiway}}})
@@ -110,17 +149,24 @@ def test_multiway_mistakes_are_one_line_naming_the_key(multiway, message):
 def test_a_split_is_given_once_and_only_into_languages_the_model_has_tags_for():
     with pytest.raises(ConfigError, match="data.train and data.multiway.train: give one"):
         config_from_dict({"data": {"multiway": MULTIWAY, "train": {"src": "a", "tgt": "b"}}})
-    with pytest.raises(ConfigError, match="data.test.0.tgt_lang cs: the training data goes "
-                                          "into de, fr only"):
-        config_from_dict({"data": {"train": [{"src": "a", "tgt": "b"},
-                                             {"src": "a", "tgt": "c", "tgt_lang": "fr"}],
-                                   "test": {"src": "a", "tgt": "d", "tgt_lang": "cs"}}})
+    with pytest.raises(
+        ConfigError, match="data.test.0.tgt_lang cs: the training data goes into de, fr only"
+    ):
+        config_from_dict(
+            {
+                "data": {
+                    "train": [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}],
+                    "test": {"src": "a", "tgt": "d", "tgt_lang": "cs"},
+                }
+            }
+        )
 
 
 def test_temperature_moves_the_shares_towards_uniform():
     pairs = {"en-de": 1000, "en-fr": 100, "en-cs": 10}
-    assert shares(pairs, 1.0) == pytest.approx({"en-de": 1000 / 1110, "en-fr": 100 / 1110,
-                                                "en-cs": 10 / 1110})
+    assert shares(pairs, 1.0) == pytest.approx(
+        {"en-de": 1000 / 1110, "en-fr": 100 / 1110, "en-cs": 10 / 1110}
+    )
     five = shares(pairs, 5.0)  # n ** 0.2: 3.98, 2.51, 1.58
     assert five == pytest.approx({"en-de": 0.4928, "en-fr": 0.3110, "en-cs": 0.1962}, abs=1e-4)
     for t in (1.0, 2.0, 5.0, 100.0):
@@ -134,8 +180,14 @@ def test_a_tag_goes_where_the_model_reads_it_and_comes_off_the_output():
     from mtkit.core.hypothesis import Hypothesis
     from mtkit.core.languages import Tagging, tag_end, tagging, untagged, without_tag
 
-    cfg = config_from_dict({"model": {"lang_tag": "target"}, "data": {"train": [
-        {"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]}})
+    cfg = config_from_dict(
+        {
+            "model": {"lang_tag": "target"},
+            "data": {
+                "train": [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "c", "tgt_lang": "fr"}]
+            },
+        }
+    )
     assert tagging(cfg, "fr") == Tagging(target="<2fr> ")
     assert [source_tag(c, cfg.data, "target") for c in cfg.data.train] == ["", ""]
     assert tagging(config_from_dict({}), None) == Tagging()  # bilingual: no tag at all
@@ -152,8 +204,17 @@ def test_a_tag_goes_where_the_model_reads_it_and_comes_off_the_output():
 
 def test_a_run_of_one_direction_translates_into_its_own_target():
     """Its direction, not the data section's defaults (en, de), says what it does."""
-    cfg = config_from_dict({"data": {"multiway": {"languages": ["fr", "cs"],
-                                                  "directions": ["fr-cs"], "train": "t.{lang}"}}})
+    cfg = config_from_dict(
+        {
+            "data": {
+                "multiway": {
+                    "languages": ["fr", "cs"],
+                    "directions": ["fr-cs"],
+                    "train": "t.{lang}",
+                }
+            }
+        }
+    )
     assert check_target(cfg.data, "cs") == "" and tags(cfg.data) == []
     with pytest.raises(OptionError, match="--tgt-lang de: this model translates fr into cs only"):
         check_target(cfg.data, "de")
@@ -181,12 +242,13 @@ def test_a_language_keeps_the_pieces_its_own_text_uses_often_enough():
     en = [20] * 40 + [21] * 60 + [10] * 50 + [11] * 50
     fr = [20] + [30] * 99 + [10] * 50 + [11] * 50
     shards = _Shards({"en-fr": (en[:100], fr[:100]), "fr-en": (fr[100:], en[100:])})
-    cfg = data({"src": "a", "tgt": "b", "src_lang": "en", "tgt_lang": "fr"},
-               {"src": "b", "tgt": "a", "src_lang": "fr", "tgt_lang": "en"})
+    cfg = data(
+        {"src": "a", "tgt": "b", "src_lang": "en", "tgt_lang": "fr"},
+        {"src": "b", "tgt": "a", "src_lang": "fr", "tgt_lang": "en"},
+    )
     assert output_vocabularies(shards, cfg, 40) == {"fr": [10, 11, 30], "en": [10, 11, 20, 21]}
     assert output_vocabularies(shards, cfg, 40, share=0.001)["fr"] == [10, 11, 20, 30]
     assert output_vocabularies(shards, cfg, 40, tags=frozenset({10}))["fr"] == [11, 30]
     # separate vocabularies: source ids are another vocabulary's, only targets count
-    assert output_vocabularies(shards, cfg, 40, joint=False) == {"fr": [20, 30],
-                                                                 "en": [10, 11]}
+    assert output_vocabularies(shards, cfg, 40, joint=False) == {"fr": [20, 30], "en": [10, 11]}
     assert output_vocabularies(shards, data(), 40) == {}  # bilingual: none

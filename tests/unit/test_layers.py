@@ -25,8 +25,10 @@ def graph():
     function or under TYPE_CHECKING."""
     spec = importlib.util.find_spec("mtkit")
     found = [Path(p).resolve() for p in spec.submodule_search_locations or []]
-    assert found == [PACKAGE], f"grimp would read mtkit at {found}, not {PACKAGE}: put this " \
-                               f"checkout first on the path (PYTHONPATH={PACKAGE.parent})"
+    assert found == [PACKAGE], (
+        f"grimp would read mtkit at {found}, not {PACKAGE}: put this "
+        f"checkout first on the path (PYTHONPATH={PACKAGE.parent})"
+    )
     return grimp.build_graph("mtkit", cache_dir=None)
 
 
@@ -76,8 +78,12 @@ def describe_cycle(graph, modules: list[str]) -> str:
     for importer in modules:
         for imported in sorted(graph.find_modules_directly_imported_by(importer)):
             if imported in modules:
-                lines = sorted({d["line_number"] for d in graph.get_import_details(
-                    importer=importer, imported=imported)})
+                lines = sorted(
+                    {
+                        d["line_number"]
+                        for d in graph.get_import_details(importer=importer, imported=imported)
+                    }
+                )
                 where = ", ".join(f"l.{n}" for n in lines)
                 links.append(f"{importer} -> {imported} ({where})")
     return f"{', '.join(modules)}: {'; '.join(links)}"
@@ -87,12 +93,21 @@ def test_no_import_cycles(graph):
     nodes = sorted(graph.modules)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in nodes}
     cycles = [c for c in strongly_connected(nodes, edges) if len(c) > 1]
-    assert not cycles, "import cycles (each a set of modules that import each other in a " \
-                       "circle):\n" + "\n".join(describe_cycle(graph, c) for c in cycles)
+    assert not cycles, (
+        "import cycles (each a set of modules that import each other in a "
+        "circle):\n" + "\n".join(describe_cycle(graph, c) for c in cycles)
+    )
 
 
 def test_the_tarjan_helper_finds_every_cycle():
-    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": {"f"},
-             "g": set()}
+    edges = {
+        "a": {"b"},
+        "b": {"c"},
+        "c": {"a"},
+        "d": {"a", "e"},
+        "e": {"d"},
+        "f": {"f"},
+        "g": set(),
+    }
     found = sorted(strongly_connected(sorted(edges), edges))
     assert found == [["a", "b", "c"], ["d", "e"], ["f"], ["g"]]

@@ -35,8 +35,9 @@ def test_agrees_with_torch_cross_entropy(eps):
     target[0, 5:] = 0
     target[2, 3:] = 0
     ours = label_smoothed_nll(logits, target, eps)
-    ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0,
-                          label_smoothing=eps, reduction="sum")
+    ref = F.cross_entropy(
+        logits.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum"
+    )
     assert ours.loss.item() == pytest.approx(ref.item(), rel=1e-5)
     nll = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
     assert ours.nll.item() == pytest.approx(nll.item(), rel=1e-5)
@@ -61,14 +62,17 @@ def test_hand_written_gradient_matches_autograd(eps):
     (out.loss + 0.5 * out.nll).backward()
     ours = logits.grad.clone()
     logits.grad = None
-    ref = F.cross_entropy(logits.view(-1, 13), target.view(-1), ignore_index=0,
-                          label_smoothing=eps, reduction="sum")
-    ref = ref + 0.5 * F.cross_entropy(logits.view(-1, 13), target.view(-1), ignore_index=0,
-                                      reduction="sum")
+    ref = F.cross_entropy(
+        logits.view(-1, 13), target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum"
+    )
+    ref = ref + 0.5 * F.cross_entropy(
+        logits.view(-1, 13), target.view(-1), ignore_index=0, reduction="sum"
+    )
     ref.backward()
     assert torch.allclose(ours, logits.grad, atol=1e-10)
     assert torch.autograd.gradcheck(
-        lambda z: label_smoothed_nll(z, target, eps).loss, (logits.detach().requires_grad_(),))
+        lambda z: label_smoothed_nll(z, target, eps).loss, (logits.detach().requires_grad_(),)
+    )
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])

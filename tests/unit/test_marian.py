@@ -21,8 +21,7 @@ from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.interop.marian_import import MarianImportError, import_marian  # noqa: E402
 
 
-@pytest.mark.parametrize("activation, shared", [("swish", True), ("relu", True),
-                                                ("swish", False)])
+@pytest.mark.parametrize("activation, shared", [("swish", True), ("relu", True), ("swish", False)])
 def test_an_imported_model_translates_as_transformers_does(tmp_path, activation, shared):
     folder = marian_folder(tmp_path / "marian", activation, shared)
     checkpoint = import_marian(folder, tmp_path / "imported.pt")
@@ -41,10 +40,12 @@ def test_an_imported_model_translates_as_transformers_does(tmp_path, activation,
 def test_what_mtkit_cannot_import_is_one_line(tmp_path):
     folder = marian_folder(tmp_path / "marian")
     config = json.loads((folder / "config.json").read_text())
-    for change, says in (({"model_type": "bart"}, "model_type='bart': not a Marian model"),
-                         ({"decoder_ffn_dim": 128}, "decoder_ffn_dim=128: mtkit needs it equal"),
-                         ({"activation_function": "gelu_new"}, "activation_function='gelu_new'"),
-                         ({"scale_embedding": False}, "scale_embedding=False")):
+    for change, says in (
+        ({"model_type": "bart"}, "model_type='bart': not a Marian model"),
+        ({"decoder_ffn_dim": 128}, "decoder_ffn_dim=128: mtkit needs it equal"),
+        ({"activation_function": "gelu_new"}, "activation_function='gelu_new'"),
+        ({"scale_embedding": False}, "scale_embedding=False"),
+    ):
         (folder / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(MarianImportError, match=says.replace("(", r"\(")):
             import_marian(folder, tmp_path / "out.pt")

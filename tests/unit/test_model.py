@@ -92,8 +92,15 @@ def test_decoder_is_causal():
     assert not torch.allclose(other[:, 3:], logits[:, 3:])
 
 
-@pytest.mark.parametrize("kw", [{}, {"norm": "pre"}, {"positions": "learned"},
-                                {"activation": "gelu", "share_embeddings": False}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"norm": "pre"},
+        {"positions": "learned"},
+        {"activation": "gelu", "share_embeddings": False},
+    ],
+)
 def test_decode_step_matches_full_decode(kw):
     torch.manual_seed(0)
     model = build_model(tiny(**kw), V, V).eval()

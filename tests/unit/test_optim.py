@@ -39,8 +39,9 @@ def test_linear_schedule_follows_the_training_clock_under_max_time():
     tc = TrainConfig(lr=1e-3, warmup_steps=0, max_time=600, lr_schedule="linear")
     assert learning_rate(50, 150.0, tc) == pytest.approx(7.5e-4)
     assert learning_rate(50, 600.0, tc) == 0.0
-    both = TrainConfig(lr=1e-3, warmup_steps=0, max_time=600, max_steps=100,
-                       lr_schedule="linear")  # whichever budget runs out first
+    both = TrainConfig(
+        lr=1e-3, warmup_steps=0, max_time=600, max_steps=100, lr_schedule="linear"
+    )  # whichever budget runs out first
     assert learning_rate(51, 150.0, both) == pytest.approx(5e-4)
     assert learning_rate(11, 450.0, both) == pytest.approx(2.5e-4)
     assert budget_used(10, 0.0, TrainConfig()) == 0.0
@@ -52,8 +53,11 @@ def test_inverse_sqrt_stays_the_default_schedule():
 
 
 def test_linear_schedule_without_a_budget_is_one_line_naming_the_keys():
-    with pytest.raises(ConfigError, match=r"train.lr_schedule: linear .* train.max_steps or "
-                                          r"train.max_time"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.lr_schedule: linear .* train.max_steps or "
+        r"train.max_time",
+    ):
         config_from_dict({"train": {"lr_schedule": "linear"}})
     assert config_from_dict({"train": {"lr_schedule": "linear", "max_time": 60}})
 

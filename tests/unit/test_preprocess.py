@@ -60,7 +60,8 @@ def test_failed_preprocess_leaves_no_data_behind(tiny_config, tmp_path):
     bad = tmp_path / "empty.de"
     bad.write_text("\n" * 100)
     data = dataclasses.replace(
-        tiny_config.data, test=(dataclasses.replace(tiny_config.data.test[0], tgt=str(bad)),))
+        tiny_config.data, test=(dataclasses.replace(tiny_config.data.test[0], tgt=str(bad)),)
+    )
     cfg = dataclasses.replace(tiny_config, data=data)
     with pytest.raises(DataError, match=r"data.test: no pairs left after cleaning"):
         preprocess(cfg)
@@ -70,11 +71,14 @@ def test_failed_preprocess_leaves_no_data_behind(tiny_config, tmp_path):
 
 # --- the streaming writer --------------------------------------------------------------
 
+
 def corpus_of(src: list[str], tgt: list[str], weight: int = 1, origin: str = "mem") -> Corpus:
     """An in-memory corpus that yields its pairs in chunks, like a file would."""
+
     def read(size):
         for i in range(0, len(src), size):
-            yield src[i:i + size], tgt[i:i + size]
+            yield src[i : i + size], tgt[i : i + size]
+
     return Corpus(origin, len(src), weight, read)
 
 
@@ -90,24 +94,40 @@ def vocab(tmp_path_factory):
     return Vocab(train_sentencepiece(text, TokenizerConfig(vocab_size=300)))
 
 
-def write_split(folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=False, chunk=None,
-                workers=1):
+def write_split(
+    folder, corpora, vocab, cfg=DataConfig(), train=True, dedup=False, chunk=None, workers=1
+):
     pool_args = (((vocab.model_proto, None), (vocab.model_proto, None), "uint16"), workers)
     writer = ShardWriter(folder, len(vocab), texts=not train)
     seen = SeenHashes() if dedup else None
     with EncoderPool(*pool_args) as pool:
         if chunk:  # re-chunk every corpus
-            corpora = [Corpus(c.origin, c.size, c.weight,
-                              lambda size, c=c: c.chunks(chunk)) for c in corpora]
-        reports = [_write_corpus(c, pool, writer, cfg, train, seen, ProgressLog(0))
-                   for c in corpora]
+            corpora = [
+                Corpus(c.origin, c.size, c.weight, lambda size, c=c: c.chunks(chunk))
+                for c in corpora
+            ]
+        reports = [
+            _write_corpus(c, pool, writer, cfg, train, seen, ProgressLog(0)) for c in corpora
+        ]
     return writer.finish({"corpora": reports}), reports
 
 
-PAIRS = ([f"A dog number {i}." for i in range(25)] + [""] * 10 + ["A dog number 3."]
-         + ["word " * 40] + ["Two cats."]),  \
-        ([f"Ein Hund Nummer {i}." for i in range(25)] + ["x"] * 10 + ["Ein Hund Nummer 3."]
-         + ["Wort"] + ["Zwei Katzen."])
+PAIRS = (
+    (
+        [f"A dog number {i}." for i in range(25)]
+        + [""] * 10
+        + ["A dog number 3."]
+        + ["word " * 40]
+        + ["Two cats."]
+    ),
+    (
+        [f"Ein Hund Nummer {i}." for i in range(25)]
+        + ["x"] * 10
+        + ["Ein Hund Nummer 3."]
+        + ["Wort"]
+        + ["Zwei Katzen."]
+    ),
+)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 10, 1000])
@@ -115,8 +135,9 @@ def test_streamed_shards_are_the_same_at_any_chunk_size(tmp_path, vocab, chunk):
     """Chunks of 1, of a size that does not divide the split, one whose pairs are all
     dropped (ten empty sources), and the whole split at once give the same shard."""
     cfg = DataConfig(max_len=30)
-    manifest, (report,) = write_split(tmp_path / "s", [corpus_of(*PAIRS)], vocab, cfg,
-                                      dedup=True, chunk=chunk)
+    manifest, (report,) = write_split(
+        tmp_path / "s", [corpus_of(*PAIRS)], vocab, cfg, dedup=True, chunk=chunk
+    )
     assert report["read"] == 38 and report["kept"] == manifest["pairs"] == 26
     assert report["dropped"] == {"empty": 10, "duplicate": 1, "length": 1, "ratio": 0}
     shard = ShardDataset(tmp_path / "s")
@@ -131,8 +152,9 @@ def test_streamed_shards_are_the_same_at_any_chunk_size(tmp_path, vocab, chunk):
 
 
 def test_a_split_of_one_pair_and_texts_for_valid(tmp_path, vocab):
-    manifest, _ = write_split(tmp_path / "v", [corpus_of([" A  dog. "], ["Ein Hund."])], vocab,
-                              train=False)
+    manifest, _ = write_split(
+        tmp_path / "v", [corpus_of([" A  dog. "], ["Ein Hund."])], vocab, train=False
+    )
     shard = ShardDataset(tmp_path / "v")
     assert len(shard) == manifest["pairs"] == 1
     assert shard.texts("src") == ["A dog."] and shard.texts("tgt") == ["Ein Hund."]
@@ -163,13 +185,13 @@ def test_a_worker_that_dies_is_one_error_not_a_hang(vocab):
 
 
 def test_weights_repeat_a_corpus_and_the_manifest_counts_each(tmp_path, vocab):
-    big = corpus_of([f"Dog {i}." for i in range(7)], [f"Hund {i}." for i in range(7)],
-                    origin="big")
-    small = corpus_of(["Cat.", "", "Bird."], ["Katze.", "Leer", "Vogel."], weight=3,
-                      origin="small")
+    big = corpus_of([f"Dog {i}." for i in range(7)], [f"Hund {i}." for i in range(7)], origin="big")
+    small = corpus_of(["Cat.", "", "Bird."], ["Katze.", "Leer", "Vogel."], weight=3, origin="small")
     manifest, reports = write_split(tmp_path / "w", [big, small], vocab, chunk=2)
-    assert [(r["origin"], r["read"], r["kept"], r["weight"], r["written"]) for r in reports] \
-        == [("big", 7, 7, 1, 7), ("small", 3, 2, 3, 6)]
+    assert [(r["origin"], r["read"], r["kept"], r["weight"], r["written"]) for r in reports] == [
+        ("big", 7, 7, 1, 7),
+        ("small", 3, 2, 3, 6),
+    ]
     shard = ShardDataset(tmp_path / "w")
     assert len(shard) == 13
     rows = [shard[i][0].tolist() for i in range(13)]
@@ -187,13 +209,21 @@ def test_the_encoder_writes_uint32_ids_when_asked(vocab):
 def test_the_word_cache_encodes_exactly_as_sentencepiece(vocab):
     from conftest import read_lines
 
-    tricky = ["ｈｅｌｌｏ wide", "x\u200by zero-width", "e\u0301 combining", "日本語 テキスト",
-              "🙂 emoji", "Ein Mädchen, das läuft.", "tab\there", "non\u00a0breaking"]
+    tricky = [
+        "ｈｅｌｌｏ wide",
+        "x\u200by zero-width",
+        "e\u0301 combining",
+        "日本語 テキスト",
+        "🙂 emoji",
+        "Ein Mädchen, das läuft.",
+        "tab\there",
+        "non\u00a0breaking",
+    ]
     sentences = read_lines("val.en.gz", 300) + read_lines("val.de.gz", 300) + tricky
     cache = WordCache(vocab, np.dtype(np.uint16))
     cache.MAX_WORDS = 500  # starts over a few times on the way
     for start in range(0, len(sentences), 97):
-        part = sentences[start:start + 97]
+        part = sentences[start : start + 97]
         lengths, flat = cache.encode(part)
         expected = vocab.encode(part)
         assert lengths.tolist() == [len(x) for x in expected]
@@ -205,13 +235,17 @@ def test_preprocess_of_a_list_of_corpora_reports_each_in_the_manifest(tiny_confi
     from conftest import read_lines
 
     extra = tmp_path / "extra.jsonl"
-    rows = [{"src": e, "tgt": d} for e, d in zip(read_lines("val.en.gz", 40),
-                                                  read_lines("val.de.gz", 40), strict=True)]
-    extra.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:5] + [{"src": "",
-                                                                              "tgt": "x"}]))
+    rows = [
+        {"src": e, "tgt": d}
+        for e, d in zip(read_lines("val.en.gz", 40), read_lines("val.de.gz", 40), strict=True)
+    ]
+    extra.write_text(
+        "".join(json.dumps(r) + "\n" for r in rows + rows[:5] + [{"src": "", "tgt": "x"}])
+    )
     first = tiny_config.data.train[0]
-    data = dataclasses.replace(tiny_config.data, dedup=True, train=(
-        first, CorpusConfig(path=str(extra), weight=2)))
+    data = dataclasses.replace(
+        tiny_config.data, dedup=True, train=(first, CorpusConfig(path=str(extra), weight=2))
+    )
     cfg = dataclasses.replace(tiny_config, data=data)
     build_tokenizer(cfg)
     manifest = preprocess(cfg)["train"]
@@ -233,11 +267,24 @@ def test_the_manifest_gives_each_direction_its_pairs_and_share(tiny_config, tmp_
 
     en, de = read_lines("val.en.gz", 60), read_lines("val.de.gz", 60)
     first = tiny_config.data.train[0]
-    files = [write_lines(tmp_path / name, lines) for name, lines in
-             (("a.en", en[:20]), ("a.de", de[:20]), ("b.en", en[20:]), ("b.fr", de[20:]))]
-    data = dataclasses.replace(tiny_config.data, temperature=2.0, train=(
-        first, CorpusConfig(src=str(files[0]), tgt=str(files[1]), weight=2),
-        CorpusConfig(src=str(files[2]), tgt=str(files[3]), tgt_lang="fr")))
+    files = [
+        write_lines(tmp_path / name, lines)
+        for name, lines in (
+            ("a.en", en[:20]),
+            ("a.de", de[:20]),
+            ("b.en", en[20:]),
+            ("b.fr", de[20:]),
+        )
+    ]
+    data = dataclasses.replace(
+        tiny_config.data,
+        temperature=2.0,
+        train=(
+            first,
+            CorpusConfig(src=str(files[0]), tgt=str(files[1]), weight=2),
+            CorpusConfig(src=str(files[2]), tgt=str(files[3]), tgt_lang="fr"),
+        ),
+    )
     cfg = dataclasses.replace(tiny_config, data=data)
     build_tokenizer(cfg)
     manifest = preprocess(cfg)["train"]
@@ -245,10 +292,11 @@ def test_the_manifest_gives_each_direction_its_pairs_and_share(tiny_config, tmp_
     assert [r["direction"] for r in (a, b, c)] == ["en-de", "en-de", "en-fr"]
     de_pairs, fr_pairs = a["written"] + b["written"], c["written"]
     assert (b["written"], fr_pairs) == (40, 40)
-    total = de_pairs ** 0.5 + fr_pairs ** 0.5  # temperature 2: pairs ** (1/2)
+    total = de_pairs**0.5 + fr_pairs**0.5  # temperature 2: pairs ** (1/2)
     assert manifest["directions"] == {
-        "en-de": {"pairs": de_pairs, "share": round(de_pairs ** 0.5 / total, 6)},
-        "en-fr": {"pairs": 40, "share": round(40 ** 0.5 / total, 6)}}
+        "en-de": {"pairs": de_pairs, "share": round(de_pairs**0.5 / total, 6)},
+        "en-fr": {"pairs": 40, "share": round(40**0.5 / total, 6)},
+    }
     shard = ShardDataset(cfg.run_path / "data" / "train")
     groups = shard.directions()
     assert list(groups) == ["en-de", "en-fr"]

@@ -20,8 +20,7 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys
     record = {"loss": 2.5, "lr": 1e-3, "tokens_per_s": 1234.0}
     screen = io.StringIO()
     progress = Progress()
-    view = ProgressView(tc, progress, console=Console(file=screen, force_terminal=True,
-                                                      width=140))
+    view = ProgressView(tc, progress, console=Console(file=screen, force_terminal=True, width=140))
     for step in range(1, 11):
         progress.step = step
         view.update(progress, record if step % 5 == 0 else None)
@@ -36,8 +35,9 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys
     view.update(progress, record)
     view.close()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["train | step 10/20 | epoch 1 | loss 2.500 | lr 1.00e-03 | 1,234 tok/s "
-                     "| ETA 0:00:00"]
+    assert lines == [
+        "train | step 10/20 | epoch 1 | loss 2.500 | lr 1.00e-03 | 1,234 tok/s | ETA 0:00:00"
+    ]
 
 
 def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkeypatch):
@@ -48,8 +48,10 @@ def test_progress_is_logged_with_the_share_done_and_the_time_left(caplog, monkey
         for pairs in (100, 200, 100, 400):  # at 5, 12, 14 and 30 s
             progress.advance(pairs)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["preprocess: 300 of 1,000 pairs (30%), 25 pairs/s, ~28 s left",
-                     "preprocess: 800 of 1,000 pairs (80%), 27 pairs/s, ~8 s left"]
+    assert lines == [
+        "preprocess: 300 of 1,000 pairs (30%), 25 pairs/s, ~28 s left",
+        "preprocess: 800 of 1,000 pairs (80%), 27 pairs/s, ~8 s left",
+    ]
 
 
 def test_progress_bar_only_for_long_files_on_a_terminal(tmp_path):

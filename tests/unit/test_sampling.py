@@ -34,16 +34,24 @@ def test_top_k_top_p_and_temperature_never_emit_an_excluded_token():
 
 
 def test_sampling_is_seeded_and_batched_equals_one_by_one():
-    model = Scripted({(): {A: 0.4, B: 0.3, C: 0.3}, (A,): {B: 0.5, C: 0.5},
-                      (B,): {A: 0.5, EOS: 0.5}, (C,): {A: 0.5, EOS: 0.5}})
+    model = Scripted(
+        {
+            (): {A: 0.4, B: 0.3, C: 0.3},
+            (A,): {B: 0.5, C: 0.5},
+            (B,): {A: 0.5, EOS: 0.5},
+            (C,): {A: 0.5, EOS: 0.5},
+        }
+    )
     src = torch.tensor([[A, B, C, EOS], [A, EOS, PAD, PAD], [B, C, EOS, PAD]])
     together = sample_search(model, src, seeds=[7, 8, 9], samples=4)
     # The first step runs one row per sentence; then each sample has its own row, which
     # leaves the batch when the sample ends.
     rows = model.rows[1:]
     assert model.rows[0] == 3 and rows[0] == 12 and rows == sorted(rows, reverse=True)
-    alone = [sample_search(model, src[i:i + 1, :], seeds=[s], samples=4)[0]
-             for i, s in enumerate((7, 8, 9))]
+    alone = [
+        sample_search(model, src[i : i + 1, :], seeds=[s], samples=4)[0]
+        for i, s in enumerate((7, 8, 9))
+    ]
     assert [[h.tokens for h in x] for x in together] == [[h.tokens for h in x] for x in alone]
     again = sample_search(model, src, seeds=[7, 8, 9], samples=4)
     assert [[h.tokens for h in x] for x in again] == [[h.tokens for h in x] for x in together]

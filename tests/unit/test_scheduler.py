@@ -12,8 +12,9 @@ from mtkit.serving.scheduler import JOIN_AFTER_STEPS, _Job, join_policy  # noqa:
 
 
 def job(lines: int, longest: int = 10, seen_at_step: int = 0) -> _Job:
-    return _Job(["x"] * lines, SearchOptions(beam=1), lines * longest, longest,
-                seen_at_step=seen_at_step)
+    return _Job(
+        ["x"] * lines, SearchOptions(beam=1), lines * longest, longest, seen_at_step=seen_at_step
+    )
 
 
 def test_an_idle_stream_takes_the_waiting_requests_up_to_the_budget_and_always_one():

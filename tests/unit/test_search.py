@@ -23,8 +23,9 @@ SRC = torch.tensor([[A, B, C, EOS]])
 
 
 def test_beam_finds_a_higher_scoring_output_than_greedy():
-    model = Scripted({(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, B: 0.3, C: 0.3},
-                      (B,): {EOS: 0.9, C: 0.1}})
+    model = Scripted(
+        {(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, B: 0.3, C: 0.3}, (B,): {EOS: 0.9, C: 0.1}}
+    )
     assert greedy_search(model, SRC) == [[A]]
     best = beam_search(model, SRC, beam=2, lenpen=0.0)[0][0]
     assert best.tokens == [B]
@@ -33,8 +34,14 @@ def test_beam_finds_a_higher_scoring_output_than_greedy():
 
 
 def test_length_penalty_favours_longer_outputs():
-    table = {(): {A: 0.6, B: 0.4}, (A,): {EOS: 1.0}, (B,): {C: 1.0}, (B, C): {A: 1.0},
-             (B, C, A): {B: 1.0}, (B, C, A, B): {EOS: 1.0}}
+    table = {
+        (): {A: 0.6, B: 0.4},
+        (A,): {EOS: 1.0},
+        (B,): {C: 1.0},
+        (B, C): {A: 1.0},
+        (B, C, A): {B: 1.0},
+        (B, C, A, B): {EOS: 1.0},
+    }
     model = Scripted(table)
     short = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_b=10)[0][0]
     assert short.tokens == [A]
@@ -87,9 +94,14 @@ def test_finished_sentences_leave_the_batch():
 def test_search_goes_on_while_an_open_beam_can_still_win():
     # Three short hypotheses finish at step 2, all worse than the open beam A A A, which
     # only ends at step 4: stopping at N finished would lose it.
-    table = {(): {A: 0.6, B: 0.2, C: 0.2}, (B,): {EOS: 0.9, A: 0.1}, (C,): {EOS: 0.9, A: 0.1},
-             (A,): {A: 0.99, EOS: 0.01}, (A, A): {A: 0.99, EOS: 0.01},
-             (A, A, A): {EOS: 1.0}}
+    table = {
+        (): {A: 0.6, B: 0.2, C: 0.2},
+        (B,): {EOS: 0.9, A: 0.1},
+        (C,): {EOS: 0.9, A: 0.1},
+        (A,): {A: 0.99, EOS: 0.01},
+        (A, A): {A: 0.99, EOS: 0.01},
+        (A, A, A): {EOS: 1.0},
+    }
     model = Scripted(table)
     best = beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10, nbest=3)[0]
     assert best[0].tokens == [A, A, A]
@@ -116,8 +128,13 @@ def test_a_sentence_stops_once_no_open_beam_can_beat_its_nbest():
 def test_greedy_stops_at_its_eos_where_a_beam_of_one_goes_on():
     # eos is the argmax after A (0.6 > 0.4), but A B C A eos scores better under a strong
     # length penalty: a beam of one keeps that open beam and finds it; greedy does not.
-    table = {(): {A: 1.0}, (A,): {EOS: 0.6, B: 0.4}, (A, B): {C: 1.0}, (A, B, C): {A: 1.0},
-             (A, B, C, A): {EOS: 1.0}}
+    table = {
+        (): {A: 1.0},
+        (A,): {EOS: 0.6, B: 0.4},
+        (A, B): {C: 1.0},
+        (A, B, C): {A: 1.0},
+        (A, B, C, A): {EOS: 1.0},
+    }
     greedy = greedy_hypotheses(Scripted(table), SRC, lenpen=2.0)[0]
     assert [h.tokens for h in greedy] == [[A]]
     assert greedy[0].log_prob == pytest.approx(math.log(0.6))
@@ -135,8 +152,10 @@ def test_beam_one_equals_greedy():
 def test_results_do_not_depend_on_batching():
     model, src = random_model(2), random_src(6, 3)
     together = beam_search(model, src, beam=4, nbest=2)
-    alone = [beam_search(model, src[i : i + 1, : int((src[i] != PAD).sum())], beam=4,
-                         nbest=2)[0] for i in range(src.size(0))]
+    alone = [
+        beam_search(model, src[i : i + 1, : int((src[i] != PAD).sum())], beam=4, nbest=2)[0]
+        for i in range(src.size(0))
+    ]
     for a, b in zip(together, alone):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
@@ -252,30 +271,38 @@ def test_no_repeat_ngram_blocks_exactly_the_repeated_ngram():
 def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
     from mtkit.search.sampling import sample_search
 
-    loop = Scripted({(A, B) * n: {A: 0.9, EOS: 0.1} for n in range(0, 20)}
-                    | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)})
+    loop = Scripted(
+        {(A, B) * n: {A: 0.9, EOS: 0.1} for n in range(0, 20)}
+        | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)}
+    )
     if search == "greedy":
         free = greedy_search(loop, SRC, max_len_b=12)[0]
         blocked = greedy_search(loop, SRC, max_len_b=12, no_repeat_ngram=2)[0]
     elif search == "beam":  # a length penalty that favours long outputs
         free = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12)[0][0].tokens
-        hyps = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12, nbest=2,
-                           no_repeat_ngram=2)[0]
+        hyps = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12, nbest=2, no_repeat_ngram=2)[
+            0
+        ]
         assert all(len(set(zip(h.tokens, h.tokens[1:]))) == len(h.tokens) - 1 for h in hyps)
         blocked = hyps[0].tokens
     else:  # 200 samples: each one is cut at the repeat, whatever it drew before
-        free = max((h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12)[0]),
-                   key=len)
-        drawn = [h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12,
-                                                 no_repeat_ngram=2)[0]]
-        assert all(tokens == [A, B, A][:len(tokens)] for tokens in drawn)
+        free = max((h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12)[0]), key=len)
+        drawn = [
+            h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12, no_repeat_ngram=2)[0]
+        ]
+        assert all(tokens == [A, B, A][: len(tokens)] for tokens in drawn)
         blocked = max(drawn, key=len)
     assert free[:4] == [A, B, A, B]
     assert blocked == [A, B, A]  # a second (A, B) is forbidden: eos is all that is left
 
 
-PREFIXED = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 1.0}, (B,): {C: 0.6, EOS: 0.4},
-            (B, C): {A: 0.7, EOS: 0.3}, (B, C, A): {EOS: 1.0}}
+PREFIXED = {
+    (): {A: 0.9, B: 0.1},
+    (A,): {EOS: 1.0},
+    (B,): {C: 0.6, EOS: 0.4},
+    (B, C): {A: 0.7, EOS: 0.3},
+    (B, C, A): {EOS: 1.0},
+}
 
 
 def test_the_prefix_is_kept_and_scored_then_search_goes_on():
@@ -304,16 +331,22 @@ def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
         if search == "greedy":
             return greedy_search(model, rows, prefixes=pre)
         if search == "beam":
-            return [[h.tokens for h in x] for x in beam_search(model, rows, beam=2,
-                                                               prefixes=pre, nbest=2)]
-        return [[h.tokens for h in x] for x in sample_search(model, rows, seeds, samples=3,
-                                                             prefixes=pre)]
+            return [
+                [h.tokens for h in x]
+                for x in beam_search(model, rows, beam=2, prefixes=pre, nbest=2)
+            ]
+        return [
+            [h.tokens for h in x]
+            for x in sample_search(model, rows, seeds, samples=3, prefixes=pre)
+        ]
 
     together = run(src, prefixes, [4, 5, 6])
-    alone = [run(src[i:i + 1], [prefixes[i]], [4 + i])[0] for i in range(3)]
+    alone = [run(src[i : i + 1], [prefixes[i]], [4 + i])[0] for i in range(3)]
     assert together == alone
-    assert all(out[:len(p)] == p for out, p in zip(
-        (x if search == "greedy" else x[0] for x in together), prefixes))
+    assert all(
+        out[: len(p)] == p
+        for out, p in zip((x if search == "greedy" else x[0] for x in together), prefixes)
+    )
 
 
 @pytest.mark.parametrize("constrained", [False, True])
@@ -327,21 +360,31 @@ def test_beam_search_over_a_large_vocabulary_finds_what_topk_finds(constrained, 
     from mtkit.search.constraints import constrained_beam_search
 
     torch.manual_seed(7)
-    cfg = ModelConfig(d_model=32, heads=4, ffn_dim=64, encoder_layers=1, decoder_layers=1,
-                      dropout=0.0, max_positions=64, share_embeddings=False)
+    cfg = ModelConfig(
+        d_model=32,
+        heads=4,
+        ffn_dim=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        dropout=0.0,
+        max_positions=64,
+        share_embeddings=False,
+    )
     model = build_model(cfg, 40, 3000).eval()
     src = random_src(4, 5)
 
     def run():
         if constrained:
-            return constrained_beam_search(model, src, [[[[7, 8]]], [], [[[9]]], [[[10, 11]]]],
-                                           beam=4, max_len_b=8, nbest=2)
+            return constrained_beam_search(
+                model, src, [[[[7, 8]]], [], [[[9]]], [[[10, 11]]]], beam=4, max_len_b=8, nbest=2
+            )
         return beam_search(model, src, beam=4, max_len_b=8, nbest=2)
 
     blocked = run()
     calls = []
-    monkeypatch.setattr(search, "row_topk", lambda x, k, block=64: calls.append(x.size(1))
-                        or x.topk(k, dim=-1))
+    monkeypatch.setattr(
+        search, "row_topk", lambda x, k, block=64: calls.append(x.size(1)) or x.topk(k, dim=-1)
+    )
     plain = run()
     assert calls and set(calls) == {3000}  # the large vocabulary went through row_topk
     for a, b in zip(blocked, plain, strict=True):
@@ -359,9 +402,16 @@ def test_step_log_probs_are_fp32_log_softmax_of_the_logits_with_the_rules_applie
             return logits.clone(), "cache"
 
     limits = torch.tensor([9, 9, 9, 9, 9, 3])  # the last row is at its limit
-    lprobs, cache = step_log_probs(Fixed(), torch.zeros(6, dtype=torch.long), None,
-                                   torch.ones(6, 4, dtype=torch.bool), None, 3, limits,
-                                   min_len=0)
+    lprobs, cache = step_log_probs(
+        Fixed(),
+        torch.zeros(6, dtype=torch.long),
+        None,
+        torch.ones(6, 4, dtype=torch.bool),
+        None,
+        3,
+        limits,
+        min_len=0,
+    )
     want = torch.log_softmax(logits.float(), dim=-1)
     assert lprobs.dtype == torch.float32 and cache == "cache"
     other = [t for t in range(50) if t not in (PAD, BOS, EOS)]

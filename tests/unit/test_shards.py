@@ -38,8 +38,15 @@ def test_the_sampler_on_a_memory_mapped_shard_of_100k_pairs(tmp_path):
         m = min(30_000, n - start)
         s_len = rng.integers(1, 60, m).astype(np.int32)
         t_len = rng.integers(1, 60, m).astype(np.int32)
-        chunk = Encoded(0, s_len, t_len, rng.integers(4, 1000, s_len.sum()).astype(np.uint16),
-                        rng.integers(4, 1000, t_len.sum()).astype(np.uint16), None, None)
+        chunk = Encoded(
+            0,
+            s_len,
+            t_len,
+            rng.integers(4, 1000, s_len.sum()).astype(np.uint16),
+            rng.integers(4, 1000, t_len.sum()).astype(np.uint16),
+            None,
+            None,
+        )
         writer.append(chunk, np.ones(m, dtype=bool))
     writer.finish({})
     data = ShardDataset(tmp_path / "t")
@@ -68,8 +75,9 @@ def test_id_counts_count_one_side_of_the_pairs_asked_for(tmp_path, monkeypatch):
     src_lengths, tgt_lengths = np.array([2, 3, 1, 2], np.int32), np.array([1, 1, 1, 1], np.int32)
     src = np.array([4, 5, 5, 6, 7, 9, 8, 4], np.uint16)  # pairs: [4 5] [5 6 7] [9] [8 4]
     tgt = np.array([7, 7, 7, 7], np.uint16)
-    writer.append(Encoded(0, src_lengths, tgt_lengths, src, tgt, None, None),
-                  np.ones(4, dtype=bool))
+    writer.append(
+        Encoded(0, src_lengths, tgt_lengths, src, tgt, None, None), np.ones(4, dtype=bool)
+    )
     writer.finish({})
     data = ShardDataset(tmp_path / "s")
     counts = data.id_counts("src", np.array([0, 1, 3]), 10)

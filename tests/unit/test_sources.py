@@ -33,6 +33,7 @@ def load_pairs(corpus: CorpusConfig, src_lang: str, tgt_lang: str, cache=None, s
     assert len(src) == opened.size
     return src, tgt
 
+
 EN = ["A dog runs.", "Two men talk.", "A girl sings."]
 DE = ["Ein Hund rennt.", "Zwei Männer reden.", "Ein Mädchen singt."]
 
@@ -69,12 +70,14 @@ def test_tsv_with_header_and_a_tab_free_layout(tmp_path):
 def test_jsonl_with_named_columns_and_translation_dicts(tmp_path):
     cols = tmp_path / "cols.jsonl"
     cols.write_text("".join(json.dumps({"en": e, "de": d}) + "\n" for e, d in zip(EN, DE)))
-    pairs = load_pairs(CorpusConfig(path=str(cols), src_col="en", tgt_col="de"), "en", "de",
-                       tmp_path / "c")
+    pairs = load_pairs(
+        CorpusConfig(path=str(cols), src_col="en", tgt_col="de"), "en", "de", tmp_path / "c"
+    )
     assert pairs == (EN, DE)
     hub_like = tmp_path / "tr.jsonl"
-    hub_like.write_text("".join(json.dumps({"translation": {"en": e, "de": d}}) + "\n"
-                                for e, d in zip(EN, DE)))
+    hub_like.write_text(
+        "".join(json.dumps({"translation": {"en": e, "de": d}}) + "\n" for e, d in zip(EN, DE))
+    )
     pairs = load_pairs(CorpusConfig(path=str(hub_like)), "en", "de", tmp_path / "c")
     assert pairs == (EN, DE)
     with pytest.raises(DataError, match=r"translation column has keys \['de', 'en'\]"):
@@ -114,8 +117,11 @@ def test_missing_file_unreadable_gzip_and_invalid_utf8_are_one_line_errors(tmp_p
         load_pairs(CorpusConfig(src=str(tmp_path / "nope.en"), tgt=str(good)), "en", "de")
     bad_gz = tmp_path / "bad.en.gz"
     bad_gz.write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate")
-    with pytest.raises(DataError, match=r"bad.en.gz: corrupt or truncated gzip data at "
-                                        r"line 1 ") as e:
+    with pytest.raises(
+        DataError,
+        match=r"bad.en.gz: corrupt or truncated gzip data at "
+        r"line 1 ",
+    ) as e:
         load_pairs(CorpusConfig(src=str(bad_gz), tgt=str(good)), "en", "de", tmp_path / "c")
     assert "\n" not in str(e.value)
     latin = tmp_path / "latin.en"
@@ -149,21 +155,29 @@ def test_dedup_by_hash_equals_exact_dedup_across_chunks():
         exact.append(pair not in seen_pairs)
         seen_pairs.add(pair)
     seen = SeenHashes()
-    by_hash = np.concatenate([seen.first_seen(pair_hashes(src[i:i + 137], tgt[i:i + 137]))
-                              for i in range(0, len(src), 137)])
+    by_hash = np.concatenate(
+        [
+            seen.first_seen(pair_hashes(src[i : i + 137], tgt[i : i + 137]))
+            for i in range(0, len(src), 137)
+        ]
+    )
     assert by_hash.tolist() == exact and len(seen) == len(seen_pairs) < 300
     assert pair_hashes(["a"], ["b c"])[0] != pair_hashes(["a b"], ["c"])[0]
     assert pair_hashes(["a"], ["b"]).dtype == np.uint64
 
 
 def test_a_damaged_gzip_is_one_line_naming_the_file_and_the_line(tmp_path):
-    path = write_lines(tmp_path / "big.en.gz",
-                       [f"line {i} " + "x" * (i % 50) for i in range(20000)])
+    path = write_lines(
+        tmp_path / "big.en.gz", [f"line {i} " + "x" * (i % 50) for i in range(20000)]
+    )
     data = path.read_bytes()
     cut = tmp_path / "cut.en.gz"
     cut.write_bytes(data[: len(data) // 2])  # a download or copy that stopped half-way
-    with pytest.raises(DataError, match=r"cut.en.gz: corrupt or truncated gzip data at "
-                                        r"line \d+ \(Compressed file ended") as e:
+    with pytest.raises(
+        DataError,
+        match=r"cut.en.gz: corrupt or truncated gzip data at "
+        r"line \d+ \(Compressed file ended",
+    ) as e:
         open_corpus(CorpusConfig(src=str(cut), tgt=str(cut)), "en", "de")
     line = int(str(e.value).split("at line ")[1].split()[0])
     assert 5000 < line < 15000
@@ -171,7 +185,7 @@ def test_a_damaged_gzip_is_one_line_naming_the_file_and_the_line(tmp_path):
         before = [next(f) for _ in range(line - 1)]
     assert before[-1] == f"line {line - 2} " + "x" * ((line - 2) % 50) + "\n"
     damaged = bytearray(data)
-    damaged[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    damaged[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
     (tmp_path / "bad.en.gz").write_bytes(bytes(damaged))
     with pytest.raises(DataError, match=r"bad.en.gz: corrupt or truncated gzip data at line"):
         open_corpus(CorpusConfig(src=str(tmp_path / "bad.en.gz"), tgt=str(path)), "en", "de")
@@ -181,8 +195,9 @@ def test_a_split_of_several_corpora_opens_each_with_its_weight(tmp_path):
     a = write_lines(tmp_path / "a.en", EN), write_lines(tmp_path / "a.de", DE)
     b = tmp_path / "b.jsonl"
     b.write_text(json.dumps({"src": "x", "tgt": "y"}) + "\n")
-    cfg = DataConfig(train=(CorpusConfig(src=str(a[0]), tgt=str(a[1])),
-                            CorpusConfig(path=str(b), weight=3)))
+    cfg = DataConfig(
+        train=(CorpusConfig(src=str(a[0]), tgt=str(a[1])), CorpusConfig(path=str(b), weight=3))
+    )
     corpora = open_split(cfg, "train", tmp_path / "c")
     assert [(c.size, c.weight) for c in corpora] == [(3, 1), (1, 3)]
     assert open_split(cfg, "valid") == []
@@ -190,8 +205,13 @@ def test_a_split_of_several_corpora_opens_each_with_its_weight(tmp_path):
 
 def test_one_line_counter_counts_a_last_line_without_its_newline(tmp_path):
     across_blocks = b"ab\n" * 400_000 + b"c"  # 1.2 MB: more than one block read
-    for data, lines in ((b"", 0), (b"a\n", 1), (b"a\nb", 2), (b"\n\n", 2),
-                        (across_blocks, 400_001)):
+    for data, lines in (
+        (b"", 0),
+        (b"a\n", 1),
+        (b"a\nb", 2),
+        (b"\n\n", 2),
+        (across_blocks, 400_001),
+    ):
         assert line_count(io.BytesIO(data)) == lines
     plain, packed = tmp_path / "a.txt", tmp_path / "a.txt.gz"
     plain.write_bytes(b"one\ntwo\nthree")

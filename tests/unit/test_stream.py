@@ -75,9 +75,19 @@ def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone(
     """Two models of different widths and depths, each with its own slot cache; a
     stream of one model's ensemble is exactly that model's stream."""
     torch.manual_seed(7)
-    wide = build_model(ModelConfig(d_model=48, heads=4, ffn_dim=64, encoder_layers=1,
-                                   decoder_layers=1, dropout=0.0, max_positions=64),
-                       40, 40).eval()
+    wide = build_model(
+        ModelConfig(
+            d_model=48,
+            heads=4,
+            ffn_dim=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            dropout=0.0,
+            max_positions=64,
+        ),
+        40,
+        40,
+    ).eval()
     narrow = random_model(9)
     pair, src = Ensemble([wide, narrow]), random_src(9, 3)
     got = stream_joining_every_step(pair, src)
@@ -86,8 +96,7 @@ def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone(
         alone = greedy_hypotheses(pair, row[None, : int((row != PAD).sum())], 0.6, 1.5, 4)
         assert got[k].tokens == alone[0][0].tokens
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
-    assert stream_joining_every_step(Ensemble([wide]), src) == \
-        stream_joining_every_step(wide, src)
+    assert stream_joining_every_step(Ensemble([wide]), src) == stream_joining_every_step(wide, src)
 
 
 def test_a_line_stream_steps_in_inference_mode_and_gives_the_engines_outputs(tiny_engine):
@@ -106,5 +115,4 @@ def test_a_line_stream_steps_in_inference_mode_and_gives_the_engines_outputs(tin
         got.update(stream.step())
     assert seen and all(seen) and not torch.is_inference_mode_enabled()
     want = tiny_engine.translate(lines, opts)
-    assert [[h.tokens for h in got[i]] for i in range(3)] == [[h.tokens for h in w]
-                                                              for w in want]
+    assert [[h.tokens for h in got[i]] for i in range(3)] == [[h.tokens for h in w] for w in want]

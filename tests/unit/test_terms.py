@@ -29,8 +29,13 @@ def write(tmp_path, data: bytes | str, name: str = "terms.txt"):
 
 def test_constraints_one_line_per_input_line_phrases_split_on_tabs(tmp_path):
     path = write(tmp_path, "Farbe\tNew York\n\n  Haus \t\t Baum\t\n \t \nletzte")
-    assert read_constraints(path) == [[("Farbe",), ("New York",)], [], [("Haus",), ("Baum",)],
-                                      [], [("letzte",)]]
+    assert read_constraints(path) == [
+        [("Farbe",), ("New York",)],
+        [],
+        [("Haus",), ("Baum",)],
+        [],
+        [("letzte",)],
+    ]
 
 
 def test_constraints_bom_dropped_crlf_accepted_phrase_twice_required_once(tmp_path):
@@ -61,20 +66,29 @@ def test_missing_file_and_folder_are_oserrors_that_say_so(tmp_path):
 
 
 def test_glossary_alternatives_in_file_order_comments_and_blank_lines(tmp_path):
-    path = write(tmp_path, "# en\tde\n\ncolour\tFarbe\nhouse\tHaus\ncolour\tFärbung\n"
-                           "colour\tFarbe\r\n  \n house \t Gebäude\t\n", "g.tsv")
+    path = write(
+        tmp_path,
+        "# en\tde\n\ncolour\tFarbe\nhouse\tHaus\ncolour\tFärbung\n"
+        "colour\tFarbe\r\n  \n house \t Gebäude\t\n",
+        "g.tsv",
+    )
     glossary = Glossary.read(path)
     assert len(glossary) == 2
     assert glossary.entries == {"colour": ("Farbe", "Färbung"), "house": ("Haus", "Gebäude")}
-    assert glossary.constraints("the house has colour") == [("Haus", "Gebäude"),
-                                                           ("Farbe", "Färbung")]
+    assert glossary.constraints("the house has colour") == [
+        ("Haus", "Gebäude"),
+        ("Farbe", "Färbung"),
+    ]
 
 
-@pytest.mark.parametrize(("line", "got"), [
-    ("just one field", "got 1 field: 'just one field'"),
-    ("a\tb\tc", "got 3 fields: 'a\\tb\\tc'"),
-    ("\tonly target", "got 1 field: '\\tonly target'"),
-])
+@pytest.mark.parametrize(
+    ("line", "got"),
+    [
+        ("just one field", "got 1 field: 'just one field'"),
+        ("a\tb\tc", "got 3 fields: 'a\\tb\\tc'"),
+        ("\tonly target", "got 1 field: '\\tonly target'"),
+    ],
+)
 def test_glossary_bad_line_names_file_line_and_what_it_got(tmp_path, line, got):
     path = write(tmp_path, f"# ok\ncat\tKatze\n{line}\n", "g.tsv")
     with pytest.raises(TermsError) as e:
@@ -102,8 +116,9 @@ def test_glossary_each_term_once_in_order_of_first_occurrence():
 
 
 def test_longest_term_wins_and_the_shorter_inside_it_is_not_required():
-    glossary = Glossary({"York": ["York"], "New York": ["New York"], "New": ["neu"],
-                         "New York City": ["NYC"]})
+    glossary = Glossary(
+        {"York": ["York"], "New York": ["New York"], "New": ["neu"], "New York City": ["NYC"]}
+    )
     assert glossary.constraints("in New York") == [("New York",)]
     assert glossary.constraints("New York City") == [("NYC",)]
     assert glossary.constraints("New York and York") == [("New York",), ("York",)]
@@ -132,9 +147,15 @@ def test_glossary_matches_as_a_term_by_term_search_does_many_terms():
     words = ["ab", "abc", "abd", "b", "bc", "a", "c d", "abc d", "d"]
     glossary = Glossary({w: [w.upper()] for w in words})
     for line in ["abc d abd", "a b c d", "abcd ab", "d c d ab", "bc abc"]:
-        found = [m.group() for m in re.finditer(
-            r"(?<!\w)(?:" + "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
-            + r")(?!\w)", line)]
+        found = [
+            m.group()
+            for m in re.finditer(
+                r"(?<!\w)(?:"
+                + "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
+                + r")(?!\w)",
+                line,
+            )
+        ]
         assert glossary.constraints(line) == list(dict.fromkeys((w.upper(),) for w in found))
 
 
@@ -152,8 +173,11 @@ def test_empty_glossary_requires_nothing(tmp_path):
 def test_combine_merges_line_by_line_dropping_repeats():
     from_file = [[("Haus",)], [], [("Baum",), ("Haus",)]]
     from_glossary = [[("Haus",), ("Farbe", "Färbung")], [("Hund",)], [("Haus",)]]
-    assert combine(from_file, from_glossary) == [[("Haus",), ("Farbe", "Färbung")],
-                                                 [("Hund",)], [("Baum",), ("Haus",)]]
+    assert combine(from_file, from_glossary) == [
+        [("Haus",), ("Farbe", "Färbung")],
+        [("Hund",)],
+        [("Baum",), ("Haus",)],
+    ]
     assert combine(from_file) == from_file and combine() == []
     with pytest.raises(ValueError, match=r"different lengths: \[3, 1\]"):
         combine(from_file, [[]])
@@ -195,6 +219,5 @@ def test_occurs_refuses_an_empty_phrase():
 
 def test_terms_loads_no_torch():
     code = "import sys, mtkit.core.terms; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -48,13 +48,27 @@ def test_lines_are_translated_as_soon_as_they_arrive():
 
 def test_output_formats(tiny_engine):
     hyps = tiny_engine.translate(["A dog."], SearchOptions(beam=3, nbest=2, max_len_b=3))[0]
-    nbest = format_lines(7, Request("A dog."), hyps, tiny_engine.tgt_vocab,
-                         SearchOptions(beam=3, nbest=2))
+    nbest = format_lines(
+        7, Request("A dog."), hyps, tiny_engine.tgt_vocab, SearchOptions(beam=3, nbest=2)
+    )
     assert len(nbest) == 2 and all(line.startswith("7 ||| ") for line in nbest)
-    scored = format_lines(0, Request("A dog."), hyps[:1], tiny_engine.tgt_vocab,
-                          SearchOptions(), OutputFormat(scores=True))
+    scored = format_lines(
+        0,
+        Request("A dog."),
+        hyps[:1],
+        tiny_engine.tgt_vocab,
+        SearchOptions(),
+        OutputFormat(scores=True),
+    )
     assert scored[0].count("\t") == 1 and float(scored[0].split("\t")[1]) <= 0
-    record = json.loads(format_lines(0, Request("A dog."), hyps, tiny_engine.tgt_vocab,
-                                     SearchOptions(beam=3, nbest=2),
-                                     OutputFormat("jsonl"))[0])
+    record = json.loads(
+        format_lines(
+            0,
+            Request("A dog."),
+            hyps,
+            tiny_engine.tgt_vocab,
+            SearchOptions(beam=3, nbest=2),
+            OutputFormat("jsonl"),
+        )[0]
+    )
     assert record["source"] == "A dog." and len(record["nbest"]) == 2

@@ -51,14 +51,21 @@ def test_unigram_model_type_trains():
 
 
 def test_vocab_size_the_corpus_cannot_support_is_one_line_error():
-    with pytest.raises(TokenizerError, match=r"tokenizer.vocab_size=50000 cannot be trained on "
-                                             r"20 sentences: .*too high"):
+    with pytest.raises(
+        TokenizerError,
+        match=r"tokenizer.vocab_size=50000 cannot be trained on "
+        r"20 sentences: .*too high",
+    ):
         train_sentencepiece(EN[:20], TokenizerConfig(vocab_size=50000))
 
 
 def in_chunks(src, tgt, size):
-    return Corpus("mem", len(src), 1,
-                  lambda _: ((src[i:i + size], tgt[i:i + size]) for i in range(0, len(src), size)))
+    return Corpus(
+        "mem",
+        len(src),
+        1,
+        lambda _: ((src[i : i + size], tgt[i : i + size]) for i in range(0, len(src), size)),
+    )
 
 
 def test_the_stream_sample_follows_the_seed_not_the_chunks():
@@ -71,8 +78,9 @@ def test_the_stream_sample_follows_the_seed_not_the_chunks():
     assert 95 <= len(a[0]) <= 100 and set(a[0]) <= set(everything[0])  # empties left out
     pairs = set(zip(*everything))
     assert all(p in pairs for p in zip(*a))  # sides stay aligned
-    both = sample_pairs([in_chunks(src[:150], tgt[:150], 10),
-                         in_chunks(src[150:], tgt[150:], 10)], 100, seed=1)
+    both = sample_pairs(
+        [in_chunks(src[:150], tgt[:150], 10), in_chunks(src[150:], tgt[150:], 10)], 100, seed=1
+    )
     assert both == a  # several corpora are sampled as one stream
     assert everything == tuple([" ".join(x.split()) for x in side] for side in (EN[:300], DE[:300]))
     cfg = TokenizerConfig(vocab_size=200)
@@ -98,8 +106,11 @@ def test_the_tokenizer_is_the_same_for_the_same_seed(tiny_config, tmp_path):
     small = dataclasses.replace(tiny_config.tokenizer, input_sentence_size=600)
     models = []
     for seed, name in ((1, "a"), (1, "b"), (2, "c")):
-        cfg = dataclasses.replace(tiny_config, run_dir=str(tmp_path / name),
-                                  tokenizer=dataclasses.replace(small, seed=seed))
+        cfg = dataclasses.replace(
+            tiny_config,
+            run_dir=str(tmp_path / name),
+            tokenizer=dataclasses.replace(small, seed=seed),
+        )
         build_tokenizer(cfg)
         models.append((tmp_path / name / "spm.model").read_bytes())
     assert models[0] == models[1] != models[2]

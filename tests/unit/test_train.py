@@ -81,10 +81,18 @@ def test_training_lowers_the_loss_and_logs_every_event(prepared, tmp_path, corpu
     assert load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["vocab"]["src"]
 
 
-def test_the_linear_schedule_reaches_the_optimizer_and_ends_near_zero(prepared, tmp_path,
-                                                                      corpus):
-    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=100, log_every=5,
-                   lr_schedule="linear", warmup_steps=5, lr=1e-3)
+def test_the_linear_schedule_reaches_the_optimizer_and_ends_near_zero(prepared, tmp_path, corpus):
+    cfg, _ = fresh(
+        prepared,
+        tmp_path,
+        corpus,
+        max_steps=20,
+        valid_every=100,
+        log_every=5,
+        lr_schedule="linear",
+        warmup_steps=5,
+        lr=1e-3,
+    )
     train(cfg)
     events = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").open()]
     rates = [(e["step"], e["lr"]) for e in events if e["event"] == "train"]
@@ -104,13 +112,13 @@ def straight_and_resumed(prepared, tmp_path, corpus, total: int, first: int, **t
     halves, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=first, **train_cfg)
     first_result = train(halves)
     second_result = train(with_max_steps(halves, total))
-    return (weights(straight.run_path), weights(halves.run_path),
-            first_result, second_result)
+    return (weights(straight.run_path), weights(halves.run_path), first_result, second_result)
 
 
 def test_resume_gives_bit_identical_weights(prepared, tmp_path, corpus):
-    a, b, first, second = straight_and_resumed(prepared, tmp_path, corpus, 24, 11,
-                                               valid_every=7, update_freq=2)
+    a, b, first, second = straight_and_resumed(
+        prepared, tmp_path, corpus, 24, 11, valid_every=7, update_freq=2
+    )
     assert first.step == 11
     assert second.step == 24
     assert a.keys() == b.keys()
@@ -119,8 +127,9 @@ def test_resume_gives_bit_identical_weights(prepared, tmp_path, corpus):
 
 def test_resume_across_an_epoch_boundary_is_exact(prepared, tmp_path, corpus):
     # ~2,000 pairs at 1,024 tokens make about 60 batches an epoch.
-    a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 75, 50,
-                                           valid_every=1000, max_tokens=1024)
+    a, b, _, result = straight_and_resumed(
+        prepared, tmp_path, corpus, 75, 50, valid_every=1000, max_tokens=1024
+    )
     assert result.epoch == 2
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -130,14 +139,21 @@ def _train_process(config: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "auto"])
-def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path, corpus,
-                                                               precision):
+def test_sigkill_mid_run_then_resume_reaches_the_same_weights(
+    prepared, tmp_path, corpus, precision
+):
     """Bit-identity is promised here: a resumed run is the run that never stopped. Under
     `precision: auto` the resumed start reuses the first start's choice (stored in the
     checkpoint) instead of measuring again; the straight run trains in that precision."""
-    killed, data = fresh(prepared, tmp_path / "b", corpus, max_steps=60, valid_every=10,
-                         precision=precision,
-                         batch_shapes="auto" if precision == "auto" else "exact")
+    killed, data = fresh(
+        prepared,
+        tmp_path / "b",
+        corpus,
+        max_steps=60,
+        valid_every=10,
+        precision=precision,
+        batch_shapes="auto" if precision == "auto" else "exact",
+    )
     config = tmp_path / "b.yaml"
     config.write_text(yaml.safe_dump(data))
     proc = subprocess.Popen(_train_process(config), stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -149,36 +165,43 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(prepared, tmp_path
     proc.wait()
     ckpts = {p.name for p in (killed.run_path / "checkpoints").glob("step_*.pt")}
     assert "step_60.pt" not in ckpts
-    chosen = load_checkpoint(killed.run_path / "checkpoints" / "step_20.pt")["train"][
-        "precision"]
+    chosen = load_checkpoint(killed.run_path / "checkpoints" / "step_20.pt")["train"]["precision"]
     assert chosen["asked"] == precision and chosen["precision"] in ("fp32", "bf16")
     assert ("calibration" in chosen) == (precision == "auto")
     done = subprocess.run(_train_process(config), capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "resuming from" in done.stderr
-    starts = [json.loads(x) for x in (killed.run_path / "metrics.jsonl").open()
-              if '"start"' in x]
+    starts = [json.loads(x) for x in (killed.run_path / "metrics.jsonl").open() if '"start"' in x]
     assert [s["resumed"] for s in starts] == [False, True]
     assert starts[1]["precision"] == chosen["precision"]
     assert starts[1].get("calibration") == starts[0].get("calibration")  # not measured again
-    _, straight_data = fresh(prepared, tmp_path / "a", corpus, max_steps=60, valid_every=10,
-                             precision=chosen["precision"],
-                             batch_shapes=chosen["batches"]["shapes"])
+    _, straight_data = fresh(
+        prepared,
+        tmp_path / "a",
+        corpus,
+        max_steps=60,
+        valid_every=10,
+        precision=chosen["precision"],
+        batch_shapes=chosen["batches"]["shapes"],
+    )
     straight_config = tmp_path / "a.yaml"
     straight_config.write_text(yaml.safe_dump(straight_data))
-    straight = subprocess.run(_train_process(straight_config), capture_output=True,
-                              text=True, cwd=ROOT)
+    straight = subprocess.run(
+        _train_process(straight_config), capture_output=True, text=True, cwd=ROOT
+    )
     assert straight.returncode == 0, straight.stderr
     a, b = weights(tmp_path / "a" / "run"), weights(killed.run_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, tmp_path,
-                                                                     corpus, monkeypatch):
+def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(
+    prepared, tmp_path, corpus, monkeypatch
+):
     import mtkit.core.device as device_module
 
-    monkeypatch.setattr(device_module, "calibrate_cpu",
-                        lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001))
+    monkeypatch.setattr(
+        device_module, "calibrate_cpu", lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001)
+    )
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, precision="auto")
     assert train(cfg).precision == "bf16"
 
@@ -189,16 +212,24 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(prepared, t
     result = train(with_max_steps(cfg, 6))
     assert (result.step, result.precision) == (6, "bf16")
     stored = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["precision"]
-    assert stored == {"precision": "bf16", "asked": "auto", "cpu": cpu_description(),
-                      "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
-                      "attention": {"kernel": "sdpa", "asked": "sdpa"},
-                      "batches": {"shapes": "exact", "asked": "exact"}}
-    fp32 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32",
-                                                              max_steps=8))
-    with pytest.raises(TrainError, match=r"last.pt was trained in bf16, the config says "
-                                         r"train.precision=fp32; resume with "
-                                         r"train.precision=bf16 \(or auto\), or start over "
-                                         r"with --no-resume"):
+    assert stored == {
+        "precision": "bf16",
+        "asked": "auto",
+        "cpu": cpu_description(),
+        "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
+        "attention": {"kernel": "sdpa", "asked": "sdpa"},
+        "batches": {"shapes": "exact", "asked": "exact"},
+    }
+    fp32 = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, precision="fp32", max_steps=8)
+    )
+    with pytest.raises(
+        TrainError,
+        match=r"last.pt was trained in bf16, the config says "
+        r"train.precision=fp32; resume with "
+        r"train.precision=bf16 \(or auto\), or start over "
+        r"with --no-resume",
+    ):
         train(fp32)
     assert train(fp32, resume=False).precision == "fp32"  # starting over may choose anew
 
@@ -248,8 +279,17 @@ def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus
     config = tmp_path / "ddp.yaml"
     config.write_text(yaml.safe_dump(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(ROOT / "tests" / "ddp_worker.py"), str(config), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "tests" / "ddp_worker.py"),
+        str(config),
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
@@ -260,24 +300,33 @@ def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus
 
 
 def test_max_epochs_and_patience_stop_training(prepared, tmp_path, corpus):
-    cfg, _ = fresh(prepared, tmp_path / "a", corpus, max_steps=0, max_epochs=1,
-                   max_tokens=4096, valid_every=1000)
+    cfg, _ = fresh(
+        prepared,
+        tmp_path / "a",
+        corpus,
+        max_steps=0,
+        max_epochs=1,
+        max_tokens=4096,
+        valid_every=1000,
+    )
     result = train(cfg)
     per_epoch = 2000 * 20 // 4096  # roughly: 2,000 pairs of ~20 tokens
     assert result.stopped_because == "max_epochs" and result.epoch == 1
     assert per_epoch // 3 < result.step < per_epoch * 3
     # Patience 1: the second validation without a better BLEU stops training. A zero
     # learning rate after warm-up keeps the BLEU from improving.
-    cfg, _ = fresh(prepared, tmp_path / "b", corpus, max_steps=100, valid_every=2,
-                   patience=1, lr=1e-9)
+    cfg, _ = fresh(
+        prepared, tmp_path / "b", corpus, max_steps=100, valid_every=2, patience=1, lr=1e-9
+    )
     result = train(cfg)
     assert result.stopped_because == "patience" and result.step == 4
     again = train(cfg)  # resuming an early-stopped run changes nothing
     assert again.step == 4 and again.stopped_because == "patience"
 
 
-def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(prepared, tmp_path,
-                                                                           corpus):
+def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(
+    prepared, tmp_path, corpus
+):
     # An epoch with an odd number of batches and update_freq 2: the last update of the
     # last epoch has one batch. It must be applied, not dropped after its position moved.
     data = ShardDataset(prepared / "data" / "train")
@@ -287,8 +336,16 @@ def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(prepa
         if len(sampler) % 2:
             break
     n = len(sampler)
-    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=0, max_epochs=1, update_freq=2,
-                   max_tokens=max_tokens, valid_every=1000)
+    cfg, _ = fresh(
+        prepared,
+        tmp_path,
+        corpus,
+        max_steps=0,
+        max_epochs=1,
+        update_freq=2,
+        max_tokens=max_tokens,
+        valid_every=1000,
+    )
     result = train(cfg)
     assert result.stopped_because == "max_epochs"
     assert result.step == (n + 1) // 2
@@ -296,20 +353,25 @@ def test_max_epochs_mid_accumulation_still_applies_the_epochs_last_batches(prepa
     assert (progress["epoch"], progress["batch"], progress["step"]) == (1, n, (n + 1) // 2)
 
 
-def test_a_run_without_validation_says_so_and_never_runs_out_of_patience(prepared, tmp_path,
-                                                                        corpus):
+def test_a_run_without_validation_says_so_and_never_runs_out_of_patience(
+    prepared, tmp_path, corpus
+):
     cfg, data = fresh(prepared, tmp_path, corpus, max_steps=6, valid_every=2, patience=1)
     del data["data"]["valid"]
     shutil.rmtree(cfg.run_path / "data" / "valid")
     result = train(config_from_dict(data))
     assert (result.step, result.stopped_because, result.best_bleu) == (6, "max_steps", None)
-    assert result.summary() == "stopped at step 6 (max_steps); no validation (data.valid is " \
-                               "not set)"
+    assert (
+        result.summary() == "stopped at step 6 (max_steps); no validation (data.valid is not set)"
+    )
     events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
     assert not [e for e in events if e["event"] == "valid"]
     assert events[-1]["best_bleu"] is None
     assert sorted(p.name for p in (cfg.run_path / "checkpoints").glob("step_*")) == [
-        "step_2.pt", "step_4.pt", "step_6.pt"]
+        "step_2.pt",
+        "step_4.pt",
+        "step_6.pt",
+    ]
 
 
 def test_stop_reason_is_a_function_of_progress_and_config():
@@ -339,21 +401,27 @@ def test_precision_auto_on_a_cpu_is_measured_and_recorded(prepared, tmp_path, co
     start = json.loads((cfg.run_path / "metrics.jsonl").open().readline())
     assert set(start["calibration"]) == {"fp32_ms", "bf16_ms"}
     assert (start["precision"], start["asked"]) == (result.precision, "auto")
-    assert result.precision == ("bf16" if start["calibration"]["bf16_ms"] <= 0.9 * start[
-        "calibration"]["fp32_ms"] else "fp32")
+    assert result.precision == (
+        "bf16"
+        if start["calibration"]["bf16_ms"] <= 0.9 * start["calibration"]["fp32_ms"]
+        else "fp32"
+    )
 
 
 def test_tensorboard_gets_the_same_scalars_as_metrics_jsonl(prepared, tmp_path, corpus):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=10, valid_every=5, log_every=5,
-                   tensorboard=True)
+    cfg, _ = fresh(
+        prepared, tmp_path, corpus, max_steps=10, valid_every=5, log_every=5, tensorboard=True
+    )
     train(cfg)
     board = EventAccumulator(str(cfg.run_path / "tensorboard"))
     board.Reload()
     events = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").open()]
-    for kind, names in (("train", ("loss", "lr", "tokens_per_s", "grad_norm", "ppl")),
-                        ("valid", ("loss", "ppl", "bleu"))):
+    for kind, names in (
+        ("train", ("loss", "lr", "tokens_per_s", "grad_norm", "ppl")),
+        ("valid", ("loss", "ppl", "bleu")),
+    ):
         records = [e for e in events if e["event"] == kind]
         for name in names:
             scalars = board.Scalars(f"{kind}/{name}")
@@ -365,49 +433,70 @@ def test_tensorboard_gets_the_same_scalars_as_metrics_jsonl(prepared, tmp_path, 
 def test_tensorboard_without_the_extra_is_one_line(prepared, tmp_path, corpus, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=2, tensorboard=True)
-    with pytest.raises(TrainError, match=r"^train.tensorboard needs TensorBoard: pip install "
-                                         r"'mtkit\[tensorboard\]'$"):
+    with pytest.raises(
+        TrainError,
+        match=r"^train.tensorboard needs TensorBoard: pip install "
+        r"'mtkit\[tensorboard\]'$",
+    ):
         train(cfg)
     assert not (cfg.run_path / "checkpoints").exists()
 
 
-def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(prepared, tmp_path, corpus,
-                                                                 monkeypatch):
+def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(
+    prepared, tmp_path, corpus, monkeypatch
+):
     """`train.attention: auto` measures once (faked: matmul twice as fast) and stores the
     kernel with the precision; a resume reuses it and refuses another."""
     import mtkit.model.kernel_timing as kernels
 
-    monkeypatch.setattr(kernels, "attention_timer",
-                        lambda shape, dtype: lambda k: 0.002 if k == "sdpa" else 0.001)
+    monkeypatch.setattr(
+        kernels, "attention_timer", lambda shape, dtype: lambda k: 0.002 if k == "sdpa" else 0.001
+    )
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, attention="auto")
     train(cfg)
     last = cfg.run_path / "checkpoints" / "last.pt"
     assert load_checkpoint(last)["train"]["precision"]["attention"] == {
-        "kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.0}
+        "kernel": "matmul",
+        "asked": "auto",
+        "sdpa_ms": 2.0,
+        "matmul_ms": 1.0,
+    }
 
     def measured_again(shape, dtype):
         raise AssertionError("a resumed run measured its attention again")
 
     monkeypatch.setattr(kernels, "attention_timer", measured_again)
     assert train(with_max_steps(cfg, 6)).step == 6
-    sdpa = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, attention="sdpa",
-                                                              max_steps=8))
-    with pytest.raises(TrainError, match=r"last.pt was trained with train.attention=matmul, "
-                                         r"the config says sdpa"):
+    sdpa = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, attention="sdpa", max_steps=8)
+    )
+    with pytest.raises(
+        TrainError,
+        match=r"last.pt was trained with train.attention=matmul, "
+        r"the config says sdpa",
+    ):
         train(sdpa)
 
 
-def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_path, corpus,
-                                                                 monkeypatch):
+def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(
+    prepared, tmp_path, corpus, monkeypatch
+):
     """`train.batch_shapes: classes` is stored with the precision; a run that stops and
     resumes across an epoch boundary ends with the weights of one that never stopped;
     a resume under auto keeps the stored shapes without deciding again, and one asking
     for the other kind is refused."""
     import mtkit.training.state as trainstate
 
-    a, b, _, result = straight_and_resumed(prepared, tmp_path, corpus, 85, 50,
-                                           valid_every=1000, max_tokens=1024,
-                                           batch_shapes="classes")
+    a, b, _, result = straight_and_resumed(
+        prepared,
+        tmp_path,
+        corpus,
+        85,
+        50,
+        valid_every=1000,
+        max_tokens=1024,
+        batch_shapes="classes",
+    )
     assert result.epoch == 2
     assert all(torch.equal(a[k], b[k]) for k in a)
     run = tmp_path / "b" / "run"
@@ -419,16 +508,22 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(prepared, tmp_p
         raise AssertionError("a resumed run decided its batch shapes again")
 
     monkeypatch.setattr(trainstate, "choose_batch_shapes", decided_again)
-    auto = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_shapes="auto",
-                                                              max_steps=87))
+    auto = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, batch_shapes="auto", max_steps=87)
+    )
     assert train(auto).step == 87
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["train"]["precision"][
-        "batches"]["shapes"] == "classes"
-    exact = dataclasses.replace(auto, train=dataclasses.replace(auto.train,
-                                                                batch_shapes="exact",
-                                                                max_steps=89))
-    with pytest.raises(TrainError, match=r"last.pt was trained with train.batch_shapes="
-                                         r"classes, the config says exact"):
+    assert (
+        load_checkpoint(run / "checkpoints" / "last.pt")["train"]["precision"]["batches"]["shapes"]
+        == "classes"
+    )
+    exact = dataclasses.replace(
+        auto, train=dataclasses.replace(auto.train, batch_shapes="exact", max_steps=89)
+    )
+    with pytest.raises(
+        TrainError,
+        match=r"last.pt was trained with train.batch_shapes="
+        r"classes, the config says exact",
+    ):
         train(exact)
 
 
@@ -436,8 +531,12 @@ def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path
     from mtkit.training.state import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
 
     old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
-    record = decided_once(BATCH_SHAPES, "auto", stored_choices((tmp_path / "last.pt", old))[
-        "batches"], measure=lambda: pytest.fail("a resumed run measured again"))
+    record = decided_once(
+        BATCH_SHAPES,
+        "auto",
+        stored_choices((tmp_path / "last.pt", old))["batches"],
+        measure=lambda: pytest.fail("a resumed run measured again"),
+    )
     assert record.value == "exact" and batch_shapes(record) is None
 
 
@@ -478,8 +577,12 @@ def test_decided_once_measures_a_fresh_run_and_stores_the_record():
     measure, calls = _counting(Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}))
     decision = decided_once(ATTENTION, "auto", None, measure)
     assert calls == [1] and decision.value == "matmul"
-    assert ATTENTION.record(decision) == {"kernel": "matmul", "asked": "auto",
-                                          "sdpa_ms": 13.8, "matmul_ms": 1.7}
+    assert ATTENTION.record(decision) == {
+        "kernel": "matmul",
+        "asked": "auto",
+        "sdpa_ms": 13.8,
+        "matmul_ms": 1.7,
+    }
     assert ATTENTION.decision(ATTENTION.record(decision)) == decision
 
 
@@ -487,34 +590,48 @@ def test_decided_once_measures_a_fresh_run_and_stores_the_record():
 def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
     from mtkit.training.state import PRECISION, decided_once
 
-    stored = {"precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 9.0,
-                                                                    "bf16_ms": 3.0}}
+    stored = {"precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0}}
     measure, calls = _counting(None)
     decision = decided_once(PRECISION, asked, (tmp_path / "last.pt", stored), measure)
     assert calls == [] and PRECISION.record(decision) == stored
 
 
-@pytest.mark.parametrize("choice_name, stored, asked, says", [
-    ("PRECISION", {"precision": "bf16", "asked": "auto"}, "fp32",
-     "last.pt was trained in bf16, the config says train.precision=fp32; resume with "
-     "train.precision=bf16 (or auto), or start over with --no-resume"),
-    ("ATTENTION", {"kernel": "matmul", "asked": "auto"}, "sdpa",
-     "last.pt was trained with train.attention=matmul, the config says sdpa; resume with "
-     "train.attention=matmul (or auto), or start over with --no-resume"),
-    ("BATCH_SHAPES", None, "classes",
-     "last.pt was trained with train.batch_shapes=exact, the config says classes; resume "
-     "with train.batch_shapes=exact (or auto), or start over with --no-resume"),
-])
-def test_decided_once_refuses_a_resume_that_asks_for_another_value(tmp_path, choice_name,
-                                                                   stored, asked, says):
+@pytest.mark.parametrize(
+    "choice_name, stored, asked, says",
+    [
+        (
+            "PRECISION",
+            {"precision": "bf16", "asked": "auto"},
+            "fp32",
+            "last.pt was trained in bf16, the config says train.precision=fp32; resume with "
+            "train.precision=bf16 (or auto), or start over with --no-resume",
+        ),
+        (
+            "ATTENTION",
+            {"kernel": "matmul", "asked": "auto"},
+            "sdpa",
+            "last.pt was trained with train.attention=matmul, the config says sdpa; resume with "
+            "train.attention=matmul (or auto), or start over with --no-resume",
+        ),
+        (
+            "BATCH_SHAPES",
+            None,
+            "classes",
+            "last.pt was trained with train.batch_shapes=exact, the config says classes; resume "
+            "with train.batch_shapes=exact (or auto), or start over with --no-resume",
+        ),
+    ],
+)
+def test_decided_once_refuses_a_resume_that_asks_for_another_value(
+    tmp_path, choice_name, stored, asked, says
+):
     """The batch shapes of a checkpoint from before the choice existed count as token
     batches (`before`), and are held to as a stored choice is."""
     import mtkit.training.state as ts
 
     measure, calls = _counting(None)
     with pytest.raises(TrainError) as refused:
-        ts.decided_once(getattr(ts, choice_name), asked, (tmp_path / "last.pt", stored),
-                        measure)
+        ts.decided_once(getattr(ts, choice_name), asked, (tmp_path / "last.pt", stored), measure)
     assert str(refused.value).endswith(says) and calls == []
 
 
@@ -522,8 +639,7 @@ def test_decided_once_decides_now_for_a_checkpoint_from_before_the_choice(tmp_pa
     from mtkit.training.state import ATTENTION, Decision, decided_once
 
     measure, calls = _counting(Decision("sdpa", "auto"))
-    assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value \
-        == "sdpa"
+    assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value == "sdpa"
     assert calls == [1]
 
 
@@ -534,18 +650,22 @@ def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
 
     from mtkit.training.state import Decision, RunChoices, stored_choices
 
-    choices = RunChoices(Decision("bf16", "auto", {"calibration": {"fp32_ms": 9.0,
-                                                                    "bf16_ms": 3.0},
-                                                    "cpu": "AMD EPYC"}),
-                         Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}),
-                         Decision("classes", "auto", {"multiple": 8, "group": 4}))
+    choices = RunChoices(
+        Decision(
+            "bf16", "auto", {"calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0}, "cpu": "AMD EPYC"}
+        ),
+        Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}),
+        Decision("classes", "auto", {"multiple": 8, "group": 4}),
+    )
     record = choices.as_record()
-    assert record == {"precision": "bf16", "asked": "auto",
-                      "calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0}, "cpu": "AMD EPYC",
-                      "attention": {"kernel": "matmul", "asked": "auto", "sdpa_ms": 13.8,
-                                    "matmul_ms": 1.7},
-                      "batches": {"shapes": "classes", "asked": "auto", "multiple": 8,
-                                  "group": 4}}
+    assert record == {
+        "precision": "bf16",
+        "asked": "auto",
+        "calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0},
+        "cpu": "AMD EPYC",
+        "attention": {"kernel": "matmul", "asked": "auto", "sdpa_ms": 13.8, "matmul_ms": 1.7},
+        "batches": {"shapes": "classes", "asked": "auto", "multiple": 8, "group": 4},
+    }
     stored = stored_choices((P("last.pt"), {"train": {"precision": record}}))
     assert stored["attention"][1] == record["attention"]
     assert "attention" not in stored["precision"][1]
