@@ -168,7 +168,9 @@ class TrainConfig:
     update_freq: int = field(default=1, metadata=value_range(1))
     lr: float = field(default=7e-4, metadata=value_range(0.0, 10.0, lo_open=True))
     warmup_steps: int = field(default=4000, metadata=value_range(0))
-    # After the warm-up: the paper's inverse sqrt, or linear to 0 over the budget (optim).
+    # After the warm-up: the paper's inverse square root, or a linear decay to 0 at the
+    # end of the budget (max_steps, or max_time by the training clock):
+    # `mtkit.training.optim`.
     lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     label_smoothing: float = field(default=0.1, metadata=value_range(0.0, 0.99))
     weight_decay: float = field(default=0.0, metadata=value_range(0.0))
@@ -187,7 +189,10 @@ class TrainConfig:
     # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
     # model's shapes in the run's precision, at the first start (`mtkit.model.kernel_timing`).
     attention: Literal["auto", "sdpa", "matmul"] = "auto"
-    # Token batches (exact), or a few padded shapes (classes): auto measures (`kernels`).
+    # Batches token-bucketed to their pairs' lengths (exact), or padded into a few shapes
+    # (classes: for CPUs that compile a bf16 kernel per shape, where compiling costs far
+    # more than running it); auto measures what a new shape costs, in bf16 on a CPU only,
+    # at the first start (`mtkit.model.kernel_timing`).
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this
@@ -211,8 +216,9 @@ class DecodeConfig:
     max_len_b: int = _option("max_len_b")  # capped to the positions
     batch_tokens: int = _option("batch_tokens")
     lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
-    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where clearly
-    # faster) and takes bf16 on CUDA; int8 (`mtkit.model.int8`, a CPU's) only when asked.
+    # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
+    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
+    # dynamic int8 products, `mtkit.model.int8`) only when asked.
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
 
 
