@@ -9,7 +9,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
 import typer
 
@@ -237,7 +237,10 @@ def translate(
             _batch_tokens(engine, batch_tokens),
             prefixes,
             prefix_file,
-            Lines(constraints, constraints_file, terms, tgt_lang),
+            constraints=constraints,
+            constraints_file=constraints_file,
+            glossary=terms,
+            tgt_lang=tgt_lang,
         )
 
 
@@ -262,16 +265,6 @@ def _check_constraints(
             check_constraints(opts, engine.capabilities, name)
 
 
-class Lines(NamedTuple):
-    """What comes with the input lines besides prefixes: constraints from a file (one
-    list per line) and the file's name, a glossary, and the language to translate into."""
-
-    constraints: list | None = None
-    constraints_file: Path | None = None
-    glossary: object = None
-    tgt_lang: str | None = None  # --tgt-lang
-
-
 def _translate_file(
     engine: Translator,
     input: Path | None,
@@ -281,10 +274,16 @@ def _translate_file(
     batch_tokens: int,
     prefixes: list[str] | None,
     prefix_file: Path | None,
-    extra: Lines = Lines(),
+    *,
+    constraints: list | None,
+    constraints_file: Path | None,
+    glossary: Glossary | None,
+    tgt_lang: str | None,
 ) -> None:
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
-    only once complete), with a progress bar on a terminal."""
+    only once complete), with a progress bar on a terminal. Besides the lines and their
+    prefixes: each line's constraints (read from `constraints_file`), a glossary, and
+    the language to translate into (--tgt-lang)."""
     from mtkit.core.atomic import atomic_text
     from mtkit.core.progress import progress_bar
     from mtkit.core.textio import check_constraint_lines, read_all_lines, translate_stream
@@ -297,11 +296,9 @@ def _translate_file(
         # counts must agree, and every constraint fit, before anything is written
         if prefixes is not None:
             source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
-        if extra.constraints is not None:
-            source = read_all_lines(
-                source, len(extra.constraints), f"--constraints {extra.constraints_file}"
-            )
-            check_constraint_lines(engine, source, extra.constraints, opts)
+        if constraints is not None:
+            source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
+            check_constraint_lines(engine, source, constraints, opts)
         translate_stream(
             engine,
             source,
@@ -311,9 +308,9 @@ def _translate_file(
             prefixes,
             output=written,
             batch_tokens=batch_tokens,
-            constraints=extra.constraints,
-            glossary=extra.glossary,
-            tgt_lang=extra.tgt_lang,
+            constraints=constraints,
+            glossary=glossary,
+            tgt_lang=tgt_lang,
         )
 
 
