@@ -79,16 +79,24 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
-def label_smoothed_nll(
-    logits: Tensor | Projection, target: Tensor, eps: float = 0.1, ignore_index: int = PAD
+def output_and_loss(
+    projection: Projection, target: Tensor, eps: float = 0.1, ignore_index: int = PAD
 ) -> LossOutput:
-    """logits (B, T, V), target (B, T) -> summed losses over the non-pad tokens.
+    """The output layer and the loss in one, as training runs them: `projection` (the
+    decoder's output (B, T, D) and the output weight, the model's training forward),
+    target (B, T) -> summed losses over the non-pad tokens, as `label_smoothed_nll` of
+    the logits would give. The logits are made a chunk of rows at a time and their
+    gradient is taken right away (`_ProjectedSmoothedCrossEntropy`), so no (tokens x V)
+    tensor outlives its chunk."""
+    return _projected_nll(
+        projection.hidden, projection.weight, target, eps, ignore_index, projection.bias
+    )
 
-    Given a `Projection` (hidden states and the output weight) instead of logits, the
-    logits are made a chunk of rows at a time and their gradient is taken right away
-    (`_ProjectedSmoothedCrossEntropy`), so no (tokens x V) tensor outlives its chunk."""
-    if not isinstance(logits, Tensor):
-        return _projected_nll(logits.hidden, logits.weight, target, eps, ignore_index, logits.bias)
+
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, eps: float = 0.1, ignore_index: int = PAD
+) -> LossOutput:
+    """logits (B, T, V), target (B, T) -> summed losses over the non-pad tokens."""
     vocab = logits.size(-1)
     dtype = torch.promote_types(logits.dtype, torch.float32)  # at least fp32 for the sums
     flat = logits.reshape(-1, vocab).to(dtype)  # (B*T, V)

@@ -1,8 +1,14 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), batch-first.
 
     memory, src_mask = model.encode(src)                        # (B, S, D), (B, S)
-    logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  training
+    logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  teacher-forced
     logits, cache = model.decode_step(token, memory, src_mask, cache)   # (B, V) inference
+    projection = model(src, tgt_in)                             # training: a `Projection`
+
+Training calls the model (`forward`, as DistributedDataParallel needs) and gets one type,
+a `Projection`: the decoder's output and the output layer's weights, from which the loss
+makes the logits a chunk at a time (`mtkit.model.loss.output_and_loss`, the fused output
+layer and loss), so the logits of a whole batch never exist at once.
 
 `decode_step` sees its cache through `cache.DecoderCache` (`begin`, `cross`, `update`,
 `advanced`), whichever it is: the `BeamCache` of offline search, a value that search
@@ -190,11 +196,16 @@ class DecoderLayer(nn.Module):
 
 class Projection(NamedTuple):
     """Logits not yet made: the decoder's output (B, T, D), the output weight (V, D) and
-    the output bias (V,) or None."""
+    the output bias (V,) or None. What training's forward returns."""
 
     hidden: Tensor
     weight: Tensor
     bias: Tensor | None = None
+
+    def logits(self) -> Tensor:
+        """All of them at once: (B, T, V)."""
+        bias = None if self.bias is None else self.bias.to(self.hidden.dtype)
+        return F.linear(self.hidden, self.weight, bias)
 
 
 class Transformer(nn.Module):
@@ -282,19 +293,18 @@ class Transformer(nn.Module):
         bias = None if self.output_bias is None else self.output_bias.to(y.dtype)
         return F.linear(self.decoder_norm(y), self.output_weight, bias)  # (..., V)
 
-    def decode(
-        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, project: bool = True
-    ) -> Tensor | Projection:
-        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V), or with `project`
-        False the `Projection` that would make them."""
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V)."""
+        return self.project(self._decoder_output(tgt_in, memory, src_mask))  # (B, T, V)
+
+    def _decoder_output(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """The decoder stack's output for tgt_in (B, T), before its final norm: (B, T, D)."""
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         y = self.tgt_embed(tgt_in)  # (B, T, D)
         keys, values = self.cross_kv(memory)  # per layer (B, H, S, K)
         for layer, k, v in zip(self.decoder_layers, keys, values, strict=True):
             y, _ = layer(y, (k, v), attn_mask)
-        if not project:
-            return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
-        return self.project(y)  # (B, T, V)
+        return y
 
     def slot_cache(
         self,
@@ -335,12 +345,19 @@ class Transformer(nn.Module):
         logits = self.project(y[:, 0])  # (B*W, V)
         return logits, cache.advanced(tuple(new_k), tuple(new_v))
 
-    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor | Projection:
-        """Training forward: src (B, S), tgt_in (B, T) -> logits (B, T, V), or with
-        `project` False the `Projection` that would make them (for the loss to make in
-        chunks: `mtkit.model.loss`)."""
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Projection:
+        """Training forward: src (B, S), tgt_in (B, T) -> the `Projection` that makes the
+        logits (B, T, V), for the loss to make a chunk at a time
+        (`mtkit.model.loss.output_and_loss`)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask, project)
+        y = self._decoder_output(tgt_in, memory, src_mask)  # (B, T, D)
+        return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
+
+    def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits of a batch: src (B, S), tgt_in (B, T) -> (B, T, V), all at
+        once (and through the int8 output layer where there is one)."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
 
 
 def build_model(

@@ -44,7 +44,7 @@ from mtkit.core.signals import StopFlag
 from mtkit.core.vocab import Vocab, vocab_entry
 from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
-from mtkit.model.loss import LossOutput, label_smoothed_nll
+from mtkit.model.loss import LossOutput, output_and_loss
 from mtkit.model.transformer import Transformer
 from mtkit.search.beam import greedy_search
 from mtkit.training.optim import learning_rate, per_token_gradients, set_lr
@@ -237,12 +237,11 @@ def apply_update(state: TrainState, update: Update) -> tuple[float, float] | Non
 
 
 def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
-    """The loss of one batch, summed over its tokens, as training computes it: the loss
-    makes the output projection a chunk at a time (`mtkit.model.loss`), so the logits of the
-    whole batch never exist at once."""
-    return label_smoothed_nll(
-        model(batch.src, batch.tgt_in, project=False), batch.tgt_out, label_smoothing
-    )
+    """The loss of one batch, summed over its tokens, as training computes it: the model's
+    training forward gives the decoder's output, and `output_and_loss` makes the output
+    layer's logits a chunk at a time with the loss, so the logits of the whole batch never
+    exist at once."""
+    return output_and_loss(model(batch.src, batch.tgt_in), batch.tgt_out, label_smoothing)
 
 
 def _forward_backward(

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import mtkit.model.loss
-from mtkit.model.loss import label_smoothed_nll
+from mtkit.model.loss import label_smoothed_nll, output_and_loss
 from mtkit.model.transformer import Projection
 
 
@@ -88,7 +88,7 @@ def test_a_projection_in_chunks_gives_the_loss_and_gradients_of_its_logits(eps, 
     (0.25 * full.loss).backward()
     expected = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
-    chunked = label_smoothed_nll(Projection(hidden, weight), target, eps)
+    chunked = output_and_loss(Projection(hidden, weight), target, eps)
     (0.25 * chunked.loss).backward()
     assert chunked.tokens == full.tokens == int((target != 0).sum())
     assert chunked.loss.item() == pytest.approx(full.loss.item(), rel=1e-6)
@@ -104,12 +104,12 @@ def test_a_projection_under_bf16_autocast_stays_close_to_fp32():
     weight = (torch.randn(50, 32) * 0.1).requires_grad_()
     target = torch.randint(1, 50, (64,))
     target[40:] = 0  # pad rows
-    fp32 = label_smoothed_nll(Projection(hidden, weight), target)
+    fp32 = output_and_loss(Projection(hidden, weight), target)
     fp32.loss.backward()
     expected = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = label_smoothed_nll(Projection(hidden, weight), target)
+        bf16 = output_and_loss(Projection(hidden, weight), target)
     assert bf16.loss.dtype == torch.float32
     assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
     bf16.loss.backward()
@@ -125,7 +125,7 @@ def test_a_projection_without_gradients_gives_the_same_loss(monkeypatch):
     hidden, weight = torch.randn(2, 15, 6), torch.randn(13, 6, requires_grad=True)
     target = torch.randint(0, 13, (2, 15))
     with torch.no_grad():
-        chunked = label_smoothed_nll(Projection(hidden, weight), target, 0.1)
+        chunked = output_and_loss(Projection(hidden, weight), target, 0.1)
         full = label_smoothed_nll(F.linear(hidden, weight), target, 0.1)
     assert not chunked.loss.requires_grad
     assert chunked.loss.item() == pytest.approx(full.loss.item(), rel=1e-6)

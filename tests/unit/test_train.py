@@ -259,13 +259,13 @@ def test_changed_model_config_refuses_to_resume(prepared, tmp_path, corpus):
 def test_non_finite_losses_are_skipped_then_stop(prepared, tmp_path, corpus, monkeypatch):
     import mtkit.training.loop as train_module
 
-    real = train_module.label_smoothed_nll
+    real = train_module.output_and_loss
 
-    def poisoned(logits, target, eps):
-        out = real(logits, target, eps)
+    def poisoned(projection, target, eps):
+        out = real(projection, target, eps)
         return dataclasses.replace(out, loss=out.loss * float("nan"))
 
-    monkeypatch.setattr(train_module, "label_smoothed_nll", poisoned)
+    monkeypatch.setattr(train_module, "output_and_loss", poisoned)
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=10)
     with pytest.raises(TrainError, match=r"5 updates in a row had a non-finite loss"):
         train(cfg)
