@@ -65,12 +65,15 @@ class TrainResult:
     precision: str = "fp32"  # what training ran in: "fp32" or "bf16"
 
     def summary(self) -> str:
-        """ "stopped at step N (why); best valid BLEU B" or "...; no validation"."""
-        scored = (
-            "no validation (data.valid is not set)"
-            if self.best_bleu is None
-            else f"best valid BLEU {self.best_bleu:.2f}"
-        )
+        """ "stopped at step N (why); best valid BLEU B", or "...; no validation" (no
+        data.valid), or "...; not validated yet" (stopped before the first validation,
+        where `Progress.best_bleu` still holds its -1 start)."""
+        if self.best_bleu is None:
+            scored = "no validation (data.valid is not set)"
+        elif self.best_bleu < 0:
+            scored = "not validated yet"
+        else:
+            scored = f"best valid BLEU {self.best_bleu:.2f}"
         return f"stopped at step {self.step} ({self.stopped_because}); {scored}"
 
     @property

@@ -150,11 +150,6 @@ def test_run_preprocesses_again_when_data_test_was_added_after_preprocessing(wor
     assert len((work / "run" / "test.hyp").read_text("utf-8").splitlines()) == 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the TrainResult.summary change in train.py "
-    "(issue 51 #12): remove this mark with it",
-)
 def test_the_summary_before_the_first_validation_shows_no_score():
     before = TrainResult(
         step=3, epoch=1, best_bleu=-1.0, stopped_because="signal SIGTERM", run_dir=None
