@@ -218,17 +218,7 @@ class TorchEngine(Engine):
             )
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
-        return beam_search(
-            model,
-            src,
-            opts.beam,
-            opts.lenpen,
-            opts.max_len_a,
-            opts.max_len_b,
-            nbest=opts.nbest,
-            no_repeat_ngram=opts.no_repeat_ngram,
-            prefixes=prefixes,
-        )
+        return beam_search(model, src, opts, prefixes=prefixes)
 
     def constrained(
         self,
@@ -242,17 +232,7 @@ class TorchEngine(Engine):
         n-best hypotheses that meet its constraints within its length limit (none, or
         too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
         hyps = constrained_beam_search(
-            model,
-            src,
-            constraints,
-            opts.beam,
-            opts.lenpen,
-            opts.max_len_a,
-            opts.max_len_b,
-            nbest=opts.nbest,
-            no_repeat_ngram=opts.no_repeat_ngram,
-            prefixes=prefixes,
-            inside_word=self.inside_word,
+            model, src, constraints, opts, prefixes=prefixes, inside_word=self.inside_word
         )
         hyps = [
             [replace(h, met=True) for h in nbest] if wanted else nbest

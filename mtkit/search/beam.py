@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis, length_penalty
-from mtkit.core.search_options import DEFAULTS
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.model.loss import fp32_log_softmax
 
@@ -392,24 +392,25 @@ class TopCandidates:
 def beam_search(
     model: StepModel,
     src: Tensor,
-    beam: int = DEFAULTS.beam,
-    lenpen: float = DEFAULTS.lenpen,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
+    options: SearchOptions = DEFAULTS,
+    *,
     min_len: int = 1,
-    nbest: int = DEFAULTS.nbest,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
     choice: Choice | None = None,
 ) -> list[list[Hypothesis]]:
-    """src (B, S) -> for each sentence its `nbest` best hypotheses, best first (fewer,
-    or none, where `choice` leaves no way to finish: a constrained search).
+    """src (B, S) -> for each sentence its `options.nbest` best hypotheses, best first
+    (fewer, or none, where `choice` leaves no way to finish: a constrained search). Of
+    `options` it reads the beam size, the length penalty and limits, n-best and
+    no-repeat n-grams; `prefixes`: a target prefix per sentence (ids).
 
     A hypothesis ends when eos is among the N candidates of its sentence that `choice`
     (default `TopCandidates`: the N best) takes. A sentence is done, and leaves the
     batch, once no open beam can beat its `nbest` best finished hypotheses (or at its
     maximum length): the output is what a search that waits for N finished hypotheses
     would give, in fewer steps."""
+    beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
+    max_len_a, max_len_b = options.max_len_a, options.max_len_b
+    no_repeat_ngram = options.no_repeat_ngram
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     choice = choice or TopCandidates()

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import DEFAULTS
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import EOS
 from mtkit.search.beam import StepModel, beam_search, best_extensions
 
@@ -333,32 +333,16 @@ def constrained_beam_search(
     model: StepModel,
     src: Tensor,
     constraints: list[list[Constraint]],
-    beam: int = DEFAULTS.beam,
-    lenpen: float = DEFAULTS.lenpen,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
+    options: SearchOptions = DEFAULTS,
+    *,
     min_len: int = 1,
-    nbest: int = DEFAULTS.nbest,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
     inside_word: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """src (B, S) and each sentence's constraints -> its `nbest` best hypotheses that
+    """src (B, S) and each sentence's constraints -> its `options.nbest` best hypotheses that
     meet all of them, best first: none where no hypothesis met them within the length
     limit (the caller decides what then: `engines.pytorch` falls back to plain beam
     search and says so). `inside_word` (V,): the tokens that may not follow a
     completed phrase (`BankedCandidates`); None: any may."""
-    choice = BankedCandidates(tables(constraints, src.device), beam, inside_word)
-    return beam_search(
-        model,
-        src,
-        beam,
-        lenpen,
-        max_len_a,
-        max_len_b,
-        min_len,
-        nbest,
-        no_repeat_ngram,
-        prefixes,
-        choice,
-    )
+    choice = BankedCandidates(tables(constraints, src.device), options.beam, inside_word)
+    return beam_search(model, src, options, min_len=min_len, prefixes=prefixes, choice=choice)

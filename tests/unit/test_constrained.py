@@ -10,6 +10,7 @@ import pytest
 import torch
 from scripted import A, B, C, Scripted, random_model, random_src
 
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS, PAD
 from mtkit.search.beam import beam_search
 from mtkit.search.constraints import allocate, automaton, constrained_beam_search, move, tables
@@ -35,22 +36,28 @@ def contains(tokens: list[int], phrase: list[int]) -> bool:
 
 
 def test_the_constrained_output_contains_the_phrase_at_the_models_score():
-    assert beam_search(HIDDEN, SRC, beam=2, lenpen=0.0)[0][0].tokens == [A]
-    best = constrained_beam_search(HIDDEN, SRC, [[[[B, C]]]], beam=2, lenpen=0.0)[0][0]
+    assert beam_search(HIDDEN, SRC, SearchOptions(beam=2, lenpen=0.0))[0][0].tokens == [A]
+    best = constrained_beam_search(HIDDEN, SRC, [[[[B, C]]]], SearchOptions(beam=2, lenpen=0.0))[0][
+        0
+    ]
     assert best.tokens == [B, C]
     assert best.log_prob == pytest.approx(math.log(0.3 * 0.5 * 1.0))
-    one = constrained_beam_search(HIDDEN, SRC, [[[[C]]]], beam=3, lenpen=0.0)[0][0]
+    one = constrained_beam_search(HIDDEN, SRC, [[[[C]]]], SearchOptions(beam=3, lenpen=0.0))[0][0]
     assert one.tokens == [B, C]  # 0.3 * 0.5 beats A C's 0.7 * 0.1
     assert one.log_prob == pytest.approx(math.log(0.15))
     # A beam of 2 has one slot per bank: the unlikely C at once, and A; B is crowded out
-    assert constrained_beam_search(HIDDEN, SRC, [[[[C]]]], beam=2, lenpen=0.0)[0][0].tokens == [
+    assert constrained_beam_search(HIDDEN, SRC, [[[[C]]]], SearchOptions(beam=2, lenpen=0.0))[0][
+        0
+    ].tokens == [
         A,
         C,
     ]
 
 
 def test_one_alternative_of_a_constraint_is_enough():
-    both = constrained_beam_search(HIDDEN, SRC, [[[[D], [C]]]], beam=4, lenpen=0.0)[0][0]
+    both = constrained_beam_search(HIDDEN, SRC, [[[[D], [C]]]], SearchOptions(beam=4, lenpen=0.0))[
+        0
+    ][0]
     assert both.tokens == [B, C]  # D is never likely: C meets the constraint
 
 
@@ -59,7 +66,10 @@ def test_constraints_in_any_order_and_an_abandoned_match_starts_over():
         {p: {A: 0.4, B: 0.3, C: 0.2, EOS: 0.1} for p in _prefixes([A, B, C], 6)}, max_positions=16
     )
     hyps = constrained_beam_search(
-        loop, SRC, [[[[C, A]], [[B, B]]]], beam=6, lenpen=0.0, max_len_a=0.0, max_len_b=8
+        loop,
+        SRC,
+        [[[[C, A]], [[B, B]]]],
+        SearchOptions(beam=6, lenpen=0.0, max_len_a=0.0, max_len_b=8),
     )[0]
     assert hyps and all(contains(h.tokens, [C, A]) and contains(h.tokens, [B, B]) for h in hyps)
 
@@ -101,17 +111,14 @@ def test_batched_equals_one_by_one_with_zero_one_and_three_constraints(nbest):
         [[[11]], [[12]], [[13]]],
     ]
     together = constrained_beam_search(
-        model, src, wanted, beam=6, max_len_a=3.0, max_len_b=10, nbest=nbest
+        model, src, wanted, SearchOptions(beam=6, max_len_a=3.0, max_len_b=10, nbest=nbest)
     )
     alone = [
         constrained_beam_search(
             model,
             src[i : i + 1, : int((src[i] != PAD).sum())],
             [wanted[i]],
-            beam=6,
-            max_len_a=3.0,
-            max_len_b=10,
-            nbest=nbest,
+            SearchOptions(beam=6, max_len_a=3.0, max_len_b=10, nbest=nbest),
         )[0]
         for i in range(6)
     ]
@@ -120,7 +127,7 @@ def test_batched_equals_one_by_one_with_zero_one_and_three_constraints(nbest):
         assert 1 <= len(hyps) <= nbest  # fewer where fewer met them within the limit
         for h in hyps:
             assert all(any(contains(h.tokens, p) for p in alts) for alts in sentence)
-    plain = beam_search(model, src, beam=6, max_len_a=3.0, max_len_b=10, nbest=nbest)
+    plain = beam_search(model, src, SearchOptions(beam=6, max_len_a=3.0, max_len_b=10, nbest=nbest))
     for i in (0, 3):  # no constraints: plain beam search's output
         assert [h.tokens for h in together[i]] == [h.tokens for h in plain[i]]
 
@@ -131,7 +138,10 @@ def test_nbest_hypotheses_all_meet_the_constraints_distinct_and_sorted():
     )
     src = torch.tensor([[A, B, C, EOS], [A, B, EOS, PAD]])
     hyps = constrained_beam_search(
-        loop, src, [[[[C, C]]], [[[B]], [[C]]]], beam=5, max_len_a=0.0, max_len_b=6, nbest=4
+        loop,
+        src,
+        [[[[C, C]]], [[[B]], [[C]]]],
+        SearchOptions(beam=5, max_len_a=0.0, max_len_b=6, nbest=4),
     )
     for nbest, phrases in zip(hyps, ([[C, C]], [[B], [C]]), strict=True):
         assert len({tuple(h.tokens) for h in nbest}) == 4
@@ -144,13 +154,17 @@ def test_constraints_with_a_prefix_and_with_an_ensemble_of_one():
     wanted = [[[[12]]], [], [[[14, 15]]]]
     prefixes = [[30, 31], [32], []]
     hyps = constrained_beam_search(
-        model, src, wanted, beam=4, max_len_a=3.0, max_len_b=10, prefixes=prefixes
+        model, src, wanted, SearchOptions(beam=4, max_len_a=3.0, max_len_b=10), prefixes=prefixes
     )
     for h, pre, sentence in zip(hyps, prefixes, wanted, strict=True):
         assert h[0].tokens[: len(pre)] == pre
         assert all(contains(h[0].tokens, alts[0]) for alts in sentence)
     one = constrained_beam_search(
-        Ensemble([model]), src, wanted, beam=4, max_len_a=3.0, max_len_b=10, prefixes=prefixes
+        Ensemble([model]),
+        src,
+        wanted,
+        SearchOptions(beam=4, max_len_a=3.0, max_len_b=10),
+        prefixes=prefixes,
     )
     assert [h[0].tokens for h in one] == [h[0].tokens for h in hyps]
     assert [h[0].score for h in one] == pytest.approx([h[0].score for h in hyps], abs=1e-4)
@@ -158,10 +172,15 @@ def test_constraints_with_a_prefix_and_with_an_ensemble_of_one():
 
 def test_a_constraint_may_repeat_an_ngram_that_no_repeat_forbids_elsewhere():
     loop = Scripted({p: {A: 0.5, B: 0.4, EOS: 0.1} for p in _prefixes([A, B], 6)}, max_positions=16)
-    free = beam_search(loop, SRC, beam=3, max_len_a=0.0, max_len_b=6, no_repeat_ngram=1)
+    free = beam_search(
+        loop, SRC, SearchOptions(beam=3, max_len_a=0.0, max_len_b=6, no_repeat_ngram=1)
+    )
     assert sorted(free[0][0].tokens) in ([A], [A, B], [B])  # each token at most once
     hyps = constrained_beam_search(
-        loop, SRC, [[[[A, A]]]], beam=3, max_len_a=0.0, max_len_b=6, no_repeat_ngram=1
+        loop,
+        SRC,
+        [[[[A, A]]]],
+        SearchOptions(beam=3, max_len_a=0.0, max_len_b=6, no_repeat_ngram=1),
     )[0]
     assert hyps and contains(hyps[0].tokens, [A, A])
 
@@ -169,7 +188,7 @@ def test_a_constraint_may_repeat_an_ngram_that_no_repeat_forbids_elsewhere():
 def test_no_hypothesis_where_the_constraints_cannot_fit_the_length_limit():
     model, src = random_model(), random_src(2)
     hyps = constrained_beam_search(
-        model, src, [[[[10, 11, 12, 13]]], []], beam=4, max_len_a=0.0, max_len_b=3
+        model, src, [[[[10, 11, 12, 13]]], []], SearchOptions(beam=4, max_len_a=0.0, max_len_b=3)
     )
     assert hyps[0] == [] and len(hyps[1]) == 1
 
@@ -179,10 +198,12 @@ def test_a_completed_phrase_is_not_continued_inside_its_word():
     table = {(): {B: 0.6, A: 0.4}, (B,): {C: 0.9, EOS: 0.1}, (A,): {EOS: 1.0}, (B, C): {EOS: 1.0}}
     inside = torch.zeros(8, dtype=torch.bool)
     inside[C] = True
-    free = constrained_beam_search(Scripted(table), SRC, [[[[B]]]], beam=2, lenpen=0.0)
+    free = constrained_beam_search(
+        Scripted(table), SRC, [[[[B]]]], SearchOptions(beam=2, lenpen=0.0)
+    )
     assert free[0][0].tokens == [B, C]
     whole = constrained_beam_search(
-        Scripted(table), SRC, [[[[B]]]], beam=2, lenpen=0.0, inside_word=inside
+        Scripted(table), SRC, [[[[B]]]], SearchOptions(beam=2, lenpen=0.0), inside_word=inside
     )
     assert whole[0][0].tokens == [B]
     assert whole[0][0].log_prob == pytest.approx(math.log(0.06))
@@ -194,7 +215,10 @@ def test_phrases_that_overlap_are_met_by_one_output_through_the_failure_links():
     )
     for beam in (2, 3, 4):  # "A B C" meets "A B" and "B C" in 3 tokens: the only way
         hyps = constrained_beam_search(
-            loop, SRC, [[[[A, B]], [[B, C]]]], beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=3
+            loop,
+            SRC,
+            [[[[A, B]], [[B, C]]]],
+            SearchOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=3),
         )
         assert hyps[0][0].tokens == [A, B, C]
 
@@ -208,10 +232,7 @@ def test_a_phrase_may_continue_a_completed_one_inside_its_word():
         Scripted(table),
         SRC,
         [[[[B]], [[B, C]]]],
-        beam=3,
-        lenpen=0.0,
-        max_len_a=0.0,
-        max_len_b=2,
+        SearchOptions(beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=2),
         inside_word=inside,
     )
     assert hyps[0][0].tokens == [B, C]

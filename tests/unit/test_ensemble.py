@@ -7,6 +7,7 @@ import torch
 from scripted import A, B, C, Scripted, random_model, random_src
 
 from mtkit.core.config import ModelConfig
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.model.transformer import build_model
 from mtkit.search.beam import beam_search, greedy_search
@@ -28,7 +29,7 @@ def test_an_ensemble_of_identical_models_equals_the_single_model(search):
         if search == "greedy":
             return [[(tuple(t), 0.0)] for t in greedy_search(m, src)]
         found = (
-            beam_search(m, src, beam=4, nbest=3)
+            beam_search(m, src, SearchOptions(beam=4, nbest=3))
             if search == "beam"
             else sample_search(m, src, seeds=list(range(6)), samples=3)
         )
@@ -46,7 +47,7 @@ def test_an_ensemble_averages_the_models_log_probabilities():
     torn = Scripted({(): {A: 0.001, B: 0.999}, (A,): {EOS: 1.0}, (B,): {EOS: 1.0}})
     # mean log-probs: A (log .9 + log .001) / 2 = -3.51, B (log .1 + log .999) / 2 = -1.15
     assert greedy_search(Ensemble([sure, torn]), SRC) == [[B]]
-    best = beam_search(Ensemble([sure, torn]), SRC, beam=2, lenpen=0.0, nbest=2)[0]
+    best = beam_search(Ensemble([sure, torn]), SRC, SearchOptions(beam=2, lenpen=0.0, nbest=2))[0]
     p_a, p_b = math.sqrt(0.9 * 0.001), math.sqrt(0.1 * 0.999)  # geometric means
     assert best[0].tokens == [B]
     assert best[0].log_prob == pytest.approx(math.log(p_b / (p_a + p_b)), abs=1e-5)

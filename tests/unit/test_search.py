@@ -6,6 +6,7 @@ import pytest
 import torch
 from scripted import A, B, C, Scripted, V, random_model, random_src
 
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.search.beam import (
     Hypothesis,
@@ -27,7 +28,7 @@ def test_beam_finds_a_higher_scoring_output_than_greedy():
         {(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, B: 0.3, C: 0.3}, (B,): {EOS: 0.9, C: 0.1}}
     )
     assert greedy_search(model, SRC) == [[A]]
-    best = beam_search(model, SRC, beam=2, lenpen=0.0)[0][0]
+    best = beam_search(model, SRC, SearchOptions(beam=2, lenpen=0.0))[0][0]
     assert best.tokens == [B]
     assert best.log_prob == pytest.approx(math.log(0.36))
     assert best.log_prob > math.log(0.24)
@@ -43,9 +44,9 @@ def test_length_penalty_favours_longer_outputs():
         (B, C, A, B): {EOS: 1.0},
     }
     model = Scripted(table)
-    short = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_b=10)[0][0]
+    short = beam_search(model, SRC, SearchOptions(beam=2, lenpen=0.0, max_len_b=10))[0][0]
     assert short.tokens == [A]
-    long = beam_search(model, SRC, beam=2, lenpen=2.0, max_len_b=10)[0][0]
+    long = beam_search(model, SRC, SearchOptions(beam=2, lenpen=2.0, max_len_b=10))[0][0]
     assert long.tokens == [B, C, A, B]
     assert long.score == pytest.approx(long.log_prob / length_penalty(5, 2.0))
     assert length_penalty(1, 0.6) == pytest.approx((6 / 6) ** 0.6)
@@ -54,11 +55,11 @@ def test_length_penalty_favours_longer_outputs():
 def test_maximum_and_minimum_length():
     loop = Scripted({(A,) * n: {A: 0.9, EOS: 0.1} for n in range(0, 60)})
     src = torch.tensor([[A, B, EOS, PAD]])  # 3 real tokens
-    out = beam_search(loop, src, beam=3, max_len_a=1.0, max_len_b=2)[0][0]
+    out = beam_search(loop, src, SearchOptions(beam=3, max_len_a=1.0, max_len_b=2))[0][0]
     assert len(out.tokens) <= 5
     assert len(greedy_search(loop, src, 1.0, 2)[0]) == 5
     early = Scripted({(): {EOS: 0.9, A: 0.1}, (A,): {EOS: 0.9, B: 0.1}, (A, B): {EOS: 1.0}})
-    assert beam_search(early, SRC, beam=2, min_len=2)[0][0].tokens == [A, B]
+    assert beam_search(early, SRC, SearchOptions(beam=2), min_len=2)[0][0].tokens == [A, B]
     assert greedy_search(early, SRC, min_len=2)[0] == [A, B]
 
 
@@ -66,28 +67,35 @@ def test_a_huge_length_limit_is_the_models_positions_not_an_overflow():
     loop = Scripted({(A,) * n: {A: 0.9, EOS: 0.1} for n in range(0, 60)}, max_positions=12)
     for a, b in ((1e20, 0), (1e300, 10), (1.2, 2**63 - 1), (0.0, 10**30)):
         assert len(greedy_search(loop, SRC, a, b)[0]) == 11  # was 1 token, or none
-        assert len(beam_search(loop, SRC, 2, 0.0, a, b)[0][0].tokens) == 11
+        assert (
+            len(
+                beam_search(loop, SRC, SearchOptions(beam=2, lenpen=0.0, max_len_a=a, max_len_b=b))[
+                    0
+                ][0].tokens
+            )
+            == 11
+        )
         assert max_lengths(SRC != PAD, a, b, 12).tolist() == [11]  # GreedyStream's too
 
 
 def test_nbest_lists_are_distinct_and_sorted():
     model = Scripted({(): {A: 0.5, B: 0.3, C: 0.2}})
-    hyps = beam_search(model, SRC, beam=3, lenpen=0.0, nbest=3)[0]
+    hyps = beam_search(model, SRC, SearchOptions(beam=3, lenpen=0.0, nbest=3))[0]
     assert [h.tokens for h in hyps] == [[A], [B], [C]]
     assert all(isinstance(h, Hypothesis) for h in hyps)
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     with pytest.raises(ValueError, match=r"nbest must be between 1 and the beam size 3"):
-        beam_search(model, SRC, beam=3, nbest=4)
+        beam_search(model, SRC, SearchOptions(beam=3, nbest=4))
 
 
 def test_finished_sentences_leave_the_batch():
     loop = Scripted({(A,) * n: {A: 1.0} for n in range(0, 10)})
     src = torch.tensor([[A, EOS, PAD, PAD, PAD], [A, B, C, A, EOS]])  # limits 2 and 5
-    hyps = beam_search(loop, src, beam=1, max_len_a=1.0, max_len_b=0)
+    hyps = beam_search(loop, src, SearchOptions(beam=1, max_len_a=1.0, max_len_b=0))
     assert [h[0].tokens for h in hyps] == [[A, A], [A] * 5]
     assert loop.rows == [2, 2, 2, 1, 1, 1]
     loop.rows.clear()
-    beam_search(loop, src, beam=3, max_len_a=1.0, max_len_b=0)
+    beam_search(loop, src, SearchOptions(beam=3, max_len_a=1.0, max_len_b=0))
     assert loop.rows == [2, 6, 6, 3, 3, 3]  # the first step: one row per sentence
 
 
@@ -103,12 +111,12 @@ def test_search_goes_on_while_an_open_beam_can_still_win():
         (A, A, A): {EOS: 1.0},
     }
     model = Scripted(table)
-    best = beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10, nbest=3)[0]
+    best = beam_search(model, SRC, SearchOptions(beam=3, lenpen=0.0, max_len_b=10, nbest=3))[0]
     assert best[0].tokens == [A, A, A]
     assert best[0].log_prob == pytest.approx(math.log(0.6 * 0.99 * 0.99))
 
     model.rows.clear()  # with nbest 1 the same best, though fewer than 3 have finished
-    assert beam_search(model, SRC, beam=3, lenpen=0.0, max_len_b=10)[0][0] == best[0]
+    assert beam_search(model, SRC, SearchOptions(beam=3, lenpen=0.0, max_len_b=10))[0][0] == best[0]
 
 
 def test_a_sentence_stops_once_no_open_beam_can_beat_its_nbest():
@@ -118,10 +126,10 @@ def test_a_sentence_stops_once_no_open_beam_can_beat_its_nbest():
     table.update({(A,) + (C,) * n: {C: 1.0} for n in range(1, 30)})
     table.update({(B,) + (C,) * n: {C: 1.0} for n in range(1, 30)})
     model = Scripted(table)
-    one = beam_search(model, SRC, beam=2, lenpen=0.6, max_len_b=10)[0]
+    one = beam_search(model, SRC, SearchOptions(beam=2, lenpen=0.6, max_len_b=10))[0]
     assert [h.tokens for h in one] == [[A]] and model.rows == [1, 2]
     model.rows.clear()
-    two = beam_search(model, SRC, beam=2, lenpen=0.6, max_len_b=10, nbest=2)[0]
+    two = beam_search(model, SRC, SearchOptions(beam=2, lenpen=0.6, max_len_b=10, nbest=2))[0]
     assert two[0] == one[0] and len(two) == 2 and len(model.rows) > 10
 
 
@@ -139,21 +147,28 @@ def test_greedy_stops_at_its_eos_where_a_beam_of_one_goes_on():
     assert [h.tokens for h in greedy] == [[A]]
     assert greedy[0].log_prob == pytest.approx(math.log(0.6))
     assert greedy[0].score == pytest.approx(math.log(0.6) / length_penalty(2, 2.0))
-    assert beam_search(Scripted(table), SRC, beam=1, lenpen=2.0)[0][0].tokens == [A, B, C, A]
+    assert beam_search(Scripted(table), SRC, SearchOptions(beam=1, lenpen=2.0))[0][0].tokens == [
+        A,
+        B,
+        C,
+        A,
+    ]
 
 
 def test_beam_one_equals_greedy():
     model, src = random_model(), random_src()
     greedy = greedy_search(model, src, 1.5, 4)
-    beam = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=1.5, max_len_b=4)
+    beam = beam_search(model, src, SearchOptions(beam=1, lenpen=0.0, max_len_a=1.5, max_len_b=4))
     assert [h[0].tokens for h in beam] == greedy
 
 
 def test_results_do_not_depend_on_batching():
     model, src = random_model(2), random_src(6, 3)
-    together = beam_search(model, src, beam=4, nbest=2)
+    together = beam_search(model, src, SearchOptions(beam=4, nbest=2))
     alone = [
-        beam_search(model, src[i : i + 1, : int((src[i] != PAD).sum())], beam=4, nbest=2)[0]
+        beam_search(
+            model, src[i : i + 1, : int((src[i] != PAD).sum())], SearchOptions(beam=4, nbest=2)
+        )[0]
         for i in range(src.size(0))
     ]
     for a, b in zip(together, alone):
@@ -167,7 +182,9 @@ def test_each_hypothesis_scores_what_teacher_forcing_gives_its_tokens():
     log-probabilities under the model (this random model runs to the length limit,
     where eos is forced at no cost)."""
     model, src = random_model(4), random_src(4, 2)
-    hyps = beam_search(model, src, beam=4, nbest=4, lenpen=0.0, max_len_a=0, max_len_b=12)
+    hyps = beam_search(
+        model, src, SearchOptions(beam=4, nbest=4, lenpen=0.0, max_len_a=0, max_len_b=12)
+    )
     with torch.no_grad():
         for i, sentence in enumerate(hyps):
             assert [len(h.tokens) for h in sentence] == [12] * 4
@@ -246,7 +263,7 @@ def test_the_first_step_takes_one_row_per_sentence():
 
 def test_beam_never_emits_pad_or_bos():
     model, src = random_model(3), random_src()
-    for hyps in beam_search(model, src, beam=5, nbest=5):
+    for hyps in beam_search(model, src, SearchOptions(beam=5, nbest=5)):
         for h in hyps:
             assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
 
@@ -281,10 +298,10 @@ def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
         free = greedy_search(loop, SRC, max_len_b=12)[0]
         blocked = greedy_search(loop, SRC, max_len_b=12, no_repeat_ngram=2)[0]
     elif search == "beam":  # a length penalty that favours long outputs
-        free = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12)[0][0].tokens
-        hyps = beam_search(loop, SRC, beam=2, lenpen=3.0, max_len_b=12, nbest=2, no_repeat_ngram=2)[
-            0
-        ]
+        free = beam_search(loop, SRC, SearchOptions(beam=2, lenpen=3.0, max_len_b=12))[0][0].tokens
+        hyps = beam_search(
+            loop, SRC, SearchOptions(beam=2, lenpen=3.0, max_len_b=12, nbest=2, no_repeat_ngram=2)
+        )[0]
         assert all(len(set(zip(h.tokens, h.tokens[1:]))) == len(h.tokens) - 1 for h in hyps)
         blocked = hyps[0].tokens
     else:  # 200 samples: each one is cut at the repeat, whatever it drew before
@@ -313,7 +330,7 @@ def test_the_prefix_is_kept_and_scored_then_search_goes_on():
     model = Scripted(PREFIXED)
     assert greedy_search(model, SRC) == [[A]]
     assert greedy_search(model, SRC, prefixes=[[B]]) == [[B, C, A]]
-    best = beam_search(model, SRC, beam=3, lenpen=0.0, prefixes=[[B]], nbest=3)[0]
+    best = beam_search(model, SRC, SearchOptions(beam=3, lenpen=0.0, nbest=3), prefixes=[[B]])[0]
     assert all(h.tokens[0] == B for h in best)
     assert best[0].tokens == [B, C, A]
     assert best[0].log_prob == pytest.approx(math.log(0.1 * 0.6 * 0.7))  # the prefix counts
@@ -335,7 +352,7 @@ def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
         if search == "beam":
             return [
                 [h.tokens for h in x]
-                for x in beam_search(model, rows, beam=2, prefixes=pre, nbest=2)
+                for x in beam_search(model, rows, SearchOptions(beam=2, nbest=2), prefixes=pre)
             ]
         return [
             [h.tokens for h in x]
@@ -378,9 +395,12 @@ def test_beam_search_over_a_large_vocabulary_finds_what_topk_finds(constrained, 
     def run():
         if constrained:
             return constrained_beam_search(
-                model, src, [[[[7, 8]]], [], [[[9]]], [[[10, 11]]]], beam=4, max_len_b=8, nbest=2
+                model,
+                src,
+                [[[[7, 8]]], [], [[[9]]], [[[10, 11]]]],
+                SearchOptions(beam=4, max_len_b=8, nbest=2),
             )
-        return beam_search(model, src, beam=4, max_len_b=8, nbest=2)
+        return beam_search(model, src, SearchOptions(beam=4, max_len_b=8, nbest=2))
 
     blocked = run()
     calls = []
