@@ -420,15 +420,16 @@ def beam_search(
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
-    # The first step runs one row per sentence (its beams are identical until then), and
-    # the model's cache is copied to the N beams after it. memory and src_mask stay one
-    # per sentence: the model reads a sentence's N rows against its one source.
-    width = 1  # rows per sentence: 1 for the first step, N after
-    token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B*width,)
+    # The first step decodes one row per sentence (its N beams are identical until then),
+    # and the model's cache is copied to the N beams after it; every later step decodes N
+    # rows per sentence. memory and src_mask stay one per sentence: the model reads a
+    # sentence's rows against its one source.
+    token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B,) then (b*N,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     cache, step = None, 0
     while alive.numel():
-        rows_limit = limits[alive].repeat_interleave(beam)  # (b*N,)
+        first = step == 0
+        rows = alive if first else alive.repeat_interleave(beam)  # each decoded row's sentence
         lprobs, cache = step_log_probs(
             model,
             token,
@@ -436,15 +437,16 @@ def beam_search(
             src_mask,
             cache,
             step,
-            rows_limit[:: beam // width],
+            limits[rows],
             min_len,
-            history[:: beam // width],
+            history[::beam] if first else history,  # (rows, t)
             no_repeat_ngram,
-            _forced(prefix, alive.repeat_interleave(width), step),
-            choice.exempt(width),
-        )  # (b*width, V)
+            _forced(prefix, rows, step),
+            choice.exempt(1 if first else beam),
+        )  # (rows, V)
         # At the first step the choice gets one row per sentence (`Choice.candidates`)
-        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs, step >= rows_limit)
+        at_limit = step >= limits[alive].repeat_interleave(beam)  # (b*N,)
+        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs, at_limit)
         _collect_finished(
             finished, alive, history, cand_scores, cand_beams, cand_tokens, beam, lenpen, step
         )
@@ -453,8 +455,9 @@ def beam_search(
         offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
         reorder = (offsets + cand_beams.gather(1, pick)).view(-1)  # (b*N,)
         history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
-        cache = cache.index_select(reorder // (beam // width))  # rows of the step's cache
-        width, step = beam, step + 1
+        # each beam's cache row: its sentence's one row after the first step
+        cache = cache.index_select(reorder // beam if first else reorder)
+        step += 1
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
         keep = (~done).nonzero().squeeze(1) if done.any() else None  # (b',)
         choice.follow(pick, keep)
