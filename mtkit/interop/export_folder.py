@@ -26,6 +26,20 @@ from mtkit.engines.ct2 import EXPORT_FILES, FORMAT, MANIFEST, ExportError
 HF_FORMAT = "mtkit-hf-1"
 # The marker's formats, and the names each held before manifests listed their files.
 FORMATS = {FORMAT: EXPORT_FILES, HF_FORMAT: frozenset()}
+# Every name a Hugging Face (Marian) export may hold. Names never make a folder mtkit's;
+# a name outside these and the CTranslate2 export's says at once what is in the way.
+HF_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "target_vocab.json",
+        "tokenizer_config.json",
+    }
+)
 
 
 def export_target(
@@ -70,12 +84,20 @@ def not_an_export(folder: Path) -> str | None:
             manifest = None
     kind = manifest.get("format") if isinstance(manifest, dict) else None
     if not isinstance(kind, str) or kind not in FORMATS:
+        # Unmarked (an original Hugging Face folder has an export's very names), and
+        # what in it no export could hold: a run directory's checkpoints, someone's notes.
+        foreign = _foreign(folder, EXPORT_FILES | HF_FILES)
         return (
             f"is not an mtkit export (no {MANIFEST} naming an export format, the "
-            f"marker every mtkit export holds)"
+            f"marker every mtkit export holds{'; it ' + foreign if foreign else ''})"
         )
     listed = manifest.get("files")
-    names = set(listed) if isinstance(listed, dict) else set(FORMATS[kind])
+    return _foreign(folder, set(listed) if isinstance(listed, dict) else set(FORMATS[kind]))
+
+
+def _foreign(folder: Path, names: set[str] | frozenset[str]) -> str | None:
+    """'holds X and N more, which an export does not' for what `folder` holds beyond the
+    plain files `names` (and the marker); None where it holds nothing else."""
     foreign = sorted(
         (
             p.name
