@@ -1047,10 +1047,10 @@ def signal_case(stage: str, moment: str, workers: int, sig=signal.SIGTERM) -> Ca
 
 
 def big_corpus(work: Path) -> None:
-    """60,000 pairs (enough for the worker processes) and a run directory with only the
-    tokenizer."""
+    """200,000 pairs (enough for the worker processes, and seconds of encoding) and a
+    run directory with only the tokenizer."""
     for side in ("en", "de"):
-        (work / f"big.{side}").write_text((work / f"train.{side}").read_text() * 30)
+        (work / f"big.{side}").write_text((work / f"train.{side}").read_text() * 100)
     (work / "pp").mkdir()
     for p in (work / "run").iterdir():
         if p.is_file() and p.name.startswith("spm"):
@@ -1058,11 +1058,11 @@ def big_corpus(work: Path) -> None:
 
 
 def encoding(work: Path) -> bool:
-    """True once preprocessing has written into its temporary data folder for a while."""
+    """True 0.3 s after preprocessing made its temporary data folder."""
     started = BASES.setdefault("pp_seen", {})
     if any(p.name.startswith(".data") for p in (work / "pp").iterdir()):
         started.setdefault(str(work), time.monotonic())
-        return time.monotonic() - started[str(work)] > 1.0
+        return time.monotonic() - started[str(work)] > 0.3
     return False
 
 
