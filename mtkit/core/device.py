@@ -258,7 +258,10 @@ def resolve_precision(
         return None, None
     calibration = calibrate_cpu(*shape, backward=backward)
     chosen = "bf16" if calibration.bf16_faster else "fp32"
-    log.info(
+    # Training shows its measurement; translation keeps stderr for errors (an error's one
+    # line must be the only one) and shows it with -v.
+    log.log(
+        logging.INFO if backward else logging.DEBUG,
         "precision auto: a (%d x %d) x (%d x %d) Linear, %s, took %.2f ms in fp32 and "
         "%.2f ms in bf16 on this CPU: %s",
         shape[0],

@@ -353,3 +353,37 @@ def test_score_counts_one_hypothesis():
 
     with pytest.raises(EvalError, match="^1 hypothesis but 2 references$"):
         score(["a"], ["a", "b"], ["bleu"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--beam", "0"], ["-i", "no-such-input.txt"], ["--format", "jsonl", "--tgt-lang", "xx"]],
+)
+def test_a_refused_translation_prints_its_error_line_alone_when_precision_is_measured(
+    trained, tmp_path, args
+):
+    """`--precision auto` measures on the CPU before the options that need the model are
+    checked; that measurement is logged only with -v, so the error is stderr's one line
+    (a real process: the test runner does not see the log handler's stderr)."""
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtkit",
+            "translate",
+            "-m",
+            str(checkpoint),
+            "--precision",
+            "auto",
+            *args,
+        ],
+        input="ein Satz\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines

@@ -85,7 +85,7 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
 
     monkeypatch.setattr(device_module, "calibrate_cpu", faked)
     cpu = torch.device("cpu")
-    with caplog.at_level("INFO", logger="mtkit.core.device"):
+    with caplog.at_level("DEBUG", logger="mtkit.core.device"):  # (-v: stderr is for errors)
         dtype, record = inference_precision("auto", cpu, Config())
     assert dtype == torch.bfloat16 and record == {
         "precision": "bf16",
