@@ -6,10 +6,11 @@ Ctrl-C reaches every process in the terminal's foreground group, and `kill -TERM
 worker that died of such a signal took the trainer down with it ("DataLoader worker (pid N)
 is killed by signal: Terminated") before the trainer could save, and a preprocessing worker
 printed its own KeyboardInterrupt traceback. So every worker process mtkit starts ignores
-both signals (`ignore_in_worker`, its first act), and the main process blocks them while it
-starts workers (`held_while_starting_workers`), so that a signal arriving between a worker's
-birth and its first act is discarded there rather than obeyed: a blocked signal stays
-pending in the new process, and setting it to be ignored discards it (POSIX). The main
+both signals (`ignore_in_worker`, its first act), and the main process holds them back while
+it starts workers (`held_while_starting_workers`), so that a signal arriving between a
+worker's birth and its first act is discarded there rather than obeyed (a blocked signal
+stays pending in the new process, and setting it to be ignored discards it: POSIX), and so
+that no start is cut in half in the main process. The main
 process gets the same signal once the block lifts and decides: the trainer saves a
 checkpoint and exits 130/143 (`StopFlag`), other commands stop at once. The workers end
 when the main process shuts them down, or, if it is killed, when they notice it is gone.
@@ -37,14 +38,28 @@ def ignore_in_worker(*_args) -> None:
 
 @contextmanager
 def held_while_starting_workers() -> Iterator[None]:
-    """Block stop signals in this thread while it starts worker processes (which inherit
-    the block until `ignore_in_worker` runs); a signal that came meanwhile is delivered
-    here when the block lifts."""
+    """Hold stop signals back while this (main) thread starts worker processes, so that
+    none interrupts the start half-way (a worker started but not yet known to its pool
+    is one nobody stops). Blocked in this thread, the new processes inherit the block
+    until `ignore_in_worker` runs. Another thread of this process (a pool's manager) may
+    still receive one, and Python would then run the handler here at once: so the
+    handlers are swapped for a recorder meanwhile, and a signal that came is raised
+    again when the start is over, to the handler that was in place."""
+    seen: list[int] = []
+    try:
+        handlers = {sig: signal.signal(sig, lambda s, _: seen.append(s)) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread: signals are the main thread's anyway
+        yield
+        return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a blocked one is recorded now
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(seen):
+            signal.raise_signal(sig)
 
 
 class StopFlag:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import threading
 import time
 import unicodedata
 from collections import deque
@@ -190,7 +192,21 @@ _worker_encoder: _Encoder | None = None  # one per worker process
 def _start_worker(*args) -> None:
     global _worker_encoder
     ignore_in_worker()  # Ctrl-C and SIGTERM to the group are the main process's to handle
+    _exit_when_orphaned()
     _worker_encoder = _Encoder(*args)
+
+
+def _exit_when_orphaned() -> None:
+    """A worker that ignores stop signals ends itself once its parent is gone (killed with
+    SIGKILL, say), rather than wait forever for work no one will send."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
 def _encode_in_worker(chunk: Chunk, hashes: bool, texts: bool) -> Encoded:
@@ -220,6 +236,7 @@ class EncoderPool:
             )
         )
         self._broken = False
+        self._workers: dict = {}  # every worker process started, to stop them all
 
     def __enter__(self) -> EncoderPool:
         return self
@@ -228,15 +245,22 @@ class EncoderPool:
         if self._pool is None:
             return
         if exc_type is None and not self._broken:
-            self._pool.shutdown(wait=True)
-            return
-        # Stopped early (an error, Ctrl-C, a dead worker): the workers' results are not
-        # wanted; stop them now rather than wait (a pool broken by a dead worker can wait
-        # forever on the survivors).
-        # They ignore SIGTERM (`mtkit.core.signals`): SIGKILL.
-        workers = list(getattr(self._pool, "_processes", {}).values())
+            try:
+                self._pool.shutdown(wait=True)
+                return
+            except BaseException:  # Ctrl-C while the workers finish: stop them, as below
+                self._stop()
+                raise
+        self._stop()
+
+    def _stop(self) -> None:
+        """Stopped early (an error, Ctrl-C, a dead worker): the workers' results are not
+        wanted; stop them now rather than wait (a pool broken by a dead worker can wait
+        forever on the survivors, and an idle worker left alive would keep this process
+        from exiting). They ignore SIGTERM (`mtkit.core.signals`): SIGKILL."""
+        self._workers.update(getattr(self._pool, "_processes", None) or {})
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for worker in workers:
+        for worker in self._workers.values():
             worker.kill()
             worker.join()
 
@@ -250,6 +274,7 @@ class EncoderPool:
             for chunk in chunks:
                 with held_while_starting_workers():  # a submit may start a worker
                     pending.append(self._pool.submit(_encode_in_worker, chunk, hashes, texts))
+                    self._workers.update(self._pool._processes or {})  # pid -> Process
                 if len(pending) >= 2 * self.workers:
                     yield pending.popleft().result()
             while pending:
