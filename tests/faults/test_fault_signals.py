@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -211,3 +212,60 @@ def test_a_signal_to_the_group_of_preprocess_with_workers_stops_in_one_line(corp
     )
     assert not (run / "data").exists()
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+_KILLED_MID_ENCODING = """
+import multiprocessing, os, runpy, signal, sys
+pids_file, config = sys.argv[1:3]
+import mtkit.data.shards as shards, mtkit.data.sources as sources, mtkit.stages.preprocess as p
+p.preprocess.__defaults__ = (1,)  # workers for any corpus
+sources.Corpus.chunks.__defaults__ = (200,)
+real = shards.ShardWriter.append
+def append(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    with open(pids_file, "w") as f:
+        f.write(" ".join(str(c.pid) for c in multiprocessing.active_children()))
+    os.kill(os.getpid(), signal.SIGKILL)
+shards.ShardWriter.append = append
+sys.argv = ["mtkit", "preprocess", "-c", config]
+runpy.run_module("mtkit", run_name="__main__", alter_sys=True)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\tZ" not in next(line for line in f if line.startswith("State:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+
+
+def test_encoding_workers_end_when_preprocess_is_killed(corpus, tmp_path):
+    """The workers ignore stop signals, so nothing but their own watch would end them
+    once SIGKILL took their parent: they do, within seconds, rather than wait forever."""
+    run = tmp_path / "run"
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(corpus, run, data={"workers": 2})))
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "mtkit", "tokenizer", "-c", str(config)],
+            capture_output=True,
+            cwd=ROOT,
+        ).returncode
+        == 0
+    )
+    pids_file = tmp_path / "workers"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_ENCODING, str(pids_file), str(config)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    workers = [int(x) for x in pids_file.read_text().split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 15
+    while any(_running(pid) for pid in workers):
+        assert time.monotonic() < deadline, "encoding workers outlived their parent"
+        time.sleep(0.2)
