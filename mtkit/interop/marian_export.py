@@ -272,7 +272,9 @@ def export_huggingface(
             "weights": weights.about,
             "files": manifest_files(tmp),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        # inside the temporary folder that `atomic_dir` renames only once complete
+        marker = json.dumps(manifest, indent=1) + "\n"
+        (tmp / MANIFEST).write_text(marker, encoding="utf-8")  # written in place on purpose
     log.info(
         "exported %s (%s) to %s as a Hugging Face Marian model", checkpoint, weights.about, output
     )
