@@ -16,7 +16,7 @@ sentences join and leave a running search, is `mtkit.serving.stream`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -292,28 +292,35 @@ def strip_specials(ids: list[int]) -> list[int]:
 
 class Choice(Protocol):
     """How beam search picks each step's candidates (`TopCandidates`: the N best by score;
-    `constrained.BankedCandidates`: dynamic beam allocation over constraint banks)."""
+    `constraints.BankedCandidates`: dynamic beam allocation over constraint banks). A
+    choice may hold a state per beam; `choose` moves it to the beams it picks and `keep`
+    drops finished sentences, so no call depends on another having come first."""
 
     def exempt(self, width: int) -> Tensor | None:
         """Tokens (rows, E), padded with -1, that no-repeat n-grams must not forbid in
-        the next step, for `width` rows per sentence; None: none. Called first in every
-        step, before `candidates`."""
+        the coming step, for `width` rows per sentence (1 at the first step, else N);
+        None: none. A question about the current beams: it changes nothing."""
 
-    def candidates(
-        self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """scores (b, N), lprobs (b*W, V), at_limit (b*N,) -> candidate scores, source
-        beams and tokens, each (b, K), in the order beams are filled: an eos among the
-        first N finishes a hypothesis (a -inf score never does). W is N, or 1 at the
-        first step, whose N beams are the same (the first has score 0, the others
-        -inf). lprobs is the step's own: it may be written in place."""
+    def choose(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor) -> Candidates:
+        """scores (b, N), lprobs (b*W, V), at_limit (b*N,) -> the step's `Candidates`;
+        the choice's own state follows the picked ones. W is N, or 1 at the first step,
+        whose N beams are the same (the first has score 0, the others -inf). lprobs is
+        the step's own: it may be written in place."""
 
-    def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
-        """(b, N) the candidates (indices into K) that go on as the next beams."""
+    def keep(self, sentences: Tensor) -> None:
+        """Keep only the sentences (b',) (indices into the b now searched)."""
 
-    def follow(self, pick: Tensor, keep: Tensor | None) -> None:
-        """Carry any per-beam state to the picked candidates (b, N); then keep only the
-        sentences `keep` (b',) (None: all)."""
+
+class Candidates(NamedTuple):
+    """A step's candidates for each of b sentences, in the order beams are filled: their
+    scores, source beams and tokens (b, K) each; an eos among the first N finishes a
+    hypothesis (a -inf score never does). `pick` (b, N): the candidates (indices into K)
+    that go on as the next beams."""
+
+    scores: Tensor
+    beams: Tensor
+    tokens: Tensor
+    pick: Tensor
 
 
 TOPK_BLOCK = 64  # columns per block of `row_topk`
@@ -371,6 +378,8 @@ class TopCandidates:
     def candidates(
         self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """scores (b, N), lprobs (b*W, V) -> the 2N best extensions' scores, source
+        beams and tokens (b, 2N) each, best first."""
         b, beam = scores.shape
         n = lprobs.size(0) // b  # N, or 1 at the first step: only the first beam is live
         if n < beam and n * lprobs.size(1) < 2 * beam:  # < 2N tokens: all N beams give some
@@ -381,10 +390,17 @@ class TopCandidates:
         return cand_scores, flat // k, tokens.view(b, n * k).gather(1, flat)
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
+        """(b, N) the N best candidates that do not end in eos, best first."""
         open_scores = cand_scores.masked_fill(cand_tokens == EOS, float("-inf"))  # (b, 2N)
         return open_scores.topk(beam, dim=-1).indices  # (b, N), best first
 
-    def follow(self, pick: Tensor, keep: Tensor | None) -> None:
+    def choose(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor) -> Candidates:
+        cand_scores, beams, tokens = self.candidates(scores, lprobs, at_limit)
+        return Candidates(
+            cand_scores, beams, tokens, self.open(cand_scores, tokens, scores.size(1))
+        )
+
+    def keep(self, sentences: Tensor) -> None:
         pass
 
 
@@ -409,27 +425,56 @@ def beam_search(
     maximum length): the output is what a search that waits for N finished hypotheses
     would give, in fewer steps."""
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
-    max_len_a, max_len_b = options.max_len_a, options.max_len_b
-    no_repeat_ngram = options.no_repeat_ngram
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
     choice = choice or TopCandidates()
     device, batch = src.device, src.size(0)
-    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
+    memory, src_mask, prefix, limits = start_search(
+        model, src, prefixes, options.max_len_a, options.max_len_b
+    )
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, t)
+    history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, 0)
+
     # The first step decodes one row per sentence (its N beams are identical until then),
-    # and the model's cache is copied to the N beams after it; every later step decodes N
-    # rows per sentence. memory and src_mask stay one per sentence: the model reads a
-    # sentence's rows against its one source.
-    token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B,) then (b*N,)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    cache, step = None, 0
-    while alive.numel():
-        first = step == 0
-        rows = alive if first else alive.repeat_interleave(beam)  # each decoded row's sentence
+    # and the model's cache is copied to the N beams after it: each beam's cache row is
+    # its sentence's one row. memory and src_mask stay one per sentence throughout: the
+    # model reads a sentence's N rows against its one source.
+    token = torch.full((batch,), BOS, dtype=torch.long, device=device)  # (B,)
+    lprobs, cache = step_log_probs(
+        model,
+        token,
+        memory,
+        src_mask,
+        None,
+        0,
+        limits,
+        min_len,
+        None,  # no history yet
+        options.no_repeat_ngram,
+        _forced(prefix, alive, 0),
+        choice.exempt(1),
+    )  # (B, V)
+    scores, token, history, reorder = _extend(
+        choice, finished, alive, scores, history, limits, lprobs, lenpen, 0
+    )
+    cache = cache.index_select(reorder // beam)
+    step = 1
+    while True:
+        done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
+        if done.any():  # they leave the batch
+            keep = (~done).nonzero().squeeze(1)  # (b',)
+            choice.keep(keep)
+            rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
+            alive, scores = alive[keep], scores[keep]
+            token, history = token[rows], history[rows]
+            memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
+            cache = cache.index_select(rows, keep)
+        if not alive.numel():
+            return [hyps[:nbest] for hyps in finished]
+        rows = alive.repeat_interleave(beam)  # each decoded row's sentence
         lprobs, cache = step_log_probs(
             model,
             token,
@@ -439,60 +484,66 @@ def beam_search(
             step,
             limits[rows],
             min_len,
-            history[::beam] if first else history,  # (rows, t)
-            no_repeat_ngram,
+            history,  # (b*N, t)
+            options.no_repeat_ngram,
             _forced(prefix, rows, step),
-            choice.exempt(1 if first else beam),
-        )  # (rows, V)
-        # At the first step the choice gets one row per sentence (`Choice.candidates`)
-        at_limit = step >= limits[alive].repeat_interleave(beam)  # (b*N,)
-        cand_scores, cand_beams, cand_tokens = choice.candidates(scores, lprobs, at_limit)
-        _collect_finished(
-            finished, alive, history, cand_scores, cand_beams, cand_tokens, beam, lenpen, step
+            choice.exempt(beam),
+        )  # (b*N, V)
+        scores, token, history, reorder = _extend(
+            choice, finished, alive, scores, history, limits, lprobs, lenpen, step
         )
-        pick = choice.open(cand_scores, cand_tokens, beam)  # (b, N)
-        scores, token = cand_scores.gather(1, pick), cand_tokens.gather(1, pick).view(-1)
-        offsets = torch.arange(alive.numel(), device=device).unsqueeze(1) * beam  # (b, 1)
-        reorder = (offsets + cand_beams.gather(1, pick)).view(-1)  # (b*N,)
-        history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
-        # each beam's cache row: its sentence's one row after the first step
-        cache = cache.index_select(reorder // beam if first else reorder)
+        cache = cache.index_select(reorder)
         step += 1
-        done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
-        keep = (~done).nonzero().squeeze(1) if done.any() else None  # (b',)
-        choice.follow(pick, keep)
-        if keep is not None:
-            rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
-            alive, scores = alive[keep], scores[keep]
-            token, history = token[rows], history[rows]
-            memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
-            cache = cache.index_select(rows, keep)
-    return [hyps[:nbest] for hyps in finished]
+
+
+def _extend(
+    choice: Choice,
+    finished: list[list[Hypothesis]],
+    alive: Tensor,
+    scores: Tensor,
+    history: Tensor,
+    limits: Tensor,
+    lprobs: Tensor,
+    lenpen: float,
+    step: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One step's bookkeeping for b sentences of N beams, from the step's log-probs
+    lprobs (b*W, V): `choice` takes the candidates, those that end are recorded as
+    finished, and the N picked go on. Returns the new beams' scores (b, N), last tokens
+    (b*N,) and histories (b*N, t+1), and the row (b*N,) each comes from, out of the b*N
+    beams (at the first step, W = 1: row // N is its sentence's decoded row)."""
+    beam = scores.size(1)
+    at_limit = step >= limits[alive].repeat_interleave(beam)  # (b*N,)
+    cand = choice.choose(scores, lprobs, at_limit)
+    _collect_finished(finished, alive, history, cand, beam, lenpen, step)
+    offsets = torch.arange(alive.numel(), device=scores.device).unsqueeze(1) * beam  # (b, 1)
+    reorder = (offsets + cand.beams.gather(1, cand.pick)).view(-1)  # (b*N,)
+    token = cand.tokens.gather(1, cand.pick).view(-1)  # (b*N,)
+    history = torch.cat([history[reorder], token.unsqueeze(1)], dim=1)  # (b*N, t+1)
+    return cand.scores.gather(1, cand.pick), token, history, reorder
 
 
 def _collect_finished(
     finished: list[list[Hypothesis]],
     alive: Tensor,
     history: Tensor,
-    cand_scores: Tensor,
-    cand_beams: Tensor,
-    cand_tokens: Tensor,
+    cand: Candidates,
     beam: int,
     lenpen: float,
     step: int,
 ) -> None:
     """Record eos candidates ranked among a sentence's N best as finished hypotheses;
     each sentence keeps its N best finished ones, best first."""
-    ends = (cand_tokens[:, :beam] == EOS) & torch.isfinite(cand_scores[:, :beam])  # (b, N)
+    ends = (cand.tokens[:, :beam] == EOS) & torch.isfinite(cand.scores[:, :beam])  # (b, N)
     if not ends.any():
         return
     penalty = length_penalty(step + 1, lenpen)
     rows, ranks = ends.nonzero(as_tuple=True)  # (e,) each: read out in one go, not one by one
-    sources = rows * beam + cand_beams[rows, ranks]  # (e,)
+    sources = rows * beam + cand.beams[rows, ranks]  # (e,)
     for sentence, tokens, log_prob in zip(
         alive[rows].tolist(),
         history[sources].tolist(),
-        cand_scores[rows, ranks].tolist(),
+        cand.scores[rows, ranks].tolist(),
         strict=True,
     ):
         hyps = finished[sentence]

@@ -32,7 +32,7 @@ from torch import Tensor
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import EOS
-from mtkit.search.beam import StepModel, beam_search, best_extensions
+from mtkit.search.beam import Candidates, StepModel, beam_search, best_extensions
 
 Phrase = list[int]  # a target phrase's ids
 Constraint = list[Phrase]  # alternatives: any one of them meets the constraint
@@ -217,16 +217,42 @@ class BankedCandidates:
         self.node = t.roots.repeat_interleave(beam)  # (b*N,)
         self.met = torch.zeros_like(self.node)  # (b*N,)
         self.closed = torch.zeros_like(self.node, dtype=torch.bool)  # (b*N,)
-        self.next: tuple[Tensor, ...] = ()  # the candidates' states, each (b, K)
-        self.advancing = torch.empty(0)  # each beam's advancing tokens, set by `exempt`
+        self._advancing: Tensor | None = None  # the beams' advancing tokens, once asked
+
+    @property
+    def advancing(self) -> Tensor:
+        """(b*N, E) each beam's tokens that advance an unmet constraint, padded with -1:
+        computed once per step, when first asked."""
+        if self._advancing is None:
+            self._advancing = advancing(self.t, self.node, self.met)
+        return self._advancing
 
     def exempt(self, width: int) -> Tensor:
-        self.advancing = advancing(self.t, self.node, self.met)  # (b*N, E): for the step
         return self.advancing[:: self.beam // width]  # (b*width, E)
 
-    def candidates(
+    def choose(self, scores: Tensor, lprobs: Tensor, at_limit: Tensor) -> Candidates:
+        cand_scores, beams, tokens, states = self._ranked_candidates(scores, lprobs, at_limit)
+        pick = self._open(tokens, scores.size(1))  # (b, N)
+        node, met, closed = (x.gather(1, pick) for x in states)  # (b, N)
+        self.node, self.met, self.closed = (x.reshape(-1) for x in (node, met, closed))
+        self._advancing = None
+        return Candidates(cand_scores, beams, tokens, pick)
+
+    def keep(self, sentences: Tensor) -> None:
+        rows = (
+            sentences[:, None] * self.beam + torch.arange(self.beam, device=sentences.device)
+        ).view(-1)
+        self.sentence = self.sentence[sentences]
+        self.node, self.met, self.closed = self.node[rows], self.met[rows], self.closed[rows]
+        if self._advancing is not None:
+            self._advancing = self._advancing[rows]
+
+    def _ranked_candidates(
         self, scores: Tensor, lprobs: Tensor, at_limit: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """The candidates' scores, source beams and tokens (b, K) in fill order, and the
+        automaton state each would reach: node, met mask, whether it completed a
+        constraint, (b, K) each."""
         b, n = scores.shape
         if lprobs.size(0) < b * n:  # the first step: one row for the N same beams
             lprobs = lprobs.repeat_interleave(n, dim=0)  # (b*N, V)
@@ -244,8 +270,13 @@ class BankedCandidates:
         cand_scores = cand_scores.masked_fill((tokens == EOS) & unmet, float("-inf"))
         order = allocate(cand_scores, banks(self.t, node, met, sentence).view(b, -1))
         closed = met != self.met[rows]  # (b*K,): this token completed a constraint
-        self.next = tuple(x.view(b, -1).gather(1, order) for x in (node, met, closed))
-        return cand_scores.gather(1, order), beams.gather(1, order), tokens.gather(1, order)
+        states = tuple(x.view(b, -1).gather(1, order) for x in (node, met, closed))
+        return (
+            cand_scores.gather(1, order),
+            beams.gather(1, order),
+            tokens.gather(1, order),
+            states,
+        )
 
     def _whole_words(self, lprobs: Tensor) -> None:
         """Forbid (in place) tokens inside a word right after a completed phrase, but
@@ -260,18 +291,13 @@ class BankedCandidates:
             adv >= 0, kept, lprobs[rows[:, None], adv.clamp(min=0)]
         )
 
-    def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
+    @staticmethod
+    def _open(cand_tokens: Tensor, beam: int) -> Tensor:
+        """(b, N) the first N candidates in fill order that do not end in eos."""
         k = cand_tokens.size(1)
         at = torch.arange(k, device=cand_tokens.device).expand_as(cand_tokens)  # (b, K)
         key = torch.where(cand_tokens == EOS, at + k, at)  # the first N that go on
         return key.topk(beam, dim=1, largest=False).indices  # (b, N), in fill order
-
-    def follow(self, pick: Tensor, keep: Tensor | None) -> None:
-        node, met, closed = (x.gather(1, pick) for x in self.next)  # (b, N)
-        if keep is not None:
-            node, met, closed = node[keep], met[keep], closed[keep]
-            self.sentence = self.sentence[keep]
-        self.node, self.met, self.closed = (x.reshape(-1) for x in (node, met, closed))
 
 
 def _candidates(scores: Tensor, lprobs: Tensor, adv: Tensor) -> tuple[Tensor, Tensor]:
