@@ -1,4 +1,4 @@
-"""The stage commands: tokenizer, preprocess, train, and run (all of them)."""
+"""The stage commands: tokenizer, distill, preprocess, train, and run (all of them)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,23 @@ def tokenizer(config: ConfigOpt, set_: SetOpt = None) -> None:
     with reported():
         paths = build_tokenizer(cfg)
     typer.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
+@app.command()
+def distill(config: ConfigOpt, set_: SetOpt = None) -> None:
+    """Translate the training source with a teacher (distill.teacher): the student's corpus."""
+    from mtkit.stages.distill import distill as run_distill
+
+    cfg = load(config, set_)
+    tune_runtime()
+    with reported():
+        manifest = run_distill(cfg)
+    pairs = manifest["pairs"]
+    typer.echo(
+        f"distilled {plural(pairs['kept'], 'pair')} of {pairs['translated']} translated "
+        f"(dropped {pairs['dropped']}) into {cfg.run_path / 'distill'}",
+        err=True,
+    )
 
 
 @app.command()
@@ -77,7 +94,7 @@ def train(
 
 @app.command()
 def run(config: ConfigOpt, set_: SetOpt = None) -> None:
-    """Run every stage (tokenizer, preprocess, train, translate, eval), skipping finished ones."""
+    """Run every stage (tokenizer, distill, preprocess, train, test), skipping finished ones."""
     from mtkit.core.languages import directions, name
     from mtkit.stages.pipeline import direction_table, run_all
 

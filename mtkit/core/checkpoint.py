@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from mtkit.core.atomic import atomic_file, copy_atomic
+from mtkit.core.config import Config
 from mtkit.core.errors import UserError, plural
 
 log = logging.getLogger(__name__)
@@ -339,3 +340,25 @@ def describe_weights(payload: dict[str, Any]) -> str:
     if isinstance(sources, list) and sources:
         return f"the average of {plural(len(sources), 'checkpoint')}"
     return "unknown"
+
+
+def newer(path: Path, than: Path) -> bool:
+    """Whether `path` exists and was written no earlier than `than`."""
+    return path.exists() and path.stat().st_mtime >= than.stat().st_mtime
+
+
+def final_checkpoint(cfg: Config) -> Path:
+    """The checkpoint the test set is translated with: the average of the last
+    `train.average_last` checkpoints when set, else best.pt (last.pt without validation)."""
+    folder = cfg.run_path / "checkpoints"
+    last = folder / "last.pt"
+    if cfg.train.average_last > 1:
+        out = folder / "average.pt"
+        if newer(out, last):
+            return out
+        steps = last_step_checkpoints(folder, cfg.train.average_last)
+        log.info("averaging %d checkpoints: %s", len(steps), ", ".join(p.name for p in steps))
+        save_checkpoint(average_checkpoints(steps), out)
+        return out
+    best = folder / "best.pt"
+    return best if best.exists() else last

@@ -130,7 +130,8 @@ class TokenizerConfig:
     input_sentence_size: int = field(default=2_000_000, metadata=value_range(0))  # 0 = all
     seed: int = field(default=1, metadata=value_range(0))
     # `tokenizer.from: CKPT` (YAML key "from"): use that checkpoint's tokenizers and ids
-    # instead of training new ones (fine-tuning); "" trains them.
+    # instead of training new ones (fine-tuning, a distilled student); a run directory
+    # names its checkpoints' one tokenizer; "" trains them.
     from_: str = ""
 
 
@@ -223,6 +224,31 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """`mtkit distill`: sequence-level knowledge distillation (Kim & Rush, 2016). A teacher
+    translates the source side of data.train with beam search, and this run's model (the
+    student) trains on the teacher's translations instead of the references."""
+
+    # checkpoint file(s) (several: an ensemble), a teacher's run directory (its final
+    # model: the average of its `train.average_last` checkpoints, else best.pt), or a
+    # teacher's config file (.yaml: `mtkit run` runs it first, skipping what is done);
+    # () = no distillation
+    teacher: tuple[str, ...] = ()
+    beam: int = field(default=5, metadata=value_range(1, 64))
+    keep_original: bool = False  # the student trains on the original pairs too
+    # Filters on the teacher's translations (0 = off), their counts in the manifest:
+    # the teacher's mean -log p per output token (eos included) above `max_cost` (a
+    # translation it was unsure of), and output/source pieces beyond `max_len_ratio`
+    # either way (a hallucination or a dropped clause)
+    max_cost: float = field(default=0.0, metadata=value_range(0.0))
+    max_len_ratio: float = field(default=0.0, metadata=value_range(0.0))
+    # The teacher's precision (as translate's --precision; auto is measured once and
+    # kept, so a resumed distillation translates as it began)
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    chunk_lines: int = field(default=2000, metadata=value_range(1))  # a unit of resuming
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: str = "runs/default"
     data: DataConfig = DataConfig()
@@ -230,6 +256,7 @@ class Config:
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     decode: DecodeConfig = DecodeConfig()
+    distill: DistillConfig = DistillConfig()
 
     @property
     def run_path(self) -> Path:

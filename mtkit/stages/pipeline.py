@@ -1,7 +1,10 @@
 """`mtkit run`: every stage in order, skipping those whose outputs are complete.
 
-tokenizer -> preprocess -> train -> (average) -> translate the test set -> eval.
-A stage is complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
+tokenizer -> (distill) -> preprocess -> train -> (average) -> translate the test set -> eval.
+With `distill.teacher`, a teacher named by its config is run first (its own `mtkit run`),
+and the distillation is complete when RUN/distill/manifest.json comes from the same
+teacher and settings; the shards must then come from that corpus. A stage is otherwise
+complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
 a checkpoint that reached the training limits, RUN/test.hyp newer than the checkpoint
 it came from. Rerunning after an interruption picks up where it stopped. Ctrl-C (or
 SIGTERM) during training saves a checkpoint and stops the whole pipeline (`Interrupted`):
@@ -19,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtkit.core.atomic import write_atomic
-from mtkit.core.checkpoint import average_checkpoints, last_step_checkpoints, save_checkpoint
-from mtkit.core.config import Config
+from mtkit.core.checkpoint import final_checkpoint, newer
+from mtkit.core.config import Config, load_config
 from mtkit.core.configcheck import ConfigError
 from mtkit.core.device import release_freed_memory
 from mtkit.core.errors import UserError
@@ -33,6 +36,14 @@ from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
+from mtkit.stages.distill import (
+    DistillError,
+    distill,
+    distilled_manifest,
+    is_distilled,
+    resolve_teacher,
+    teacher_configs,
+)
 from mtkit.stages.preprocess import preprocess
 from mtkit.stages.tokenizer import build_tokenizer
 from mtkit.training.loop import TrainResult, train
@@ -65,27 +76,6 @@ class RunResult:
     by_direction: dict[str, list[Score]] = field(default_factory=dict)
 
 
-def _newer(path: Path, than: Path) -> bool:
-    return path.exists() and path.stat().st_mtime >= than.stat().st_mtime
-
-
-def final_checkpoint(cfg: Config) -> Path:
-    """The checkpoint the test set is translated with: the average of the last
-    `train.average_last` checkpoints when set, else best.pt (last.pt without validation)."""
-    folder = cfg.run_path / "checkpoints"
-    last = folder / "last.pt"
-    if cfg.train.average_last > 1:
-        out = folder / "average.pt"
-        if _newer(out, last):
-            return out
-        steps = last_step_checkpoints(folder, cfg.train.average_last)
-        log.info("averaging %d checkpoints: %s", len(steps), ", ".join(p.name for p in steps))
-        save_checkpoint(average_checkpoints(steps), out)
-        return out
-    best = folder / "best.pt"
-    return best if best.exists() else last
-
-
 def run_all(cfg: Config) -> RunResult:
     if not cfg.data.corpora("test"):  # before hours of training, not after them
         raise ConfigError(
@@ -99,10 +89,17 @@ def run_all(cfg: Config) -> RunResult:
 
 def _run_all(cfg: Config) -> RunResult:
     run = cfg.run_path
+    for teacher in teacher_configs(cfg):
+        log.info("stage teacher: %s", teacher)
+        run_all(load_config(teacher))
     if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
         log.info("stage tokenizer")
         build_tokenizer(cfg)
     shards = run / "data"
+    if cfg.distill.teacher and _distill_stage(cfg):
+        if (shards / "train" / "manifest.json").exists():  # from another distillation
+            log.info("the distilled corpus is new: preprocessing again")
+            preprocess(cfg)
     if not all((shards / split / "manifest.json").exists() for split in ("train", "test")):
         log.info("stage preprocess")  # (data.test added since: its shards are still to do)
         preprocess(cfg)
@@ -121,7 +118,7 @@ def _run_all(cfg: Config) -> RunResult:
     sources, references, target_tags = _test_texts(cfg, test)
     groups = test.directions()
     hyp_path = run / "test.hyp"
-    if _newer(hyp_path, checkpoint):
+    if newer(hyp_path, checkpoint):
         hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
     else:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
@@ -149,6 +146,28 @@ def _run_all(cfg: Config) -> RunResult:
     report["checkpoint"] = str(checkpoint)
     write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
     return RunResult(checkpoint, hyp_path, scores, result, by_direction)
+
+
+def _distill_stage(cfg: Config) -> bool:
+    """Distil unless RUN/distill holds this teacher's finished corpus; whether the corpus
+    differs from the one the shards were made from. A student already trained on another
+    corpus is refused rather than resumed on this one."""
+    if not is_distilled(cfg, resolve_teacher(cfg)):
+        log.info("stage distill")
+        distill(cfg)
+    manifest = cfg.run_path / "data" / "train" / "manifest.json"
+    if not manifest.exists():
+        return False
+    made_from = json.loads(manifest.read_text("utf-8")).get("distilled")
+    if made_from == distilled_manifest(cfg)["corpus_sha256"]:
+        return False
+    if (cfg.run_path / "checkpoints" / "last.pt").exists():
+        raise DistillError(
+            f"{cfg.run_path}: the student in checkpoints/ trained on another corpus than "
+            f"the teacher's translations in distill/ (a new teacher or settings); move "
+            f"checkpoints/ away to train a new student"
+        )
+    return True
 
 
 METRICS = ["bleu", "chrf", "ter"]

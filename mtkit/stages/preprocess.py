@@ -54,6 +54,7 @@ from mtkit.data.sources import (
     open_split,
     pair_hashes,
 )
+from mtkit.stages.distill import distilled_manifest, training_data
 
 log = logging.getLogger(__name__)
 
@@ -387,13 +388,15 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
     run = cfg.run_path
     src_vocab, tgt_vocab = load_vocabs(run, cfg.tokenizer.joint)
     meta = {"tokenizer": tokenizer_digests(src_vocab, tgt_vocab)}
-    if not cfg.data.corpora("train"):
+    data = training_data(cfg)  # data.train, or a teacher's translations of its source
+    distilled = distilled_manifest(cfg) if cfg.distill.teacher else None
+    if distilled:
+        meta["distilled"] = distilled["corpus_sha256"]
+    if not data.corpora("train"):
         raise DataError("data.train is not set")
     # Open (and count) every corpus before writing anything: a line-count mismatch or a
     # missing file stops here.
-    splits = {
-        split: open_split(cfg.data, split, run / "cache", cfg.model.lang_tag) for split in SPLITS
-    }
+    splits = {split: open_split(data, split, run / "cache", cfg.model.lang_tag) for split in SPLITS}
     splits = {split: corpora for split, corpora in splits.items() if corpora}
     total = sum(c.size for corpora in splits.values() for c in corpora)
     vocab_size = max(len(src_vocab), len(tgt_vocab))
@@ -420,14 +423,14 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
             try:
                 reports = [
                     _write_corpus(
-                        c, pool, writer, cfg.data, train, seen, progress, direction(given, cfg.data)
+                        c, pool, writer, data, train, seen, progress, direction(given, data)
                     )
-                    for c, given in zip(corpora, cfg.data.corpora(split), strict=True)
+                    for c, given in zip(corpora, data.corpora(split), strict=True)
                 ]
             finally:
                 writer.close()
-            for report, corpus in zip(reports, cfg.data.corpora(split), strict=True):
-                report["direction"] = name(direction(corpus, cfg.data))
+            for report, corpus in zip(reports, data.corpora(split), strict=True):
+                report["direction"] = name(direction(corpus, data))
             dropped = {
                 f: sum(r["dropped"].get(f, 0) for r in reports)
                 for f in dict.fromkeys(f for r in reports for f in r["dropped"])
@@ -442,7 +445,7 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
                     "origin": origin,
                     "dropped": dropped,
                     "corpora": reports,
-                    "directions": _directions(reports, cfg.data),
+                    "directions": _directions(reports, data),
                     **meta,
                 }
             )

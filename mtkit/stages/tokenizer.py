@@ -152,12 +152,15 @@ def build_tokenizer(cfg: Config) -> list[Path]:
 
 
 def copy_tokenizers(cfg: Config) -> list[Path]:
-    """`tokenizer.from: CKPT`: the checkpoint's SentencePiece models, and their id tables
+    """`tokenizer.from: CKPT` (or a run directory: its checkpoints share one tokenizer,
+    last.pt's is read): the checkpoint's SentencePiece models, and their id tables
     where its ids are a table's (an imported model), written where the run keeps its own
     (RUN/spm.model, or spm.src/spm.tgt, with spm.*.pieces.json), and RUN/config.yaml."""
     from mtkit.core.checkpoint import load_checkpoint
 
     source = cfg.tokenizer.from_
+    if Path(source).is_dir():
+        source = str(Path(source) / "checkpoints" / "last.pt")
     src, tgt = entry_vocabs(load_checkpoint(source, mmap=True)["vocab"])
     joint = src.same(tgt)
     if joint != cfg.tokenizer.joint:
