@@ -30,7 +30,7 @@ def _explain_checkpoint(model: Path):
         raise OptionError(f"explain needs a checkpoint (-m FILE.pt): {model} is {what}")
     from mtkit.engines.pytorch import load_model
 
-    net, src_vocab, tgt_vocab, cfg, _ = load_model(model)
+    net, src_vocab, tgt_vocab, cfg, *_ = load_model(model)
     return net.eval(), src_vocab, tgt_vocab, cfg
 
 

@@ -75,6 +75,7 @@ AlignmentsOpt = Annotated[bool, _help("alignments", IO, "--alignments")]
 AlignLayerOpt = Annotated[Opt[int], _help("align_layer", IO)]
 LangVocabOpt = Annotated[Opt[bool], _help("lang_vocab", LANGUAGES, "--lang-vocab/--no-lang-vocab")]
 BatchTokensOpt = Annotated[Opt[int], _help("batch_tokens", SPEED)]
+ShortlistOpt = Annotated[Opt[bool], _help("shortlist", SPEED, "--shortlist/--no-shortlist")]
 TranslateDeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.", rich_help_panel=SPEED)]
 PrecisionOpt = Annotated[
     Opt[str],
@@ -173,6 +174,7 @@ def translate(
     glossary: GlossaryOpt = None,
     tgt_lang: TgtLangOpt = None,
     lang_vocab: LangVocabOpt = None,
+    shortlist: ShortlistOpt = None,
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
     batch_tokens: BatchTokensOpt = None,
@@ -223,6 +225,7 @@ def translate(
             alignments=alignments,
             align_layer=align_layer,
             lang_vocab=lang_vocab,
+            shortlist=shortlist,
         )
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
@@ -616,6 +619,7 @@ def serve(
     seed: SeedOpt = None,
     glossary: GlossaryOpt = None,
     lang_vocab: LangVocabOpt = None,
+    shortlist: ShortlistOpt = None,
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
     max_batch_tokens: Annotated[
@@ -667,6 +671,7 @@ def serve(
             align_layer=align_layer,
             alignments=align_layer is not None,
             lang_vocab=lang_vocab,
+            shortlist=shortlist,
         )
         engine.check(defaults)  # refused now, not in every request
         _check_constraints(engine, defaults, None, glossary)

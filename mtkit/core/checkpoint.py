@@ -205,12 +205,16 @@ def training_payload(
     progress: dict,
     shards: str,
     precision: dict,
+    shortlist: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The layout of a training checkpoint (see the module docstring); `shards` is the
     fingerprint of the shard manifest it was trained on, `precision` the run's precision
     record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?}),
-    `vocab` the tokenizers' entry (`vocab.vocab_entry`)."""
+    `vocab` the tokenizers' entry (`vocab.vocab_entry`), `shortlist` a distilled
+    student's lexical shortlist (`mtkit.search.shortlist`), kept with the model."""
+    extra = {} if shortlist is None else {"shortlist": shortlist}
     return {
+        **extra,
         "config": config,
         "vocab": vocab,
         "model": model,
@@ -308,7 +312,9 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     averaged = {
         k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in total.items()
     }
+    extra = {"shortlist": first["shortlist"]} if "shortlist" in first else {}
     return {
+        **extra,
         "config": first["config"],
         "vocab": vocab,
         "model": averaged,
@@ -362,3 +368,25 @@ def final_checkpoint(cfg: Config) -> Path:
         return out
     best = folder / "best.pt"
     return best if best.exists() else last
+
+
+SHORTLIST = Path("distill") / "shortlist.pt"  # in a run: a distilled student's shortlist
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A dict of tensors, written atomically (read back with `load_tensors`)."""
+    with atomic_file(path) as f:
+        torch.save(tensors, f)
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A dict of tensors written by `save_tensors`, loaded without running code."""
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__})") from None
+    if not isinstance(tensors, dict) or not all(
+        isinstance(v, torch.Tensor) for v in tensors.values()
+    ):
+        raise CheckpointError(f"{path}: not a file of tensors")
+    return tensors

@@ -217,6 +217,7 @@ class DecodeConfig:
     max_len_b: int = _option("max_len_b")  # capped to the positions
     batch_tokens: int = _option("batch_tokens")
     lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
+    shortlist: bool = _option("shortlist")  # a distilled student's (`mtkit.search.shortlist`)
     # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
     # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
     # dynamic int8 products, `mtkit.model.int8`) only when asked.
@@ -246,6 +247,11 @@ class DistillConfig:
     # kept, so a resumed distillation translates as it began)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     chunk_lines: int = field(default=2000, metadata=value_range(1))  # a unit of resuming
+    # The lexical shortlist built from the distilled corpus and kept in the student's
+    # checkpoints (`translate --shortlist`): target pieces per source piece (0: none),
+    # and the most frequent target pieces, which every batch may output
+    shortlist: int = field(default=50, metadata=value_range(0))
+    shortlist_frequent: int = field(default=100, metadata=value_range(0))
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,12 @@ OPTIONS: dict[str, Option] = {
             "language's training text (--no-lang-vocab: any piece).",
         ),
         Option(
+            "shortlist",
+            False,
+            "Output only the pieces of the model's lexical shortlist for each batch's "
+            "source words (a distilled student's: a smaller output layer per step).",
+        ),
+        Option(
             "align_layer",
             None,
             "Decoder layer whose cross-attention gives the alignments "
@@ -165,6 +171,7 @@ class SearchOptions:
     alignments: bool = OPTIONS["alignments"].default
     align_layer: int | None = OPTIONS["align_layer"].default  # None: second-to-last
     lang_vocab: bool = OPTIONS["lang_vocab"].default  # `Engine.output_groups`
+    shortlist: bool = OPTIONS["shortlist"].default  # `mtkit.search.shortlist`
 
     @classmethod
     def from_config(
@@ -219,6 +226,7 @@ class Capabilities:
     alignments: bool = True
     streaming: bool = False  # greedy lines may join a running search (`mtkit.serving`)
     constraints: bool = False  # hard lexical constraints (`mtkit.search.constraints`)
+    shortlist: bool = False  # a lexical shortlist, where the model has one
     needs: str = ""
 
 
@@ -230,6 +238,7 @@ def check(
         ("align_layer", options.align_layer is not None, capabilities.alignments),
         ("sampling", options.sampling, capabilities.sampling),
         ("alignments", options.alignments, capabilities.alignments),
+        ("shortlist", options.shortlist, capabilities.shortlist),
     ):
         if wanted and not able:
             raise OptionError(f"{spell(name)} needs {capabilities.needs}", name)

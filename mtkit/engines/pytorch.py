@@ -56,6 +56,7 @@ from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
+from mtkit.search.shortlist import Shortlist, Shortlisted
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,13 @@ class TorchEngine(Engine):
     # are bf16, `bf16_weights`, and `autocast_dtype` is None) or int8 (`mtkit.model.int8`), and
     # the attention kernel they run with (`kernels.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
+    shortlist: Shortlist | None = None  # the (first) checkpoint's lexical shortlist
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
-    capabilities = Capabilities(sampling=True, alignments=True, streaming=True, constraints=True)
+    capabilities = Capabilities(
+        sampling=True, alignments=True, streaming=True, constraints=True, shortlist=True
+    )
 
     def __post_init__(self) -> None:
         Engine.__init__(self)
@@ -120,6 +124,12 @@ class TorchEngine(Engine):
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         super().check(options, spell)
+        if options.shortlist and self.shortlist is None:
+            raise OptionError(
+                f"{spell('shortlist')}: this model has no lexical shortlist (a distilled "
+                f"student has one: mtkit distill)",
+                "shortlist",
+            )
         if options.alignments and options.align_layer is not None:
             check_layer(options.align_layer, self.models)
 
@@ -151,14 +161,12 @@ class TorchEngine(Engine):
             [[i for c in line for alt in c for i in alt] for line in wanted] if wanted else None
         )
         for banned, group in self.output_groups(ids, forced, opts, required):
-            model = (
-                OutputVocabulary(self.step_model, banned, len(self.tgt_vocab), self.device)
-                if banned
-                else self.step_model
-            )
             order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
             for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
                 src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
+                model = self.shortlisted(src) if opts.shortlist else self.step_model
+                if banned:
+                    model = OutputVocabulary(model, banned, len(self.tgt_vocab), self.device)
                 seeds = (
                     [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling else []
                 )
@@ -177,6 +185,12 @@ class TorchEngine(Engine):
                     out[todo[k]] = h
                 done(len(batch))
         return out
+
+    def shortlisted(self, src: torch.Tensor) -> StepModel:
+        """The step model with its output layer cut to the shortlist of batch src (B, S)."""
+        allowed = self.shortlist.allowed(src)  # (A,)
+        models = [Shortlisted(m, allowed) for m in self.models]
+        return models[0] if len(models) == 1 else Ensemble(models)
 
     def search(
         self,
@@ -351,8 +365,8 @@ def load_torch_engine(
     decode.precision): auto, fp32, bf16 or int8 (`inference_precision`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
-    first, (_, src_vocab, tgt_vocab, cfg, _) = paths[0], loaded[0]
-    for path, (_, src, tgt, _, _) in zip(paths[1:], loaded[1:], strict=True):
+    first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
+    for path, (_, src, tgt, *_) in zip(paths[1:], loaded[1:], strict=True):
         for side, mine, theirs in (("source", src, src_vocab), ("target", tgt, tgt_vocab)):
             if not mine.same(theirs):
                 raise CheckpointError(
@@ -391,9 +405,10 @@ def load_torch_engine(
         dev,
         dtype,
         cfg,
-        [w.step for *_, w in loaded],
-        [w.about for *_, w in loaded],
+        [x.weights.step for x in loaded],
+        [x.weights.about for x in loaded],
         record,
+        shortlist,
     )
 
 
@@ -471,8 +486,20 @@ class Weights(NamedTuple):
     about: str
 
 
-def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Config, Weights]:
-    """A checkpoint's model, vocabularies, config and what its weights are. The
+class Loaded(NamedTuple):
+    """What a checkpoint holds for translation."""
+
+    model: Transformer
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    config: Config
+    weights: Weights
+    shortlist: Shortlist | None  # a distilled student's (`mtkit.search.shortlist`)
+
+
+def load_model(path: str | os.PathLike) -> Loaded:
+    """A checkpoint's model, vocabularies, config, what its weights are, and its lexical
+    shortlist where it has one. The
     checkpoint is read memory-mapped and the model's weights are its own (copy on
     write: nothing is written back): its training state is never read, and the weights
     are in memory once, paged in as they are used, not first drawn at random and then
@@ -483,15 +510,17 @@ def load_model(path: str | os.PathLike) -> tuple[Transformer, Vocab, Vocab, Conf
         src_vocab, tgt_vocab = entry_vocabs(payload["vocab"])
         model = build_model(cfg.model, len(src_vocab), len(tgt_vocab), initialize=False)
         model.load_state_dict(payload["model"], assign=True)
+        shortlist = Shortlist.of_entry(payload["shortlist"]) if "shortlist" in payload else None
     except (KeyError, TypeError, RuntimeError, ValueError) as e:
         raise CheckpointError(
             f"{path}: checkpoint is incomplete or does not match its "
             f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
         ) from None
-    return (
+    return Loaded(
         model,
         src_vocab,
         tgt_vocab,
         cfg,
         Weights(trained_step(payload), describe_weights(payload)),
+        shortlist,
     )

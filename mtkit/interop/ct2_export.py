@@ -67,7 +67,7 @@ def export_ctranslate2(
     ct2 = ctranslate2_module()
     check_quantization(quantization)
     target = export_target(output, checkpoint, force)
-    model, src_vocab, tgt_vocab, cfg, weights = load_model(checkpoint)
+    model, src_vocab, tgt_vocab, cfg, weights, _ = load_model(checkpoint)
     spec = model_spec(
         model,
         [src_vocab.piece(i) for i in range(len(src_vocab))],

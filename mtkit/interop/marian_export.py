@@ -236,7 +236,7 @@ def export_huggingface(
     `force` replaces a previous mtkit export there (`export_target`)."""
     save_file = safetensors_writer()
     target = export_target(output, checkpoint, force)
-    model, src_vocab, tgt_vocab, cfg, weights = load_model(checkpoint)
+    model, src_vocab, tgt_vocab, cfg, weights, _ = load_model(checkpoint)
     check_expressible(cfg.model)
     shared = cfg.model.share_embeddings
     src_table, src_rows = marian_table(src_vocab, "source")

@@ -96,6 +96,16 @@ class Int8Linear(nn.Module):
         out.out_features = sum(la.out_features for la in layers)
         return out
 
+    def rows(self, ids: Tensor) -> Int8Linear:
+        """The layer for the output features `ids` (A,) only: the same values there."""
+        out = type(self).__new__(type(self))
+        nn.Module.__init__(out)
+        out.register_buffer("weight_t", self.weight_t[:, ids].contiguous())  # (in, A)
+        out.register_buffer("scale", self.scale[:, ids].contiguous())  # (1, A)
+        out.register_buffer("bias", None if self.bias is None else self.bias[ids])
+        out.in_features, out.out_features = self.in_features, ids.numel()
+        return out
+
     def forward(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out), float32 (or x's dtype under no autocast)."""
         lead = x.shape[:-1]

@@ -23,7 +23,7 @@ Its attention and dropout are `mtkit.model.attention`'s.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -331,6 +331,18 @@ class Transformer(nn.Module):
         the first step only (cache None: a `BeamCache` is made of it); the cache holds
         its keys/values, so later steps may pass None. A `SlotCache` steps its first B
         slots, with src_mask (B, S) theirs, and is written in place."""
+        y, cache = self.decode_hidden(token, memory, src_mask, cache)  # (B*W, D)
+        return self.project(y), cache  # (B*W, V)
+
+    def decode_hidden(
+        self,
+        token: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> tuple[Tensor, DecoderCache]:
+        """`decode_step` up to the output projection: the decoder stack's output (B*W, D)
+        (before its final norm) and the cache after the step."""
         if cache is None:
             cache = BeamCache.first(*self.cross_kv(memory))
         start = cache.begin(token.size(0))  # () or (B*W,)
@@ -342,8 +354,25 @@ class Transformer(nn.Module):
             y, (k, v) = layer(y, memory_kv, attn_mask, cache, i)  # (B*W, 1, D)
             new_k.append(k)  # (B*W, H, t+1, K)
             new_v.append(v)
-        logits = self.project(y[:, 0])  # (B*W, V)
-        return logits, cache.advanced(tuple(new_k), tuple(new_v))
+        return y[:, 0], cache.advanced(tuple(new_k), tuple(new_v))
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the target vocabulary's size (the output projection's rows)."""
+        return self.output_weight.size(0)
+
+    def output_rows(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        """The output projection onto the target `ids` (A,) only, as a function of the
+        decoder's output (..., D) -> (..., A): `project`'s columns `ids`, with the rows
+        of its weight (or of its int8 copy) taken once (a lexical shortlist,
+        `mtkit.search.shortlist`)."""
+        norm = self.decoder_norm
+        if self.output_int8 is not None:
+            layer = self.output_int8.rows(ids)
+            return lambda y: layer(norm(y))
+        weight = self.output_weight[ids]  # (A, D)
+        bias = None if self.output_bias is None else self.output_bias[ids]
+        return lambda y: F.linear(norm(y), weight, None if bias is None else bias.to(y.dtype))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Projection:
         """Training forward: src (B, S), tgt_in (B, T) -> the `Projection` that makes the

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtkit.core.atomic import atomic_text, remove_leftovers, write_atomic
-from mtkit.core.checkpoint import final_checkpoint
+from mtkit.core.checkpoint import SHORTLIST, final_checkpoint
 from mtkit.core.checksum import file_sha256
 from mtkit.core.config import Config, CorpusConfig, DataConfig, load_config
 from mtkit.core.configcheck import ConfigError
@@ -119,8 +119,15 @@ def settings(cfg: Config, teacher: Teacher) -> dict:
 
 
 def _filter_settings(cfg: Config) -> dict:
+    """What the corpus and shortlist depend on beside the translations: changed, they are
+    made again from the chunks, without translating again."""
     d = cfg.distill
-    return {"max_cost": d.max_cost, "max_len_ratio": d.max_len_ratio}
+    return {
+        "max_cost": d.max_cost,
+        "max_len_ratio": d.max_len_ratio,
+        "shortlist": d.shortlist,
+        "shortlist_frequent": d.shortlist_frequent,
+    }
 
 
 def distilled_corpus(cfg: Config) -> tuple[Path, Path]:
@@ -299,6 +306,10 @@ def _write_corpus(cfg: Config, teacher: Teacher, state: dict, chunks: Path, coun
             f"distill: no pairs left of {read} translated (dropped: {dropped}); "
             f"loosen distill.max_cost or distill.max_len_ratio"
         )
+    shortlist = cfg.run_path / SHORTLIST
+    shortlist.unlink(missing_ok=True)
+    if d.shortlist:
+        _write_shortlist(cfg, src_path, tgt_path, shortlist)
     manifest = {
         "settings": state["settings"],
         "precision": state["precision"],
@@ -310,6 +321,32 @@ def _write_corpus(cfg: Config, teacher: Teacher, state: dict, chunks: Path, coun
     write_atomic(cfg.run_path / FOLDER / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     log.info("distill: kept %d of %d translated pairs; dropped %s", kept, read, dropped)
     return manifest
+
+
+def _write_shortlist(cfg: Config, src_path: Path, tgt_path: Path, out: Path) -> None:
+    """The lexical shortlist of the distilled corpus (`mtkit.search.shortlist`)."""
+    import numpy as np
+
+    from mtkit.core.checkpoint import save_tensors
+    from mtkit.search.shortlist import build_shortlist
+
+    src_vocab, tgt_vocab = load_vocabs(cfg.run_path, cfg.tokenizer.joint)
+    sources = src_path.read_text("utf-8").splitlines()
+    targets = tgt_path.read_text("utf-8").splitlines()
+    shortlist = build_shortlist(
+        [np.asarray(ids) for ids in src_vocab.encode(sources)],
+        [np.asarray(ids) for ids in tgt_vocab.encode(targets)],
+        len(src_vocab),
+        len(tgt_vocab),
+        cfg.distill.shortlist,
+        cfg.distill.shortlist_frequent,
+    )
+    save_tensors({k: v.int() for k, v in shortlist.as_entry().items()}, out)
+    log.info(
+        "distill: a shortlist of %d target pieces per source piece and %d frequent ones",
+        shortlist.table.size(1),
+        shortlist.frequent.numel(),
+    )
 
 
 def _dropped_for(pair: dict, max_cost: float, max_len_ratio: float) -> str | None:

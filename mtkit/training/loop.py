@@ -33,7 +33,12 @@ import torch.distributed as dist
 from torch import nn
 
 from mtkit.core.atomic import WriteError, remove_leftovers
-from mtkit.core.checkpoint import training_payload, write_training_checkpoint
+from mtkit.core.checkpoint import (
+    SHORTLIST,
+    load_tensors,
+    training_payload,
+    write_training_checkpoint,
+)
 from mtkit.core.config import Config, TrainConfig, config_to_dict
 from mtkit.core.device import autocast
 from mtkit.core.languages import tag_end, tag_ids, without_tag
@@ -465,12 +470,20 @@ def save(state: TrainState, is_best: bool) -> None:
         dataclasses.asdict(p),
         state.train_data.fingerprint,
         state.choices.as_record(),
+        _shortlist(state.cfg),
     )
     path = write_training_checkpoint(
         payload, state.cfg.run_path / "checkpoints", p.step, is_best, state.cfg.train.keep_last
     )
     state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)
     state.saved_step = p.step
+
+
+def _shortlist(cfg: Config) -> dict | None:
+    """A distilled student's lexical shortlist (`mtkit distill` wrote it), kept in its
+    checkpoints, or None."""
+    path = cfg.run_path / SHORTLIST
+    return load_tensors(path) if cfg.distill.teacher and path.exists() else None
 
 
 # --- progress records -----------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import mtkit.stages.distill as distill_stage
+from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import config_from_dict
 from mtkit.stages.distill import distill
 
@@ -74,6 +75,16 @@ def test_a_student_run_trains_on_the_teachers_beam_search_translations(student, 
         f"{run / 'distill' / 'train.en'} + {run / 'distill' / 'train.de'}"
     ]
     assert (run / "checkpoints" / "last.pt").exists() and (run / "test.hyp").exists()
+    # its checkpoints keep the shortlist of the distilled corpus: --shortlist uses it
+    student = run / "checkpoints" / "last.pt"
+    assert "shortlist" in load_checkpoint(student)
+    text = "\n".join(sources[:30]) + "\n"
+    for precision in ("fp32", "int8"):
+        cut = cli("translate", "-m", student, "--shortlist", "--precision", precision, input=text)
+        assert cut.exit_code == 0 and len(cut.stdout.splitlines()) == 30, cut.output
+    one_line_error(
+        cli("translate", "-m", teacher, "--shortlist", input=text), "has no lexical shortlist"
+    )
 
 
 def test_an_interrupted_distillation_resumes_to_the_same_files(student, monkeypatch):
