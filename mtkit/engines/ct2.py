@@ -21,13 +21,20 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from mtkit.core.checksum import file_sha256
 from mtkit.core.config import config_from_dict
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.hypothesis import Hypothesis, length_penalty
-from mtkit.core.search_options import BATCH_TOKENS, Capabilities, SearchOptions, check_constraints
+from mtkit.core.search_options import (
+    BATCH_TOKENS,
+    Capabilities,
+    SearchOptions,
+    check_constraints,
+    flag,
+)
 from mtkit.core.vocab import BOS, PAD, Vocab
 from mtkit.engines.base import Engine
 
@@ -119,6 +126,7 @@ class CT2Engine(Engine):
             or (f"step {self.steps[0]}" if isinstance(self.steps[0], int) else "unknown")
         ]  # (an export before mtkit recorded it)
         self.quantization = manifest.get("quantization", "float32")
+        self.vocabulary_map = (folder / "vmap.txt").is_file()  # a student's shortlist
         self.max_positions = self.config.model.max_positions
         # Where torch is loaded too (tests, benchmarks), keep its thread count:
         # CTranslate2 would otherwise set OpenMP's for the whole process.
@@ -144,6 +152,15 @@ class CT2Engine(Engine):
                 folder,
                 AGAIN,
             )
+
+    def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
+        if options.shortlist and not self.vocabulary_map:
+            raise OptionError(
+                f"{spell('shortlist')}: this export has no vocabulary map (export a "
+                f"distilled student's checkpoint: its shortlist becomes vmap.txt)",
+                "shortlist",
+            )
+        super().check(replace(options, shortlist=False), spell)
 
     def describe(self) -> dict:
         return {
@@ -236,6 +253,7 @@ class CT2Engine(Engine):
             max_decoding_length=limit,
             min_decoding_length=1,
             no_repeat_ngram_size=opts.no_repeat_ngram,
+            use_vmap=opts.shortlist,
             return_scores=True,
             suppress_sequences=[[tgt(PAD)], [tgt(BOS)]] + [[tgt(i)] for i in banned],
             max_batch_size=max(batch_tokens // opts.beam, 1),

@@ -113,6 +113,12 @@ class TorchEngine(Engine):
     def max_positions(self) -> int:
         return min(m.cfg.max_positions for m in self.models)
 
+    def use_attention(self, kernel: str) -> None:
+        """Attend with `kernel` (as measured at load, or as an earlier run chose)."""
+        for model in self.models:
+            model.use_attention(kernel)
+        self.precision = {**self.precision, "attention": {"kernel": kernel}}
+
     def describe(self) -> dict:
         return {
             "engine": "pytorch",

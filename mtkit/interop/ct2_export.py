@@ -67,7 +67,7 @@ def export_ctranslate2(
     ct2 = ctranslate2_module()
     check_quantization(quantization)
     target = export_target(output, checkpoint, force)
-    model, src_vocab, tgt_vocab, cfg, weights, _ = load_model(checkpoint)
+    model, src_vocab, tgt_vocab, cfg, weights, shortlist = load_model(checkpoint)
     spec = model_spec(
         model,
         [src_vocab.piece(i) for i in range(len(src_vocab))],
@@ -86,6 +86,8 @@ def export_ctranslate2(
         folder.rmdir()
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
+        if shortlist is not None:  # CTranslate2's vocabulary map: `use_vmap`
+            (tmp / VMAP).write_text(vocabulary_map(shortlist, src_vocab, tgt_vocab), "utf-8")
         files = manifest_files(tmp)
         manifest = json.dumps(
             {
@@ -104,6 +106,22 @@ def export_ctranslate2(
         # All of tmp is renamed into place at the end, so a partial file is never seen:
         (tmp / MANIFEST).write_text(manifest + "\n")  # written in place on purpose
     return output
+
+
+VMAP = "vmap.txt"  # the file CTranslate2 reads a vocabulary map from
+
+
+def vocabulary_map(shortlist, src_vocab, tgt_vocab) -> str:
+    """A lexical shortlist (`mtkit.search.shortlist`) as CTranslate2's vocabulary map: a
+    line "source piece<TAB>target pieces" per source piece, and the pieces every batch
+    may output after an empty source piece. CTranslate2 adds unk, bos and eos itself."""
+    tgt = tgt_vocab.piece
+    lines = ["\t" + " ".join(tgt(i) for i in shortlist.frequent.tolist())]
+    for source, row in enumerate(shortlist.table.tolist()):
+        targets = [tgt(i) for i in row if i >= 0]
+        if targets and source < len(src_vocab):
+            lines.append(f"{src_vocab.piece(source)}\t{' '.join(targets)}")
+    return "".join(line + "\n" for line in lines)
 
 
 def _tables(src_vocab, tgt_vocab) -> dict:

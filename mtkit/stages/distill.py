@@ -12,8 +12,8 @@ preprocess reads it, `distill.chunk_lines` lines at a time; each chunk's transla
 to RUN/distill/chunks/<n>.jsonl, written atomically, so an interrupted distillation goes
 on from the first missing chunk, and a rerun skips finished ones. What a chunk's output
 depends on is fixed at the first start and kept in RUN/distill/state.json: the teacher's
-fingerprint (its files' SHA-256), the search and the precision the teacher runs in (auto
-is measured once). A different teacher or search starts over. The finished corpus is
+fingerprint (its files' SHA-256), the search, and the precision and attention kernel the
+teacher runs with (measured once). A different teacher or search starts over. The finished corpus is
 RUN/distill/train.<src_lang> and train.<tgt_lang> (plain text, one pair per line), and
 RUN/distill/manifest.json, written last, records what was kept and dropped and the
 corpus's digest; preprocess then reads that corpus in place of data.train (beside it
@@ -202,9 +202,13 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
     engine = load_engine(
         teacher.checkpoints, cfg.train.device, "train.device", state["precision"] or "auto"
     )
-    if state["precision"] is None:  # auto, measured at the first start: kept from now on
+    # The measured choices (precision under auto, the attention kernel) are made at the
+    # first start and kept, so that a resumed distillation translates as it began.
+    if state["precision"] is None or state.get("attention") is None:
         state["precision"] = engine.precision["precision"]
+        state["attention"] = engine.precision["attention"]["kernel"]
         write_atomic(folder / STATE, (json.dumps(state, indent=2) + "\n").encode())
+    engine.use_attention(state["attention"])
     _check_vocabularies(cfg, engine, teacher)
     opts = dataclasses.replace(
         SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
@@ -263,7 +267,7 @@ def _start(cfg: Config, teacher: Teacher, folder: Path, chunks: Path) -> dict:
     (folder / MANIFEST).unlink(missing_ok=True)
     chunks.mkdir()
     asked = cfg.distill.precision
-    state = {"settings": wanted, "precision": None if asked == "auto" else asked}
+    state = {"settings": wanted, "precision": None if asked == "auto" else asked, "attention": None}
     write_atomic(path, (json.dumps(state, indent=2) + "\n").encode())
     return state
 

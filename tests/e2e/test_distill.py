@@ -12,6 +12,9 @@ import yaml
 import mtkit.stages.distill as distill_stage
 from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import config_from_dict
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import translate_texts
+from mtkit.engines.loader import load_engine
 from mtkit.stages.distill import distill
 
 from conftest import cli, one_line_error, read_lines, tiny_config_dict, write_lines
@@ -62,13 +65,13 @@ def test_a_student_run_trains_on_the_teachers_beam_search_translations(student, 
     sources = (run / "distill" / "train.en").read_text().splitlines()
     targets = (run / "distill" / "train.de").read_text().splitlines()
     assert len(sources) == len(targets) == kept
-    # the teacher's translations are what `mtkit translate` gives with beam 5
+    # the teacher's translations are its beam 5's, with the kernel it measured
     teacher = trained / "run" / "checkpoints" / "best.pt"
-    given = cli(
-        "translate", "-m", teacher, "--beam", "5", "--precision", "fp32",
-        input="\n".join(sources[:20]) + "\n",
-    )  # fmt: skip
-    assert given.exit_code == 0 and given.stdout.splitlines() == targets[:20]
+    state = json.loads((run / "distill" / "state.json").read_text())
+    engine = load_engine(teacher, "cpu", precision="fp32")
+    engine.use_attention(state["attention"])
+    given = translate_texts(engine, sources[:20], SearchOptions.from_config(engine.config.decode))
+    assert given == targets[:20]
     shards = json.loads((run / "data" / "train" / "manifest.json").read_text())
     assert shards["distilled"] == manifest["corpus_sha256"]
     assert [c["origin"] for c in shards["corpora"]] == [
@@ -84,6 +87,20 @@ def test_a_student_run_trains_on_the_teachers_beam_search_translations(student, 
         assert cut.exit_code == 0 and len(cut.stdout.splitlines()) == 30, cut.output
     one_line_error(
         cli("translate", "-m", teacher, "--shortlist", input=text), "has no lexical shortlist"
+    )
+    # exported, the shortlist is CTranslate2's vocabulary map
+    pytest.importorskip("ctranslate2")
+    folder = run / "ct2"
+    assert cli("export", "-m", student, "-o", folder).exit_code == 0
+    assert (folder / "vmap.txt").read_text().startswith("\t")
+    cut = cli("translate", "-m", folder, "--shortlist", input=text)
+    assert cut.exit_code == 0 and len(cut.stdout.splitlines()) == 30, cut.output
+
+
+def test_an_export_without_a_shortlist_refuses_it_in_one_line(exported):
+    one_line_error(
+        cli("translate", "-m", exported, "--shortlist", input="A dog.\n"),
+        "this export has no vocabulary map",
     )
 
 

@@ -22,7 +22,7 @@ the output it shows must appear in what the command prints; so are the documente
 that uses a model or files (`translate`, `eval`, `average`, `export`, `explain
 attention`), in a folder holding a tiny trained run under the names the docs use.
 `docs/plot_curve.py` is run on the metrics it documents. The stage commands on preset
-configs (`tokenizer`, `preprocess`, `train`, `run`) train for minutes to hours: their
+configs (`tokenizer`, `distill`, `preprocess`, `train`, `run`) run for minutes to hours: their
 configs and overrides are loaded here, and the chain itself runs on tiny configs in the
 other tests in tests/e2e/; `serve` and `import` from the hub run in their own tests.
 
@@ -667,6 +667,19 @@ def doc_folder(trained, tmp_path_factory) -> Path:
     for name in ("best.pt", "a/best.pt", "b/best.pt", "a.pt", "b.pt", "c.pt"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(best, root / name)
+    # a distilled student's checkpoint: the tiny model with a lexical shortlist
+    import numpy as np
+
+    from mtkit.core.checkpoint import load_checkpoint, save_checkpoint
+    from mtkit.search.shortlist import build_shortlist
+
+    payload = load_checkpoint(best)
+    size = payload["model"]["tgt_embed.tokens.weight"].size(0)
+    ids = [np.arange(4, size)]
+    payload["shortlist"] = build_shortlist(ids, ids, size, size).as_entry()
+    student = root / "runs" / "multi30k-student" / "checkpoints" / "average.pt"
+    student.parent.mkdir(parents=True)
+    save_checkpoint(payload, student)
     # opus-en-de.pt: a tiny random OPUS-MT model in the Hugging Face layout, imported
     if importlib.util.find_spec("transformers") and importlib.util.find_spec("safetensors"):
         from hfmarian import marian_folder
@@ -732,6 +745,6 @@ def test_every_documented_command_is_run_somewhere():
     unless it trains (the stage commands on preset configs: tests/e2e/test_cli.py and
     test_copy_task.py run the chain on tiny configs, and their configs and overrides are
     loaded above)."""
-    stages = {"tokenizer", "preprocess", "train", "run"}
+    stages = {"tokenizer", "distill", "preprocess", "train", "run"}
     for c in COMMANDS:
         assert c.argv[0] in RUNS_FOR_REAL | set(ELSEWHERE) | stages or c.expected, c.where
