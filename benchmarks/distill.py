@@ -154,7 +154,10 @@ def main() -> None:
             long_wall, rss = translate(model, extra, long_src, out)
             short_wall, _ = translate(model, extra, short_src, work / "short.out")
             lines = len(sources) * args.repeat - START_LINES
-            rate = lines / max(long_wall - short_wall, 1e-9)
+            if long_wall <= short_wall:  # too few lines to outweigh the start-up's noise
+                raise SystemExit(f"{name}: the long run took no longer than the short one: "
+                                 f"raise --repeat")  # fmt: skip
+            rate = lines / (long_wall - short_wall)
             runs[name]["rates"].append(rate)
             runs[name]["rss"].append(rss)
             if round_ == 0:
@@ -193,8 +196,9 @@ def main() -> None:
         "teacher_best_beam5": t["name"],
         "student_best_beam5": s["name"],
         "speedup_beam5": round(s["sentences_per_s"] / t["sentences_per_s"], 2),
-        "bleu_loss": round(max(r["bleu"] for r in results if r["name"].startswith("teacher"))
-                           - s["bleu"], 2),  # fmt: skip
+        "bleu_loss": round(
+            max(r["bleu"] for r in results if r["name"].startswith("teacher")) - s["bleu"], 2
+        ),  # fmt: skip
         **cpu,
     }
     if ct2 is not None:
