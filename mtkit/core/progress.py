@@ -152,11 +152,12 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressLog:
-    """Logs how far preprocessing is, at most every `every` seconds: pairs read of the
-    total (known from the opened corpora), pairs/s and the time left."""
+    """Logs how far a stage that reads the corpora is (`stage`: preprocess, distill), at
+    most every `every` seconds: pairs read of the total (known from the opened corpora),
+    pairs/s and the time left."""
 
-    def __init__(self, total: int, every: float = 10.0):
-        self.total, self.every = total, every
+    def __init__(self, total: int, every: float = 10.0, stage: str = "preprocess"):
+        self.total, self.every, self.stage = total, every, stage
         self.done = 0
         self.start = self.last = time.perf_counter()
 
@@ -168,7 +169,8 @@ class ProgressLog:
         self.last = now
         rate = self.done / max(now - self.start, 1e-9)
         log.info(
-            "preprocess: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
+            "%s: %s of %s pairs (%.0f%%), %s pairs/s, ~%.0f s left",
+            self.stage,
             f"{self.done:,}",
             f"{self.total:,}",
             100 * self.done / self.total,

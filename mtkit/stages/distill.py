@@ -214,7 +214,7 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
         SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
     )
     corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
-    progress = ProgressLog(sum(c.size for c in corpora))
+    progress = ProgressLog(sum(c.size for c in corpora), stage="distill")
     start, translated, index = time.perf_counter(), 0, 0
     for corpus in corpora:
         for raw_src, raw_tgt in corpus.chunks(cfg.distill.chunk_lines):
