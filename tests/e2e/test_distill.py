@@ -208,3 +208,31 @@ def test_distill_without_a_teacher_is_one_line(student):
     one_line_error(
         cli("distill", "-c", config, "--set", "distill.teacher=[]"), "distill.teacher is not set"
     )
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_chunks_written(student, monkeypatch):
+    import errno
+    from contextlib import contextmanager
+
+    config, data = student
+    assert cli("tokenizer", "-c", config).exit_code == 0
+    real = distill_stage.atomic_text
+
+    @contextmanager
+    def full_after_the_first_chunk(path):
+        with real(path) as f:
+            if path.parent.name == "chunks" and path.name != "000000.jsonl":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            yield f
+
+    monkeypatch.setattr(distill_stage, "atomic_text", full_after_the_first_chunk)
+    one_line_error(cli("-q", "distill", "-c", config), "no space left on device while writing")
+    chunks = config.parent / "student" / "distill" / "chunks"
+    assert [p.name for p in chunks.iterdir()] == ["000000.jsonl"]  # no partial file
+    monkeypatch.setattr(distill_stage, "atomic_text", real)
+    real_clean, calls = distill_stage.clean, []
+    monkeypatch.setattr(
+        distill_stage, "clean", lambda s, t: (calls.append(len(s)), real_clean(s, t))[1]
+    )
+    assert cli("-q", "distill", "-c", config).exit_code == 0
+    assert calls == [100, 100]  # the first chunk was kept, not translated again
