@@ -87,7 +87,9 @@ def export_ctranslate2(
         (tmp / "source.spm").write_bytes(src_vocab.model_proto)
         (tmp / "target.spm").write_bytes(tgt_vocab.model_proto)
         if shortlist is not None:  # CTranslate2's vocabulary map: `use_vmap`
-            (tmp / VMAP).write_text(vocabulary_map(shortlist, src_vocab, tgt_vocab), "utf-8")
+            vmap = vocabulary_map(shortlist, src_vocab, tgt_vocab)
+            # inside tmp, which atomic_dir renames into place only once complete:
+            (tmp / VMAP).write_text(vmap, "utf-8")  # written in place on purpose
         files = manifest_files(tmp)
         manifest = json.dumps(
             {

@@ -118,7 +118,7 @@ def settings(cfg: Config, teacher: Teacher) -> dict:
     }
 
 
-def _filter_settings(cfg: Config) -> dict:
+def _corpus_settings(cfg: Config) -> dict:
     """What the corpus and shortlist depend on beside the translations: changed, they are
     made again from the chunks, without translating again."""
     d = cfg.distill
@@ -148,7 +148,7 @@ def is_distilled(cfg: Config, teacher: Teacher) -> bool:
     return bool(
         manifest
         and manifest["settings"] == settings(cfg, teacher)
-        and manifest["filters"] == _filter_settings(cfg)
+        and manifest["filters"] == _corpus_settings(cfg)
         and all(p.exists() for p in distilled_corpus(cfg))
     )
 
@@ -170,10 +170,11 @@ def training_data(cfg: Config) -> DataConfig:
     )
 
 
-def distill(cfg: Config) -> dict:
+def distill(cfg: Config, teacher: Teacher | None = None) -> dict:
     """The `mtkit distill` stage: translate data.train's source with the teacher, chunk by
     chunk (skipping chunks already done), then write the filtered corpus and its
-    manifest. Returns the manifest."""
+    manifest. Returns the manifest. `teacher`: `resolve_teacher(cfg)` when the caller has
+    it already (None: resolved here)."""
     if tags(cfg.data):
         raise DistillError(
             "distill: a multilingual run (several target languages) is not supported; "
@@ -185,7 +186,7 @@ def distill(cfg: Config) -> dict:
             f"{run} has no tokenizer yet: run `mtkit tokenizer` first (with tokenizer.from "
             f"naming the teacher, the student shares its pieces)"
         )
-    teacher = resolve_teacher(cfg)
+    teacher = teacher or resolve_teacher(cfg)  # (given: resolved, and hashed, already)
     with run_lock(run, "distill"):
         return _distill(cfg, teacher)
 
@@ -317,7 +318,7 @@ def _write_corpus(cfg: Config, teacher: Teacher, state: dict, chunks: Path, coun
     manifest = {
         "settings": state["settings"],
         "precision": state["precision"],
-        "filters": _filter_settings(cfg),
+        "filters": _corpus_settings(cfg),
         "chunks": count,
         "pairs": {"translated": read, "kept": kept, "dropped": dropped},
         "corpus_sha256": digest.hexdigest(),

@@ -152,9 +152,10 @@ def _distill_stage(cfg: Config) -> bool:
     """Distil unless RUN/distill holds this teacher's finished corpus; whether the corpus
     differs from the one the shards were made from. A student already trained on another
     corpus is refused rather than resumed on this one."""
-    if not is_distilled(cfg, resolve_teacher(cfg)):
+    teacher = resolve_teacher(cfg)  # hashes the teacher's files: once
+    if not is_distilled(cfg, teacher):
         log.info("stage distill")
-        distill(cfg)
+        distill(cfg, teacher)
     manifest = cfg.run_path / "data" / "train" / "manifest.json"
     if not manifest.exists():
         return False
