@@ -3,7 +3,8 @@
 
     python benchmarks/profile_decode.py -m runs/multi30k/checkpoints/best.pt
         [--device cuda] [--beam 5] [--limit 1000] [--src data/multi30k/test2016.en.gz]
-        [--attention engine|sdpa|matmul|sdpa-no-cudnn] [--no-profile]
+        [--attention engine|sdpa|matmul|sdpa-no-cudnn] [--precision P] [--shortlist]
+        [--no-profile]
 
 Warms the engine up on 100 other lines (`--warmup-src`: one-time costs, such as CUDA's
 start, are not the file's), then translates `--limit` source lines twice, timed: cold,
@@ -88,13 +89,19 @@ def main() -> None:
         help="the engine's own choice, or another kernel; sdpa-no-cudnn: "
         "SDPA with cuDNN's attention left out of its backends",
     )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="fp32|bf16|int8|auto (default: the checkpoint's decode.precision)",
+    )
+    parser.add_argument("--shortlist", action="store_true", help="the model's lexical shortlist")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
 
     lines = read_source(args.src, args.limit)
     if not Path(args.model).is_dir():  # as `mtkit translate` does for a checkpoint
         tune_cpu_runtime()
-    engine = load_engine(args.model, args.device)
+    engine = load_engine(args.model, args.device, precision=args.precision)
     device = torch.device(str(engine.device))
     if args.attention != "engine":
         for model in engine.models:
@@ -109,7 +116,7 @@ def main() -> None:
             [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         )
 
-    opts = SearchOptions(beam=args.beam)
+    opts = SearchOptions(beam=args.beam, shortlist=args.shortlist)
 
     def timed() -> float:
         sync(device)
@@ -131,6 +138,7 @@ def main() -> None:
         "attention": args.attention,
         "engine_attention": engine.precision.get("attention"),
         "beam": args.beam,
+        "shortlist": args.shortlist,
         "sentences": n,
         "cold_sentences_per_s": round(n / cold, 1),
         "warm_sentences_per_s": round(n / warm, 1),

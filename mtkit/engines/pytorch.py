@@ -170,7 +170,14 @@ class TorchEngine(Engine):
             order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
             for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
                 src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
-                model = self.shortlisted(src) if opts.shortlist else self.step_model
+                model = (
+                    self.shortlisted(
+                        src,
+                        not (banned or forced or wanted or opts.no_repeat_ngram or opts.sampling),
+                    )
+                    if opts.shortlist
+                    else self.step_model
+                )
                 if banned:
                     model = OutputVocabulary(model, banned, len(self.tgt_vocab), self.device)
                 seeds = (
@@ -192,11 +199,15 @@ class TorchEngine(Engine):
                 done(len(batch))
         return out
 
-    def shortlisted(self, src: torch.Tensor) -> StepModel:
-        """The step model with its output layer cut to the shortlist of batch src (B, S)."""
+    def shortlisted(self, src: torch.Tensor, compact: bool = False) -> StepModel:
+        """The step model with its output layer cut to the shortlist of batch src (B, S);
+        `compact`: logits of the shortlist's tokens only (`Shortlisted`), for one model
+        searched without prefixes, constraints, banned pieces or n-gram bans (which name
+        tokens), and not sampled (a draw over fewer columns draws other pieces)."""
         allowed = self.shortlist.allowed(src)  # (A,)
-        models = [Shortlisted(m, allowed) for m in self.models]
-        return models[0] if len(models) == 1 else Ensemble(models)
+        if len(self.models) == 1:
+            return Shortlisted(self.models[0], allowed, compact)
+        return Ensemble([Shortlisted(m, allowed) for m in self.models])
 
     def search(
         self,

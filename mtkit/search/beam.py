@@ -137,33 +137,53 @@ def step_log_probs(
     `no_repeat_ngram` (given the rows' `history`), only eos once a row's limit is hit.
     Rows with a `forced` token (a target prefix) can only take it, at its own score;
     `exempt` tokens (rows, E) are never n-gram-banned (`ban_repeated_ngrams`). `step`
-    is the tokens output so far: one count for all rows, or one per row (rows,)."""
+    is the tokens output so far: one count for all rows, or one per row (rows,).
+
+    A model with `columns` (`output_columns`) scores only those tokens: its
+    log-probabilities are (rows, A), column j being token columns[j], which never holds
+    pad or bos; such a model takes no prefixes and no n-gram bans (which name tokens)."""
+    columns = output_columns(model)
     logits, cache = model.decode_step(token, memory, src_mask, cache)  # (rows, V)
     # (rows, V) is the largest tensor of a step, and the logits are not needed after it:
     # they become the log-probabilities in place (bf16 ones cast once: 22 MB less at the
     # peak of 700 rows x 8,000 than `log_softmax(dtype=float32)`)
     lprobs = fp32_log_softmax(logits)  # (rows, V)
     del logits
+    if columns is None:
+        eos = EOS
+        lprobs[:, PAD] = float("-inf")
+        lprobs[:, BOS] = float("-inf")
+    else:
+        if forced is not None or (no_repeat_ngram and history is not None):
+            raise ValueError(
+                "a model that scores only some tokens takes no prefixes or n-gram bans"
+            )
+        eos = model.eos_column
     if forced is not None:
         rows = (forced != PAD).nonzero().squeeze(1)  # rows inside their prefix
         kept = lprobs[rows, forced[rows]]  # (rows',)
-    lprobs[:, PAD] = float("-inf")
-    lprobs[:, BOS] = float("-inf")
     if no_repeat_ngram and history is not None:
         ban_repeated_ngrams(lprobs, history, no_repeat_ngram, exempt)
     if isinstance(step, Tensor):  # each row at its own step (a stream)
-        lprobs[step < min_len, EOS] = float("-inf")
+        lprobs[step < min_len, eos] = float("-inf")
     elif step < min_len:
-        lprobs[:, EOS] = float("-inf")
+        lprobs[:, eos] = float("-inf")
     at_limit = step >= limits  # (rows,)
     if at_limit.any():
         eos_only = torch.full_like(lprobs[0], float("-inf"))
-        eos_only[EOS] = 0.0
+        eos_only[eos] = 0.0
         lprobs[at_limit] = eos_only
     if forced is not None and rows.numel():
         lprobs[rows] = float("-inf")
         lprobs[rows, forced[rows]] = kept
     return lprobs, cache
+
+
+def output_columns(model: StepModel) -> Tensor | None:
+    """The token id of each column of the model's logits (A,), sorted, where it scores
+    only some tokens (`shortlist.Shortlisted(compact=True)`: its `columns` and
+    `eos_column`); None where column i is token i."""
+    return getattr(model, "columns", None)
 
 
 def greedy_search(
@@ -228,7 +248,8 @@ def one_per_row(
 ) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
-    alive (r,), step) -> (r,)` chooses each step's tokens. Rows leave the batch as they end.
+    alive (r,), step) -> (r,)` chooses each step's tokens (their columns, where the
+    model scores only some: `output_columns`). Rows leave the batch as they end.
     Returns the outputs (R, L), padded, and their log-probabilities (R,)."""
     sentences, device = memory.size(0), memory.device
     rows = sentences * samples
@@ -248,9 +269,11 @@ def one_per_row(
         cache = cache.index_select(copy, copy)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
     step = 0
+    columns = output_columns(model)
     while True:
-        token = pick(lprobs, alive, step)  # (r,)
-        log_prob[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
+        column = pick(lprobs, alive, step)  # (r,)
+        log_prob[alive] += lprobs.gather(1, column[:, None]).squeeze(1)
+        token = column if columns is None else columns[column]  # (r,)
         out[alive, step] = token
         step += 1
         done = token == EOS  # (r,)
@@ -372,6 +395,9 @@ class TopCandidates:
     best first; the N best that do not end in eos go on. Taking 2N guarantees N
     candidates that do not end in eos whenever any remain."""
 
+    def __init__(self, columns: Tensor | None = None):
+        self.columns = columns  # the token of each log-prob column (`output_columns`)
+
     def exempt(self, width: int) -> None:
         return None
 
@@ -387,7 +413,8 @@ class TopCandidates:
         own, tokens = best_extensions(scores[:, :n], lprobs, beam)  # (b, n, k) each
         k = own.size(-1)
         cand_scores, flat = own.view(b, n * k).topk(min(2 * beam, n * k), dim=-1)  # (b, 2N)
-        return cand_scores, flat // k, tokens.view(b, n * k).gather(1, flat)
+        tokens = tokens.view(b, n * k).gather(1, flat)  # (b, 2N)
+        return cand_scores, flat // k, tokens if self.columns is None else self.columns[tokens]
 
     def open(self, cand_scores: Tensor, cand_tokens: Tensor, beam: int) -> Tensor:
         """(b, N) the N best candidates that do not end in eos, best first."""
@@ -427,7 +454,9 @@ def beam_search(
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
-    choice = choice or TopCandidates()
+    if choice is not None and output_columns(model) is not None:
+        raise ValueError("a choice of candidates needs a model that scores every token")
+    choice = choice or TopCandidates(output_columns(model))
     device, batch = src.device, src.size(0)
     memory, src_mask, prefix, limits = start_search(
         model, src, prefixes, options.max_len_a, options.max_len_b

@@ -46,12 +46,13 @@ class Shortlist:
 
     def allowed(self, src: Tensor) -> Tensor:
         """src (B, S) source ids -> (A,) the sorted target ids the batch may output: the
-        frequent ones, each source piece's, and the special ones (eos, unk)."""
+        frequent ones, each source piece's, and the special ones (eos, unk); never pad
+        or bos, which are no outputs."""
         table = self.table.to(src.device)
         rows = table[src[src < table.size(0)]].flatten()  # (B*S*k,)
         specials = torch.tensor([UNK, EOS], device=src.device)
-        ids = torch.cat([self.frequent.to(src.device), rows[rows >= 0], specials])
-        return torch.unique(ids)  # sorted
+        ids = torch.unique(torch.cat([self.frequent.to(src.device), rows[rows >= 0], specials]))
+        return ids[(ids != PAD) & (ids != BOS)]  # sorted
 
 
 def build_shortlist(
@@ -95,13 +96,19 @@ def build_shortlist(
 
 class Shortlisted:
     """A `Transformer` as a step model whose output projection covers only `allowed`
-    (A,) target ids: logits (rows, V) are -inf elsewhere. The projection's rows are
-    taken once per batch (an int8 model's int8 rows), not per step."""
+    (A,) target ids. The projection's rows are taken once per batch (an int8 model's
+    int8 rows), not per step. Its logits are (rows, V), -inf outside `allowed`, or with
+    `compact` (rows, A) (`beam.output_columns`: `columns` says which token each column
+    is): the search's log-softmax and top-k then read A columns, not V (greedy and beam
+    search without prefixes, n-gram bans or constraints, which name tokens)."""
 
-    def __init__(self, model: Any, allowed: Tensor):
+    def __init__(self, model: Any, allowed: Tensor, compact: bool = False):
         self.model = model
         self.allowed = allowed  # (A,)
         self.project = model.output_rows(allowed)  # (rows, D) -> (rows, A)
+        self.columns = allowed if compact else None
+        if compact:
+            self.eos_column = int(torch.searchsorted(allowed, EOS))
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)
@@ -111,6 +118,8 @@ class Shortlisted:
     ) -> tuple[Tensor, Any]:
         hidden, cache = self.model.decode_hidden(token, memory, src_mask, cache)  # (rows, D)
         few = self.project(hidden)  # (rows, A)
+        if self.columns is not None:
+            return few, cache
         logits = few.new_full((few.size(0), self.model.vocab_size), float("-inf"))  # (rows, V)
         logits[:, self.allowed] = few
         return logits, cache

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from mtkit.core.config import ModelConfig
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD, UNK
 from mtkit.model import int8
 from mtkit.model.transformer import build_model
-from mtkit.search.beam import beam_search
+from mtkit.search.beam import beam_search, greedy_hypotheses
 from mtkit.search.shortlist import Shortlist, Shortlisted, build_shortlist
 
 
@@ -53,6 +55,30 @@ def test_a_shortlist_of_every_piece_searches_as_the_full_model():
         full = beam_search(model, src)
         cut = beam_search(Shortlisted(model, everything), src)
     assert [[h.tokens for h in n] for n in cut] == [[h.tokens for h in n] for n in full]
+
+
+def test_compact_logits_search_as_logits_of_every_piece_with_minus_infinity_elsewhere():
+    # pieces 5..59 minus a few; pad and bos are never among a batch's pieces
+    for model in (_model(1), int8.quantize(_model(1))):
+        allowed = torch.tensor([UNK, EOS, *range(5, 60, 2), 58]).unique()  # sorted
+        src = torch.randint(4, 60, (4, 6))
+        opts = SearchOptions(beam=4, nbest=3, max_len_b=12)
+        tokens = lambda found: [[h.tokens for h in n] for n in found]  # noqa: E731
+        with torch.inference_mode():
+            compact, scattered = (
+                Shortlisted(model, allowed, compact=True),
+                Shortlisted(model, allowed),
+            )
+            assert compact.columns is allowed and allowed[compact.eos_column] == EOS
+            beams = beam_search(compact, src, opts), beam_search(scattered, src, opts)
+            greedy = greedy_hypotheses(compact, src), greedy_hypotheses(scattered, src)
+        for ours, theirs in (beams, greedy):
+            assert tokens(ours) == tokens(theirs)
+            assert all(set(h.tokens) <= set(allowed.tolist()) for n in ours for h in n)
+            for a, b in zip(ours, theirs, strict=True):
+                assert [h.log_prob for h in a] == pytest.approx([h.log_prob for h in b], abs=1e-4)
+        with pytest.raises(ValueError, match="no prefixes"):
+            beam_search(compact, src, prefixes=[[7]] * 4)
 
 
 def test_a_shortlisted_step_scores_its_pieces_as_the_full_step_and_no_others():
