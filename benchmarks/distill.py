@@ -1,11 +1,13 @@
 """A distilled student against its teacher: BLEU, speed and memory through `mtkit translate`.
 
-    python benchmarks/distill.py [--teacher runs/multi30k-best] [--student runs/multi30k-student]
+    python benchmarks/distill.py [--teacher runs/multi30k-best]
+        [--student runs/multi30k-student [--student ...]]
         [--src data/multi30k/test2016.en.gz] [--ref data/multi30k/test2016.de.gz]
         [--repeat 3] [--rounds 2] [--no-ct2] [--out distill.json]
 
 Each model is a run directory's final model (the averaged checkpoint `mtkit run` used) or a
-checkpoint file. Every configuration is a `mtkit translate` process of its own, with
+checkpoint file; several students (--student repeated) are measured in the same run, each
+named by its run directory. Every configuration is a `mtkit translate` process of its own, with
 beam 5 and greedy: the teacher in bf16 and int8 (its precision `auto` picks one of them),
 the student in bf16 and int8, each with and without its lexical shortlist (--shortlist),
 and the student exported to CTranslate2 int8 (`mtkit export --quantization int8`, skipped
@@ -17,9 +19,10 @@ difference in lines over the difference in wall time, so that starting Python, l
 the model and measuring precision cancel out. Configurations take turns for --rounds
 rounds (medians), so that a slow spell of a shared machine falls on all of them. BLEU is
 sacreBLEU's on the first copy of the test set, peak RSS the process's own (wait4). It
-prints a table and one JSON line per configuration, then the ratios the issue asks for:
-the student's best beam-5 speed over the teacher's best, its BLEU loss, and the student's
-native beam 5 over CTranslate2 int8 on the same weights. Name the CPU with the figures
+prints a table and one JSON line per configuration, then per student the ratios the issue
+asks for: its best beam-5 speed and its best greedy speed over the teacher's best beam 5,
+the BLEU each is below the teacher's best, and its native beam 5 over CTranslate2 int8
+on the same weights. Name the CPU with the figures
 (`lscpu`); the JSON holds it.
 """
 
@@ -94,7 +97,7 @@ def cpu_flags() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--teacher", default="runs/multi30k-best")
-    ap.add_argument("--student", default="runs/multi30k-student")
+    ap.add_argument("--student", action="append", help="default: runs/multi30k-student")
     ap.add_argument("--src", default="data/multi30k/test2016.en.gz")
     ap.add_argument("--ref", default="data/multi30k/test2016.de.gz")
     ap.add_argument("--repeat", type=int, default=3, help="copies of the test set per run")
@@ -105,7 +108,11 @@ def main() -> None:
 
     from mtkit.core.scoring import score
 
-    teacher, student = final_model(args.teacher), final_model(args.student)
+    teacher = final_model(args.teacher)
+    students = {
+        f"student:{Path(s).name}" if len(args.student or []) > 1 else "student": final_model(s)
+        for s in args.student or ["runs/multi30k-student"]
+    }
     sources, references = read_lines(args.src), read_lines(args.ref)
     work = Path(tempfile.mkdtemp(prefix="distill-bench-"))
     long_src, short_src = work / "long.txt", work / "short.txt"
@@ -116,23 +123,25 @@ def main() -> None:
     for search, beam in (("beam5", "5"), ("greedy", "1")):
         for precision in ("bf16", "int8"):
             configs.append((f"teacher {precision} {search}", teacher, [precision, beam]))
-            for shortlist in ("", " shortlist"):
-                configs.append(
-                    (f"student {precision}{shortlist} {search}", student, [precision, beam])
-                )
-    ct2 = None
+            for label, student in students.items():
+                for shortlist in ("", " shortlist"):
+                    name = f"{label} {precision}{shortlist} {search}"
+                    configs.append((name, student, [precision, beam]))
+    ct2 = {}
     if not args.no_ct2:
         try:
             import ctranslate2  # noqa: F401
 
-            ct2 = work / "student-ct2-int8"
-            subprocess.run(
-                [sys.executable, "-m", "mtkit", "-q", "export", "-m", str(student)]
-                + ["--to", "ctranslate2", "-o", str(ct2), "--quantization", "int8"],
-                check=True,
-            )
-            for search, beam in (("beam5", "5"), ("greedy", "1")):
-                configs.append((f"student ctranslate2-int8 {search}", ct2, [None, beam]))
+            for label, student in students.items():
+                ct2[label] = work / f"{label.replace(':', '-')}-ct2-int8"
+                subprocess.run(
+                    [sys.executable, "-m", "mtkit", "-q", "export", "-m", str(student)]
+                    + ["--to", "ctranslate2", "-o", str(ct2[label]), "--quantization", "int8"],
+                    check=True,
+                )
+                for search, beam in (("beam5", "5"), ("greedy", "1")):
+                    name = f"{label} ctranslate2-int8 {search}"
+                    configs.append((name, ct2[label], [None, beam]))
         except ImportError:
             print("distill: no ctranslate2 (pip install 'mtkit[ct2]'): left out", file=sys.stderr)
 
@@ -150,7 +159,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name, model, (precision, beam) in configs:
             extra = flags(name, precision, beam)
-            out = work / f"{name.replace(' ', '_')}.txt"
+            out = work / f"{name.replace(' ', '_').replace(':', '-')}.txt"
             long_wall, rss = translate(model, extra, long_src, out)
             short_wall, _ = translate(model, extra, short_src, work / "short.out")
             lines = len(sources) * args.repeat - START_LINES
@@ -167,7 +176,7 @@ def main() -> None:
 
     cpu = {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count()}
     results = []
-    print(f"{'configuration':<40} {'sent/s':>8} {'BLEU':>6} {'RSS MB':>7}")
+    print(f"{'configuration':<48} {'sent/s':>8} {'BLEU':>6} {'RSS MB':>7}")
     for name, *_ in configs:
         r = runs[name]
         row = {
@@ -180,32 +189,43 @@ def main() -> None:
         }
         results.append(row)
         print(
-            f"{name:<40} {row['sentences_per_s']:>8.1f} {row['bleu']:>6.2f} "
+            f"{name:<48} {row['sentences_per_s']:>8.1f} {row['bleu']:>6.2f} "
             f"{row['peak_rss_mb']:>7d}"
         )
     by = {r["name"]: r for r in results}
 
     def best(prefix: str, search: str) -> dict:
-        rows = [r for r in results if r["name"].startswith(prefix) and r["name"].endswith(search)]
-        rows = [r for r in rows if "ctranslate2" not in r["name"]]
+        rows = [
+            r
+            for r in results
+            if r["name"].startswith(prefix + " ")
+            and r["name"].endswith(search)
+            and "ctranslate2" not in r["name"]
+        ]
         return max(rows, key=lambda r: r["sentences_per_s"])
 
-    t, s = best("teacher", "beam5"), best("student", "beam5")
-    summary = {
-        "name": "summary",
-        "teacher_best_beam5": t["name"],
-        "student_best_beam5": s["name"],
-        "speedup_beam5": round(s["sentences_per_s"] / t["sentences_per_s"], 2),
-        "bleu_loss": round(
-            max(r["bleu"] for r in results if r["name"].startswith("teacher")) - s["bleu"], 2
-        ),  # fmt: skip
-        **cpu,
-    }
-    if ct2 is not None:
-        summary["student_over_ct2_int8_beam5"] = round(
-            s["sentences_per_s"] / by["student ctranslate2-int8 beam5"]["sentences_per_s"], 2
-        )
-    results.append(summary)
+    t = best("teacher", "beam5")
+    teacher_bleu = max(r["bleu"] for r in results if r["name"].startswith("teacher"))
+    for label in students:
+        s, g = best(label, "beam5"), best(label, "greedy")
+        summary = {
+            "name": f"summary {label}",
+            "teacher_best_beam5": t["name"],
+            "student_best_beam5": s["name"],
+            "speedup_beam5": round(s["sentences_per_s"] / t["sentences_per_s"], 2),
+            "bleu_loss_beam5": round(teacher_bleu - s["bleu"], 2),
+            "student_best_greedy": g["name"],
+            "speedup_greedy_over_teacher_beam5": round(
+                g["sentences_per_s"] / t["sentences_per_s"], 2
+            ),
+            "bleu_loss_greedy": round(teacher_bleu - g["bleu"], 2),
+            **cpu,
+        }
+        if label in ct2:
+            summary["student_over_ct2_int8_beam5"] = round(
+                s["sentences_per_s"] / by[f"{label} ctranslate2-int8 beam5"]["sentences_per_s"], 2
+            )
+        results.append(summary)
     text = "".join(json.dumps(r) + "\n" for r in results)
     print(text, end="")
     if args.out:

@@ -22,6 +22,7 @@ links, so that nothing written through one name can change another.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import logging
 import mmap
@@ -34,8 +35,9 @@ from typing import Any
 import torch
 
 from mtkit.core.atomic import atomic_file, copy_atomic
-from mtkit.core.config import Config
+from mtkit.core.config import Config, load_config
 from mtkit.core.errors import UserError, plural
+from mtkit.core.rundir import run_lock
 
 log = logging.getLogger(__name__)
 
@@ -368,6 +370,18 @@ def final_checkpoint(cfg: Config) -> Path:
         return out
     best = folder / "best.pt"
     return best if best.exists() else last
+
+
+def trained_model(run: Path) -> Path | None:
+    """A run directory's final model (`final_checkpoint`, averaged on the first ask), or
+    None while the run has none: another stage's model named by its run (a teacher to
+    distil, or to start a student from)."""
+    config = run / "config.yaml"
+    if not (run / "checkpoints" / "last.pt").exists() or not config.exists():
+        return None
+    trained = dataclasses.replace(load_config(config), run_dir=str(run))
+    with run_lock(run, "average"):  # averaging writes average.pt there
+        return final_checkpoint(trained)
 
 
 SHORTLIST = Path("distill") / "shortlist.pt"  # in a run: a distilled student's shortlist

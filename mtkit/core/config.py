@@ -197,8 +197,14 @@ class TrainConfig:
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this
-    # config's), with a fresh optimizer and schedule: fine-tuning. "": random weights.
+    # config's), with a fresh optimizer and schedule: fine-tuning. A checkpoint file, or
+    # a run directory (its final model: `mtkit run`'s test model). "": random weights.
     init_from: str = ""
+    # Of init_from's layers, those the model starts from, by index; fewer than it has
+    # make a smaller model (a student that starts from its teacher's layers, "shrink
+    # and fine-tune", Shleifer & Rush 2020). Empty: all of them.
+    init_encoder_layers: tuple[int, ...] = ()
+    init_decoder_layers: tuple[int, ...] = ()
     # Parameters not trained: the embeddings (and so the tied output projection), the
     # encoder, or both (small data).
     freeze: Literal["none", "embeddings", "encoder", "embeddings+encoder"] = "none"

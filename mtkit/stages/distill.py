@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtkit.core.atomic import atomic_text, remove_leftovers, write_atomic
-from mtkit.core.checkpoint import SHORTLIST, final_checkpoint
+from mtkit.core.checkpoint import SHORTLIST, trained_model
 from mtkit.core.checksum import file_sha256
 from mtkit.core.config import Config, CorpusConfig, DataConfig, load_config
 from mtkit.core.configcheck import ConfigError
@@ -95,14 +95,11 @@ def resolve_teacher(cfg: Config) -> Teacher:
 
 
 def _final_model(run: Path, how: str) -> Path:
-    """A teacher run's final model (`final_checkpoint`), once it has one."""
-    config = run / "config.yaml"
-    if not (run / "checkpoints" / "last.pt").exists() or not config.exists():
+    """A teacher run's final model, once it has one."""
+    model = trained_model(run)
+    if model is None:
         raise DistillError(f"distill.teacher: {run} has no trained model yet; train it: {how}")
-    teacher = load_config(config)
-    teacher = dataclasses.replace(teacher, run_dir=str(run))
-    with run_lock(run, "distill"):  # averaging writes average.pt there
-        return final_checkpoint(teacher)
+    return model
 
 
 def settings(cfg: Config, teacher: Teacher) -> dict:

@@ -21,10 +21,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
-from mtkit.core.checkpoint import CheckpointError, describe_weights, find_resumable, load_checkpoint
+from mtkit.core.checkpoint import (
+    CheckpointError,
+    describe_weights,
+    find_resumable,
+    load_checkpoint,
+    trained_model,
+)
 from mtkit.core.config import Config, ModelConfig, config_from_dict, config_to_dict, save_config
+from mtkit.core.configcheck import ConfigError
 from mtkit.core.device import (
     calibration_shape,
     cpu_description,
@@ -32,7 +39,7 @@ from mtkit.core.device import (
     resolve_device,
     resolve_precision,
 )
-from mtkit.core.errors import UserError
+from mtkit.core.errors import UserError, plural
 from mtkit.core.languages import epoch_counts, output_vocabularies, tag_ids
 from mtkit.core.signals import held_while_starting_workers
 from mtkit.core.vocab import Vocab, entry_vocabs, load_vocabs
@@ -124,7 +131,7 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
     if tc.init_from and found is None:
-        _init_weights(tc.init_from, model, vocabs)
+        _init_weights(cfg, model, vocabs)
     freeze(model, tc.freeze)
     model.use_attention(choices.attention.value)
     optimizer = adamw(model, tc, device)
@@ -478,32 +485,103 @@ def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchS
 
 def init_model_config(cfg: Config) -> Config:
     """With `train.init_from`, the run's model section is the checkpoint's, but for the
-    dropout rates (training settings: this config's)."""
-    if not cfg.train.init_from:
+    dropout rates (training settings: this config's) and the layer counts, where
+    `train.init_encoder_layers` / `init_decoder_layers` choose some of its layers."""
+    tc = cfg.train
+    if not tc.init_from:
+        for side in ("encoder", "decoder"):
+            if getattr(tc, f"init_{side}_layers"):
+                raise ConfigError(
+                    f"train.init_{side}_layers chooses layers of train.init_from, which is not set"
+                )
         return cfg
-    theirs = config_from_dict(
-        load_checkpoint(cfg.train.init_from, mmap=True)["config"], cfg.train.init_from
-    ).model
+    path = init_checkpoint(tc.init_from)
+    theirs = config_from_dict(load_checkpoint(path, mmap=True)["config"], str(path)).model
+    counts = {}
+    for side in ("encoder", "decoder"):
+        chosen, have = getattr(tc, f"init_{side}_layers"), getattr(theirs, f"{side}_layers")
+        wrong = [i for i in chosen if not 0 <= i < have]
+        if wrong:
+            raise TrainError(
+                f"train.init_{side}_layers: {path} has {plural(have, f'{side} layer')} "
+                f"(0 to {have - 1}), not {wrong[0]}"
+            )
+        if chosen:
+            counts[f"{side}_layers"] = len(chosen)
     return replace(
         cfg,
         model=replace(
-            theirs, dropout=cfg.model.dropout, attention_dropout=cfg.model.attention_dropout
+            theirs,
+            dropout=cfg.model.dropout,
+            attention_dropout=cfg.model.attention_dropout,
+            **counts,
         ),
     )
 
 
-def _init_weights(path: str, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
-    """`train.init_from`: the checkpoint's weights, which need the run's tokenizers."""
+def init_checkpoint(init_from: str) -> Path:
+    """`train.init_from` as a checkpoint file: as given, or a run directory's final model."""
+    path = Path(init_from)
+    if path.is_dir():
+        model = trained_model(path)
+        if model is None:
+            raise TrainError(f"train.init_from: {init_from} has no trained model yet")
+        return model
+    if not path.is_file():
+        raise TrainError(f"train.init_from: {init_from}: no such checkpoint or run directory")
+    return path
+
+
+def chosen_layers(
+    weights: dict[str, Tensor], encoder: tuple[int, ...], decoder: tuple[int, ...]
+) -> dict[str, Tensor]:
+    """A model's weights with only the chosen layers of each stack (indices; empty: all),
+    renumbered from 0 in the order given: `encoder_layers.2.*` chosen first becomes
+    `encoder_layers.0.*`."""
+    out = {}
+    for name, value in weights.items():
+        stack, _, rest = name.partition(".")
+        chosen = {"encoder_layers": encoder, "decoder_layers": decoder}.get(stack)
+        if not chosen:
+            out[name] = value
+            continue
+        index, _, rest = rest.partition(".")
+        for new, old in enumerate(chosen):
+            if old == int(index):
+                out[f"{stack}.{new}.{rest}"] = value
+    return out
+
+
+def _init_weights(cfg: Config, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
+    """`train.init_from`: the checkpoint's weights (its chosen layers), which need the
+    run's tokenizers."""
+    tc = cfg.train
+    path = init_checkpoint(tc.init_from)
     payload = load_checkpoint(path, mmap=True)
     theirs = entry_vocabs(payload["vocab"])
     if not (theirs[0].same(vocabs[0]) and theirs[1].same(vocabs[1])):
         raise TrainError(
             f"train.init_from: {path} has other tokenizers than the run's; set "
-            f"tokenizer.from: {path}, then run mtkit tokenizer and preprocess "
+            f"tokenizer.from: {tc.init_from}, then run mtkit tokenizer and preprocess "
             f"again"
         )
-    model.load_state_dict(payload["model"])
-    log.info("starting from the weights of %s (%s)", path, describe_weights(payload))
+    model.load_state_dict(
+        chosen_layers(payload["model"], tc.init_encoder_layers, tc.init_decoder_layers)
+    )
+    chosen = [
+        f"{'layer' if len(layers) == 1 else 'layers'} {', '.join(map(str, layers))} of the {side}"
+        for side, layers in (
+            ("encoder", tc.init_encoder_layers),
+            ("decoder", tc.init_decoder_layers),
+        )
+        if layers
+    ]
+    log.info(
+        "starting from the weights of %s (%s)%s",
+        path,
+        describe_weights(payload),
+        f": its {' and '.join(chosen)}" if chosen else "",
+    )
 
 
 def freeze(model: Transformer, what: str) -> None:

@@ -7,10 +7,11 @@ import json
 import shutil
 
 import pytest
+import torch
 import yaml
 
 import mtkit.stages.distill as distill_stage
-from mtkit.core.checkpoint import load_checkpoint
+from mtkit.core.checkpoint import load_checkpoint, trained_model
 from mtkit.core.config import config_from_dict
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import translate_texts
@@ -95,6 +96,40 @@ def test_a_student_run_trains_on_the_teachers_beam_search_translations(student, 
     assert (folder / "vmap.txt").read_text().startswith("\t")
     cut = cli("translate", "-m", folder, "--shortlist", input=text)
     assert cut.exit_code == 0 and len(cut.stdout.splitlines()) == 30, cut.output
+
+
+def test_a_student_starts_from_its_teachers_chosen_layers(student, trained):
+    """`train.init_from` a run directory with `init_decoder_layers`: the student has as
+    many decoder layers as chosen (here the teacher's one, twice), each starting as the
+    chosen one, and the teacher's encoder; a layer the teacher lacks is one line."""
+    config, data = student
+    teacher = trained_model(trained / "run")
+    data["train"].update(
+        init_from=str(trained / "run"), init_decoder_layers=[0, 0], lr=1e-12, max_steps=1
+    )
+    config.write_text(yaml.safe_dump(data))
+    result = cli("run", "-c", config)
+    assert result.exit_code == 0, result.output
+    run = config.parent / "student"
+    start = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert start["config"]["model"]["decoder_layers"] == 2
+    assert start["config"]["model"]["encoder_layers"] == 1  # the teacher's, not the yaml's 2
+    theirs = load_checkpoint(teacher)["model"]
+    for name, value in theirs.items():  # lr 1e-12: one update moves nothing measurable
+        copies = (
+            [name.replace("decoder_layers.0.", f"decoder_layers.{i}.") for i in (0, 1)]
+            if name.startswith("decoder_layers.")
+            else [name]
+        )
+        for copy in copies:
+            torch.testing.assert_close(start["model"][copy], value, rtol=0, atol=1e-9)
+    data["train"]["init_encoder_layers"] = [0, 3]
+    config.write_text(yaml.safe_dump(data))
+    shutil.rmtree(run / "checkpoints")
+    one_line_error(cli("train", "-c", config), "has 1 encoder layer (0 to 0), not 3")
+    data["train"]["init_from"] = ""
+    config.write_text(yaml.safe_dump(data))
+    one_line_error(cli("train", "-c", config), "train.init_encoder_layers chooses layers of")
 
 
 def test_an_export_without_a_shortlist_refuses_it_in_one_line(exported):
