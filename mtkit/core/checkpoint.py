@@ -37,7 +37,6 @@ import torch
 from mtkit.core.atomic import atomic_file, copy_atomic
 from mtkit.core.config import Config, load_config
 from mtkit.core.errors import UserError, plural
-from mtkit.core.rundir import run_lock
 
 log = logging.getLogger(__name__)
 
@@ -375,13 +374,12 @@ def final_checkpoint(cfg: Config) -> Path:
 def trained_model(run: Path) -> Path | None:
     """A run directory's final model (`final_checkpoint`, averaged on the first ask), or
     None while the run has none: another stage's model named by its run (a teacher to
-    distil, or to start a student from)."""
+    distil, or to start a student from). Averaging writes average.pt there (atomically):
+    a caller that must not race another writer holds the run's lock (`rundir.run_lock`)."""
     config = run / "config.yaml"
     if not (run / "checkpoints" / "last.pt").exists() or not config.exists():
         return None
-    trained = dataclasses.replace(load_config(config), run_dir=str(run))
-    with run_lock(run, "average"):  # averaging writes average.pt there
-        return final_checkpoint(trained)
+    return final_checkpoint(dataclasses.replace(load_config(config), run_dir=str(run)))
 
 
 SHORTLIST = Path("distill") / "shortlist.pt"  # in a run: a distilled student's shortlist

@@ -96,7 +96,8 @@ def resolve_teacher(cfg: Config) -> Teacher:
 
 def _final_model(run: Path, how: str) -> Path:
     """A teacher run's final model, once it has one."""
-    model = trained_model(run)
+    with run_lock(run, "distill"):
+        model = trained_model(run)
     if model is None:
         raise DistillError(f"distill.teacher: {run} has no trained model yet; train it: {how}")
     return model

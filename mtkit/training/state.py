@@ -523,6 +523,9 @@ def init_checkpoint(init_from: str) -> Path:
     """`train.init_from` as a checkpoint file: as given, or a run directory's final model."""
     path = Path(init_from)
     if path.is_dir():
+        # Without the run's lock, which each rank of a distributed run would ask for at
+        # once: average.pt is written atomically, so ranks that average together each
+        # leave the same whole file.
         model = trained_model(path)
         if model is None:
             raise TrainError(f"train.init_from: {init_from} has no trained model yet")
