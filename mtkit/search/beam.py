@@ -454,9 +454,10 @@ def beam_search(
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
-    if choice is not None and output_columns(model) is not None:
+    columns = output_columns(model)
+    if choice is not None and columns is not None:
         raise ValueError("a choice of candidates needs a model that scores every token")
-    choice = choice or TopCandidates(output_columns(model))
+    choice = choice or TopCandidates(columns)
     device, batch = src.device, src.size(0)
     memory, src_mask, prefix, limits = start_search(
         model, src, prefixes, options.max_len_a, options.max_len_b

@@ -108,7 +108,8 @@ class TrainState:
 def setup(cfg: Config, resume: bool) -> TrainState:
     """Check the run's data, build the model and optimizer, resume from the newest intact
     checkpoint when asked, and open the batch stream at the saved position."""
-    cfg = init_model_config(cfg)
+    source = init_checkpoint(cfg.train.init_from) if cfg.train.init_from else None
+    cfg = init_model_config(cfg, source)
     tc, run = cfg.train, cfg.run_path
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = resolve_device(tc.device)
@@ -130,8 +131,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
 
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, len(vocabs[0]), len(vocabs[1])).to(device)
-    if tc.init_from and found is None:
-        _init_weights(cfg, model, vocabs)
+    if source is not None and found is None:
+        _init_weights(cfg, source, model, vocabs)
     freeze(model, tc.freeze)
     model.use_attention(choices.attention.value)
     optimizer = adamw(model, tc, device)
@@ -483,27 +484,27 @@ def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchS
     )
 
 
-def init_model_config(cfg: Config) -> Config:
+def init_model_config(cfg: Config, source: Path | None) -> Config:
     """With `train.init_from`, the run's model section is the checkpoint's, but for the
     dropout rates (training settings: this config's) and the layer counts, where
-    `train.init_encoder_layers` / `init_decoder_layers` choose some of its layers."""
+    `train.init_encoder_layers` / `init_decoder_layers` choose some of its layers.
+    `source`: that checkpoint (`init_checkpoint`), None without init_from."""
     tc = cfg.train
-    if not tc.init_from:
+    if source is None:
         for side in ("encoder", "decoder"):
             if getattr(tc, f"init_{side}_layers"):
                 raise ConfigError(
                     f"train.init_{side}_layers chooses layers of train.init_from, which is not set"
                 )
         return cfg
-    path = init_checkpoint(tc.init_from)
-    theirs = config_from_dict(load_checkpoint(path, mmap=True)["config"], str(path)).model
+    theirs = config_from_dict(load_checkpoint(source, mmap=True)["config"], str(source)).model
     counts = {}
     for side in ("encoder", "decoder"):
         chosen, have = getattr(tc, f"init_{side}_layers"), getattr(theirs, f"{side}_layers")
         wrong = [i for i in chosen if not 0 <= i < have]
         if wrong:
             raise TrainError(
-                f"train.init_{side}_layers: {path} has {plural(have, f'{side} layer')} "
+                f"train.init_{side}_layers: {source} has {plural(have, f'{side} layer')} "
                 f"(0 to {have - 1}), not {wrong[0]}"
             )
         if chosen:
@@ -555,11 +556,10 @@ def chosen_layers(
     return out
 
 
-def _init_weights(cfg: Config, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
-    """`train.init_from`: the checkpoint's weights (its chosen layers), which need the
-    run's tokenizers."""
+def _init_weights(cfg: Config, path: Path, model: Transformer, vocabs: tuple[Vocab, Vocab]) -> None:
+    """`train.init_from` (resolved: `path`): the checkpoint's weights (its chosen
+    layers), which need the run's tokenizers."""
     tc = cfg.train
-    path = init_checkpoint(tc.init_from)
     payload = load_checkpoint(path, mmap=True)
     theirs = entry_vocabs(payload["vocab"])
     if not (theirs[0].same(vocabs[0]) and theirs[1].same(vocabs[1])):
