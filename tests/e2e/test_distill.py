@@ -127,6 +127,13 @@ def test_a_student_starts_from_its_teachers_chosen_layers(student, trained):
     config.write_text(yaml.safe_dump(data))
     shutil.rmtree(run / "checkpoints")
     one_line_error(cli("train", "-c", config), "has 1 encoder layer (0 to 0), not 3")
+    for missing, says in (
+        (config.parent / "nowhere.pt", "no such checkpoint or run directory"),
+        (config.parent, "has no trained model yet"),  # a directory, but no run's
+    ):
+        data["train"]["init_from"] = str(missing)
+        config.write_text(yaml.safe_dump(data))
+        one_line_error(cli("train", "-c", config), says)
     data["train"]["init_from"] = ""
     config.write_text(yaml.safe_dump(data))
     one_line_error(cli("train", "-c", config), "train.init_encoder_layers chooses layers of")
