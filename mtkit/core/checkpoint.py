@@ -9,7 +9,8 @@ A checkpoint is one self-contained file, a dict of plain values and tensors:
     train         (training checkpoints) optimizer state, RNG states, step, epoch,
                   position in the epoch, best score, patience counter, elapsed time,
                   the fingerprint of the shards it was trained on, and the precision
-                  the run trains in (decided at its first start, with the calibration)
+                  the run trains in (decided at its first start, with the calibration);
+                  under DDP, every rank's RNG states
     digest        SHA-256 over everything above (tensors by their bytes), checked on load
 
 It is written to a temporary file, fsynced and renamed into place, and read with
@@ -207,13 +208,17 @@ def training_payload(
     shards: str,
     precision: dict,
     shortlist: dict[str, torch.Tensor] | None = None,
+    rng_of_ranks: list[dict] | None = None,
 ) -> dict[str, Any]:
     """The layout of a training checkpoint (see the module docstring); `shards` is the
     fingerprint of the shard manifest it was trained on, `precision` the run's precision
     record ({"precision": "fp32" | "bf16", "asked": train.precision, "calibration"?}),
     `vocab` the tokenizers' entry (`vocab.vocab_entry`), `shortlist` a distilled
-    student's lexical shortlist (`mtkit.search.shortlist`), kept with the model."""
+    student's lexical shortlist (`mtkit.search.shortlist`), kept with the model. `rng`
+    is rank 0's RNG streams; under DDP, `rng_of_ranks` holds those of ranks 1, 2, ...,
+    so that a resumed run draws every rank's dropout where it stopped."""
     extra = {} if shortlist is None else {"shortlist": shortlist}
+    ranks = {"rng_of_ranks": rng_of_ranks} if rng_of_ranks else {}
     return {
         **extra,
         "config": config,
@@ -225,6 +230,7 @@ def training_payload(
             "progress": progress,
             "shards": shards,
             "precision": precision,
+            **ranks,
         },
     }
 

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -107,6 +108,26 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
             return _train(cfg, resume)
         except WriteError as e:
             raise TrainError(f"{e}; earlier checkpoints are intact") from None
+        except RuntimeError as e:
+            if not (dist.is_initialized() and _lost_a_rank(e)):
+                raise
+            raise TrainError(
+                f"rank {dist.get_rank()} lost contact with another rank ({_first_line(e)}); "
+                f"the checkpoints written are intact: start every node again to resume"
+            ) from None
+
+
+def _lost_a_rank(e: RuntimeError) -> bool:
+    """Whether a collective failed because another rank (or its node) went away: NCCL
+    and the store raise `DistError`s, Gloo a RuntimeError that names it."""
+    return isinstance(e, dist.DistError) or "gloo" in str(e).lower()
+
+
+def _first_line(e: BaseException) -> str:
+    """ "Connection reset by peer" from "[.../pair.cc:537] Read error [...]: Connection
+    reset by peer. This is typically ...": the reason, without the source position."""
+    line = re.sub(r"^\[[^\]]*\]\s*", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return line.split(". ")[0][:160]
 
 
 def _train(cfg: Config, resume: bool) -> TrainResult:
@@ -122,33 +143,28 @@ def _train(cfg: Config, resume: bool) -> TrainResult:
 
 
 def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResult:
-    """Updates until `stop_reason` says why not; then the last checkpoint or validation."""
+    """Updates until `stop_reason` says why not; then the last checkpoint or validation.
+
+    Nothing in an update waits for the device: the losses, the gradient norm and whether
+    the gradients were finite stay there (`Window`), and the host reads them every
+    `log_every` steps (and at the end), one read for them all."""
     cfg = state.cfg
     tc, p = cfg.train, state.progress
-    first_step, bad_updates, window = p.step, 0, Window()
-    while not (reason := stop_reason(p, tc, state.sampler.epoch_size, signals.received)):
+    first_step, window, signal = p.step, Window(), SignalAcrossRanks(state, signals)
+    while not (reason := stop_reason(p, tc, state.sampler.epoch_size, signal.received())):
         update = accumulate(state)
         if update.skipped_oom:
             continue
-        stepped = apply_update(state, update)
-        if stepped is None:
-            bad_updates += 1
-            if bad_updates >= MAX_BAD_STEPS:
-                raise TrainError(
-                    f"{bad_updates} updates in a row had a non-finite loss "
-                    f"or gradient (step {p.step + 1}); lower train.lr or "
-                    f"check the data"
-                )
-            continue
-        bad_updates = 0
-        window.add(update)
+        window.add(update, apply_update(state, update))
+        signal.post()
         view.update(p)
         if p.step % tc.log_every == 0:
-            window.report(state, view, *stepped)
+            window.report(state, view)
         if p.step % tc.valid_every == 0:
             validate_and_save(state)
         elif tc.save_every and p.step % tc.save_every == 0:
             save(state, is_best=False)
+    window.settle(state)
     if reason.startswith("signal") and p.step != state.saved_step:
         save(state, is_best=False)
     elif (
@@ -176,15 +192,47 @@ def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResu
     return result
 
 
+class SignalAcrossRanks:
+    """Whether training was signalled to stop, agreed by every rank under DDP: a signal
+    may reach one rank only (one node's process group) or the ranks at different moments,
+    and a rank that stopped alone would leave the others waiting in a collective. After
+    each update every rank posts what it received (an all-reduce it does not wait for),
+    and before the next one all read the sum: all stop after the same update, one after
+    the first rank saw the signal at most. In one process it is `StopFlag.received`."""
+
+    CODES = {None: 0, "SIGINT": 1, "SIGTERM": 2}
+
+    def __init__(self, state: TrainState, signals: StopFlag):
+        self.signals, self.distributed, self.device = signals, state.distributed, state.device
+        self.posted: tuple[torch.Tensor, object] | None = None
+
+    def post(self) -> None:
+        if self.distributed:
+            code = self.CODES[self.signals.received]
+            flag = torch.tensor([code], dtype=torch.int32, device=self.device)
+            self.posted = flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+
+    def received(self) -> str | None:
+        if not self.distributed:
+            return self.signals.received
+        if self.posted is None:
+            return None
+        flag, work = self.posted
+        work.wait()
+        names = {code: name for name, code in self.CODES.items()}
+        return names[int(flag.item())]
+
+
 # --- one update -----------------------------------------------------------------------
 
 
 @dataclass
 class Update:
-    """The micro-batches of one optimizer update: summed loss, nll and target tokens."""
+    """The micro-batches of one optimizer update: summed loss and nll (scalars on the
+    device, not read here) and target tokens."""
 
-    loss: float = 0.0
-    nll: float = 0.0
+    loss: torch.Tensor | float = 0.0
+    nll: torch.Tensor | float = 0.0
     tokens: int = 0
     skipped_oom: bool = False  # a CUDA out-of-memory batch: its gradients were dropped
 
@@ -217,31 +265,45 @@ def accumulate(state: TrainState) -> Update:
             log.warning("out of memory on a batch of %s; skipped", tuple(batch.src.shape))
             state.metrics.write("oom_skip", step=p.step, shape=list(batch.src.shape))
             return Update(skipped_oom=True)
-        update.loss += out.loss.item()
-        update.nll += out.nll.item()
+        update.loss = update.loss + out.loss.detach()
+        update.nll = update.nll + out.nll.detach()
         update.tokens += out.tokens
     return update
 
 
-def apply_update(state: TrainState, update: Update) -> tuple[float, float] | None:
-    """Per-token gradients, clipping, the learning rate of the next step, AdamW. Returns
-    (lr, gradient norm), or None when the gradients were not finite (update skipped)."""
+class Stepped(NamedTuple):
+    """What one update did, on the device: the gradient norm before clipping, and whether
+    the gradients were not finite (then the update changed nothing); and its rate."""
+
+    step: int  # the update's number, from 1
+    lr: float
+    grad_norm: torch.Tensor  # () float
+    nonfinite: torch.Tensor  # () bool
+
+
+def apply_update(state: TrainState, update: Update) -> Stepped:
+    """Per-token gradients, clipping, the learning rate of this step, AdamW; the step
+    counts either way. Where the gradients are not finite the update is skipped, decided
+    on the device: the fused AdamW takes the flag (`found_inf`, as under a gradient
+    scaler) and leaves the weights, its moments and its step count as they were. An
+    unfused AdamW (a run begun before mtkit fused it) has no such flag: there the host
+    reads it, as mtkit always did."""
     tc, p = state.cfg.train, state.progress
     grad_norm = per_token_gradients(
         state.model, update.tokens, tc.clip_norm, state.device, state.distributed
     )
-    if not torch.isfinite(grad_norm):
-        state.optimizer.zero_grad(set_to_none=True)
-        log.warning("non-finite loss or gradient at step %d; update skipped", p.step + 1)
-        state.metrics.write("nonfinite_skip", step=p.step + 1, loss=update.loss)
-        return None
+    nonfinite = ~torch.isfinite(grad_norm)
     lr = learning_rate(p.step + 1, p.elapsed, tc)  # elapsed: up to the last update
     set_lr(state.optimizer, lr)
-    state.optimizer.step()
+    if state.optimizer.defaults.get("fused"):
+        state.optimizer.found_inf = nonfinite.float()
+        state.optimizer.step()
+    elif not nonfinite:
+        state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     p.step += 1
     p.elapsed = time.perf_counter() - state.clock_start
-    return lr, float(grad_norm)
+    return Stepped(p.step, lr, grad_norm.detach(), nonfinite)
 
 
 def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
@@ -313,13 +375,11 @@ def stop_reason(
 
 
 def validate_and_save(state: TrainState) -> None:
-    """Rank 0 validates, keeps the best BLEU and saves; every rank learns whether
-    patience ran out (`progress.early_stopped`)."""
+    """Rank 0 validates and keeps the best BLEU; every rank saves (`save`) and learns
+    whether patience ran out (`progress.early_stopped`)."""
     p, tc = state.progress, state.cfg.train
-    stop = torch.zeros(1)
-    if state.main and state.valid_data is None:  # nothing to validate on: just save
-        save(state, is_best=False)
-    elif state.main:
+    stop, is_best = torch.zeros(1), False
+    if state.main and state.valid_data is not None:
         scores = validate(
             state.model,
             state.valid_data,
@@ -350,8 +410,8 @@ def validate_and_save(state: TrainState) -> None:
             p.best_bleu,
         )
         p.early_stopped = 0 < tc.patience <= p.bad_validations
-        save(state, is_best)
         stop[0] = float(p.early_stopped)
+    save(state, is_best)
     if state.distributed:
         dist.broadcast(stop, 0)
     p.early_stopped = bool(stop.item())
@@ -457,7 +517,13 @@ def _validate_pairs(
 
 
 def save(state: TrainState, is_best: bool) -> None:
-    """Rank 0 writes step_<N>.pt (and last.pt, best.pt)."""
+    """Rank 0 writes step_<N>.pt (and last.pt, best.pt). Every rank calls it: under DDP
+    rank 0 gathers the RNG streams of all ranks first, so that each resumes its own."""
+    rngs = [rng_state()]
+    if state.distributed:
+        gathered = [None] * state.world if state.main else None
+        dist.gather_object(rngs[0], gathered, dst=0)
+        rngs = gathered or []
     if not state.main:
         return
     p = state.progress
@@ -466,11 +532,12 @@ def save(state: TrainState, is_best: bool) -> None:
         vocab_entry(*state.vocabs),
         state.model.state_dict(),
         state.optimizer.state_dict(),
-        rng_state(),
+        rngs[0],
         dataclasses.asdict(p),
         state.train_data.fingerprint,
         state.choices.as_record(),
         _shortlist(state.cfg),
+        rng_of_ranks=rngs[1:],
     )
     path = write_training_checkpoint(
         payload, state.cfg.run_path / "checkpoints", p.step, is_best, state.cfg.train.keep_last
@@ -491,29 +558,73 @@ def _shortlist(cfg: Config) -> dict | None:
 
 @dataclass
 class Window:
-    """Training figures since the last progress record."""
+    """Training figures since the last progress record, summed on the device: the host
+    reads them in one go (`settle`) when a record is written, so that no update waits
+    for the device. Updates whose gradients were not finite count in `skipped`, not in
+    the loss; `in_a_row` counts such updates up to the last one, across windows."""
 
-    tokens: int = 0
-    loss: float = 0.0
-    nll: float = 0.0
+    tokens: int = 0  # every update's, for tokens/s
+    scored: torch.Tensor | int = 0  # the tokens of the updates that were applied
+    loss: torch.Tensor | float = 0.0
+    nll: torch.Tensor | float = 0.0
+    skipped: torch.Tensor | int = 0
+    in_a_row: torch.Tensor | int = 0
+    last: Stepped | None = None
+    first_step: int = 0  # the window's first update (from 1); 0: none yet
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, update: Update) -> None:
+    def add(self, update: Update, stepped: Stepped) -> None:
+        bad = stepped.nonfinite
         self.tokens += update.tokens
-        self.loss += update.loss
-        self.nll += update.nll
+        self.scored = self.scored + (~bad) * update.tokens
+        self.loss = self.loss + torch.where(bad, 0.0, update.loss)
+        self.nll = self.nll + torch.where(bad, 0.0, update.nll)
+        self.skipped = self.skipped + bad
+        self.in_a_row = (self.in_a_row + 1) * bad
+        self.last = stepped
+        self.first_step = self.first_step or stepped.step
 
-    def report(self, state: TrainState, view: ProgressView, lr: float, grad_norm: float) -> None:
-        """Rank 0 writes a `train` record and shows it; the window starts over."""
-        if state.main:
+    def settle(self, state: TrainState) -> dict | None:
+        """Read the window's figures from the device (one wait), record and warn about
+        skipped updates, and stop the run after `MAX_BAD_STEPS` in a row; None when the
+        window has no update. Every rank reads (each decides to stop, the same way)."""
+        if self.last is None:
+            return None
+        sums = (self.scored, self.loss, self.nll, self.skipped, self.in_a_row, self.last.grad_norm)
+        scored, loss, nll, skipped, in_a_row, grad_norm = torch.stack(
+            [torch.as_tensor(x, dtype=torch.float64, device=state.device) for x in sums]
+        ).tolist()
+        p = state.progress
+        if skipped:
+            if state.main:
+                log.warning(
+                    "%d of the updates %d-%d had a non-finite loss or gradient; skipped",
+                    skipped,
+                    self.first_step,
+                    p.step,
+                )
+            state.metrics.write("nonfinite_skip", step=p.step, updates=int(skipped))
+        if in_a_row >= MAX_BAD_STEPS:
+            raise TrainError(
+                f"{int(in_a_row)} updates in a row had a non-finite loss or gradient "
+                f"(up to step {p.step}); lower train.lr or check the data"
+            )
+        return {"scored": scored, "loss": loss, "nll": nll, "grad_norm": grad_norm}
+
+    def report(self, state: TrainState, view: ProgressView) -> None:
+        """Rank 0 writes a `train` record and shows it; the window starts over, but for
+        `in_a_row`."""
+        figures = self.settle(state)
+        if state.main and figures is not None:
             p, now = state.progress, time.perf_counter()
+            scored = max(figures["scored"], 1)
             record = {
                 "step": p.step,
                 "epoch": p.epoch,
-                "loss": self.loss / max(self.tokens, 1),
-                "ppl": math.exp(min(self.nll / max(self.tokens, 1), 50.0)),
-                "lr": lr,
-                "grad_norm": grad_norm,
+                "loss": figures["loss"] / scored,
+                "ppl": math.exp(min(figures["nll"] / scored, 50.0)),
+                "lr": self.last.lr,
+                "grad_norm": figures["grad_norm"],
                 "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9),
             }
             state.metrics.write(
@@ -521,4 +632,4 @@ class Window:
                 **{k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()},
             )
             view.update(p, record)
-        self.tokens, self.loss, self.nll, self.start = 0, 0.0, 0.0, time.perf_counter()
+        self.__init__(in_a_row=self.in_a_row)

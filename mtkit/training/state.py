@@ -124,6 +124,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     vocabs = load_vocabs(run, cfg.tokenizer.joint)
     train_data, valid_data = _open_data(cfg, vocabs)
     found = find_resumable(run / "checkpoints") if resume else None
+    if distributed:
+        _same_start_on_every_rank(found, run)
     if found is not None:  # refused before anything is decided or logged
         _check_same_model(cfg, found[1], found[0])
         _check_same_data(found[1], found[0], train_data, vocabs)
@@ -137,7 +139,7 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     model.use_attention(choices.attention.value)
     optimizer = adamw(model, tc, device)
     metrics = _open_metrics(cfg, rank)
-    progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank)
+    progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank, world)
     if rank == 0:
         save_config(cfg, run / "config.yaml")
         log.info(
@@ -608,6 +610,7 @@ def _resume(
     train_data: ShardDataset,
     vocabs: tuple[Vocab, Vocab],
     rank: int,
+    world: int,
 ) -> Progress:
     """Load the newest intact checkpoint (`found`) into model and optimizer and return its
     progress; a fresh `Progress` when there is none (with --no-resume, old checkpoints
@@ -630,9 +633,19 @@ def _resume(
         raise CheckpointError(
             f"{path}: cannot resume from it ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
         ) from None
+    others = payload["train"].get("rng_of_ranks", [])
     if rank == 0:
         _set_rng_state(payload["train"]["rng"])
-    else:  # other ranks' RNG streams are not saved; derive fresh ones
+    elif len(others) == world - 1:
+        _set_rng_state(others[rank - 1])
+    else:  # saved by a run of another world size, or by an mtkit that kept rank 0's only
+        log.warning(
+            "%s holds the RNG streams of %d rank(s), not %d: rank %d draws a fresh one",
+            path,
+            len(others) + 1,
+            world,
+            rank,
+        )
         torch.manual_seed(tc.seed + 1000 * rank + progress.step)
     log.info(
         "resuming from %s at step %d (epoch %d, batch %d)",
@@ -642,6 +655,24 @@ def _resume(
         progress.batch,
     )
     return progress
+
+
+def _same_start_on_every_rank(found: tuple[Path, dict] | None, run: Path) -> None:
+    """Under DDP every rank resumes from the newest checkpoint in its own view of the run
+    directory: refused on every rank, in one line, unless all found the same step (or
+    none), as they do where the nodes share the run directory. A rank that started over
+    beside one that resumed would take other batches and stop at another step."""
+    step = None if found is None else found[1]["train"]["progress"]["step"]
+    steps: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, step)
+    if len(set(steps)) > 1:
+        seen = ", ".join(
+            f"rank {r}: {'none' if s is None else f'step {s}'}" for r, s in enumerate(steps)
+        )
+        raise TrainError(
+            f"the ranks found different checkpoints to resume from in {run} ({seen}); "
+            f"every node must see the same run directory (shared storage)"
+        )
 
 
 def _check_same_model(cfg: Config, payload: dict, path: Path) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -256,21 +257,48 @@ def test_changed_model_config_refuses_to_resume(prepared, tmp_path, corpus):
         train(other)
 
 
-def test_non_finite_losses_are_skipped_then_stop(prepared, tmp_path, corpus, monkeypatch):
+def _poison_losses(monkeypatch, which) -> None:
+    """Make the loss of the `which(n)`-th micro-batch (from 1) NaN, so its update's
+    gradients are."""
     import mtkit.training.loop as train_module
 
-    real = train_module.output_and_loss
+    real, calls = train_module.output_and_loss, iter(range(1, 10**6))
 
     def poisoned(projection, target, eps):
         out = real(projection, target, eps)
-        return dataclasses.replace(out, loss=out.loss * float("nan"))
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if which(next(calls)) else out
 
     monkeypatch.setattr(train_module, "output_and_loss", poisoned)
-    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=10)
-    with pytest.raises(TrainError, match=r"5 updates in a row had a non-finite loss"):
+
+
+def test_an_update_with_a_non_finite_gradient_is_skipped_on_the_device_and_counted(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    _poison_losses(monkeypatch, lambda n: n == 3)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=8, valid_every=8, log_every=4)
+    assert train(cfg).step == 8
+    events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
+    skips = [e for e in events if e["event"] == "nonfinite_skip"]
+    assert [(e["step"], e["updates"]) for e in skips] == [(4, 1)]
+    losses = [e["loss"] for e in events if e["event"] == "train"]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    saved = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")
+    assert all(torch.isfinite(w).all() for w in saved["model"].values())
+    # AdamW took 7 steps: the skipped update left its step count (and moments) alone.
+    assert {float(s["step"]) for s in saved["train"]["optimizer"]["state"].values()} == {7.0}
+
+
+def test_non_finite_updates_in_a_row_stop_training_when_the_host_reads_them(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    _poison_losses(monkeypatch, lambda n: True)
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=20, valid_every=10, log_every=5)
+    with pytest.raises(
+        TrainError, match=r"^5 updates in a row had a non-finite loss or gradient \(up to step 5\)"
+    ):
         train(cfg)
     events = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").open()]
-    assert sum(e["event"] == "nonfinite_skip" for e in events) == 5
+    assert [(e["step"], e["updates"]) for e in events if e["event"] == "nonfinite_skip"] == [(5, 5)]
 
 
 def test_two_process_ddp_ranks_end_with_equal_weights(prepared, tmp_path, corpus):
