@@ -330,6 +330,18 @@ def main() -> None:
         if args.synthetic or not spm.exists()
         else len(Vocab.load(spm))
     )
+    token_batches = get_batches(cfg, args, vocab, None)
+    mean_length = (
+        sum(int((b.tgt_out != PAD).sum()) for b in token_batches)
+        / max(sum(b.tgt_out.size(0) for b in token_batches), 1)
+        + 1
+    )
+    attention_shape = AttentionShape.of_run(
+        cfg.train.max_tokens, mean_length, cfg.model.d_model, cfg.model.heads
+    )
+    attention = choose_attention(
+        args.attention or cfg.train.attention, device, autocast_dtype, attention_shape
+    )
     shaping = (
         {"shapes": "exact", "asked": "synthetic batches"}
         if args.synthetic
@@ -339,23 +351,13 @@ def main() -> None:
             autocast_dtype,
             calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim),
             fresh_above=cfg.train.max_tokens,
+            attention=(attention["kernel"], attention_shape),
         )
     )
-    shapes = BatchShapes(limit=cfg.model.max_positions) if shaping["shapes"] == "classes" else None
-    batches = get_batches(cfg, args, vocab, shapes)
-
-    mean_length = (
-        sum(int((b.tgt_out != PAD).sum()) for b in batches)
-        / max(sum(b.tgt_out.size(0) for b in batches), 1)
-        + 1
-    )
-    attention = choose_attention(
-        args.attention or cfg.train.attention,
-        device,
-        autocast_dtype,
-        AttentionShape.of_run(
-            cfg.train.max_tokens, mean_length, cfg.model.d_model, cfg.model.heads
-        ),
+    batches = (
+        get_batches(cfg, args, vocab, BatchShapes(limit=cfg.model.max_positions))
+        if shaping["shapes"] == "classes"
+        else token_batches
     )
 
     def mtkit_throughput() -> tuple[float, float, int]:
@@ -379,8 +381,8 @@ def main() -> None:
         runs = {"hf_fp32": None}
         if autocast_dtype is not None:
             runs["hf_same_precision"] = autocast_dtype
-        batchings = {"token": get_batches(cfg, args, vocab) if shapes else batches}
-        if shapes:
+        batchings = {"token": token_batches}
+        if batches is not token_batches:
             batchings["classes"] = batches  # mtkit's, given to Hugging Face as well
         hf_settings = [
             (name, dtype, batching, theirs, attn)

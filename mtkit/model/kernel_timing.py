@@ -7,8 +7,14 @@ fp32 (issue 23). So `train.attention: auto` times forward+backward of both at th
 own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
 the precision the run chose, and keeps the matmul form only where it is clearly faster.
 The choice is made once, at the run's first start, and stored in every checkpoint with
-the precision (`trainstate.decided_once`): a resumed run reuses it. On CUDA, SDPA
-(flash kernels) is kept without measuring.
+the precision (`trainstate.decided_once`): a resumed run reuses it.
+
+On CUDA the time of a new shape counts too. SDPA there may take cuDNN's attention, which
+builds a plan for every new shape: on an H200 the recipe's first epoch, whose
+token-bucketed batches are nearly all new shapes, ran 15x slower than the next ones, 87%
+of it in cuDNN's attention (issue 49). So `auto` times each kernel's first call at a new
+shape beside its calls at a known one (`time_kernel_shapes`), and takes only a kernel
+whose new shapes cost at most `STABLE_SHAPE_COST` times a known one, where one is.
 
 The shapes of a run's batches are chosen the same way (`choose_batch_shapes`). On an
 Intel Xeon with AMX, oneDNN compiles a bf16 kernel for each matrix shape it meets, and
@@ -17,8 +23,9 @@ ms at a known shape, 2.9 ms at a new one); token-bucketed batches bring hundreds
 shapes an epoch, more than its kernel caches hold. Where `train.batch_shapes: auto`
 measures a new shape at `NEW_SHAPE_COST` times a known one or more, in the bf16 the run
 chose, the run trains on batches of few shapes (`data.batching.BatchShapes`): about 13%
-more padded positions, and 1.27x the tokens/s on that Xeon (issue 23). In fp32 and on
-CUDA nothing is compiled per shape, and the batches stay token-bucketed.
+more padded positions, and 1.27x the tokens/s on that Xeon (issue 23). In fp32 on a CPU
+nothing is compiled per shape, and the batches stay token-bucketed. On CUDA the run's
+attention (the kernel chosen) is timed at a new shape and a known one instead.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MATMUL_MARGIN = 0.9  # matmul is taken when it needs at most 90% of SDPA's time
 NEW_SHAPE_COST = 2.0  # batches of few shapes where a new shape costs 2x a known one or more
+STABLE_SHAPE_COST = 1.5  # on CUDA: attention whose new shapes cost at most 1.5x known ones
 
 # One timed forward+backward of attention with a kernel ("sdpa" or "matmul") -> seconds.
 AttentionMeasure = Callable[[str], float]
@@ -116,13 +124,15 @@ def choose_attention(
     shape: AttentionShape,
     measure: AttentionMeasure | None = None,
 ) -> dict:
-    """The kernel record of a run: {"kernel", "asked", "sdpa_ms"?, "matmul_ms"?}. `auto`
-    measures on a CPU (on one thread) and keeps SDPA on CUDA; `measure` replaces the
-    real timer."""
+    """The kernel record of a run: {"kernel", "asked", "sdpa_ms"?, "matmul_ms"?, ...}.
+    `auto` measures on a CPU (on one thread) and on CUDA (`choose_device_attention`);
+    `measure` replaces the real timer (on CUDA a `KernelShapeMeasure`)."""
     if asked != "auto":
         return {"kernel": asked, "asked": asked}
     if device.type == "cuda":
-        return {"kernel": "sdpa", "asked": asked}
+        return choose_device_attention(
+            device, dtype, shape, measure or device_attention_timer(shape, dtype, device)
+        )
     timing = (
         time_attention(measure)
         if measure is not None
@@ -141,6 +151,119 @@ def choose_attention(
         timing.kernel,
     )
     return {"kernel": timing.kernel, "asked": asked, **timing.as_dict()}
+
+
+# One timed forward+backward of attention with a kernel ("sdpa" or "matmul") at the run's
+# length plus `extra` positions -> seconds. extra 0 is the run's own shape; each new extra
+# is a shape the kernel has not met (its first call pays for that shape's plans).
+KernelShapeMeasure = Callable[[str, int], float]
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """Seconds of a forward+backward at a shape the kernel meets for the first time, and
+    at one it knows: the fastest of a few of each."""
+
+    new_s: float
+    known_s: float
+
+    @property
+    def stable(self) -> bool:
+        return self.new_s <= STABLE_SHAPE_COST * self.known_s
+
+
+def device_attention_timer(
+    shape: AttentionShape, dtype: torch.dtype | None, device: torch.device
+) -> KernelShapeMeasure:
+    """A measure of forward+backward of padding-masked attention on `device` at `shape`
+    lengthened by `extra` positions, under `dtype` autocast, timed between two device
+    synchronisations (the inputs are made outside the timing)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def once(kernel: str, extra: int) -> float:
+        b, t, h, k = shape.batch, shape.length + extra, shape.heads, shape.head_dim
+        q, key, v = (
+            torch.randn(b, h, t, k, generator=generator, device=device).requires_grad_()
+            for _ in range(3)
+        )
+        lengths = torch.randint(max(1, 3 * t // 4), t + 1, (b,), generator=generator, device=device)
+        mask = (torch.arange(t, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with autocast(device, dtype):
+            if kernel == "matmul":
+                out = matmul_attention(q, key, v, mask, causal=False)
+            else:
+                out = F.scaled_dot_product_attention(q, key, v, attn_mask=mask)
+        out.float().sum().backward()
+        torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    return once
+
+
+# Lengths that timing new shapes has added in this process (a shape is new only once).
+_fresh_extra = itertools.count(1)
+
+
+def time_kernel_shapes(
+    measure: KernelShapeMeasure, kernels: tuple[str, ...] = ("sdpa", "matmul"), repeats: int = 3
+) -> dict[str, ShapeTiming]:
+    """Each kernel's `ShapeTiming`: after two warm-up calls at the run's shape, the
+    fastest of `repeats` calls there (known), and of `repeats` first calls at lengths
+    never timed before in this process (new)."""
+    for kernel in kernels:
+        measure(kernel, 0)
+        measure(kernel, 0)
+    timings = {}
+    for kernel in kernels:
+        known = min(measure(kernel, 0) for _ in range(repeats))
+        new = min(measure(kernel, next(_fresh_extra)) for _ in range(repeats))
+        timings[kernel] = ShapeTiming(new, known)
+    return timings
+
+
+def choose_device_attention(
+    device: torch.device,
+    dtype: torch.dtype | None,
+    shape: AttentionShape,
+    measure: KernelShapeMeasure,
+) -> dict:
+    """`auto` on CUDA: {"kernel", "asked", "sdpa_ms", "matmul_ms", "sdpa_new_shape_ms",
+    "matmul_new_shape_ms"}. Among the kernels whose new shapes cost at most
+    `STABLE_SHAPE_COST` times a known one (all of them if none), matmul + softmax where
+    it needs at most `MATMUL_MARGIN` of SDPA's time at a known shape (or SDPA is not
+    among them), else SDPA."""
+    timings = time_kernel_shapes(measure)
+    pool = {k: t for k, t in timings.items() if t.stable} or timings
+    if "sdpa" not in pool or (
+        "matmul" in pool and pool["matmul"].known_s <= MATMUL_MARGIN * pool["sdpa"].known_s
+    ):
+        kernel = "matmul"
+    else:
+        kernel = "sdpa"
+    log.info(
+        "attention auto: %d x %d heads of %d x %d, forward+backward in %s on %s: SDPA "
+        "%.2f ms (%.2f ms at a new shape), matmul + softmax %.2f ms (%.2f ms at a new "
+        "shape): %s",
+        shape.batch,
+        shape.heads,
+        shape.length,
+        shape.head_dim,
+        "bf16" if dtype is not None else "fp32",
+        device,
+        timings["sdpa"].known_s * 1e3,
+        timings["sdpa"].new_s * 1e3,
+        timings["matmul"].known_s * 1e3,
+        timings["matmul"].new_s * 1e3,
+        kernel,
+    )
+    return {
+        "kernel": kernel,
+        "asked": "auto",
+        **{f"{k}_ms": round(t.known_s * 1e3, 3) for k, t in timings.items()},
+        **{f"{k}_new_shape_ms": round(t.new_s * 1e3, 3) for k, t in timings.items()},
+    }
 
 
 def decoding_attention_timer(
@@ -251,19 +374,31 @@ def choose_batch_shapes(
     shape: tuple[int, int, int],
     fresh_above: int = 0,
     measure: ShapeMeasure | None = None,
+    attention: tuple[str, AttentionShape] | None = None,
 ) -> dict:
     """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
-    "new_shape_ms"?, "known_shape_ms"?}. `auto` measures only on a CPU in bf16 (on one
-    thread, as the precision calibration), timing forward+backward of the Linear
-    `shape` = (rows, d_in, d_out) at new row counts above `fresh_above` (the run's
-    max_tokens), first and once known; elsewhere it keeps token batches. `measure`
-    replaces the real timer."""
+    "new_shape_ms"?, "known_shape_ms"?}. `auto` measures on a CPU in bf16 (on one thread,
+    as the precision calibration), timing forward+backward of the Linear `shape` =
+    (rows, d_in, d_out) at new row counts above `fresh_above` (the run's max_tokens),
+    first and once known; in fp32 on a CPU it keeps token batches. On CUDA it times the
+    run's `attention` (kernel, shape) at a new length and a known one. `measure`
+    replaces the real timer (on CUDA too)."""
     if asked != "auto":
         return {"shapes": asked, "asked": asked}
-    if device.type == "cuda" or dtype is None:
+    on_gpu = device.type == "cuda"
+    if not on_gpu and dtype is None:
         return {"shapes": "exact", "asked": asked}
     rows, d_in, d_out = shape
-    if measure is None:
+    if measure is not None:
+        new, known = time_shapes(measure, rows, fresh_above)
+    elif on_gpu:
+        if attention is None:
+            raise ValueError("choose_batch_shapes on CUDA needs the run's attention")
+        kernel, attention_shape = attention
+        timer = device_attention_timer(attention_shape, dtype, device)
+        timing = time_kernel_shapes(timer, (kernel,))[kernel]
+        new, known = timing.new_s, timing.known_s
+    else:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -272,18 +407,20 @@ def choose_batch_shapes(
             )
         finally:
             torch.set_num_threads(threads)
-    else:
-        new, known = time_shapes(measure, rows, fresh_above)
     chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
+    timed = (
+        f"the run's attention ({attention[0] if attention else 'measured'})"
+        if on_gpu
+        else f"a ({max(rows, fresh_above)}+ x {d_in}) x ({d_in} x {d_out}) Linear"
+    )
     log.info(
-        "batch shapes auto: a (%d+ x %d) x (%d x %d) Linear, forward+backward in "
-        "bf16, took %.2f ms at a new shape and %.2f ms at a known one on this CPU: %s",
-        max(rows, fresh_above),
-        d_in,
-        d_in,
-        d_out,
+        "batch shapes auto: %s, forward+backward in %s, took %.2f ms at a new shape and "
+        "%.2f ms at a known one on this %s: %s",
+        timed,
+        "bf16" if dtype is not None else "fp32",
         new * 1e3,
         known * 1e3,
+        "GPU" if on_gpu else "CPU",
         "batches in few shapes" if chosen == "classes" else "token batches",
     )
     return {

@@ -264,8 +264,8 @@ def _open_metrics(cfg: Config, rank: int) -> MetricsLog:
 # which measures; the decision is stored in every checkpoint and in metrics.jsonl's `start`
 # record. A resumed run reuses it and never measures again: a second measurement on a busy
 # machine could switch the choice mid-run, and the run would no longer be the one that
-# never stopped. A resume whose config asks for another value is refused. Under DDP on
-# CPUs every rank takes rank 0's choice. `decided_once` is that sequence, once for every
+# never stopped. A resume whose config asks for another value is refused. Under DDP
+# every rank takes rank 0's choice. `decided_once` is that sequence, once for every
 # choice; a `RunChoice` says how one choice is named, stored and measured.
 
 
@@ -330,12 +330,13 @@ def decided_once(
     asked: str,
     found: tuple[Path, dict | None] | None,
     measure: Callable[[], Decision],
-    broadcast: bool = False,
+    broadcast: torch.device | None = None,
 ) -> Decision:
     """The run's decision for `choice`: the stored one when resuming (`found`: the
     checkpoint's path and the choice's stored record, None where the checkpoint predates
     the choice), refused if the config asks for another value; else `measure()`'s, with
-    rank 0's value taken by every rank when `broadcast` (DDP on CPUs)."""
+    rank 0's value taken by every rank under DDP (`broadcast`: the device the ranks'
+    collectives run on), since each rank's measurement may differ."""
     if found is not None:
         source, record = found
         if record is not None:
@@ -367,8 +368,8 @@ def decided_once(
                 raise TrainError(choice.refusal(source, stored, asked))
             return stored
     decision = measure()
-    if broadcast:
-        chosen = torch.tensor([choice.values.index(decision.value)])
+    if broadcast is not None:
+        chosen = torch.tensor([choice.values.index(decision.value)], device=broadcast)
         dist.broadcast(chosen, 0)
         decision = replace(decision, value=choice.values[int(chosen.item())])
     return decision
@@ -433,7 +434,7 @@ def run_choices(
     """The run's precision, attention kernel and batch shapes, each `decided_once`."""
     tc, model = cfg.train, cfg.model
     stored = stored_choices(found)
-    broadcast = distributed and device.type == "cpu"
+    broadcast = device if distributed else None
     linear = calibration_shape(tc.max_tokens, model.d_model, model.ffn_dim)
 
     def measure_precision() -> Decision:
@@ -447,9 +448,10 @@ def run_choices(
     )
     dtype = torch.bfloat16 if precision.value == "bf16" else None
 
+    mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
+    shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
+
     def measure_attention() -> Decision:
-        mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
-        shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
         return ATTENTION.decision(choose_attention(tc.attention, device, dtype, shape))
 
     attention = decided_once(
@@ -460,7 +462,14 @@ def run_choices(
         tc.batch_shapes,
         stored.get("batches"),
         lambda: BATCH_SHAPES.decision(
-            choose_batch_shapes(tc.batch_shapes, device, dtype, linear, fresh_above=tc.max_tokens)
+            choose_batch_shapes(
+                tc.batch_shapes,
+                device,
+                dtype,
+                linear,
+                fresh_above=tc.max_tokens,
+                attention=(attention.value, shape),
+            )
         ),
         broadcast,
     )

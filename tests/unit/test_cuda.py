@@ -145,3 +145,48 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
     assert len(first[0]) == 3 and first[1][0].tokens == []
     assert all(pair.tgt_vocab.decode(h.tokens).startswith("Ein") for h in first[0])
     assert all(h.alignment is not None for h in first[0])
+
+
+def test_attention_and_batch_shapes_auto_measure_new_shapes_on_cuda(corpus, tmp_path):
+    """The real device timers: attention auto records each kernel at a known and a new
+    shape, and batch shapes auto the chosen kernel's (issue 49: cuDNN's per-shape plans)."""
+    cfg = config_from_dict(
+        tiny_config_dict(
+            corpus,
+            tmp_path / "run",
+            train={
+                "device": "cuda",
+                "precision": "auto",
+                "attention": "auto",
+                "batch_shapes": "auto",
+                "max_steps": 4,
+                "valid_every": 4,
+            },
+        )
+    )
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    train(cfg)
+    start = json.loads((cfg.run_path / "metrics.jsonl").read_text().splitlines()[0])
+    attention, batches = start["attention"], start["batches"]
+    assert attention["kernel"] in ("sdpa", "matmul") and attention["asked"] == "auto"
+    for key in ("sdpa_ms", "matmul_ms", "sdpa_new_shape_ms", "matmul_new_shape_ms"):
+        assert attention[key] > 0, attention
+    assert batches["shapes"] in ("exact", "classes") and batches["known_shape_ms"] > 0
+    print(json.dumps({"attention": attention, "batches": batches}))
+
+
+def test_the_fused_adamw_skips_a_non_finite_update_on_cuda():
+    """What training's device-side skip rests on: `found_inf` leaves the weights, the
+    moments and the step count as they were."""
+    p = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    opt = torch.optim.AdamW([p], lr=0.1, fused=True)
+    p.grad = torch.ones_like(p)
+    opt.found_inf = torch.zeros((), device="cuda")
+    opt.step()
+    before = (p.detach().clone(), opt.state[p]["exp_avg"].clone(), float(opt.state[p]["step"]))
+    p.grad = torch.full_like(p, float("nan"))
+    opt.found_inf = torch.ones((), device="cuda")
+    opt.step()
+    assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["exp_avg"], before[1])
+    assert float(opt.state[p]["step"]) == before[2] == 1.0

@@ -86,7 +86,7 @@ def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
     assert choose_attention("auto", torch.device("cpu"), None, SHAPE, close)["kernel"] == "sdpa"
 
 
-def test_a_kernel_asked_for_or_cuda_is_not_measured():
+def test_a_kernel_asked_for_is_not_measured():
     measure, calls = faked(2.0, 1.0)
     assert choose_attention("sdpa", torch.device("cpu"), None, SHAPE, measure) == {
         "kernel": "sdpa",
@@ -95,11 +95,56 @@ def test_a_kernel_asked_for_or_cuda_is_not_measured():
     assert (
         choose_attention("matmul", torch.device("cpu"), None, SHAPE, measure)["kernel"] == "matmul"
     )
-    assert choose_attention("auto", torch.device("cuda"), None, SHAPE, measure) == {
+    assert choose_attention("sdpa", torch.device("cuda"), None, SHAPE, measure) == {
         "kernel": "sdpa",
-        "asked": "auto",
+        "asked": "sdpa",
     }
     assert calls == []
+
+
+def faked_kernel_shapes(**ms: tuple[float, float]):
+    """Kernels whose first call at a length costs ms[kernel][0], later ones ms[kernel][1]."""
+    seen, calls = set(), []
+
+    def measure(kernel: str, extra: int) -> float:
+        calls.append((kernel, extra))
+        new, known = ms[kernel]
+        cost = known if (kernel, extra) in seen else new
+        seen.add((kernel, extra))
+        return cost / 1000
+
+    return measure, calls
+
+
+def test_on_cuda_auto_takes_a_kernel_whose_new_shapes_cost_little(caplog):
+    # cuDNN's SDPA: fast at a known shape, 60x that at a new one (it builds a plan).
+    measure, calls = faked_kernel_shapes(sdpa=(30.0, 0.5), matmul=(0.9, 0.8))
+    cuda = torch.device("cuda")
+    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+        record = choose_attention("auto", cuda, torch.bfloat16, SHAPE, measure)
+    assert record == {
+        "kernel": "matmul",
+        "asked": "auto",
+        "sdpa_ms": 0.5,
+        "matmul_ms": 0.8,
+        "sdpa_new_shape_ms": 30.0,
+        "matmul_new_shape_ms": 0.9,
+    }
+    assert "SDPA 0.50 ms (30.00 ms at a new shape), matmul + softmax 0.80 ms" in caplog.text
+    fresh = {kernel: [e for k, e in calls if k == kernel and e] for kernel in ("sdpa", "matmul")}
+    # Three first calls each, at lengths never timed before; the rest at the run's own.
+    assert all(len(set(e)) == len(e) == 3 for e in fresh.values())
+    assert not set(fresh["sdpa"]) & set(fresh["matmul"])
+    # Both stable: matmul only where clearly faster, as on a CPU.
+    stable, _ = faked_kernel_shapes(sdpa=(1.0, 0.9), matmul=(0.9, 0.85))
+    assert choose_attention("auto", cuda, None, SHAPE, stable)["kernel"] == "sdpa"
+    faster, _ = faked_kernel_shapes(sdpa=(1.0, 0.9), matmul=(0.7, 0.6))
+    assert choose_attention("auto", cuda, None, SHAPE, faster)["kernel"] == "matmul"
+    # Neither stable: the faster at a known shape (batches in few shapes then help).
+    neither, _ = faked_kernel_shapes(sdpa=(9.0, 0.5), matmul=(9.0, 0.8))
+    assert choose_attention("auto", cuda, None, SHAPE, neither)["kernel"] == "sdpa"
+    only_sdpa, _ = faked_kernel_shapes(sdpa=(0.6, 0.5), matmul=(9.0, 0.3))
+    assert choose_attention("auto", cuda, None, SHAPE, only_sdpa)["kernel"] == "sdpa"
 
 
 def test_the_fastest_run_of_each_kernel_counts_so_load_does_not_decide():
@@ -165,24 +210,37 @@ def test_batch_shapes_auto_takes_classes_where_a_new_shape_costs_twice_a_known_o
     assert not set(more) - {635} & set(fresh)  # measuring again in the process: new rows
 
 
-def test_batch_shapes_are_measured_only_in_bf16_on_a_cpu():
+def test_batch_shapes_are_measured_in_bf16_on_a_cpu_and_in_any_precision_on_cuda(caplog):
     measure, calls = faked_shapes(new_ms=9.0, known_ms=1.0)
     shape = (635, 256, 1024)
     assert choose_batch_shapes("auto", torch.device("cpu"), None, shape, measure=measure) == {
         "shapes": "exact",
         "asked": "auto",
-    }  # fp32: no kernel is compiled per shape
-    assert (
-        choose_batch_shapes("auto", torch.device("cuda"), torch.bfloat16, shape, measure=measure)[
-            "shapes"
-        ]
-        == "exact"
-    )
+    }  # fp32 on a CPU: no kernel is compiled per shape
     assert choose_batch_shapes("classes", torch.device("cpu"), None, shape, measure=measure) == {
         "shapes": "classes",
         "asked": "classes",
     }
     assert calls == []
+    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+        for dtype in (None, torch.bfloat16):
+            record = choose_batch_shapes(
+                "auto",
+                torch.device("cuda"),
+                dtype,
+                shape,
+                measure=measure,
+                attention=("sdpa", SHAPE),
+            )
+            assert record["shapes"] == "classes" and record["new_shape_ms"] == 9.0
+    assert (
+        "the run's attention (sdpa)" in caplog.text and "on this GPU: batches in few" in caplog.text
+    )
+    cheap, _ = faked_shapes(new_ms=1.2, known_ms=1.0)
+    assert (
+        choose_batch_shapes("auto", torch.device("cuda"), None, shape, measure=cheap)["shapes"]
+        == "exact"
+    )
 
 
 def test_the_real_shape_timer_gives_a_record_with_both_figures():
