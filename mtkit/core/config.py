@@ -195,6 +195,10 @@ class TrainConfig:
     # more than running it); auto measures what a new shape costs, in bf16 on a CPU only,
     # at the first start (`mtkit.model.kernel_timing`).
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
+    # Each batch shape's update as a captured CUDA graph, replayed (on CUDA, in one
+    # process, with update_freq 1; elsewhere updates run eagerly); auto times an update
+    # of each kind at the first start (`mtkit.training.graphs`).
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this
     # config's), with a fresh optimizer and schedule: fine-tuning. A checkpoint file, or

@@ -46,7 +46,7 @@ def fp32_log_softmax(logits: Tensor) -> Tensor:
 class LossOutput:
     loss: Tensor  # label-smoothed loss summed over non-pad tokens (scalar)
     nll: Tensor  # plain negative log-likelihood summed over the same tokens (scalar)
-    tokens: int  # non-pad target tokens
+    tokens: int | Tensor  # non-pad target tokens (a () tensor from the dense loss)
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -80,16 +80,21 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def output_and_loss(
-    projection: Projection, target: Tensor, eps: float = 0.1, ignore_index: int = PAD
+    projection: Projection,
+    target: Tensor,
+    eps: float = 0.1,
+    ignore_index: int = PAD,
+    dense: bool = False,
 ) -> LossOutput:
     """The output layer and the loss in one, as training runs them: `projection` (the
     decoder's output (B, T, D) and the output weight, the model's training forward),
     target (B, T) -> summed losses over the non-pad tokens, as `label_smoothed_nll` of
     the logits would give. The logits are made a chunk of rows at a time and their
     gradient is taken right away (`_ProjectedSmoothedCrossEntropy`), so no (tokens x V)
-    tensor outlives its chunk."""
+    tensor outlives its chunk. `dense`: without a host sync, the token count a device
+    tensor (`_chunked_loss`)."""
     return _projected_nll(
-        projection.hidden, projection.weight, target, eps, ignore_index, projection.bias
+        projection.hidden, projection.weight, target, eps, ignore_index, projection.bias, dense
     )
 
 
@@ -117,6 +122,7 @@ def _chunked_loss(
     want_hidden: bool,
     want_weight: bool,
     bias: Tensor | None = None,
+    dense: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """hidden (N, D), weight (V, D), target (N,) -> the summed smoothed loss and NLL over
     the rows whose target is not `ignore_index`, and (when wanted) the loss's gradients
@@ -127,12 +133,20 @@ def _chunked_loss(
     of their logits is made), and each chunk is written in place: its logits cast once
     to fp32, made log-probabilities, then p - q, whose last subtraction writes the
     logits' dtype (bf16 under autocast) for the two gradient products, so that autocast
-    does not cast it again for each."""
+    does not cast it again for each.
+
+    `dense`: every row is projected and the pad rows' losses and gradients are masked to
+    0 instead, so that nothing depends on how many rows are real: no host sync and the
+    same shapes every time, as a captured CUDA graph needs (`mtkit.training.graphs`).
+    Where batches are padded it makes more logits."""
     bias = None if bias is None else bias.to(hidden.dtype)
     vocab = weight.size(0)
     rows = hidden.size(0)
-    real = (target != ignore_index).nonzero().squeeze(1)  # (M,) rows with a real target
-    padded = real.numel() < target.numel()
+    keep = (target != ignore_index).float() if dense else None  # (N,)
+    padded = False
+    if not dense:
+        real = (target != ignore_index).nonzero().squeeze(1)  # (M,) rows with a real target
+        padded = real.numel() < target.numel()
     if padded:
         hidden, target = hidden.index_select(0, real), target.index_select(0, real)  # (M, .)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -151,7 +165,11 @@ def _chunked_loss(
         lprobs = fp32_log_softmax(logits)  # (n, V)
         del logits
         row_nll = -lprobs.gather(1, t[:, None]).squeeze(1)  # (n,)
-        loss += ((1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)).sum()
+        row_loss = (1.0 - eps) * row_nll - eps * lprobs.mean(dim=-1)  # (n,)
+        if keep is not None:
+            mask = keep[start : start + chunk_rows]  # (n,)
+            row_nll, row_loss = row_nll * mask, row_loss * mask
+        loss += row_loss.sum()
         nll += row_nll.sum()
         if not (want_hidden or want_weight):
             continue
@@ -160,6 +178,8 @@ def _chunked_loss(
         probs.scatter_add_(1, t[:, None], probs.new_full((t.size(0), 1), eps - 1.0))
         grad = probs if grad_dtype == probs.dtype else torch.empty_like(probs, dtype=grad_dtype)
         torch.sub(probs, eps / vocab, out=grad)  # (n, V)
+        if keep is not None:
+            grad.mul_(mask[:, None].to(grad.dtype))  # pad rows: no gradient
         del lprobs, probs
         if want_hidden:
             grad_hidden[start : start + chunk_rows] = grad @ weight  # autocast: weight cast once
@@ -191,9 +211,18 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         ignore_index: int,
         chunk_rows: int,
         bias: Tensor | None,
+        dense: bool,
     ):
         loss, nll, grad_hidden, grad_weight = _chunked_loss(
-            hidden, weight, target, eps, ignore_index, chunk_rows, *ctx.needs_input_grad[:2], bias
+            hidden,
+            weight,
+            target,
+            eps,
+            ignore_index,
+            chunk_rows,
+            *ctx.needs_input_grad[:2],
+            bias,
+            dense,
         )
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
@@ -211,6 +240,7 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -221,16 +251,18 @@ def _projected_nll(
     eps: float,
     ignore_index: int,
     bias: Tensor | None = None,
+    dense: bool = False,
 ) -> LossOutput:
     flat = hidden.reshape(-1, hidden.size(-1))  # (B*T, D)
     target = target.reshape(-1)  # (B*T,)
     chunk_rows = max(1, CHUNK_ELEMENTS // weight.size(0))
     if torch.is_grad_enabled():
         loss, nll = _ProjectedSmoothedCrossEntropy.apply(
-            flat, weight, target, eps, ignore_index, chunk_rows, bias
+            flat, weight, target, eps, ignore_index, chunk_rows, bias, dense
         )
     else:  # validation: no gradients to take
         loss, nll, _, _ = _chunked_loss(
-            flat, weight, target, eps, ignore_index, chunk_rows, False, False, bias
+            flat, weight, target, eps, ignore_index, chunk_rows, False, False, bias, dense
         )
-    return LossOutput(loss, nll, int((target != ignore_index).sum()))
+    tokens = (target != ignore_index).sum()
+    return LossOutput(loss, nll, tokens if dense else int(tokens))

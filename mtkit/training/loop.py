@@ -152,10 +152,16 @@ def _loop(state: TrainState, view: ProgressView, signals: StopFlag) -> TrainResu
     tc, p = cfg.train, state.progress
     first_step, window, signal = p.step, Window(), SignalAcrossRanks(state, signals)
     while not (reason := stop_reason(p, tc, state.sampler.epoch_size, signal.received())):
-        update = accumulate(state)
-        if update.skipped_oom:
-            continue
-        window.add(update, apply_update(state, update))
+        batches = next_batches(state)
+        captured = _captured(state, batches)
+        if captured is not None:
+            update, stepped = captured
+        else:
+            update = accumulate(state, batches)
+            if update.skipped_oom:
+                continue
+            stepped = apply_update(state, update)
+        window.add(update, stepped)
         signal.post()
         view.update(p)
         if p.step % tc.log_every == 0:
@@ -235,23 +241,34 @@ class Update:
     nll: torch.Tensor | float = 0.0
     tokens: int = 0
     skipped_oom: bool = False  # a CUDA out-of-memory batch: its gradients were dropped
+    captured: bool = False  # replayed by its shape's CUDA graph (`mtkit.training.graphs`)
 
 
-def accumulate(state: TrainState) -> Update:
-    """Forward and backward `update_freq` micro-batches, summing gradients in .grad. The
-    last update before `max_epochs` may take fewer: the epoch's last batches still count."""
+def next_batches(state: TrainState) -> list[Batch]:
+    """The `update_freq` micro-batches of the next update, on the host; the progress
+    moves past them. The last update before `max_epochs` may take fewer: the epoch's
+    last batches still count."""
     tc, p = state.cfg.train, state.progress
     left = batches_left(p, tc, state.sampler.epoch_size)
     micro_batches = tc.update_freq if left is None else min(tc.update_freq, left)
-    update = Update()
-    for micro in range(micro_batches):
+    batches = []
+    for _ in range(micro_batches):
         epoch, k, batch = next(state.batches)
         if epoch != p.epoch:
             state.metrics.write("epoch", epoch=p.epoch, step=p.step)
             p.epoch = epoch
         p.batch = k + 1
+        batches.append(batch)
+    return batches
+
+
+def accumulate(state: TrainState, batches: list[Batch]) -> Update:
+    """Forward and backward the micro-batches of one update, summing gradients in .grad."""
+    tc, p = state.cfg.train, state.progress
+    update = Update()
+    for micro, batch in enumerate(batches):
         batch = batch.to(state.device, non_blocking=True)
-        sync = not state.distributed or micro == micro_batches - 1  # DDP: all-reduce once
+        sync = not state.distributed or micro == len(batches) - 1  # DDP: all-reduce once
         try:
             with nullcontext() if sync else state.wrapped.no_sync():
                 out = _forward_backward(
@@ -269,6 +286,21 @@ def accumulate(state: TrainState) -> Update:
         update.nll = update.nll + out.nll.detach()
         update.tokens += out.tokens
     return update
+
+
+def _captured(state: TrainState, batches: list[Batch]) -> tuple[Update, Stepped] | None:
+    """The update of one batch by its shape's CUDA graph (`state.captured`), or None
+    where updates run eagerly (no graphs, several micro-batches, a shape left eager)."""
+    if state.captured is None or len(batches) != 1:
+        return None
+    p, tc = state.progress, state.cfg.train
+    lr = learning_rate(p.step + 1, p.elapsed, tc)
+    done = state.captured.run(batches[0], lr)
+    if done is None:
+        return None
+    figures, tokens = done
+    update = Update(figures.loss, figures.nll, tokens, captured=True)
+    return update, _stepped(state, lr, figures.grad_norm, figures.nonfinite)
 
 
 class Stepped(NamedTuple):
@@ -301,9 +333,17 @@ def apply_update(state: TrainState, update: Update) -> Stepped:
     elif not nonfinite:
         state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
+    return _stepped(state, lr, grad_norm.detach(), nonfinite)
+
+
+def _stepped(
+    state: TrainState, lr: float, grad_norm: torch.Tensor, nonfinite: torch.Tensor
+) -> Stepped:
+    """The progress after an update, eager or captured."""
+    p = state.progress
     p.step += 1
     p.elapsed = time.perf_counter() - state.clock_start
-    return Stepped(p.step, lr, grad_norm.detach(), nonfinite)
+    return Stepped(p.step, lr, grad_norm, nonfinite)
 
 
 def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
@@ -564,6 +604,8 @@ class Window:
     the loss; `in_a_row` counts such updates up to the last one, across windows."""
 
     tokens: int = 0  # every update's, for tokens/s
+    updates: int = 0
+    captured: int = 0  # updates replayed by a CUDA graph
     scored: torch.Tensor | int = 0  # the tokens of the updates that were applied
     loss: torch.Tensor | float = 0.0
     nll: torch.Tensor | float = 0.0
@@ -576,6 +618,8 @@ class Window:
     def add(self, update: Update, stepped: Stepped) -> None:
         bad = stepped.nonfinite
         self.tokens += update.tokens
+        self.updates += 1
+        self.captured += update.captured
         self.scored = self.scored + (~bad) * update.tokens
         self.loss = self.loss + torch.where(bad, 0.0, update.loss)
         self.nll = self.nll + torch.where(bad, 0.0, update.nll)
@@ -627,6 +671,8 @@ class Window:
                 "grad_norm": figures["grad_norm"],
                 "tokens_per_s": self.tokens * state.world / max(now - self.start, 1e-9),
             }
+            if state.captured is not None:  # which update ran: graphs, or some eager
+                record["captured_updates"] = f"{self.captured}/{self.updates}"
             state.metrics.write(
                 "train",
                 **{k: round(v, 6) if isinstance(v, float) else v for k, v in record.items()},

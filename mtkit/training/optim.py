@@ -86,20 +86,25 @@ def per_token_gradients(
     return their norm before clipping (non-finite when the loss was).
 
     Each rank's gradients hold sums over its own tokens, averaged over ranks by DDP, so
-    they are divided by the mean token count per rank. The division and the clipping are
-    one multiplication: by min(1, clip_norm / (norm + 1e-6)) / count, where norm is the
-    per-token gradients' (`clip_grad_norm_`'s coefficient)."""
+    they are divided by the mean token count per rank (`scale_per_token`)."""
     count = torch.tensor([float(tokens)], device=device)
     if distributed:
         dist.all_reduce(count)
         count /= dist.get_world_size()
-    count = count.clamp(min=1.0)[0]
+    return scale_per_token(model, count.clamp(min=1.0)[0], clip_norm)
+
+
+def scale_per_token(model: nn.Module, count: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """Divide the gradients by `count` (a () tensor on their device, at least 1) and clip
+    them, in one multiplication: by min(1, clip_norm / (norm + 1e-6)) / count, where norm
+    is the per-token gradients' (`clip_grad_norm_`'s coefficient); returns that norm. No
+    host sync (a captured update runs it: `mtkit.training.graphs`)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
-        return torch.zeros((), device=device)
+        return torch.zeros((), device=count.device)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / count
     scale = (
-        torch.ones((), device=device)
+        torch.ones((), device=count.device)
         if clip_norm <= 0
         else (clip_norm / (norm + 1e-6)).clamp(max=1.0)
     )

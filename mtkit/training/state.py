@@ -47,6 +47,7 @@ from mtkit.data.batching import Batch, BatchShapes, TokenBatchSampler, make_load
 from mtkit.data.shards import ShardDataset
 from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
 from mtkit.model.transformer import Transformer, build_model, count_parameters
+from mtkit.training.graphs import CapturedUpdates, choose_graphs, update_timer
 from mtkit.training.metrics_log import MetricsLog
 from mtkit.training.optim import adamw
 
@@ -91,6 +92,7 @@ class TrainState:
     world: int
     clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
     saved_step: int  # the step of the newest checkpoint
+    captured: CapturedUpdates | None = None  # each shape's update as a graph (cuda_graphs)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -138,6 +140,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     freeze(model, tc.freeze)
     model.use_attention(choices.attention.value)
     optimizer = adamw(model, tc, device)
+    graphs = graphs_choice(cfg, device, found, distributed, model, train_data, choices)
+    choices = replace(choices, graphs=graphs)
     metrics = _open_metrics(cfg, rank)
     progress = _resume(cfg, found, resume, model, optimizer, train_data, vocabs, rank, world)
     if rank == 0:
@@ -196,6 +200,31 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         world,
         clock_start=time.perf_counter() - progress.elapsed,
         saved_step=progress.step,
+        captured=_captured_updates(cfg, choices, model, optimizer, device, metrics),
+    )
+
+
+def _captured_updates(
+    cfg: Config,
+    choices: RunChoices,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    metrics: MetricsLog,
+) -> CapturedUpdates | None:
+    """Where the run takes CUDA graphs: the updates that capture and replay them, each
+    shape that falls back to eager updates written to metrics.jsonl (`graph_fallback`)."""
+    if choices.graphs.value != "on":
+        return None
+    why = choose_graphs("on", device, cfg.train, dist.is_initialized(), None).get("why")
+    if why is not None:  # (a run that took graphs, resumed elsewhere)
+        return None
+
+    def fell_back(shape: tuple, why: str) -> None:
+        metrics.write("graph_fallback", shape=list(shape), why=why)
+
+    return CapturedUpdates(
+        model, optimizer, cfg.train, device, choices.autocast_dtype, on_fallback=fell_back
     )
 
 
@@ -325,6 +354,12 @@ BATCH_SHAPES = RunChoice(
 )
 
 
+# A checkpoint from before train.cuda_graphs trained with eager updates.
+CUDA_GRAPHS = RunChoice(
+    "CUDA graphs", "train.cuda_graphs", "graphs", ("on", "off"), before=Decision("off", "off")
+)
+
+
 def decided_once(
     choice: RunChoice,
     asked: str,
@@ -394,6 +429,7 @@ class RunChoices:
     precision: Decision
     attention: Decision
     batches: Decision
+    graphs: Decision = CUDA_GRAPHS.before
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -404,6 +440,7 @@ class RunChoices:
             **PRECISION.record(self.precision),
             "attention": ATTENTION.record(self.attention),
             "batches": BATCH_SHAPES.record(self.batches),
+            "graphs": CUDA_GRAPHS.record(self.graphs),
         }
 
 
@@ -415,13 +452,22 @@ def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dic
     path, payload = found
     top = payload["train"].get("precision")
     if top is None:
-        return {name: (path, None) for name in ("precision", "attention", "batches")}
-    precision = {k: v for k, v in top.items() if k not in ("attention", "batches")}
+        return {name: (path, None) for name in ("precision", "attention", "batches", "graphs")}
+    precision = {k: v for k, v in top.items() if k not in ("attention", "batches", "graphs")}
     return {
         "precision": (path, precision),
         "attention": (path, top.get("attention")),
         "batches": (path, top.get("batches")),
+        "graphs": (path, top.get("graphs")),
     }
+
+
+def run_attention_shape(cfg: Config, train_data: ShardDataset) -> AttentionShape:
+    """The attention a run computes most: batches of `max_tokens` of its targets' mean
+    length."""
+    mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
+    model = cfg.model
+    return AttentionShape.of_run(cfg.train.max_tokens, mean_length, model.d_model, model.heads)
 
 
 def run_choices(
@@ -448,8 +494,7 @@ def run_choices(
     )
     dtype = torch.bfloat16 if precision.value == "bf16" else None
 
-    mean_length = float(np.mean(train_data.tgt_lengths)) + 1 if len(train_data) else 16.0
-    shape = AttentionShape.of_run(tc.max_tokens, mean_length, model.d_model, model.heads)
+    shape = run_attention_shape(cfg, train_data)
 
     def measure_attention() -> Decision:
         return ATTENTION.decision(choose_attention(tc.attention, device, dtype, shape))
@@ -479,6 +524,34 @@ def run_choices(
             batches, details={**batches.details, "multiple": shapes.multiple, "group": shapes.group}
         )
     return RunChoices(precision, attention, batches)
+
+
+def graphs_choice(
+    cfg: Config,
+    device: torch.device,
+    found: tuple[Path, dict] | None,
+    distributed: bool,
+    model: Transformer,
+    train_data: ShardDataset,
+    choices: RunChoices,
+) -> Decision:
+    """The run's `train.cuda_graphs`, `decided_once` like the others once the model is
+    built; `auto` times updates of a copy of `model` on a random batch of the run's
+    typical shape (`run_attention_shape`), in the precision chosen."""
+    tc = cfg.train
+
+    def measure() -> Decision:
+        shape = run_attention_shape(cfg, train_data)
+        ids = torch.randint(4, model.tgt_embed.tokens.num_embeddings, (shape.batch, shape.length))
+        batch = Batch(ids, ids, ids)
+        timer = update_timer(
+            model, lambda m: adamw(m, tc, device), batch, tc, device, choices.autocast_dtype
+        )
+        return CUDA_GRAPHS.decision(choose_graphs(tc.cuda_graphs, device, tc, distributed, timer))
+
+    stored = stored_choices(found).get("graphs")
+    broadcast = device if distributed else None
+    return decided_once(CUDA_GRAPHS, tc.cuda_graphs, stored, measure, broadcast)
 
 
 def batch_shapes(decision: Decision, max_positions: int | None = None) -> BatchShapes | None:

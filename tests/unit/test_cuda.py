@@ -190,3 +190,58 @@ def test_the_fused_adamw_skips_a_non_finite_update_on_cuda():
     opt.step()
     assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["exp_avg"], before[1])
     assert float(opt.state[p]["step"]) == before[2] == 1.0
+
+
+def test_captured_updates_on_cuda_train_as_eager_ones(corpus, tmp_path):
+    """The real capture (`torch.cuda.graph`): every update of the run replayed by its
+    shape's graph, and the weights those of eager updates, within float tolerance (the
+    dense loss sums in another order; dropout 0, so no mask depends on the RNG's use)."""
+    runs = {}
+    for name, graphs in (("eager", "off"), ("graphs", "on")):
+        cfg = config_from_dict(
+            tiny_config_dict(
+                corpus,
+                tmp_path / name,
+                train={
+                    "device": "cuda",
+                    "precision": "fp32",
+                    "cuda_graphs": graphs,
+                    "batch_shapes": "classes",
+                    "max_steps": 12,
+                    "valid_every": 12,
+                    "log_every": 4,
+                },
+            )
+        )
+        build_tokenizer(cfg)
+        preprocess(cfg)
+        train(cfg)
+        runs[name] = cfg.run_path
+    records = [json.loads(x) for x in (runs["graphs"] / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["graphs"]["graphs"] == "on"
+    assert [r["captured_updates"] for r in records if r["event"] == "train"] == ["4/4"] * 3
+    assert not [r for r in records if r["event"] == "graph_fallback"]
+    from mtkit.core.checkpoint import load_checkpoint
+
+    a, b = (load_checkpoint(runs[n] / "checkpoints" / "last.pt")["model"] for n in runs)
+    for name in a:
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_cuda_graphs_auto_times_both_kinds_of_update(corpus, tmp_path):
+    cfg = config_from_dict(
+        tiny_config_dict(
+            corpus,
+            tmp_path / "run",
+            train={"device": "cuda", "precision": "auto", "cuda_graphs": "auto", "max_steps": 8},
+        )
+    )
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    train(cfg)
+    start = json.loads((cfg.run_path / "metrics.jsonl").read_text().splitlines()[0])
+    graphs = start["graphs"]
+    assert graphs["asked"] == "auto" and graphs["eager_ms"] > 0 and graphs["graph_ms"] > 0
+    assert graphs["graphs"] == ("on" if graphs["graph_ms"] <= 0.9 * graphs["eager_ms"] else "off")
+    print(json.dumps({"graphs": graphs}))

@@ -220,6 +220,7 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(
         "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
         "attention": {"kernel": "sdpa", "asked": "sdpa"},
         "batches": {"shapes": "exact", "asked": "exact"},
+        "graphs": {"graphs": "off", "asked": "auto", "why": "not on CUDA"},
     }
     fp32 = dataclasses.replace(
         cfg, train=dataclasses.replace(cfg.train, precision="fp32", max_steps=8)
@@ -684,6 +685,7 @@ def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
         ),
         Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}),
         Decision("classes", "auto", {"multiple": 8, "group": 4}),
+        Decision("on", "auto", {"eager_ms": 28.0, "graph_ms": 4.0}),
     )
     record = choices.as_record()
     assert record == {
@@ -693,7 +695,9 @@ def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
         "cpu": "AMD EPYC",
         "attention": {"kernel": "matmul", "asked": "auto", "sdpa_ms": 13.8, "matmul_ms": 1.7},
         "batches": {"shapes": "classes", "asked": "auto", "multiple": 8, "group": 4},
+        "graphs": {"graphs": "on", "asked": "auto", "eager_ms": 28.0, "graph_ms": 4.0},
     }
     stored = stored_choices((P("last.pt"), {"train": {"precision": record}}))
     assert stored["attention"][1] == record["attention"]
-    assert "attention" not in stored["precision"][1]
+    assert stored["graphs"][1] == record["graphs"]
+    assert "attention" not in stored["precision"][1] and "graphs" not in stored["precision"][1]

@@ -1,0 +1,163 @@
+"""Captured updates (`mtkit.training.graphs`) on a CPU: an eager stand-in for CUDA's graph
+capture (warm-up updates, then the update itself as the "replay") runs the static
+buffers, the device-side bookkeeping, the RNG hand-back around capturing and the eager
+fallback as a GPU would; the decision is tested with faked timings. The real capture
+runs in tests/unit/test_cuda.py and `benchmarks/gpu_check.sh`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtkit.core.checkpoint import load_checkpoint
+from mtkit.core.config import TrainConfig, config_from_dict
+from mtkit.stages.preprocess import preprocess
+from mtkit.stages.tokenizer import build_tokenizer
+from mtkit.training import graphs
+from mtkit.training.graphs import WARMUP_UPDATES, choose_graphs
+from mtkit.training.loop import train
+
+from conftest import tiny_config_dict
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("graphs") / "run"
+    cfg = config_from_dict(tiny_config_dict(corpus, run))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    return run
+
+
+def stand_in(captures: list, failing: int | None = None):
+    """A capture for the CPU: the warm-up updates, then the update itself as its replay.
+    The `failing`-th capture (from 1) raises, as CUDA does for what it cannot capture."""
+
+    def capture(update):
+        captures.append(update)
+        if len(captures) == failing:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        for _ in range(WARMUP_UPDATES):
+            update()
+        return update
+
+    return capture
+
+
+def run_with(prepared, folder: Path, corpus, steps: int, graphs_on: bool):
+    if not (folder / "run").exists():
+        shutil.copytree(prepared, folder / "run")
+    data = tiny_config_dict(
+        corpus,
+        folder / "run",
+        model={"dropout": 0.1},
+        train={
+            "max_steps": steps,
+            "valid_every": 4,
+            "log_every": 4,
+            "cuda_graphs": "on" if graphs_on else "off",
+            "batch_shapes": "classes",  # few shapes: each captured once
+        },
+    )
+    return config_from_dict(data)
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+
+
+def test_captured_updates_train_as_eager_ones_and_capturing_draws_no_random_number(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    captures: list = []
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in(captures))
+    eager = run_with(prepared, tmp_path / "eager", corpus, 8, graphs_on=False)
+    train(eager)
+    captured = run_with(prepared, tmp_path / "graphs", corpus, 8, graphs_on=True)
+    train(captured)
+
+    log = events(captured.run_path)
+    assert log[0]["graphs"] == {"graphs": "on", "asked": "on"}
+    assert [e["captured_updates"] for e in log if e["event"] == "train"] == ["4/4", "4/4"]
+    assert 1 <= len(captures) < 8  # one capture per shape, replayed for its other batches
+    # The same updates (dropout 0.1: the same masks, so the warm-ups' draws were handed
+    # back), up to the order of the loss's sums (the dense loss masks pad rows) and the
+    # key biases, whose gradient is 0 up to rounding (see test_multinode).
+    a, b = weights(eager.run_path), weights(captured.run_path)
+    for name in a:
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    valid = [
+        [e["valid_loss"] for e in events(c.run_path) if e["event"] == "valid"]
+        for c in (eager, captured)
+    ]
+    assert valid[0] == pytest.approx(valid[1], rel=1e-4)
+
+
+def test_a_run_under_graphs_resumes_to_the_weights_of_one_that_never_stopped(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    whole = run_with(prepared, tmp_path / "whole", corpus, 12, graphs_on=True)
+    train(whole)
+    part = run_with(prepared, tmp_path / "part", corpus, 4, graphs_on=True)
+    train(part)  # stops at step 4; the resumed run captures its shapes again
+    assert train(dataclasses.replace(part, train=whole.train)).step == 12
+    a, b = weights(whole.run_path), weights(part.run_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_shape_that_cannot_be_captured_runs_eagerly_and_is_recorded(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    captures: list = []
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in(captures, failing=1))
+    cfg = run_with(prepared, tmp_path, corpus, 8, graphs_on=True)
+    assert train(cfg).step == 8
+    log = events(cfg.run_path)
+    fallbacks = [e for e in log if e["event"] == "graph_fallback"]
+    assert len(fallbacks) == 1 and "stream is capturing" in fallbacks[0]["why"]
+    counts = [e["captured_updates"] for e in log if e["event"] == "train"]
+    captured = sum(int(c.split("/")[0]) for c in counts)
+    assert len(captures) > 1 and 0 < captured < 8  # the other shapes still replay
+    assert all(torch.isfinite(w).all() for w in weights(cfg.run_path).values())
+
+
+def test_graphs_need_cuda_one_process_and_one_batch_per_update():
+    cuda, cpu, tc = torch.device("cuda"), torch.device("cpu"), TrainConfig()
+
+    def never():
+        raise AssertionError("measured")
+
+    assert choose_graphs("off", cuda, tc, False, never) == {"graphs": "off", "asked": "off"}
+    assert choose_graphs("on", cpu, tc, False, never)["why"] == "not on CUDA"
+    assert choose_graphs("auto", cuda, tc, True, never) == {
+        "graphs": "off",
+        "asked": "auto",
+        "why": "under DDP",
+    }
+    accumulating = dataclasses.replace(tc, update_freq=2)
+    assert choose_graphs("auto", cuda, accumulating, False, never)["why"] == (
+        "train.update_freq > 1"
+    )
+    assert choose_graphs("on", cuda, tc, False, never) == {"graphs": "on", "asked": "on"}
+
+
+def test_auto_takes_graphs_where_a_replayed_update_is_clearly_faster(caplog):
+    cuda, tc = torch.device("cuda"), TrainConfig()
+    with caplog.at_level("INFO", logger="mtkit.training.graphs"):
+        record = choose_graphs("auto", cuda, tc, False, lambda: (0.028, 0.0045))
+    assert record == {"graphs": "on", "asked": "auto", "eager_ms": 28.0, "graph_ms": 4.5}
+    assert "28.00 ms eagerly and 4.50 ms replayed: graphs" in caplog.text
+    assert choose_graphs("auto", cuda, tc, False, lambda: (0.005, 0.0048))["graphs"] == "off"
+    failed = choose_graphs("auto", cuda, tc, False, lambda: (0.005, float("inf")))
+    assert failed["graphs"] == "off"
