@@ -11,8 +11,9 @@
 #      waits), and cold and warm with SDPA in place of the engine's matmul attention;
 #   4. that training again with matmul attention, and both trainings' tokens/s (whether
 #      cuDNN's attention, with a plan for every new shape, slows training on real batches);
-#   5. three epochs of that training with attention and batch shapes measured on the GPU:
-#      each epoch's seconds (the first must cost at most 1.5x a later one, issue 49);
+#   5. three epochs of that training with every choice measured on the GPU (attention,
+#      batch shapes, CUDA graphs), then with eager updates: each epoch's seconds and ms
+#      per update (the first epoch must cost at most 1.5x a later one, issue 49);
 #   6. 200 updates under torchrun with NCCL (world size 1).
 # Everything lands in $OUT (default gpu_check/): logs and one JSON line per benchmark.
 # The machine needs torch with CUDA, sentencepiece, typer, sacrebleu, pyyaml, transformers
@@ -74,30 +75,38 @@ for run in sys.argv[1:]:
                       "train_records": len(rates)}))
 PY
 
-echo "== 5. the first epoch against later ones, attention and batch shapes auto (issue 49)"
-# Step 3's run, its checkpoints left out, trained 3 epochs with the attention kernel and
-# the batches' shapes measured on the GPU (a kernel's first call at a new shape beside
-# its calls at a known one). One JSON line: each epoch's seconds and the choices; the
-# ratio is the first epoch's over the second's (the third ends with a validation).
+echo "== 5. the first epoch against later ones, and CUDA graphs against eager updates (issue 49)"
+# Step 3's run, its checkpoints left out, trained 3 epochs twice: with every choice auto
+# (attention and batch shapes measured on the GPU, CUDA graphs where measured faster),
+# and with eager updates (cuda_graphs off). One JSON line each: each epoch's seconds and
+# ms per update, the first epoch over the second (the third ends with a validation), and
+# the choices.
 copy_run() {  # the prepared run directory of step 3, without what training wrote
   mkdir -p "$1" && cp -r "$run"/. "$1"/ && rm -rf "$1"/checkpoints "$1"/metrics.jsonl "$1"/.lock
 }
-run3=$(mktemp -d)/multi30k && copy_run "$run3"
-timeout 150 python3 -m mtkit -q train -c configs/multi30k.yaml --set "run_dir=$run3" \
-    --set train.max_time=0 --set train.max_steps=0 --set train.max_epochs=3 \
-    --set train.valid_every=100000 --set train.save_every=0 --set train.average_last=0 \
-    --set train.log_every=50 --set train.attention=auto --set train.batch_shapes=auto \
-    2>&1 | tee -a "$out/epochs.log"
-python3 - "$run3" <<'PY' 2>&1 | tee "$out/epochs.json"
+for graphs in auto off; do
+  run3=$(mktemp -d)/multi30k && copy_run "$run3"
+  timeout 150 python3 -m mtkit -q train -c configs/multi30k.yaml --set "run_dir=$run3" \
+      --set train.max_time=0 --set train.max_steps=0 --set train.max_epochs=3 \
+      --set train.valid_every=100000 --set train.save_every=0 --set train.average_last=0 \
+      --set train.log_every=50 --set train.attention=auto --set train.batch_shapes=auto \
+      --set "train.cuda_graphs=$graphs" 2>&1 | tee -a "$out/epochs.log"
+  python3 - "$run3" "$graphs" <<'PY' 2>&1 | tee -a "$out/epochs.json"
 import json, sys
 records = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
 start = next(r for r in records if r["event"] == "start")
-marks = [start["time"]] + [r["time"] for r in records if r["event"] in ("epoch", "end")]
-seconds = [round(b - a, 2) for a, b in zip(marks, marks[1:])]
-print(json.dumps({"benchmark": "epochs", "epoch_seconds": seconds,
+marks = [(start["time"], 0)] + [(r["time"], r["step"]) for r in records if r["event"] in ("epoch", "end")]
+seconds = [round(b[0] - a[0], 2) for a, b in zip(marks, marks[1:])]
+ms = [round(1e3 * (b[0] - a[0]) / max(b[1] - a[1], 1), 2) for a, b in zip(marks, marks[1:])]
+print(json.dumps({"benchmark": "epochs", "cuda_graphs": sys.argv[2], "epoch_seconds": seconds,
+                  "ms_per_update": ms,
                   "first_over_second": round(seconds[0] / seconds[1], 2) if len(seconds) > 1 else None,
-                  "attention": start.get("attention"), "batches": start.get("batches")}))
+                  "captured_updates": [r.get("captured_updates") for r in records if r["event"] == "train"][-3:],
+                  "graph_fallbacks": sum(r["event"] == "graph_fallback" for r in records),
+                  "attention": start.get("attention"), "batches": start.get("batches"),
+                  "graphs": start.get("graphs")}))
 PY
+done
 
 echo "== 6. torchrun with NCCL, world size 1 (the multi-node path, issue 49)"
 run4=$(mktemp -d)/multi30k && copy_run "$run4"

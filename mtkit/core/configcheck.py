@@ -42,6 +42,8 @@ def _convert(value: Any, tp, key: str, where: str) -> Any:
     """Check (and for numbers, widen) one leaf value against its annotated type."""
     bad = ConfigError(f"{where}{key} must be {_describe(tp)}, got {value!r}")
     if typing.get_origin(tp) is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(typing.get_args(tp)):
+            value = "on" if value else "off"  # YAML 1.1 reads on and off as true and false
         if value not in typing.get_args(tp):
             raise bad
         return value

@@ -216,9 +216,8 @@ def _captured_updates(
     shape that falls back to eager updates written to metrics.jsonl (`graph_fallback`)."""
     if choices.graphs.value != "on":
         return None
-    why = choose_graphs("on", device, cfg.train, dist.is_initialized(), None).get("why")
-    if why is not None:  # (a run that took graphs, resumed elsewhere)
-        return None
+    if not graphs_possible(cfg, device, dist.is_initialized()):
+        return None  # (a run that took graphs, resumed where they cannot run)
 
     def fell_back(shape: tuple, why: str) -> None:
         metrics.write("graph_fallback", shape=list(shape), why=why)
@@ -502,11 +501,12 @@ def run_choices(
     attention = decided_once(
         ATTENTION, tc.attention, stored.get("attention"), measure_attention, broadcast
     )
-    batches = decided_once(
-        BATCH_SHAPES,
-        tc.batch_shapes,
-        stored.get("batches"),
-        lambda: BATCH_SHAPES.decision(
+
+    def measure_batches() -> Decision:
+        if tc.batch_shapes == "auto" and graphs_possible(cfg, device, distributed):
+            # A graph per shape: hundreds of token-bucketed shapes would each be captured.
+            return Decision("classes", "auto", {"why": "CUDA graphs want few shapes"})
+        return BATCH_SHAPES.decision(
             choose_batch_shapes(
                 tc.batch_shapes,
                 device,
@@ -515,8 +515,10 @@ def run_choices(
                 fresh_above=tc.max_tokens,
                 attention=(attention.value, shape),
             )
-        ),
-        broadcast,
+        )
+
+    batches = decided_once(
+        BATCH_SHAPES, tc.batch_shapes, stored.get("batches"), measure_batches, broadcast
     )
     if batches.value == "classes" and "multiple" not in batches.details:
         shapes = BatchShapes()  # stored, so that a later mtkit resumes on the same batches
@@ -524,6 +526,13 @@ def run_choices(
             batches, details={**batches.details, "multiple": shapes.multiple, "group": shapes.group}
         )
     return RunChoices(precision, attention, batches)
+
+
+def graphs_possible(cfg: Config, device: torch.device, distributed: bool) -> bool:
+    """Whether `train.cuda_graphs` may take graphs on this run (`choose_graphs`)."""
+    if cfg.train.cuda_graphs == "off":
+        return False
+    return "why" not in choose_graphs("on", device, cfg.train, distributed, None)
 
 
 def graphs_choice(

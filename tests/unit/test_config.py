@@ -156,3 +156,18 @@ def test_missing_and_malformed_files_give_one_line(tmp_path):
 def test_shipped_configs_load():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         assert isinstance(load_config(path), Config), path
+
+
+def test_on_and_off_unquoted_read_as_the_words_where_a_setting_takes_them(tmp_path):
+    """YAML 1.1 reads `cuda_graphs: off` as false; where on and off are the values a
+    setting takes, they mean the words (elsewhere a boolean stays an error)."""
+    path = tmp_path / "exp.yaml"
+    path.write_text("run_dir: run\ntrain:\n  cuda_graphs: off\n")
+    assert load_config(path).train.cuda_graphs == "off"
+    path.write_text("run_dir: run\ntrain:\n  cuda_graphs: on\n")
+    assert load_config(path).train.cuda_graphs == "on"
+    path.write_text("run_dir: run\ntrain:\n  precision: off\n")
+    with pytest.raises(
+        ConfigError, match=r"train.precision must be one of 'auto', 'fp32', 'bf16', got False"
+    ):
+        load_config(path)

@@ -49,7 +49,7 @@ def stand_in(captures: list, failing: int | None = None):
     return capture
 
 
-def run_with(prepared, folder: Path, corpus, steps: int, graphs_on: bool):
+def run_with(prepared, folder: Path, corpus, steps: int, graphs_on: bool, shapes="classes"):
     if not (folder / "run").exists():
         shutil.copytree(prepared, folder / "run")
     data = tiny_config_dict(
@@ -61,7 +61,7 @@ def run_with(prepared, folder: Path, corpus, steps: int, graphs_on: bool):
             "valid_every": 4,
             "log_every": 4,
             "cuda_graphs": "on" if graphs_on else "off",
-            "batch_shapes": "classes",  # few shapes: each captured once
+            "batch_shapes": shapes,  # classes: few shapes, each captured once
         },
     )
     return config_from_dict(data)
@@ -130,6 +130,16 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly_and_is_recorded(
     captured = sum(int(c.split("/")[0]) for c in counts)
     assert len(captures) > 1 and 0 < captured < 8  # the other shapes still replay
     assert all(torch.isfinite(w).all() for w in weights(cfg.run_path).values())
+
+
+def test_batch_shapes_auto_takes_few_shapes_where_graphs_may_run(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    cfg = run_with(prepared, tmp_path, corpus, 4, graphs_on=True, shapes="auto")
+    train(cfg)
+    batches = events(cfg.run_path)[0]["batches"]
+    assert batches["shapes"] == "classes" and batches["why"] == "CUDA graphs want few shapes"
 
 
 def test_graphs_need_cuda_one_process_and_one_batch_per_update():
