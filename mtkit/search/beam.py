@@ -431,6 +431,9 @@ class TopCandidates:
         pass
 
 
+READ_EVERY_ON_GPU = 8  # steps between the host's reads of which sentences are done
+
+
 @torch.no_grad()
 def beam_search(
     model: StepModel,
@@ -440,6 +443,7 @@ def beam_search(
     min_len: int = 1,
     prefixes: list[list[int]] | None = None,
     choice: Choice | None = None,
+    read_every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `options.nbest` best hypotheses, best first
     (fewer, or none, where `choice` leaves no way to finish: a constrained search). Of
@@ -450,7 +454,13 @@ def beam_search(
     (default `TopCandidates`: the N best) takes. A sentence is done, and leaves the
     batch, once no open beam can beat its `nbest` best finished hypotheses (or at its
     maximum length): the output is what a search that waits for N finished hypotheses
-    would give, in fewer steps."""
+    would give, in fewer steps.
+
+    The bookkeeping stays on the device (`Finished`, `_sentences_done`): the host reads
+    which sentences are done every `read_every` steps (and at each length limit), and
+    a done sentence's rows are masked until then: on a GPU every `READ_EVERY_ON_GPU`
+    steps, so that most steps wait for nothing; on a CPU every step, as decoding a
+    masked row costs there what a read does not."""
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
@@ -462,8 +472,12 @@ def beam_search(
     memory, src_mask, prefix, limits = start_search(
         model, src, prefixes, options.max_len_a, options.max_len_b
     )
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    read_every = read_every or (READ_EVERY_ON_GPU if device.type == "cuda" else 1)
+    finished = Finished(batch, beam, int(limits.max()) + 1, device)
+    out: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    host_limits = limits.tolist()  # read once: when a sentence reaches its limit
     alive = torch.arange(batch, device=device)  # row block of the batch -> sentence
+    alive_host = list(range(batch))
     scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, N)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((batch * beam, 0), BOS, dtype=torch.long, device=device)  # (B*N, 0)
@@ -493,17 +507,26 @@ def beam_search(
     cache = cache.index_select(reorder // beam)
     step = 1
     while True:
+        # Sentences that are done stay in the batch, their beams at -inf, until the host
+        # reads which they are: every `read_every` steps, and at the step after a
+        # sentence's length limit (known on the host), so no row outruns its limit.
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
-        if done.any():  # they leave the batch
-            keep = (~done).nonzero().squeeze(1)  # (b',)
-            choice.keep(keep)
-            rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
-            alive, scores = alive[keep], scores[keep]
-            token, history = token[rows], history[rows]
-            memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
-            cache = cache.index_select(rows, keep)
-        if not alive.numel():
-            return [hyps[:nbest] for hyps in finished]
+        scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
+        if step % read_every == 0 or step > min(host_limits[s] for s in alive_host):
+            gone = done.nonzero().squeeze(1).tolist()
+            if gone:  # they leave the batch
+                keep = (~done).nonzero().squeeze(1)  # (b',)
+                for row, hyps in zip(gone, finished.read(alive[gone]), strict=True):
+                    out[alive_host[row]] = hyps[:nbest]
+                choice.keep(keep)
+                rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
+                alive, scores = alive[keep], scores[keep]
+                alive_host = [alive_host[row] for row in keep.tolist()]
+                token, history = token[rows], history[rows]
+                memory, src_mask = memory[keep], src_mask[keep]  # (b', S, D), (b', S)
+                cache = cache.index_select(rows, keep)
+            if not alive_host:
+                return out
         rows = alive.repeat_interleave(beam)  # each decoded row's sentence
         lprobs, cache = step_log_probs(
             model,
@@ -528,7 +551,7 @@ def beam_search(
 
 def _extend(
     choice: Choice,
-    finished: list[list[Hypothesis]],
+    finished: Finished,
     alive: Tensor,
     scores: Tensor,
     history: Tensor,
@@ -545,7 +568,7 @@ def _extend(
     beam = scores.size(1)
     at_limit = step >= limits[alive].repeat_interleave(beam)  # (b*N,)
     cand = choice.choose(scores, lprobs, at_limit)
-    _collect_finished(finished, alive, history, cand, beam, lenpen, step)
+    finished.add(alive, history, cand, length_penalty(step + 1, lenpen))
     offsets = torch.arange(alive.numel(), device=scores.device).unsqueeze(1) * beam  # (b, 1)
     reorder = (offsets + cand.beams.gather(1, cand.pick)).view(-1)  # (b*N,)
     token = cand.tokens.gather(1, cand.pick).view(-1)  # (b*N,)
@@ -553,37 +576,75 @@ def _extend(
     return cand.scores.gather(1, cand.pick), token, history, reorder
 
 
-def _collect_finished(
-    finished: list[list[Hypothesis]],
-    alive: Tensor,
-    history: Tensor,
-    cand: Candidates,
-    beam: int,
-    lenpen: float,
-    step: int,
-) -> None:
-    """Record eos candidates ranked among a sentence's N best as finished hypotheses;
-    each sentence keeps its N best finished ones, best first."""
-    ends = (cand.tokens[:, :beam] == EOS) & torch.isfinite(cand.scores[:, :beam])  # (b, N)
-    if not ends.any():
-        return
-    penalty = length_penalty(step + 1, lenpen)
-    rows, ranks = ends.nonzero(as_tuple=True)  # (e,) each: read out in one go, not one by one
-    sources = rows * beam + cand.beams[rows, ranks]  # (e,)
-    for sentence, tokens, log_prob in zip(
-        alive[rows].tolist(),
-        history[sources].tolist(),
-        cand.scores[rows, ranks].tolist(),
-        strict=True,
-    ):
-        hyps = finished[sentence]
-        hyps.append(Hypothesis(tokens, log_prob, log_prob / penalty))
-        hyps.sort(key=lambda h: -h.score)
-        del hyps[beam:]
+class Finished:
+    """Each sentence's N best finished hypotheses, best first, kept on the device: their
+    tokens (B, N, L), lengths, log-probabilities and scores (B, N) each; -inf scores where
+    a sentence has fewer. Scores are log-prob / length penalty in float64, as Python
+    floats would divide them, so that the order and the bound are those of a list of
+    `Hypothesis` kept on the host."""
+
+    def __init__(self, batch: int, beam: int, length: int, device: torch.device):
+        self.beam = beam
+        self.tokens = torch.full((batch, beam, length), PAD, dtype=torch.long, device=device)
+        self.lengths = torch.zeros((batch, beam), dtype=torch.long, device=device)
+        self.log_probs = torch.full((batch, beam), float("-inf"), device=device)
+        self.scores = torch.full((batch, beam), float("-inf"), dtype=torch.float64, device=device)
+
+    def add(self, sentences: Tensor, history: Tensor, cand: Candidates, penalty: float) -> None:
+        """Record the eos candidates ranked among each sentence's N best (of b sentences,
+        `sentences` (b,)), from the beams' `history` (b*N, t): merged with the sentence's
+        finished ones by score, best first, ties in the order they came (those already
+        there, then the new ones by rank); the N best are kept."""
+        n, t = self.beam, history.size(1)
+        lp = cand.scores[:, :n]  # (b, N)
+        ends = (cand.tokens[:, :n] == EOS) & torch.isfinite(lp)  # (b, N)
+        rows = torch.arange(sentences.numel(), device=lp.device)  # (b,)
+        if lp.device.type == "cpu":  # a read costs a CPU nothing: merge where some end
+            rows = ends.any(dim=1).nonzero().squeeze(1)  # (b',)
+            if not rows.numel():
+                return
+            sentences, lp, ends = sentences[rows], lp[rows], ends[rows]
+        b = rows.numel()
+        new_lp = lp.masked_fill(~ends, float("-inf"))  # (b, N)
+        new_scores = new_lp.double() / penalty  # (b, N)
+        sources = rows.unsqueeze(1) * n + cand.beams[rows, :n]  # (b, N) rows of history
+        new_tokens = torch.full_like(self.tokens[:b], PAD)  # (b, N, L)
+        new_tokens[:, :, :t] = history[sources.view(-1)].view(b, n, t)
+        scores = torch.cat([self.scores[sentences], new_scores], dim=1)  # (b, 2N)
+        order = scores.sort(dim=1, descending=True, stable=True).indices[:, :n]  # (b, N)
+
+        def merged(old: Tensor, new: Tensor) -> Tensor:
+            both = torch.cat([old[sentences], new], dim=1)  # (b, 2N, ...)
+            index = order.view(b, n, *([1] * (both.dim() - 2))).expand(b, n, *both.shape[2:])
+            return both.gather(1, index)
+
+        self.scores[sentences] = scores.gather(1, order)
+        self.log_probs[sentences] = merged(self.log_probs, new_lp)
+        self.lengths[sentences] = merged(self.lengths, torch.full_like(ends, t, dtype=torch.long))
+        self.tokens[sentences] = merged(self.tokens, new_tokens)
+
+    def count(self, sentences: Tensor) -> Tensor:
+        """(b,) finished hypotheses of each sentence."""
+        return torch.isfinite(self.scores[sentences]).sum(dim=1)
+
+    def read(self, sentences: Tensor) -> list[list[Hypothesis]]:
+        """The finished hypotheses of some sentences, best first, on the host."""
+        scores = self.scores[sentences].tolist()
+        log_probs = self.log_probs[sentences].tolist()
+        lengths = self.lengths[sentences].tolist()
+        tokens = self.tokens[sentences].tolist()
+        return [
+            [
+                Hypothesis(tokens[i][j][: lengths[i][j]], log_probs[i][j], scores[i][j])
+                for j in range(self.beam)
+                if scores[i][j] != float("-inf")
+            ]
+            for i in range(len(scores))
+        ]
 
 
 def _sentences_done(
-    finished: list[list[Hypothesis]],
+    finished: Finished,
     alive: Tensor,
     scores: Tensor,
     limits: Tensor,
@@ -594,23 +655,14 @@ def _sentences_done(
     """(b,) True where no open beam can still enter the sentence's `nbest` best: it has
     `nbest` finished hypotheses and the best open beam, even ending at the longest
     allowed length (log-probs only fall; the penalty only grows), scores below the
-    worst of them. Also True once the forced-eos step at the length limit has passed."""
+    worst of them. Also True once the forced-eos step at the length limit has passed.
+    On the device, no host read."""
     best_open = scores.max(dim=1).values  # (b,)
     limit = limits[alive]  # (b,)
     bound = best_open / length_penalty(limit.float() + 1.0, lenpen)  # (b,)
-    done = step > limit  # (b,)
-    full = [
-        (row, finished[sentence][nbest - 1].score)
-        for row, sentence in enumerate(alive.tolist())
-        if len(finished[sentence]) >= nbest
-    ]
-    if full:  # compared in the bound's precision, all at once
-        rows = torch.tensor([row for row, _ in full], device=done.device)  # (f,)
-        worst = torch.tensor(
-            [score for _, score in full], dtype=bound.dtype, device=done.device
-        )  # (f,)
-        done[rows] |= ~(bound[rows] > worst)
-    return done
+    worst = finished.scores[alive, nbest - 1].to(bound.dtype)  # (b,): -inf where fewer
+    full = finished.count(alive) >= nbest  # (b,)
+    return (step > limit) | (full & ~(bound > worst))
 
 
 def as_hypotheses(

@@ -100,12 +100,16 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
     Rank 0 holds the run directory's lock for the whole run. A failed write (disk full)
     stops training with one line; the checkpoints written before it stay intact."""
     main = int(os.environ.get("RANK", 0)) == 0
+    ours = not dist.is_initialized()  # setup starts the process group under torchrun
     with run_lock(cfg.run_path, "train") if main else nullcontext():
         if main:
             remove_leftovers(cfg.run_path / "checkpoints", ("*",))
             remove_leftovers(cfg.run_path, ("config.yaml",))
         try:
-            return _train(cfg, resume)
+            result = _train(cfg, resume)
+            if ours and dist.is_initialized():  # (its teardown at exit can hang)
+                dist.destroy_process_group()
+            return result
         except WriteError as e:
             raise TrainError(f"{e}; earlier checkpoints are intact") from None
         except RuntimeError as e:

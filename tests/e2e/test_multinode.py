@@ -128,16 +128,31 @@ def _nodes(
 
 
 def _finish(nodes: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    """Each node's exit code and output; on a timeout (a test that fails by hanging),
+    the agents and their workers (torchrun starts those in sessions of their own) die."""
     out = []
     try:
         for node in nodes:
             text, _ = node.communicate(timeout=timeout)
             out.append((node.returncode, text))
-    finally:
+    except subprocess.TimeoutExpired:
         for node in nodes:
+            _kill_workers(node.args[-1])
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
+        texts = [node.communicate()[0][-2000:] for node in nodes]
+        raise AssertionError(f"a node did not finish in {timeout} s: {texts}") from None
     return out
+
+
+def _kill_workers(config: str) -> None:
+    """Kill every process whose command line names `config` (a node's workers)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and config in (proc / "cmdline").read_text():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:

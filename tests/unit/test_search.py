@@ -441,3 +441,21 @@ def test_step_log_probs_are_fp32_log_softmax_of_the_logits_with_the_rules_applie
     assert (lprobs[:, PAD] == float("-inf")).all() and (lprobs[:, BOS] == float("-inf")).all()
     assert torch.equal(lprobs[:5, EOS], want[:5, EOS])
     assert lprobs[5, EOS] == 0.0 and (lprobs[5, other] == float("-inf")).all()
+
+
+@pytest.mark.parametrize("read_every", [2, 3, 8])
+def test_done_sentences_read_every_few_steps_give_the_hypotheses_of_reading_each_step(read_every):
+    """On a GPU the host reads which sentences are done every few steps, and their rows
+    stay masked until then: the same tokens, and scores (the rows' batch differs)."""
+    from conftest import assert_same_hypotheses
+
+    model, src = random_model(5), random_src(8, 4)
+    longest = SearchOptions(beam=2, max_len_a=0.0, max_len_b=10**6)  # to the model's positions
+    for options in (SearchOptions(beam=4, nbest=2), SearchOptions(beam=3, lenpen=0.0), longest):
+        each_step = beam_search(model, src, options, read_every=1)
+        assert_same_hypotheses(beam_search(model, src, options, read_every=read_every), each_step)
+    prefixes = [[5, 6], [], [7], [], [], [8, 9, 10], [], []]
+    assert_same_hypotheses(
+        beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes, read_every=read_every),
+        beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes, read_every=1),
+    )
