@@ -245,3 +245,19 @@ def test_cuda_graphs_auto_times_both_kinds_of_update(corpus, tmp_path):
     assert graphs["asked"] == "auto" and graphs["eager_ms"] > 0 and graphs["graph_ms"] > 0
     assert graphs["graphs"] == ("on" if graphs["graph_ms"] <= 0.9 * graphs["eager_ms"] else "off")
     print(json.dumps({"graphs": graphs}))
+
+
+def test_beam_search_reading_done_sentences_every_few_steps_on_cuda_gives_the_same_tokens():
+    """On CUDA the host reads which sentences are done every `READ_EVERY_ON_GPU` steps:
+    the same hypotheses as reading each step, on the same device."""
+    from scripted import random_model, random_src
+
+    from mtkit.search.beam import beam_search
+
+    from conftest import assert_same_hypotheses
+
+    model, src = random_model(5).cuda(), random_src(16, 4).cuda()
+    for options in (SearchOptions(beam=5, nbest=2), SearchOptions(beam=4, max_len_b=10**6)):
+        assert_same_hypotheses(
+            beam_search(model, src, options), beam_search(model, src, options, read_every=1)
+        )
