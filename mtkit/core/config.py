@@ -197,8 +197,9 @@ class TrainConfig:
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     # Each batch shape's update as a captured CUDA graph, replayed (on CUDA, in one
     # process, with update_freq 1; elsewhere updates run eagerly); auto times an update
-    # of each kind at the first start (`mtkit.training.graphs`).
-    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    # of each kind at the first start (`mtkit.training.graphs`). Off by default until
+    # `benchmarks/gpu_check.sh` has measured it on a GPU (issue 49).
+    cuda_graphs: Literal["auto", "on", "off"] = "off"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this
     # config's), with a fresh optimizer and schedule: fine-tuning. A checkpoint file, or

@@ -233,8 +233,13 @@ def choose_device_attention(
     "matmul_new_shape_ms"}. Among the kernels whose new shapes cost at most
     `STABLE_SHAPE_COST` times a known one (all of them if none), matmul + softmax where
     it needs at most `MATMUL_MARGIN` of SDPA's time at a known shape (or SDPA is not
-    among them), else SDPA."""
-    timings = time_kernel_shapes(measure)
+    among them), else SDPA. A measurement that fails (this path has not yet met every
+    GPU) keeps SDPA, as mtkit did before it measured on CUDA, and says so."""
+    try:
+        timings = time_kernel_shapes(measure)
+    except RuntimeError as e:
+        log.warning("attention auto: measuring on %s failed (%s); SDPA", device, e)
+        return {"kernel": "sdpa", "asked": "auto", "failed": str(e).splitlines()[0][:160]}
     pool = {k: t for k, t in timings.items() if t.stable} or timings
     if "sdpa" not in pool or (
         "matmul" in pool and pool["matmul"].known_s <= MATMUL_MARGIN * pool["sdpa"].known_s
@@ -396,7 +401,11 @@ def choose_batch_shapes(
             raise ValueError("choose_batch_shapes on CUDA needs the run's attention")
         kernel, attention_shape = attention
         timer = device_attention_timer(attention_shape, dtype, device)
-        timing = time_kernel_shapes(timer, (kernel,))[kernel]
+        try:
+            timing = time_kernel_shapes(timer, (kernel,))[kernel]
+        except RuntimeError as e:  # (as `choose_device_attention`): token batches, as before
+            log.warning("batch shapes auto: measuring on %s failed (%s); token batches", device, e)
+            return {"shapes": "exact", "asked": asked, "failed": str(e).splitlines()[0][:160]}
         new, known = timing.new_s, timing.known_s
     else:
         threads = torch.get_num_threads()

@@ -273,7 +273,11 @@ def choose_graphs(
         return {"graphs": "off", "asked": asked, "why": why}
     if asked == "on" or measure is None:
         return {"graphs": "on", "asked": asked}
-    eager, graph = measure()
+    try:
+        eager, graph = measure()
+    except RuntimeError as e:
+        log.warning("CUDA graphs auto: measuring failed (%s); eager updates", e)
+        return {"graphs": "off", "asked": asked, "why": str(e).splitlines()[0][:160]}
     chosen = "on" if graph <= GRAPH_MARGIN * eager else "off"
     log.info(
         "CUDA graphs auto: an update took %.2f ms eagerly and %.2f ms replayed: %s",

@@ -171,3 +171,13 @@ def test_auto_takes_graphs_where_a_replayed_update_is_clearly_faster(caplog):
     assert choose_graphs("auto", cuda, tc, False, lambda: (0.005, 0.0048))["graphs"] == "off"
     failed = choose_graphs("auto", cuda, tc, False, lambda: (0.005, float("inf")))
     assert failed["graphs"] == "off"
+
+    def broken():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    record = choose_graphs("auto", cuda, tc, False, broken)
+    assert record["graphs"] == "off" and "stream is capturing" in record["why"]
+
+
+def test_graphs_are_off_unless_asked_for():
+    assert TrainConfig().cuda_graphs == "off"  # until measured on a GPU (issue 49)

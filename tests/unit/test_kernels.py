@@ -307,3 +307,14 @@ def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatc
             kernel
         }
     assert timed == [torch.bfloat16, None]  # measured as each engine runs
+
+
+def test_a_measurement_that_fails_on_cuda_keeps_what_mtkit_did_before_measuring(caplog):
+    def failing(*args):
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
+
+    cuda = torch.device("cuda")
+    with caplog.at_level("WARNING", logger="mtkit.model.kernel_timing"):
+        record = choose_attention("auto", cuda, torch.bfloat16, SHAPE, failing)
+    assert record["kernel"] == "sdpa" and "CUDNN_STATUS_NOT_SUPPORTED" in record["failed"]
+    assert "measuring on cuda failed" in caplog.text

@@ -220,7 +220,7 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(
         "calibration": {"fp32_ms": 2.0, "bf16_ms": 1.0},
         "attention": {"kernel": "sdpa", "asked": "sdpa"},
         "batches": {"shapes": "exact", "asked": "exact"},
-        "graphs": {"graphs": "off", "asked": "auto", "why": "not on CUDA"},
+        "graphs": {"graphs": "off", "asked": "off"},
     }
     fp32 = dataclasses.replace(
         cfg, train=dataclasses.replace(cfg.train, precision="fp32", max_steps=8)
