@@ -56,6 +56,10 @@ timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" -
 timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
     --limit 300 --attention sdpa --no-profile 2>>"$out/translate_speed.log" \
     | tee -a "$out/profile_decode.json"
+# beam search's host reads of which sentences are done: every step (as before issue 50's
+# device-side bookkeeping) against every READ_EVERY_ON_GPU steps (the default above)
+timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+    --limit 300 --read-every 1 2>>"$out/translate_speed.log" | tee -a "$out/profile_decode.json"
 
 echo "== 4. the same training with matmul attention (step 3's took what auto measured): tokens/s"
 run2=$(mktemp -d)/multi30k

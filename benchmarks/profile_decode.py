@@ -41,6 +41,7 @@ from translate_speed import read_source
 from mtkit.core.device import cpu_description, tune_cpu_runtime
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
+from mtkit.search import beam as beam_module
 
 MATMUL = (
     "aten::mm",
@@ -95,8 +96,17 @@ def main() -> None:
         help="fp32|bf16|int8|auto (default: the checkpoint's decode.precision)",
     )
     parser.add_argument("--shortlist", action="store_true", help="the model's lexical shortlist")
+    parser.add_argument(
+        "--read-every",
+        type=int,
+        default=0,
+        help="steps between the host's reads of which sentences are done, on a GPU "
+        "(default: beam search's READ_EVERY_ON_GPU); 1 reads every step, as on a CPU",
+    )
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
+    if args.read_every:
+        beam_module.READ_EVERY_ON_GPU = args.read_every
 
     lines = read_source(args.src, args.limit)
     if not Path(args.model).is_dir():  # as `mtkit translate` does for a checkpoint
@@ -139,6 +149,7 @@ def main() -> None:
         "engine_attention": engine.precision.get("attention"),
         "beam": args.beam,
         "shortlist": args.shortlist,
+        "read_every": beam_module.READ_EVERY_ON_GPU if device.type == "cuda" else 1,
         "sentences": n,
         "cold_sentences_per_s": round(n / cold, 1),
         "warm_sentences_per_s": round(n / warm, 1),
