@@ -208,19 +208,24 @@ class SignalAcrossRanks:
     and a rank that stopped alone would leave the others waiting in a collective. After
     each update every rank posts what it received (an all-reduce it does not wait for),
     and before the next one all read the sum: all stop after the same update, one after
-    the first rank saw the signal at most. In one process it is `StopFlag.received`."""
+    the first rank saw the signal at most. The flag is a CPU tensor, in a Gloo group of
+    its own under NCCL, so that reading it never waits for the GPU. In one process it
+    is `StopFlag.received`."""
 
     CODES = {None: 0, "SIGINT": 1, "SIGTERM": 2}
 
     def __init__(self, state: TrainState, signals: StopFlag):
-        self.signals, self.distributed, self.device = signals, state.distributed, state.device
+        self.signals, self.distributed = signals, state.distributed
         self.posted: tuple[torch.Tensor, object] | None = None
+        self.group = None  # the default group where it is Gloo's (CPUs)
+        if self.distributed and dist.get_backend() != "gloo":
+            self.group = dist.new_group(backend="gloo")  # every rank makes it, in step
 
     def post(self) -> None:
         if self.distributed:
-            code = self.CODES[self.signals.received]
-            flag = torch.tensor([code], dtype=torch.int32, device=self.device)
-            self.posted = flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+            flag = torch.tensor([self.CODES[self.signals.received]], dtype=torch.int32)
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self.posted = flag, work
 
     def received(self) -> str | None:
         if not self.distributed:
