@@ -551,7 +551,8 @@ def graphs_choice(
 
     def measure() -> Decision:
         shape = run_attention_shape(cfg, train_data)
-        ids = torch.randint(4, model.tgt_embed.tokens.num_embeddings, (shape.batch, shape.length))
+        vocab = min(e.tokens.num_embeddings for e in (model.src_embed, model.tgt_embed))
+        ids = torch.randint(4, vocab, (shape.batch, shape.length))  # (both sides' pieces)
         batch = Batch(ids, ids, ids)
         timer = update_timer(
             model, lambda m: adamw(m, tc, device), batch, tc, device, choices.autocast_dtype

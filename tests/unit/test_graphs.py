@@ -142,6 +142,24 @@ def test_batch_shapes_auto_takes_few_shapes_where_graphs_may_run(
     assert batches["shapes"] == "classes" and batches["why"] == "CUDA graphs want few shapes"
 
 
+def test_auto_times_both_kinds_of_update_on_a_copy_and_leaves_the_run_as_it_was(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    """The real timer (`update_timer`: a copy of the model, eager updates and replays),
+    with the CPU's stand-in capture: the decision and both figures are recorded, and the
+    run's weights are those of a run told that decision without measuring."""
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    auto = run_with(prepared, tmp_path / "auto", corpus, 4, graphs_on=True)
+    auto = dataclasses.replace(auto, train=dataclasses.replace(auto.train, cuda_graphs="auto"))
+    train(auto)
+    record = events(auto.run_path)[0]["graphs"]
+    assert record["asked"] == "auto" and record["eager_ms"] > 0 and record["graph_ms"] > 0
+    told = run_with(prepared, tmp_path / "told", corpus, 4, graphs_on=record["graphs"] == "on")
+    train(told)
+    a, b = weights(auto.run_path), weights(told.run_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_graphs_need_cuda_one_process_and_one_batch_per_update():
     cuda, cpu, tc = torch.device("cuda"), torch.device("cpu"), TrainConfig()
 
