@@ -110,6 +110,17 @@ def tiny_config_dict(corpus: dict[str, Path], run_dir: Path, **sections) -> dict
     return data
 
 
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    """A run directory with tokenizer and shards for `tiny_config_dict`, made once per
+    test module; each test copies it."""
+    run = tmp_path_factory.mktemp("prepared") / "run"
+    cfg = config_from_dict(tiny_config_dict(corpus, run))
+    build_tokenizer(cfg)
+    preprocess(cfg)
+    return run
+
+
 @pytest.fixture
 def tiny_config(corpus, tmp_path):
     return config_from_dict(tiny_config_dict(corpus, tmp_path / "run"))

@@ -36,3 +36,10 @@ class OptionError(UserError, ValueError):
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
     """ "1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
     return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """An exception's message for a log line or a record: its first line, at most
+    `limit` characters, or the class name where it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__

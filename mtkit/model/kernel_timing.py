@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from mtkit.core.device import autocast, fastest_interleaved, linear_timer, on_one_thread
+from mtkit.core.errors import first_line
 from mtkit.model.attention import matmul_attention
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ def choose_device_attention(
         timings = time_kernel_shapes(measure)
     except RuntimeError as e:
         log.warning("attention auto: measuring on %s failed (%s); SDPA", device, e)
-        return {"kernel": "sdpa", "asked": "auto", "failed": str(e).splitlines()[0][:160]}
+        return {"kernel": "sdpa", "asked": "auto", "failed": first_line(e)}
     pool = {k: t for k, t in timings.items() if t.stable} or timings
     if "sdpa" not in pool or (
         "matmul" in pool and pool["matmul"].known_s <= MATMUL_MARGIN * pool["sdpa"].known_s
@@ -405,7 +406,7 @@ def choose_batch_shapes(
             timing = time_kernel_shapes(timer, (kernel,))[kernel]
         except RuntimeError as e:  # (as `choose_device_attention`): token batches, as before
             log.warning("batch shapes auto: measuring on %s failed (%s); token batches", device, e)
-            return {"shapes": "exact", "asked": asked, "failed": str(e).splitlines()[0][:160]}
+            return {"shapes": "exact", "asked": asked, "failed": first_line(e)}
         new, known = timing.new_s, timing.known_s
     else:
         threads = torch.get_num_threads()

@@ -24,7 +24,9 @@ the bookkeeping run on a CPU in tests with an eager stand-in for the graph.
 
 from __future__ import annotations
 
+import copy
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ from torch import nn
 
 from mtkit.core.config import TrainConfig
 from mtkit.core.device import autocast
+from mtkit.core.errors import first_line
 from mtkit.core.vocab import PAD
 from mtkit.data.batching import Batch
 from mtkit.model.loss import output_and_loss
@@ -209,7 +212,7 @@ class CapturedUpdates:
             replay = self.capture(update)
         except RuntimeError as e:  # what cannot be captured runs eagerly
             self.optimizer.zero_grad(set_to_none=True)
-            return self._eager(key, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            return self._eager(key, f"{type(e).__name__}: {first_line(e)}")
         finally:
             for group, was in zip(self.optimizer.param_groups, capturable, strict=True):
                 group["capturable"] = was
@@ -277,7 +280,7 @@ def choose_graphs(
         eager, graph = measure()
     except RuntimeError as e:
         log.warning("CUDA graphs auto: measuring failed (%s); eager updates", e)
-        return {"graphs": "off", "asked": asked, "why": str(e).splitlines()[0][:160]}
+        return {"graphs": "off", "asked": asked, "why": first_line(e)}
     chosen = "on" if graph <= GRAPH_MARGIN * eager else "off"
     log.info(
         "CUDA graphs auto: an update took %.2f ms eagerly and %.2f ms replayed: %s",
@@ -327,9 +330,6 @@ def update_timer(
     run's RNG streams are left as they were."""
 
     def measure() -> tuple[float, float]:
-        import copy
-        import time
-
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             twin = copy.deepcopy(model)
             optimizer = make_optimizer(twin)

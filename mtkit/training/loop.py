@@ -42,6 +42,7 @@ from mtkit.core.checkpoint import (
 )
 from mtkit.core.config import Config, TrainConfig, config_to_dict
 from mtkit.core.device import autocast
+from mtkit.core.errors import first_line
 from mtkit.core.languages import tag_end, tag_ids, without_tag
 from mtkit.core.progress import ProgressView
 from mtkit.core.rundir import run_lock
@@ -116,7 +117,7 @@ def train(cfg: Config, resume: bool = True) -> TrainResult:
             if not (dist.is_initialized() and _lost_a_rank(e)):
                 raise
             raise TrainError(
-                f"rank {dist.get_rank()} lost contact with another rank ({_first_line(e)}); "
+                f"rank {dist.get_rank()} lost contact with another rank ({_connection_reason(e)}); "
                 f"the checkpoints written are intact: start every node again to resume"
             ) from None
 
@@ -127,10 +128,10 @@ def _lost_a_rank(e: RuntimeError) -> bool:
     return isinstance(e, dist.DistError) or "gloo" in str(e).lower()
 
 
-def _first_line(e: BaseException) -> str:
+def _connection_reason(e: BaseException) -> str:
     """ "Connection reset by peer" from "[.../pair.cc:537] Read error [...]: Connection
     reset by peer. This is typically ...": the reason, without the source position."""
-    line = re.sub(r"^\[[^\]]*\]\s*", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
+    line = re.sub(r"^\[[^\]]*\]\s*", "", first_line(e, limit=10**6))
     return line.split(". ")[0][:160]
 
 

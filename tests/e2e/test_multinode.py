@@ -19,24 +19,12 @@ import yaml
 
 from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import config_from_dict
-from mtkit.stages.preprocess import preprocess
-from mtkit.stages.tokenizer import build_tokenizer
 from mtkit.training.loop import train
 
 from conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = {"max_steps": 8, "valid_every": 8, "save_every": 2, "log_every": 2}
-
-
-@pytest.fixture(scope="module")
-def prepared(corpus, tmp_path_factory) -> Path:
-    """A run directory with tokenizer and shards, copied by each test."""
-    run = tmp_path_factory.mktemp("prepared") / "run"
-    cfg = config_from_dict(tiny_config_dict(corpus, run))
-    build_tokenizer(cfg)
-    preprocess(cfg)
-    return run
 
 
 def _config(folder: Path, prepared: Path, corpus, dropout: float, **train) -> Path:
@@ -61,8 +49,9 @@ def _free_port() -> int:
 
 
 # Node 1's process, sent a signal when it starts update `at`: SIGKILL to its torchrun
-# agent and to itself at once, as a machine that goes down; or SIGTERM to itself alone,
-# as a signal that reaches one node only.
+# agent and to itself at once, as a machine that goes down; or SIGTERM to itself alone
+# ("process"), or to its node's process group ("group": the agent, which passes it on to
+# its worker, in a session of its own), as a signal that reaches one node only.
 _SIGNALLED = """
 import os, runpy, signal, sys
 import mtkit.training.loop as loop
@@ -72,22 +61,24 @@ def apply_update(state, update):
     calls += 1
     if calls == at and sig == signal.SIGKILL:
         os.kill(os.getppid(), signal.SIGKILL)
-    if calls == at:
+    if calls == at and sys.argv[3] == "group":  # the node's whole process group, as
+        os.killpg(os.getpgid(os.getppid()), sig)  # a scheduler sends it: the agent's
+    elif calls == at:
         os.kill(os.getpid(), sig)
     return real(state, update)
 loop.apply_update = apply_update
-sys.argv = ["mtkit", *sys.argv[3:]]
+sys.argv = ["mtkit", *sys.argv[4:]]
 runpy.run_module("mtkit", run_name="__main__", alter_sys=True)
 """
 
 
 def _nodes(
-    configs: tuple[Path, Path], port: int, node1_signalled: tuple[str, int] | None = None
+    configs: tuple[Path, Path], port: int, node1_signalled: tuple[str, int, str] | None = None
 ) -> list[subprocess.Popen]:
     """Node 0 and node 1, each a torchrun agent with one process running `mtkit train`
     with its config; each in its own process group, as on its own machine. With
-    `node1_signalled` (signal, update), node 1's process gets that signal at the start
-    of that update."""
+    `node1_signalled` (signal, update, "process" | "group"), node 1's process sends that
+    signal at the start of that update (`_SIGNALLED`)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     program = [["-m", "mtkit"], ["-m", "mtkit"]]
     if node1_signalled is not None:
@@ -230,7 +221,9 @@ def test_a_node_that_goes_down_stops_the_other_and_both_resume_exactly(
     prepared, tmp_path, corpus, uninterrupted
 ):
     config = _config(tmp_path, prepared, corpus, dropout=0.1, max_steps=12)
-    (code0, text0), (code1, _) = _finish(_nodes((config, config), _free_port(), ("SIGKILL", 6)))
+    (code0, text0), (code1, _) = _finish(
+        _nodes((config, config), _free_port(), ("SIGKILL", 6, "process"))
+    )
     assert code0 != 0 and code1 != 0, text0[-3000:]  # node 0 cannot go on without node 1
     assert "error: rank 0 lost contact with another rank (" in text0, text0[-3000:]
     assert "[rank0]: Traceback" not in text0
@@ -239,15 +232,19 @@ def test_a_node_that_goes_down_stops_the_other_and_both_resume_exactly(
     _resume_to_the_end(config, uninterrupted)
 
 
+@pytest.mark.parametrize("reaches", ["process", "group"])
 def test_a_signal_that_reaches_one_node_stops_both_after_the_same_update(
-    prepared, tmp_path, corpus, uninterrupted
+    prepared, tmp_path, corpus, uninterrupted, reaches
 ):
     config = _config(tmp_path, prepared, corpus, dropout=0.1, max_steps=12)
-    nodes = _finish(_nodes((config, config), _free_port(), ("SIGTERM", 5)))
+    nodes = _finish(_nodes((config, config), _free_port(), ("SIGTERM", 5, reaches)))
     assert [code for code, _ in nodes] != [0, 0], nodes[0][1][-3000:]
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    # Rank 1 saw SIGTERM during update 5 and posted it; both stopped after update 5, and
-    # rank 0 saved that step (gathering rank 1's RNG streams: an exact resume).
-    assert events[-1] == {**events[-1], "event": "end", "step": 5, "reason": "signal SIGTERM"}
-    assert (tmp_path / "run" / "checkpoints" / "step_5.pt").exists()
+    # Rank 1 saw SIGTERM during update 5 (its own), or a little later (passed on by its
+    # agent), and posted it; both stopped after the same update, which rank 0 saved
+    # (gathering rank 1's RNG streams: an exact resume).
+    end = events[-1]
+    assert end == {**end, "event": "end", "reason": "signal SIGTERM"}, end
+    assert end["step"] == 5 if reaches == "process" else 5 <= end["step"] < 12
+    assert (tmp_path / "run" / "checkpoints" / f"step_{end['step']}.pt").exists()
     _resume_to_the_end(config, uninterrupted)

@@ -16,22 +16,11 @@ import torch
 
 from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import TrainConfig, config_from_dict
-from mtkit.stages.preprocess import preprocess
-from mtkit.stages.tokenizer import build_tokenizer
 from mtkit.training import graphs
 from mtkit.training.graphs import WARMUP_UPDATES, choose_graphs
 from mtkit.training.loop import train
 
 from conftest import tiny_config_dict
-
-
-@pytest.fixture(scope="module")
-def prepared(corpus, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("graphs") / "run"
-    cfg = config_from_dict(tiny_config_dict(corpus, run))
-    build_tokenizer(cfg)
-    preprocess(cfg)
-    return run
 
 
 def stand_in(captures: list, failing: int | None = None):

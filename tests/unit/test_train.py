@@ -26,23 +26,11 @@ from mtkit.core.device import (
 )
 from mtkit.data.batching import TokenBatchSampler
 from mtkit.data.shards import ShardDataset
-from mtkit.stages.preprocess import preprocess
-from mtkit.stages.tokenizer import build_tokenizer
 from mtkit.training.loop import Progress, TrainError, batches_left, stop_reason, train
 
 from conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def prepared(corpus, tmp_path_factory) -> Path:
-    """A run directory with tokenizer and shards, copied by each test."""
-    run = tmp_path_factory.mktemp("prepared") / "run"
-    cfg = config_from_dict(tiny_config_dict(corpus, run))
-    build_tokenizer(cfg)
-    preprocess(cfg)
-    return run
 
 
 def fresh(prepared: Path, tmp_path: Path, corpus, **train) -> tuple:
