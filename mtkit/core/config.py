@@ -233,6 +233,9 @@ class DecodeConfig:
     # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
     # dynamic int8 products, `mtkit.model.int8`) only when asked.
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    # Decoder steps as CUDA graphs (`mtkit.search.captured`): on and auto take them where
+    # the device can capture them (CUDA), off never. Off by default until measured on a GPU.
+    cuda_graphs: Literal["auto", "on", "off"] = "off"
 
 
 @dataclass(frozen=True)

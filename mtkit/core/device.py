@@ -92,6 +92,23 @@ class Calibration:
 Measure = Callable[[torch.dtype | None, int], float]
 
 
+def cuda_graph(work: Callable[[], None], warmup: int) -> Callable[[], None]:
+    """`work` recorded as a CUDA graph, after `warmup` runs of it on a side stream (as
+    CUDA graphs want: lazy initialisations, kernels chosen); returns the graph's replay,
+    which runs the recorded kernels on the tensors `work` used. What `work` sets aside
+    (its outputs) during the capture is where each replay writes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            work()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    return graph.replay
+
+
 def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Measure:
     """A `Measure` of Linear(d_in, d_out) on up to `rows` inputs: forward+backward under
     autocast, as training runs it, or (`backward` False) forward only with the weights

@@ -36,18 +36,21 @@ def load_engine(
     device: str = "auto",
     device_option: str = "--device",
     precision: str | None = None,
+    cuda_graphs: str | None = None,
 ) -> Translator:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
     the option `device` came from, for the error when it cannot be used. `precision`
     (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported
-    folder runs in the compute type it was exported with, and refuses bf16."""
+    folder runs in the compute type it was exported with, and refuses bf16.
+    `cuda_graphs` (None: the checkpoint's decode.cuda_graphs) is the PyTorch engine's
+    too; CTranslate2 has its own runtime."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if precision is not None:
         check_precision(precision)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 
-        return load_torch_engine(paths, device, device_option, precision)
+        return load_torch_engine(paths, device, device_option, precision, cuda_graphs)
     from mtkit.engines.ct2 import CT2Engine, looks_exported
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())

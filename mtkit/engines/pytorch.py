@@ -53,6 +53,7 @@ from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
 from mtkit.model.transformer import Transformer, build_model, count_parameters
 from mtkit.search.alignment import align, check_layer
 from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses
+from mtkit.search.captured import CAPTURES, CapturedDecoder
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
@@ -79,6 +80,9 @@ class TorchEngine(Engine):
     # the attention kernel they run with (`kernels.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
     shortlist: Shortlist | None = None  # the (first) checkpoint's lexical shortlist
+    # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
+    # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
+    graphs: bool = False
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
@@ -94,10 +98,21 @@ class TorchEngine(Engine):
         """The (first) model."""
         return self.models[0]
 
+    @functools.cached_property
+    def steppers(self) -> list[Transformer | CapturedDecoder]:
+        """What steps each model in a search: the model, or with graphs its
+        `CapturedDecoder` (kept: it holds the captured steps)."""
+        return [CapturedDecoder(m) if self.graphs else m for m in self.models]
+
     @property
-    def step_model(self) -> Transformer | Ensemble:
+    def step_model(self) -> StepModel:
         """What search runs: the model, or the ensemble of all of them."""
-        return self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+        return self.steppers[0] if len(self.models) == 1 else Ensemble(self.steppers)
+
+    def graph_record(self) -> dict:
+        """Decoder steps replayed as graphs and run eagerly so far, over all models."""
+        records = [s.record() for s in self.steppers if isinstance(s, CapturedDecoder)]
+        return {key: sum(r[key] for r in records) for key in records[0]} if records else {}
 
     @functools.cached_property
     def inside_word(self) -> torch.Tensor:
@@ -197,6 +212,8 @@ class TorchEngine(Engine):
                 for k, h in zip(batch, hyps, strict=True):
                     out[todo[k]] = h
                 done(len(batch))
+        if self.graphs:
+            log.info("decoder steps so far (CUDA graphs): %s", self.graph_record())
         return out
 
     def shortlisted(self, src: torch.Tensor, compact: bool = False) -> StepModel:
@@ -206,8 +223,8 @@ class TorchEngine(Engine):
         tokens), and not sampled (a draw over fewer columns draws other pieces)."""
         allowed = self.shortlist.allowed(src)  # (A,)
         if len(self.models) == 1:
-            return Shortlisted(self.models[0], allowed, compact)
-        return Ensemble([Shortlisted(m, allowed) for m in self.models])
+            return Shortlisted(self.steppers[0], allowed, compact)
+        return Ensemble([Shortlisted(m, allowed) for m in self.steppers])
 
     def search(
         self,
@@ -235,6 +252,7 @@ class TorchEngine(Engine):
                 opts.max_len_b,
                 no_repeat_ngram=opts.no_repeat_ngram,
                 prefixes=prefixes,
+                preallocate=self.graphs,
             )
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
@@ -246,10 +264,11 @@ class TorchEngine(Engine):
                 opts.max_len_b,
                 no_repeat_ngram=opts.no_repeat_ngram,
                 prefixes=prefixes,
+                preallocate=self.graphs,
             )
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
-        return beam_search(model, src, opts, prefixes=prefixes)
+        return beam_search(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
 
     def constrained(
         self,
@@ -263,7 +282,13 @@ class TorchEngine(Engine):
         n-best hypotheses that meet its constraints within its length limit (none, or
         too few for --nbest) is filled up with plain beam search's, marked `met=False`."""
         hyps = constrained_beam_search(
-            model, src, constraints, opts, prefixes=prefixes, inside_word=self.inside_word
+            model,
+            src,
+            constraints,
+            opts,
+            prefixes=prefixes,
+            inside_word=self.inside_word,
+            preallocate=self.graphs,
         )
         hyps = [
             [replace(h, met=True) for h in nbest] if wanted else nbest
@@ -374,12 +399,14 @@ def load_torch_engine(
     device: str = "auto",
     device_option: str = "--device",
     precision: str | None = None,
+    cuda_graphs: str | None = None,
 ) -> TorchEngine:
     """Everything translation needs comes from the checkpoint file(s); several files make
     an ensemble, whose models must share the source and the target vocabulary (decoding
     defaults come from the first). `device_option` names the option `device` came from,
     for the error when it cannot be used. `precision` (None: the checkpoint's
-    decode.precision): auto, fp32, bf16 or int8 (`inference_precision`)."""
+    decode.precision): auto, fp32, bf16 or int8 (`inference_precision`); `cuda_graphs`
+    (None: the checkpoint's decode.cuda_graphs): auto, on or off (`graph_choice`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
@@ -415,6 +442,7 @@ def load_torch_engine(
     for model in models:
         model.use_attention(record["attention"]["kernel"])
         keep_stacked_weights(model)  # its weights are final now
+    record["graphs"] = graph_choice(cuda_graphs or cfg.decode.cuda_graphs, dev)
     return TorchEngine(
         models,
         src_vocab,
@@ -426,7 +454,22 @@ def load_torch_engine(
         [x.weights.about for x in loaded],
         record,
         shortlist,
+        record["graphs"]["graphs"] == "on",
     )
+
+
+def graph_choice(asked: str, device: torch.device) -> dict:
+    """Whether decoder steps run as graphs (`mtkit.search.captured`), and its record:
+    on and auto take them where the device captures steps (CUDA), off never."""
+    if asked not in ("auto", "on", "off"):
+        raise OptionError(f"cuda_graphs must be auto, on or off, got {asked!r}")
+    if asked == "off":
+        return {"graphs": "off", "asked": asked}
+    if device.type not in CAPTURES:
+        if asked == "on":
+            log.warning("cuda_graphs=on, but decoder steps run eagerly on %s", device.type)
+        return {"graphs": "off", "asked": asked, "why": f"no captured steps on {device.type}"}
+    return {"graphs": "on", "asked": asked}
 
 
 def bf16_weights(

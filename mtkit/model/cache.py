@@ -11,6 +11,9 @@ model sees it through `DecoderCache`, step by step:
 
 - `BeamCache` (offline search): a value, one row per beam, that search reorders with
   one `index_select` per step.
+- `PreallocatedCache` (offline search in fixed shapes, for captured steps on a GPU:
+  `mtkit.search.captured`): a `BeamCache` whose keys/values are preallocated for the
+  batch's length limit and written in place, so that every step has the same shapes.
 - `SlotCache` (continuous batching, `mtkit.serving.stream`): a fixed number of slots,
   each holding one sentence or free, written in place.
 """
@@ -153,6 +156,138 @@ class BeamCache:
 
     def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> BeamCache:
         return BeamCache(new_k, new_v, self.cross_k, self.cross_v)
+
+    def preallocated(self, capacity: int) -> PreallocatedCache:
+        """This cache with room for `capacity` target positions (`PreallocatedCache`)."""
+        return PreallocatedCache.of(self, capacity)
+
+
+CAPACITY_STEP = 16  # a preallocated cache's capacity is a multiple of this (fewer shapes)
+
+
+def preallocated_capacity(longest: int, max_positions: int) -> int:
+    """Target positions to preallocate for outputs of at most `longest` tokens (their
+    positions 0..longest, bos first): rounded up to a multiple of `CAPACITY_STEP`, so
+    that batches of similar limits share a shape, within the model's positions."""
+    return min(-(-(longest + 1) // CAPACITY_STEP) * CAPACITY_STEP, max_positions)
+
+
+@dataclass
+class PreallocatedCache:
+    """A beam search's cache in fixed shapes: each layer's self-attention keys/values
+    preallocated for C target positions (R, H, C, K) and written in place, and the
+    sources' keys/values (B, H, S, K). Every step has the same shapes (what a captured
+    step needs: `mtkit.search.captured`): the step's token is written at column
+    `position`, and the step attends over all C columns, with a mask of those written so
+    far (a masked column weighs exactly 0, so the outputs are `BeamCache`'s, up to
+    rounding).
+
+    Reorders keep the shapes too: `index_select` of the rows composes them into `rows`
+    (in place), and the next step's `update` reorders each layer's keys/values in place
+    before writing its own. Sentences that leave the batch (`index_select` with
+    `sentences`) make a new, smaller cache: a new shape, which search makes rarely
+    (`mtkit.search.beam`: sentences leave at bucket boundaries).
+
+    A cache is one object through a search: `index_select` without `sentences`,
+    `begin`, `update` and `advanced` change it and return it. The position is a device
+    tensor, moved on by the step itself: nothing of a step waits for the host."""
+
+    self_k: list[Tensor]  # per layer (R, H, C, K)
+    self_v: list[Tensor]
+    cross_k: tuple[Tensor, ...]  # per layer (B, H, S, K)
+    cross_v: tuple[Tensor, ...]
+    position: Tensor  # () long: the position of the next step's token
+    rows: Tensor  # (R,) the stored row each row continues (identity after a step)
+    _identity: Tensor = field(repr=False)  # (R,) 0..R-1
+    _columns: Tensor = field(repr=False)  # (C,) 0..C-1
+    _seen: Tensor | None = field(default=None, repr=False)  # (1, 1, 1, C) of the step
+
+    @staticmethod
+    def of(cache: BeamCache, capacity: int) -> PreallocatedCache:
+        """`cache` (after at least one step) in C = `capacity` columns: its rows in
+        their recorded order, its t positions in columns 0..t-1."""
+        if not cache.self_k:
+            raise ValueError("a cache is preallocated after its first step")
+        t = cache.length
+        if capacity < t + 1:
+            raise ValueError(f"a capacity of {capacity} leaves no room after {t} positions")
+        keys, values = [], []
+        for layer in range(len(cache.self_k)):
+            k, v = cache.layer(layer)  # (R, H, t, K)
+            for old, out in ((k, keys), (v, values)):
+                new = old.new_zeros(old.size(0), old.size(1), capacity, old.size(3))
+                new[:, :, :t] = old
+                out.append(new)
+        return PreallocatedCache.fresh(keys, values, cache.cross_k, cache.cross_v, t)
+
+    @staticmethod
+    def fresh(
+        self_k: list[Tensor],
+        self_v: list[Tensor],
+        cross_k: tuple[Tensor, ...],
+        cross_v: tuple[Tensor, ...],
+        position: int | Tensor,
+    ) -> PreallocatedCache:
+        """A cache of these keys/values, the next token at `position`, rows in order."""
+        device = self_k[0].device
+        rows = torch.arange(self_k[0].size(0), device=device)  # (R,)
+        return PreallocatedCache(
+            list(self_k),
+            list(self_v),
+            tuple(cross_k),
+            tuple(cross_v),
+            torch.as_tensor(position, dtype=torch.long, device=device).clone(),
+            rows,
+            rows.clone(),
+            torch.arange(self_k[0].size(2), device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Target positions a row can hold."""
+        return self.self_k[0].size(2)
+
+    def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> PreallocatedCache:
+        """Reorder the rows (in place: this cache, returned), or, where `sentences` (or
+        a different number of rows) is given, a new cache of only those."""
+        if sentences is None and rows.numel() == self.rows.numel():
+            self.rows.copy_(self.rows.index_select(0, rows))
+            return self
+        rows = self.rows.index_select(0, rows)  # (R',) stored rows
+
+        def pick(ts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+            return ts if sentences is None else tuple(t.index_select(0, sentences) for t in ts)
+
+        return PreallocatedCache.fresh(
+            [k.index_select(0, rows) for k in self.self_k],
+            [v.index_select(0, rows) for v in self.self_v],
+            pick(self.cross_k),
+            pick(self.cross_v),
+            self.position,
+        )
+
+    def begin(self, rows: int) -> Tensor:
+        """Every row's token is at `position`: returned as a () tensor."""
+        self._seen = (self._columns <= self.position)[None, None, None, :]  # (1, 1, 1, C)
+        return self.position
+
+    def cross(self, layer: int, source_width: int) -> tuple[Tensor, Tensor]:
+        return self.cross_k[layer], self.cross_v[layer]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Reorder the layer's stored rows, write k, v (R, H, 1, K) at `position`;
+        return all C columns (R, H, C, K) and the mask of those written (1, 1, 1, C)."""
+        at = self.position.view(1)
+        for stored, new in ((self.self_k[layer], k), (self.self_v[layer], v)):
+            stored.copy_(stored.index_select(0, self.rows))
+            stored.index_copy_(2, at, new.to(stored.dtype))
+        return self.self_k[layer], self.self_v[layer], self._seen
+
+    def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> PreallocatedCache:
+        """This cache, one position on, its rows in order (written in place)."""
+        self.position += 1
+        self.rows.copy_(self._identity)
+        return self
 
 
 def resize(t: Tensor, shape: tuple[int, ...], fill: float = 0) -> Tensor:

@@ -79,16 +79,22 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D). `start` may also give
-        each row its own position, (B,), for one token per row (L = 1)."""
+        each row its own position, (B,), for one token per row (L = 1), or one position
+        for all rows as a () tensor: a `PreallocatedCache`'s, which has room for it
+        (its capacity is within the positions), so it is not read back to be checked."""
         length = ids.size(1)
-        last = (int(start.max()) if isinstance(start, Tensor) else start) + length
-        if last > self.max_positions:
-            raise ValueError(
-                f"sequence of {last} tokens exceeds model.max_positions={self.max_positions}"
-            )
+        on_device = isinstance(start, Tensor) and start.dim() == 0
+        if not on_device:
+            last = (int(start.max()) if isinstance(start, Tensor) else start) + length
+            if last > self.max_positions:
+                raise ValueError(
+                    f"sequence of {last} tokens exceeds model.max_positions={self.max_positions}"
+                )
         x = self.tokens(ids) * self.scale  # (B, L, D)
         table = self.learned.weight if self.learned is not None else self.sinusoidal
-        if isinstance(start, Tensor):
+        if on_device:
+            pos = table.index_select(0, start.view(1))  # (1, D)
+        elif isinstance(start, Tensor):
             pos = table.index_select(0, start)[:, None]  # (B, 1, D)
         else:
             pos = table[start : start + length]  # (L, D)

@@ -24,6 +24,7 @@ from torch import Tensor
 from mtkit.core.hypothesis import Hypothesis, length_penalty
 from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
+from mtkit.model.cache import preallocated_capacity
 from mtkit.model.loss import fp32_log_softmax
 
 
@@ -169,10 +170,12 @@ def step_log_probs(
     elif step < min_len:
         lprobs[:, eos] = float("-inf")
     at_limit = step >= limits  # (rows,)
-    if at_limit.any():
-        eos_only = torch.full_like(lprobs[0], float("-inf"))
-        eos_only[eos] = 0.0
-        lprobs[at_limit] = eos_only
+    # A row at its limit may only end. A GPU does this without asking first whether any
+    # row is there (the answer is a wait for the device); a CPU asks, as the answer is
+    # free and the fill a pass over all the log-probabilities.
+    if lprobs.device.type != "cpu" or at_limit.any():
+        lprobs.masked_fill_(at_limit[:, None], float("-inf"))
+        lprobs[:, eos].masked_fill_(at_limit, 0.0)
     if forced is not None and rows.numel():
         lprobs[rows] = float("-inf")
         lprobs[rows, forced[rows]] = kept
@@ -215,11 +218,14 @@ def greedy_hypotheses(
     min_len: int = 1,
     no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
+    *,
+    read_every: int | None = None,
+    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
     scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
     length penalty only scores; unlike a beam of one, it never keeps a sentence going
-    past the eos it chose."""
+    past the eos it chose. `read_every`, `preallocate`: `one_per_row`'s."""
     memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
     out, log_prob = one_per_row(
         model,
@@ -231,6 +237,8 @@ def greedy_hypotheses(
         min_len,
         no_repeat_ngram,
         lambda lprobs, alive, step: lprobs.argmax(dim=-1),
+        read_every=read_every,
+        preallocate=preallocate,
     )
     return as_hypotheses(out, log_prob, 1, lenpen)
 
@@ -245,15 +253,24 @@ def one_per_row(
     min_len: int,
     no_repeat_ngram: int,
     pick: Callable[[Tensor, Tensor, int], Tensor],
+    *,
+    read_every: int | None = None,
+    preallocate: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
     alive (r,), step) -> (r,)` chooses each step's tokens (their columns, where the
     model scores only some: `output_columns`). Rows leave the batch as they end.
-    Returns the outputs (R, L), padded, and their log-probabilities (R,)."""
+    Returns the outputs (R, L), padded, and their log-probabilities (R,).
+
+    As in `beam_search`, the host reads which rows have ended every `read_every` steps
+    (a GPU's `READ_EVERY_ON_GPU`, a CPU's 1), ended rows going on masked until then (what
+    they output after their eos is cut, and adds nothing to their log-probability);
+    `preallocate`: fixed shapes, rows leaving once at least half have ended."""
     sentences, device = memory.size(0), memory.device
     rows = sentences * samples
-    out = torch.full((rows, int(limits.max()) + 1), PAD, dtype=torch.long, device=device)
+    longest = int(limits.max())  # read once: no row goes past it
+    out = torch.full((rows, longest + 1), PAD, dtype=torch.long, device=device)
     log_prob = torch.zeros(rows, device=device)  # (R,)
     # The first step runs one row per sentence (its samples are identical until then),
     # then the cache is copied to the sample rows: as in beam search, each source's
@@ -267,20 +284,35 @@ def one_per_row(
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
         cache = cache.index_select(copy, copy)
+    in_buckets = preallocate and hasattr(cache, "preallocated")
+    if in_buckets:
+        cache = cache.preallocated(preallocated_capacity(longest, model.cfg.max_positions))
+    read_every = read_every or (READ_EVERY_ON_GPU if device.type == "cuda" else 1)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
+    ended = torch.zeros(rows, dtype=torch.bool, device=device)  # (r,) masked until read
     step = 0
     columns = output_columns(model)
     while True:
         column = pick(lprobs, alive, step)  # (r,)
-        log_prob[alive] += lprobs.gather(1, column[:, None]).squeeze(1)
+        gained = lprobs.gather(1, column[:, None]).squeeze(1)  # (r,)
+        log_prob[alive] += gained.masked_fill(ended, 0.0)
         token = column if columns is None else columns[column]  # (r,)
-        out[alive, step] = token
+        out[alive, step] = token  # an ended row's: after its eos, cut
+        ended |= token == EOS
         step += 1
-        done = token == EOS  # (r,)
-        if done.any():
-            alive, token, src_mask, cache = _drop_rows(done, alive, token, src_mask, cache)
-            if not alive.numel():
+        if step % read_every == 0 or step > longest:
+            count = int(ended.sum())
+            if count == ended.numel():
                 return out, log_prob
+            if count and (not in_buckets or 2 * count >= ended.numel()):  # they leave
+                keep = (~ended).nonzero().squeeze(1)  # (r',)
+                alive, token, src_mask, ended = (
+                    alive[keep],
+                    token[keep],
+                    src_mask[keep],
+                    ended[keep],
+                )
+                cache = cache.index_select(keep, keep)
         # memory None: the cache holds the source's keys/values from the first step
         lprobs, cache = step_log_probs(
             model,
@@ -295,15 +327,6 @@ def one_per_row(
             no_repeat_ngram,
             _forced(prefix, alive // samples, step),
         )  # (r, V)
-
-
-def _drop_rows(
-    done: Tensor, alive: Tensor, token: Tensor, src_mask: Tensor, cache: Any
-) -> tuple[Tensor, Tensor, Tensor, Any]:
-    """Keep only the rows that are not `done` (one output per row, so a row is its own
-    sentence to the model: greedy, sampling)."""
-    keep = (~done).nonzero().squeeze(1)  # (rows',)
-    return alive[keep], token[keep], src_mask[keep], cache.index_select(keep, keep)
 
 
 def strip_specials(ids: list[int]) -> list[int]:
@@ -444,6 +467,7 @@ def beam_search(
     prefixes: list[list[int]] | None = None,
     choice: Choice | None = None,
     read_every: int | None = None,
+    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `options.nbest` best hypotheses, best first
     (fewer, or none, where `choice` leaves no way to finish: a constrained search). Of
@@ -460,7 +484,14 @@ def beam_search(
     which sentences are done every `read_every` steps (and at each length limit), and
     a done sentence's rows are masked until then: on a GPU every `READ_EVERY_ON_GPU`
     steps, so that most steps wait for nothing; on a CPU every step, as decoding a
-    masked row costs there what a read does not."""
+    masked row costs there what a read does not.
+
+    `preallocate` (for captured steps on a GPU, `mtkit.search.captured`): every step of
+    a batch has the same shapes. The model's cache, where it can
+    (`cache.PreallocatedCache`), is preallocated for the batch's longest output after
+    the first step, and done sentences stay in the batch, masked, until at least half
+    of its sentences are done (a bucket boundary): a batch of B sentences takes at most
+    about log2(B) shapes. The outputs are the same."""
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
@@ -505,16 +536,27 @@ def beam_search(
         choice, finished, alive, scores, history, limits, lprobs, lenpen, 0
     )
     cache = cache.index_select(reorder // beam)
+    in_buckets = preallocate and hasattr(cache, "preallocated")
+    if in_buckets:
+        cache = cache.preallocated(preallocated_capacity(max(host_limits), model.cfg.max_positions))
+    known_done: set[int] = set()  # sentences read as done that stay (in buckets)
     step = 1
     while True:
         # Sentences that are done stay in the batch, their beams at -inf, until the host
         # reads which they are: every `read_every` steps, and at the step after a
-        # sentence's length limit (known on the host), so no row outruns its limit.
+        # sentence's length limit (known on the host), so no row outruns its limit. In
+        # buckets they leave once at least half of the batch's sentences are done.
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
         scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
-        if step % read_every == 0 or step > min(host_limits[s] for s in alive_host):
+        if step % read_every == 0 or step > min(
+            host_limits[s] for s in alive_host if s not in known_done
+        ):
             gone = done.nonzero().squeeze(1).tolist()
+            if in_buckets and 0 < 2 * len(gone) < len(alive_host):  # they stay, masked
+                known_done = {alive_host[row] for row in gone}
+                gone = []
             if gone:  # they leave the batch
+                known_done = set()
                 keep = (~done).nonzero().squeeze(1)  # (b',)
                 for row, hyps in zip(gone, finished.read(alive[gone]), strict=True):
                     out[alive_host[row]] = hyps[:nbest]

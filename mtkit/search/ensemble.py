@@ -28,6 +28,10 @@ class EnsembleCache:
     def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache(tuple(c.index_select(rows, sentences) for c in self.parts))
 
+    def preallocated(self, capacity: int) -> EnsembleCache:
+        """Each model's cache preallocated for `capacity` positions (in fixed shapes)."""
+        return EnsembleCache(tuple(c.preallocated(capacity) for c in self.parts))
+
     def fill(self, slots: Tensor, sources: tuple[Any, ...]) -> None:
         """`sources`: each model's, from `Ensemble.cross_kv`."""
         for cache, theirs in zip(self.parts, sources, strict=True):

@@ -76,11 +76,12 @@ def sample_search(
     min_len: int = 1,
     no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
+    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
     sentence. A hypothesis' log_prob is the model's own (before temperature and
-    cut-offs)."""
+    cut-offs). `preallocate`: `beam.one_per_row`'s (fixed shapes)."""
     memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
     # Each row's uniform numbers, one per step it may take, drawn at once from its own
     # generator: (R, L), padded. A row's numbers depend on its sentence alone.
@@ -105,6 +106,15 @@ def sample_search(
         return token.clamp_(max=cdf.size(1) - 1)
 
     out, log_prob = one_per_row(
-        model, memory, src_mask, prefix, limits, samples, min_len, no_repeat_ngram, draw
+        model,
+        memory,
+        src_mask,
+        prefix,
+        limits,
+        samples,
+        min_len,
+        no_repeat_ngram,
+        draw,
+        preallocate=preallocate,
     )
     return as_hypotheses(out, log_prob, samples, lenpen)

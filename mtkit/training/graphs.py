@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from mtkit.core.config import TrainConfig
-from mtkit.core.device import autocast
+from mtkit.core.device import autocast, cuda_graph
 from mtkit.core.errors import first_line
 from mtkit.core.vocab import PAD
 from mtkit.data.batching import Batch
@@ -125,16 +125,7 @@ def device_update(
 def cuda_capture(update: Callable[[], None]) -> Callable[[], None]:
     """`update` recorded as a CUDA graph (after `WARMUP_UPDATES` runs of it on a side
     stream); returns the graph's replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_UPDATES):
-            update()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        update()
-    return graph.replay
+    return cuda_graph(update, WARMUP_UPDATES)
 
 
 # How each device captures an update. CUDA only; tests add an eager stand-in for the CPU.

@@ -1,0 +1,183 @@
+"""Captured decoder steps: on a GPU, a search's steps replayed as CUDA graphs.
+
+A beam search step of the Multi30k model launches hundreds of small kernels; on a GPU
+the host's time to launch them is most of the step. A CUDA graph records a step's kernels
+once and replays them with one launch, but only on the same tensors: the same shapes, at
+the same addresses. `beam_search(preallocate=True)` makes the steps of a batch the same
+shapes (a `PreallocatedCache`, written in place, and sentences that leave only at bucket
+boundaries); `CapturedDecoder` keeps, for each shape it meets, a step captured on tensors
+of its own (a `Slot`), copies a search's cache into them when the search comes to that
+shape, and from then on the search runs on the slot's cache, each step one replay.
+
+    model = CapturedDecoder(transformer)        # a StepModel, as the transformer is
+    beam_search(model, src, options, preallocate=True)
+
+A step that cannot be captured (its capture failed, or the slots are all taken) runs
+eagerly on the cache it was given, and is counted (`eager_steps`); the first failure of
+each shape is logged. A cache that is not preallocated (greedy search, sampling, serving)
+always steps eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mtkit.core.device import cuda_graph
+from mtkit.core.errors import first_line
+from mtkit.core.vocab import BOS
+from mtkit.model.cache import PreallocatedCache
+
+log = logging.getLogger(__name__)
+
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+
+WARMUP_STEPS = 2  # eager steps on a slot's own tensors before its capture
+
+
+def cuda_capture(step: Callable[[], None]) -> Callable[[], None]:
+    """`step` recorded as a CUDA graph (after `WARMUP_STEPS` runs); returns its replay."""
+    return cuda_graph(step, WARMUP_STEPS)
+
+
+# How each device captures a step. CUDA only; tests add an eager stand-in for the CPU.
+CAPTURES: dict[str, Capture] = {"cuda": cuda_capture}
+
+# Slots kept at once, the least recently used let go first. A slot holds a cache of its
+# shape (each layer's keys/values for every row and position) and its graph's memory.
+MAX_SLOTS = 16
+
+
+def shape_of(token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> tuple:
+    """What a captured step is specific to: rows, sentences, source width, capacity,
+    and the cache's dtype (bf16 under autocast)."""
+    return (
+        token.size(0),
+        src_mask.size(0),
+        src_mask.size(1),
+        cache.capacity,
+        cache.self_k[0].dtype,
+        torch.is_autocast_enabled(token.device.type),
+    )
+
+
+class Slot:
+    """One shape's captured step: its own token (R,), source mask (B, S) and cache, the
+    step's output (R, D) on them, and the replay."""
+
+    def __init__(
+        self, model: Any, token: Tensor, src_mask: Tensor, like: PreallocatedCache, capture
+    ):
+        self.token = torch.full_like(token, BOS)  # (R,)
+        self.src_mask = torch.ones_like(src_mask)  # (B, S)
+        self.cache = PreallocatedCache.fresh(
+            [torch.zeros_like(k) for k in like.self_k],
+            [torch.zeros_like(v) for v in like.self_v],
+            tuple(torch.zeros_like(k) for k in like.cross_k),
+            tuple(torch.zeros_like(v) for v in like.cross_v),
+            0,
+        )
+        self.output: Tensor | None = None  # (R, D): where each replay writes
+        self.given_mask: Tensor | None = None  # the search's mask last copied
+
+        def step() -> None:
+            self.output, _ = model.decode_hidden(self.token, None, self.src_mask, self.cache)
+
+        self.replay = capture(step)
+
+    def take(self, token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> None:
+        """A search comes to this shape: its cache (and mask) become the slot's."""
+        mine = self.cache
+        for ours, theirs in (
+            *zip(mine.self_k, cache.self_k, strict=True),
+            *zip(mine.self_v, cache.self_v, strict=True),
+            *zip(mine.cross_k, cache.cross_k, strict=True),
+            *zip(mine.cross_v, cache.cross_v, strict=True),
+            (mine.position, cache.position),
+            (mine.rows, cache.rows),
+        ):
+            ours.copy_(theirs)
+        self.given_mask = None  # copied by `run`
+
+    def run(self, token: Tensor, src_mask: Tensor) -> tuple[Tensor, PreallocatedCache]:
+        """One step of the slot's search: `token` (R,) in, the decoder's output out.
+        The search's source mask is copied when it is another tensor than last step's
+        (a search keeps one per batch shape)."""
+        self.token.copy_(token)
+        if src_mask is not self.given_mask:
+            self.src_mask.copy_(src_mask)
+            self.given_mask = src_mask
+        self.replay()
+        return self.output, self.cache
+
+
+class CapturedDecoder:
+    """A `Transformer` (or anything with its `decode_hidden` and `project`) whose steps
+    on a `PreallocatedCache` are replayed graphs, one `Slot` per shape; everything else
+    is the model's. `capture` (default: the device's, `CAPTURES`) records a step."""
+
+    def __init__(self, model: Any, capture: Capture | None = None, max_slots: int = MAX_SLOTS):
+        self.model = model
+        self.capture = capture
+        self.max_slots = max_slots
+        # shape -> its slot, or None: that shape steps eagerly (its capture failed)
+        self.slots: OrderedDict[tuple, Slot | None] = OrderedDict()
+        self.replayed_steps = 0
+        self.eager_steps = 0
+        self.failures: dict[tuple, str] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def decode_step(
+        self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any = None
+    ) -> tuple[Tensor, Any]:
+        y, cache = self.decode_hidden(token, memory, src_mask, cache)  # (R, D)
+        return self.model.project(y), cache  # (R, V)
+
+    def decode_hidden(
+        self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any = None
+    ) -> tuple[Tensor, Any]:
+        slot = self._slot(token, src_mask, cache) if isinstance(cache, PreallocatedCache) else None
+        if slot is None:
+            self.eager_steps += 1
+            return self.model.decode_hidden(token, memory, src_mask, cache)
+        if cache is not slot.cache:
+            slot.take(token, src_mask, cache)
+        self.replayed_steps += 1
+        y, cache = slot.run(token, src_mask)
+        return y.clone(), cache  # the next replay writes over the slot's output
+
+    def _slot(self, token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> Slot | None:
+        """The slot of this step's shape, captured on first meeting (None: eager)."""
+        capture = self.capture or CAPTURES.get(token.device.type)
+        if capture is None:
+            return None
+        key = shape_of(token, src_mask, cache)
+        if key in self.slots:
+            self.slots.move_to_end(key)
+            return self.slots[key]
+        while len(self.slots) >= self.max_slots:
+            self.slots.popitem(last=False)  # the least recently used goes
+        try:
+            slot = Slot(self.model, token, src_mask, cache, capture)
+        except Exception as e:  # noqa: BLE001 - any failure to capture means: step eagerly
+            self.failures[key] = first_line(e)
+            log.warning("decoder steps of shape %s run eagerly: %s", key[:4], first_line(e))
+            slot = None
+        self.slots[key] = slot
+        return slot
+
+    def record(self) -> dict:
+        """What ran: steps replayed and eager, shapes captured, failures."""
+        return {
+            "replayed_steps": self.replayed_steps,
+            "eager_steps": self.eager_steps,
+            "shapes": sum(s is not None for s in self.slots.values()),
+            "failed": len(self.failures),
+        }

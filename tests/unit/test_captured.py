@@ -1,0 +1,234 @@
+"""Search in fixed shapes (`PreallocatedCache`, `preallocate=True`) and captured decoder
+steps (`mtkit.search.captured`), on a CPU: the same outputs as today's search. The
+captures are an eager stand-in here (a CPU records no graphs); `test_cuda.py` runs the
+real ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scripted import random_model, random_src
+
+from mtkit.core.errors import OptionError
+from mtkit.core.search_options import SearchOptions
+from mtkit.engines.pytorch import graph_choice
+from mtkit.model.cache import BeamCache, PreallocatedCache, preallocated_capacity
+from mtkit.search import captured
+from mtkit.search.beam import beam_search, greedy_hypotheses
+from mtkit.search.captured import CapturedDecoder
+from mtkit.search.constraints import constrained_beam_search
+from mtkit.search.ensemble import Ensemble
+from mtkit.search.sampling import sample_search
+
+from conftest import assert_same_hypotheses
+
+
+def stand_in(replays: list | None = None):
+    """A capture that records nothing: each replay runs the step eagerly (on the slot's
+    own tensors, as a graph would). `replays` counts them."""
+
+    def capture(step):
+        def replay():
+            if replays is not None:
+                replays.append(1)
+            step()
+
+        return replay
+
+    return capture
+
+
+class Shapes:
+    """A step model that notes the rows of every step it runs."""
+
+    def __init__(self, model):
+        self.model, self.rows = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def decode_step(self, token, memory, src_mask, cache):
+        self.rows.append(token.size(0))
+        return self.model.decode_step(token, memory, src_mask, cache)
+
+
+@torch.inference_mode()
+def test_steps_through_a_preallocated_cache_give_a_beam_caches_logits_in_one_shape():
+    model, src = random_model(3), random_src(4, 2)
+    memory, src_mask = model.encode(src)
+    tgt = torch.randint(4, 40, (4, 7))
+    _, beam = model.decode_step(tgt[:, 0], memory, src_mask, None)
+    fixed = beam.preallocated(16)
+    assert isinstance(fixed, PreallocatedCache) and fixed.capacity == 16
+    reorder = torch.tensor([2, 0, 3, 1])
+    for t in range(1, tgt.size(1)):
+        beam = beam.index_select(reorder)
+        assert fixed.index_select(reorder) is fixed  # a reorder is in place
+        want, beam = model.decode_step(tgt[:, t], None, src_mask, beam)
+        got, after = model.decode_step(tgt[:, t], None, src_mask, fixed)
+        assert after is fixed and fixed.self_k[0].shape == (4, 4, 16, 8)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert int(fixed.position) == tgt.size(1) == beam.length
+    fewer = fixed.index_select(torch.tensor([3, 0]), torch.tensor([3, 0]))
+    assert fewer is not fixed and fewer.self_k[0].shape == (2, 4, 16, 8)
+    want, _ = model.decode_step(
+        tgt[[3, 0], 0],
+        None,
+        src_mask[[3, 0]],
+        beam.index_select(torch.tensor([3, 0]), torch.tensor([3, 0])),
+    )
+    got, _ = model.decode_step(tgt[[3, 0], 0], None, src_mask[[3, 0]], fewer)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_preallocated_capacity_is_a_multiple_of_sixteen_within_the_positions():
+    assert preallocated_capacity(0, 64) == 16  # bos alone
+    assert preallocated_capacity(15, 64) == 16 and preallocated_capacity(16, 64) == 32
+    assert preallocated_capacity(60, 64) == 64
+    with pytest.raises(ValueError, match="first step"):
+        BeamCache.first((), ()).preallocated(16)
+
+
+OPTIONS = [
+    SearchOptions(beam=4, nbest=2),
+    SearchOptions(beam=3, lenpen=0.0),
+    SearchOptions(beam=2, max_len_a=0.0, max_len_b=10**6),  # to the model's positions
+]
+
+
+@pytest.mark.parametrize("read_every", [1, 3, 8])
+def test_beam_search_in_fixed_shapes_gives_todays_hypotheses_in_few_shapes(read_every):
+    model, src = random_model(5), random_src(8, 4)
+    for options in OPTIONS:
+        shapes = Shapes(model)
+        got = beam_search(shapes, src, options, read_every=read_every, preallocate=True)
+        assert_same_hypotheses(got, beam_search(model, src, options))
+        # 8 sentences: 8, then at most 4, 2, 1 of them (and the first step's one row each)
+        assert len(set(shapes.rows[1:])) <= 4 and shapes.rows[1] == 8 * options.beam
+    prefixes = [[5, 6], [], [7], [], [], [8, 9, 10], [], []]
+    assert_same_hypotheses(
+        beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes, preallocate=True),
+        beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes),
+    )
+
+
+def test_sentences_done_stay_in_the_batch_until_half_are_done():
+    """Eager search lets each sentence go when it is done; in fixed shapes they stay,
+    masked, until at least half of the batch is done."""
+    model, src = random_model(5), random_src(8, 4)
+    eager, fixed = Shapes(model), Shapes(model)
+    beam_search(eager, src, SearchOptions(beam=2))
+    beam_search(fixed, src, SearchOptions(beam=2), preallocate=True)
+    assert len(set(fixed.rows)) < len(set(eager.rows))
+    for before, after in zip(fixed.rows[1:], fixed.rows[2:]):
+        assert after == before or after <= before // 2
+
+
+@pytest.mark.parametrize("read_every", [1, 4])
+def test_greedy_and_sampling_in_fixed_shapes_give_todays_outputs(read_every):
+    model, src = random_model(5), random_src(8, 4)
+    assert_same_hypotheses(
+        greedy_hypotheses(model, src, max_len_b=30, read_every=read_every, preallocate=True),
+        greedy_hypotheses(model, src, max_len_b=30),
+    )
+    seeds = list(range(8))
+    assert_same_hypotheses(
+        sample_search(model, src, seeds, 3, topk=5, preallocate=True),
+        sample_search(model, src, seeds, 3, topk=5),
+    )
+
+
+def test_captured_steps_replay_and_give_todays_hypotheses(monkeypatch):
+    replays: list = []
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    model, src = random_model(5), random_src(8, 4)
+    decoder = CapturedDecoder(model)
+    with torch.inference_mode():
+        for options in OPTIONS:
+            got = beam_search(decoder, src, options, preallocate=True)
+            assert_same_hypotheses(got, beam_search(model, src, options))
+        assert_same_hypotheses(
+            greedy_hypotheses(decoder, src, max_len_b=30, preallocate=True),
+            greedy_hypotheses(model, src, max_len_b=30),
+        )
+        constraints = [[[[7, 8]]]] + [[] for _ in range(7)]
+        assert_same_hypotheses(
+            constrained_beam_search(
+                decoder, src, constraints, SearchOptions(beam=4), preallocate=True
+            ),
+            constrained_beam_search(model, src, constraints, SearchOptions(beam=4)),
+        )
+    record = decoder.record()
+    # every step after a batch's first (which makes the cache) is a replay
+    assert record["replayed_steps"] == len(replays) > 10 * record["eager_steps"] > 0
+    assert record["shapes"] >= 4 and record["failed"] == 0
+
+
+def test_each_model_of_an_ensemble_replays_its_own_steps(monkeypatch):
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    first, second = random_model(5), random_model(6)
+    src = random_src(8, 4)
+    decoders = [CapturedDecoder(first), CapturedDecoder(second)]
+    with torch.inference_mode():
+        got = beam_search(Ensemble(decoders), src, SearchOptions(beam=3), preallocate=True)
+        want = beam_search(Ensemble([first, second]), src, SearchOptions(beam=3))
+    assert_same_hypotheses(got, want)
+    assert [d.record()["replayed_steps"] > 0 for d in decoders] == [True, True]
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_and_is_recorded(monkeypatch, caplog):
+    def failing(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    model, src = random_model(5), random_src(8, 4)
+    decoder = CapturedDecoder(model, capture=failing)
+    with torch.inference_mode():
+        got = beam_search(decoder, src, SearchOptions(beam=3), preallocate=True)
+    assert_same_hypotheses(got, beam_search(model, src, SearchOptions(beam=3)))
+    record = decoder.record()
+    assert record["replayed_steps"] == 0 and record["failed"] >= 1 and record["shapes"] == 0
+    assert "run eagerly: operation not permitted" in caplog.text
+
+
+def test_a_slot_let_go_is_captured_again_when_its_shape_returns(monkeypatch):
+    """One slot for all shapes: each new shape takes it, copying the search's cache in."""
+    model, src = random_model(5), random_src(8, 4)
+    captures: list = []
+
+    def counting(step):
+        captures.append(1)
+        return step
+
+    decoder = CapturedDecoder(model, capture=counting, max_slots=1)
+    with torch.inference_mode():
+        for _ in range(2):
+            got = beam_search(decoder, src, SearchOptions(beam=4), preallocate=True)
+            assert_same_hypotheses(got, beam_search(model, src, SearchOptions(beam=4)))
+    assert len(decoder.slots) == 1 and len(captures) >= 4
+
+
+def test_cuda_graphs_are_taken_where_the_device_captures_steps(monkeypatch):
+    cpu = torch.device("cpu")
+    assert graph_choice("off", cpu) == {"graphs": "off", "asked": "off"}
+    assert graph_choice("auto", cpu)["graphs"] == "off"
+    assert "no captured steps on cpu" in graph_choice("on", cpu)["why"]
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    assert graph_choice("auto", cpu)["graphs"] == "on"
+    with pytest.raises(OptionError, match="cuda_graphs must be auto, on or off, got 'yes'"):
+        graph_choice("yes", cpu)
+
+
+def test_the_engine_translates_the_same_lines_with_captured_steps(monkeypatch, trained, corpus):
+    """A trained model through `mtkit.engines`: beam 4 with n-best 2 and greedy, in
+    fixed shapes with captured steps (the stand-in), against the eager engine."""
+    from mtkit.engines.loader import load_engine
+
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    lines = corpus["test.en"].read_text().splitlines()[:40]
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    eager = load_engine(checkpoint, "cpu", precision="fp32")
+    fixed = load_engine(checkpoint, "cpu", precision="fp32", cuda_graphs="on")
+    assert fixed.precision["graphs"] == {"graphs": "on", "asked": "on"} and fixed.graphs
+    for options in (SearchOptions(beam=4, nbest=2), SearchOptions(beam=1)):
+        assert_same_hypotheses(fixed.translate(lines, options), eager.translate(lines, options))
+    assert fixed.graph_record()["replayed_steps"] > 0
