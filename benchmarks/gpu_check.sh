@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: run it once whenever a CUDA GPU is at hand (under 3 minutes on an H200
-# before steps 5 and 6 were added; those add about 2 more, unmeasured yet).
+# before steps 5 and 6 and step 3's decode_graphs were added; those add about 3 more,
+# unmeasured yet).
 #   1. the CUDA tests (pytest -m cuda);
 #   2. training throughput of the WMT14 base model on synthetic 32x32 batches in bf16:
 #      target tokens/s and model FLOP utilisation against a bf16 GEMM timed in the run,
@@ -9,6 +10,8 @@
 #      (greedy and beam 5) with that checkpoint, and where beam search's time goes
 #      (benchmarks/profile_decode.py: cold and warm, the GPU's busy share, host-device
 #      waits), and cold and warm with SDPA in place of the engine's matmul attention;
+#      then test2016 in beam 5 and greedy with the CPU's batch budget, the GPU's, and the
+#      GPU's with captured decoder steps (decode_graphs.json, issue 50);
 #   4. that training again with matmul attention, and both trainings' tokens/s (whether
 #      cuDNN's attention, with a plan for every new shape, slows training on real batches);
 #   5. three epochs of that training with every choice measured on the GPU (attention,
@@ -60,6 +63,24 @@ timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" -
 # device-side bookkeeping) against every READ_EVERY_ON_GPU steps (the default above)
 timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
     --limit 300 --read-every 1 2>>"$out/translate_speed.log" | tee -a "$out/profile_decode.json"
+# issue 50: all of test2016, beam 5 and greedy, with the CPU's batch budget (8,000, as
+# before), the GPU-sized one, and the GPU-sized one with fixed shapes and captured steps
+# (outputs compared with the eager engine's); greedy over val (1,014 sentences: what a
+# validation decodes) with captured steps
+for beam in 5 1; do
+  timeout 90 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+      --beam $beam --batch-tokens 8000 --cuda-graphs off --no-profile \
+      2>>"$out/translate_speed.log" | tee -a "$out/decode_graphs.json"
+  timeout 90 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+      --beam $beam --cuda-graphs off --no-profile \
+      2>>"$out/translate_speed.log" | tee -a "$out/decode_graphs.json"
+  timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+      --beam $beam --cuda-graphs on --compare-eager \
+      2>>"$out/translate_speed.log" | tee -a "$out/decode_graphs.json"
+done
+timeout 90 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
+    --beam 1 --cuda-graphs on --src data/multi30k/val.en.gz --warmup-src data/multi30k/test2016.en.gz \
+    --no-profile 2>>"$out/translate_speed.log" | tee -a "$out/decode_graphs.json"
 
 echo "== 4. the same training with matmul attention (step 3's took what auto measured): tokens/s"
 run2=$(mktemp -d)/multi30k

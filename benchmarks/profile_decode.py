@@ -4,7 +4,7 @@
     python benchmarks/profile_decode.py -m runs/multi30k/checkpoints/best.pt
         [--device cuda] [--beam 5] [--limit 1000] [--src data/multi30k/test2016.en.gz]
         [--attention engine|sdpa|matmul|sdpa-no-cudnn] [--precision P] [--shortlist]
-        [--no-profile]
+        [--cuda-graphs auto|on|off] [--batch-tokens N] [--compare-eager] [--no-profile]
 
 Warms the engine up on 100 other lines (`--warmup-src`: one-time costs, such as CUDA's
 start, are not the file's), then translates `--limit` source lines twice, timed: cold,
@@ -22,6 +22,14 @@ GPU; a small share means the search is bound by the host: Python and operator di
 and the operators whose kernels took the most; and the 12 operators with the most self
 CPU time. On a CPU, the share of matrix products says how much of a
 step is the model and how much the search around it.
+
+`--cuda-graphs` (default: the checkpoint's decode.cuda_graphs) decodes in fixed shapes
+with captured steps (`mtkit.search.captured`); the line then says how many steps were
+replayed and how many ran eagerly. `--compare-eager` translates the file once more with
+an engine of eager steps (cuda_graphs off, the same batch budget) and counts the
+outputs whose tokens are identical, with the largest score difference. The batch budget
+is the engine's (`TorchEngine.batch_tokens`: sized for the GPU's memory on CUDA) unless
+`--batch-tokens` gives one. On CUDA the line has the peak GPU memory of the timed passes.
 """
 
 from __future__ import annotations
@@ -103,6 +111,9 @@ def main() -> None:
         help="steps between the host's reads of which sentences are done, on a GPU "
         "(default: beam search's READ_EVERY_ON_GPU); 1 reads every step, as on a CPU",
     )
+    parser.add_argument("--cuda-graphs", default=None, choices=["auto", "on", "off"])
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--compare-eager", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
     if args.read_every:
@@ -111,8 +122,11 @@ def main() -> None:
     lines = read_source(args.src, args.limit)
     if not Path(args.model).is_dir():  # as `mtkit translate` does for a checkpoint
         tune_cpu_runtime()
-    engine = load_engine(args.model, args.device, precision=args.precision)
+    engine = load_engine(
+        args.model, args.device, precision=args.precision, cuda_graphs=args.cuda_graphs
+    )
     device = torch.device(str(engine.device))
+    batch_tokens = args.batch_tokens or engine.batch_tokens
     if args.attention != "engine":
         for model in engine.models:
             model.use_attention("matmul" if args.attention == "matmul" else "sdpa")
@@ -128,18 +142,23 @@ def main() -> None:
 
     opts = SearchOptions(beam=args.beam, shortlist=args.shortlist)
 
+    outputs: list = []
+
     def timed() -> float:
         sync(device)
         start = time.perf_counter()
         with backends():
-            engine.translate(lines, opts)
+            outputs[:] = engine.translate(lines, opts, batch_tokens=batch_tokens)
         sync(device)
         return time.perf_counter() - start
 
     with backends():
-        engine.translate(read_source(args.warmup_src, 100), opts)
+        engine.translate(read_source(args.warmup_src, 100), opts, batch_tokens=batch_tokens)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     cold, warm = timed(), timed()
     n = len(lines)
+    target_tokens = sum(len(nbest[0].tokens) + 1 for nbest in outputs if nbest)  # and eos
     result = {
         "model": args.model,
         "device": str(device),
@@ -153,7 +172,23 @@ def main() -> None:
         "sentences": n,
         "cold_sentences_per_s": round(n / cold, 1),
         "warm_sentences_per_s": round(n / warm, 1),
+        "warm_target_tokens_per_s": round(target_tokens / warm),
+        "batch_tokens": batch_tokens,
+        "cuda_graphs": engine.precision.get("graphs"),
+        "decoder_steps": engine.graph_record() if hasattr(engine, "graph_record") else None,
     }
+    if device.type == "cuda":
+        result["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    if args.compare_eager:
+        eager = load_engine(args.model, args.device, precision=args.precision, cuda_graphs="off")
+        if args.attention != "engine":
+            for model in eager.models:
+                model.use_attention("matmul" if args.attention == "matmul" else "sdpa")
+        with backends():
+            want = eager.translate(lines, opts, batch_tokens=batch_tokens)
+        pairs = [(g, w) for got, wanted in zip(outputs, want) for g, w in zip(got, wanted)]
+        result["identical_to_eager"] = f"{sum(g.tokens == w.tokens for g, w in pairs)}/{len(pairs)}"
+        result["max_score_difference"] = max((abs(g.score - w.score) for g, w in pairs), default=0)
     if args.no_profile:
         print(json.dumps(result))
         return

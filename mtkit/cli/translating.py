@@ -85,6 +85,14 @@ PrecisionOpt = Annotated[
         rich_help_panel=SPEED,
     ),
 ]
+CudaGraphsOpt = Annotated[
+    Opt[str],
+    typer.Option(
+        help="auto, on or off: decoder steps as CUDA graphs, on a GPU (default: the "
+        "checkpoint's decode.cuda_graphs).",
+        rich_help_panel=SPEED,
+    ),
+]
 InputOpt = Annotated[
     Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.", rich_help_panel=IO)
 ]
@@ -131,20 +139,23 @@ GlossaryOpt = Annotated[
 ]
 
 
-def _engine(model: list[Path], device: str, precision: str | None = None) -> Translator:
+def _engine(
+    model: list[Path], device: str, precision: str | None = None, cuda_graphs: str | None = None
+) -> Translator:
     """The engine `-m` names (`mtkit.engines.loader`)."""
     from mtkit.engines.loader import load_engine, wants_ctranslate2
 
     check_device(device)
     if not wants_ctranslate2(model):  # an exported folder runs without torch
         tune_runtime()
-    return load_engine(model, device, "--device", precision)
+    return load_engine(model, device, "--device", precision, cuda_graphs)
 
 
 def _batch_tokens(engine: Translator, given: int | None) -> int:
-    """--batch-tokens, or the checkpoint's decode.batch_tokens."""
+    """--batch-tokens, or the engine's (the checkpoint's decode.batch_tokens, or on a GPU
+    what its memory holds)."""
     if given is None:
-        return engine.config.decode.batch_tokens
+        return engine.batch_tokens
     check_value("batch_tokens", given)
     return given
 
@@ -177,6 +188,7 @@ def translate(
     shortlist: ShortlistOpt = None,
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
+    cuda_graphs: CudaGraphsOpt = None,
     batch_tokens: BatchTokensOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
@@ -208,7 +220,7 @@ def translate(
         prefixes = read_lines(prefix_file) if prefix_file else None
         constraints = read_constraints(constraints_file) if constraints_file else None
         terms = _glossary(glossary)
-        engine = _engine(model, device, precision)
+        engine = _engine(model, device, precision, cuda_graphs)
         opts = SearchOptions.from_config(
             engine.config.decode,
             beam=beam,
@@ -572,7 +584,7 @@ def _translated(
         engine,
         [r.text for r in requests],
         opts,
-        engine.config.decode.batch_tokens,
+        engine.batch_tokens,
         wanted,
         [tag.target] * len(sources) if tag.target else None,
     )

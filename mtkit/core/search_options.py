@@ -288,6 +288,7 @@ class Translator(Protocol):
     config: Any  # the checkpoint's `mtkit.core.config.Config`: decoding defaults, languages
     steps: list[int | None]  # each model's training step (None: averaged, or unknown)
     weights: list[str]  # what each model's weights are: "step 900", "the average of ..."
+    batch_tokens: int  # the batch budget where none is given (decode.batch_tokens, or the GPU's)
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         """One line for anything in `options` this engine cannot do."""

@@ -43,6 +43,12 @@ class Engine:
     def max_src_tokens(self) -> int:
         return self.max_positions - 1  # room for eos
 
+    @property
+    def batch_tokens(self) -> int:
+        """The batch budget where none is given: the checkpoint's decode.batch_tokens
+        (the PyTorch engine sizes it for a GPU)."""
+        return self.config.decode.batch_tokens
+
     def encode(self, lines: list[str]) -> list[list[int]]:
         return self._cut(self.src_vocab.encode(lines), self.max_src_tokens, "input lines")
 

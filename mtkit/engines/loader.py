@@ -47,6 +47,8 @@ def load_engine(
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if precision is not None:
         check_precision(precision)
+    if cuda_graphs not in (None, "auto", "on", "off"):
+        raise OptionError(f"--cuda-graphs must be auto, on or off, got {cuda_graphs!r}")
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 

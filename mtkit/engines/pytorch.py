@@ -53,7 +53,7 @@ from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
 from mtkit.model.transformer import Transformer, build_model, count_parameters
 from mtkit.search.alignment import align, check_layer
 from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses
-from mtkit.search.captured import CAPTURES, CapturedDecoder
+from mtkit.search.captured import CapturedDecoder, graph_choice
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
@@ -83,6 +83,9 @@ class TorchEngine(Engine):
     # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
     # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
     graphs: bool = False
+    # The batch budget where none is given (`device_batch_tokens` on a GPU), else None:
+    # the checkpoint's decode.batch_tokens
+    sized_batch_tokens: int | None = None
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
@@ -127,6 +130,10 @@ class TorchEngine(Engine):
     @property
     def max_positions(self) -> int:
         return min(m.cfg.max_positions for m in self.models)
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.sized_batch_tokens or self.config.decode.batch_tokens
 
     def use_attention(self, kernel: str) -> None:
         """Attend with `kernel` (as measured at load, or as an earlier run chose)."""
@@ -443,6 +450,10 @@ def load_torch_engine(
         model.use_attention(record["attention"]["kernel"])
         keep_stacked_weights(model)  # its weights are final now
     record["graphs"] = graph_choice(cuda_graphs or cfg.decode.cuda_graphs, dev)
+    if dev.type == "cuda" and cfg.decode.batch_tokens == BATCH_TOKENS:
+        free, _ = torch.cuda.mem_get_info(dev)
+        record["batch_tokens"] = device_batch_tokens(cfg, len(tgt_vocab), free)
+        log.info("batch budget on %s: %s", dev, record["batch_tokens"])
     return TorchEngine(
         models,
         src_vocab,
@@ -455,21 +466,38 @@ def load_torch_engine(
         record,
         shortlist,
         record["graphs"]["graphs"] == "on",
+        record.get("batch_tokens", {}).get("tokens"),
     )
 
 
-def graph_choice(asked: str, device: torch.device) -> dict:
-    """Whether decoder steps run as graphs (`mtkit.search.captured`), and its record:
-    on and auto take them where the device captures steps (CUDA), off never."""
-    if asked not in ("auto", "on", "off"):
-        raise OptionError(f"cuda_graphs must be auto, on or off, got {asked!r}")
-    if asked == "off":
-        return {"graphs": "off", "asked": asked}
-    if device.type not in CAPTURES:
-        if asked == "on":
-            log.warning("cuda_graphs=on, but decoder steps run eagerly on %s", device.type)
-        return {"graphs": "off", "asked": asked, "why": f"no captured steps on {device.type}"}
-    return {"graphs": "on", "asked": asked}
+GPU_MEMORY_SHARE = 0.25  # of the memory free at load, for the search of one batch
+MAX_DEVICE_BATCH_TOKENS = 512_000
+
+
+def device_batch_tokens(cfg: Config, vocab_size: int, free: int) -> dict:
+    """The batch budget on a GPU where the checkpoint's decode.batch_tokens is the
+    default (sized for a 2-core CPU: a GPU searching 1,600 source tokens at a time waits
+    on its host), and its record: what `GPU_MEMORY_SHARE` of the `free` bytes holds.
+
+    A budget of N is N source tokens x beam, so a batch of sources of S tokens carries
+    N / S rows. A row holds, in bf16 (2 bytes): its self-attention keys/values, twice
+    (a preallocated cache and its reorder), 4 x layers x C x d_model for C positions
+    (the output limit max_len_a x S + max_len_b, and bos); its share of its source's
+    keys/values, at most 2 x layers x S x d_model; and its logits with their fp32
+    log-probabilities and the search's work on them, 12 bytes per target piece. The
+    costliest per budget token is the shortest source (S = 1: a row's logits for a
+    one-token source), which sets the budget, never below the CPU default nor above
+    `MAX_DEVICE_BATCH_TOKENS`."""
+    d, m = cfg.decode, cfg.model
+    limit = min(int(d.max_len_a * 1 + d.max_len_b) + 1, m.max_positions)  # C, bos first
+    row = 2 * (4 * m.decoder_layers * limit * m.d_model + 2 * m.decoder_layers * m.d_model)
+    row += 12 * vocab_size
+    tokens = int(GPU_MEMORY_SHARE * free // row)
+    return {
+        "tokens": max(BATCH_TOKENS, min(tokens, MAX_DEVICE_BATCH_TOKENS)),
+        "free_gb": round(free / 2**30, 1),
+        "rule": f"{GPU_MEMORY_SHARE} of the free memory, {row} bytes a budget token",
+    }
 
 
 def bf16_weights(

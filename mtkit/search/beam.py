@@ -197,13 +197,23 @@ def greedy_search(
     min_len: int = 1,
     no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
+    *,
+    preallocate: bool = False,
 ) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
-    starts with its sentence's prefix, when given."""
+    starts with its sentence's prefix, when given. `preallocate`: `one_per_row`'s."""
     return [
         hyps[0].tokens
         for hyps in greedy_hypotheses(
-            model, src, 0.0, max_len_a, max_len_b, min_len, no_repeat_ngram, prefixes
+            model,
+            src,
+            0.0,
+            max_len_a,
+            max_len_b,
+            min_len,
+            no_repeat_ngram,
+            prefixes,
+            preallocate=preallocate,
         )
     ]
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mtkit.core.device import cuda_graph
-from mtkit.core.errors import first_line
+from mtkit.core.errors import OptionError, first_line
 from mtkit.core.vocab import BOS
 from mtkit.model.cache import PreallocatedCache
 
@@ -64,6 +64,20 @@ def shape_of(token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> tuple
         cache.self_k[0].dtype,
         torch.is_autocast_enabled(token.device.type),
     )
+
+
+def graph_choice(asked: str, device: torch.device) -> dict:
+    """Whether decoder steps run as graphs (`CapturedDecoder`), and its record:
+    on and auto take them where the device captures steps (CUDA), off never."""
+    if asked not in ("auto", "on", "off"):
+        raise OptionError(f"cuda_graphs must be auto, on or off, got {asked!r}")
+    if asked == "off":
+        return {"graphs": "off", "asked": asked}
+    if device.type not in CAPTURES:
+        if asked == "on":
+            log.warning("cuda_graphs=on, but decoder steps run eagerly on %s", device.type)
+        return {"graphs": "off", "asked": asked, "why": f"no captured steps on {device.type}"}
+    return {"graphs": "on", "asked": asked}
 
 
 class Slot:

@@ -222,7 +222,7 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
             if not path.exists():
                 src, _, keep = clean(raw_src, raw_tgt)
                 lines = [x for x, k in zip(src, keep, strict=True) if k]
-                hyps = engine.translate(lines, opts, batch_tokens=cfg.decode.batch_tokens)
+                hyps = engine.translate(lines, opts, batch_tokens=engine.batch_tokens)
                 pieces = engine.encode(lines)
                 with atomic_text(path) as f:
                     for line, ids, (best,) in zip(lines, pieces, hyps, strict=True):

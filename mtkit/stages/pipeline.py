@@ -127,7 +127,7 @@ def _run_all(cfg: Config) -> RunResult:
             engine,
             sources,
             SearchOptions.from_config(cfg.decode),
-            cfg.decode.batch_tokens,
+            engine.batch_tokens,
             target_tags=target_tags,
         )
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))

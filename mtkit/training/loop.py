@@ -54,6 +54,7 @@ from mtkit.data.shards import ShardDataset
 from mtkit.model.loss import LossOutput, output_and_loss
 from mtkit.model.transformer import Transformer
 from mtkit.search.beam import greedy_search
+from mtkit.search.captured import CapturedDecoder
 from mtkit.training.optim import learning_rate, per_token_gradients, set_lr
 from mtkit.training.state import Progress, TrainError, TrainState, rng_state, setup
 
@@ -437,6 +438,7 @@ def validate_and_save(state: TrainState) -> None:
             state.cfg,
             state.device,
             state.autocast_dtype,
+            state.decoder,
         )
         bleu = scores["valid_bleu"]
         is_best = bleu > p.best_bleu
@@ -480,10 +482,12 @@ def validate(
     cfg: Config,
     device: torch.device,
     autocast_dtype: torch.dtype | None,
+    decoder: CapturedDecoder | None = None,
 ) -> dict:
     """Valid loss and perplexity (teacher forcing) and the BLEU of greedy decoding. With
     several directions (a multilingual run) each is scored on its own (`by_direction`)
-    and valid_bleu is their mean, which `best.pt` follows."""
+    and valid_bleu is their mean, which `best.pt` follows. `decoder`: the model's steps
+    as graphs, decoding in fixed shapes (decode.cuda_graphs), else the model's own."""
     was_training = model.training
     model.eval()
     refs = data.texts("tgt") or [tgt_vocab.decode(data[i][1].tolist()) for i in range(len(data))]
@@ -491,7 +495,9 @@ def validate(
     if tags:  # each target starts with its tag: forced when decoding, not scored
         refs = [without_tag(r) for r in refs]
     scored = {
-        d: _validate_pairs(model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype, tags)
+        d: _validate_pairs(
+            model, data, ix, refs, tgt_vocab, cfg, device, autocast_dtype, tags, decoder
+        )
         for d, ix in data.directions().items()
     }
     model.train(was_training)
@@ -531,6 +537,7 @@ def _validate_pairs(
     device: torch.device,
     autocast_dtype: torch.dtype | None,
     tags: frozenset[int],
+    decoder: CapturedDecoder | None = None,
 ) -> _Scored:
     """Loss sums and greedy BLEU over some of the valid pairs (one direction's). With
     target-side `tags` each output is forced to start with its target's tag, cut off
@@ -554,7 +561,12 @@ def _validate_pairs(
         with autocast(device, autocast_dtype):
             out = batch_loss(model, batch, cfg.train.label_smoothing)
             ids = greedy_search(
-                model, batch.src, cfg.decode.max_len_a, cfg.decode.max_len_b, prefixes=forced
+                decoder or model,
+                batch.src,
+                cfg.decode.max_len_a,
+                cfg.decode.max_len_b,
+                prefixes=forced,
+                preallocate=decoder is not None,
             )
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()

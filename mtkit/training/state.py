@@ -47,6 +47,7 @@ from mtkit.data.batching import Batch, BatchShapes, TokenBatchSampler, make_load
 from mtkit.data.shards import ShardDataset
 from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
 from mtkit.model.transformer import Transformer, build_model, count_parameters
+from mtkit.search.captured import CapturedDecoder, graph_choice
 from mtkit.training.graphs import CapturedUpdates, choose_graphs, update_timer
 from mtkit.training.metrics_log import MetricsLog
 from mtkit.training.optim import adamw
@@ -93,6 +94,9 @@ class TrainState:
     clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
     saved_step: int  # the step of the newest checkpoint
     captured: CapturedUpdates | None = None  # each shape's update as a graph (cuda_graphs)
+    # validation's decoder steps as graphs (decode.cuda_graphs), kept from one validation
+    # to the next: the optimizer writes the weights in place, where the graphs read them
+    decoder: CapturedDecoder | None = None
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -201,6 +205,11 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         clock_start=time.perf_counter() - progress.elapsed,
         saved_step=progress.step,
         captured=_captured_updates(cfg, choices, model, optimizer, device, metrics),
+        decoder=(
+            CapturedDecoder(model)
+            if graph_choice(cfg.decode.cuda_graphs, device)["graphs"] == "on"
+            else None
+        ),
     )
 
 

@@ -11,11 +11,10 @@ from scripted import random_model, random_src
 
 from mtkit.core.errors import OptionError
 from mtkit.core.search_options import SearchOptions
-from mtkit.engines.pytorch import graph_choice
 from mtkit.model.cache import BeamCache, PreallocatedCache, preallocated_capacity
 from mtkit.search import captured
 from mtkit.search.beam import beam_search, greedy_hypotheses
-from mtkit.search.captured import CapturedDecoder
+from mtkit.search.captured import CapturedDecoder, graph_choice
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
@@ -232,3 +231,57 @@ def test_the_engine_translates_the_same_lines_with_captured_steps(monkeypatch, t
     for options in (SearchOptions(beam=4, nbest=2), SearchOptions(beam=1)):
         assert_same_hypotheses(fixed.translate(lines, options), eager.translate(lines, options))
     assert fixed.graph_record()["replayed_steps"] > 0
+
+
+def test_validation_decodes_with_captured_steps_and_scores_the_same(
+    prepared, tmp_path, corpus, monkeypatch
+):
+    """decode.cuda_graphs during training: validation's greedy search runs in fixed
+    shapes through one `CapturedDecoder`, kept from one validation to the next, and
+    scores what eager validation scores."""
+    import json
+    import shutil
+
+    from mtkit.core.config import config_from_dict
+    from mtkit.training.loop import train
+
+    from conftest import tiny_config_dict
+
+    replays: list = []
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    valid = {}
+    for graphs in ("off", "on"):
+        run = tmp_path / graphs / "run"
+        shutil.copytree(prepared, run)
+        train(config_from_dict(tiny_config_dict(corpus, run, decode={"cuda_graphs": graphs})))
+        valid[graphs] = [
+            (e["valid_bleu"], e["valid_loss"])
+            for e in map(json.loads, (run / "metrics.jsonl").open())
+            if e["event"] == "valid"
+        ]
+        if graphs == "off":
+            assert not replays
+    assert len(valid["on"]) == 2 and valid["on"] == valid["off"]
+    assert len(replays) > 20
+
+
+def test_a_gpus_batch_budget_is_what_a_quarter_of_its_free_memory_holds():
+    """The budget (source tokens x beam) where decode.batch_tokens is the default: rows
+    of one-token sources, the costliest per budget token, fit a quarter of the free
+    memory; never below the CPU default, never above the cap."""
+    from mtkit.core.config import config_from_dict
+    from mtkit.core.search_options import BATCH_TOKENS
+    from mtkit.engines.pytorch import MAX_DEVICE_BATCH_TOKENS, device_batch_tokens
+
+    cfg = config_from_dict(
+        {"model": {"d_model": 256, "decoder_layers": 3, "heads": 4, "ffn_dim": 1024}}
+    )
+    gib = 2**30
+    h200 = device_batch_tokens(cfg, 8000, 140 * gib)
+    assert h200["free_gb"] == 140.0 and "0.25 of the free memory" in h200["rule"]
+    row = 2 * (4 * 3 * 12 * 256 + 2 * 3 * 256) + 12 * 8000  # bytes: S = 1, 11 tokens + bos
+    assert h200["tokens"] == int(0.25 * 140 * gib // row) > 20 * BATCH_TOKENS
+    half = device_batch_tokens(cfg, 8000, 70 * gib)["tokens"]
+    assert half == pytest.approx(h200["tokens"] / 2, rel=1e-3)
+    assert device_batch_tokens(cfg, 8000, gib // 4)["tokens"] == BATCH_TOKENS
+    assert device_batch_tokens(cfg, 8000, 10_000 * gib)["tokens"] == MAX_DEVICE_BATCH_TOKENS

@@ -261,3 +261,78 @@ def test_beam_search_reading_done_sentences_every_few_steps_on_cuda_gives_the_sa
         assert_same_hypotheses(
             beam_search(model, src, options), beam_search(model, src, options, read_every=1)
         )
+
+
+def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
+    """Graph replays run the kernels of the fixed-shape eager search on the same tensors:
+    the same tokens and scores to the last bit, in fp32 and bf16. In fp32 they are also
+    today's eager search's tokens (attention over the masked columns of a preallocated
+    cache only rounds differently)."""
+    from scripted import random_model, random_src
+
+    from mtkit.core.device import autocast
+    from mtkit.search.beam import beam_search
+    from mtkit.search.captured import CapturedDecoder
+
+    from conftest import assert_same_hypotheses
+
+    model, src = random_model(5).cuda(), random_src(16, 4).cuda()
+    cuda = torch.device("cuda")
+    for dtype in (None, torch.bfloat16):
+        decoder = CapturedDecoder(model)
+        with torch.inference_mode(), autocast(cuda, dtype):
+            for options in (SearchOptions(beam=5, nbest=2), SearchOptions(beam=4, max_len_b=10**6)):
+                got = beam_search(decoder, src, options, preallocate=True)
+                fixed = beam_search(model, src, options, preallocate=True)
+                assert [[(h.tokens, h.score) for h in x] for x in got] == [
+                    [(h.tokens, h.score) for h in x] for x in fixed
+                ]
+                if dtype is None:
+                    assert_same_hypotheses(got, beam_search(model, src, options))
+            greedy = greedy_hypotheses(decoder, src, max_len_b=30, preallocate=True)
+            fixed = greedy_hypotheses(model, src, max_len_b=30, preallocate=True)
+            assert [x[0].tokens for x in greedy] == [x[0].tokens for x in fixed]
+        record = decoder.record()
+        print(json.dumps({"captured_decoder": record, "dtype": str(dtype)}))
+        assert record["failed"] == 0 and record["replayed_steps"] > 10 * record["eager_steps"]
+
+
+def test_the_engine_decodes_with_cuda_graphs_and_a_budget_sized_for_the_gpu(
+    cuda_run, corpus, tmp_path
+):
+    """decode.cuda_graphs on: translation replays captured steps (bf16: most outputs as
+    the eager engine's, near ties may round the other way), with a batch budget sized
+    for the GPU's memory; a training's validation decodes through captured steps too."""
+    import shutil
+
+    cfg, _ = cuda_run
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    graphs = load_engine(last, "cuda", cuda_graphs="on")
+    eager = load_engine(last, "cuda", cuda_graphs="off")
+    assert graphs.precision["graphs"] == {"graphs": "on", "asked": "on"}
+    assert graphs.batch_tokens > 8000 and graphs.precision["batch_tokens"]["free_gb"] > 0
+    lines = corpus["test.en"].read_text().splitlines()[:100]
+    for options in (SearchOptions(beam=5, nbest=2), SearchOptions(beam=1)):
+        got, want = graphs.translate(lines, options), eager.translate(lines, options)
+        same = sum(g.tokens == w.tokens for x, y in zip(got, want) for g, w in zip(x, y))
+        assert same >= 0.9 * sum(len(x) for x in want)
+    record = graphs.graph_record()
+    print(json.dumps({"engine_graphs": record, "batch_tokens": graphs.precision["batch_tokens"]}))
+    assert record["failed"] == 0 and record["replayed_steps"] > 0
+
+    run = tmp_path / "run"
+    shutil.copytree(
+        cfg.run_path, run, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl", ".lock")
+    )
+    train(
+        config_from_dict(
+            tiny_config_dict(
+                corpus,
+                run,
+                train={"device": "cuda", "precision": "auto", "max_steps": 30, "valid_every": 15},
+                decode={"cuda_graphs": "on"},
+            )
+        )
+    )
+    events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert events.count("valid") == 2
