@@ -637,7 +637,8 @@ def serve(
     max_batch_tokens: Annotated[
         Opt[int],
         typer.Option(
-            help="Source tokens one batch takes (default: the checkpoint's decode.batch_tokens).",
+            help="Source tokens one batch takes (default: the checkpoint's decode.batch_tokens; "
+            "on CUDA, sized for the GPU).",
             rich_help_panel=SPEED,
         ),
     ] = None,
@@ -728,7 +729,7 @@ def _api_key(given: str | None) -> str | None:
 def _limits(
     port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int, max_chars: int
 ):
-    """The server's limits, each checked (max_batch_tokens None: 0, the checkpoint's)."""
+    """The server's limits, each checked (max_batch_tokens None: 0, the engine's)."""
     from mtkit.serving.scheduler import Limits
 
     if not 1 <= port <= 65535:
@@ -768,7 +769,7 @@ def _serve(
     from mtkit.serving.scheduler import Batcher
 
     if not limits.max_batch_tokens:
-        limits = replace(limits, max_batch_tokens=engine.config.decode.batch_tokens)
+        limits = replace(limits, max_batch_tokens=engine.batch_tokens)
     name = " + ".join(m.name for m in model)
     batcher = Batcher(engine, limits, continuous)
     app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher, glossary)
