@@ -242,10 +242,35 @@ class PreallocatedCache:
             torch.arange(self_k[0].size(2), device=device),
         )
 
+    fixed_shapes = True  # every step the same shapes: `mtkit.search.captured` may capture it
+    bounded = True  # its positions are within its capacity, itself within the positions
+
     @property
     def capacity(self) -> int:
         """Target positions a row can hold."""
         return self.self_k[0].size(2)
+
+    @property
+    def shape(self) -> tuple:
+        """What a step on this cache is specific to: rows, capacity, sentences, source
+        width, dtype."""
+        k, cross = self.self_k[0], self.cross_k[0]
+        return ("preallocated", k.size(0), k.size(2), cross.size(0), cross.size(2), k.dtype)
+
+    def blank(self) -> PreallocatedCache:
+        """A cache of the same shapes, zeros, position 0."""
+        return PreallocatedCache.fresh(
+            [torch.zeros_like(k) for k in self.self_k],
+            [torch.zeros_like(v) for v in self.self_v],
+            tuple(torch.zeros_like(k) for k in self.cross_k),
+            tuple(torch.zeros_like(v) for v in self.cross_v),
+            0,
+        )
+
+    def load(self, other: PreallocatedCache) -> None:
+        """Copy `other` (of the same shapes) into this cache's tensors, in place."""
+        for mine, theirs in zip(_tensors(self), _tensors(other), strict=True):
+            mine.copy_(theirs)
 
     def index_select(self, rows: Tensor, sentences: Tensor | None = None) -> PreallocatedCache:
         """Reorder the rows (in place: this cache, returned), or, where `sentences` (or
@@ -316,6 +341,11 @@ class SlotCache:
     cross_k: list[Tensor]  # per layer: (slots, H, P, K)
     cross_v: list[Tensor]
     positions: Tensor  # (slots,) target tokens each slot holds (stale in a free one)
+    # Fixed shapes (for captured steps on a GPU, `mtkit.search.captured`): every step
+    # runs all slots over all C columns and all P source positions, free ones too (the
+    # caller masks their outputs), nothing read back to the host; a slot's position then
+    # stops at C - 1, so that a free one, stepped on, stays within the columns.
+    fixed: bool = False
     # Of the step under way (`begin`): its rows (B,) = 0..B-1, their positions (B,), and
     # the columns each may attend to (B, 1, 1, W), its own positions so far among the first W.
     _rows: Tensor | None = field(default=None, repr=False)
@@ -324,7 +354,11 @@ class SlotCache:
 
     @staticmethod
     def empty(
-        like: tuple[Tensor, ...], slots: int, columns: int, source_capacity: int
+        like: tuple[Tensor, ...],
+        slots: int,
+        columns: int,
+        source_capacity: int,
+        fixed: bool = False,
     ) -> SlotCache:
         """Free slots with these capacities, for sources whose keys are `like` (n, H, S,
         K) per layer: in their shapes per head, their dtype (bf16 under CUDA autocast)
@@ -339,7 +373,36 @@ class SlotCache:
             zeros(source_capacity),
             zeros(source_capacity),
             torch.zeros(slots, dtype=torch.long, device=like[0].device),
+            fixed,
         )
+
+    @property
+    def fixed_shapes(self) -> bool:
+        return self.fixed
+
+    @property
+    def bounded(self) -> bool:
+        """Whether its positions are known to be within the columns (in fixed shapes),
+        which its owner keeps within the model's positions."""
+        return self.fixed
+
+    @property
+    def shape(self) -> tuple:
+        """What a step on this cache is specific to: slots, columns, source positions,
+        dtype."""
+        k = self.self_k[0]
+        return ("slots", k.size(0), k.size(2), self.cross_k[0].size(2), k.dtype)
+
+    def blank(self) -> SlotCache:
+        """Free slots of the same capacities."""
+        return SlotCache.empty(
+            tuple(self.cross_k), self.slots, self.columns, self.source_capacity, self.fixed
+        )
+
+    def load(self, other: SlotCache) -> None:
+        """Copy `other` (of the same capacities) into this cache's tensors, in place."""
+        for mine, theirs in zip(_tensors(self), _tensors(other), strict=True):
+            mine.copy_(theirs)
 
     @property
     def slots(self) -> int:
@@ -370,12 +433,16 @@ class SlotCache:
         def fit(ts: list[Tensor], width: int) -> list[Tensor]:
             return [resize(t, (slots, t.size(1), width, t.size(3))) for t in ts]
 
+        positions = resize(self.positions, (slots,))
+        if self.fixed:  # a free slot's stale position, within the columns
+            positions.clamp_(max=columns - 1)
         return SlotCache(
             fit(self.self_k, columns),
             fit(self.self_v, columns),
             fit(self.cross_k, source_capacity),
             fit(self.cross_v, source_capacity),
-            resize(self.positions, (slots,)),
+            positions,
+            self.fixed,
         )
 
     def move(self, old: Tensor, new: Tensor) -> None:
@@ -384,9 +451,12 @@ class SlotCache:
             t[new] = t[old]
 
     def begin(self, rows: int) -> Tensor:
-        """The first `rows` slots step, each at its own position: (B,)."""
+        """The first `rows` slots step, each at its own position: (B,). Each attends to
+        its own positions among the first W columns: those up to the furthest slot's, or
+        all C in fixed shapes."""
         self._at = self.positions[:rows]  # (B,)
-        columns = torch.arange(int(self._at.max()) + 1, device=self._at.device)  # (W,)
+        width = self.columns if self.fixed else int(self._at.max()) + 1
+        columns = torch.arange(width, device=self._at.device)  # (W,)
         self._seen = (columns <= self._at[:, None])[:, None, None, :]  # (B, 1, 1, W)
         self._rows = torch.arange(rows, device=self._at.device)  # (B,)
         return self._at
@@ -411,6 +481,17 @@ class SlotCache:
 
     def advanced(self, new_k: tuple[Tensor, ...], new_v: tuple[Tensor, ...]) -> SlotCache:
         """The same cache, its stepped slots one position on (their keys/values are
-        already written)."""
+        already written); in fixed shapes at most at the last column."""
         self.positions[: self._rows.numel()] += 1
+        if self.fixed:
+            self.positions.clamp_(max=self.columns - 1)
         return self
+
+
+def _tensors(cache: PreallocatedCache | SlotCache) -> list[Tensor]:
+    """Every tensor a fixed-shape cache holds, in one order (`load`)."""
+    if isinstance(cache, PreallocatedCache):
+        own = [cache.position, cache.rows]
+    else:
+        own = [cache.positions]
+    return [*cache.self_k, *cache.self_v, *cache.cross_k, *cache.cross_v, *own]

@@ -77,14 +77,14 @@ class Embedding(nn.Module):
         self.max_positions = cfg.max_positions
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+    def forward(self, ids: Tensor, start: int | Tensor = 0, bounded: bool = False) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D). `start` may also give
         each row its own position, (B,), for one token per row (L = 1), or one position
-        for all rows as a () tensor: a `PreallocatedCache`'s, which has room for it
-        (its capacity is within the positions), so it is not read back to be checked."""
+        for all rows as a () tensor. `bounded`: the caller knows the positions are within
+        the model's (a fixed-shape cache: `cache.PreallocatedCache`), so a tensor's are
+        not read back to be checked (on a GPU, a wait)."""
         length = ids.size(1)
-        on_device = isinstance(start, Tensor) and start.dim() == 0
-        if not on_device:
+        if not bounded:
             last = (int(start.max()) if isinstance(start, Tensor) else start) + length
             if last > self.max_positions:
                 raise ValueError(
@@ -92,7 +92,7 @@ class Embedding(nn.Module):
                 )
         x = self.tokens(ids) * self.scale  # (B, L, D)
         table = self.learned.weight if self.learned is not None else self.sinusoidal
-        if on_device:
+        if isinstance(start, Tensor) and start.dim() == 0:
             pos = table.index_select(0, start.view(1))  # (1, D)
         elif isinstance(start, Tensor):
             pos = table.index_select(0, start)[:, None]  # (B, 1, D)
@@ -318,11 +318,13 @@ class Transformer(nn.Module):
         slots: int,
         columns: int,
         source_capacity: int,
+        fixed: bool = False,
     ) -> SlotCache:
         """Free slots with these capacities, for continuous batching (`serving.stream`),
         for sources like `sources` (keys and values from `cross_kv`): in their shapes per
-        head, dtype and device. A method, so that an ensemble gives each model its own."""
-        return SlotCache.empty(sources[0], slots, columns, source_capacity)
+        head, dtype and device; `fixed`: stepped in fixed shapes (`SlotCache.fixed`). A
+        method, so that an ensemble gives each model its own."""
+        return SlotCache.empty(sources[0], slots, columns, source_capacity, fixed)
 
     def decode_step(
         self,
@@ -351,9 +353,9 @@ class Transformer(nn.Module):
         (before its final norm) and the cache after the step."""
         if cache is None:
             cache = BeamCache.first(*self.cross_kv(memory))
-        start = cache.begin(token.size(0))  # () or (B*W,)
+        start = cache.begin(token.size(0))  # (), () tensor or (B*W,)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = self.tgt_embed(token[:, None], start=start)  # (B*W, 1, D)
+        y = self.tgt_embed(token[:, None], start, getattr(cache, "bounded", False))  # (B*W, 1, D)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
             memory_kv = cache.cross(i, src_mask.size(1))  # (B, H, S, K) each

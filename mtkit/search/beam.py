@@ -165,8 +165,8 @@ def step_log_probs(
         kept = lprobs[rows, forced[rows]]  # (rows',)
     if no_repeat_ngram and history is not None:
         ban_repeated_ngrams(lprobs, history, no_repeat_ngram, exempt)
-    if isinstance(step, Tensor):  # each row at its own step (a stream)
-        lprobs[step < min_len, eos] = float("-inf")
+    if isinstance(step, Tensor):  # each row at its own step (a stream): no host read
+        lprobs[:, eos].masked_fill_(step < min_len, float("-inf"))
     elif step < min_len:
         lprobs[:, eos] = float("-inf")
     at_limit = step >= limits  # (rows,)

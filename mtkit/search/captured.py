@@ -12,10 +12,14 @@ shape, and from then on the search runs on the slot's cache, each step one repla
     model = CapturedDecoder(transformer)        # a StepModel, as the transformer is
     beam_search(model, src, options, preallocate=True)
 
-A step that cannot be captured (its capture failed, or the slots are all taken) runs
-eagerly on the cache it was given, and is counted (`eager_steps`); the first failure of
-each shape is logged. A cache that is not preallocated (greedy search, sampling, serving)
-always steps eagerly.
+`mtkit serve`'s stream in fixed shapes (`serving.stream.GreedyStream(fixed=True)`) steps
+its slot cache (`SlotCache(fixed=True)`: all slots, all columns) the same way: each step
+a replay, until its capacities change.
+
+A step that cannot be captured (its capture failed) runs eagerly on the cache it was
+given and is counted (`eager_steps`); each failing shape is logged once. A cache not in
+fixed shapes (a `BeamCache`, a `SlotCache` that is not fixed) always steps eagerly. At
+most `MAX_SLOTS` shapes are kept, the least recently used let go.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from torch import Tensor
 from mtkit.core.device import cuda_graph
 from mtkit.core.errors import OptionError, first_line
 from mtkit.core.vocab import BOS
-from mtkit.model.cache import PreallocatedCache
+from mtkit.model.cache import PreallocatedCache, SlotCache
 
 log = logging.getLogger(__name__)
 
 Capture = Callable[[Callable[[], None]], Callable[[], None]]
+FixedCache = PreallocatedCache | SlotCache  # a cache in fixed shapes (`fixed_shapes`)
 
 WARMUP_STEPS = 2  # eager steps on a slot's own tensors before its capture
 
@@ -53,15 +58,13 @@ CAPTURES: dict[str, Capture] = {"cuda": cuda_capture}
 MAX_SLOTS = 16
 
 
-def shape_of(token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> tuple:
-    """What a captured step is specific to: rows, sentences, source width, capacity,
-    and the cache's dtype (bf16 under autocast)."""
+def shape_of(token: Tensor, src_mask: Tensor, cache: FixedCache) -> tuple:
+    """What a captured step is specific to: its cache's shapes (and dtype: bf16 under
+    autocast), its rows and source mask, and whether autocast is on."""
     return (
+        cache.shape,
         token.size(0),
-        src_mask.size(0),
-        src_mask.size(1),
-        cache.capacity,
-        cache.self_k[0].dtype,
+        *src_mask.shape,
         torch.is_autocast_enabled(token.device.type),
     )
 
@@ -84,48 +87,22 @@ class Slot:
     """One shape's captured step: its own token (R,), source mask (B, S) and cache, the
     step's output (R, D) on them, and the replay."""
 
-    def __init__(
-        self, model: Any, token: Tensor, src_mask: Tensor, like: PreallocatedCache, capture
-    ):
+    def __init__(self, model: Any, token: Tensor, src_mask: Tensor, like: FixedCache, capture):
         self.token = torch.full_like(token, BOS)  # (R,)
         self.src_mask = torch.ones_like(src_mask)  # (B, S)
-        self.cache = PreallocatedCache.fresh(
-            [torch.zeros_like(k) for k in like.self_k],
-            [torch.zeros_like(v) for v in like.self_v],
-            tuple(torch.zeros_like(k) for k in like.cross_k),
-            tuple(torch.zeros_like(v) for v in like.cross_v),
-            0,
-        )
+        self.cache = like.blank()
         self.output: Tensor | None = None  # (R, D): where each replay writes
-        self.given_mask: Tensor | None = None  # the search's mask last copied
 
         def step() -> None:
             self.output, _ = model.decode_hidden(self.token, None, self.src_mask, self.cache)
 
         self.replay = capture(step)
 
-    def take(self, token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> None:
-        """A search comes to this shape: its cache (and mask) become the slot's."""
-        mine = self.cache
-        for ours, theirs in (
-            *zip(mine.self_k, cache.self_k, strict=True),
-            *zip(mine.self_v, cache.self_v, strict=True),
-            *zip(mine.cross_k, cache.cross_k, strict=True),
-            *zip(mine.cross_v, cache.cross_v, strict=True),
-            (mine.position, cache.position),
-            (mine.rows, cache.rows),
-        ):
-            ours.copy_(theirs)
-        self.given_mask = None  # copied by `run`
-
-    def run(self, token: Tensor, src_mask: Tensor) -> tuple[Tensor, PreallocatedCache]:
-        """One step of the slot's search: `token` (R,) in, the decoder's output out.
-        The search's source mask is copied when it is another tensor than last step's
-        (a search keeps one per batch shape)."""
+    def run(self, token: Tensor, src_mask: Tensor) -> tuple[Tensor, FixedCache]:
+        """One step of the slot's search: `token` (R,) and `src_mask` in (copied: a
+        stream writes its mask in place as sentences join), the decoder's output out."""
         self.token.copy_(token)
-        if src_mask is not self.given_mask:
-            self.src_mask.copy_(src_mask)
-            self.given_mask = src_mask
+        self.src_mask.copy_(src_mask)
         self.replay()
         return self.output, self.cache
 
@@ -157,17 +134,18 @@ class CapturedDecoder:
     def decode_hidden(
         self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any = None
     ) -> tuple[Tensor, Any]:
-        slot = self._slot(token, src_mask, cache) if isinstance(cache, PreallocatedCache) else None
+        fixed = getattr(cache, "fixed_shapes", False)
+        slot = self._slot(token, src_mask, cache) if fixed else None
         if slot is None:
             self.eager_steps += 1
             return self.model.decode_hidden(token, memory, src_mask, cache)
-        if cache is not slot.cache:
-            slot.take(token, src_mask, cache)
+        if cache is not slot.cache:  # a search comes to this shape: its cache is the slot's
+            slot.cache.load(cache)
         self.replayed_steps += 1
         y, cache = slot.run(token, src_mask)
         return y.clone(), cache  # the next replay writes over the slot's output
 
-    def _slot(self, token: Tensor, src_mask: Tensor, cache: PreallocatedCache) -> Slot | None:
+    def _slot(self, token: Tensor, src_mask: Tensor, cache: FixedCache) -> Slot | None:
         """The slot of this step's shape, captured on first meeting (None: eager)."""
         capture = self.capture or CAPTURES.get(token.device.type)
         if capture is None:

@@ -74,12 +74,17 @@ class Ensemble:
         )  # each (B, S, Di)
 
     def slot_cache(
-        self, sources: tuple[Any, ...], slots: int, columns: int, source_capacity: int
+        self,
+        sources: tuple[Any, ...],
+        slots: int,
+        columns: int,
+        source_capacity: int,
+        fixed: bool = False,
     ) -> EnsembleCache:
         """Each model's free slots, for its `sources` (from `cross_kv`)."""
         return EnsembleCache(
             tuple(
-                m.slot_cache(s, slots, columns, source_capacity)
+                m.slot_cache(s, slots, columns, source_capacity, fixed)
                 for m, s in zip(self.models, sources, strict=True)
             )
         )

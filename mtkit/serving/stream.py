@@ -98,7 +98,14 @@ class GreedyStream:
     `decode_step` steps its first B slots): one joining or leaving copies no other's
     cache. When sentences end, those in the last slots move into the freed ones, so that
     a step runs live slots only. Beside the cache, the stream keeps each slot's last
-    token, output limit, tokens so far, log-probability, output and source mask."""
+    token, output limit, tokens so far, log-probability, output and source mask.
+
+    `fixed` (for captured steps on a GPU, `mtkit.search.captured`): every step runs all
+    slots over the cache's whole capacities (`SlotCache.fixed`), free slots masked, so
+    that steps have the same shapes until the capacities change; the outputs are the
+    same. Each slot's source mask then always holds its first position, so that a free
+    slot attends to something (an empty mask would make its keys and values NaN, which
+    a later sentence in that slot would read, weighted 0, as NaN)."""
 
     def __init__(
         self,
@@ -107,9 +114,11 @@ class GreedyStream:
         max_len_a: float = DEFAULTS.max_len_a,
         max_len_b: int = DEFAULTS.max_len_b,
         min_len: int = 1,
+        fixed: bool = False,
     ):
         self.model, self.lenpen, self.min_len = model, lenpen, min_len
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.fixed = fixed
         self._clear()
 
     def _clear(self) -> None:
@@ -144,7 +153,7 @@ class GreedyStream:
         b, n, width = len(self), src.size(0), src.size(1)
         if self.cache is None:  # caches in the keys' dtype (bf16 under CUDA autocast)
             columns = int(limits.max()) + 1
-            self.cache = self.model.slot_cache(sources, n, columns, width)
+            self.cache = self.model.slot_cache(sources, n, columns, width, self.fixed)
             self._empty_rows(src.device)
             self._resize_rows(n, columns, width)
         else:
@@ -175,6 +184,7 @@ class GreedyStream:
         if all(n <= h <= 2 * n + 8 for h, n in zip(self.capacity, need, strict=True)):
             return
         new = [n + n // 4 for n in need]
+        new[1] = min(new[1], self.model.cfg.max_positions)  # no output is longer
         self.cache = self.cache.resized(*new)
         self._resize_rows(*new)
 
@@ -195,6 +205,7 @@ class GreedyStream:
         self.log_prob = resize(self.log_prob, (slots,), 0.0)
         self.out = resize(self.out, (slots, columns), PAD)
         self.src_mask = resize(self.src_mask, (slots, source), False)
+        self.src_mask[:, 0] = True  # a free slot's too (a live one's first is real)
         self.keys = (self.keys + [None] * slots)[:slots]
 
     @torch.no_grad()
@@ -203,19 +214,21 @@ class GreedyStream:
         b = len(self)  # the live slots: 0..b-1 (`_compact`)
         if not b:
             return []
-        src_mask = self.src_mask[:b]
-        src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
+        stepped = self.token.size(0) if self.fixed else b  # all slots, or the live ones
+        src_mask = self.src_mask[:stepped]
+        if not self.fixed:
+            src_mask = src_mask[:, : int(src_mask.sum(dim=1).max())]  # to the longest source
         lprobs, self.cache = step_log_probs(
             self.model,
-            self.token[:b],
+            self.token[:stepped],
             None,
             src_mask,
             self.cache,
-            self.steps[:b],
-            self.limits[:b],
+            self.steps[:stepped],
+            self.limits[:stepped],
             self.min_len,
-        )  # (b, V)
-        token = lprobs.argmax(dim=-1)  # (b,)
+        )  # (stepped, V)
+        token = lprobs[:b].argmax(dim=-1)  # (b,)
         rows = torch.arange(b, device=token.device)
         self.log_prob[:b] += lprobs[rows, token]
         self.out[rows, self.steps[:b]] = token
@@ -275,7 +288,13 @@ class LineStream:
 
     def __init__(self, engine: TorchEngine, opts: SearchOptions):
         self.engine, self.opts = engine, opts
-        self.search = GreedyStream(engine.step_model, opts.lenpen, opts.max_len_a, opts.max_len_b)
+        self.search = GreedyStream(
+            engine.step_model,
+            opts.lenpen,
+            opts.max_len_a,
+            opts.max_len_b,
+            fixed=getattr(engine, "graphs", False),
+        )
         self.ready: list[tuple[Hashable, list[Hypothesis]]] = []  # empty lines
         self.joining: list[tuple[Hashable, list[int]]] = []  # key, source ids
         self.aligned: dict[Hashable, tuple[list[int], int | None]] = {}  # key -> ids, layer

@@ -285,3 +285,94 @@ def test_a_gpus_batch_budget_is_what_a_quarter_of_its_free_memory_holds():
     assert half == pytest.approx(h200["tokens"] / 2, rel=1e-3)
     assert device_batch_tokens(cfg, 8000, gib // 4)["tokens"] == BATCH_TOKENS
     assert device_batch_tokens(cfg, 8000, 10_000 * gib)["tokens"] == MAX_DEVICE_BATCH_TOKENS
+
+
+def stream_outputs(model, sources: dict, fixed: bool) -> tuple[dict, list]:
+    """`sources` (key -> src row) joining a `GreedyStream` a few at a step, the first a
+    long one: each key's hypothesis, and the cache's capacities at each step."""
+    from mtkit.serving.stream import GreedyStream
+
+    stream = GreedyStream(model, lenpen=0.6, max_len_a=1.5, max_len_b=4, fixed=fixed)
+    keys, got, capacities = list(sources), {}, []
+    while keys or len(stream):
+        joining, keys = keys[: 1 + len(got) % 3], keys[1 + len(got) % 3 :]
+        if joining:
+            src = torch.nn.utils.rnn.pad_sequence(
+                [sources[k] for k in joining], batch_first=True, padding_value=0
+            )
+            stream.add(src, joining)
+        capacities.append(stream.capacity)
+        got.update(stream.step())
+    return got, capacities
+
+
+@pytest.mark.parametrize("captured_steps", [False, True])
+@pytest.mark.parametrize("kernel", ["sdpa", "matmul"])
+def test_a_stream_in_fixed_shapes_gives_each_sentence_what_greedy_gives_it_alone(
+    kernel, captured_steps, monkeypatch
+):
+    """A server's stream stepping all its slots over all columns (free slots masked,
+    stepped on) gives each sentence its greedy output alone, also in a slot freed by
+    another sentence; with captured steps (the stand-in) each step is a replay. With
+    matmul attention (a GPU's), a free slot attending to nothing would leave NaN keys
+    in its columns, which a later sentence there would read, weighted 0, as NaN."""
+    from mtkit.core.vocab import EOS, PAD
+
+    model = random_model(4).use_attention(kernel)
+    short = random_src(12, 5)
+    long = torch.randint(4, 40, (30,), generator=torch.Generator().manual_seed(6))
+    long[-1] = EOS
+    sources = {0: long} | {k + 1: row[row != PAD] for k, row in enumerate(short)}
+    replays: list = []
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    decoder = CapturedDecoder(model) if captured_steps else model
+    with torch.inference_mode():
+        got, capacities = stream_outputs(decoder, sources, fixed=True)
+    assert sorted(got) == list(sources)
+    for k, row in sources.items():
+        alone = greedy_hypotheses(model, row[None], 0.6, 1.5, 4)
+        assert got[k].tokens == alone[0][0].tokens
+        assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
+    if captured_steps:
+        record = decoder.record()
+        assert record["replayed_steps"] == len(replays) == len(capacities)
+        assert record["shapes"] <= len(set(capacities)) < len(capacities) / 2
+
+
+@torch.inference_mode()
+def test_free_slots_stepped_in_fixed_shapes_stay_within_the_columns():
+    from mtkit.model.cache import SlotCache
+
+    model, src = random_model(4), random_src(2, 5)
+    memory, src_mask = model.encode(src)
+    keys, values = model.cross_kv(memory)
+    cache = SlotCache.empty(keys, 2, 4, src.size(1), fixed=True)
+    cache.fill(torch.arange(2), (keys, values))
+    token = torch.full((2,), 5)
+    for _ in range(10):  # more steps than columns: free slots' positions stop at the last
+        logits, cache = model.decode_step(token, None, src_mask, cache)
+    assert cache.positions.tolist() == [3, 3] and torch.isfinite(logits).all()
+    assert cache.shape == ("slots", 2, 4, src.size(1), torch.float32)
+
+
+def test_a_servers_line_stream_replays_captured_steps_where_the_engine_takes_graphs(
+    tiny_engine, monkeypatch
+):
+    from dataclasses import replace
+
+    from mtkit.serving.stream import LineStream
+
+    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    engine = replace(tiny_engine, graphs=True)
+    opts = SearchOptions(beam=1, max_len_a=0, max_len_b=6)
+    lines = ["A dog runs.", "Two men are sitting.", "A cat.", ""]
+    stream = LineStream(engine, opts)
+    assert stream.search.fixed
+    stream.add(lines[:2], [0, 1], opts)
+    got = dict(stream.step())
+    stream.add(lines[2:], [2, 3], opts)  # they join the running search
+    while len(stream):
+        got.update(stream.step())
+    want = tiny_engine.translate(lines, opts)
+    assert [[h.tokens for h in got[i]] for i in range(4)] == [[h.tokens for h in w] for w in want]
+    assert engine.graph_record()["replayed_steps"] >= 6
