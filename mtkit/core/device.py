@@ -96,16 +96,30 @@ def cuda_graph(work: Callable[[], None], warmup: int) -> Callable[[], None]:
     """`work` recorded as a CUDA graph, after `warmup` runs of it on a side stream (as
     CUDA graphs want: lazy initialisations, kernels chosen); returns the graph's replay,
     which runs the recorded kernels on the tensors `work` used. What `work` sets aside
-    (its outputs) during the capture is where each replay writes."""
+    (its outputs) during the capture is where each replay writes.
+
+    Autocast's cache of cast weights is off meanwhile (its dtype and whether it is on
+    are kept): the graph must record the casts itself, not read copies that autocast
+    frees when its region ends (a validation's copies, made for its loss, go with each
+    batch, and the weights change between validations). Only this thread's calls are
+    checked while recording (`thread_local`): a training's data loader may use CUDA in
+    another thread meanwhile (pinned memory)."""
+    own_casts = torch.autocast(
+        "cuda",
+        dtype=torch.get_autocast_dtype("cuda"),
+        enabled=torch.is_autocast_enabled("cuda"),
+        cache_enabled=False,
+    )
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
+    with own_casts:
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                work()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             work()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        work()
     return graph.replay
 
 

@@ -49,6 +49,7 @@ from mtkit.core.vocab import EOS, PAD, Vocab, entry_vocabs
 from mtkit.engines.base import Engine
 from mtkit.model import int8
 from mtkit.model.attention import keep_stacked_weights
+from mtkit.model.cache import preallocated_capacity
 from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
 from mtkit.model.transformer import Transformer, build_model, count_parameters
 from mtkit.search.alignment import align, check_layer
@@ -452,7 +453,9 @@ def load_torch_engine(
     record["graphs"] = graph_choice(cuda_graphs or cfg.decode.cuda_graphs, dev)
     if dev.type == "cuda" and cfg.decode.batch_tokens == BATCH_TOKENS:
         free, _ = torch.cuda.mem_get_info(dev)
-        record["batch_tokens"] = device_batch_tokens(cfg, len(tgt_vocab), free)
+        record["batch_tokens"] = device_batch_tokens(
+            cfg, len(tgt_vocab), free, 2 if dtype is not None else 4, len(models)
+        )
         log.info("batch budget on %s: %s", dev, record["batch_tokens"])
     return TorchEngine(
         models,
@@ -474,24 +477,29 @@ GPU_MEMORY_SHARE = 0.25  # of the memory free at load, for the search of one bat
 MAX_DEVICE_BATCH_TOKENS = 512_000
 
 
-def device_batch_tokens(cfg: Config, vocab_size: int, free: int) -> dict:
+def device_batch_tokens(
+    cfg: Config, vocab_size: int, free: int, element_bytes: int = 2, models: int = 1
+) -> dict:
     """The batch budget on a GPU where the checkpoint's decode.batch_tokens is the
     default (sized for a 2-core CPU: a GPU searching 1,600 source tokens at a time waits
     on its host), and its record: what `GPU_MEMORY_SHARE` of the `free` bytes holds.
 
     A budget of N is N source tokens x beam, so a batch of sources of S tokens carries
-    N / S rows. A row holds, in bf16 (2 bytes): its self-attention keys/values, twice
-    (a preallocated cache and its reorder), 4 x layers x C x d_model for C positions
-    (the output limit max_len_a x S + max_len_b, and bos); its share of its source's
-    keys/values, at most 2 x layers x S x d_model; and its logits with their fp32
-    log-probabilities and the search's work on them, 12 bytes per target piece. The
-    costliest per budget token is the shortest source (S = 1: a row's logits for a
-    one-token source), which sets the budget, never below the CPU default nor above
-    `MAX_DEVICE_BATCH_TOKENS`."""
+    N / S rows. For each of `models` models a row holds, in elements of `element_bytes`
+    (2 in bf16): its self-attention keys/values three times over (a preallocated cache,
+    its reorder, and a captured step's copy: `mtkit.search.captured`), 6 x layers x C x
+    d_model for C positions (the output limit max_len_a x S + max_len_b and bos, rounded
+    up as `preallocated_capacity` rounds it), and its share of its source's keys/values,
+    at most 2 x layers x S x d_model; and its logits with their fp32 log-probabilities
+    and the search's work on them, 12 bytes per target piece. The costliest per budget
+    token is the shortest source (S = 1: a row's logits for a one-token source), which
+    sets the budget, never below the CPU default nor above `MAX_DEVICE_BATCH_TOKENS`.
+    Captured steps of other shapes are bounded apart (`captured.SLOT_MEMORY_SHARE`)."""
     d, m = cfg.decode, cfg.model
-    limit = min(int(d.max_len_a * 1 + d.max_len_b) + 1, m.max_positions)  # C, bos first
-    row = 2 * (4 * m.decoder_layers * limit * m.d_model + 2 * m.decoder_layers * m.d_model)
-    row += 12 * vocab_size
+    limit = int(d.max_len_a * 1 + d.max_len_b)  # the longest output of a one-token source
+    columns = preallocated_capacity(min(limit, m.max_positions - 1), m.max_positions)
+    per_model = 6 * m.decoder_layers * columns * m.d_model + 2 * m.decoder_layers * m.d_model
+    row = models * (element_bytes * per_model + 12 * vocab_size)
     tokens = int(GPU_MEMORY_SHARE * free // row)
     return {
         "tokens": max(BATCH_TOKENS, min(tokens, MAX_DEVICE_BATCH_TOKENS)),

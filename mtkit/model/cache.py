@@ -257,6 +257,10 @@ class PreallocatedCache:
         k, cross = self.self_k[0], self.cross_k[0]
         return ("preallocated", k.size(0), k.size(2), cross.size(0), cross.size(2), k.dtype)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in _tensors(self))
+
     def blank(self) -> PreallocatedCache:
         """A cache of the same shapes, zeros, position 0."""
         return PreallocatedCache.fresh(
@@ -280,8 +284,10 @@ class PreallocatedCache:
             return self
         rows = self.rows.index_select(0, rows)  # (R',) stored rows
 
-        def pick(ts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-            return ts if sentences is None else tuple(t.index_select(0, sentences) for t in ts)
+        def pick(ts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:  # copies: the new cache's own
+            return tuple(
+                t.clone() if sentences is None else t.index_select(0, sentences) for t in ts
+            )
 
         return PreallocatedCache.fresh(
             [k.index_select(0, rows) for k in self.self_k],
@@ -392,6 +398,10 @@ class SlotCache:
         dtype."""
         k = self.self_k[0]
         return ("slots", k.size(0), k.size(2), self.cross_k[0].size(2), k.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in _tensors(self))
 
     def blank(self) -> SlotCache:
         """Free slots of the same capacities."""

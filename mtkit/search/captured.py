@@ -54,8 +54,17 @@ def cuda_capture(step: Callable[[], None]) -> Callable[[], None]:
 CAPTURES: dict[str, Capture] = {"cuda": cuda_capture}
 
 # Slots kept at once, the least recently used let go first. A slot holds a cache of its
-# shape (each layer's keys/values for every row and position) and its graph's memory.
+# shape (each layer's keys/values for every row and position) and its graph's memory:
+# on a GPU their caches take at most `SLOT_MEMORY_SHARE` of its memory.
 MAX_SLOTS = 16
+SLOT_MEMORY_SHARE = 0.1
+
+
+def slot_memory(device: torch.device) -> int | None:
+    """The bytes a decoder's slots' caches may take on `device` (None: no bound)."""
+    if device.type != "cuda":
+        return None
+    return int(SLOT_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
 def shape_of(token: Tensor, src_mask: Tensor, cache: FixedCache) -> tuple:
@@ -112,10 +121,17 @@ class CapturedDecoder:
     on a `PreallocatedCache` are replayed graphs, one `Slot` per shape; everything else
     is the model's. `capture` (default: the device's, `CAPTURES`) records a step."""
 
-    def __init__(self, model: Any, capture: Capture | None = None, max_slots: int = MAX_SLOTS):
+    def __init__(
+        self,
+        model: Any,
+        capture: Capture | None = None,
+        max_slots: int = MAX_SLOTS,
+        max_bytes: int | None = None,
+    ):
         self.model = model
         self.capture = capture
         self.max_slots = max_slots
+        self.max_bytes = max_bytes  # of the slots' caches (None: `slot_memory`)
         # shape -> its slot, or None: that shape steps eagerly (its capture failed)
         self.slots: OrderedDict[tuple, Slot | None] = OrderedDict()
         self.replayed_steps = 0
@@ -154,7 +170,11 @@ class CapturedDecoder:
         if key in self.slots:
             self.slots.move_to_end(key)
             return self.slots[key]
-        while len(self.slots) >= self.max_slots:
+        limit = self.max_bytes if self.max_bytes is not None else slot_memory(token.device)
+        while self.slots and (
+            len(self.slots) >= self.max_slots
+            or (limit is not None and self.nbytes + cache.nbytes > limit)
+        ):
             self.slots.popitem(last=False)  # the least recently used goes
         try:
             slot = Slot(self.model, token, src_mask, cache, capture)
@@ -164,6 +184,11 @@ class CapturedDecoder:
             slot = None
         self.slots[key] = slot
         return slot
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the slots' caches take."""
+        return sum(s.cache.nbytes for s in self.slots.values() if s is not None)
 
     def record(self) -> dict:
         """What ran: steps replayed and eager, shapes captured, failures."""

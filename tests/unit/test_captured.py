@@ -189,8 +189,10 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_is_recorded(monkeypatch
     assert "run eagerly: operation not permitted" in caplog.text
 
 
-def test_a_slot_let_go_is_captured_again_when_its_shape_returns(monkeypatch):
-    """One slot for all shapes: each new shape takes it, copying the search's cache in."""
+@pytest.mark.parametrize("bound", [{"max_slots": 1}, {"max_bytes": 1}])
+def test_a_slot_let_go_is_captured_again_when_its_shape_returns(bound):
+    """One slot for all shapes (at most one, or as many as 1 byte holds, but never
+    none): each new shape takes it, copying the search's cache in."""
     model, src = random_model(5), random_src(8, 4)
     captures: list = []
 
@@ -198,12 +200,13 @@ def test_a_slot_let_go_is_captured_again_when_its_shape_returns(monkeypatch):
         captures.append(1)
         return step
 
-    decoder = CapturedDecoder(model, capture=counting, max_slots=1)
+    decoder = CapturedDecoder(model, capture=counting, **bound)
     with torch.inference_mode():
         for _ in range(2):
             got = beam_search(decoder, src, SearchOptions(beam=4), preallocate=True)
             assert_same_hypotheses(got, beam_search(model, src, SearchOptions(beam=4)))
-    assert len(decoder.slots) == 1 and len(captures) >= 4
+    assert len(decoder.slots) == 1 and len(captures) >= 8
+    assert decoder.nbytes == next(iter(decoder.slots.values())).cache.nbytes > 0
 
 
 def test_cuda_graphs_are_taken_where_the_device_captures_steps(monkeypatch):
@@ -279,10 +282,14 @@ def test_a_gpus_batch_budget_is_what_a_quarter_of_its_free_memory_holds():
     gib = 2**30
     h200 = device_batch_tokens(cfg, 8000, 140 * gib)
     assert h200["free_gb"] == 140.0 and "0.25 of the free memory" in h200["rule"]
-    row = 2 * (4 * 3 * 12 * 256 + 2 * 3 * 256) + 12 * 8000  # bytes: S = 1, 11 tokens + bos
-    assert h200["tokens"] == int(0.25 * 140 * gib // row) > 20 * BATCH_TOKENS
+    # a budget token: S = 1, 11 tokens + bos rounded up to 16 columns; bytes in bf16
+    elements = 6 * 3 * 16 * 256 + 2 * 3 * 256  # cache (three copies) and source, per row
+    row = 2 * elements + 12 * 8000
+    assert h200["tokens"] == int(0.25 * 140 * gib // row) > 15 * BATCH_TOKENS
     half = device_batch_tokens(cfg, 8000, 70 * gib)["tokens"]
     assert half == pytest.approx(h200["tokens"] / 2, rel=1e-3)
+    fp32_pair = device_batch_tokens(cfg, 8000, 140 * gib, element_bytes=4, models=2)
+    assert fp32_pair["tokens"] == int(0.25 * 140 * gib // (2 * (4 * elements + 12 * 8000)))
     assert device_batch_tokens(cfg, 8000, gib // 4)["tokens"] == BATCH_TOKENS
     assert device_batch_tokens(cfg, 8000, 10_000 * gib)["tokens"] == MAX_DEVICE_BATCH_TOKENS
 

@@ -264,10 +264,11 @@ def test_beam_search_reading_done_sentences_every_few_steps_on_cuda_gives_the_sa
 
 
 def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
-    """Graph replays run the kernels of the fixed-shape eager search on the same tensors:
-    the same tokens and scores to the last bit, in fp32 and bf16. In fp32 they are also
-    today's eager search's tokens (attention over the masked columns of a preallocated
-    cache only rounds differently)."""
+    """Graph replays run the kernels of the fixed-shape eager search: the same tokens
+    (the slot's buffers may be laid out otherwise than the search's, so scores only
+    within rounding), in fp32 and bf16. In fp32 they are also today's eager search's
+    tokens (attention over the masked columns of a preallocated cache only rounds
+    differently)."""
     from scripted import random_model, random_src
 
     from mtkit.core.device import autocast
@@ -284,9 +285,7 @@ def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
             for options in (SearchOptions(beam=5, nbest=2), SearchOptions(beam=4, max_len_b=10**6)):
                 got = beam_search(decoder, src, options, preallocate=True)
                 fixed = beam_search(model, src, options, preallocate=True)
-                assert [[(h.tokens, h.score) for h in x] for x in got] == [
-                    [(h.tokens, h.score) for h in x] for x in fixed
-                ]
+                assert_same_hypotheses(got, fixed)
                 if dtype is None:
                     assert_same_hypotheses(got, beam_search(model, src, options))
             greedy = greedy_hypotheses(decoder, src, max_len_b=30, preallocate=True)
@@ -336,3 +335,51 @@ def test_the_engine_decodes_with_cuda_graphs_and_a_budget_sized_for_the_gpu(
     )
     events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert events.count("valid") == 2
+
+
+def test_a_servers_stream_replays_captured_steps_on_cuda(cuda_run, corpus):
+    """`mtkit serve`'s continuous batching with decode.cuda_graphs on: lines joining a
+    running stream in fixed shapes get (mostly: bf16 near ties) the engine's greedy
+    outputs, each step a replay."""
+    from mtkit.serving.stream import LineStream
+
+    cfg, _ = cuda_run
+    engine = load_engine(cfg.run_path / "checkpoints" / "last.pt", "cuda", cuda_graphs="on")
+    opts = SearchOptions(beam=1)
+    lines = corpus["test.en"].read_text().splitlines()[:40]
+    stream, got = LineStream(engine, opts), {}
+    for start in range(0, 40, 8):  # 8 lines join at each step
+        stream.add(lines[start : start + 8], list(range(start, start + 8)), opts)
+        got.update(stream.step())
+    while len(stream):
+        got.update(stream.step())
+    want = engine.translate(lines, opts)
+    same = sum(got[i][0].tokens == want[i][0].tokens for i in range(40))
+    record = engine.graph_record()
+    print(json.dumps({"stream_graphs": record, "identical": same}))
+    assert same >= 36 and record["failed"] == 0 and record["replayed_steps"] > 0
+
+
+def test_captured_validation_steps_read_the_weights_of_each_validation():
+    """Validation decodes under no_grad and bf16 autocast with weights that require
+    grad, whose casts autocast caches for the batch's loss and frees after it: a graph
+    must record its own casts. After the weights change in place (an optimizer step),
+    the replays follow them."""
+    from scripted import random_model, random_src
+
+    from mtkit.core.device import autocast
+    from mtkit.search.captured import CapturedDecoder
+
+    model, src = random_model(5).cuda(), random_src(16, 4).cuda()
+    decoder, cuda = CapturedDecoder(model), torch.device("cuda")
+    for _ in range(2):
+        with torch.no_grad():
+            with autocast(cuda, torch.bfloat16):
+                model(src, src)  # the loss's forward: autocast caches the weights' casts
+                got = greedy_hypotheses(decoder, src, max_len_b=20, preallocate=True)
+            with autocast(cuda, torch.bfloat16):
+                want = greedy_hypotheses(model, src, max_len_b=20, preallocate=True)
+            for p in model.parameters():  # an optimizer step, in place
+                p.mul_(1.5)
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+    assert decoder.record()["replayed_steps"] > 0 and decoder.record()["failed"] == 0
