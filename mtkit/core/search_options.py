@@ -218,6 +218,16 @@ def check_precision(precision: str, option: str = "--precision") -> None:
         raise OptionError(f"{option} must be auto, fp32, bf16 or int8, got {precision!r}")
 
 
+CUDA_GRAPHS = ("auto", "on", "off")  # whether decoder steps run as CUDA graphs
+
+
+def check_cuda_graphs(value: str, option: str = "--cuda-graphs") -> None:
+    """One line for a choice of CUDA graphs that is none of `CUDA_GRAPHS` (without
+    torch, as `check_precision`)."""
+    if value not in CUDA_GRAPHS:
+        raise OptionError(f"{option} must be auto, on or off, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine honours. `needs` completes "--sampling needs ..." for the rest."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import Translator, check_precision
+from mtkit.core.search_options import Translator, check_cuda_graphs, check_precision
 
 
 def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:
@@ -47,8 +47,8 @@ def load_engine(
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if precision is not None:
         check_precision(precision)
-    if cuda_graphs not in (None, "auto", "on", "off"):
-        raise OptionError(f"--cuda-graphs must be auto, on or off, got {cuda_graphs!r}")
+    if cuda_graphs is not None:
+        check_cuda_graphs(cuda_graphs)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 

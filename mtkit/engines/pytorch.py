@@ -84,9 +84,6 @@ class TorchEngine(Engine):
     # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
     # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
     graphs: bool = False
-    # The batch budget where none is given (`device_batch_tokens` on a GPU), else None:
-    # the checkpoint's decode.batch_tokens
-    sized_batch_tokens: int | None = None
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
@@ -134,7 +131,10 @@ class TorchEngine(Engine):
 
     @property
     def batch_tokens(self) -> int:
-        return self.sized_batch_tokens or self.config.decode.batch_tokens
+        """The batch budget where none is given: sized for the GPU at load, where the
+        precision record has one (`device_batch_tokens`), else decode.batch_tokens."""
+        sized = self.precision.get("batch_tokens")
+        return sized["tokens"] if sized else self.config.decode.batch_tokens
 
     def use_attention(self, kernel: str) -> None:
         """Attend with `kernel` (as measured at load, or as an earlier run chose)."""
@@ -469,7 +469,6 @@ def load_torch_engine(
         record,
         shortlist,
         record["graphs"]["graphs"] == "on",
-        record.get("batch_tokens", {}).get("tokens"),
     )
 
 

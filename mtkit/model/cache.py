@@ -242,8 +242,9 @@ class PreallocatedCache:
             torch.arange(self_k[0].size(2), device=device),
         )
 
-    fixed_shapes = True  # every step the same shapes: `mtkit.search.captured` may capture it
-    bounded = True  # its positions are within its capacity, itself within the positions
+    # Every step the same shapes (`mtkit.search.captured` may capture it), its positions
+    # within its capacity, itself within the model's positions
+    fixed_shapes = True
 
     @property
     def capacity(self) -> int:
@@ -384,11 +385,7 @@ class SlotCache:
 
     @property
     def fixed_shapes(self) -> bool:
-        return self.fixed
-
-    @property
-    def bounded(self) -> bool:
-        """Whether its positions are known to be within the columns (in fixed shapes),
+        """Whether its steps have fixed shapes; its positions are then within its columns,
         which its owner keeps within the model's positions."""
         return self.fixed
 

@@ -355,7 +355,8 @@ class Transformer(nn.Module):
             cache = BeamCache.first(*self.cross_kv(memory))
         start = cache.begin(token.size(0))  # (), () tensor or (B*W,)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = self.tgt_embed(token[:, None], start, getattr(cache, "bounded", False))  # (B*W, 1, D)
+        bounded = getattr(cache, "fixed_shapes", False)  # its positions within the model's
+        y = self.tgt_embed(token[:, None], start, bounded)  # (B*W, 1, D)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
             memory_kv = cache.cross(i, src_mask.size(1))  # (B, H, S, K) each

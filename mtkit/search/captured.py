@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from mtkit.core.device import cuda_graph
-from mtkit.core.errors import OptionError, first_line
+from mtkit.core.errors import first_line
+from mtkit.core.search_options import check_cuda_graphs
 from mtkit.core.vocab import BOS
 from mtkit.model.cache import PreallocatedCache, SlotCache
 
@@ -81,8 +82,7 @@ def shape_of(token: Tensor, src_mask: Tensor, cache: FixedCache) -> tuple:
 def graph_choice(asked: str, device: torch.device) -> dict:
     """Whether decoder steps run as graphs (`CapturedDecoder`), and its record:
     on and auto take them where the device captures steps (CUDA), off never."""
-    if asked not in ("auto", "on", "off"):
-        raise OptionError(f"cuda_graphs must be auto, on or off, got {asked!r}")
+    check_cuda_graphs(asked, "cuda_graphs")
     if asked == "off":
         return {"graphs": "off", "asked": asked}
     if device.type not in CAPTURES:

@@ -383,3 +383,12 @@ def test_a_servers_line_stream_replays_captured_steps_where_the_engine_takes_gra
     want = tiny_engine.translate(lines, opts)
     assert [[h.tokens for h in got[i]] for i in range(4)] == [[h.tokens for h in w] for w in want]
     assert engine.graph_record()["replayed_steps"] >= 6
+
+
+def test_a_bad_cuda_graphs_choice_is_one_line_naming_the_option(trained):
+    """Checked before anything loads, for a checkpoint and an exported folder alike."""
+    from mtkit.engines.loader import load_engine
+
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    with pytest.raises(OptionError, match=r"^--cuda-graphs must be auto, on or off, got 'yes'$"):
+        load_engine(checkpoint, "cpu", cuda_graphs="yes")
