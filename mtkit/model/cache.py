@@ -85,8 +85,16 @@ class BeamCache:
 
     @staticmethod
     def first(cross_k: tuple[Tensor, ...], cross_v: tuple[Tensor, ...]) -> BeamCache:
-        """The cache of the first step: the sources' keys/values (B, H, S, K) per layer."""
-        return BeamCache([], [], cross_k, cross_v)
+        """The cache of the first step: the sources' keys/values (B, H, S, K) per layer,
+        made contiguous once. Split into heads they are views with the heads between
+        the positions, which every step's attention products would otherwise copy
+        (3% of a 3 + 2-layer student's beam search on a CPU)."""
+        return BeamCache(
+            [],
+            [],
+            tuple(k.contiguous() for k in cross_k),
+            tuple(v.contiguous() for v in cross_v),
+        )
 
     @property
     def length(self) -> int:

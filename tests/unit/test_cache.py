@@ -50,8 +50,13 @@ def test_the_first_beam_cache_holds_the_sources_only():
     model = build_model(tiny(), V, V).eval()
     src, tgt = batch()
     memory, mask = model.encode(src)
-    first = BeamCache.first(*model.cross_kv(memory))
+    keys, values = model.cross_kv(memory)  # split into heads: views, not contiguous
+    assert not keys[0].is_contiguous()
+    first = BeamCache.first(keys, values)
     assert first.length == 0 and first.begin(3) == 0 and first.self_k == []
+    # held contiguous, as the attention's products read them (no copy at every step)
+    assert all(t.is_contiguous() for t in (*first.cross_k, *first.cross_v))
+    assert all(torch.equal(a, b) for a, b in zip(first.cross_k + first.cross_v, keys + values))
     given, _ = model.decode_step(tgt[:, 0], None, mask, first)
     made, cache = model.decode_step(tgt[:, 0], memory, mask)  # cache None: made of memory
     assert torch.equal(given, made) and cache.length == 1
