@@ -114,7 +114,12 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.outer(self.activation(self.inner(x)))  # (B, L, F) -> (B, L, D)
+        hidden = self.inner(x)  # (B, L, F)
+        if self.activation is F.relu and not torch.is_grad_enabled():
+            hidden = hidden.relu_()  # a new tensor no one else holds: in place, no copy
+        else:
+            hidden = self.activation(hidden)
+        return self.outer(hidden)  # (B, L, D)
 
 
 class Sublayer(nn.Module):
