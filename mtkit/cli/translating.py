@@ -93,6 +93,14 @@ CudaGraphsOpt = Annotated[
         rich_help_panel=SPEED,
     ),
 ]
+WorkersOpt = Annotated[
+    Opt[int],
+    typer.Option(
+        help="Batches translated at once on a CPU, each on its share of the threads; 1: "
+        "one at a time on all of them; 0: auto (default: the checkpoint's decode.workers).",
+        rich_help_panel=SPEED,
+    ),
+]
 InputOpt = Annotated[
     Opt[Path], typer.Option("--input", "-i", help="Default (or -): stdin.", rich_help_panel=IO)
 ]
@@ -140,7 +148,11 @@ GlossaryOpt = Annotated[
 
 
 def _engine(
-    model: list[Path], device: str, precision: str | None = None, cuda_graphs: str | None = None
+    model: list[Path],
+    device: str,
+    precision: str | None = None,
+    cuda_graphs: str | None = None,
+    workers: int | None = None,
 ) -> Translator:
     """The engine `-m` names (`mtkit.engines.loader`)."""
     from mtkit.engines.loader import load_engine, wants_ctranslate2
@@ -148,7 +160,7 @@ def _engine(
     check_device(device)
     if not wants_ctranslate2(model):  # an exported folder runs without torch
         tune_runtime()
-    return load_engine(model, device, "--device", precision, cuda_graphs)
+    return load_engine(model, device, "--device", precision, cuda_graphs, workers)
 
 
 def _batch_tokens(engine: Translator, given: int | None) -> int:
@@ -189,6 +201,7 @@ def translate(
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
     cuda_graphs: CudaGraphsOpt = None,
+    workers: WorkersOpt = None,
     batch_tokens: BatchTokensOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
@@ -220,7 +233,7 @@ def translate(
         prefixes = read_lines(prefix_file) if prefix_file else None
         constraints = read_constraints(constraints_file) if constraints_file else None
         terms = _glossary(glossary)
-        engine = _engine(model, device, precision, cuda_graphs)
+        engine = _engine(model, device, precision, cuda_graphs, workers)
         opts = SearchOptions.from_config(
             engine.config.decode,
             beam=beam,

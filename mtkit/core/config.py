@@ -236,6 +236,11 @@ class DecodeConfig:
     # Decoder steps as CUDA graphs (`mtkit.search.captured`): on and auto take them where
     # the device can capture them (CUDA), off never. Off by default until measured on a GPU.
     cuda_graphs: Literal["auto", "on", "off"] = "off"
+    # Batches translated at once on a CPU, each on its share of the threads
+    # (`mtkit.engines.workers`; CTranslate2's inter_threads): 1 = one batch at a time on
+    # all of them; 0 = auto: one per core for an exported CTranslate2 folder, 1 for a
+    # checkpoint (its helper processes pay off only on long inputs).
+    workers: int = field(default=0, metadata=value_range(0, 256))
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,15 @@ def check_cuda_graphs(value: str, option: str = "--cuda-graphs") -> None:
         raise OptionError(f"{option} must be auto, on or off, got {value!r}")
 
 
+MAX_WORKERS = 256  # batches translated at once on a CPU (decode.workers' range)
+
+
+def check_workers(value: int, option: str = "--workers") -> None:
+    """One line for a number of workers out of 0..MAX_WORKERS (0: auto)."""
+    if not 0 <= value <= MAX_WORKERS:
+        raise OptionError(f"{option} must be 0 (auto) to {MAX_WORKERS}, got {value}")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine honours. `needs` completes "--sampling needs ..." for the rest."""

@@ -97,7 +97,11 @@ class CT2Engine(Engine):
     )
 
     def __init__(
-        self, folder: str | os.PathLike, device: str = "auto", device_option: str = "--device"
+        self,
+        folder: str | os.PathLike,
+        device: str = "auto",
+        device_option: str = "--device",
+        workers: int | None = None,
     ):
         super().__init__()
         ct2 = ctranslate2_module()
@@ -128,15 +132,16 @@ class CT2Engine(Engine):
         self.quantization = manifest.get("quantization", "float32")
         self.vocabulary_map = (folder / "vmap.txt").is_file()  # a student's shortlist
         self.max_positions = self.config.model.max_positions
-        # Where torch is loaded too (tests, benchmarks), keep its thread count:
-        # CTranslate2 would otherwise set OpenMP's for the whole process.
-        torch = sys.modules.get("torch")
+        self.workers, threads = ct2_threads(
+            self.config.decode.workers if workers is None else workers, self.device
+        )
         try:
             self.engine = ct2.Translator(
                 str(folder),
                 device=self.device,
                 compute_type="default",
-                intra_threads=torch.get_num_threads() if torch else 0,
+                inter_threads=self.workers,
+                intra_threads=threads,
             )
         except (RuntimeError, ValueError, OSError) as e:  # an export without checksums
             where = folder if checked else folder / "model.bin"  # (checked: files intact)
@@ -270,6 +275,22 @@ class CT2Engine(Engine):
                 Hypothesis(ids, log_prob, log_prob / length_penalty(len(ids) + 1, opts.lenpen))
             )
         return sorted(hyps, key=lambda h: -h.score)[: opts.nbest]
+
+
+def ct2_threads(workers: int, device: str) -> tuple[int, int]:
+    """CTranslate2's (inter_threads, intra_threads) for `workers` (decode.workers; 0:
+    auto): on a CPU, that many batches at once, each on its share of the threads
+    (torch's count where torch is loaded too, so as to keep it: CTranslate2 would
+    otherwise set OpenMP's for the whole process; else the cores). Auto is one batch
+    per thread: for the 3 + 2-layer student's beam 5 on a 2-core AVX512-BF16 EPYC,
+    inter_threads 2 ran 537-600 sentences/s against 389-413 with intra_threads 2. On a
+    GPU, one batch at a time."""
+    if device != "cpu":
+        return 1, 0
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else (os.cpu_count() or 1)
+    workers = workers or threads
+    return workers, max(threads // workers, 1)
 
 
 def check_files(folder: Path, manifest: dict) -> bool:

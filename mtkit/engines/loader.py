@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import Translator, check_cuda_graphs, check_precision
+from mtkit.core.search_options import (
+    Translator,
+    check_cuda_graphs,
+    check_precision,
+    check_workers,
+)
 
 
 def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:
@@ -37,22 +42,26 @@ def load_engine(
     device_option: str = "--device",
     precision: str | None = None,
     cuda_graphs: str | None = None,
+    workers: int | None = None,
 ) -> Translator:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
     the option `device` came from, for the error when it cannot be used. `precision`
     (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported
     folder runs in the compute type it was exported with, and refuses bf16.
     `cuda_graphs` (None: the checkpoint's decode.cuda_graphs) is the PyTorch engine's
-    too; CTranslate2 has its own runtime."""
+    too; CTranslate2 has its own runtime. `workers` (None: the checkpoint's
+    decode.workers): batches translated at once on a CPU, by either engine."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if precision is not None:
         check_precision(precision)
     if cuda_graphs is not None:
         check_cuda_graphs(cuda_graphs)
+    if workers is not None:
+        check_workers(workers)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch import load_torch_engine
 
-        return load_torch_engine(paths, device, device_option, precision, cuda_graphs)
+        return load_torch_engine(paths, device, device_option, precision, cuda_graphs, workers)
     from mtkit.engines.ct2 import CT2Engine, looks_exported
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())
@@ -72,4 +81,4 @@ def load_engine(
             "CTranslate2 folder runs in the type it was exported with "
             "(mtkit export --quantization)"
         )
-    return CT2Engine(folder, device, device_option)
+    return CT2Engine(folder, device, device_option, workers)

@@ -47,6 +47,7 @@ from mtkit.core.search_options import (
 )
 from mtkit.core.vocab import EOS, PAD, Vocab, entry_vocabs
 from mtkit.engines.base import Engine
+from mtkit.engines.workers import BatchJob, BatchWorkers
 from mtkit.model import int8
 from mtkit.model.attention import keep_stacked_weights
 from mtkit.model.cache import preallocated_capacity
@@ -84,6 +85,11 @@ class TorchEngine(Engine):
     # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
     # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
     graphs: bool = False
+    # Batches translated at once on a CPU (`mtkit.engines.workers`), from the checkpoint
+    # files `sources`; 1: one at a time, in this process
+    workers: int = 1
+    sources: list[str] = field(default_factory=list)
+    _pool: BatchWorkers | None = field(default=None, init=False, repr=False, compare=False)
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
@@ -189,40 +195,86 @@ class TorchEngine(Engine):
         required = (
             [[i for c in line for alt in c for i in alt] for line in wanted] if wanted else None
         )
-        for banned, group in self.output_groups(ids, forced, opts, required):
-            order = sorted(group, key=lambda k: -len(ids[k]))  # longest first
-            for batch in length_batches(order, ids, max(batch_tokens // opts.beam, 1)):
-                src = pad_rows([ids[k] + [EOS] for k in batch]).to(self.device)  # (B, S)
-                model = (
-                    self.shortlisted(
-                        src,
-                        not (banned or forced or wanted or opts.no_repeat_ngram or opts.sampling),
-                    )
-                    if opts.shortlist
-                    else self.step_model
-                )
-                if banned:
-                    model = OutputVocabulary(model, banned, len(self.tgt_vocab), self.device)
-                seeds = (
-                    [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling else []
-                )
-                with self.searching():
-                    hyps = self.search(
-                        src,
-                        opts,
-                        [forced[k] for k in batch] if forced else None,
-                        seeds,
-                        [wanted[k] for k in batch] if wanted else None,
-                        model,
-                    )
-                    if opts.alignments:
-                        hyps = self.with_alignments([ids[k] for k in batch], hyps, opts.align_layer)
-                for k, h in zip(batch, hyps, strict=True):
-                    out[todo[k]] = h
-                done(len(batch))
+        batches = [
+            (banned, batch)
+            for banned, group in self.output_groups(ids, forced, opts, required)
+            for batch in length_batches(
+                sorted(group, key=lambda k: -len(ids[k])),  # longest first
+                ids,
+                max(batch_tokens // opts.beam, 1),
+            )
+        ]
+        jobs = [
+            BatchJob(
+                [ids[k] for k in batch],
+                [forced[k] for k in batch] if forced else None,
+                [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling else [],
+                [wanted[k] for k in batch] if wanted else None,
+                banned,
+            )
+            for banned, batch in batches
+        ]
+        for i, hyps in self.run_jobs(jobs, opts):
+            for k, h in zip(batches[i][1], hyps, strict=True):
+                out[todo[k]] = h
+            done(len(hyps))
         if self.graphs:
             log.info("decoder steps so far (CUDA graphs): %s", self.graph_record())
         return out
+
+    def run_jobs(self, jobs: list[BatchJob], opts: SearchOptions) -> Iterator[tuple[int, list]]:
+        """(index, hypotheses) of each batch, as they are finished: in this process, one
+        after another, or spread over helper processes where the engine has them
+        (`workers`, on a CPU: `mtkit.engines.workers`)."""
+        pool = self.worker_pool(len(jobs))
+        if pool is None:
+            for i, job in enumerate(jobs):
+                yield i, self.translate_batch(job, opts)
+            return
+        yield from pool.run(jobs, opts, self.translate_batch)
+
+    def worker_pool(self, batches: int) -> BatchWorkers | None:
+        """The helper processes that translate batches beside this one: started at the
+        first input of several batches where `workers` > 1 on a CPU, then kept."""
+        if self.workers <= 1 or batches < 2 or self.device.type != "cpu" or not self.sources:
+            return None
+        if self._pool is None:
+            self._pool = BatchWorkers(
+                dict(
+                    paths=self.sources,
+                    precision=self.precision["precision"],
+                    attention=self.precision.get("attention", {}).get("kernel"),
+                ),
+                self.workers,
+            )
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the helper processes, if any (they stop with the process anyway)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def translate_batch(self, job: BatchJob, opts: SearchOptions) -> list[list[Hypothesis]]:
+        """The hypotheses of one batch (its sentences' ids, without eos)."""
+        src = pad_rows([row + [EOS] for row in job.rows]).to(self.device)  # (B, S)
+        model = (
+            self.shortlisted(
+                src,
+                not (
+                    job.banned or job.forced or job.wanted or opts.no_repeat_ngram or opts.sampling
+                ),
+            )
+            if opts.shortlist
+            else self.step_model
+        )
+        if job.banned:
+            model = OutputVocabulary(model, job.banned, len(self.tgt_vocab), self.device)
+        with self.searching():
+            hyps = self.search(src, opts, job.forced, job.seeds, job.wanted, model)
+            if opts.alignments:
+                hyps = self.with_alignments(job.rows, hyps, opts.align_layer)
+        return hyps
 
     def shortlisted(self, src: torch.Tensor, compact: bool = False) -> StepModel:
         """The step model with its output layer cut to the shortlist of batch src (B, S);
@@ -408,13 +460,16 @@ def load_torch_engine(
     device_option: str = "--device",
     precision: str | None = None,
     cuda_graphs: str | None = None,
+    workers: int | None = None,
 ) -> TorchEngine:
     """Everything translation needs comes from the checkpoint file(s); several files make
     an ensemble, whose models must share the source and the target vocabulary (decoding
     defaults come from the first). `device_option` names the option `device` came from,
     for the error when it cannot be used. `precision` (None: the checkpoint's
     decode.precision): auto, fp32, bf16 or int8 (`inference_precision`); `cuda_graphs`
-    (None: the checkpoint's decode.cuda_graphs): auto, on or off (`graph_choice`)."""
+    (None: the checkpoint's decode.cuda_graphs): auto, on or off (`graph_choice`);
+    `workers` (None: the checkpoint's decode.workers; 0, auto: 1): batches translated at
+    once on a CPU (`mtkit.engines.workers`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
@@ -469,6 +524,8 @@ def load_torch_engine(
         record,
         shortlist,
         record["graphs"]["graphs"] == "on",
+        (cfg.decode.workers if workers is None else workers) or 1,
+        [str(p) for p in paths],
     )
 
 

@@ -1,0 +1,84 @@
+"""Several batches at once on a CPU (`decode.workers`, `translate --workers`): helper
+processes translate whole batches beside the engine's process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from mtkit.core.search_options import SearchOptions
+from mtkit.engines.ct2 import ct2_threads
+from mtkit.engines.loader import load_engine
+from mtkit.engines.workers import WorkerError
+
+from conftest import cli, one_line_error, read_lines
+
+LINES = read_lines("test2016.en.gz", 40)
+
+
+@pytest.fixture
+def one_thread():
+    """Every process on one thread (the helpers' share of 1 or 2): the same kernels
+    everywhere, so that hypotheses compare exactly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_helpers_translate_batches_as_the_engine_does(trained, one_thread, beam):
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    alone = load_engine(checkpoint, "cpu", workers=1)
+    together = load_engine(checkpoint, "cpu", workers=2)
+    try:
+        opts = SearchOptions(beam=beam, nbest=min(beam, 2))
+        done: list[int] = []
+        want = alone.translate(LINES, opts, batch_tokens=60)
+        got = together.translate(LINES, opts, done.append, batch_tokens=60)
+        assert together._pool is not None and together._pool.helped > 0  # they did work
+        assert alone._pool is None
+        assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
+        assert all(abs(g.score - w.score) < 1e-5 for a, b in zip(got, want) for g, w in zip(a, b))
+        assert sum(done) == len(LINES)  # progress counts every line once
+        assert torch.get_num_threads() == 1  # this process's threads as they were
+        again = together.translate(LINES[:12], opts, batch_tokens=60)  # the same helpers
+        assert [n[0].tokens for n in again] == [n[0].tokens for n in want[:12]]
+    finally:
+        together.close()
+
+
+def test_a_helper_that_dies_is_one_line(trained, one_thread):
+    engine = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu", workers=2)
+    try:
+        engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
+        for pid in list(engine._pool.executor._processes):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="helper process stopped"):
+            engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
+    finally:
+        engine.close()
+
+
+def test_one_batch_needs_no_helpers(trained):
+    engine = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu", workers=2)
+    engine.translate(LINES[:3], SearchOptions(beam=2))
+    assert engine._pool is None
+
+
+def test_ctranslate2_runs_batches_on_threads_of_their_own(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert ct2_threads(0, "cpu") == (8, 1)  # auto: one batch per thread
+    assert ct2_threads(1, "cpu") == (1, 8)  # one batch on all of them
+    assert ct2_threads(2, "cpu") == (2, 4)
+    assert ct2_threads(16, "cpu") == (16, 1)
+    assert ct2_threads(0, "cuda") == (1, 0)  # a GPU: one batch at a time
+
+
+def test_a_bad_number_of_workers_is_one_line(trained):
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    one_line_error(cli("translate", "-m", checkpoint, "--workers", "300"), "--workers")
+    one_line_error(cli("translate", "-m", checkpoint, "--workers", "-1"), "--workers")
