@@ -238,8 +238,7 @@ class DecodeConfig:
     cuda_graphs: Literal["auto", "on", "off"] = "off"
     # Batches translated at once on a CPU, each on its share of the threads
     # (`mtkit.engines.workers`; CTranslate2's inter_threads): 1 = one batch at a time on
-    # all of them; 0 = auto: one per core for an exported CTranslate2 folder, 1 for a
-    # checkpoint (its helper processes pay off only on long inputs).
+    # all of them; 0 = auto: one per thread, at most 8 (`search_options.cpu_workers`).
     workers: int = field(default=0, metadata=value_range(0, 256))
 
 

@@ -229,6 +229,13 @@ def check_cuda_graphs(value: str, option: str = "--cuda-graphs") -> None:
 
 
 MAX_WORKERS = 256  # batches translated at once on a CPU (decode.workers' range)
+AUTO_WORKERS = 8  # the most that auto takes: each holds a batch's activations
+
+
+def cpu_workers(asked: int, threads: int) -> int:
+    """Batches a CPU translates at once for decode.workers `asked` (0: auto, one per
+    thread, at most `AUTO_WORKERS`), given the process's threads."""
+    return asked or max(min(threads, AUTO_WORKERS), 1)
 
 
 def check_workers(value: int, option: str = "--workers") -> None:

@@ -43,6 +43,7 @@ from mtkit.core.search_options import (
     SearchOptions,
     check_constraints,
     check_precision,
+    cpu_workers,
     flag,
 )
 from mtkit.core.vocab import EOS, PAD, Vocab, entry_vocabs
@@ -240,6 +241,7 @@ class TorchEngine(Engine):
             return None
         if self._pool is None:
             self._pool = BatchWorkers(
+                self,
                 dict(
                     paths=self.sources,
                     precision=self.precision["precision"],
@@ -468,8 +470,8 @@ def load_torch_engine(
     for the error when it cannot be used. `precision` (None: the checkpoint's
     decode.precision): auto, fp32, bf16 or int8 (`inference_precision`); `cuda_graphs`
     (None: the checkpoint's decode.cuda_graphs): auto, on or off (`graph_choice`);
-    `workers` (None: the checkpoint's decode.workers; 0, auto: 1): batches translated at
-    once on a CPU (`mtkit.engines.workers`)."""
+    `workers` (None: the checkpoint's decode.workers; 0: auto, `cpu_workers`): batches
+    translated at once on a CPU (`mtkit.engines.workers`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
@@ -524,7 +526,9 @@ def load_torch_engine(
         record,
         shortlist,
         record["graphs"]["graphs"] == "on",
-        (cfg.decode.workers if workers is None else workers) or 1,
+        cpu_workers(cfg.decode.workers if workers is None else workers, torch.get_num_threads())
+        if dev.type == "cpu"
+        else 1,
         [str(p) for p in paths],
     )
 

@@ -7,33 +7,40 @@ translate whole batches on their share of the threads (`torch.get_num_threads()`
 A batch is the same batch wherever it runs, so its hypotheses are the ones the engine
 would make with that many threads.
 
-A helper loads the same checkpoint files in the same precision and attention kernel as
-the engine (`load_torch_engine` in the helper; spawned, not forked: OpenMP's threads do
-not survive a fork). Helpers start while the engine's process translates its first
-batches, and are kept for the engine's later inputs. They ignore Ctrl-C, which the
-engine's process answers; a helper that dies is one line (`WorkerError`).
+Each process takes the next batch not yet taken as soon as it is free (a shared
+counter), so that none waits while another has batches queued: the input's last batches
+end about together. Results come back through one queue, with their batch's index.
+
+Where each process gets one thread (the usual case: one worker per core), a helper is a
+fork of the engine's process: it starts at once and shares the engine's loaded weights.
+OpenMP's threads do not survive a fork, so a helper with more threads is spawned
+instead, and loads the same checkpoint files in the same precision and attention kernel
+(`load_torch_engine`; a few seconds: Python, torch and the model), while the engine's
+process translates its first batches. Helpers are kept for the engine's later inputs.
+They ignore Ctrl-C and take SIGTERM's default, the engine's process answering both; a
+helper that dies, or fails, is one line (`WorkerError`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
+import queue
 import signal
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 
-from mtkit.core.errors import UserError
+from mtkit.core.errors import UserError, first_line
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions
 
 log = logging.getLogger(__name__)
 
-QUEUED_PER_HELPER = 2  # batches handed to each helper ahead, so none waits for the next
+LIVENESS_S = 0.5  # how often the engine's process, waiting for a result, checks its helpers
 
 
 class BatchJob(NamedTuple):
@@ -52,22 +59,42 @@ class WorkerError(UserError):
 
 
 class BatchWorkers:
-    """`workers` - 1 helper processes, each with its share of the threads, for an engine
-    loaded with `load` (the keyword arguments of `load_torch_engine`, plus the attention
-    kernel). Made by the engine (`TorchEngine.worker_pool`); `run` spreads a translation's
-    batches over them and the engine's own process."""
+    """`workers` - 1 helper processes, each with its share of the threads, for `engine`:
+    forks of it on one thread each, or spawned processes that load it again from `load`
+    (the keyword arguments of `load_torch_engine`, plus the attention kernel). Made by
+    the engine (`TorchEngine.worker_pool`); `run` spreads a translation's batches over
+    them and the engine's own process."""
 
-    def __init__(self, load: dict[str, Any], workers: int, threads: int | None = None):
+    def __init__(self, engine: Any, load: dict[str, Any], workers: int, threads: int | None = None):
         self.workers = workers
         self.threads = max((threads or torch.get_num_threads()) // workers, 1)
         self.helped = 0  # batches the helpers have translated
-        self.executor = ProcessPoolExecutor(
-            workers - 1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_helper,
-            initargs=(load, self.threads),
+        self.forked = self.threads == 1 and "fork" in multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if self.forked else "spawn")
+        # The batch a process takes next, of the translation `call` (a helper still at the
+        # end of an earlier one sees another call and takes nothing of this one)
+        self.taken = context.Array("q", [0, 0])  # [call, next batch]
+        self.results = context.Queue()  # (call, batch, hypotheses or None, error or None)
+        self.inboxes = [context.Queue() for _ in range(workers - 1)]  # (call, jobs, opts)
+        start = (_adopt_engine, (engine,)) if self.forked else (_start_helper, (load, self.threads))
+        self.helpers = [
+            context.Process(
+                target=_helper,
+                args=(*start, inbox, self.taken, self.results),
+                daemon=True,  # stopped with the engine's process
+                name=f"mtkit-helper-{i + 1}",
+            )
+            for i, inbox in enumerate(self.inboxes)
+        ]
+        for helper in self.helpers:
+            helper.start()
+        self.calls = itertools.count(1)
+        log.info(
+            "translating %d batches at once, on %d thread(s) each (helpers %s)",
+            workers,
+            self.threads,
+            "forked" if self.forked else "spawned",
         )
-        log.info("translating %d batches at once, on %d thread(s) each", workers, self.threads)
 
     def run(
         self,
@@ -76,42 +103,53 @@ class BatchWorkers:
         here: Callable[[BatchJob, SearchOptions], list[list[Hypothesis]]],
     ) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
         """(index, hypotheses) of each of `jobs` as they are finished, by the helpers or
-        by `here` (the engine's own `translate_batch`, in this process), in order of
-        the jobs taken: helpers get the first ones, this process the next free one."""
-        queued: dict[Future, int] = {}
-        ahead = QUEUED_PER_HELPER * (self.workers - 1)
-        taken = 0
+        by `here` (the engine's own `translate_batch`, in this process): each process
+        takes the next batch not yet taken whenever it is free."""
+        self._check_alive()
+        call = next(self.calls)
+        with self.taken.get_lock():
+            self.taken[0], self.taken[1] = call, 0
+        for inbox in self.inboxes:
+            inbox.put((call, jobs, opts))
+        finished = 0
         with self.threads_here():
-            while taken < len(jobs) or queued:
-                while taken < len(jobs) and len(queued) < ahead:
-                    queued[self._submit(jobs[taken], opts)] = taken
-                    taken += 1
-                for future in [f for f in queued if f.done()]:
-                    yield queued.pop(future), self._result(future)
-                if taken < len(jobs):
-                    taken += 1
-                    yield taken - 1, here(jobs[taken - 1], opts)
-                elif queued:
-                    finished, _ = wait(queued, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        yield queued.pop(future), self._result(future)
+            while (i := _take(self.taken, call, len(jobs))) is not None:
+                yield i, here(jobs[i], opts)
+                finished += 1
+                for i, hyps in self._ready(call, block=False):
+                    yield i, hyps
+                    finished += 1
+            while finished < len(jobs):
+                for i, hyps in self._ready(call, block=True):
+                    yield i, hyps
+                    finished += 1
 
-    def _submit(self, job: BatchJob, opts: SearchOptions) -> Future:
-        try:
-            return self.executor.submit(_translate_batch, job, opts)
-        except (BrokenProcessPool, RuntimeError) as e:
-            raise WorkerError(f"a translation helper process stopped ({e})") from None
+    def _ready(self, call: int, block: bool) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
+        """The helpers' results of `call` that have come back (with `block`, at least
+        one, waiting for it); a helper that stopped or failed is a `WorkerError`."""
+        while True:
+            try:
+                got, i, hyps, error = self.results.get(block, LIVENESS_S)
+            except queue.Empty:
+                if not block:
+                    return
+                self._check_alive()
+                continue
+            if got != call:  # an interrupted earlier call's
+                continue
+            if error is not None:
+                raise WorkerError(f"a translation helper process failed: {error}")
+            self.helped += 1
+            yield i, hyps
+            block = False
 
-    def _result(self, future: Future) -> list[list[Hypothesis]]:
-        try:
-            hyps = future.result()
-        except BrokenProcessPool:
+    def _check_alive(self) -> None:
+        dead = [h for h in self.helpers if not h.is_alive()]
+        if dead:
             raise WorkerError(
-                "a translation helper process stopped (killed, or out of memory); "
-                "translate with --workers 1"
-            ) from None
-        self.helped += 1
-        return hyps
+                f"a translation helper process stopped (exit code {dead[0].exitcode}: "
+                f"killed, or out of memory); translate with --workers 1"
+            )
 
     @contextmanager
     def threads_here(self) -> Iterator[None]:
@@ -124,29 +162,65 @@ class BatchWorkers:
             torch.set_num_threads(before)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the helpers: each finishes its batch, then ends."""
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for helper in self.helpers:
+            helper.join(timeout=10)
+            if helper.is_alive():
+                helper.kill()
 
 
-_engine = None  # a helper's engine (`_start_helper`)
+def _take(taken: Any, call: int, total: int) -> int | None:
+    """The next batch of `call` not yet taken, taken now; None when all are (or another
+    call has begun)."""
+    with taken.get_lock():
+        if taken[0] != call or taken[1] >= total:
+            return None
+        taken[1] += 1
+        return taken[1] - 1
 
 
-def _start_helper(load: dict[str, Any], threads: int) -> None:
-    """A helper's start: Ctrl-C is the engine's process's to answer, the threads its
-    share, and the same engine loaded."""
-    global _engine
+def _helper(
+    start: Callable[..., Any], start_args: tuple, inbox: Any, taken: Any, results: Any
+) -> None:
+    """A helper's life: its engine from `start`, then for each call in its inbox the
+    batches it takes, until None."""
+    engine = start(*start_args)
+    while (message := inbox.get()) is not None:
+        call, jobs, opts = message
+        while (i := _take(taken, call, len(jobs))) is not None:
+            try:
+                results.put((call, i, engine.translate_batch(jobs[i], opts), None))
+            except Exception as e:  # told to the engine's process, in one line
+                results.put((call, i, None, f"{type(e).__name__}: {first_line(e)}"))
+
+
+def _quiet_helper(threads: int) -> None:
+    """What every helper starts with: Ctrl-C is the engine's process's to answer, SIGTERM
+    stops it, its log is errors only, and its threads are its share."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(threads)
+
+
+def _adopt_engine(engine: Any) -> Any:
+    """A forked helper's engine: the one it was forked with, on one thread."""
+    _quiet_helper(1)
+    return engine
+
+
+def _start_helper(load: dict[str, Any], threads: int) -> Any:
+    """A spawned helper's engine: the same one, loaded again."""
+    _quiet_helper(threads)
     from mtkit.core.device import tune_cpu_runtime
     from mtkit.engines.pytorch import load_torch_engine
 
     tune_cpu_runtime()
     load = dict(load)
     attention = load.pop("attention", None)
-    _engine = load_torch_engine(load.pop("paths"), "cpu", workers=1, **load)
+    engine = load_torch_engine(load.pop("paths"), "cpu", workers=1, **load)
     if attention is not None:
-        _engine.use_attention(attention)
-
-
-def _translate_batch(job: BatchJob, opts: SearchOptions) -> list[list[Hypothesis]]:
-    return _engine.translate_batch(job, opts)
+        engine.use_attention(attention)
+    return engine

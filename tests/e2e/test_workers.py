@@ -3,8 +3,10 @@ processes translate whole batches beside the engine's process."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -55,9 +57,28 @@ def test_a_helper_that_dies_is_one_line(trained, one_thread):
     engine = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu", workers=2)
     try:
         engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
-        for pid in list(engine._pool.executor._processes):
-            os.kill(pid, signal.SIGKILL)
+        for helper in engine._pool.helpers:
+            os.kill(helper.pid, signal.SIGKILL)
+            helper.join(timeout=10)
         with pytest.raises(WorkerError, match="helper process stopped"):
+            engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
+    finally:
+        engine.close()
+
+
+def test_a_helper_that_fails_is_one_line(trained, one_thread, monkeypatch):
+    engine = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu", workers=2)
+    own = engine.translate_batch
+
+    def translate_batch(job, opts):  # forked helpers fail; this process is slow
+        if multiprocessing.current_process().name.startswith("mtkit-helper"):
+            raise RuntimeError("no memory for the logits")
+        time.sleep(0.05)  # so that the helper takes batches too
+        return own(job, opts)
+
+    monkeypatch.setattr(engine, "translate_batch", translate_batch)
+    try:
+        with pytest.raises(WorkerError, match="failed: RuntimeError: no memory for the logits"):
             engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
     finally:
         engine.close()
@@ -76,6 +97,21 @@ def test_ctranslate2_runs_batches_on_threads_of_their_own(monkeypatch):
     assert ct2_threads(2, "cpu") == (2, 4)
     assert ct2_threads(16, "cpu") == (16, 1)
     assert ct2_threads(0, "cuda") == (1, 0)  # a GPU: one batch at a time
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 32)
+    assert ct2_threads(0, "cpu") == (8, 4)  # auto takes at most 8
+
+
+def test_auto_is_one_batch_per_thread_on_a_cpu(trained):
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    before = torch.get_num_threads()
+    try:
+        for threads, expected in ((1, 1), (2, 2)):
+            torch.set_num_threads(threads)
+            assert load_engine(checkpoint, "cpu", workers=0).workers == expected
+            assert load_engine(checkpoint, "cpu", workers=1).workers == 1  # as asked
+            assert load_engine(checkpoint, "cpu").workers == expected  # decode.workers: 0
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_bad_number_of_workers_is_one_line(trained):
