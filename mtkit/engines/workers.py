@@ -40,7 +40,7 @@ from mtkit.core.search_options import SearchOptions
 
 log = logging.getLogger(__name__)
 
-LIVENESS_S = 0.5  # how often the engine's process, waiting for a result, checks its helpers
+LIVENESS_S = 0.5  # how often a process that waits checks that the others are alive
 
 
 class BatchJob(NamedTuple):
@@ -185,11 +185,26 @@ def _helper(
     start: Callable[..., Any], start_args: tuple, inbox: Any, taken: Any, results: Any
 ) -> None:
     """A helper's life: its engine from `start`, then for each call in its inbox the
-    batches it takes, until None."""
+    batches it takes, until None, or until the engine's process is gone (killed: no one
+    would send the None)."""
     engine = start(*start_args)
-    while (message := inbox.get()) is not None:
+    parent = multiprocessing.parent_process()
+    results.cancel_join_thread()  # at its end, results no one will read are let go
+
+    def orphaned() -> bool:
+        return parent is not None and not parent.is_alive()
+
+    while True:
+        try:
+            message = inbox.get(timeout=LIVENESS_S)
+        except queue.Empty:
+            if orphaned():
+                return
+            continue
+        if message is None:
+            return
         call, jobs, opts = message
-        while (i := _take(taken, call, len(jobs))) is not None:
+        while not orphaned() and (i := _take(taken, call, len(jobs))) is not None:
             try:
                 results.put((call, i, engine.translate_batch(jobs[i], opts), None))
             except Exception as e:  # told to the engine's process, in one line
