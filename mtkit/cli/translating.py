@@ -681,7 +681,9 @@ def serve(
         api_key = _api_key(api_key)
         limits = _limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
         terms = _glossary(glossary)
-        engine = _engine(model, device, precision)
+        # one batch at a time on all the threads: a server's batches are its requests',
+        # each waited for (no helper processes beside a service's threads)
+        engine = _engine(model, device, precision, workers=1)
         defaults = SearchOptions.from_config(
             engine.config.decode,
             beam=beam,

@@ -16,9 +16,11 @@ fork of the engine's process: it starts at once and shares the engine's loaded w
 OpenMP's threads do not survive a fork, so a helper with more threads is spawned
 instead, and loads the same checkpoint files in the same precision and attention kernel
 (`load_torch_engine`; a few seconds: Python, torch and the model), while the engine's
-process translates its first batches. Helpers are kept for the engine's later inputs.
-They ignore Ctrl-C and take SIGTERM's default, the engine's process answering both; a
-helper that dies, or fails, is one line (`WorkerError`).
+process translates its first batches. Helpers are kept for the engine's later inputs,
+and stopped when the engine is let go or its process ends. As every worker process of
+mtkit, they ignore SIGINT and SIGTERM, which the engine's process answers
+(`mtkit.core.signals`), and they stop when they notice that it is gone. A helper that
+dies, or fails, is one line (`WorkerError`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import itertools
 import logging
 import multiprocessing
 import queue
-import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.util import Finalize
 from typing import Any, NamedTuple
 
 import torch
@@ -37,10 +39,12 @@ import torch
 from mtkit.core.errors import UserError, first_line
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions
+from mtkit.core.signals import held_while_starting_workers, ignore_in_worker
 
 log = logging.getLogger(__name__)
 
 LIVENESS_S = 0.5  # how often a process that waits checks that the others are alive
+STOP_WAIT_S = 5.0  # how long a helper that is told to stop may finish its batch
 
 
 class BatchJob(NamedTuple):
@@ -86,8 +90,12 @@ class BatchWorkers:
             )
             for i, inbox in enumerate(self.inboxes)
         ]
-        for helper in self.helpers:
-            helper.start()
+        with held_while_starting_workers():
+            for helper in self.helpers:
+                helper.start()
+        # stopped when the pool is let go, and at the process's end before
+        # multiprocessing's own end joins them (they ignore its SIGTERM)
+        self._stop = Finalize(self, _stop, (self.inboxes, self.helpers), exitpriority=10)
         self.calls = itertools.count(1)
         log.info(
             "translating %d batches at once, on %d thread(s) each (helpers %s)",
@@ -162,13 +170,19 @@ class BatchWorkers:
             torch.set_num_threads(before)
 
     def close(self) -> None:
-        """Stop the helpers: each finishes its batch, then ends."""
-        for inbox in self.inboxes:
-            inbox.put(None)
-        for helper in self.helpers:
-            helper.join(timeout=10)
-            if helper.is_alive():
-                helper.kill()
+        """Stop the helpers (`_stop`)."""
+        self._stop()
+
+
+def _stop(inboxes: list[Any], helpers: list[Any]) -> None:
+    """Each helper ends after its batch, or is killed after `STOP_WAIT_S`."""
+    for inbox in inboxes:
+        inbox.put(None)
+    for helper in helpers:
+        helper.join(timeout=STOP_WAIT_S)
+        if helper.is_alive():
+            helper.kill()
+            helper.join()
 
 
 def _take(taken: Any, call: int, total: int) -> int | None:
@@ -212,10 +226,9 @@ def _helper(
 
 
 def _quiet_helper(threads: int) -> None:
-    """What every helper starts with: Ctrl-C is the engine's process's to answer, SIGTERM
-    stops it, its log is errors only, and its threads are its share."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """What every helper starts with: stop signals are the engine's process's to answer
+    (`ignore_in_worker`), its log is errors only, and its threads are its share."""
+    ignore_in_worker()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(threads)
 

@@ -27,7 +27,7 @@ from mtkit.core.config import config_from_dict
 from mtkit.stages.preprocess import preprocess
 from mtkit.stages.tokenizer import build_tokenizer
 
-from conftest import tiny_config_dict
+from conftest import read_lines, tiny_config_dict
 from faultkit import ROOT
 
 STEPS, VALID_EVERY = 12, 6
@@ -269,3 +269,45 @@ def test_encoding_workers_end_when_preprocess_is_killed(corpus, tmp_path):
     while any(_running(pid) for pid in workers):
         assert time.monotonic() < deadline, "encoding workers outlived their parent"
         time.sleep(0.2)
+
+
+_HELPER_PIDS = """
+import mtkit.engines.workers as workers
+_start = workers.BatchWorkers.__init__
+def recorded(self, *args, **kwargs):
+    _start(self, *args, **kwargs)
+    with open({path!r}, "w") as f:
+        f.write(" ".join(str(h.pid) for h in self.helpers))
+workers.BatchWorkers.__init__ = recorded
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_group_of_translate_with_helpers_stops_them_all(trained, tmp_path, sig):
+    """`translate --workers 2`: the group gets the signal while the engine's process and
+    its helper translate (at the engine's third batch). The helper ignores it, as every
+    worker does; the command says one word and exits 130/143, leaves no output file,
+    and no helper outlives it."""
+    source, out, pids = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "pids"
+    source.write_text("".join(f"{line}\n" for line in read_lines("test2016.en.gz", 300)))
+    stopped = _signalled(
+        ["translate", "-m", trained / "run" / "checkpoints" / "best.pt", "--workers", 2,
+         "--batch-tokens", 60, "-i", source, "-o", out],
+        "mtkit.engines.workers",
+        "BatchWorkers._ready",
+        sig,
+        2,
+        prelude=_HELPER_PIDS.format(path=str(pids)),
+    )  # fmt: skip
+    assert stopped.returncode == 128 + getattr(signal, sig), stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "interrupted" if sig == "SIGINT" else "terminated"
+    )
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "pids"]
+    helpers = [int(pid) for pid in pids.read_text().split()]
+    assert helpers  # there was one
+    deadline = time.time() + 10
+    while any(_running(pid) for pid in helpers) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in helpers)
