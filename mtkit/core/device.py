@@ -224,6 +224,17 @@ def fastest_interleaved(
     return best
 
 
+def machine_key(**shape) -> dict:
+    """What a CPU measurement depends on besides its `shape`: the CPU, torch's version
+    and the threads (the key of a kept choice, `mtkit.core.measured`)."""
+    return {
+        "cpu": cpu_description(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        **shape,
+    }
+
+
 def cpu_description() -> str:
     """The CPU's model name and the flags that decide bf16 speed (AVX-512, AVX512-BF16,
     AMX), e.g. "AMD EPYC (avx512f avx512_bf16)": stored with a run's precision choice

@@ -31,12 +31,14 @@ from mtkit.core.config import Config, config_from_dict
 from mtkit.core.device import (
     autocast,
     inference_shape,
+    machine_key,
     precision_record,
     resolve_device,
     resolve_precision,
 )
 from mtkit.core.errors import OptionError
 from mtkit.core.hypothesis import Hypothesis
+from mtkit.core.measured import remembered
 from mtkit.core.search_options import (
     BATCH_TOKENS,
     Capabilities,
@@ -630,8 +632,16 @@ def inference_precision(
             )
         return None, {"precision": "int8", "asked": asked, "int8_weight_range": weights}
     shape = inference_shape(cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim)
-    dtype, calibration = resolve_precision(asked, device, shape, backward=False)
-    return dtype, precision_record(dtype, asked, calibration)
+
+    def measured() -> dict:
+        dtype, calibration = resolve_precision(asked, device, shape, backward=False)
+        return precision_record(dtype, asked, calibration)
+
+    if asked != "auto" or device.type != "cpu":
+        record = measured()  # nothing measured
+    else:  # measured once on this machine, then the same every time (`core.measured`)
+        record = remembered("translation precision", machine_key(shape=list(shape)), measured)
+    return (torch.bfloat16 if record["precision"] == "bf16" else None), record
 
 
 class Weights(NamedTuple):

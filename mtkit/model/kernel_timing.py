@@ -30,6 +30,7 @@ attention (the kernel chosen) is timed at a new shape and a known one instead.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -39,8 +40,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mtkit.core.device import autocast, fastest_interleaved, linear_timer, on_one_thread
+from mtkit.core.device import (
+    autocast,
+    fastest_interleaved,
+    linear_timer,
+    machine_key,
+    on_one_thread,
+)
 from mtkit.core.errors import first_line
+from mtkit.core.measured import remembered
 from mtkit.model.attention import matmul_attention
 
 log = logging.getLogger(__name__)
@@ -324,14 +332,30 @@ def choose_decoding_attention(
     keys grow by one, sentences leave the batch). On an H200, beam 5 over 1,000 test2016
     sentences the engine had not seen ran at 49 sentences/s with SDPA and 775 with
     matmul (646 with SDPA kept off cuDNN); translated again, with every shape known, at
-    945 and 895 (`benchmarks/profile_decode.py`)."""
+    945 and 895 (`benchmarks/profile_decode.py`).
+
+    The real timer's choice is made once on a machine and kept (`core.measured`): a
+    later process takes the same kernel, so that it translates the same input the same
+    way; `measure` (a test's timings) is taken as it comes."""
     if device.type == "cuda":
         return {"kernel": "matmul"}
-    timing = (
-        time_attention(measure)
-        if measure is not None
-        else on_one_thread(lambda: time_attention(decoding_attention_timer(shape, dtype)))
+    if measure is not None:
+        return _decoding_attention(dtype, shape, time_attention(measure))
+    return remembered(
+        "decoding attention",
+        machine_key(shape=dataclasses.asdict(shape), dtype=str(dtype)),
+        lambda: _decoding_attention(
+            dtype,
+            shape,
+            on_one_thread(lambda: time_attention(decoding_attention_timer(shape, dtype))),
+        ),
     )
+
+
+def _decoding_attention(
+    dtype: torch.dtype | None, shape: AttentionShape, timing: AttentionTiming
+) -> dict:
+    """The record of a decoding attention timing, logged at debug level."""
     log.debug(
         "attention for translation: a beam-search step of %d rows, %d heads of %d "
         "positions, in %s, took %.3f ms with SDPA and %.3f ms with matmul + softmax "
