@@ -322,6 +322,9 @@ class Translator(Protocol):
     def encode(self, lines: list[str]) -> list[list[int]]:
         """Source ids of each line, truncated to the model's positions."""
 
+    def close(self) -> None:
+        """Let go of what the engine runs beside its process (helper processes)."""
+
     def translate(
         self,
         lines: list[str],

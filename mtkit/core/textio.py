@@ -30,6 +30,7 @@ from mtkit.core.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file
 CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
 # Longest input line kept, in bytes. A subword is at least one byte, so this is far more
 # than any model's positions (1,024 by default); it only bounds memory on a runaway line.
@@ -71,8 +72,10 @@ def read_chunks(
     """Lines as they become available: each chunk holds the complete lines that one read
     returned (at most `max_lines`), so an interactive user gets each line translated at
     once and a pipe gets large batches. Invalid UTF-8 is replaced; a leading byte-order
-    mark is dropped; a line keeps at most its first `max_line_bytes` bytes, cut while
-    reading, so a huge line without newlines never sits whole in memory."""
+    mark is dropped; a gzip-compressed input is refused in one line (it would be read as
+    text, and translated as garbage); a line keeps at most its first `max_line_bytes`
+    bytes, cut while reading, so a huge line without newlines never sits whole in
+    memory."""
     fd = _fileno(stream)
     pending = bytearray()  # the start of a line whose end has not been read yet
     at_start, warned = True, False
@@ -92,6 +95,11 @@ def read_chunks(
         if not data:
             break
         if at_start:
+            if data.startswith(GZIP_MAGIC):  # never the start of UTF-8 text
+                raise OptionError(
+                    "the input is gzip-compressed: decompress it first "
+                    "(zcat FILE.gz | mtkit translate ...)"
+                )
             data, at_start = data.removeprefix(BOM), False
         *lines, rest = data.split(b"\n")
         if lines:

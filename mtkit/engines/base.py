@@ -39,6 +39,10 @@ class Engine:
         """One line for anything in `options` this engine cannot do."""
         check(options, self.capabilities, spell)
 
+    def close(self) -> None:
+        """Let go of what the engine runs beside its process (the PyTorch engine's helper
+        processes, `mtkit.engines.workers`); it stays usable. Nothing here."""
+
     @property
     def max_src_tokens(self) -> int:
         return self.max_positions - 1  # room for eos

@@ -35,6 +35,7 @@ from mtkit.core.device import (
     precision_record,
     resolve_device,
     resolve_precision,
+    tune_cpu_runtime,
 )
 from mtkit.core.errors import OptionError
 from mtkit.core.hypothesis import Hypothesis
@@ -244,17 +245,19 @@ class TorchEngine(Engine):
         if self._pool is None:
             self._pool = BatchWorkers(
                 self,
-                dict(
-                    paths=self.sources,
-                    precision=self.precision["precision"],
-                    attention=self.precision.get("attention", {}).get("kernel"),
+                functools.partial(
+                    helper_engine,
+                    self.sources,
+                    self.precision["precision"],
+                    self.precision.get("attention", {}).get("kernel"),
                 ),
                 self.workers,
             )
         return self._pool
 
     def close(self) -> None:
-        """Stop the helper processes, if any (they stop with the process anyway)."""
+        """Stop the helper processes, if any (they also stop when the engine is let go,
+        or with the process); a later input of several batches starts them again."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -533,6 +536,17 @@ def load_torch_engine(
         else 1,
         [str(p) for p in paths],
     )
+
+
+def helper_engine(paths: list[str], precision: str, attention: str | None) -> TorchEngine:
+    """The engine a spawned helper process loads (`mtkit.engines.workers`): the same
+    checkpoint files, precision and attention kernel as its engine's, on the CPU, one
+    batch at a time."""
+    tune_cpu_runtime()
+    engine = load_torch_engine(paths, "cpu", precision=precision, workers=1)
+    if attention is not None:
+        engine.use_attention(attention)
+    return engine
 
 
 GPU_MEMORY_SHARE = 0.25  # of the memory free at load, for the search of one batch

@@ -15,7 +15,7 @@ Where each process gets one thread (the usual case: one worker per core), a help
 fork of the engine's process: it starts at once and shares the engine's loaded weights.
 OpenMP's threads do not survive a fork, so a helper with more threads is spawned
 instead, and loads the same checkpoint files in the same precision and attention kernel
-(`load_torch_engine`; a few seconds: Python, torch and the model), while the engine's
+(`pytorch.helper_engine`; a few seconds: Python, torch and the model), while the engine's
 process translates its first batches. Helpers are kept for the engine's later inputs,
 and stopped when the engine is let go or its process ends. As every worker process of
 mtkit, they ignore SIGINT and SIGTERM, which the engine's process answers
@@ -64,12 +64,14 @@ class WorkerError(UserError):
 
 class BatchWorkers:
     """`workers` - 1 helper processes, each with its share of the threads, for `engine`:
-    forks of it on one thread each, or spawned processes that load it again from `load`
-    (the keyword arguments of `load_torch_engine`, plus the attention kernel). Made by
+    forks of it on one thread each, or spawned processes that load it again with `load`
+    (picklable: `pytorch.helper_engine` with the engine's files and choices). Made by
     the engine (`TorchEngine.worker_pool`); `run` spreads a translation's batches over
     them and the engine's own process."""
 
-    def __init__(self, engine: Any, load: dict[str, Any], workers: int, threads: int | None = None):
+    def __init__(
+        self, engine: Any, load: Callable[[], Any], workers: int, threads: int | None = None
+    ):
         self.workers = workers
         self.threads = max((threads or torch.get_num_threads()) // workers, 1)
         self.helped = 0  # batches the helpers have translated
@@ -239,16 +241,7 @@ def _adopt_engine(engine: Any) -> Any:
     return engine
 
 
-def _start_helper(load: dict[str, Any], threads: int) -> Any:
-    """A spawned helper's engine: the same one, loaded again."""
+def _start_helper(load: Callable[[], Any], threads: int) -> Any:
+    """A spawned helper's engine: the same one, loaded again (`load`)."""
     _quiet_helper(threads)
-    from mtkit.core.device import tune_cpu_runtime
-    from mtkit.engines.pytorch import load_torch_engine
-
-    tune_cpu_runtime()
-    load = dict(load)
-    attention = load.pop("attention", None)
-    engine = load_torch_engine(load.pop("paths"), "cpu", workers=1, **load)
-    if attention is not None:
-        engine.use_attention(attention)
-    return engine
+    return load()

@@ -40,7 +40,7 @@ from mtkit.core.errors import UserError
 from mtkit.core.languages import tags
 from mtkit.core.progress import ProgressLog
 from mtkit.core.rundir import run_lock
-from mtkit.core.search_options import SearchOptions
+from mtkit.core.search_options import SearchOptions, Translator
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.sources import clean, open_split
 
@@ -213,6 +213,26 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
         SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
     )
     corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
+    try:
+        translated, index, seconds = _translate_chunks(cfg, engine, opts, corpora, chunks)
+    finally:
+        engine.close()  # its helper processes: not kept through the student's training
+    if translated:
+        log.info(
+            "distill: the teacher translated %d sentences in %.0f s (%.1f sentences/s)",
+            translated,
+            seconds,
+            translated / max(seconds, 1e-9),
+        )
+    return _write_corpus(cfg, teacher, state, chunks, index)
+
+
+def _translate_chunks(
+    cfg: Config, engine: Translator, opts: SearchOptions, corpora: list, chunks: Path
+) -> tuple[int, int, float]:
+    """The teacher's translations of every chunk not yet translated, each chunk a file
+    of its own (written atomically); returns the sentences translated now, the chunks
+    in all, and the seconds it took."""
     progress = ProgressLog(sum(c.size for c in corpora), stage="distill")
     start, translated, index = time.perf_counter(), 0, 0
     for corpus in corpora:
@@ -236,15 +256,7 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
                         f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 translated += len(lines)
             progress.advance(len(raw_src))
-    seconds = time.perf_counter() - start
-    if translated:
-        log.info(
-            "distill: the teacher translated %d sentences in %.0f s (%.1f sentences/s)",
-            translated,
-            seconds,
-            translated / max(seconds, 1e-9),
-        )
-    return _write_corpus(cfg, teacher, state, chunks, index)
+    return translated, index, time.perf_counter() - start
 
 
 def _start(cfg: Config, teacher: Teacher, folder: Path, chunks: Path) -> dict:

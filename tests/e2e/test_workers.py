@@ -3,6 +3,7 @@ processes translate whole batches beside the engine's process."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -14,7 +15,8 @@ import torch
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.ct2 import ct2_threads
 from mtkit.engines.loader import load_engine
-from mtkit.engines.workers import WorkerError
+from mtkit.engines.pytorch import helper_engine
+from mtkit.engines.workers import BatchJob, BatchWorkers, WorkerError
 
 from conftest import cli, one_line_error, read_lines
 
@@ -51,6 +53,28 @@ def test_helpers_translate_batches_as_the_engine_does(trained, one_thread, beam)
         assert [n[0].tokens for n in again] == [n[0].tokens for n in want[:12]]
     finally:
         together.close()
+
+
+def test_a_helper_with_several_threads_is_spawned_and_loads_the_same_engine(trained, one_thread):
+    """Two threads a helper: a new process (OpenMP's threads do not survive a fork) that
+    loads the checkpoint in the engine's precision and attention kernel."""
+    engine = load_engine(trained / "run" / "checkpoints" / "best.pt", "cpu", workers=1)
+    engine.use_attention("matmul")
+    load = functools.partial(helper_engine, engine.sources, "fp32", "matmul")
+    pool = BatchWorkers(engine, load, workers=2, threads=4)
+    try:
+        assert not pool.forked and pool.threads == 2
+        opts = SearchOptions(beam=3)
+        jobs = [BatchJob([ids], None, [], None, []) for ids in engine.encode(LINES[:12])]
+        got = dict(pool.run(jobs, opts, engine.translate_batch))
+        assert pool.helped > 0 and sorted(got) == list(range(len(jobs)))
+        for i, job in enumerate(jobs):
+            assert [h.tokens for h in got[i][0]] == [
+                h.tokens for h in engine.translate_batch(job, opts)[0]
+            ]
+    finally:
+        pool.close()
+    assert not any(helper.is_alive() for helper in pool.helpers)
 
 
 def test_a_helper_that_dies_is_one_line(trained, one_thread):

@@ -181,6 +181,21 @@ def test_a_byte_order_mark_on_translate_input_is_dropped():
     assert lines == ["Hallo", "Welt"]
 
 
+def test_a_gzip_compressed_translate_input_is_one_line_not_garbage(work, tmp_path):
+    """Read as text, its bytes were translated (invalid UTF-8 replaced) into garbage; no
+    UTF-8 text starts with gzip's magic bytes."""
+    packed = gzip.compress(b"A dog runs.\nTwo men talk.\n")
+    path, out = tmp_path / "in.en.gz", tmp_path / "out.de"
+    path.write_bytes(packed)
+    best = work / "run" / "checkpoints" / "best.pt"
+    says = "error: the input is gzip-compressed: decompress it first"
+    assert_one_line(cli("translate", "-m", best, "-i", path, "-o", out), says=says)
+    assert not out.exists()
+    assert_one_line(cli("translate", "-m", best, input=packed), says=says)  # on stdin
+    plain = [x for c in read_chunks(io.BytesIO(b"\x1fA unit separator first\n")) for x in c]
+    assert plain == ["\x1fA unit separator first"]  # text that starts with 0x1f is text
+
+
 def test_a_hub_dataset_without_network_is_one_line(work, monkeypatch):
     monkeypatch.setattr("mtkit.data.sources._hub_reachable", lambda timeout=3.0: False)
     result = cli(

@@ -28,12 +28,14 @@ def test_the_config_decode_section_takes_its_defaults_and_ranges_from_the_option
     from mtkit.core.search_options import OPTIONS
 
     for f in fields(DecodeConfig):
-        if f.name not in ("precision", "cuda_graphs"):  # the engine's, not search options
+        if f.name not in ("precision", "cuda_graphs", "workers"):  # the engine's, not search
             assert getattr(DecodeConfig(), f.name) == OPTIONS[f.name].default
     with pytest.raises(ConfigError, match=r"decode.beam must be in \[1, 256\], got 257"):
         config_from_dict({"decode": {"beam": 257}})
     with pytest.raises(ConfigError, match=r"decode.batch_tokens must be in \[1, "):
         config_from_dict({"decode": {"batch_tokens": 0}})
+    with pytest.raises(ConfigError, match=r"decode.workers must be in \[0, 256\], got 257"):
+        config_from_dict({"decode": {"workers": 257}})
 
 
 def test_the_command_line_help_of_each_decoding_option_is_the_tables():
