@@ -122,17 +122,22 @@ class BatchWorkers:
         for inbox in self.inboxes:
             inbox.put((call, jobs, opts))
         finished = 0
-        with self.threads_here():
-            while (i := _take(self.taken, call, len(jobs))) is not None:
-                yield i, here(jobs[i], opts)
-                finished += 1
-                for i, hyps in self._ready(call, block=False):
-                    yield i, hyps
+        try:
+            with self.threads_here():
+                while (i := _take(self.taken, call, len(jobs))) is not None:
+                    yield i, here(jobs[i], opts)
                     finished += 1
-            while finished < len(jobs):
-                for i, hyps in self._ready(call, block=True):
-                    yield i, hyps
-                    finished += 1
+                    for i, hyps in self._ready(call, block=False):
+                        yield i, hyps
+                        finished += 1
+                while finished < len(jobs):
+                    for i, hyps in self._ready(call, block=True):
+                        yield i, hyps
+                        finished += 1
+        finally:  # stopped early (an error, a signal): the helpers take nothing more of it
+            with self.taken.get_lock():
+                if self.taken[0] == call:
+                    self.taken[1] = len(jobs)
 
     def _ready(self, call: int, block: bool) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
         """The helpers' results of `call` that have come back (with `block`, at least
