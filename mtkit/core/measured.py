@@ -4,7 +4,7 @@ the same ones.
 Translation measures two things when it loads a checkpoint on a CPU: the precision
 (`--precision auto`: bf16 where it is clearly faster) and the attention kernel (SDPA or
 matmul + softmax). Where two timings lie near the margin, a new process could choose
-the other way. The kernels round differently, so a few outputs in a hundred could change
+the other way. The kernels round differently, so a few outputs in a thousand could change
 from one run of the same command to the next. The first measurement is therefore kept,
 keyed by what it depends on (the CPU, torch's version, the threads, the shape measured),
 and every later process on the same machine takes it. A training run keeps its own
