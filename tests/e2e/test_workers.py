@@ -66,7 +66,14 @@ def test_a_helper_with_several_threads_is_spawned_and_loads_the_same_engine(trai
         assert not pool.forked and pool.threads == 2
         opts = SearchOptions(beam=3)
         jobs = [BatchJob([ids], None, [], None, []) for ids in engine.encode(LINES[:12])]
-        got = dict(pool.run(jobs, opts, engine.translate_batch))
+
+        def here(job, opts):  # the first batch here waits for the helper to take one
+            deadline = time.time() + 120  # (its start: Python, torch, the checkpoint)
+            while pool.taken[1] < 2 and time.time() < deadline:
+                time.sleep(0.05)
+            return engine.translate_batch(job, opts)
+
+        got = dict(pool.run(jobs, opts, here))
         assert pool.helped > 0 and sorted(got) == list(range(len(jobs)))
         for i, job in enumerate(jobs):
             assert [h.tokens for h in got[i][0]] == [
