@@ -19,8 +19,8 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -202,12 +202,19 @@ def calibrate_cpu(
 def on_one_thread(measure: Callable[[], T]) -> T:
     """`measure()` on one thread: the ratio of two kernels' times is a property of a
     core, and threads that share cores with another process wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return measure()
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Within: torch's threads set to `count`; after: as they were."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def fastest_interleaved(

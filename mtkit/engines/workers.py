@@ -30,12 +30,12 @@ import logging
 import multiprocessing
 import queue
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from multiprocessing.util import Finalize
 from typing import Any, NamedTuple
 
 import torch
 
+from mtkit.core.device import torch_threads
 from mtkit.core.errors import UserError, first_line
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions
@@ -123,7 +123,7 @@ class BatchWorkers:
             inbox.put((call, jobs, opts))
         finished = 0
         try:
-            with self.threads_here():
+            with torch_threads(self.threads):  # this process's share, beside the helpers
                 while (i := _take(self.taken, call, len(jobs))) is not None:
                     yield i, here(jobs[i], opts)
                     finished += 1
@@ -165,16 +165,6 @@ class BatchWorkers:
                 f"a translation helper process stopped (exit code {dead[0].exitcode}: "
                 f"killed, or out of memory); translate with --workers 1"
             )
-
-    @contextmanager
-    def threads_here(self) -> Iterator[None]:
-        """This process on its share of the threads while helpers run beside it."""
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
 
     def close(self) -> None:
         """Stop the helpers (`_stop`)."""
