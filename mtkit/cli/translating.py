@@ -114,7 +114,22 @@ OutputOpt = Annotated[
     ),
 ]
 FormatOpt = Annotated[str, typer.Option(help="text or jsonl.", rich_help_panel=IO)]
-ScoresOpt = Annotated[bool, typer.Option(help="Append a tab and the score.", rich_help_panel=IO)]
+ScoresOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Append a tab and the confidence: the mean log-probability per token.",
+        rich_help_panel=IO,
+    ),
+]
+SplitOpt = Annotated[
+    Opt[bool],
+    typer.Option(
+        "--split/--no-split",
+        help="Translate a line of several sentences sentence by sentence, joined back on its "
+        "line (default: the checkpoint's decode.split).",
+        rich_help_panel=IO,
+    ),
+]
 PrefixOpt = Annotated[
     Opt[Path],
     typer.Option(
@@ -179,6 +194,7 @@ def translate(
     output: OutputOpt = None,
     format: FormatOpt = "text",
     scores: ScoresOpt = False,
+    split: SplitOpt = None,
     alignments: AlignmentsOpt = False,
     align_layer: AlignLayerOpt = None,
     beam: BeamOpt = None,
@@ -269,6 +285,7 @@ def translate(
             constraints_file=constraints_file,
             glossary=terms,
             tgt_lang=tgt_lang,
+            split=engine.config.decode.split if split is None else split,
         )
 
 
@@ -307,14 +324,16 @@ def _translate_file(
     constraints_file: Path | None,
     glossary: Glossary | None,
     tgt_lang: str | None,
+    split: bool,
 ) -> None:
     """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
     only once complete), with a progress bar on a terminal. Besides the lines and their
-    prefixes: each line's constraints (read from `constraints_file`), a glossary, and
-    the language to translate into (--tgt-lang)."""
+    prefixes: each line's constraints (read from `constraints_file`), a glossary, the
+    language to translate into (--tgt-lang), and whether lines are split into sentences."""
     from mtkit.core.atomic import atomic_text
     from mtkit.core.progress import progress_bar
-    from mtkit.core.textio import check_constraint_lines, read_all_lines, translate_stream
+    from mtkit.core.textio import read_all_lines
+    from mtkit.engines.session import check_constraint_lines, translate_stream
 
     with (
         open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
@@ -339,6 +358,7 @@ def _translate_file(
             constraints=constraints,
             glossary=glossary,
             tgt_lang=tgt_lang,
+            split=split,
         )
 
 
@@ -580,7 +600,8 @@ def _translated(
     (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
     and --glossary terms as constraints: a term of --terms that cannot be searched for is
     one line, a glossary's is left out of its line with a warning, as in `translate`."""
-    from mtkit.core.textio import Request, searchable, translate_texts
+    from mtkit.core.textio import Request
+    from mtkit.engines.session import searchable, translate_texts
 
     opts = SearchOptions.from_config(engine.config.decode)
     requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]

@@ -240,6 +240,10 @@ class DecodeConfig:
     # (`mtkit.engines.workers`; CTranslate2's inter_threads): 1 = one batch at a time on
     # all of them; 0 = auto: one per thread, at most 8 (`search_options.cpu_workers`).
     workers: int = field(default=0, metadata=value_range(0, 256))
+    # A line of several sentences is translated sentence by sentence and joined back on
+    # its line (`mtkit.documents.sentences`); false for a model trained on documents
+    # (lines of several sentences), which translates each line whole.
+    split: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,11 @@
-"""Text in, text out: lines as they arrive, jsonl requests, output formats, order kept.
+"""Text in, text out, as frames: lines as they arrive, jsonl requests, output formats.
 
-`translate_stream` reads whatever lines are available (so it works interactively and
-in a pipe), hands each chunk to a translator (`mtkit.core.search_options.Translator`, which sorts
-and batches it), and writes exactly one output line per input line (n lines with
-`nbest` n), in input order, flushed after each chunk. Empty lines give empty lines
-without running the model; invalid UTF-8 is replaced, not fatal; a byte-order mark at
-the start is dropped; memory per line stays bounded: bytes beyond `MAX_LINE_BYTES` are
-dropped while reading. In jsonl, each input line is a request record and each output
-line a result record; a malformed record gets an error record, and the rest go on.
+`read_chunks` reads whatever lines are available (so translation works interactively and
+in a pipe; the session that translates them is `mtkit.engines.session`); invalid UTF-8 is
+replaced, not fatal; a byte-order mark at the start is dropped; memory per line stays
+bounded: bytes beyond `MAX_LINE_BYTES` are dropped while reading. In jsonl, each input
+line is a request record (`parse_line`) and each output line a result record
+(`format_lines`); a malformed record gets an error record, and the rest go on.
 """
 
 from __future__ import annotations
@@ -17,16 +15,14 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import BinaryIO, Literal, TextIO
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Literal
 
 from mtkit.core.errors import OptionError, plural
-from mtkit.core.hypothesis import Hypothesis, pharaoh
-from mtkit.core.languages import tag_ids, tagging, untagged
-from mtkit.core.search_options import BATCH_TOKENS, SearchOptions, Translator, constraints_need
-from mtkit.core.terms import Glossary, combine
-from mtkit.core.vocab import Vocab
+from mtkit.core.hypothesis import pharaoh
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.translation import Translation
 
 log = logging.getLogger(__name__)
 
@@ -288,12 +284,14 @@ def _shown(value: object) -> str:
 def format_lines(
     index: int,
     request: Request,
-    hyps: list[Hypothesis],
-    tgt_vocab: Vocab,
+    translations: list[Translation],
     opts: SearchOptions,
     output: OutputFormat = TEXT,
 ) -> list[str]:
-    """The output lines of one input line (n of them with --nbest n in text format)."""
+    """The output lines of one input line (n of them with --nbest n in text format).
+    Text: the translation, then with `scores` a tab and its confidence, with alignments a
+    tab and the links; n-best as 'i ||| text ||| score'. jsonl: one record, with each
+    sentence's source, translation and scores where the line was split."""
     if request.error:  # jsonl only: the line stays, as an error record
         return [
             json.dumps(
@@ -305,16 +303,32 @@ def format_lines(
                 ensure_ascii=False,
             )
         ]
-    texts = [tgt_vocab.decode(h.tokens) for h in hyps]
-    links = [pharaoh(h.alignment or ()) for h in hyps]
+    links = [pharaoh(t.alignment or ()) for t in translations]
     if output.kind == "jsonl":
 
         def entry(k: int) -> dict:
+            t = translations[k]
             return {
-                "translation": texts[k],
-                "score": round(hyps[k].score, 4),
+                "translation": t.text,
+                "score": round(t.score, 4),
+                "confidence": round(t.confidence, 4),
                 **({"alignment": links[k]} if opts.alignments else {}),
-                **({"constraints_met": hyps[k].met} if hyps[k].met is not None else {}),
+                **({"constraints_met": t.constraints_met} if t.constraints_met is not None else {}),
+                **(
+                    {
+                        "sentences": [
+                            {
+                                "source": s.source,
+                                "translation": s.text,
+                                "score": round(s.score, 4),
+                                "confidence": round(s.confidence, 4),
+                            }
+                            for s in t.sentences
+                        ]
+                    }
+                    if t.sentences
+                    else {}
+                ),
             }
 
         record = {
@@ -324,16 +338,16 @@ def format_lines(
             **entry(0),
         }
         if opts.nbest > 1:
-            record["nbest"] = [entry(k) for k in range(len(hyps))]
+            record["nbest"] = [entry(k) for k in range(len(translations))]
         return [json.dumps(record, ensure_ascii=False)]
     if opts.nbest > 1:
         return [
-            f"{index} ||| {t} ||| {h.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
-            for t, h, a in zip(texts, hyps, links, strict=True)
+            f"{index} ||| {t.text} ||| {t.score:.4f}" + (f" ||| {a}" if opts.alignments else "")
+            for t, a in zip(translations, links, strict=True)
         ]
     fields = (
-        [texts[0]]
-        + ([f"{hyps[0].score:.4f}"] if output.scores else [])
+        [translations[0].text]
+        + ([f"{translations[0].confidence:.4f}"] if output.scores else [])
         + ([links[0]] if opts.alignments else [])
     )
     return ["\t".join(fields)]
@@ -349,209 +363,7 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     return io.BytesIO(data)
 
 
-def translate_stream(
-    translator: Translator,
-    source: BinaryIO,
-    sink: TextIO,
-    opts: SearchOptions,
-    done: Callable[[int], None] | None = None,
-    prefixes: list[str] | None = None,
-    *,
-    output: OutputFormat = TEXT,
-    batch_tokens: int = BATCH_TOKENS,
-    constraints: list[list[tuple[str, ...]]] | None = None,
-    glossary: Glossary | None = None,
-    tgt_lang: str | None = None,
-) -> int:
-    """Translate every line of `source` to `sink`; returns the number of input lines.
-    In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
-    and `constraints`: a target prefix and constraints for each input line (text
-    format); a `glossary` adds the constraints its source terms require. `tgt_lang`:
-    the language a multilingual model translates into (a jsonl record's own first).
-    `done(n)` is called as lines are finished (for a progress bar)."""
-    count = 0
-    for lines in read_chunks(source):
-        requests = [
-            _into(
-                parse_line(x, output.kind == "jsonl"), translator, tgt_lang, output.kind == "jsonl"
-            )
-            for x in lines
-        ]
-        chunk_prefixes = [r.prefix for r in requests]
-        if prefixes is not None:
-            chunk_prefixes = prefixes[count : count + len(lines)]
-        given = constraints[count : count + len(lines)] if constraints is not None else None
-        requests, wanted = searchable(
-            translator, requests, given, glossary, opts, count, output.kind == "jsonl"
-        )
-        chunk_prefixes = [r.target_tag + p for r, p in zip(requests, chunk_prefixes, strict=True)]
-        results = translator.translate(
-            [r.text for r in requests],
-            opts,
-            done,
-            chunk_prefixes if any(chunk_prefixes) else None,
-            batch_tokens=batch_tokens,
-            constraints=wanted,
-        )
-        out = []
-        for offset, (request, hyps) in enumerate(zip(requests, results, strict=True)):
-            if hyps and hyps[0].met is False:
-                log.warning(
-                    "%s: %s",
-                    line_name(count + offset, output.kind == "jsonl"),
-                    "the source is empty, and so is its translation: its constraints are not met"
-                    if not request.text.strip()
-                    else "no translation met all its constraints within the length "
-                    "limit; it gets the best unconstrained one",
-                )
-            if request.tag or request.target_tag:
-                hyps = untagged(hyps, bool(request.tag), _tag_ids(translator, request))
-            out.extend(
-                format_lines(count + offset, request, hyps, translator.tgt_vocab, opts, output)
-            )
-        sink.write("".join(x + "\n" for x in out))
-        sink.flush()
-        count += len(lines)
-    return count
-
-
-def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
-    """The tag ids an output starting with a forced tag is cut after (none without)."""
-    return (
-        tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag else frozenset()
-    )
-
-
-def _into(request: Request, translator: Translator, tgt_lang: str | None, jsonl: bool) -> Request:
-    """The request with its target language's tag (`languages.tagging`: a multilingual
-    model's, before the source or as the output's start; nothing for a bilingual one). A
-    language the model lacks, or none for a multilingual model, is the record's error in
-    jsonl and one line in text."""
-    if request.error or not request.src.strip():
-        return request
-    option = "--tgt-lang" if not jsonl or tgt_lang else '--tgt-lang or "tgt_lang"'
-    try:
-        placed = tagging(
-            translator.config,
-            request.tgt_lang or tgt_lang,
-            "tgt_lang" if jsonl and request.tgt_lang else option,
-        )
-    except OptionError as e:
-        if not jsonl:
-            raise
-        return replace(request, src="", error=str(e))
-    return replace(request, tag=placed.source, target_tag=placed.target) if any(placed) else request
-
-
-def line_constraints(
-    requests: list[Request],
-    given: list[list[tuple[str, ...]]] | None,
-    glossary: Glossary | None = None,
-) -> list[list[tuple[str, ...]]] | None:
-    """Each request's constraints: its own (jsonl), the `given` ones (a constraints
-    file), and those its source terms require in the `glossary`; None if none has any
-    (a request with an error has none of its own)."""
-    wanted = [[] if r.error else list(r.constraints) for r in requests]
-    if given is not None:
-        wanted = combine(wanted, given)
-    if glossary is not None:
-        wanted = combine(wanted, [glossary.constraints(r.src) for r in requests])
-    return wanted if any(wanted) else None
-
-
 def line_name(index: int, jsonl: bool = False) -> str:
     """How a message names input line `index` (from 0): "line 3"; in jsonl also as its
     record does, whose `line` counts from 0: 'line 3 (record "line": 2)'."""
     return f'line {index + 1} (record "line": {index})' if jsonl else f"line {index + 1}"
-
-
-def searchable(
-    translator: Translator,
-    requests: list[Request],
-    given: list[list[tuple[str, ...]]] | None,
-    glossary: Glossary | None,
-    opts: SearchOptions,
-    count: int = 0,
-    jsonl: bool = False,
-) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
-    """The requests and each one's constraints, with those that cannot be searched for
-    dealt with: by these options on this engine (`decoding.constraints_need`: a beam of
-    two or more, a checkpoint), or on this line (`Translator.constraint_errors`). A
-    line's own constraints (a file's, its jsonl record's) are its error record in jsonl,
-    and one line in text (`count` lines came before this chunk; a file's were checked
-    before anything was written); a glossary's are dropped from that line with a
-    warning, so a stream never stops on a term."""
-    own = line_constraints(requests, given)
-    wanted = line_constraints(requests, given, glossary)
-    if wanted is None:
-        return requests, None
-    need = constraints_need(opts, translator.capabilities)
-    if need:  # no line's constraints can be searched for
-        errors = [f"searching for them needs {need}" if w else "" for w in wanted]
-    else:
-        errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
-    if own is not None and any(errors):
-        bad = [i for i, why in enumerate(errors) if why and own[i]]
-        mine = (
-            [errors[i] for i in bad]
-            if need
-            else translator.constraint_errors(
-                [requests[i].text for i in bad], [own[i] for i in bad], opts
-            )
-        )
-        for i, why in zip(bad, mine, strict=True):
-            if why and not jsonl:
-                raise OptionError(f"{line_name(count + i)}: {why}", "constraints")
-            if why:
-                requests[i] = replace(requests[i], src="", error=f"constraints: {why}")
-                wanted[i] = []
-    for i, why in enumerate(errors):
-        if why and wanted[i] and not requests[i].error:
-            log.warning(
-                "%s: the glossary's terms are left out: %s", line_name(count + i, jsonl), why
-            )
-            wanted[i] = own[i] if own is not None else []
-    return requests, wanted if any(wanted) else None
-
-
-def check_constraint_lines(
-    translator: Translator,
-    source: BinaryIO,
-    constraints: list[list[tuple[str, ...]]],
-    opts: SearchOptions,
-) -> None:
-    """One line for the first input line (of `source`, which is read and rewound) whose
-    constraints (one list per line) cannot be searched for
-    (`Translator.constraint_errors`): checked before anything is written. (A glossary's
-    terms never stop a translation: `searchable`.)"""
-    lines = [line for chunk in read_chunks(source) for line in chunk]
-    source.seek(0)
-    wanted = line_constraints([Request(x) for x in lines], constraints) or []
-    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted else []):
-        if why:
-            raise OptionError(f"line {i + 1}: {why}", "constraints")
-
-
-def translate_texts(
-    translator: Translator,
-    lines: list[str],
-    opts: SearchOptions,
-    batch_tokens: int = BATCH_TOKENS,
-    constraints: list[list[tuple[str, ...]]] | None = None,
-    target_tags: list[str] | None = None,
-) -> list[str]:
-    """Best translation of each line, in order (for evaluation), with each line's
-    `constraints` when given, and each output's forced start with `target_tags` (a
-    multilingual model's with `model.lang_tag: target`), taken off again."""
-    hyps = translator.translate(
-        lines,
-        opts,
-        None,
-        target_tags if target_tags else None,
-        batch_tokens=batch_tokens,
-        constraints=constraints,
-    )
-    if target_tags:
-        ids = tag_ids(translator.tgt_vocab, translator.config.data)
-        hyps = [untagged(h, False, ids) for h in hyps]
-    return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]

@@ -31,11 +31,11 @@ from mtkit.core.languages import direction, tag, tags, without_tag
 from mtkit.core.rundir import run_lock
 from mtkit.core.scoring import Score, score
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import translate_texts
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
+from mtkit.engines.session import translate_texts
 from mtkit.stages.distill import (
     DistillError,
     distill,

@@ -10,9 +10,9 @@ import torch
 
 from mtkit.core.config import load_config
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import translate_texts
 from mtkit.data.shards import ShardDataset
 from mtkit.engines.loader import load_engine
+from mtkit.engines.session import translate_texts
 from mtkit.model import int8
 from mtkit.stages.preprocess import preprocess
 from mtkit.stages.tokenizer import build_tokenizer

@@ -14,8 +14,8 @@ import mtkit.stages.distill as distill_stage
 from mtkit.core.checkpoint import load_checkpoint, trained_model
 from mtkit.core.config import config_from_dict
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import translate_texts
 from mtkit.engines.loader import load_engine
+from mtkit.engines.session import translate_texts
 from mtkit.stages.distill import distill
 
 from conftest import cli, one_line_error, read_lines, tiny_config_dict, write_lines

@@ -71,7 +71,7 @@ def test_a_failing_translation_leaves_the_old_output_and_no_temporary(work, ckpt
         args[2].write("half of the output\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mtkit.core.textio.translate_stream", interrupted)
+    monkeypatch.setattr("mtkit.engines.session.translate_stream", interrupted)
     assert_one_line(
         cli("translate", "-m", ckpts / "best.pt", "-i", text, "-o", out),
         code=130,

@@ -12,9 +12,9 @@ from scripted import stream_in_two_joins
 from mtkit.core.config import config_from_dict
 from mtkit.core.device import resolve_device, resolve_precision
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import translate_texts
 from mtkit.core.vocab import EOS
 from mtkit.engines.loader import load_engine
+from mtkit.engines.session import translate_texts
 from mtkit.model.transformer import build_model
 from mtkit.search.beam import greedy_hypotheses
 from mtkit.stages.preprocess import preprocess

@@ -9,7 +9,9 @@ import os
 import threading
 
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import OutputFormat, Request, format_lines, read_chunks, translate_stream
+from mtkit.core.textio import OutputFormat, Request, format_lines, read_chunks
+from mtkit.core.translation import Translation
+from mtkit.engines.session import translate_stream
 
 
 def test_one_output_line_per_input_line_in_order(tiny_engine):
@@ -48,15 +50,13 @@ def test_lines_are_translated_as_soon_as_they_arrive():
 
 def test_output_formats(tiny_engine):
     hyps = tiny_engine.translate(["A dog."], SearchOptions(beam=3, nbest=2, max_len_b=3))[0]
-    nbest = format_lines(
-        7, Request("A dog."), hyps, tiny_engine.tgt_vocab, SearchOptions(beam=3, nbest=2)
-    )
+    hyps = [Translation.of("A dog.", h, tiny_engine.tgt_vocab) for h in hyps]
+    nbest = format_lines(7, Request("A dog."), hyps, SearchOptions(beam=3, nbest=2))
     assert len(nbest) == 2 and all(line.startswith("7 ||| ") for line in nbest)
     scored = format_lines(
         0,
         Request("A dog."),
         hyps[:1],
-        tiny_engine.tgt_vocab,
         SearchOptions(),
         OutputFormat(scores=True),
     )
@@ -66,7 +66,6 @@ def test_output_formats(tiny_engine):
             0,
             Request("A dog."),
             hyps,
-            tiny_engine.tgt_vocab,
             SearchOptions(beam=3, nbest=2),
             OutputFormat("jsonl"),
         )[0]

@@ -1,0 +1,311 @@
+"""A translation session: lines (or jsonl requests) in, `Translation`s out, in order.
+
+`translate_requests` is the one path every surface takes (the Python API, `translate`,
+`eval -m`, `mtkit run`): each request gets its target language's tag, a line of several
+sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
+constraints (its own, a file's, a glossary's) are checked against what the engine can
+search for, the lines go to the engine (`mtkit.core.search_options.Translator`, which sorts
+and batches them) and come back as `mtkit.core.translation.Translation`s.
+
+`translate_stream` drives it over a byte stream: whatever lines are available (so it works
+interactively and in a pipe), exactly one output line per input line (n lines with
+`nbest` n), in input order, flushed after each chunk. Empty lines give empty lines
+without running the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import BinaryIO, TextIO
+
+from mtkit.core.errors import OptionError
+from mtkit.core.languages import tag_ids, tagging, untagged
+from mtkit.core.search_options import BATCH_TOKENS, SearchOptions, Translator, constraints_need
+from mtkit.core.terms import Glossary, combine
+from mtkit.core.textio import (
+    TEXT,
+    OutputFormat,
+    Request,
+    format_lines,
+    line_name,
+    parse_line,
+    read_chunks,
+)
+from mtkit.core.translation import Translation, joined
+from mtkit.documents import sentences
+
+log = logging.getLogger(__name__)
+
+
+def translate_requests(
+    translator: Translator,
+    requests: list[Request],
+    opts: SearchOptions,
+    *,
+    prefixes: list[str] | None = None,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    glossary: Glossary | None = None,
+    split: bool = False,
+    batch_tokens: int = BATCH_TOKENS,
+    done: Callable[[int], None] | None = None,
+    count: int = 0,
+    jsonl: bool = False,
+) -> list[list[Translation]]:
+    """The translations of each request (`nbest` of them; none for a request with an
+    error), in order. `prefixes`, `constraints`: each request's target prefix and
+    constraints besides its own; a `glossary` adds what its source terms require, found
+    per sentence. With `split`, a request with no prefix and no constraints of its own
+    is translated sentence by sentence (`mtkit.documents.sentences`) and joined back.
+    `count`: the lines before these (how messages number them); `jsonl`: a request's
+    own constraints that cannot be searched for are its error, not one line."""
+    rows, line_of, row_given = [], [], []
+    src_lang = translator.config.data.src_lang
+    for i, request in enumerate(requests):
+        given = constraints[i] if constraints is not None else []
+        if prefixes is not None:
+            request = replace(request, prefix=prefixes[i])
+        parts = [request.src]
+        if split and not (request.error or request.prefix or given or request.constraints):
+            parts = sentences.split(request.src, src_lang) or parts
+        for part in parts:
+            rows.append(replace(request, src=part))
+            row_given.append(given)
+            line_of.append(i)
+    rows, wanted = searchable(
+        translator,
+        rows,
+        row_given if constraints is not None else None,
+        glossary,
+        opts,
+        count,
+        jsonl,
+        line_of,
+    )
+    forced = [r.target_tag + r.prefix for r in rows]
+    hyps = translator.translate(
+        [r.text for r in rows],
+        opts,
+        done if len(rows) == len(requests) else None,
+        forced if any(forced) else None,
+        batch_tokens=batch_tokens,
+        constraints=wanted,
+    )
+    if done is not None and len(rows) != len(requests):
+        done(len(requests))
+    found: list[list[list[Translation]]] = [[] for _ in requests]
+    for row, line, row_hyps in zip(rows, line_of, hyps, strict=True):
+        if row_hyps and row_hyps[0].met is False:
+            log.warning(
+                "%s: %s",
+                line_name(count + line, jsonl),
+                "the source is empty, and so is its translation: its constraints are not met"
+                if not row.text.strip()
+                else "no translation met all its constraints within the length "
+                "limit; it gets the best unconstrained one",
+            )
+        if row.tag or row.target_tag:
+            row_hyps = untagged(row_hyps, bool(row.tag), _tag_ids(translator, row))
+        found[line].append([Translation.of(row.src, h, translator.tgt_vocab) for h in row_hyps])
+    tgt_lang = translator.config.data.tgt_lang
+    out = []
+    for request, parts in zip(requests, found, strict=True):
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        between = sentences.separator(request.tgt_lang or tgt_lang)
+        out.append(
+            [
+                joined(request.src, [p[k] for p in parts], between)
+                for k in range(min(map(len, parts)))
+            ]
+        )
+    return out
+
+
+def translate_stream(
+    translator: Translator,
+    source: BinaryIO,
+    sink: TextIO,
+    opts: SearchOptions,
+    done: Callable[[int], None] | None = None,
+    prefixes: list[str] | None = None,
+    *,
+    output: OutputFormat = TEXT,
+    batch_tokens: int = BATCH_TOKENS,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    glossary: Glossary | None = None,
+    tgt_lang: str | None = None,
+    split: bool = False,
+) -> int:
+    """Translate every line of `source` to `sink`; returns the number of input lines.
+    In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
+    and `constraints`: a target prefix and constraints for each input line (text
+    format); a `glossary` adds the constraints its source terms require. `tgt_lang`:
+    the language a multilingual model translates into (a jsonl record's own first).
+    `split`: a line of several sentences is translated sentence by sentence
+    (`translate_requests`). `done(n)` is called as lines are finished (a progress bar)."""
+    count, jsonl = 0, output.kind == "jsonl"
+    for lines in read_chunks(source):
+        requests = [_into(parse_line(x, jsonl), translator, tgt_lang, jsonl) for x in lines]
+        results = translate_requests(
+            translator,
+            requests,
+            opts,
+            prefixes=prefixes[count : count + len(lines)] if prefixes is not None else None,
+            constraints=constraints[count : count + len(lines)]
+            if constraints is not None
+            else None,
+            glossary=glossary,
+            split=split,
+            batch_tokens=batch_tokens,
+            done=done,
+            count=count,
+            jsonl=jsonl,
+        )
+        out = []
+        for offset, (request, translations) in enumerate(zip(requests, results, strict=True)):
+            out.extend(format_lines(count + offset, request, translations, opts, output))
+        sink.write("".join(x + "\n" for x in out))
+        sink.flush()
+        count += len(lines)
+    return count
+
+
+def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
+    """The tag ids an output starting with a forced tag is cut after (none without)."""
+    return (
+        tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag else frozenset()
+    )
+
+
+def _into(request: Request, translator: Translator, tgt_lang: str | None, jsonl: bool) -> Request:
+    """The request with its target language's tag (`languages.tagging`: a multilingual
+    model's, before the source or as the output's start; nothing for a bilingual one). A
+    language the model lacks, or none for a multilingual model, is the record's error in
+    jsonl and one line in text."""
+    if request.error or not request.src.strip():
+        return request
+    option = "--tgt-lang" if not jsonl or tgt_lang else '--tgt-lang or "tgt_lang"'
+    try:
+        placed = tagging(
+            translator.config,
+            request.tgt_lang or tgt_lang,
+            "tgt_lang" if jsonl and request.tgt_lang else option,
+        )
+    except OptionError as e:
+        if not jsonl:
+            raise
+        return replace(request, src="", error=str(e))
+    return replace(request, tag=placed.source, target_tag=placed.target) if any(placed) else request
+
+
+def line_constraints(
+    requests: list[Request],
+    given: list[list[tuple[str, ...]]] | None,
+    glossary: Glossary | None = None,
+) -> list[list[tuple[str, ...]]] | None:
+    """Each request's constraints: its own (jsonl), the `given` ones (a constraints
+    file), and those its source terms require in the `glossary`; None if none has any
+    (a request with an error has none of its own)."""
+    wanted = [[] if r.error else list(r.constraints) for r in requests]
+    if given is not None:
+        wanted = combine(wanted, given)
+    if glossary is not None:
+        wanted = combine(wanted, [glossary.constraints(r.src) for r in requests])
+    return wanted if any(wanted) else None
+
+
+def searchable(
+    translator: Translator,
+    requests: list[Request],
+    given: list[list[tuple[str, ...]]] | None,
+    glossary: Glossary | None,
+    opts: SearchOptions,
+    count: int = 0,
+    jsonl: bool = False,
+    lines: list[int] | None = None,
+) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
+    """The requests and each one's constraints, with those that cannot be searched for
+    dealt with: by these options on this engine (`decoding.constraints_need`: a beam of
+    two or more, a checkpoint), or on this line (`Translator.constraint_errors`). A
+    line's own constraints (a file's, its jsonl record's) are its error record in jsonl,
+    and one line in text (`count` lines came before this chunk; a file's were checked
+    before anything was written); a glossary's are dropped from that line with a
+    warning, so a stream never stops on a term. `lines`: the input line each request is
+    part of (a sentence of a split line is one request), counted from the chunk's start
+    (None: one request a line)."""
+    at = [count + (lines[i] if lines is not None else i) for i in range(len(requests))]
+    own = line_constraints(requests, given)
+    wanted = line_constraints(requests, given, glossary)
+    if wanted is None:
+        return requests, None
+    need = constraints_need(opts, translator.capabilities)
+    if need:  # no line's constraints can be searched for
+        errors = [f"searching for them needs {need}" if w else "" for w in wanted]
+    else:
+        errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
+    if own is not None and any(errors):
+        bad = [i for i, why in enumerate(errors) if why and own[i]]
+        mine = (
+            [errors[i] for i in bad]
+            if need
+            else translator.constraint_errors(
+                [requests[i].text for i in bad], [own[i] for i in bad], opts
+            )
+        )
+        for i, why in zip(bad, mine, strict=True):
+            if why and not jsonl:
+                raise OptionError(f"{line_name(at[i])}: {why}", "constraints")
+            if why:
+                requests[i] = replace(requests[i], src="", error=f"constraints: {why}")
+                wanted[i] = []
+    for i, why in enumerate(errors):
+        if why and wanted[i] and not requests[i].error:
+            log.warning("%s: the glossary's terms are left out: %s", line_name(at[i], jsonl), why)
+            wanted[i] = own[i] if own is not None else []
+    return requests, wanted if any(wanted) else None
+
+
+def check_constraint_lines(
+    translator: Translator,
+    source: BinaryIO,
+    constraints: list[list[tuple[str, ...]]],
+    opts: SearchOptions,
+) -> None:
+    """One line for the first input line (of `source`, which is read and rewound) whose
+    constraints (one list per line) cannot be searched for
+    (`Translator.constraint_errors`): checked before anything is written. (A glossary's
+    terms never stop a translation: `searchable`.)"""
+    lines = [line for chunk in read_chunks(source) for line in chunk]
+    source.seek(0)
+    wanted = line_constraints([Request(x) for x in lines], constraints) or []
+    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted else []):
+        if why:
+            raise OptionError(f"line {i + 1}: {why}", "constraints")
+
+
+def translate_texts(
+    translator: Translator,
+    lines: list[str],
+    opts: SearchOptions,
+    batch_tokens: int = BATCH_TOKENS,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    target_tags: list[str] | None = None,
+) -> list[str]:
+    """Best translation of each line, in order (for evaluation), with each line's
+    `constraints` when given, and each output's forced start with `target_tags` (a
+    multilingual model's with `model.lang_tag: target`), taken off again."""
+    hyps = translator.translate(
+        lines,
+        opts,
+        None,
+        target_tags if target_tags else None,
+        batch_tokens=batch_tokens,
+        constraints=constraints,
+    )
+    if target_tags:
+        ids = tag_ids(translator.tgt_vocab, translator.config.data)
+        hyps = [untagged(h, False, ids) for h in hyps]
+    return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
