@@ -30,7 +30,9 @@ class Translation:
     length: what a user or a pipeline filters on. `tokens` are the output's subword
     pieces. `alignment` links (source word, target word), None where not asked for.
     `constraints_met`: None where none were asked for, else whether it holds them all.
-    `sentences`: the parts of a line translated sentence by sentence (empty otherwise)."""
+    `sentences`: the parts of a line translated sentence by sentence (empty otherwise).
+    `alternatives`: the next best translations, best first, where more than one was asked
+    for (n-best)."""
 
     source: str
     text: str
@@ -40,6 +42,7 @@ class Translation:
     alignment: Links | None = None
     constraints_met: bool | None = None
     sentences: tuple[Translation, ...] = ()
+    alternatives: tuple[Translation, ...] = ()
 
     @classmethod
     def of(cls, source: str, hyp: Hypothesis, vocab: Vocab) -> Translation:

@@ -148,7 +148,7 @@ def translate_stream(
     (`translate_requests`). `done(n)` is called as lines are finished (a progress bar)."""
     count, jsonl = 0, output.kind == "jsonl"
     for lines in read_chunks(source):
-        requests = [_into(parse_line(x, jsonl), translator, tgt_lang, jsonl) for x in lines]
+        requests = [into_language(parse_line(x, jsonl), translator, tgt_lang, jsonl) for x in lines]
         results = translate_requests(
             translator,
             requests,
@@ -180,14 +180,20 @@ def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
     )
 
 
-def _into(request: Request, translator: Translator, tgt_lang: str | None, jsonl: bool) -> Request:
+def into_language(
+    request: Request,
+    translator: Translator,
+    tgt_lang: str | None,
+    jsonl: bool = False,
+    flag: str = "--tgt-lang",
+) -> Request:
     """The request with its target language's tag (`languages.tagging`: a multilingual
     model's, before the source or as the output's start; nothing for a bilingual one). A
     language the model lacks, or none for a multilingual model, is the record's error in
-    jsonl and one line in text."""
+    jsonl and one line (naming `flag`) otherwise."""
     if request.error or not request.src.strip():
         return request
-    option = "--tgt-lang" if not jsonl or tgt_lang else '--tgt-lang or "tgt_lang"'
+    option = flag if not jsonl or tgt_lang else f'{flag} or "tgt_lang"'
     try:
         placed = tagging(
             translator.config,

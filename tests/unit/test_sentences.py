@@ -75,9 +75,10 @@ def test_a_line_of_sentences_is_translated_sentence_by_sentence(tiny_engine):
     assert out == [expected, "", _one_by_one(tiny_engine, ["Hi."], opts), expected, ""]
     whole = io.StringIO()
     translate_stream(tiny_engine, io.BytesIO(LINE.encode()), whole, opts, split=False)
-    assert whole.getvalue() == tiny_engine.tgt_vocab.decode(
-        tiny_engine.translate([LINE], opts)[0][0].tokens
-    ) + "\n"
+    assert (
+        whole.getvalue()
+        == tiny_engine.tgt_vocab.decode(tiny_engine.translate([LINE], opts)[0][0].tokens) + "\n"
+    )
 
 
 def test_jsonl_records_each_sentence_and_a_prefixed_line_stays_whole(tiny_engine):
@@ -95,8 +96,9 @@ def test_jsonl_records_each_sentence_and_a_prefixed_line_stays_whole(tiny_engine
     first, second = (json.loads(x) for x in sink.getvalue().splitlines())
     assert first["id"] == 7 and first["source"] == LINE
     assert [s["source"] for s in first["sentences"]] == split(LINE)
-    assert " ".join(s["translation"] for s in first["sentences"] if s["translation"]) == (
-        first["translation"]
+    assert (
+        " ".join(s["translation"] for s in first["sentences"] if s["translation"])
+        == (first["translation"])
     )
     assert all(s["confidence"] <= 0 for s in first["sentences"]) and first["confidence"] <= 0
     words = len(first["translation"].split())

@@ -1,0 +1,281 @@
+"""mtkit from Python: load a model once, translate texts, streams and documents.
+
+    import mtkit
+
+    translator = mtkit.Translator.load("runs/multi30k/checkpoints/average.pt")
+    for t in translator.translate(["A man is riding a bike. Two dogs play."]):
+        print(t.text, t.confidence)
+    print(mtkit.score(["Ein Mann fährt Rad."], ["Ein Mann fährt Fahrrad."]).bleu)
+
+Every result is a `mtkit.Translation` (text, score, confidence, pieces, word alignment,
+sentences, alternatives); every mistake in the caller's input is an `mtkit.Error` (a
+subclass per kind, each with a one-line message). The CLI's `translate` and `mtkit serve`
+take the same path (`mtkit.engines.session`), so a text gets the same translation from
+each of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from mtkit.core.errors import OptionError, UserError
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.search_options import Translator as Engine
+from mtkit.core.terms import Glossary
+from mtkit.core.textio import CHUNK_LINES, Request, lone_surrogate
+from mtkit.core.translation import Translation
+from mtkit.engines.session import into_language, translate_requests
+
+Error = UserError  # the base of every error mtkit raises for its caller's input
+Format = Literal["text", "html", "xml"]
+FORMATS = ("text", "html", "xml")
+
+
+class Translator:
+    """A loaded model (a checkpoint, an ensemble of them, or an exported CTranslate2
+    folder) and its decoding defaults; load it once with `Translator.load`, then
+    translate as often as needed. A `Translator` holds helper processes where it
+    translates several batches at once (`workers`): `close()` it, or use it in a `with`."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        device: str = "auto",
+        precision: str | None = None,
+        workers: int | None = 1,
+    ) -> Translator:
+        """The model at `path` (several paths: an ensemble). `device`: auto, cpu or
+        cuda; `precision`: auto, fp32, bf16 or int8 (None: the checkpoint's);
+        `workers`: batches translated at once on a CPU (1: one at a time, on all
+        threads; 0: one per thread; None: the checkpoint's decode.workers)."""
+        from mtkit.core.device import tune_cpu_runtime
+        from mtkit.engines.loader import load_engine, wants_ctranslate2
+
+        if device not in ("auto", "cpu", "cuda"):
+            raise OptionError(f"device must be auto, cpu or cuda, got {device!r}", "device")
+        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        if not wants_ctranslate2(paths):
+            tune_cpu_runtime()
+        return cls(load_engine(paths, device, "device", precision, None, workers))
+
+    @property
+    def source_language(self) -> str:
+        return self.engine.config.data.src_lang
+
+    @property
+    def target_language(self) -> str:
+        return self.engine.config.data.tgt_lang
+
+    def options(self, **given) -> SearchOptions:
+        """The checkpoint's decoding defaults with `given` ones (None: the default)
+        instead, each checked (`SearchOptions.from_config`); n_best is nbest."""
+        if "n_best" in given:
+            given["nbest"] = given.pop("n_best")
+        opts = SearchOptions.from_config(self.engine.config.decode, _keyword, **given)
+        self.engine.check(opts, _keyword)
+        return opts
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        *,
+        beam: int | None = None,
+        lenpen: float | None = None,
+        n_best: int = 1,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        sampling: bool = False,
+        temperature: float | None = None,
+        topk: int | None = None,
+        topp: float | None = None,
+        seed: int | None = None,
+        constraints: Sequence[Sequence[str | Sequence[str]]] | None = None,
+        glossary: Glossary | None = None,
+        tgt_lang: str | None = None,
+        format: Format = "text",
+        split: bool | None = None,
+        alignments: bool = False,
+        batch_tokens: int | None = None,
+    ) -> list[Translation]:
+        """One `Translation` per text, in order; `n_best` > 1 puts the next best in each
+        one's `alternatives`. `constraints`: for each text, the phrases its translation
+        must contain (each a phrase or a list of alternative phrases); a `glossary`
+        (`mtkit.core.terms.Glossary.read`) adds its terms' wherever a text holds one.
+        `tgt_lang`: the language a multilingual model translates into. `format`: text,
+        or html / xml, whose tags are carried through (`mtkit.documents.markup`; a
+        text is a document or a fragment of one). `split` (None: the checkpoint's
+        decode.split): a text of several sentences is translated sentence by sentence."""
+        if isinstance(texts, str):
+            raise OptionError("texts: give a list of texts, not one text", "texts")
+        if format not in FORMATS:
+            raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        opts = self.options(
+            beam=beam,
+            lenpen=lenpen,
+            n_best=n_best,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            sampling=sampling or None,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            seed=seed,
+            alignments=alignments or format != "text" or None,
+        )
+        settings = _Settings(
+            opts,
+            glossary,
+            tgt_lang,
+            self.engine.config.decode.split if split is None else split,
+            batch_tokens or self.engine.batch_tokens,
+        )
+        wanted = _constraints(constraints, len(texts))
+        if format != "text":
+            from mtkit.documents.markup import translate_markup
+
+            if wanted is not None:
+                raise OptionError("constraints are for text; a document's terms go in a glossary")
+            return [
+                translate_markup(text, format, lambda runs: self._text(runs, settings, None))
+                for text in _checked(texts)
+            ]
+        return self._text(_checked(texts), settings, wanted)
+
+    def translate_iter(self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options):
+        """`translate`, for a stream of texts too large to hold at once: translated
+        `chunk` at a time (sorted and batched within each), yielded in order."""
+        if isinstance(texts, str):
+            raise OptionError("texts: give an iterable of texts, not one text", "texts")
+        batch: list[str] = []
+        for text in texts:
+            batch.append(text)
+            if len(batch) == chunk:
+                yield from self.translate(batch, **options)
+                batch = []
+        if batch:
+            yield from self.translate(batch, **options)
+
+    def _text(
+        self,
+        texts: list[str],
+        settings: _Settings,
+        constraints: list[list[tuple[str, ...]]] | None,
+    ) -> list[Translation]:
+        requests = [
+            into_language(Request(t), self.engine, settings.tgt_lang, "tgt_lang") for t in texts
+        ]
+        found = translate_requests(
+            self.engine,
+            requests,
+            settings.opts,
+            constraints=constraints,
+            glossary=settings.glossary,
+            split=settings.split,
+            batch_tokens=settings.batch_tokens,
+        )
+        return [
+            _with_alternatives(ts) if ts else _empty(r.src)
+            for r, ts in zip(requests, found, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Stop the helper processes (if any); the translator stays usable."""
+        self.engine.close()
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    opts: SearchOptions
+    glossary: Glossary | None
+    tgt_lang: str | None
+    split: bool
+    batch_tokens: int
+
+
+def _keyword(name: str) -> str:
+    """How an error names an option: as the keyword argument (n_best for nbest)."""
+    return "n_best" if name == "nbest" else name
+
+
+def _checked(texts: Sequence[str]) -> list[str]:
+    """The texts, each checked to be text and valid Unicode."""
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise OptionError(f"texts[{i}]: expected text, got {type(text).__name__}", "texts")
+        bad = lone_surrogate(text)
+        if bad:
+            raise OptionError(f"texts[{i}]: {bad}", "texts")
+        out.append(text)
+    return out
+
+
+def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
+    """Each text's constraints as the session takes them (`read_constraints_field`)."""
+    if given is None:
+        return None
+    from mtkit.core.textio import read_constraints_field
+
+    if len(given) != count:
+        raise OptionError(
+            f"constraints: one list per text, got {len(given)} for {count} texts", "constraints"
+        )
+    out = []
+    for i, line in enumerate(given):
+        try:
+            out.append(list(read_constraints_field(list(line))))
+        except (ValueError, TypeError) as e:
+            raise OptionError(f"constraints[{i}]: {e}", "constraints") from None
+    return out
+
+
+def _with_alternatives(found: list[Translation]) -> Translation:
+    from dataclasses import replace
+
+    return replace(found[0], alternatives=tuple(found[1:])) if len(found) > 1 else found[0]
+
+
+def _empty(source: str) -> Translation:
+    return Translation(source, "", 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus-level scores of hypotheses against references (sacreBLEU's: 13a, cased,
+    detokenized), each with its signature in `signatures`."""
+
+    bleu: float | None
+    chrf: float | None
+    ter: float | None
+    signatures: dict[str, str]
+
+
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+) -> Scores:
+    """BLEU, chrF and TER of `hypotheses` against one reference each (sacreBLEU)."""
+    from mtkit.core.scoring import parse_metrics
+    from mtkit.core.scoring import score as corpus_score
+
+    results = corpus_score(list(hypotheses), list(references), parse_metrics(",".join(metrics)))
+    by = {r.metric: r for r in results}
+    return Scores(
+        *(by[m].score if m in by else None for m in ("bleu", "chrf", "ter")),
+        signatures={m: r.signature for m, r in by.items()},
+    )

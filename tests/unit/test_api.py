@@ -1,0 +1,96 @@
+"""The public Python API (`mtkit`, `mtkit.api`): load once, translate as the CLI does,
+results as `Translation`s, errors as mtkit's own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import mtkit
+
+from conftest import cli
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    return trained / "run" / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def translator(model):
+    with mtkit.Translator.load(model, device="cpu") as t:
+        yield t
+
+
+def test_import_mtkit_names_the_api_and_stays_light():
+    assert {"Translator", "Translation", "score", "Scores", "Error"} <= set(dir(mtkit))
+    code = "import sys, mtkit; print('torch' in sys.modules, 'mtkit.api' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_api_translates_as_the_cli_does(translator, model, tmp_path):
+    lines = ["A dog runs.", "", "Two men. A woman sings!", "A man in a blue shirt."]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    result = cli("translate", "-m", str(model), "-i", str(tmp_path / "in.txt"), "--scores")
+    assert result.exit_code == 0, result.output
+    got = translator.translate(lines)
+    assert all(isinstance(t, mtkit.Translation) for t in got)
+    expected = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [t.text for t in got] == [e[0] for e in expected]
+    assert [f"{t.confidence:.4f}" for t in got] == [e[1] for e in expected]
+    assert got[1].text == "" and got[1].source == ""
+    assert [s.source for s in got[2].sentences] == ["Two men.", "A woman sings!"]
+    streamed = list(translator.translate_iter(iter(lines), chunk=3))  # other batches
+    assert [t.text for t in streamed] == [t.text for t in got]
+    assert [t.confidence for t in streamed] == pytest.approx([t.confidence for t in got], abs=1e-4)
+
+
+def test_results_carry_alternatives_alignments_and_pieces(translator):
+    (t,) = translator.translate(["A man is riding a bike."], beam=4, n_best=3, alignments=True)
+    assert len(t.alternatives) == 2 and t.score >= t.alternatives[0].score
+    assert t.confidence <= 0 and t.tokens and "".join(t.tokens).replace("\u2581", " ").strip()
+    words = (len(t.source.split()), len(t.text.split()))
+    assert t.alignment and all(s < words[0] and w < words[1] for s, w in t.alignment)
+
+
+def test_constraints_and_glossaries_reach_the_search(translator):
+    (t,) = translator.translate(["A dog."], beam=4, constraints=[["Hund"]])
+    assert "Hund" in t.text and t.constraints_met is True
+
+
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda t: t.translate("A dog."), "give a list of texts"),
+        (lambda t: t.translate(["A dog."], beam=0), "beam must be from 1"),
+        (lambda t: t.translate(["A dog."], n_best=9, beam=2), "n_best 9 must not exceed"),
+        (lambda t: t.translate(["A dog."], format="pdf"), "format must be one of"),
+        (lambda t: t.translate([3]), "texts[0]: expected text"),
+        (lambda t: t.translate(["\ud800"]), "lone surrogate"),
+        (lambda t: t.translate(["a", "b"], constraints=[["x"]]), "one list per text"),
+    ],
+)
+def test_mistakes_are_mtkit_errors_of_one_line(translator, call, says):
+    with pytest.raises(mtkit.Error) as e:
+        call(translator)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_loading_what_is_no_model_is_one_error(tmp_path):
+    bad = tmp_path / "x.pt"
+    bad.write_text("not a checkpoint")
+    with pytest.raises(mtkit.Error):
+        mtkit.Translator.load(bad)
+    with pytest.raises(mtkit.Error, match="device must be"):
+        mtkit.Translator.load(bad, device="tpu")
+
+
+def test_score_is_sacrebleus():
+    s = mtkit.score(["Ein Mann fährt Rad ."], ["Ein Mann fährt Rad ."], metrics=["bleu", "chrf"])
+    assert s.bleu == pytest.approx(100.0) and s.chrf == pytest.approx(100.0) and s.ter is None
+    assert s.signatures["bleu"].startswith("nrefs:1")
+    with pytest.raises(mtkit.Error):
+        mtkit.score(["a"], ["a", "b"])
