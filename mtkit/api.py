@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from mtkit.core.errors import OptionError, UserError
@@ -30,8 +30,8 @@ from mtkit.core.translation import Translation
 from mtkit.engines.session import into_language, translate_requests
 
 Error = UserError  # the base of every error mtkit raises for its caller's input
-Format = Literal["text", "html", "xml"]
-FORMATS = ("text", "html", "xml")
+Format = Literal["text", "html", "xml", "srt", "po"]
+FORMATS = ("text", "html", "xml", "srt", "po")
 
 
 class Translator:
@@ -110,13 +110,12 @@ class Translator:
         must contain (each a phrase or a list of alternative phrases); a `glossary`
         (`mtkit.core.terms.Glossary.read`) adds its terms' wherever a text holds one.
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
-        or html / xml, whose tags are carried through (`mtkit.documents.markup`; a
-        text is a document or a fragment of one). `split` (None: the checkpoint's
+        or a document's: html / xml, whose tags are carried through
+        (`mtkit.documents.markup`; a text is a document or a fragment of one), srt
+        subtitles, a gettext po catalogue (`mtkit.documents`). `split` (None: the checkpoint's
         decode.split): a text of several sentences is translated sentence by sentence."""
         if isinstance(texts, str):
             raise OptionError("texts: give a list of texts, not one text", "texts")
-        if format not in FORMATS:
-            raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
         opts = self.options(
             beam=beam,
             lenpen=lenpen,
@@ -128,26 +127,52 @@ class Translator:
             topk=topk,
             topp=topp,
             seed=seed,
-            alignments=alignments or format != "text" or None,
+            alignments=alignments or None,
         )
-        settings = _Settings(
+        return self.translate_with(
+            texts,
             opts,
+            constraints=_constraints(constraints, len(texts)),
+            glossary=glossary,
+            tgt_lang=tgt_lang,
+            format=format,
+            split=split,
+            batch_tokens=batch_tokens,
+        )
+
+    def translate_with(
+        self,
+        texts: Sequence[str],
+        opts: SearchOptions,
+        *,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+        glossary: Glossary | None = None,
+        tgt_lang: str | None = None,
+        format: Format = "text",
+        split: bool | None = None,
+        batch_tokens: int | None = None,
+    ) -> list[Translation]:
+        """`translate`, with the search given as `SearchOptions` already checked (the
+        CLI's, whose errors name its flags) and constraints as the session takes them."""
+        if format not in FORMATS:
+            raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        settings = _Settings(
+            replace(opts, alignments=True) if format != "text" else opts,
             glossary,
             tgt_lang,
             self.engine.config.decode.split if split is None else split,
             batch_tokens or self.engine.batch_tokens,
         )
-        wanted = _constraints(constraints, len(texts))
-        if format != "text":
-            from mtkit.documents.markup import translate_markup
+        if format == "text":
+            return self._text(_checked(texts), settings, constraints)
+        from mtkit.documents.formats import translate_document
 
-            if wanted is not None:
-                raise OptionError("constraints are for text; a document's terms go in a glossary")
-            return [
-                translate_markup(text, format, lambda runs: self._text(runs, settings, None))
-                for text in _checked(texts)
-            ]
-        return self._text(_checked(texts), settings, wanted)
+        if constraints is not None:
+            raise OptionError("constraints are for text; a document's terms go in a glossary")
+        return [
+            translate_document(text, format, lambda runs: self._text(runs, settings, None))
+            for text in _checked(texts)
+        ]
 
     def translate_iter(self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options):
         """`translate`, for a stream of texts too large to hold at once: translated
@@ -244,8 +269,6 @@ def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
 
 
 def _with_alternatives(found: list[Translation]) -> Translation:
-    from dataclasses import replace
-
     return replace(found[0], alternatives=tuple(found[1:])) if len(found) > 1 else found[0]
 
 

@@ -113,7 +113,14 @@ OutputOpt = Annotated[
         rich_help_panel=IO,
     ),
 ]
-FormatOpt = Annotated[str, typer.Option(help="text or jsonl.", rich_help_panel=IO)]
+FormatOpt = Annotated[
+    Opt[str],
+    typer.Option(
+        help="text or jsonl (a line in, a line out), or a document's: html, xml, srt or po "
+        "(default: -i's suffix says, else text).",
+        rich_help_panel=IO,
+    ),
+]
 ScoresOpt = Annotated[
     bool,
     typer.Option(
@@ -192,7 +199,7 @@ def translate(
     model: ModelsOpt,
     input: InputOpt = None,
     output: OutputOpt = None,
-    format: FormatOpt = "text",
+    format: FormatOpt = None,
     scores: ScoresOpt = False,
     split: SplitOpt = None,
     alignments: AlignmentsOpt = False,
@@ -229,7 +236,7 @@ def translate(
 
     input, output = dash(input), dash(output)
     with reported():
-        written = OutputFormat(format, scores)
+        written = OutputFormat(format or _suffix_format(input), scores)
         _refuse_overwriting_inputs(
             output,
             {
@@ -246,6 +253,17 @@ def translate(
         ):
             if given and written.kind == "jsonl":
                 raise OptionError(f'{name} is for text input; in jsonl give each line "{field}"')
+            if given and written.document:
+                raise OptionError(f"{name} is for text input, not a {written.kind} document")
+        for name, given in (
+            ("--nbest", nbest > 1),
+            ("--scores", scores),
+            ("--alignments", alignments),
+        ):
+            if given and written.document:
+                raise OptionError(
+                    f"{name} is for text and jsonl; --format {written.kind} writes a document"
+                )
         prefixes = read_lines(prefix_file) if prefix_file else None
         constraints = read_constraints(constraints_file) if constraints_file else None
         terms = _glossary(glossary)
@@ -270,8 +288,22 @@ def translate(
         )
         engine.check(opts)
         _check_constraints(engine, opts, constraints_file, glossary)
-        if written.kind == "text" or tgt_lang is not None:  # (jsonl records may name
+        if written.kind != "jsonl" or tgt_lang is not None:  # (jsonl records may name
             check_target(engine.config.data, tgt_lang)  # their own where it is not given)
+        split = engine.config.decode.split if split is None else split
+        if written.document:
+            _translate_document(
+                engine,
+                input,
+                output,
+                opts,
+                written.kind,
+                _batch_tokens(engine, batch_tokens),
+                glossary=terms,
+                tgt_lang=tgt_lang,
+                split=split,
+            )
+            return
         _translate_file(
             engine,
             input,
@@ -285,8 +317,47 @@ def translate(
             constraints_file=constraints_file,
             glossary=terms,
             tgt_lang=tgt_lang,
-            split=engine.config.decode.split if split is None else split,
+            split=split,
         )
+
+
+def _suffix_format(input: Path | None) -> str:
+    """A document's format from its file's suffix (`textio.DOCUMENTS`), else text."""
+    from mtkit.core.textio import DOCUMENTS
+
+    return DOCUMENTS.get(input.suffix.lower(), "text") if input else "text"
+
+
+def _translate_document(
+    engine: Translator,
+    input: Path | None,
+    output: Path | None,
+    opts: SearchOptions,
+    format: str,
+    batch_tokens: int,
+    *,
+    glossary: Glossary | None,
+    tgt_lang: str | None,
+    split: bool,
+) -> None:
+    """`input` (None: stdin), one document, translated by the API to `output` (None:
+    stdout; a file is replaced only once complete)."""
+    from mtkit.api import Translator as Api
+    from mtkit.core.atomic import atomic_text
+    from mtkit.core.textio import read_document
+
+    text = read_document(input.read_bytes() if input else sys.stdin.buffer.read())
+    (result,) = Api(engine).translate_with(
+        [text],
+        opts,
+        glossary=glossary,
+        tgt_lang=tgt_lang,
+        format=format,
+        split=split,
+        batch_tokens=batch_tokens,
+    )
+    with atomic_text(output) if output else nullcontext(sys.stdout) as sink:
+        sink.write(result.text)
 
 
 def _refuse_overwriting_inputs(

@@ -45,18 +45,37 @@ def line_count(stream: BinaryIO) -> int:
     return lines + (last != b"\n")
 
 
+DOCUMENTS = {
+    ".html": "html",
+    ".htm": "html",
+    ".xhtml": "xml",
+    ".xml": "xml",
+    ".srt": "srt",
+    ".po": "po",
+    ".pot": "po",
+}  # a document's format, by its file's suffix
+
+
 @dataclass(frozen=True)
 class OutputFormat:
-    """How results are written: `text` (the translation, then with `scores` a tab and
-    the score, with alignments a tab and the links; n-best as 'i ||| text ||| score'),
-    or `jsonl` (one record per input line)."""
+    """How input is read and results are written: `text` (a line in, a line out: the
+    translation, then with `scores` a tab and the confidence, with alignments a tab and
+    the links; n-best as 'i ||| text ||| score'), `jsonl` (one record per input line),
+    or a document's format (html, xml, srt, po: the whole input is one document,
+    translated by `mtkit.documents`)."""
 
-    kind: Literal["text", "jsonl"] = "text"
+    kind: Literal["text", "jsonl", "html", "xml", "srt", "po"] = "text"
     scores: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("text", "jsonl"):
-            raise OptionError(f"--format must be text or jsonl, got {self.kind!r}")
+        if self.kind not in ("text", "jsonl", *sorted(set(DOCUMENTS.values()))):
+            raise OptionError(
+                f"--format must be text, jsonl, html, xml, srt or po, got {self.kind!r}"
+            )
+
+    @property
+    def document(self) -> bool:
+        return self.kind not in ("text", "jsonl")
 
 
 TEXT = OutputFormat()
@@ -107,6 +126,17 @@ def read_chunks(
             yield [_decode(x) for x in lines[start : start + max_lines]]
     if pending:
         yield [_decode(bounded(bytes(pending)))]
+
+
+def read_document(data: bytes) -> str:
+    """A whole document's text: a byte-order mark dropped, invalid UTF-8 replaced (with
+    a warning); gzip-compressed input refused in one line, as in `read_chunks`."""
+    if data.startswith(GZIP_MAGIC):
+        raise OptionError("the input is gzip-compressed: decompress it first")
+    text = data.removeprefix(BOM).decode("utf-8", errors="replace")
+    if "\ufffd" in text and b"\xef\xbf\xbd" not in data:
+        log.warning("the input is not valid UTF-8: its invalid bytes are replaced")
+    return text
 
 
 def _fileno(stream) -> int | None:

@@ -1,0 +1,523 @@
+"""HTML and XML translated with their tags carried through.
+
+A document is read into a tree (`parse`) with Python's own HTML parser, which hands back
+each tag exactly as written (attribute quotes and order, entities), so the output holds
+exactly the input's tags, byte for byte. Text to translate comes in runs: the text of a
+block (a paragraph, a list item, a cell) with its inline tags (`<b>`, `<a href>`,
+`<span>`...) taken out. Each run is translated as one line (sentence by sentence) with
+word alignments, and each inline element is put back around the target words aligned to
+its source words (`place`), nested as it was; an element whose words found no partner,
+and anything without words (`<br>`, `<img>`, a comment, `<code>` inside a sentence),
+goes where its neighbouring word went. `<code>`, `<pre>`, `<script>`, `<style>`,
+`translate="no"` (and ITS' `its:translate="no"`), comments and declarations are kept
+untouched. In XML every element inside text is inline, and the document must be
+well-formed (one line where it is not); in HTML a misnested or stray tag is kept as it
+stands, with a warning that the parse is a best effort.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+from mtkit.core.errors import UserError
+from mtkit.core.translation import Translation
+from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
+
+log = logging.getLogger(__name__)
+
+INLINE = frozenset(
+    "a abbr b bdi bdo big cite data del dfn em font i ins kbd label mark q s samp small span "
+    "strike strong sub sup time tt u var".split()
+)
+VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
+KEPT = frozenset("code pre script style textarea kbd samp var".split())  # never translated
+BREAKS = frozenset({"br", "hr"})  # words on either side are two words
+# Elements whose end tag HTML lets a writer leave out: closed by a sibling's start, or by
+# their parent's end, without a warning.
+OPTIONAL_END = frozenset(
+    "li dt dd p option optgroup tr td th thead tbody tfoot colgroup rt rp html head body".split()
+)
+CLOSES_SIBLING = {
+    "li": {"li"},
+    "dt": {"dt", "dd"},
+    "dd": {"dt", "dd"},
+    "p": {"p"},
+    "option": {"option"},
+    "tr": {"tr"},
+    "td": {"td", "th"},
+    "th": {"td", "th"},
+}
+WORD = re.compile(r"\S+")
+PUNCT = ".,:!?…»«\"')"  # not ";", which ends an escaped "&amp;"
+
+
+class MarkupError(UserError, ValueError):
+    """A document that cannot be read as the format it was given as (one line)."""
+
+
+@dataclass
+class Element:
+    name: str
+    start: str  # the start tag as written
+    end: str = ""  # the end tag as written ("" for a void or self-closed element, or none)
+    children: list = field(default_factory=list)  # Element | Text | Raw
+
+    @property
+    def kept(self) -> bool:
+        """Never translated: code, pre, scripts and styles, and translate="no"."""
+        return self.name in KEPT or bool(NO_TRANSLATE.search(self.start))
+
+    def raw(self) -> str:
+        return self.start + "".join(c.raw() for c in self.children) + self.end
+
+
+NO_TRANSLATE = re.compile(r"""\s(?:its:)?translate\s*=\s*["']?no\b""", re.I)
+
+
+@dataclass
+class Text:
+    source: str  # as written, entities and all
+
+    def raw(self) -> str:
+        return self.source
+
+    @property
+    def text(self) -> str:
+        return html.unescape(self.source)
+
+
+@dataclass
+class Raw:
+    """A comment, a declaration, a processing instruction, CDATA, a stray end tag."""
+
+    source: str
+
+    def raw(self) -> str:
+        return self.source
+
+
+class _Reader(HTMLParser):
+    def __init__(self, xml: bool):
+        super().__init__(convert_charrefs=False)
+        self.xml = xml
+        self.root = Element("", "")
+        self.open = [self.root]
+        self.problems: list[str] = []
+        self._at = 0
+
+    def _add(self, node) -> None:
+        children = self.open[-1].children
+        if isinstance(node, Text) and children and isinstance(children[-1], Text):
+            children[-1].source += node.source  # entities arrive as pieces of one text
+        else:
+            children.append(node)
+
+    def handle_starttag(self, tag, attrs):
+        if not self.xml and self.open[-1].name in CLOSES_SIBLING.get(tag, ()):
+            self.open.pop()  # <li>one<li>two: the first ends where the second starts
+        element = Element(tag, self.get_starttag_text() or "")
+        self._add(element)
+        if self.xml or tag not in VOID:
+            self.open.append(element)
+
+    def handle_startendtag(self, tag, attrs):
+        self._add(Element(tag, self.get_starttag_text() or ""))
+
+    def handle_endtag(self, tag):
+        raw = self._raw_end(tag)
+        names = [e.name for e in self.open[1:]]
+        if tag not in names:
+            self.problems.append(f"a stray end tag {raw}")
+            self._add(Raw(raw))
+            return
+        if names[-1] != tag and (self.xml or names[-1] not in OPTIONAL_END):
+            self.problems.append(f"{raw} closes <{names[-1]}>, which was left open")
+        while self.open[-1].name != tag:
+            self.open.pop()
+        self.open.pop().end = raw
+
+    def _raw_end(self, tag: str) -> str:
+        text = self.rawdata[self._at :]  # the end tag as written
+        match = re.match(r"</[^>]*>", text)
+        return match.group(0) if match else f"</{tag}>"
+
+    def parse_endtag(self, i):  # remember where the end tag starts, for its text
+        self._at = i
+        return super().parse_endtag(i)
+
+    def handle_data(self, data):
+        self._add(Text(data))
+
+    def handle_entityref(self, name):
+        self._add(Text(f"&{name};"))
+
+    def handle_charref(self, name):
+        self._add(Text(f"&#{name};"))
+
+    def handle_comment(self, data):
+        self._add(Raw(f"<!--{data}-->"))
+
+    def handle_decl(self, decl):
+        self._add(Raw(f"<!{decl}>"))
+
+    def handle_pi(self, data):
+        self._add(Raw(f"<?{data}>"))
+
+    def unknown_decl(self, data):
+        self._add(Raw(f"<![{data}]>"))
+
+
+def parse(document: str, format: str) -> Element:
+    """The document as a tree whose `raw()` is the document again, character for
+    character. XML must be well-formed (a `MarkupError` says where it is not)."""
+    reader = _Reader(xml=format == "xml")
+    reader.feed(document)
+    reader.close()
+    left = [e.name for e in reader.open[1:]]
+    if format == "xml" and (reader.problems or left):
+        why = reader.problems[0] if reader.problems else f"<{left[-1]}> is never closed"
+        raise MarkupError(f"the XML is not well-formed: {why}")
+    if reader.problems:
+        log.warning("the HTML is read as best it can be: %s", reader.problems[0])
+    tree = reader.root
+    if tree.raw() != document:  # the parser dropped something (an unterminated construct)
+        raise MarkupError(
+            f"the {format.upper()} could not be read whole: check for an unterminated tag "
+            "or comment"
+        )
+    return tree
+
+
+# ---- runs: a block's text with its inline tags taken out ---------------------------------
+
+
+def _inline(node, xml: bool) -> bool:
+    """Whether `node` belongs in the run of text around it."""
+    if not isinstance(node, Element):
+        return True
+    if xml:
+        return all(_inline(c, xml) for c in node.children)
+    if node.name in VOID or node.kept:
+        return node.name in VOID or node.name in INLINE or node.name == "code"
+    return (node.name in INLINE or "-" in node.name) and all(_inline(c, xml) for c in node.children)
+
+
+def _has_words(node) -> bool:
+    if isinstance(node, Text):
+        return bool(node.text.strip())
+    if isinstance(node, Element) and not node.kept:
+        return any(_has_words(c) for c in node.children)
+    return False
+
+
+@dataclass
+class Mark:
+    """An inline element (or an atom: a void tag, a comment, kept code) in a run: the
+    characters of the run's text it covers, and its marks inside."""
+
+    node: object
+    start: int
+    end: int
+    atom: bool
+    inner: list[Mark] = field(default_factory=list)
+    glued: tuple[bool, bool] = (False, False)  # an atom: no space before it, after it
+
+
+def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
+    """The text of a run of inline nodes (entities decoded) and its marks, outermost first."""
+    parts: list[str] = []
+
+    def walk(children: list) -> list[Mark]:
+        marks: list[Mark] = []
+        for node in children:
+            at = _len(parts)
+            if isinstance(node, Text):
+                text = node.text
+                last = 0
+                for m in PLACEHOLDER.finditer(text):  # a placeholder is an atom
+                    parts.append(text[last : m.start()])
+                    marks.append(
+                        Mark(Raw(html.escape(m.group(), quote=False)), *[_len(parts)] * 2, True)
+                    )
+                    last = m.end()
+                parts.append(text[last:])
+            elif isinstance(node, Element) and _has_words(node):
+                inner = walk(node.children)
+                marks.append(Mark(node, at, _len(parts), False, inner))
+            else:
+                marks.append(Mark(node, at, at, True))
+                if isinstance(node, Element) and node.name in BREAKS:
+                    parts.append(" ")
+        return marks
+
+    marks = walk(nodes)
+    text = "".join(parts)
+    _glue(marks, text)
+    return text, marks
+
+
+def _glue(marks: list[Mark], text: str) -> None:
+    """Record, for each atom, whether text touches it on either side in the source."""
+    for m in marks:
+        if m.atom:
+            m.glued = (
+                m.start > 0 and not text[m.start - 1].isspace(),
+                m.end < len(text) and not text[m.end].isspace(),
+            )
+        _glue(m.inner, text)
+
+
+def _len(parts: list[str]) -> int:
+    return sum(map(len, parts))
+
+
+def runs(tree: Element, xml: bool) -> list[list]:
+    """The runs of the tree to translate, in document order: lists of sibling nodes."""
+    found: list[list] = []
+
+    def visit(element: Element) -> None:
+        if element.kept:
+            return
+        if xml and not any(isinstance(c, Text) and c.text.strip() for c in element.children):
+            for c in element.children:  # an element without text of its own holds blocks
+                if isinstance(c, Element):
+                    visit(c)
+            return
+        run: list = []
+        for child in element.children:
+            if _inline(child, xml):
+                run.append(child)
+                continue
+            if run:
+                found.append(run)
+                run = []
+            if isinstance(child, Element):
+                visit(child)
+        if run:
+            found.append(run)
+
+    visit(tree)
+    return [r for r in found if any(_has_words(n) for n in r)]
+
+
+# ---- placing tags around the target words ------------------------------------------------
+
+
+def _words(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in WORD.finditer(text)]
+
+
+def place(text: str, marks: list[Mark], translation: Translation) -> str:
+    """The translation of a run with its marks put back: each element around the target
+    words aligned to the source words it covered (clamped into its parent, kept off its
+    earlier siblings), each atom before the target word of the source word it preceded."""
+    src_words = _words(text)
+    target = translation.text.split()
+    partners: dict[int, list[int]] = {}
+    for s, t in translation.alignment or ():
+        if t < len(target):
+            partners.setdefault(s, []).append(t)
+
+    def anchor(word: int) -> int:
+        """Where the gap before source word `word` falls in the target."""
+        for s in range(word, len(src_words)):
+            if s in partners:
+                return min(partners[s])
+        for s in range(min(word, len(src_words)) - 1, -1, -1):
+            if s in partners:
+                return max(partners[s]) + 1
+        return 0 if word == 0 else len(target)
+
+    def covered(mark: Mark) -> list[int]:
+        return [i for i, (a, b) in enumerate(src_words) if a < mark.end and b > mark.start]
+
+    def span(mark: Mark, lo: int, hi: int) -> tuple[int, int]:
+        """Target words [start, stop) for `mark`, inside [lo, hi)."""
+        words = covered(mark)
+        aligned = sorted({t for s in words for t in partners.get(s, [])})
+        if mark.atom or not aligned:
+            first = next((i for i, (a, _) in enumerate(src_words) if a >= mark.start), None)
+            at = anchor(len(src_words) if first is None else first)
+            at = min(max(at, lo), hi)
+            return at, at
+        start, stop = max(aligned[0], lo), min(aligned[-1] + 1, hi)
+        return (start, stop) if start < stop else (min(start, hi), min(start, hi))
+
+    def layout(children: list[Mark], lo: int, hi: int) -> list[tuple[Mark, int, int, list]]:
+        """Each child's target words, in target order, none overlapping the one before."""
+        spans = sorted(
+            ((span(m, lo, hi), k, m) for k, m in enumerate(children)),
+            key=lambda x: (x[0][0], x[0][1] > x[0][0], x[1]),
+        )
+        out, floor = [], lo
+        for (start, stop), _, mark in spans:
+            start = max(start, floor)
+            stop = max(stop, start)
+            out.append((mark, start, stop, layout(mark.inner, start, stop)))
+            floor = stop
+        return out
+
+    pieces: list[str] = []
+    spaced = [False]  # a word was written and no space since
+
+    def word(w: str) -> None:
+        if spaced[0]:
+            pieces.append(" ")
+        pieces.append(html.escape(w, quote=False))
+        spaced[0] = True
+
+    def opening(raw: str, glued: bool = False) -> None:
+        if spaced[0] and not glued:
+            pieces.append(" ")
+        spaced[0] = False
+        pieces.append(raw)
+
+    def render(laid: list, lo: int, hi: int) -> None:
+        at = lo
+        for mark, start, stop, inner in laid:
+            for w in target[at:start]:
+                word(w)
+            at = max(at, start)
+            node = mark.node
+            if mark.atom:
+                opening(node.raw(), mark.glued[0])
+                spaced[0] = not mark.glued[1]
+                continue
+            opening(node.start)
+            render(inner, start, stop)
+            _close(pieces, node.end, text[mark.start : mark.end])
+            at = max(at, stop)
+        for w in target[at:hi]:
+            word(w)
+
+    render(layout(marks, 0, len(target)), 0, len(target))
+    return "".join(pieces)
+
+
+def _close(pieces: list[str], end: str, source: str) -> None:
+    """Close an element: punctuation that ends its target words but not its source text
+    goes after the end tag."""
+    moved = ""
+    if pieces and not source.rstrip().endswith(tuple(PUNCT)):
+        last = pieces[-1]
+        stripped = last.rstrip(PUNCT)
+        if stripped and stripped != last:
+            pieces[-1], moved = stripped, last[len(stripped) :]
+    pieces.append(end + moved)
+
+
+# ---- the whole document --------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A document read and its runs found: the texts to translate (`texts`), and what
+    `finish` needs to put their translations back."""
+
+    tree: Element
+    runs: list[list]
+    flat: list[tuple[str, list[Mark]]]
+
+    @property
+    def texts(self) -> list[str]:
+        return [
+            text[_edges(text, marks)[2] : _edges(text, marks)[1]].strip()
+            for text, marks in self.flat
+        ]
+
+
+def prepare(document: str, format: str) -> Prepared:
+    """`document` (html or xml) read, and the runs of text it holds to translate."""
+    tree = parse(document, format)
+    found = runs(tree, format == "xml")
+    return Prepared(tree, found, [flatten(run, format == "xml") for run in found])
+
+
+def finish(prepared: Prepared, translated: list[Translation]) -> str:
+    """The document with each run replaced by its translation (`translated`, one per
+    run, with word alignments), its tags put back (`place`), numbers checked
+    (`restore_numbers`)."""
+    replaced: dict[int, str] = {}
+    for run, (text, marks), t in zip(prepared.runs, prepared.flat, translated, strict=True):
+        lead, trail, start = _edges(text, marks)
+        inner = text[start:trail].strip()
+        body = place(inner, _shift(marks, -start), restore_numbers(t))
+        replaced[id(run[0])] = text[:lead] + body + text[trail:]
+        for node in run[1:]:
+            replaced[id(node)] = ""
+    return _render_tree(prepared.tree, replaced)
+
+
+def translate_markup(
+    document: str, format: str, translate: Callable[[list[str]], list[Translation]]
+) -> Translation:
+    """`document` (html or xml) translated run by run with `translate` (texts in,
+    `Translation`s with word alignments out, in order; all the runs in one call), its
+    tags carried through. The result's `sentences` are the runs' translations."""
+    prepared = prepare(document, format)
+    translated = translate(prepared.texts) if prepared.texts else []
+    return summary(document, finish(prepared, translated), translated)
+
+
+def summary(source: str, text: str, parts: list[Translation]) -> Translation:
+    """A document's translation: its text, and its parts' scores weighted by the
+    tokens each scored."""
+    weights = [len(t.tokens) + 1 for t in parts]
+    total = sum(weights) or 1
+    return Translation(
+        source=source,
+        text=text,
+        score=sum(t.score * w for t, w in zip(parts, weights, strict=True)) / total,
+        confidence=sum(t.confidence * w for t, w in zip(parts, weights, strict=True)) / total,
+        sentences=tuple(parts),
+    )
+
+
+def _shift(marks: list[Mark], by: int) -> list[Mark]:
+    return [
+        Mark(m.node, max(m.start + by, 0), max(m.end + by, 0), m.atom, _shift(m.inner, by), m.glued)
+        for m in marks
+    ]
+
+
+def _edges(text: str, marks: list[Mark]) -> tuple[int, int, int]:
+    """Where a run's translated body starts and ends in `text` (the whitespace outside
+    it, before the first mark and after the last, is kept as it was), and where the text
+    the model reads starts within it."""
+    lead = len(text) - len(text.lstrip())
+    trail = len(text.rstrip())
+    if marks:
+        lead = min(lead, min(m.start for m in marks))
+        trail = max(trail, max(m.end for m in marks))
+    body = text[lead:trail]
+    return lead, trail, lead + len(body) - len(body.lstrip())
+
+
+def _render_tree(node, replaced: dict[int, str]) -> str:
+    if id(node) in replaced:
+        return replaced[id(node)]
+    if isinstance(node, Element):
+        return node.start + "".join(_render_tree(c, replaced) for c in node.children) + node.end
+    return node.raw()
+
+
+def tags(document: str, format: str = "html") -> list[str]:
+    """Every tag (and comment, declaration) of `document` as written, sorted: to
+    compare an output's with its input's."""
+    out: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, Element):
+            out.extend(x for x in (node.start, node.end) if x)
+            for c in node.children:
+                walk(c)
+        elif isinstance(node, Raw):
+            out.append(node.source)
+
+    walk(parse(document, format))
+    return sorted(out)

@@ -1,0 +1,75 @@
+"""Placeholders: the parts of a message a program fills in (`%s`, `%(name)s`, `%1$d`,
+`{name}`, `{0:>5}`, `{{ var }}`, `%{name}`, `${name}`, `$name`), which must come out of a
+translation exactly as they went in. They are taken out of the text the model reads and
+put back as atoms beside the target word their neighbour went to
+(`mtkit.documents.markup.place`), so each one is in the output exactly once, checked by
+construction, never left to the model. Numbers stay in the text (they shape the
+sentence: "1 dog", "3 dogs") and are checked afterwards (`restore_numbers`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from mtkit.core.translation import Translation
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER = re.compile(
+    r"%\([^()\s]+\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"  # %(name)s
+    r"|%(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.\d+)?[hlLqjzt]*[diouxXeEfFgGcsa@]"  # %s %1$d %.2f
+    r"|%%"
+    r"|%\{\w+\}"  # %{name}
+    r"|\{\{[^{}]*\}\}"  # {{ var }}
+    r"|\{[\w.\[\]]*(?:![rsa])?(?::[^{}]*)?\}"  # {} {0} {name} {x:>5}
+    r"|\$\{[^{}]*\}"  # ${name}
+    r"|\$[A-Za-z_]\w*"  # $name
+)
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def placeholders(text: str) -> list[str]:
+    """The placeholders of `text`, in order."""
+    return PLACEHOLDER.findall(text)
+
+
+def _digits(number: str) -> str:
+    return re.sub(r"\D", "", number)
+
+
+def restore_numbers(translation: Translation) -> Translation:
+    """The translation with each number of its source that went missing put back: a
+    target word aligned to the source word that held it, and holding a number the source
+    lacks, gets the source's number instead ("3.5" and "3,5" count as the same number:
+    a translation may write it as its language does). A number that cannot be put back
+    this way is logged."""
+    from dataclasses import replace
+
+    src_words, tgt_words = translation.source.split(), translation.text.split()
+    wanted = [_digits(n) for n in NUMBER.findall(translation.source)]
+    have = [_digits(n) for n in NUMBER.findall(translation.text)]
+    missing = [n for n in wanted if n not in have]
+    if not missing:
+        return translation
+    links = translation.alignment or ()
+    changed = False
+    for s, word in enumerate(src_words):
+        for number in NUMBER.findall(word):
+            if _digits(number) not in missing:
+                continue
+            for t in sorted(t for x, t in links if x == s and t < len(tgt_words)):
+                found = NUMBER.search(tgt_words[t])
+                if found and _digits(found.group()) not in wanted:
+                    tgt_words[t] = (
+                        tgt_words[t][: found.start()] + number + tgt_words[t][found.end() :]
+                    )
+                    missing.remove(_digits(number))
+                    changed = True
+                    break
+    if missing:
+        log.warning(
+            "a number of the source is not in its translation: %s (in %r)",
+            ", ".join(missing),
+            translation.source[:80],
+        )
+    return replace(translation, text=" ".join(tgt_words)) if changed else translation

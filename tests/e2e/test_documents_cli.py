@@ -1,0 +1,99 @@
+"""`mtkit translate --format html|xml|srt|po`: a document in, the same document translated
+out, with its tags, timings, plural forms and placeholders; mistakes are one line."""
+
+from __future__ import annotations
+
+import polib
+import srt
+
+from mtkit.documents.markup import tags
+from mtkit.documents.placeholders import placeholders
+
+from conftest import cli, one_line_error
+
+
+def _model(trained):
+    return str(trained / "run" / "checkpoints" / "best.pt")
+
+
+def test_html_by_its_suffix_keeps_its_tags_and_lands_whole(trained, tmp_path):
+    page = (
+        "<html><body><h1>A dog.</h1>\n<p>A man is <b>riding</b> a <a href='/b'>bike</a>. "
+        "Two dogs play.<br>A woman <i>sings</i>!</p><pre>ls -l</pre></body></html>\n"
+    )
+    (tmp_path / "page.html").write_text(page)
+    result = cli(
+        "translate",
+        "-m",
+        _model(trained),
+        "-i",
+        str(tmp_path / "page.html"),
+        "-o",
+        str(tmp_path / "out.html"),
+    )
+    assert result.exit_code == 0, result.output
+    out = (tmp_path / "out.html").read_text()
+    assert tags(out) == tags(page) and "<pre>ls -l</pre>" in out
+    stdin = cli("translate", "-m", _model(trained), "--format", "html", input=page)
+    assert stdin.exit_code == 0 and stdin.stdout == out
+
+
+def test_srt_and_po_through_the_cli(trained, tmp_path):
+    subtitles = (
+        "1\n00:00:01,000 --> 00:00:02,000\nA man runs.\n\n"
+        "2\n00:00:03,000 --> 00:00:04,500\nTwo dogs.\n"
+    )
+    (tmp_path / "a.srt").write_text(subtitles)
+    result = cli("translate", "-m", _model(trained), "-i", str(tmp_path / "a.srt"))
+    assert result.exit_code == 0, result.output
+    cues = list(srt.parse(result.stdout))
+    assert [(c.index, c.start, c.end) for c in cues] == [
+        (c.index, c.start, c.end) for c in srt.parse(subtitles)
+    ]
+    catalog = (
+        'msgid "A dog and %s."\nmsgstr ""\n\n'
+        'msgid "One cat"\nmsgid_plural "{n} cats"\nmsgstr[0] ""\nmsgstr[1] ""\n'
+    )
+    (tmp_path / "de.po").write_text(catalog)
+    result = cli("translate", "-m", _model(trained), "-i", str(tmp_path / "de.po"))
+    assert result.exit_code == 0, result.output
+    entries = list(polib.pofile(result.stdout))
+    assert placeholders(entries[0].msgstr) == ["%s"]
+    assert "{n}" in entries[1].msgstr_plural[1] and 0 in entries[1].msgstr_plural
+
+
+def test_document_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
+    (tmp_path / "bad.xml").write_text("<doc><p>A dog.</doc>")
+    out = tmp_path / "out.xml"
+    one_line_error(
+        cli("translate", "-m", _model(trained), "-i", str(tmp_path / "bad.xml"), "-o", str(out)),
+        "the XML is not well-formed",
+    )
+    assert not out.exists()
+    (tmp_path / "a.html").write_text("<p>A dog.</p>")
+    one_line_error(
+        cli("translate", "-m", _model(trained), "-i", str(tmp_path / "a.html"), "--nbest", "2"),
+        "--nbest is for text and jsonl",
+    )
+    one_line_error(
+        cli("translate", "-m", _model(trained), "--format", "pdf", input="x"),
+        "--format must be text, jsonl, html, xml, srt or po",
+    )
+
+
+def test_text_with_markup_characters_is_translated_as_text(trained):
+    line = "A <b>dog</b> & a cat."
+    text = cli("translate", "-m", _model(trained), "--format", "text", input=line + "\n")
+    jsonl = cli(
+        "translate",
+        "-m",
+        _model(trained),
+        "--format",
+        "jsonl",
+        input='{"src": "A <b>dog</b> & a cat."}\n',
+    )
+    assert text.exit_code == 0 and jsonl.exit_code == 0
+    import json
+
+    assert json.loads(jsonl.stdout)["source"] == line
+    assert json.loads(jsonl.stdout)["translation"] == text.stdout.rstrip("\n")

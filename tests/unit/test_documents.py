@@ -1,0 +1,243 @@
+"""Documents (`mtkit.documents`): markup carried through alignments, subtitles, gettext
+catalogues, placeholders and numbers, with scripted translators (what they return is
+known, so where each tag lands is too) and random ones (any alignment at all still gives
+a well-formed document with exactly the input's tags)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from mtkit.core.translation import Translation
+from mtkit.documents.catalogs import CatalogError
+from mtkit.documents.formats import translate_document
+from mtkit.documents.markup import MarkupError, parse, tags
+from mtkit.documents.messages import translate_messages
+from mtkit.documents.placeholders import placeholders, restore_numbers
+from mtkit.documents.subtitles import SubtitleError
+
+
+def upper(texts: list[str]) -> list[Translation]:
+    """Each word in capitals, in place: word i is linked to word i."""
+    out = []
+    for text in texts:
+        words = text.split()
+        links = tuple((i, i) for i in range(len(words)))
+        out.append(Translation(text, " ".join(w.upper() for w in words), -1.0, -0.5, (), links))
+    return out
+
+
+def reverse(texts: list[str]) -> list[Translation]:
+    """The words in reverse order: word i is linked to word n - 1 - i."""
+    out = []
+    for text in texts:
+        words = text.split()
+        n = len(words)
+        links = tuple((i, n - 1 - i) for i in range(n))
+        out.append(Translation(text, " ".join(reversed(words)), -1.0, -0.5, (), links))
+    return out
+
+
+def scrambled(seed: int):
+    """Any number of target words, any links at all (some words linked to none)."""
+    rng = random.Random(seed)
+
+    def translate(texts: list[str]) -> list[Translation]:
+        out = []
+        for text in texts:
+            n, m = len(text.split()), rng.randint(0, 8)
+            links = {
+                (rng.randrange(n), rng.randrange(m))
+                for _ in range(rng.randint(0, 6) if n and m else 0)
+            }
+            words = [f"w{k}" for k in range(m)]
+            out.append(
+                Translation(
+                    text, " ".join(words), -1.0, -0.5, (), tuple(sorted(links)) if n and m else ()
+                )
+            )
+        return out
+
+    return translate
+
+
+PAGE = (
+    '<!DOCTYPE html>\n<html lang="en"><head><title>A page</title>'
+    "<style>p { color: red }</style></head><body>\n"
+    '<p class="x">Hello <a href="/a?x=1&amp;y=2" title="T">my <i>good</i> friend</a>, '
+    "how are you?<br>Fine &amp; you?</p>\n"
+    "<pre>keep  <b>this</b> as is</pre><!-- a comment -->\n"
+    '<p translate="no">not this one</p>\n'
+    "<ul><li>One<li>Two &copy; 2024</ul>\n"
+    "<p>Run <code>ls -l</code> to list the files.</p>\n"
+    "</body></html>\n"
+)
+
+
+def test_html_keeps_every_tag_and_what_is_not_to_be_translated():
+    out = translate_document(PAGE, "html", upper).text
+    assert tags(out) == tags(PAGE)
+    for kept in (
+        "<pre>keep  <b>this</b> as is</pre>",
+        "<!-- a comment -->",
+        '<p translate="no">not this one</p>',
+        "<style>p { color: red }</style>",
+        '<a href="/a?x=1&amp;y=2" title="T">',
+        "<code>ls -l</code>",
+        "<!DOCTYPE html>",
+    ):
+        assert kept in out
+    assert "<title>A PAGE</title>" in out
+    assert '<a href="/a?x=1&amp;y=2" title="T">MY <i>GOOD</i> FRIEND</a>, HOW' in out
+    assert "FINE &amp; YOU?" in out and "TWO © 2024" in out
+
+
+def test_a_tag_follows_its_words_wherever_they_go():
+    assert translate_document("<p>A man is <b>riding</b> a bike.</p>", "html", reverse).text == (
+        "<p>bike. a <b>riding</b> is man A</p>"
+    )
+    # punctuation the target word took on goes after the end tag
+    out = translate_document("<p>He rides a <b>bike</b>.</p>", "html", upper).text
+    assert out == "<p>HE RIDES A <b>BIKE</b>.</p>"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_alignment_gives_well_formed_output_with_exactly_the_input_tags(seed):
+    doc = (
+        "<doc><title>A <em>short</em> title</title><para>Some <term id='t1'>text "
+        "<sub>with <x/> inner</sub></term> here &amp; <b>there</b>. And <i>more</i>.</para>"
+        "<para><!-- c --> Only words <br/> here</para></doc>"
+    )
+    out = translate_document(doc, "xml", scrambled(seed)).text
+    assert tags(out, "xml") == tags(doc, "xml")
+    parse(out, "xml")  # well-formed: every end tag closes the element it should
+
+
+def test_bad_markup_is_one_line_or_a_named_best_effort(caplog):
+    with pytest.raises(MarkupError, match="not well-formed: </b> closes <i>") as e:
+        translate_document("<doc><b>a <i>b</b></i></doc>", "xml", upper)
+    assert "\n" not in str(e.value)
+    with pytest.raises(MarkupError, match="</doc> closes <p>, which was left open"):
+        translate_document("<doc><p>a</doc>", "xml", upper)
+    with pytest.raises(MarkupError, match="<doc> is never closed"):
+        translate_document("<doc><p>a</p>", "xml", upper)
+    with caplog.at_level(logging.WARNING):
+        out = translate_document("<p>a stray</b> end</p>", "html", upper).text
+    assert "best it can be" in caplog.text and tags(out) == tags("<p>a stray</b> end</p>")
+
+
+def test_placeholders_are_found_and_kept_exactly_once():
+    assert placeholders("Hi %(name)s, %d new, %1$s {0} {count} {{ user }} %{x} ${y} $z %%") == [
+        "%(name)s",
+        "%d",
+        "%1$s",
+        "{0}",
+        "{count}",
+        "{{ user }}",
+        "%{x}",
+        "${y}",
+        "$z",
+        "%%",
+    ]
+    assert placeholders("50% of 3 dogs cost $5") == []
+    messages = ["Hello %(name)s, you have %d new messages.", "{count} files", "%s"]
+    for translate in (upper, reverse, scrambled(1)):
+        for source, out in zip(messages, translate_messages(messages, translate)):
+            assert sorted(placeholders(out)) == sorted(placeholders(source))
+    assert translate_messages(messages, upper) == [
+        "HELLO %(name)s, YOU HAVE %d NEW MESSAGES.",
+        "{count} FILES",
+        "%s",
+    ]
+    assert translate_messages(["a < b & c"], upper) == ["A < B & C"]  # plain text stays plain
+
+
+def test_a_number_the_model_changed_is_put_back_through_the_alignment():
+    t = Translation(
+        "I have 3 dogs and 2.5 cats.",
+        "Ich habe 4 Hunde und 2,5 Katzen.",
+        -1,
+        -1,
+        (),
+        ((0, 0), (1, 1), (2, 2), (3, 3), (5, 5), (6, 6)),
+    )
+    assert restore_numbers(t).text == "Ich habe 3 Hunde und 2,5 Katzen."  # 2,5 is 2.5
+
+
+SRT = """1
+00:00:01,000 --> 00:00:02,500
+A man is riding
+a bike and
+
+2
+00:00:02,600 --> 00:00:04,000
+two dogs play in the snow.
+
+7
+00:00:05,000 --> 00:00:06,000
+<i>It is 3 o'clock.</i>
+
+"""
+
+
+def test_subtitles_keep_numbers_timings_and_lines():
+    import srt
+
+    for translate in (upper, reverse, scrambled(2)):
+        out = translate_document(SRT, "srt", translate).text
+        before, after = list(srt.parse(SRT)), list(srt.parse(out))
+        assert [(c.index, c.start, c.end) for c in after] == [
+            (c.index, c.start, c.end) for c in before
+        ]
+        assert tags(after[2].content) == tags(before[2].content)
+    cues = list(srt.parse(translate_document(SRT, "srt", upper).text))
+    assert cues[0].content == "A MAN IS RIDING\nA BIKE AND"  # the sentence ran over two cues
+    assert cues[1].content == "TWO DOGS PLAY IN THE SNOW."
+    with pytest.raises(SubtitleError, match="not a SubRip"):
+        translate_document("1\nnot a timing\nhello\n", "srt", upper)
+
+
+PO = r"""msgid ""
+msgstr ""
+"Content-Type: text/plain; charset=UTF-8\n"
+"Plural-Forms: nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 ? 1 : 2);\n"
+
+#: app.py:10
+#, python-format
+msgid "Hello %(name)s, you have %d new messages."
+msgstr ""
+
+msgctxt "menu"
+msgid "One file"
+msgid_plural "{count} files"
+msgstr[0] ""
+msgstr[1] ""
+msgstr[2] ""
+
+msgid "Click <a href=\"/x\">here</a> to go"
+msgstr ""
+
+msgid "Done"
+msgstr "Fertig"
+"""
+
+
+def test_po_catalogues_get_every_plural_form_with_placeholders_kept():
+    import polib
+
+    for translate in (upper, scrambled(3)):
+        out = polib.pofile(translate_document(PO, "po", translate).text)
+        entries = {e.msgid: e for e in out}
+        assert entries["Done"].msgstr == "Fertig"  # a translated message is kept
+        plural = entries["One file"]
+        assert plural.msgctxt == "menu" and sorted(plural.msgstr_plural) == [0, 1, 2]
+        assert all("{count}" in plural.msgstr_plural[k] for k in (1, 2))
+        hello = entries["Hello %(name)s, you have %d new messages."]
+        assert sorted(placeholders(hello.msgstr)) == ["%(name)s", "%d"]
+        assert "python-format" in hello.flags
+        link = entries['Click <a href="/x">here</a> to go']
+        assert tags(link.msgstr) == tags(link.msgid)
+    with pytest.raises(CatalogError, match="not a gettext"):
+        translate_document("hello world\n", "po", upper)
