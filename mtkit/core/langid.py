@@ -61,6 +61,26 @@ def detect(texts: Sequence[str], among: Sequence[str] | None = None) -> list[str
     return [identifier.classify(t)[0] if t.strip() else "" for t in texts]
 
 
+def detect_scored(
+    texts: Sequence[str], among: Sequence[str] | None = None
+) -> list[tuple[str, float]]:
+    """Each text's most likely language and how sure py3langid is of it, from 0 to 1
+    (its probability among the languages considered); ("", 0.0) for an empty text."""
+    import math
+
+    identifier = _identifier(tuple(sorted({base(x) for x in among})) if among else None)
+    out = []
+    for text in texts:
+        if not text.strip():
+            out.append(("", 0.0))
+            continue
+        ranked = identifier.rank(text)  # (language, log-probability), best first
+        top = ranked[0][1]
+        total = sum(math.exp(score - top) for _, score in ranked)
+        out.append((ranked[0][0], 1.0 / total))
+    return out
+
+
 def in_language(texts: Sequence[str], lang: str, among: Sequence[str] | None = None) -> list[bool]:
     """Whether each text is detected as `lang` (an empty text counts as in it)."""
     want = base(lang)

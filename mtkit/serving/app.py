@@ -6,6 +6,7 @@
     GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
     GET  /              a page: translate text and see each sentence's word alignment
     GET  /docs          the OpenAPI documentation
+    and LibreTranslate's and DeepL's routes (`mtkit.serving.protocols`)
 
 The event loop only parses and answers; the model runs in the worker
 (`mtkit.serving.scheduler.Batcher`), so a slow client never holds up others.
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -51,6 +52,8 @@ from mtkit.core.search_options import (
 )
 from mtkit.core.terms import Constraint, Glossary, combine
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
+from mtkit.core.translation import confidence
+from mtkit.serving.protocols import add_routes
 from mtkit.serving.scheduler import Batcher, Limits, ServeError
 
 log = logging.getLogger(__name__)
@@ -224,6 +227,13 @@ class Service:
             raise ServeError(422, str(e), e.option) from None
         return opts
 
+    def options_for(self, nbest: int) -> SearchOptions:
+        """The defaults with `nbest` hypotheses per sentence (the beam widened to hold
+        them), as the protocol routes ask for alternatives."""
+        opts = replace(self.defaults, beam=max(self.defaults.beam, nbest), nbest=nbest)
+        self.translator.check(opts, spell=str)
+        return opts
+
     def constraints(
         self, body: TranslateRequest, lines: list[str], opts: SearchOptions
     ) -> list[list[Constraint]] | None:
@@ -339,6 +349,7 @@ def create_app(
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     _guard(app, api_key)
     _routes(app, service)
+    add_routes(app, service, api_key)
     return app
 
 
@@ -423,6 +434,7 @@ def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) 
         return {
             "text": translator.tgt_vocab.decode(h.tokens),
             "score": round(h.score, 4),
+            "confidence": round(confidence(h), 4),
             **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {}),
             **({"constraints_met": h.met} if h.met is not None else {}),
         }

@@ -1,0 +1,358 @@
+"""The routes existing clients speak: LibreTranslate's and DeepL's (API v2).
+
+    POST /translate        LibreTranslate: q (text or list), source (or auto), target,
+                           format (text | html), alternatives, api_key
+    GET|POST /languages    LibreTranslate: [{code, name, targets}]
+    POST /detect           LibreTranslate: [{confidence, language}]
+    POST /v2/translate     DeepL: text (list), target_lang, source_lang, tag_handling
+                           (html | xml), split_sentences; header Authorization:
+                           DeepL-Auth-Key KEY
+    GET|POST /v2/languages DeepL: ?type=source | target
+    GET|POST /v2/usage     DeepL: characters translated since the server started
+
+Each takes JSON or a form (application/x-www-form-urlencoded, as libretranslatepy sends
+it), answers in its protocol's shapes and status codes, and translates through the same
+path as /v1/translate: the server's batcher (`mtkit.serving.scheduler.Batcher`) under the
+session every surface uses (`mtkit.api.Translator`: sentences split and joined, markup
+carried through), with the same limits and the same API key (`serve --api-key`: the
+LibreTranslate routes take it as `api_key` or a Bearer header, DeepL's as its
+`DeepL-Auth-Key` header).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from mtkit.api import Translator as Api
+from mtkit.core.errors import UserError, plural
+from mtkit.core.langid import LangIdError, base, detect_scored
+from mtkit.core.languages import bilingual_pair, directions
+from mtkit.core.textio import lone_surrogate, read_json
+from mtkit.core.translation import Translation
+from mtkit.serving.scheduler import ServeError
+
+NAMES = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish",
+    "de": "German", "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian",
+    "fi": "Finnish", "fr": "French", "ga": "Irish", "he": "Hebrew", "hi": "Hindi",
+    "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "lt": "Lithuanian", "lv": "Latvian", "nb": "Norwegian Bokmål", "nl": "Dutch",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}  # fmt: skip
+MAX_ALTERNATIVES = 16
+
+
+class Queued:
+    """The served engine, its searches going through the server's batcher: what the
+    session (`mtkit.engines.session`) translates with inside a request."""
+
+    def __init__(self, engine, batcher):
+        self._engine, self._batcher = engine, batcher
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def translate(
+        self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
+    ):
+        if not lines:
+            return []
+        return self._batcher.submit(lines, options, constraints, prefixes).result()
+
+
+@dataclass
+class Protocols:
+    """What the routes need of the service (`mtkit.serving.app.Service`)."""
+
+    service: object
+    api_key: str | None
+    characters: int = 0  # translated since the server started (DeepL's /v2/usage)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        data = self.service.translator.config.data
+        return directions(data) or [bilingual_pair(data)]
+
+    def sources(self) -> list[str]:
+        return sorted({s for s, _ in self.pairs})
+
+    def targets(self, source: str | None = None) -> list[str]:
+        return sorted({t for s, t in self.pairs if source is None or s == source})
+
+    def key_ok(self, given: str | None) -> bool:
+        return not self.api_key or (
+            given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
+        )
+
+    async def translate(
+        self, texts: list[str], format: str, split: bool, target: str, nbest: int
+    ) -> list[Translation]:
+        """`texts` translated through the batcher; a ServeError (status and message) for
+        what cannot be (options, markup, limits)."""
+        service = self.service
+        check_size(service.limits, texts)
+        multilingual = len(self.targets()) > 1
+        try:
+            opts = service.options_for(nbest)
+            api = Api(Queued(service.translator, service.batcher))
+            found = await asyncio.to_thread(
+                api.translate_with,
+                texts,
+                opts,
+                glossary=service.glossary,
+                tgt_lang=target if multilingual else None,
+                format=format,
+                split=split,
+            )
+        except UserError as e:
+            raise ServeError(400, e.line()) from None
+        self.characters += sum(map(len, texts))
+        return found
+
+
+def check_size(limits, texts: list[str]) -> None:
+    """413 for a request over the per-request limits (the same on every route)."""
+    if len(texts) > limits.max_lines:
+        raise ServeError(
+            413, f"at most {plural(limits.max_lines, 'text')} per request, got {len(texts)}"
+        )
+    chars = sum(map(len, texts))
+    if chars > limits.max_chars:
+        raise ServeError(
+            413, f"at most {plural(limits.max_chars, 'character')} per request, got {chars}"
+        )
+
+
+async def fields(request: Request) -> dict:
+    """A request's fields: its query, and its body as JSON or as a form (a field given
+    more than once is a list). A ServeError (400) for a body that is neither."""
+    out: dict = {k: v for k, v in request.query_params.multi_items()}
+    raw = await request.body()
+    if not raw.strip():
+        return out
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ServeError(400, f"the body is not UTF-8 (byte {e.start})") from None
+    if kind == "application/x-www-form-urlencoded":
+        for key, values in parse_qs(text, keep_blank_values=True).items():
+            out[key] = values if len(values) > 1 else values[0]
+        return out
+    if kind.startswith("multipart/"):
+        raise ServeError(400, "send the fields as JSON or as a urlencoded form")
+    try:
+        data = read_json(text)
+    except ValueError as e:
+        raise ServeError(400, f"the body is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ServeError(400, "the body must be a JSON object")
+    out.update(data)
+    return out
+
+
+def _texts(value, name: str) -> tuple[list[str], bool]:
+    """A text field as a list of texts, and whether it was one text."""
+    one = isinstance(value, str)
+    texts = [value] if one else value
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ServeError(400, f"Invalid request: {name} must be text or a list of texts")
+    for t in texts:
+        bad = lone_surrogate(t)
+        if bad:
+            raise ServeError(400, f"Invalid request: {name}: {bad}")
+    return texts, one
+
+
+def _int(value, name: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ServeError(400, f"Invalid request: {name} must be a whole number") from None
+    if not low <= number <= high:
+        raise ServeError(400, f"Invalid request: {name} must be from {low} to {high}")
+    return number
+
+
+def add_routes(app: FastAPI, service, api_key: str | None) -> Protocols:
+    """Add the LibreTranslate and DeepL routes to `app`."""
+    protocols = Protocols(service, api_key)
+    _libretranslate(app, protocols)
+    _deepl(app, protocols)
+    return protocols
+
+
+# ---- LibreTranslate ------------------------------------------------------------------------
+
+
+def _lt_error(e: ServeError) -> JSONResponse:
+    status = 400 if e.status == 422 else e.status
+    return JSONResponse({"error": str(e)}, status_code=status)
+
+
+def _lt_key(protocols: Protocols, request: Request, given: dict) -> None:
+    bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not (protocols.key_ok(given.get("api_key")) or protocols.key_ok(bearer or None)):
+        raise ServeError(403, "Invalid API key")
+
+
+def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
+    @app.post("/translate", tags=["LibreTranslate"])
+    async def translate(request: Request):
+        """LibreTranslate's translate: q (text or a list), source (a code or auto),
+        target, format (text or html), alternatives, api_key."""
+        try:
+            given = await fields(request)
+            _lt_key(protocols, request, given)
+            for name in ("q", "source", "target"):  # (an empty q is translated: as "")
+                if given.get(name) is None or (name != "q" and given[name] == ""):
+                    raise ServeError(400, f"Invalid request: missing {name} parameter")
+            texts, one = _texts(given["q"], "q")
+            source, target = base(str(given["source"])), base(str(given["target"]))
+            fmt = str(given.get("format", "text"))
+            if fmt not in ("text", "html"):
+                raise ServeError(400, "Invalid request: format must be text or html")
+            alternatives = _int(given.get("alternatives", 0), "alternatives", 0, MAX_ALTERNATIVES)
+            detected = None
+            if source == "auto":
+                detected = _detect(protocols, texts)
+                sources = {lang for lang, _ in detected if lang}
+                source = sources.pop() if len(sources) == 1 else protocols.sources()[0]
+            elif source not in protocols.sources():
+                raise ServeError(400, f"{source} is not supported")
+            if target not in protocols.targets(source):
+                raise ServeError(400, f"{target} is not supported")
+            found = await protocols.translate(texts, fmt, True, target, alternatives + 1)
+        except ServeError as e:
+            return _lt_error(e)
+        out: dict = {"translatedText": [t.text for t in found]}
+        if alternatives:
+            out["alternatives"] = [[a.text for a in t.alternatives] for t in found]
+        if detected is not None:
+            out["detectedLanguage"] = [
+                {"confidence": round(100 * p, 1), "language": lang} for lang, p in detected
+            ]
+        if one:
+            out = {k: v[0] for k, v in out.items()}
+        return out
+
+    @app.api_route("/languages", methods=["GET", "POST"], tags=["LibreTranslate"])
+    async def languages() -> list:
+        """LibreTranslate's languages: each source language and what it translates into."""
+        return [
+            {"code": s, "name": NAMES.get(s, s), "targets": protocols.targets(s)}
+            for s in protocols.sources()
+        ]
+
+    @app.post("/detect", tags=["LibreTranslate"])
+    async def detect(request: Request):
+        """LibreTranslate's detect: q's language and confidence (0-100), by py3langid."""
+        try:
+            given = await fields(request)
+            _lt_key(protocols, request, given)
+            if given.get("q") in (None, ""):
+                raise ServeError(400, "Invalid request: missing q parameter")
+            texts, _ = _texts(given["q"], "q")
+            check_size(protocols.service.limits, texts)
+            found = _detect(protocols, [" ".join(texts)], among_sources=False)
+        except ServeError as e:
+            return _lt_error(e)
+        return [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found]
+
+
+def _detect(protocols: Protocols, texts: list[str], among_sources: bool = True) -> list:
+    """Each text's language and probability (py3langid: among the model's source
+    languages, or among all it knows); 400 where it is not installed."""
+    try:
+        return detect_scored(texts, protocols.sources() if among_sources else None)
+    except LangIdError as e:
+        raise ServeError(400, f"source auto needs language identification: {e}") from None
+
+
+# ---- DeepL API v2 --------------------------------------------------------------------------
+
+
+def _deepl_error(e: ServeError) -> JSONResponse:
+    status = 400 if e.status == 422 else e.status
+    return JSONResponse({"message": str(e)}, status_code=status)
+
+
+def _deepl_key(protocols: Protocols, request: Request) -> None:
+    header = request.headers.get("authorization", "")
+    for scheme in ("DeepL-Auth-Key ", "Bearer "):
+        if header.startswith(scheme) and protocols.key_ok(header[len(scheme) :].strip()):
+            return
+    if protocols.api_key:
+        raise ServeError(403, "Authorization failure, check auth_key")
+
+
+def _deepl(app: FastAPI, protocols: Protocols) -> None:
+    @app.post("/v2/translate", tags=["DeepL"])
+    async def translate(request: Request):
+        """DeepL's translate: text (a list), target_lang, source_lang, tag_handling
+        (html or xml), split_sentences (0, 1 or nonewlines)."""
+        try:
+            _deepl_key(protocols, request)
+            given = await fields(request)
+            if given.get("text") in (None, "", []):
+                raise ServeError(400, "Parameter 'text' not specified.")
+            if not given.get("target_lang"):
+                raise ServeError(400, "Parameter 'target_lang' not specified.")
+            texts, _ = _texts(given["text"], "text")
+            target = base(str(given["target_lang"]))
+            source = base(str(given["source_lang"])) if given.get("source_lang") else None
+            if source is not None and source not in protocols.sources():
+                raise ServeError(400, "Value for 'source_lang' not supported.")
+            if target not in protocols.targets(source):
+                raise ServeError(400, "Value for 'target_lang' not supported.")
+            tags = given.get("tag_handling")
+            if tags not in (None, "", "html", "xml"):
+                raise ServeError(400, "Value for 'tag_handling' not supported.")
+            split = str(given.get("split_sentences", "1"))
+            if split not in ("0", "1", "nonewlines"):
+                raise ServeError(400, "Value for 'split_sentences' not supported.")
+            found = await protocols.translate(texts, tags or "text", split != "0", target, 1)
+        except ServeError as e:
+            return _deepl_error(e)
+        detected = (source or protocols.sources()[0]).upper()
+        return {
+            "translations": [
+                {
+                    "detected_source_language": detected,
+                    "text": t.text,
+                    "billed_characters": len(source_text),
+                }
+                for t, source_text in zip(found, texts, strict=True)
+            ]
+        }
+
+    @app.api_route("/v2/languages", methods=["GET", "POST"], tags=["DeepL"])
+    async def languages(request: Request):
+        """DeepL's languages: ?type=source (the default) or target."""
+        try:
+            _deepl_key(protocols, request)
+            kind = (await fields(request)).get("type", "source")
+        except ServeError as e:
+            return _deepl_error(e)
+        if kind == "target":
+            return [
+                {"language": t.upper(), "name": NAMES.get(t, t), "supports_formality": False}
+                for t in protocols.targets()
+            ]
+        return [{"language": s.upper(), "name": NAMES.get(s, s)} for s in protocols.sources()]
+
+    @app.api_route("/v2/usage", methods=["GET", "POST"], tags=["DeepL"])
+    async def usage(request: Request):
+        """DeepL's usage: the characters translated since the server started."""
+        try:
+            _deepl_key(protocols, request)
+        except ServeError as e:
+            return _deepl_error(e)
+        return {"character_count": protocols.characters, "character_limit": 10**12}

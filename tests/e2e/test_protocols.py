@@ -1,0 +1,177 @@
+"""`mtkit serve` speaks LibreTranslate's and DeepL's APIs: the real clients
+(libretranslatepy, deepl) against a running server, and each route's shapes, codes and
+errors through FastAPI's test client. Uses the tiny trained run of tests/conftest.py."""
+
+from __future__ import annotations
+
+import sys
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+deepl = pytest.importorskip("deepl")
+libretranslatepy = pytest.importorskip("libretranslatepy")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import mtkit  # noqa: E402
+from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.engines.loader import load_engine  # noqa: E402
+from mtkit.serving.app import create_app  # noqa: E402
+from mtkit.serving.scheduler import Limits  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from serverkit import LocalServer  # noqa: E402
+
+KEY = "sesame"
+TEXTS = ["A dog runs in the park.", "Two men talk. A girl sings!", "", "A man in a blue shirt."]
+
+
+@pytest.fixture(scope="module")
+def model(trained) -> Path:
+    return trained / "run" / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def expected(model) -> list[str]:
+    """What the Python API gives (the server's defaults: beam from the checkpoint)."""
+    with mtkit.Translator.load(model, device="cpu") as t:
+        return [x.text for x in t.translate(TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with LocalServer(model, "--api-key", KEY) as s:
+        yield s
+
+
+def test_libretranslatepy_translates_detects_and_lists(server, expected):
+    lt = libretranslatepy.LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key=KEY)
+    assert [lt.translate(x, "en", "de") for x in TEXTS] == expected
+    assert lt.languages() == [{"code": "en", "name": "English", "targets": ["de"]}]
+    (found,) = lt.detect("A man is riding a bike and the dogs are playing.")
+    assert found["language"] == "en" and 0 < found["confidence"] <= 100
+    wrong = libretranslatepy.LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key="x")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        wrong.translate("A dog.", "en", "de")
+    assert e.value.code == 403
+
+
+def test_the_deepl_client_translates_and_lists(server, expected):
+    client = deepl.Translator(KEY, server_url=f"http://127.0.0.1:{server.port}")
+    results = client.translate_text(TEXTS, target_lang="DE", source_lang="EN")
+    assert [r.text for r in results] == expected
+    assert {r.detected_source_lang for r in results} == {"EN"}
+    one = client.translate_text(TEXTS[0], target_lang="DE")
+    assert one.text == expected[0]
+    assert [x.code for x in client.get_source_languages()] == ["EN"]
+    assert [x.code for x in client.get_target_languages()] == ["DE"]
+    assert client.get_usage().character.count >= sum(map(len, TEXTS))
+    tagged = client.translate_text("A <b>dog</b> runs.", target_lang="DE", tag_handling="html")
+    assert tagged.text.count("<b>") == 1 and tagged.text.count("</b>") == 1
+    with pytest.raises(deepl.AuthorizationException):
+        deepl.Translator("wrong", server_url=f"http://127.0.0.1:{server.port}").translate_text(
+            "A dog.", target_lang="DE"
+        )
+    with pytest.raises(deepl.DeepLException, match="target_lang"):
+        client.translate_text("A dog.", target_lang="FR")
+
+
+def test_clients_of_three_protocols_at_once_get_what_they_get_alone(server, expected):
+    """16 clients at once, mixing /v1, LibreTranslate and DeepL: the same outputs as one
+    by one, and no 500."""
+    lt = libretranslatepy.LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key=KEY)
+    dl = deepl.Translator(KEY, server_url=f"http://127.0.0.1:{server.port}")
+
+    def call(k: int) -> list[str]:
+        if k % 3 == 0:
+            return [lt.translate(x, "en", "de") for x in TEXTS]
+        if k % 3 == 1:
+            return [r.text for r in dl.translate_text(TEXTS, target_lang="DE")]
+        status, body = server.request(
+            "POST", "/v1/translate", {"text": TEXTS}, headers={"Authorization": f"Bearer {KEY}"}
+        )
+        assert status == 200, body
+        return [t["text"] for t in body["translations"]]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(call, range(16)))
+    # /v1 does not split a line into sentences; the two others do, as the API does
+    for k, got in enumerate(answers):
+        if k % 3 == 2:
+            assert [got[i] for i in (0, 2, 3)] == [expected[i] for i in (0, 2, 3)]
+        else:
+            assert got == expected
+
+
+@pytest.fixture(scope="module")
+def api(model):
+    engine = load_engine(model, "cpu")
+    app = create_app(
+        engine, SearchOptions.from_config(engine.config.decode), Limits(max_lines=8), "best.pt"
+    )
+    with TestClient(app) as c:
+        yield c
+
+
+def test_libretranslate_shapes_and_errors(api, expected):
+    both = api.post("/translate", json={"q": TEXTS[:2], "source": "en", "target": "de"})
+    assert both.status_code == 200 and both.json() == {"translatedText": expected[:2]}
+    form = api.post(
+        "/translate", data={"q": TEXTS[0], "source": "auto", "target": "de", "alternatives": "2"}
+    )
+    body = form.json()
+    assert body["translatedText"] == expected[0] and len(body["alternatives"]) == 2
+    assert body["detectedLanguage"]["language"] == "en"
+    html = api.post(
+        "/translate",
+        json={"q": "<p>A <i>dog</i> runs.</p>", "source": "en", "target": "de", "format": "html"},
+    ).json()
+    assert html["translatedText"].startswith("<p>") and html["translatedText"].count("<i>") == 1
+    for fields, says in (
+        ({"source": "en", "target": "de"}, "missing q parameter"),
+        ({"q": "A dog.", "source": "en", "target": "fr"}, "fr is not supported"),
+        ({"q": "A dog.", "source": "xx", "target": "de"}, "xx is not supported"),
+        ({"q": "A dog.", "source": "en", "target": "de", "format": "pdf"}, "format"),
+        ({"q": "<p>a</b>", "source": "en", "target": "de", "format": "html"}, None),
+    ):
+        r = api.post("/translate", json=fields)
+        if says is None:  # a best-effort parse, not an error
+            assert r.status_code == 200
+            continue
+        assert r.status_code == 400 and says in r.json()["error"], r.json()
+    too_many = api.post("/translate", json={"q": ["a"] * 9, "source": "en", "target": "de"})
+    assert too_many.status_code == 413 and "at most 8" in too_many.json()["error"]
+    assert (
+        api.post(
+            "/translate", content=b"\xff", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
+
+
+def test_deepl_shapes_and_errors(api, expected):
+    r = api.post("/v2/translate", json={"text": TEXTS, "target_lang": "DE"})
+    assert r.json() == {
+        "translations": [
+            {"detected_source_language": "EN", "text": t, "billed_characters": len(x)}
+            for t, x in zip(expected, TEXTS)
+        ]
+    }
+    whole = api.post(
+        "/v2/translate", json={"text": [TEXTS[1]], "target_lang": "de", "split_sentences": "0"}
+    ).json()
+    assert whole["translations"][0]["text"] != expected[1]  # the line translated whole
+    for fields, says in (
+        ({"target_lang": "DE"}, "Parameter 'text' not specified."),
+        ({"text": ["a"]}, "Parameter 'target_lang' not specified."),
+        ({"text": ["a"], "target_lang": "DE", "tag_handling": "pdf"}, "tag_handling"),
+        ({"text": ["a"], "target_lang": "DE", "source_lang": "FR"}, "source_lang"),
+    ):
+        r = api.post("/v2/translate", json=fields)
+        assert r.status_code == 400 and says in r.json()["message"]
+    assert api.get("/v2/languages", params={"type": "target"}).json()[0]["language"] == "DE"
+    assert "/v2/translate" in api.get("/openapi.json").json()["paths"]
+    assert "/translate" in api.get("/openapi.json").json()["paths"]
