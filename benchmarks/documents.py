@@ -75,8 +75,12 @@ def paragraph_part(translator, src, ref, beam):
     for name, (hyps, seconds) in rows.items():
         bleu = mtkit.score(hyps, joined_ref, ["bleu"]).bleu
         out[name] = {"bleu": round(bleu, 2), "sentences_per_s": round(len(src) / seconds, 1)}
-    exact = sum(len(t.sentences) == len(g) for t, g in zip(split, groups))
-    out["paragraphs split into exactly their sentences"] = f"{exact}/{len(groups)}"
+    exact = [k for k, (t, g) in enumerate(zip(split, groups)) if len(t.sentences or [t]) == len(g)]
+    out["paragraphs split into exactly their sentences"] = f"{len(exact)}/{len(groups)}"
+    for name in ("sentences, one per line", "paragraphs, split (default)"):
+        hyps = [rows[name][0][k] for k in exact]
+        bleu = mtkit.score(hyps, [joined_ref[k] for k in exact], ["bleu"]).bleu
+        out[f"{name}: BLEU on the paragraphs split exactly"] = round(bleu, 2)
     return out
 
 
@@ -142,9 +146,9 @@ def _links(line: str) -> set[tuple[int, int]]:
 def html_part(translator, src, ref, beam, train_src, train_out):
     rng = random.Random(2)
     inputs = [tagged(s, rng) for s in src]
-    plain, _ = timed(lambda: translator.translate(src, beam=beam))
+    plain, plain_seconds = timed(lambda: translator.translate(src, beam=beam))
     done, seconds = timed(
-        lambda: [translator.translate([h], beam=beam, format="html")[0] for h, _ in inputs]
+        lambda: translator.translate([h for h, _ in inputs], beam=beam, format="html")
     )
     well_formed = 0
     stripped = []
@@ -161,7 +165,8 @@ def html_part(translator, src, ref, beam, train_src, train_out):
         "well-formed with the input's tags": f"{well_formed}/{len(src)}",
         "BLEU, plain translation": round(bleu_plain, 2),
         "BLEU, html with tags stripped": round(bleu_html, 2),
-        "sentences_per_s (html, one document per call)": round(len(src) / seconds, 1),
+        "sentences_per_s (html)": round(len(src) / seconds, 1),
+        "sentences_per_s (plain, without alignments)": round(len(src) / plain_seconds, 1),
     }
     # where the tags land, judged by eflomal's links of (source, output), trained on
     # these pairs and the training source with its own translations for more data

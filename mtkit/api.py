@@ -165,13 +165,25 @@ class Translator:
         )
         if format == "text":
             return self._text(_checked(texts), settings, constraints)
-        from mtkit.documents.formats import translate_document
-
         if constraints is not None:
             raise OptionError("constraints are for text; a document's terms go in a glossary")
+        documents = _checked(texts)
+        if format in ("html", "xml"):  # every run of every document in one batch
+            from mtkit.documents.markup import finish, prepare, summary
+
+            prepared = [prepare(d, format) for d in documents]
+            runs = self._text([t for p in prepared for t in p.texts], settings, None)
+            out, at = [], 0
+            for document, p in zip(documents, prepared, strict=True):
+                mine = runs[at : at + len(p.texts)]
+                out.append(summary(document, finish(p, mine), mine))
+                at += len(p.texts)
+            return out
+        from mtkit.documents.formats import translate_document
+
         return [
-            translate_document(text, format, lambda runs: self._text(runs, settings, None))
-            for text in _checked(texts)
+            translate_document(d, format, lambda runs: self._text(runs, settings, None))
+            for d in documents
         ]
 
     def translate_iter(self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options):

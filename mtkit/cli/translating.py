@@ -497,11 +497,13 @@ def eval_(
     ] = "auto",
 ) -> None:
     """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
-    accuracy with --terms or --glossary, and the off-target rate with --lang."""
+    accuracy with --terms or --glossary, and the off-target rate with --lang. With -m,
+    also how well each translation's confidence ranks it by quality (Spearman's
+    correlation with its sentence chrF)."""
     import json
 
     from mtkit.core.langid import off_target
-    from mtkit.core.scoring import parse_metrics, score
+    from mtkit.core.scoring import confidence_rank, parse_metrics, score
 
     with reported():
         names = parse_metrics(metrics)
@@ -513,12 +515,18 @@ def eval_(
         engine = _engine([model], device) if model is not None else None
         # everything that can fail is checked before translating
         tag, among_used = _eval_languages(engine, lang, among_given, tgt_lang)
+        translated = _translated(engine, sources, tag, own, found) if engine is not None else None
         hypotheses = (
-            _translated(engine, sources, tag, own, found)
-            if engine is not None
+            [t.text for t in translated]
+            if translated is not None
             else _lines_like(hyp, references, ref)
         )
         results = score(hypotheses, references, names)
+        ranked = (
+            confidence_rank([t.confidence for t in translated], hypotheses, references)
+            if translated is not None
+            else None
+        )
         accuracy = term_accuracy(hypotheses, required) if required is not None else None
         off = off_target(hypotheses, lang, among_used) if lang else None
     if json_:
@@ -530,11 +538,17 @@ def eval_(
             report["terms"] = _terms_json(accuracy)
         if off is not None:
             report["off_target"] = off.json
+        if ranked is not None:
+            report["confidence"] = {
+                "spearman_chrf": round(ranked.spearman, 4),
+                "sentences": ranked.sentences,
+                "text": ranked.text,
+            }
         typer.echo(json.dumps(report))
     else:
         for r in results:
             typer.echo(f"{r.text}\t{r.signature}")
-        for extra in (accuracy, off):
+        for extra in (accuracy, off, ranked):
             if extra is not None:
                 typer.echo(extra.text)
 
@@ -666,13 +680,13 @@ def _terms_json(accuracy: TermScore) -> dict:
 
 def _translated(
     engine: Translator, sources: list[str], tag, terms: list | None, glossary: Glossary | None
-) -> list[str]:
+):
     """`sources` translated by `engine` with the tag of the language it translates into
     (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
     and --glossary terms as constraints: a term of --terms that cannot be searched for is
     one line, a glossary's is left out of its line with a warning, as in `translate`."""
     from mtkit.core.textio import Request
-    from mtkit.engines.session import searchable, translate_texts
+    from mtkit.engines.session import best_translations, searchable
 
     opts = SearchOptions.from_config(engine.config.decode)
     requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
@@ -685,7 +699,7 @@ def _translated(
             opts, engine.capabilities, "--glossary with -m" if terms is None else "--terms with -m"
         )
     requests, wanted = searchable(engine, requests, terms, glossary, opts)
-    return translate_texts(
+    return best_translations(
         engine,
         [r.text for r in requests],
         opts,

@@ -292,17 +292,17 @@ def check_constraint_lines(
             raise OptionError(f"line {i + 1}: {why}", "constraints")
 
 
-def translate_texts(
+def best_translations(
     translator: Translator,
     lines: list[str],
     opts: SearchOptions,
     batch_tokens: int = BATCH_TOKENS,
     constraints: list[list[tuple[str, ...]]] | None = None,
     target_tags: list[str] | None = None,
-) -> list[str]:
-    """Best translation of each line, in order (for evaluation), with each line's
-    `constraints` when given, and each output's forced start with `target_tags` (a
-    multilingual model's with `model.lang_tag: target`), taken off again."""
+) -> list[Translation]:
+    """The best `Translation` of each line, in order, each line whole (for evaluation),
+    with each line's `constraints` when given, and each output's forced start with
+    `target_tags` (a multilingual model's with `model.lang_tag: target`), taken off again."""
     hyps = translator.translate(
         lines,
         opts,
@@ -314,4 +314,17 @@ def translate_texts(
     if target_tags:
         ids = tag_ids(translator.tgt_vocab, translator.config.data)
         hyps = [untagged(h, False, ids) for h in hyps]
-    return [translator.tgt_vocab.decode(h[0].tokens) for h in hyps]
+    return [Translation.of(x, h[0], translator.tgt_vocab) for x, h in zip(lines, hyps, strict=True)]
+
+
+def translate_texts(
+    translator: Translator,
+    lines: list[str],
+    opts: SearchOptions,
+    batch_tokens: int = BATCH_TOKENS,
+    constraints: list[list[tuple[str, ...]]] | None = None,
+    target_tags: list[str] | None = None,
+) -> list[str]:
+    """The text of each line's `best_translations`."""
+    found = best_translations(translator, lines, opts, batch_tokens, constraints, target_tags)
+    return [t.text for t in found]

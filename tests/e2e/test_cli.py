@@ -136,6 +136,22 @@ def test_whole_chain_tokenizer_preprocess_train_translate_eval_average(tmp_path,
         ],
     )
     assert result.exit_code == 0 and result.stdout.startswith("BLEU = ")
+    assert result.stdout.splitlines()[-1].startswith("confidence: Spearman ")
+    ranked = runner.invoke(
+        app,
+        [
+            "eval",
+            "-m",
+            str(best),
+            "--src",
+            str(corpus["test.en"]),
+            "--ref",
+            str(corpus["test.de"]),
+            "--json",
+        ],
+    )
+    confidence = json.loads(ranked.stdout)["confidence"]
+    assert -1 <= confidence["spearman_chrf"] <= 1 and confidence["sentences"] == 100
     result = runner.invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(corpus["test.de"])])
     assert result.exit_code == 2
     assert result.output.strip() == (

@@ -94,3 +94,12 @@ def test_score_is_sacrebleus():
     assert s.signatures["bleu"].startswith("nrefs:1")
     with pytest.raises(mtkit.Error):
         mtkit.score(["a"], ["a", "b"])
+
+
+def test_documents_in_one_call_are_translated_as_one_by_one(translator):
+    pages = ["<p>A <b>dog</b> runs. Two men talk.</p>", "<ul><li>A girl.</li><li>A cat</li></ul>"]
+    together = translator.translate(pages, format="html")
+    alone = [translator.translate([p], format="html")[0] for p in pages]
+    assert [t.text for t in together] == [t.text for t in alone]
+    assert together[0].text.startswith("<p>") and together[0].text.count("<b>") == 1
+    assert len(together[1].sentences) == 2 and together[1].confidence <= 0
