@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.search_options import Translator as Engine
 from mtkit.core.terms import Glossary
-from mtkit.core.textio import CHUNK_LINES, Request, lone_surrogate
+from mtkit.core.textio import CHUNK_LINES, OutputFormat, Request, lone_surrogate
 from mtkit.core.translation import Translation
 from mtkit.engines.session import into_language, translate_requests
 
@@ -79,6 +80,8 @@ class Translator:
         instead, each checked (`SearchOptions.from_config`); n_best is nbest."""
         if "n_best" in given:
             given["nbest"] = given.pop("n_best")
+        for name, value in given.items():
+            _check_type(name, value)
         opts = SearchOptions.from_config(self.engine.config.decode, _keyword, **given)
         self.engine.check(opts, _keyword)
         return opts
@@ -103,6 +106,7 @@ class Translator:
         format: Format = "text",
         split: bool | None = None,
         alignments: bool = False,
+        align_layer: int | None = None,
         batch_tokens: int | None = None,
     ) -> list[Translation]:
         """One `Translation` per text, in order; `n_best` > 1 puts the next best in each
@@ -113,9 +117,14 @@ class Translator:
         or a document's: html / xml, whose tags are carried through
         (`mtkit.documents.markup`; a text is a document or a fragment of one), srt
         subtitles, a gettext po catalogue (`mtkit.documents`). `split` (None: the checkpoint's
-        decode.split): a text of several sentences is translated sentence by sentence."""
+        decode.split): a text of several sentences is translated sentence by sentence.
+        `alignments`: word links in each result, from the cross-attention of decoder
+        layer `align_layer` (None: the second-to-last)."""
         if isinstance(texts, str):
             raise OptionError("texts: give a list of texts, not one text", "texts")
+        _checked(texts)
+        if glossary is not None and not isinstance(glossary, Glossary):
+            raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
         opts = self.options(
             beam=beam,
             lenpen=lenpen,
@@ -127,7 +136,8 @@ class Translator:
             topk=topk,
             topp=topp,
             seed=seed,
-            alignments=alignments or None,
+            alignments=alignments or format != "text" or None,
+            align_layer=align_layer,
         )
         return self.translate_with(
             texts,
@@ -207,7 +217,8 @@ class Translator:
         constraints: list[list[tuple[str, ...]]] | None,
     ) -> list[Translation]:
         requests = [
-            into_language(Request(t), self.engine, settings.tgt_lang, "tgt_lang") for t in texts
+            into_language(Request(t), self.engine, settings.tgt_lang, flag="tgt_lang")
+            for t in texts
         ]
         found = translate_requests(
             self.engine,
@@ -243,6 +254,22 @@ class _Settings:
     batch_tokens: int
 
 
+def _check_type(name: str, value) -> None:
+    """One line for an option of the wrong type (a beam of 2.5, an n_best of "2")."""
+    from mtkit.core.search_options import OPTIONS
+
+    if value is None or name not in OPTIONS:
+        return
+    default = OPTIONS[name].default
+    kind = type(default) if default is not None else None
+    if kind is bool and not isinstance(value, bool):
+        raise OptionError(f"{_keyword(name)} must be True or False, got {value!r}", name)
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise OptionError(f"{_keyword(name)} must be a whole number, got {value!r}", name)
+    if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        raise OptionError(f"{_keyword(name)} must be a number, got {value!r}", name)
+
+
 def _keyword(name: str) -> str:
     """How an error names an option: as the keyword argument (n_best for nbest)."""
     return "n_best" if name == "nbest" else name
@@ -250,6 +277,8 @@ def _keyword(name: str) -> str:
 
 def _checked(texts: Sequence[str]) -> list[str]:
     """The texts, each checked to be text and valid Unicode."""
+    if isinstance(texts, (str, bytes, dict)) or not isinstance(texts, (list, tuple)):
+        raise OptionError(f"texts: give a list of texts, got {type(texts).__name__}", "texts")
     out = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -286,6 +315,80 @@ def _with_alternatives(found: list[Translation]) -> Translation:
 
 def _empty(source: str) -> Translation:
     return Translation(source, "", 0.0, 0.0)
+
+
+def translate_file(
+    engine: Engine,
+    input: Path | None,
+    output: Path | None,
+    opts: SearchOptions,
+    written: OutputFormat,
+    batch_tokens: int,
+    prefixes: list[str] | None = None,
+    prefix_file: Path | None = None,
+    *,
+    constraints: list | None = None,
+    constraints_file: Path | None = None,
+    glossary: Glossary | None = None,
+    tgt_lang: str | None = None,
+    split: bool = True,
+) -> None:
+    """`mtkit translate`: `input` (None: stdin) translated to `output` (None: stdout; a
+    file is replaced only once complete), with a progress bar on a terminal. Text and
+    jsonl go line by line (`mtkit.engines.session.translate_stream`), with each line's
+    target prefix and constraints (read from `prefix_file`, `constraints_file`), a
+    glossary, the language to translate into, and whether lines are split into sentences;
+    a document's format (`written.document`) reads the input as one document."""
+    import sys
+    from contextlib import nullcontext
+
+    from mtkit.core.atomic import atomic_text
+
+    if written.document:
+        from mtkit.core.textio import read_document
+
+        text = read_document(input.read_bytes() if input else sys.stdin.buffer.read())
+        (result,) = Translator(engine).translate_with(
+            [text],
+            opts,
+            glossary=glossary,
+            tgt_lang=tgt_lang,
+            format=written.kind,
+            split=split,
+            batch_tokens=batch_tokens,
+        )
+        with atomic_text(output) if output else nullcontext(sys.stdout) as sink:
+            sink.write(result.text)
+        return
+    from mtkit.core.progress import progress_bar
+    from mtkit.core.textio import read_all_lines
+    from mtkit.engines.session import check_constraint_lines, translate_stream
+
+    with (
+        open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
+        atomic_text(output) if output else nullcontext(sys.stdout) as sink,
+        progress_bar(input) as done,
+    ):
+        # counts must agree, and every constraint fit, before anything is written
+        if prefixes is not None:
+            source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
+        if constraints is not None:
+            source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
+            check_constraint_lines(engine, source, constraints, opts)
+        translate_stream(
+            engine,
+            source,
+            sink,
+            opts,
+            done,
+            prefixes,
+            output=written,
+            batch_tokens=batch_tokens,
+            constraints=constraints,
+            glossary=glossary,
+            tgt_lang=tgt_lang,
+            split=split,
+        )
 
 
 @dataclass(frozen=True)

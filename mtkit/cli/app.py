@@ -175,15 +175,3 @@ def check_device(device: str) -> None:
 def dash(path: Path | None) -> Path | None:
     """None (stdin or stdout) for `-`, as Unix tools read it; else `path`."""
     return None if path is not None and str(path) == "-" else path
-
-
-def read_lines(path: Path) -> list[str]:
-    """A text file's lines (invalid UTF-8 replaced, a byte-order mark dropped); a last
-    line without newline counts. Read once, so a pipe works too (`--ref <(...)`)."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder, not a text file")
-    text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
-    lines = text.split("\n")
-    return lines[:-1] if lines[-1] == "" else lines

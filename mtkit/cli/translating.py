@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -18,21 +16,14 @@ from mtkit.cli.app import (
     app,
     check_device,
     dash,
-    read_lines,
     reported,
     tune_runtime,
 )
-from mtkit.core.config import ConfigError
-from mtkit.core.errors import OptionError, plural
+from mtkit.core.errors import OptionError
 from mtkit.core.search_options import OPTIONS, SearchOptions, Translator, check_value
 from mtkit.core.terms import (
-    Constraint,
     Glossary,
-    TermScore,
-    TermsError,
-    combine,
     read_constraints,
-    term_accuracy,
 )
 
 # The headings `--help` groups the options under (Typer's rich help panels).
@@ -230,9 +221,9 @@ def translate(
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
+    from mtkit.api import translate_file
     from mtkit.core.languages import check_target
-    from mtkit.core.terms import read_constraints
-    from mtkit.core.textio import OutputFormat
+    from mtkit.core.textio import OutputFormat, read_lines
 
     input, output = dash(input), dash(output)
     with reported():
@@ -291,20 +282,7 @@ def translate(
         if written.kind != "jsonl" or tgt_lang is not None:  # (jsonl records may name
             check_target(engine.config.data, tgt_lang)  # their own where it is not given)
         split = engine.config.decode.split if split is None else split
-        if written.document:
-            _translate_document(
-                engine,
-                input,
-                output,
-                opts,
-                written.kind,
-                _batch_tokens(engine, batch_tokens),
-                glossary=terms,
-                tgt_lang=tgt_lang,
-                split=split,
-            )
-            return
-        _translate_file(
+        translate_file(
             engine,
             input,
             output,
@@ -328,38 +306,6 @@ def _suffix_format(input: Path | None) -> str:
     return DOCUMENTS.get(input.suffix.lower(), "text") if input else "text"
 
 
-def _translate_document(
-    engine: Translator,
-    input: Path | None,
-    output: Path | None,
-    opts: SearchOptions,
-    format: str,
-    batch_tokens: int,
-    *,
-    glossary: Glossary | None,
-    tgt_lang: str | None,
-    split: bool,
-) -> None:
-    """`input` (None: stdin), one document, translated by the API to `output` (None:
-    stdout; a file is replaced only once complete)."""
-    from mtkit.api import Translator as Api
-    from mtkit.core.atomic import atomic_text
-    from mtkit.core.textio import read_document
-
-    text = read_document(input.read_bytes() if input else sys.stdin.buffer.read())
-    (result,) = Api(engine).translate_with(
-        [text],
-        opts,
-        glossary=glossary,
-        tgt_lang=tgt_lang,
-        format=format,
-        split=split,
-        batch_tokens=batch_tokens,
-    )
-    with atomic_text(output) if output else nullcontext(sys.stdout) as sink:
-        sink.write(result.text)
-
-
 def _refuse_overwriting_inputs(
     output: Path | None, inputs: dict[str, Path | None], model: list[Path]
 ) -> None:
@@ -379,58 +325,6 @@ def _check_constraints(
     for name, given in (("--constraints", constraints), ("--glossary", glossary)):
         if given:
             check_constraints(opts, engine.capabilities, name)
-
-
-def _translate_file(
-    engine: Translator,
-    input: Path | None,
-    output: Path | None,
-    opts: SearchOptions,
-    written,
-    batch_tokens: int,
-    prefixes: list[str] | None,
-    prefix_file: Path | None,
-    *,
-    constraints: list | None,
-    constraints_file: Path | None,
-    glossary: Glossary | None,
-    tgt_lang: str | None,
-    split: bool,
-) -> None:
-    """`input` (None: stdin) translated to `output` (None: stdout; a file is replaced
-    only once complete), with a progress bar on a terminal. Besides the lines and their
-    prefixes: each line's constraints (read from `constraints_file`), a glossary, the
-    language to translate into (--tgt-lang), and whether lines are split into sentences."""
-    from mtkit.core.atomic import atomic_text
-    from mtkit.core.progress import progress_bar
-    from mtkit.core.textio import read_all_lines
-    from mtkit.engines.session import check_constraint_lines, translate_stream
-
-    with (
-        open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
-        atomic_text(output) if output else nullcontext(sys.stdout) as sink,
-        progress_bar(input) as done,
-    ):
-        # counts must agree, and every constraint fit, before anything is written
-        if prefixes is not None:
-            source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
-        if constraints is not None:
-            source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
-            check_constraint_lines(engine, source, constraints, opts)
-        translate_stream(
-            engine,
-            source,
-            sink,
-            opts,
-            done,
-            prefixes,
-            output=written,
-            batch_tokens=batch_tokens,
-            constraints=constraints,
-            glossary=glossary,
-            tgt_lang=tgt_lang,
-            split=split,
-        )
 
 
 @app.command(name="eval")
@@ -502,214 +396,27 @@ def eval_(
     correlation with its sentence chrF)."""
     import json
 
-    from mtkit.core.langid import off_target
-    from mtkit.core.scoring import confidence_rank, parse_metrics, score
+    from mtkit.stages.evaluate import evaluate
 
     with reported():
-        names = parse_metrics(metrics)
-        _check_inputs(hyp, ref, model, src, glossary)
-        among_given = _check_languages(lang, among, tgt_lang, model)
-        references = read_lines(ref)
-        sources = _lines_like(src, references, ref) if src is not None else None
-        own, found, required = _required_terms(terms, glossary, sources, references, ref)
-        engine = _engine([model], device) if model is not None else None
-        # everything that can fail is checked before translating
-        tag, among_used = _eval_languages(engine, lang, among_given, tgt_lang)
-        translated = _translated(engine, sources, tag, own, found) if engine is not None else None
-        hypotheses = (
-            [t.text for t in translated]
-            if translated is not None
-            else _lines_like(hyp, references, ref)
+        report = evaluate(
+            ref,
+            hyp=hyp,
+            model=model,
+            src=src,
+            metrics=metrics,
+            terms=terms,
+            glossary=glossary,
+            lang=lang,
+            among=among,
+            tgt_lang=tgt_lang,
+            device=device,
         )
-        results = score(hypotheses, references, names)
-        ranked = (
-            confidence_rank([t.confidence for t in translated], hypotheses, references)
-            if translated is not None
-            else None
-        )
-        accuracy = term_accuracy(hypotheses, required) if required is not None else None
-        off = off_target(hypotheses, lang, among_used) if lang else None
     if json_:
-        report = {
-            r.metric: {"score": round(r.score, 2), "signature": r.signature, "text": r.text}
-            for r in results
-        }
-        if accuracy is not None:
-            report["terms"] = _terms_json(accuracy)
-        if off is not None:
-            report["off_target"] = off.json
-        if ranked is not None:
-            report["confidence"] = {
-                "spearman_chrf": round(ranked.spearman, 4),
-                "sentences": ranked.sentences,
-                "text": ranked.text,
-            }
-        typer.echo(json.dumps(report))
+        typer.echo(json.dumps(report.json()))
     else:
-        for r in results:
-            typer.echo(f"{r.text}\t{r.signature}")
-        for extra in (accuracy, off, ranked):
-            if extra is not None:
-                typer.echo(extra.text)
-
-
-def _check_inputs(
-    hyp: Path | None, ref: Path | None, model: Path | None, src: Path | None, glossary: Path | None
-) -> None:
-    """--hyp H --ref R, or -m CKPT --src S --ref R; --glossary also needs --src."""
-    if ref is None or (hyp is None) == (model is None) or (model is not None and src is None):
-        raise ConfigError("give --hyp H --ref R, or -m CKPT --src S --ref R")
-    if glossary is not None and src is None:
-        raise OptionError("--glossary needs --src S: the source lines it finds terms in")
-    if src is not None and model is None and glossary is None:
-        raise OptionError("--src with --hyp is only for --glossary; to translate it, give -m")
-
-
-def _check_languages(
-    lang: str | None, among: str | None, tgt_lang: str | None, model: Path | None
-) -> list[str]:
-    """One line for a language option that would be ignored or is empty: --lang '',
-    --among without codes or without --lang, --tgt-lang '' or without -m. Returns
-    --among's codes ([] where not given)."""
-    from mtkit.core.langid import codes
-
-    for option, value in (("--lang", lang), ("--tgt-lang", tgt_lang)):
-        if value is not None and not value.strip():
-            raise OptionError(f"{option} is empty: give a language code, such as de")
-    if tgt_lang is not None and model is None:
-        raise OptionError("--tgt-lang is the language -m translates into: give -m, or leave it out")
-    if among is None:
-        return []
-    if lang is None:
-        raise OptionError(
-            "--among is for --lang: give --lang too, the language the translations should be in"
-        )
-    if not codes(among):
-        raise OptionError(
-            f"--among {among!r} has no language codes: give them comma-separated, such as en,de"
-        )
-    return codes(among)
-
-
-def _eval_languages(
-    engine: Translator | None, lang: str | None, among: list[str], tgt_lang: str | None
-):
-    """Where the tag of the language `engine` (None: no -m) translates into goes
-    (`languages.Tagging`: --tgt-lang's, else --lang's for a multilingual model), and the
-    languages the off-target rate tells apart (--among's, else the model's); one line,
-    before anything is translated, for a language the model lacks, or one py3langid
-    cannot tell. --lang is py3langid's code, --tgt-lang the model's: they may differ."""
-    from mtkit.core.langid import LangIdError, check_languages
-    from mtkit.core.languages import Tagging, directions, tagging, target_languages
-
-    tag, languages = Tagging(), among
-    if engine is not None:
-        multilingual = bool(target_languages(engine.config.data))
-        option, into = (
-            ("--tgt-lang", tgt_lang)
-            if tgt_lang is not None
-            else ("--lang", lang if multilingual else None)
-        )
-        try:
-            tag = tagging(engine.config, into, option)
-        except OptionError as e:
-            hint = (
-                "; give --tgt-lang for the model's code (--lang is the language-ID "
-                "code the translations are checked against)"
-                if option == "--lang"
-                else ""
-            )
-            raise OptionError(f"{e}{hint}", e.option) from None
-        if not among:
-            languages = sorted({x for pair in directions(engine.config.data) for x in pair})
-    if lang:
-        try:
-            check_languages(lang, languages, the_models=bool(languages) and not among)
-        except LangIdError as e:
-            hint = (
-                f"; give --tgt-lang {lang} for the model's code, and --lang with py3langid's"
-                if any(tag) and tgt_lang is None and str(e).startswith(f"--lang {lang}:")
-                else ""
-            )
-            raise LangIdError(f"{e}{hint}") from None
-    return tag, languages
-
-
-def _lines_like(path: Path, references: list[str], ref: Path) -> list[str]:
-    """The lines of `path`, as many as the references (or one line saying not)."""
-    from mtkit.core.scoring import EvalError
-
-    if not references:
-        raise EvalError(f"nothing to score: {ref} is empty")
-    lines = read_lines(path)
-    if len(lines) != len(references):
-        raise EvalError(
-            f"line counts differ: {path} has {plural(len(lines), 'line')}, "
-            f"{ref} has {len(references)}"
-        )
-    return lines
-
-
-def _required_terms(
-    terms: Path | None,
-    glossary: Path | None,
-    sources: list[str] | None,
-    references: list[str],
-    ref: Path,
-) -> tuple[list[list[Constraint]] | None, Glossary | None, list[list[Constraint]] | None]:
-    """The constraints of --terms (one list per line), the --glossary, and what each line
-    requires of both (None: not given)."""
-    own = read_constraints(terms) if terms is not None else None
-    if own is not None and len(own) != len(references):
-        raise TermsError(
-            f"line counts differ: {terms} has {plural(len(own), 'line')}, "
-            f"{ref} has {len(references)}"
-        )
-    found = Glossary.read(glossary) if glossary is not None else None
-    per_line = ([own] if own is not None else []) + (
-        [[found.constraints(line) for line in sources]] if found is not None else []
-    )
-    return own, found, combine(*per_line) if per_line else None
-
-
-def _terms_json(accuracy: TermScore) -> dict:
-    """A `TermScore` in `eval --json`: score in percent, null where no term was required."""
-    score = round(100 * accuracy.accuracy, 2) if accuracy.total else None
-    return {"score": score, "found": accuracy.found, "total": accuracy.total, "text": accuracy.text}
-
-
-def _translated(
-    engine: Translator, sources: list[str], tag, terms: list | None, glossary: Glossary | None
-):
-    """`sources` translated by `engine` with the tag of the language it translates into
-    (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
-    and --glossary terms as constraints: a term of --terms that cannot be searched for is
-    one line, a glossary's is left out of its line with a warning, as in `translate`."""
-    from mtkit.core.textio import Request
-    from mtkit.engines.session import best_translations, searchable
-
-    opts = SearchOptions.from_config(engine.config.decode)
-    requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
-    if (terms is not None and any(terms)) or (
-        glossary is not None and any(glossary.constraints(x) for x in sources)
-    ):  # the terms constrain the search
-        from mtkit.core.search_options import check_constraints
-
-        check_constraints(
-            opts, engine.capabilities, "--glossary with -m" if terms is None else "--terms with -m"
-        )
-    requests, wanted = searchable(engine, requests, terms, glossary, opts)
-    return best_translations(
-        engine,
-        [r.text for r in requests],
-        opts,
-        engine.batch_tokens,
-        wanted,
-        [tag.target] * len(sources) if tag.target else None,
-    )
-
-
-MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+        for line in report.lines():
+            typer.echo(line)
 
 
 @app.command()
@@ -783,9 +490,11 @@ def serve(
     Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
     flight and one last round of the waiting ones, answers the rest 503, then exits."""
     _need_serve_extra()
+    from mtkit.serving.app import checked_limits, run_service
+
     with reported():
         api_key = _api_key(api_key)
-        limits = _limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
+        limits = checked_limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
         terms = _glossary(glossary)
         # one batch at a time on all the threads: a server's batches are its requests',
         # each waited for (no helper processes beside a service's threads)
@@ -809,7 +518,7 @@ def serve(
         )
         engine.check(defaults)  # refused now, not in every request
         _check_constraints(engine, defaults, None, glossary)
-        stopped_by = _serve(
+        stopped_by = run_service(
             engine,
             replace(defaults, alignments=False),
             limits,
@@ -847,55 +556,7 @@ def _api_key(given: str | None) -> str | None:
     return given or None
 
 
-def _limits(
-    port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int, max_chars: int
-):
-    """The server's limits, each checked (max_batch_tokens None: 0, the engine's)."""
-    from mtkit.serving.scheduler import Limits
-
-    if not 1 <= port <= 65535:
-        raise OptionError(f"--port must be from 1 to 65535, got {port}")
-    if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
-        raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got {max_wait_ms}")
-    for name, value in (
-        ("max_batch_tokens", max_batch_tokens),
-        ("max_lines", max_lines),
-        ("max_chars", max_chars),
-    ):
-        if value is not None and value <= 0:
-            raise OptionError(f"--{name.replace('_', '-')} must be above 0, got {value}")
-    return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
-
-
 def _glossary(path: Path | None):
     """The glossary at `path` (`mtkit.core.terms.Glossary`), or None."""
-    from mtkit.core.terms import Glossary
 
     return Glossary.read(path) if path else None
-
-
-def _serve(
-    engine: Translator,
-    defaults: SearchOptions,
-    limits,
-    model: list[Path],
-    host: str,
-    port: int,
-    continuous: bool,
-    api_key: str | None,
-    glossary=None,
-) -> int | None:
-    """Run the service until a signal; returns the signal."""
-    from mtkit.serving.app import create_app, serve_forever
-    from mtkit.serving.scheduler import Batcher
-
-    if not limits.max_batch_tokens:
-        limits = replace(limits, max_batch_tokens=engine.batch_tokens)
-    name = " + ".join(m.name for m in model)
-    batcher = Batcher(engine, limits, continuous)
-    app_ = create_app(engine, defaults, limits, name, engine.steps[0], api_key, batcher, glossary)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    ready = f"serving {name} on {url} (page at /, API docs at /docs)" + (
-        "; API key required" if api_key else ""
-    )
-    return serve_forever(app_, batcher, host, port, ready)

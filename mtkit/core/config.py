@@ -177,6 +177,13 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata=value_range(0.0))
     clip_norm: float = field(default=1.0, metadata=value_range(0.0))  # 0 = no clipping
     max_steps: int = field(default=0, metadata=value_range(0))
+    # Guided alignment (Garg et al., 2019; as Marian's and OpenNMT's): head 0 of the
+    # second-to-last decoder layer's cross-attention learns the subword alignments that
+    # eflomal finds in the training pairs at preprocess time (`mtkit.data.alignments`,
+    # pip install 'mtkit[align]'), its cross-entropy weighted by this much beside the
+    # translation loss; 0 = off. Translation then takes word alignments (and so where a
+    # document's tags go) from that head.
+    guided_alignment: float = field(default=0.0, metadata=value_range(0.0, 10.0))
     max_epochs: int = field(default=0, metadata=value_range(0))
     max_time: float = field(default=0, metadata=value_range(0))  # seconds
     valid_every: int = field(default=500, metadata=value_range(1))

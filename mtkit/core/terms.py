@@ -32,7 +32,7 @@ class TermsError(UserError, ValueError):
 
 def _read_lines(path: str | Path) -> list[str]:
     """A UTF-8 file's lines: a byte-order mark dropped, `\\r\\n` taken as `\\n`, a last line
-    without newline counted. Split on "\\n" alone, as `mtkit.cli.app.read_lines` splits the
+    without newline counted. Split on "\\n" alone, as `mtkit.core.textio.read_lines` splits the
     hypotheses, so that line numbers agree. Invalid UTF-8 is an error naming the line, not
     replaced: a term with U+FFFD in it would never be found, silently."""
     path = Path(path)

@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Literal
 
 from mtkit.core.errors import OptionError, plural
@@ -381,6 +382,18 @@ def format_lines(
         + ([links[0]] if opts.alignments else [])
     )
     return ["\t".join(fields)]
+
+
+def read_lines(path: Path) -> list[str]:
+    """A text file's lines (invalid UTF-8 replaced, a byte-order mark dropped); a last
+    line without newline counts. Read once, so a pipe works too (`--ref <(...)`)."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a text file")
+    text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:

@@ -33,22 +33,30 @@ from mtkit.core.vocab import BOS, EOS, PAD
 @dataclass(frozen=True)
 class Batch:
     """src (B, S) = x + [eos]; tgt_in (B, T) = [bos] + y; tgt_out (B, T) = y + [eos];
-    right-padded with PAD (0)."""
+    right-padded with PAD (0). With guided alignment, `align` (B, T, S): for each target
+    position (tgt_out's), the share of each source position aligned to it (a row sums
+    to 1, or to 0 where nothing is aligned)."""
 
     src: torch.Tensor
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
+    align: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(
             *(
-                t.to(device, non_blocking=non_blocking)
-                for t in (self.src, self.tgt_in, self.tgt_out)
+                t.to(device, non_blocking=non_blocking) if t is not None else None
+                for t in (self.src, self.tgt_in, self.tgt_out, self.align)
             )
         )
 
     def pin_memory(self) -> Batch:
-        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
+        return Batch(
+            *(
+                t.pin_memory() if t is not None else None
+                for t in (self.src, self.tgt_in, self.tgt_out, self.align)
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -72,15 +80,15 @@ class BatchShapes:
         return max(max_tokens // int(width), 1)
 
 
-def collate(
-    pairs: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, int] | None = None
-) -> Batch:
+def collate(pairs: Sequence[tuple[np.ndarray, ...]], shape: tuple[int, int] | None = None) -> Batch:
     """Pairs of id arrays (no specials) -> padded `Batch`. With `shape` (rows, width)
     both sides are padded to width, and rows past the pairs are empty (src = [eos],
-    tgt_in = [bos], tgt_out all pad: no loss, no gradient)."""
+    tgt_in = [bos], tgt_out all pad: no loss, no gradient). A pair may carry a third
+    array, its alignment links (K, 2) of (source position, target position): the
+    batch then holds `align`."""
     n = len(pairs)
-    s_len = max(len(x) for x, _ in pairs) + 1
-    t_len = max(len(y) for _, y in pairs) + 1
+    s_len = max(len(p[0]) for p in pairs) + 1
+    t_len = max(len(p[1]) for p in pairs) + 1
     if shape is not None:
         if shape[0] < n or shape[1] < max(s_len, t_len):
             raise ValueError(
@@ -94,7 +102,12 @@ def collate(
     if shape is not None:  # the empty rows: one token each side, as a real pair's least
         src[len(pairs) :, 0] = EOS
         tgt_in[len(pairs) :, 0] = BOS
-    for b, (x, y) in enumerate(pairs):
+    aligned = len(pairs[0]) == 3
+    align = torch.zeros(n, t_len, s_len) if aligned else None  # (B, T, S)
+    for b, (x, y, *links) in enumerate(pairs):
+        if aligned and len(links[0]):
+            at = torch.as_tensor(np.asarray(links[0], dtype=np.int64))  # (K, 2)
+            align[b, at[:, 1], at[:, 0]] = 1.0
         x = torch.as_tensor(np.asarray(x, dtype=np.int64))
         y = torch.as_tensor(np.asarray(y, dtype=np.int64))
         src[b, : len(x)] = x
@@ -103,7 +116,9 @@ def collate(
         tgt_in[b, 1 : len(y) + 1] = y
         tgt_out[b, : len(y)] = y
         tgt_out[b, len(y)] = EOS
-    return Batch(src, tgt_in, tgt_out)
+    if align is not None:
+        align = align / align.sum(-1, keepdim=True).clamp_min(1.0)  # (B, T, S)
+    return Batch(src, tgt_in, tgt_out, align)
 
 
 def token_batches(
@@ -182,10 +197,10 @@ def shaped_batches(
 
 
 def shaped_collate(
-    pairs: Sequence[tuple[np.ndarray, np.ndarray]], shapes: BatchShapes, max_tokens: int
+    pairs: Sequence[tuple[np.ndarray, ...]], shapes: BatchShapes, max_tokens: int
 ) -> Batch:
     """`collate` into the shape of the pairs' width class."""
-    width = int(shapes.width(max(len(x) for x, _ in pairs), max(len(y) for _, y in pairs)))
+    width = int(shapes.width(max(len(p[0]) for p in pairs), max(len(p[1]) for p in pairs)))
     return collate(pairs, (shapes.rows(width, max_tokens), width))
 
 

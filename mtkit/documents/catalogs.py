@@ -12,6 +12,7 @@ from mtkit.core.errors import UserError
 from mtkit.documents.messages import Translate, translate_messages
 
 NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
+MOST_FORMS = 8  # the most plural forms of any language gettext knows is 6
 
 
 class CatalogError(UserError, ValueError):
@@ -29,6 +30,11 @@ def translate_po(document: str, translate: Translate) -> str:
         raise CatalogError(f"not a gettext (.po) file: {str(e).splitlines()[0][:120]}") from None
     match = NPLURALS.search(catalog.metadata.get("Plural-Forms", ""))
     forms = int(match.group(1)) if match else 2
+    if not 1 <= forms <= MOST_FORMS:
+        raise CatalogError(
+            f"the catalogue's Plural-Forms says nplurals={forms}: a language has from 1 to "
+            f"{MOST_FORMS} plural forms"
+        )
     todo = [
         e
         for e in catalog

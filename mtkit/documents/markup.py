@@ -66,11 +66,12 @@ class Element:
     start: str  # the start tag as written
     end: str = ""  # the end tag as written ("" for a void or self-closed element, or none)
     children: list = field(default_factory=list)  # Element | Text | Raw
+    html: bool = True  # an HTML element (False: XML, where names mean nothing to mtkit)
 
     @property
     def kept(self) -> bool:
-        """Never translated: code, pre, scripts and styles, and translate="no"."""
-        return self.name in KEPT or bool(NO_TRANSLATE.search(self.start))
+        """Never translated: translate="no", and in HTML code, pre, scripts and styles."""
+        return (self.html and self.name in KEPT) or bool(NO_TRANSLATE.search(self.start))
 
     def raw(self) -> str:
         return self.start + "".join(c.raw() for c in self.children) + self.end
@@ -101,75 +102,117 @@ class Raw:
         return self.source
 
 
+MAX_DEPTH = 128  # elements open at once: deeper documents are refused, in one line
+
+
 class _Reader(HTMLParser):
+    """Python's HTML parser, keeping each construct exactly as written: a handler adds its
+    node with a guess at its text, and the parser's next `updatepos(i, j)`, which it calls
+    right after with the span the construct took, gives the node its text, rawdata[i:j]
+    (an entity without its ";", a bogus comment, CDATA, a DOCTYPE as they stand)."""
+
     def __init__(self, xml: bool):
         super().__init__(convert_charrefs=False)
         self.xml = xml
         self.root = Element("", "")
         self.open = [self.root]
         self.problems: list[str] = []
-        self._at = 0
+        self._exact: Callable[[str], None] | None = None
 
-    def _add(self, node) -> None:
+    def updatepos(self, i: int, j: int) -> int:
+        if self._exact is not None and j > i:
+            self._exact(self.rawdata[i:j])
+        self._exact = None
+        return super().updatepos(i, j)
+
+    def _add(self, node):
+        """Add `node` to the open element; a text next to a text joins it. Returns the
+        node that holds it."""
         children = self.open[-1].children
         if isinstance(node, Text) and children and isinstance(children[-1], Text):
             children[-1].source += node.source  # entities arrive as pieces of one text
-        else:
-            children.append(node)
+            return children[-1]
+        children.append(node)
+        return node
+
+    def _text(self, guess: str) -> None:
+        node = self._add(Text(guess))
+        start = len(node.source) - len(guess)
+
+        def exact(raw: str) -> None:
+            node.source = node.source[:start] + raw
+
+        self._exact = exact
+
+    def _raw(self, guess: str) -> None:
+        node = self._add(Raw(guess))
+        self._exact = lambda raw: setattr(node, "source", raw)
 
     def handle_starttag(self, tag, attrs):
         if not self.xml and self.open[-1].name in CLOSES_SIBLING.get(tag, ()):
             self.open.pop()  # <li>one<li>two: the first ends where the second starts
-        element = Element(tag, self.get_starttag_text() or "")
+        element = Element(tag, self.get_starttag_text() or "", html=not self.xml)
         self._add(element)
         if self.xml or tag not in VOID:
             self.open.append(element)
+            if len(self.open) > MAX_DEPTH:
+                raise MarkupError(
+                    f"the document nests elements more than {MAX_DEPTH} deep; mtkit reads "
+                    "documents up to that depth"
+                )
 
     def handle_startendtag(self, tag, attrs):
-        self._add(Element(tag, self.get_starttag_text() or ""))
+        self._add(Element(tag, self.get_starttag_text() or "", html=not self.xml))
 
     def handle_endtag(self, tag):
-        raw = self._raw_end(tag)
         names = [e.name for e in self.open[1:]]
         if tag not in names:
-            self.problems.append(f"a stray end tag {raw}")
-            self._add(Raw(raw))
+            self.problems.append(f"a stray end tag </{tag}>")
+            self._raw(f"</{tag}>")
             return
         if names[-1] != tag and (self.xml or names[-1] not in OPTIONAL_END):
-            self.problems.append(f"{raw} closes <{names[-1]}>, which was left open")
+            self.problems.append(f"</{tag}> closes <{names[-1]}>, which was left open")
         while self.open[-1].name != tag:
             self.open.pop()
-        self.open.pop().end = raw
+        element = self.open.pop()
+        element.end = f"</{tag}>"
 
-    def _raw_end(self, tag: str) -> str:
-        text = self.rawdata[self._at :]  # the end tag as written
-        match = re.match(r"</[^>]*>", text)
-        return match.group(0) if match else f"</{tag}>"
+        def exact(raw: str) -> None:
+            element.end = raw
+            if self.xml and _name(raw) != _name(element.start):
+                self.problems.append(f"{raw} closes {element.start} (names differ in case)")
 
-    def parse_endtag(self, i):  # remember where the end tag starts, for its text
-        self._at = i
-        return super().parse_endtag(i)
+        self._exact = exact
 
     def handle_data(self, data):
         self._add(Text(data))
 
     def handle_entityref(self, name):
-        self._add(Text(f"&{name};"))
+        if self.xml and html.unescape(f"&{name};") == f"&{name};":  # the document's own
+            self._raw(f"&{name};")  # entity, kept as it stands (an atom in its run)
+        else:
+            self._text(f"&{name};")
 
     def handle_charref(self, name):
-        self._add(Text(f"&#{name};"))
+        self._text(f"&#{name};")
 
     def handle_comment(self, data):
-        self._add(Raw(f"<!--{data}-->"))
+        self._raw(f"<!--{data}-->")
 
     def handle_decl(self, decl):
-        self._add(Raw(f"<!{decl}>"))
+        self._raw(f"<!{decl}>")
 
     def handle_pi(self, data):
-        self._add(Raw(f"<?{data}>"))
+        self._raw(f"<?{data}>")
 
     def unknown_decl(self, data):
-        self._add(Raw(f"<![{data}]>"))
+        self._raw(f"<![{data}]]>")
+
+
+def _name(tag: str) -> str:
+    """A tag's name as written: "<Doc a='1'>" -> "Doc"."""
+    match = re.match(r"</?\s*([^\s/>]+)", tag)
+    return match.group(1) if match else ""
 
 
 def parse(document: str, format: str) -> Element:
@@ -177,6 +220,12 @@ def parse(document: str, format: str) -> Element:
     character. XML must be well-formed (a `MarkupError` says where it is not)."""
     reader = _Reader(xml=format == "xml")
     reader.feed(document)
+    rest = reader.rawdata  # what the parser could not finish: an unterminated construct
+    if "<" in rest:
+        start = rest[rest.index("<") :]
+        raise MarkupError(
+            f"the {format.upper()} ends inside an unterminated tag or comment: {start[:40]!r}"
+        )
     reader.close()
     left = [e.name for e in reader.open[1:]]
     if format == "xml" and (reader.problems or left):
@@ -208,8 +257,10 @@ def _inline(node, xml: bool) -> bool:
 
 
 def _has_words(node) -> bool:
+    """Whether `node` holds text worth translating: a letter or a digit (punctuation, a
+    symbol, a zero-width space alone are kept as they are)."""
     if isinstance(node, Text):
-        return bool(node.text.strip())
+        return any(c.isalnum() for c in node.text)
     if isinstance(node, Element) and not node.kept:
         return any(_has_words(c) for c in node.children)
     return False
@@ -283,7 +334,7 @@ def runs(tree: Element, xml: bool) -> list[list]:
     def visit(element: Element) -> None:
         if element.kept:
             return
-        if xml and not any(isinstance(c, Text) and c.text.strip() for c in element.children):
+        if xml and not any(isinstance(c, Text) and _has_words(c) for c in element.children):
             for c in element.children:  # an element without text of its own holds blocks
                 if isinstance(c, Element):
                     visit(c)
@@ -345,7 +396,8 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
             at = anchor(len(src_words) if first is None else first)
             at = min(max(at, lo), hi)
             return at, at
-        start, stop = max(aligned[0], lo), min(aligned[-1] + 1, hi)
+        first, last = _densest(aligned)
+        start, stop = max(first, lo), min(last + 1, hi)
         return (start, stop) if start < stop else (min(start, hi), min(start, hi))
 
     def layout(children: list[Mark], lo: int, hi: int) -> list[tuple[Mark, int, int, list]]:
@@ -397,6 +449,19 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
 
     render(layout(marks, 0, len(target)), 0, len(target))
     return "".join(pieces)
+
+
+def _densest(words: list[int], gap: int = 1) -> tuple[int, int]:
+    """The run of sorted target `words` (no more than `gap` words missing between two)
+    that holds the most of them, as (first, last): a stray link far from the others
+    does not stretch a tag over the words between."""
+    runs, start = [], 0
+    for k in range(1, len(words) + 1):
+        if k == len(words) or words[k] - words[k - 1] > gap + 1:
+            runs.append((k - start, -start, words[start], words[k - 1]))
+            start = k
+    _, _, first, last = max(runs)
+    return first, last
 
 
 def _close(pieces: list[str], end: str, source: str) -> None:

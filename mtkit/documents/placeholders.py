@@ -23,6 +23,7 @@ PLACEHOLDER = re.compile(
     r"|\{\{[^{}]*\}\}"  # {{ var }}
     r"|\{[\w.\[\]]*(?:![rsa])?(?::[^{}]*)?\}"  # {} {0} {name} {x:>5}
     r"|\$\{[^{}]*\}"  # ${name}
+    r"|\{\\[^{}]*\}"  # {\an8}: a subtitle's override tag
     r"|\$[A-Za-z_]\w*"  # $name
 )
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")

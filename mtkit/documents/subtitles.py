@@ -3,7 +3,8 @@ kept as they are, its text translated in context. A sentence that runs over seve
 (a cue that ends without . ! ? or …) is translated whole, and its words are handed back
 to the cues their source words came from (through the word alignment, in order; by
 length where the alignment leaves a cue without words). A cue keeps its number of lines.
-Cues with markup (`<i>`, `<font>`) are translated one by one, their tags carried through."""
+Cues with markup (`<i>`, `<font>`) or override tags (`{\\an8}`) are translated one by
+one, their tags carried through."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import re
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
 from mtkit.documents.messages import TAGGED, Translate, translate_messages
-from mtkit.documents.placeholders import restore_numbers
+from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
 
 SENTENCE_END = re.compile(r"[.!?…。！？][\"'»”’)\]]*$")
 MOST_CUES = 4  # a sentence spreads over at most this many cues before it is cut
@@ -29,10 +30,10 @@ def translate_srt(document: str, translate: Translate) -> str:
 
     try:
         cues = list(srt.parse(document))
-    except srt.SRTParseError as e:
+    except (srt.SRTParseError, ValueError, OverflowError) as e:  # (a timing out of range)
         raise SubtitleError(f"not a SubRip (.srt) file: {str(e).splitlines()[0][:120]}") from None
     groups = _groups(cues)
-    plain = [g for g in groups if len(g) > 1 or not TAGGED.search(cues[g[0]].content)]
+    plain = [g for g in groups if len(g) > 1 or not _marked(cues[g[0]].content)]
     tagged = [g[0] for g in groups if g not in plain]
     texts = [" ".join(" ".join(cues[i].content.split()) for i in g) for g in plain]
     translated = translate(texts) if texts else []
@@ -53,7 +54,7 @@ def _groups(cues) -> list[list[int]]:
     groups: list[list[int]] = []
     current: list[int] = []
     for i, cue in enumerate(cues):
-        if TAGGED.search(cue.content):
+        if _marked(cue.content):
             groups += [current] if current else []
             groups.append([i])
             current = []
@@ -63,6 +64,12 @@ def _groups(cues) -> list[list[int]]:
             groups.append(current)
             current = []
     return groups + ([current] if current else [])
+
+
+def _marked(text: str) -> bool:
+    """Whether a cue holds markup or placeholders ({\\an8}, ...): translated on its own,
+    with them carried through (`mtkit.documents.messages`)."""
+    return bool(TAGGED.search(text) or PLACEHOLDER.search(text))
 
 
 def _share(t: Translation, source_words: list[int]) -> list[list[str]]:

@@ -39,7 +39,7 @@ from mtkit.core.device import (
 )
 from mtkit.core.errors import OptionError
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.measured import remembered
+from mtkit.core.measured import holds_timings, remembered
 from mtkit.core.search_options import (
     BATCH_TOKENS,
     Capabilities,
@@ -405,6 +405,7 @@ class TorchEngine(Engine):
                 [[self.tgt_vocab.piece(i) for i in out] for _, out in pairs],
                 layer,
                 self.device,
+                guided=bool(self.config.train.guided_alignment),
             )
         )
         return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
@@ -654,8 +655,23 @@ def inference_precision(
     if asked != "auto" or device.type != "cpu":
         record = measured()  # nothing measured
     else:  # measured once on this machine, then the same every time (`core.measured`)
-        record = remembered("translation precision", machine_key(shape=list(shape)), measured)
+        record = remembered(
+            "translation precision", machine_key(shape=list(shape)), measured, _usable_precision
+        )
     return (torch.bfloat16 if record["precision"] == "bf16" else None), record
+
+
+def _usable_precision(record: dict) -> bool:
+    """Whether a kept record of `--precision auto`'s choice on a CPU is one this mtkit
+    makes (`precision_record`): fp32 or bf16 (never int8, which only a user asks for),
+    asked as auto, with the calibration's timings where it has them."""
+    calibration = record.get("calibration", {})
+    return (
+        record.get("precision") in ("fp32", "bf16")
+        and record.get("asked") == "auto"
+        and isinstance(calibration, dict)
+        and holds_timings(calibration, ("fp32_ms", "bf16_ms"))
+    )
 
 
 class Weights(NamedTuple):

@@ -54,10 +54,12 @@ def translate_requests(
     jsonl: bool = False,
 ) -> list[list[Translation]]:
     """The translations of each request (`nbest` of them; none for a request with an
-    error), in order. `prefixes`, `constraints`: each request's target prefix and
-    constraints besides its own; a `glossary` adds what its source terms require, found
-    per sentence. With `split`, a request with no prefix and no constraints of its own
-    is translated sentence by sentence (`mtkit.documents.sentences`) and joined back.
+    error), in order; a jsonl request whose own constraints cannot be searched for gets
+    its error in `requests` (which is updated in place). `prefixes`, `constraints`: each
+    request's target prefix and constraints besides its own; a `glossary` adds what its
+    source terms require, found per sentence. With `split`, a request with no prefix and
+    no constraints of its own is translated sentence by sentence
+    (`mtkit.documents.sentences`) and joined back.
     `count`: the lines before these (how messages number them); `jsonl`: a request's
     own constraints that cannot be searched for are its error, not one line."""
     rows, line_of, row_given = [], [], []
@@ -83,6 +85,9 @@ def translate_requests(
         jsonl,
         line_of,
     )
+    for row, line in zip(rows, line_of, strict=True):
+        if row.error:  # (a line whose own constraints cannot be: never split) its error
+            requests[line] = row
     forced = [r.target_tag + r.prefix for r in rows]
     hyps = translator.translate(
         [r.text for r in rows],

@@ -165,6 +165,10 @@ class MultiHeadAttention(nn.Module):
         self.kernel = "sdpa"  # or "matmul": `Transformer.use_attention`
         # Set by `mtkit explain` to see each stage: observer(stage name, tensor).
         self.observer: Callable[[str, Tensor], None] | None = None
+        # Guided alignment (`train.guided_alignment`): while training, the weights of
+        # this head are kept in `guided` (B, T, S), with their gradient, for the loss.
+        self.guided_head: int | None = None
+        self.guided: Tensor | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -195,6 +199,12 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """`attend` of queries already projected and split into heads, q (B, H, T, K)."""
         p = self.dropout if self.training else 0.0
+        if self.guided_head is not None and self.training:
+            h = self.guided_head
+            scores = q[:, h] @ k[:, h].transpose(-2, -1) * (self.head_dim**-0.5)  # (B, T, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask[:, 0], float("-inf"))
+            self.guided = torch.softmax(scores.float(), dim=-1)  # (B, T, S)
         if self.observer is not None:
             out = self.attend_step_by_step(q, k, v, mask, causal)  # (B, H, T, K)
         elif self.kernel == "matmul":

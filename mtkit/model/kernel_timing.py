@@ -48,8 +48,8 @@ from mtkit.core.device import (
     on_one_thread,
 )
 from mtkit.core.errors import first_line
-from mtkit.core.measured import remembered
-from mtkit.model.attention import matmul_attention
+from mtkit.core.measured import holds_timings, remembered
+from mtkit.model.attention import ATTENTION_KERNELS, matmul_attention
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +349,16 @@ def choose_decoding_attention(
             shape,
             on_one_thread(lambda: time_attention(decoding_attention_timer(shape, dtype))),
         ),
+        _usable_decoding_attention,
+    )
+
+
+def _usable_decoding_attention(record: dict) -> bool:
+    """Whether a kept decoding attention record is one this mtkit can run with: a kernel
+    of `ATTENTION_KERNELS` (a later mtkit sharing the cache may keep another), and its
+    timings, where it has them, times."""
+    return record.get("kernel") in ATTENTION_KERNELS and holds_timings(
+        record, ("sdpa_ms", "matmul_ms")
     )
 
 

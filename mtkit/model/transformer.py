@@ -403,6 +403,19 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, src_mask)
 
 
+def alignment_layer(model: Transformer) -> int:
+    """The decoder layer word alignments are read from (`mtkit.search.alignment`) and,
+    with guided alignment, trained into: the second-to-last (the last one of a one-layer
+    decoder), the usual choice, since the last layer attends to what it predicts less
+    sharply (Garg et al., 2019)."""
+    return max(model.cfg.decoder_layers - 2, 0)
+
+
+def guided_attention(model: Transformer):
+    """The cross-attention whose head 0 guided alignment trains."""
+    return model.decoder_layers[alignment_layer(model)].cross_attn
+
+
 def build_model(
     cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialize: bool = True
 ) -> Transformer:

@@ -19,15 +19,14 @@ from torch import Tensor
 from mtkit.core.errors import OptionError, plural
 from mtkit.data.batching import collate
 from mtkit.model.attention import MultiHeadAttention
-from mtkit.model.transformer import Transformer
+from mtkit.model.transformer import Transformer, alignment_layer
 
 WORD_START = "\u2581"  # SentencePiece's whitespace marker
 
 
 def default_layer(model: Transformer) -> int:
-    """The second-to-last decoder layer (the last one for a one-layer decoder): the
-    usual choice, since the last layer attends to what it predicts less sharply."""
-    return max(model.cfg.decoder_layers - 2, 0)
+    """The layer links come from where none is asked for (`alignment_layer`)."""
+    return alignment_layer(model)
 
 
 def check_layer(layer: int, models: Sequence[Transformer], option: str = "--align-layer") -> None:
@@ -73,13 +72,17 @@ def teacher_forced_attention(
     return [weights[i] for i in range(len(watched))]
 
 
-def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int) -> Tensor:
-    """Teacher-forced cross-attention weights of decoder `layer`, mean over heads:
-    src (B, S), tgt_in (B, T) -> (B, T, S); row t is the attention while predicting
-    the token after tgt_in[:, t]. The layers above `layer` and the output projection
-    are not run."""
+def cross_attention(
+    model: Transformer, src: Tensor, tgt_in: Tensor, layer: int, head: int | None = None
+) -> Tensor:
+    """Teacher-forced cross-attention weights of decoder `layer`, mean over heads (or of
+    one `head`): src (B, S), tgt_in (B, T) -> (B, T, S); row t is the attention while
+    predicting the token after tgt_in[:, t]. The layers above `layer` and the output
+    projection are not run."""
     attn = model.decoder_layers[layer].cross_attn
     weights = teacher_forced_attention(model, src, tgt_in, [attn], layer + 1)[0]
+    if head is not None:
+        return weights[:, head].float()  # (B, H, T, S) -> (B, T, S)
     return weights.float().mean(dim=1)  # (B, H, T, S) -> (B, T, S)
 
 
@@ -129,9 +132,12 @@ def align(
     tgt_pieces: list[list[str]],
     layer: int | None,
     device: torch.device,
+    guided: bool = False,
 ) -> list[tuple[tuple[int, int], ...]]:
     """Word links for each (source ids, output ids) pair, from the cross-attention of
-    `layer` (None: each model's `default_layer`), averaged over the models."""
+    `layer` (None: each model's `default_layer`), averaged over the models. A model
+    trained with guided alignment (`guided`) links through the head that learned the
+    alignments (head 0 of its `default_layer`), unless another layer is asked for."""
     if not sources:
         return []
     batch = collate(list(zip(sources, outputs, strict=True))).to(device)  # (src + eos, bos + out)
@@ -139,7 +145,11 @@ def align(
         torch.stack(
             [
                 cross_attention(
-                    m, batch.src, batch.tgt_in, default_layer(m) if layer is None else layer
+                    m,
+                    batch.src,
+                    batch.tgt_in,
+                    default_layer(m) if layer is None else layer,
+                    0 if guided and layer is None else None,
                 )
                 for m in models
             ]

@@ -445,6 +445,53 @@ def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) 
     return entry
 
 
+MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+
+
+def checked_limits(
+    port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int, max_chars: int
+):
+    """The server's limits, each checked as `serve`'s options (max_batch_tokens None: 0,
+    the engine's)."""
+    if not 1 <= port <= 65535:
+        raise OptionError(f"--port must be from 1 to 65535, got {port}")
+    if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
+        raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got {max_wait_ms}")
+    for option, value in (
+        ("max_batch_tokens", max_batch_tokens),
+        ("max_lines", max_lines),
+        ("max_chars", max_chars),
+    ):
+        if value is not None and value <= 0:
+            raise OptionError(f"--{option.replace('_', '-')} must be above 0, got {value}")
+    return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
+
+
+def run_service(
+    engine: Translator,
+    defaults: SearchOptions,
+    limits,
+    model: list,
+    host: str,
+    port: int,
+    continuous: bool,
+    api_key: str | None,
+    glossary=None,
+) -> int | None:
+    """Serve `engine` (loaded from `model`) on host:port until a signal; returns the
+    signal."""
+    if not limits.max_batch_tokens:
+        limits = replace(limits, max_batch_tokens=engine.batch_tokens)
+    served = " + ".join(m.name for m in model)
+    batcher = Batcher(engine, limits, continuous)
+    app_ = create_app(engine, defaults, limits, served, engine.steps[0], api_key, batcher, glossary)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    ready = f"serving {served} on {url} (page at /, API docs at /docs)" + (
+        "; API key required" if api_key else ""
+    )
+    return serve_forever(app_, batcher, host, port, ready)
+
+
 def serve_forever(
     app: FastAPI, batcher: Batcher, host: str, port: int, ready: str = ""
 ) -> int | None:

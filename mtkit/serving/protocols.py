@@ -86,9 +86,12 @@ class Protocols:
     def targets(self, source: str | None = None) -> list[str]:
         return sorted({t for s, t in self.pairs if source is None or s == source})
 
-    def key_ok(self, given: str | None) -> bool:
+    def key_ok(self, given: object) -> bool:
+        """Whether `given` opens the server (anything does where it has no key; a key
+        that is not text never does)."""
         return not self.api_key or (
-            given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
+            isinstance(given, str)
+            and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.api_key.encode())
         )
 
     async def translate(
@@ -172,10 +175,13 @@ def _texts(value, name: str) -> tuple[list[str], bool]:
 
 
 def _int(value, name: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ServeError(400, f"Invalid request: {name} must be a whole number") from None
+    """A whole number field: an integer, or its digits in a form (never a float or a
+    boolean); 400 otherwise."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ServeError(400, f"Invalid request: {name} must be a whole number")
+    number = value
     if not low <= number <= high:
         raise ServeError(400, f"Invalid request: {name} must be from {low} to {high}")
     return number

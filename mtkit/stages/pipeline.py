@@ -32,6 +32,7 @@ from mtkit.core.rundir import run_lock
 from mtkit.core.scoring import Score, score
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import load_vocabs, vocab_paths
+from mtkit.data.alignments import align_shard, aligned
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
@@ -105,6 +106,9 @@ def _run_all(cfg: Config) -> RunResult:
         preprocess(cfg)
     else:  # skipped: the shards must still come from the current tokenizer
         ShardDataset(run / "data" / "train").check_tokenizer(*load_vocabs(run, cfg.tokenizer.joint))
+        if cfg.train.guided_alignment and not aligned(run / "data" / "train"):
+            log.info("stage align (train.guided_alignment)")
+            align_shard(run / "data" / "train")
     log.info("stage train")
     result = train(cfg, resume=True)
     release_freed_memory()  # the trained model is gone: translation starts from less

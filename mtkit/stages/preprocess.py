@@ -35,6 +35,7 @@ from mtkit.core.progress import ProgressLog
 from mtkit.core.rundir import run_lock
 from mtkit.core.signals import held_while_starting_workers, ignore_in_worker
 from mtkit.core.vocab import Vocab, load_vocabs
+from mtkit.data.alignments import align_shard
 from mtkit.data.shards import (
     RERUN,
     SPLITS,
@@ -461,6 +462,8 @@ def _preprocess(cfg: Config, parallel_from: int) -> dict[str, dict]:
                 seconds,
                 read / max(seconds, 1e-9),
             )
+    if cfg.train.guided_alignment:  # the training pairs' links, beside their shard
+        align_shard(run / "data" / "train")
     save_config(cfg, run / "config.yaml")
     return manifests
 

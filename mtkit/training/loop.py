@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,7 +52,7 @@ from mtkit.core.vocab import Vocab, vocab_entry
 from mtkit.data.batching import Batch, collate, token_batches
 from mtkit.data.shards import ShardDataset
 from mtkit.model.loss import LossOutput, output_and_loss
-from mtkit.model.transformer import Transformer
+from mtkit.model.transformer import Transformer, guided_attention
 from mtkit.search.beam import greedy_search
 from mtkit.search.captured import CapturedDecoder
 from mtkit.training.optim import learning_rate, per_token_gradients, set_lr
@@ -283,7 +283,12 @@ def accumulate(state: TrainState, batches: list[Batch]) -> Update:
         try:
             with nullcontext() if sync else state.wrapped.no_sync():
                 out = _forward_backward(
-                    state.wrapped, batch, tc.label_smoothing, state.device, state.autocast_dtype
+                    state.wrapped,
+                    batch,
+                    tc.label_smoothing,
+                    state.device,
+                    state.autocast_dtype,
+                    tc.guided_alignment,
                 )
         except RuntimeError as e:
             if not _is_oom(e) or state.distributed:
@@ -357,12 +362,21 @@ def _stepped(
     return Stepped(p.step, lr, grad_norm, nonfinite)
 
 
-def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> LossOutput:
+def batch_loss(
+    model: nn.Module, batch: Batch, label_smoothing: float, guided: float = 0.0
+) -> LossOutput:
     """The loss of one batch, summed over its tokens, as training computes it: the model's
     training forward gives the decoder's output, and `output_and_loss` makes the output
     layer's logits a chunk at a time with the loss, so the logits of the whole batch never
-    exist at once."""
-    return output_and_loss(model(batch.src, batch.tgt_in), batch.tgt_out, label_smoothing)
+    exist at once. With guided alignment (`guided`, the batch's `align`), the loss also
+    holds `guided` x the cross-entropy of the guided head's attention against the
+    alignment (summed over the aligned target positions)."""
+    out = output_and_loss(model(batch.src, batch.tgt_in), batch.tgt_out, label_smoothing)
+    if not guided or batch.align is None:
+        return out
+    weights = guided_attention(getattr(model, "module", model)).guided  # (B, T, S)
+    alignment = -(batch.align * torch.log(weights.clamp_min(1e-9))).sum()
+    return replace(out, loss=out.loss + guided * alignment)
 
 
 def _forward_backward(
@@ -371,10 +385,11 @@ def _forward_backward(
     label_smoothing: float,
     device: torch.device,
     autocast_dtype: torch.dtype | None,
+    guided: float = 0.0,
 ):
     """Loss of one batch (summed over its tokens) and its gradients, added to .grad."""
     with autocast(device, autocast_dtype):
-        out = batch_loss(model, batch, label_smoothing)
+        out = batch_loss(model, batch, label_smoothing, guided)
     out.loss.backward()
     return out
 

@@ -43,10 +43,11 @@ from mtkit.core.errors import UserError, plural
 from mtkit.core.languages import epoch_counts, output_vocabularies, tag_ids
 from mtkit.core.signals import held_while_starting_workers
 from mtkit.core.vocab import Vocab, entry_vocabs, load_vocabs
+from mtkit.data.alignments import AlignedShards
 from mtkit.data.batching import Batch, BatchShapes, TokenBatchSampler, make_loader
 from mtkit.data.shards import ShardDataset
 from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
-from mtkit.model.transformer import Transformer, build_model, count_parameters
+from mtkit.model.transformer import Transformer, build_model, count_parameters, guided_attention
 from mtkit.search.captured import CapturedDecoder, graph_choice
 from mtkit.training.graphs import CapturedUpdates, choose_graphs, update_timer
 from mtkit.training.metrics_log import MetricsLog
@@ -143,6 +144,8 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         _init_weights(cfg, source, model, vocabs)
     freeze(model, tc.freeze)
     model.use_attention(choices.attention.value)
+    if tc.guided_alignment:  # the head that learns the alignments (`batch_loss`)
+        guided_attention(model).guided_head = 0
     optimizer = adamw(model, tc, device)
     graphs = graphs_choice(cfg, device, found, distributed, model, train_data, choices)
     choices = replace(choices, graphs=graphs)
@@ -223,8 +226,8 @@ def _captured_updates(
 ) -> CapturedUpdates | None:
     """Where the run takes CUDA graphs: the updates that capture and replay them, each
     shape that falls back to eager updates written to metrics.jsonl (`graph_fallback`)."""
-    if choices.graphs.value != "on":
-        return None
+    if choices.graphs.value != "on" or cfg.train.guided_alignment:
+        return None  # (guided alignment's loss is not in the captured update)
     if not graphs_possible(cfg, device, dist.is_initialized()):
         return None  # (a run that took graphs, resumed where they cannot run)
 
@@ -266,6 +269,8 @@ def _open_data(
         if data is not None:
             data.check_tokenizer(*vocabs)
             data.verify()
+    if cfg.train.guided_alignment:  # its pairs carry their links (`mtkit.data.alignments`)
+        train_data = AlignedShards(train_data)
     _check_positions(cfg, train_data)
     vocabs[1].languages = output_vocabularies(
         train_data,

@@ -702,6 +702,11 @@ def doc_folder(trained, tmp_path_factory) -> Path:
     ):
         write_lines(root / name, lines)
     write_lines(root / "glossary.tsv", ["dog\tHund", "man\tMann"])
+    # documents (docs/documents.md)
+    (root / "page.html").write_text("<p>A man is <b>riding</b> a bike. Two dogs play.</p>\n")
+    (root / "doc.xml").write_text("<doc><para>A <term>dog</term> runs.</para></doc>\n")
+    (root / "subs.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\nA man runs.\n")
+    (root / "messages.po").write_text('msgid "A dog and %s."\nmsgstr ""\n')
     return root
 
 
@@ -748,3 +753,47 @@ def test_every_documented_command_is_run_somewhere():
     stages = {"tokenizer", "distill", "preprocess", "train", "run"}
     for c in COMMANDS:
         assert c.argv[0] in RUNS_FOR_REAL | set(ELSEWHERE) | stages or c.expected, c.where
+
+
+PYTHON_PAGES = ("python.md", "clients.md")  # pages whose Python examples run here
+
+
+def python_blocks() -> list[Block]:
+    return [
+        b for name in PYTHON_PAGES for b in fenced_blocks(DOCS / name) if b.language == "python"
+    ]
+
+
+def test_the_python_pages_show_examples():
+    assert len(python_blocks()) >= 4
+
+
+@pytest.mark.parametrize("block", python_blocks(), ids=lambda b: f"{b.path.name}:{b.line}")
+def test_python_examples_run(block: Block, doc_folder, tmp_path, monkeypatch, capsys):
+    """Each Python example of the API and clients pages runs as shown, in a folder with
+    the tiny trained run under the names it uses; an example that talks to
+    `http://127.0.0.1:8080` gets a running `mtkit serve` (with the key the page shows)
+    on a free port instead."""
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(doc_folder, folder)
+    monkeypatch.chdir(folder)
+    code = block.text
+    server = None
+    if "127.0.0.1:8080" in code:
+        pytest.importorskip("fastapi")
+        for client in ("libretranslatepy", "deepl"):
+            if client in code:
+                pytest.importorskip(client)
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from serverkit import LocalServer
+
+        server = LocalServer(folder / "runs/multi30k/checkpoints/best.pt", "--api-key", "sesame")
+        code = code.replace("127.0.0.1:8080", f"127.0.0.1:{server.port}")
+    try:
+        exec(compile(code, f"{block.path.name}:{block.line}", "exec"), {"__name__": "__main__"})
+    finally:
+        if server is not None:
+            server.stop()
+    assert capsys.readouterr().out.strip(), "an example prints what it shows"

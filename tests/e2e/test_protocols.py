@@ -135,6 +135,9 @@ def test_libretranslate_shapes_and_errors(api, expected):
         ({"q": "A dog.", "source": "en", "target": "fr"}, "fr is not supported"),
         ({"q": "A dog.", "source": "xx", "target": "de"}, "xx is not supported"),
         ({"q": "A dog.", "source": "en", "target": "de", "format": "pdf"}, "format"),
+        ({"q": "A dog.", "source": "en", "target": "de", "alternatives": 2.5}, "whole number"),
+        ({"q": "A dog.", "source": "en", "target": "de", "alternatives": True}, "whole number"),
+        ({"q": "<b>" * 3000 + "x", "source": "en", "target": "de", "format": "html"}, "deep"),
         ({"q": "<p>a</b>", "source": "en", "target": "de", "format": "html"}, None),
     ):
         r = api.post("/translate", json=fields)
@@ -150,6 +153,9 @@ def test_libretranslate_shapes_and_errors(api, expected):
         ).status_code
         == 400
     )
+    infinite = b'{"q": "a", "source": "en", "target": "de", "alternatives": 1e999}'
+    answer = api.post("/translate", content=infinite, headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and "whole number" in answer.json()["error"]
 
 
 def test_deepl_shapes_and_errors(api, expected):
@@ -175,3 +181,28 @@ def test_deepl_shapes_and_errors(api, expected):
     assert api.get("/v2/languages", params={"type": "target"}).json()[0]["language"] == "DE"
     assert "/v2/translate" in api.get("/openapi.json").json()["paths"]
     assert "/translate" in api.get("/openapi.json").json()["paths"]
+
+
+def test_a_key_that_is_not_text_is_refused_not_a_500(model):
+    engine = load_engine(model, "cpu")
+    app = create_app(
+        engine, SearchOptions.from_config(engine.config.decode), Limits(), "best.pt", api_key=KEY
+    )
+    with TestClient(app) as c:
+        for key in (123, [KEY], None):
+            r = c.post(
+                "/translate", json={"q": "A dog.", "source": "en", "target": "de", "api_key": key}
+            )
+            assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+        form = b"q=A+dog.&source=en&target=de&api_key=x&api_key=y"
+        r = c.post(
+            "/translate",
+            content=form,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert r.status_code == 403
+        assert c.post("/detect", json={"q": "A dog.", "api_key": 123}).status_code == 403
+        ok = c.post(
+            "/translate", json={"q": "A dog.", "source": "en", "target": "de", "api_key": KEY}
+        )
+        assert ok.status_code == 200

@@ -321,7 +321,7 @@ def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multi
         assert r.status_code == 200, r.text
         term, blank = r.json()["translations"]
         assert "Hund" in term["text"] and term["constraints_met"] is True
-        assert blank == {"text": "", "score": 0.0, "constraints_met": False}  # 11
+        assert blank == {"text": "", "score": 0.0, "confidence": 0.0, "constraints_met": False}
         r = client.post(
             "/v1/translate", json={"text": [LINES[0]], "constraints": [["Hund " * 100_000]]}
         )
@@ -365,6 +365,7 @@ def test_a_blank_line_with_constraints_is_reported_unmet(best, tmp_path):
         "source": "",
         "translation": "",
         "score": 0.0,
+        "confidence": 0.0,
         "constraints_met": False,
     }
     assert spaces["constraints_met"] is False and "constraints_met" not in fine

@@ -71,6 +71,13 @@ def test_constraints_and_glossaries_reach_the_search(translator):
         (lambda t: t.translate([3]), "texts[0]: expected text"),
         (lambda t: t.translate(["\ud800"]), "lone surrogate"),
         (lambda t: t.translate(["a", "b"], constraints=[["x"]]), "one list per text"),
+        (lambda t: t.translate(None), "give a list of texts, got NoneType"),
+        (lambda t: t.translate({"a": 1}), "give a list of texts, got dict"),
+        (lambda t: t.translate(["a"], beam=2.5), "beam must be a whole number"),
+        (lambda t: t.translate(["a"], n_best="2"), "n_best must be a whole number"),
+        (lambda t: t.translate(["a"], glossary={"a": "b"}), "glossary: give a Glossary"),
+        (lambda t: t.translate(["A man."], tgt_lang="xx"), "xx"),
+        (lambda t: t.translate(["<p>A man.</p>"], format="html", tgt_lang="xx"), "xx"),
     ],
 )
 def test_mistakes_are_mtkit_errors_of_one_line(translator, call, says):

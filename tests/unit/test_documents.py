@@ -241,3 +241,68 @@ def test_po_catalogues_get_every_plural_form_with_placeholders_kept():
         assert tags(link.msgstr) == tags(link.msgid)
     with pytest.raises(CatalogError, match="not a gettext"):
         translate_document("hello world\n", "po", upper)
+
+
+@pytest.mark.parametrize(
+    "document, format, says",
+    [
+        ('<p>A man walks.</p><p class="x\n', "html", "ends inside an unterminated tag"),
+        ("<p>A man.</p><!-- never closed", "html", "ends inside an unterminated tag"),
+        ('<a x="1', "xml", "ends inside an unterminated tag"),
+        ("<A>A man.</a>", "xml", "names differ in case"),
+        ("<div>" * 300 + "A man.", "html", "nests elements more than 128 deep"),
+        ("<b>" * 3000 + "x", "xml", "nests elements more than 128 deep"),
+    ],
+)
+def test_markup_that_cannot_be_read_is_one_line(document, format, says):
+    with pytest.raises(MarkupError, match=says) as e:
+        translate_document(document, format, upper)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "document, format, expected",
+    [
+        # an & without ";" is text, and an HTML entity without one too
+        ("<p>AT&T rocks &copy 2024.</p>", "html", "<p>AT&amp;T ROCKS © 2024.</p>"),
+        ("<a><![CDATA[ x ]]>A man.</a>", "xml", "<a><![CDATA[ x ]]>A MAN.</a>"),
+        ("<!foo><p>a dog</p>", "html", "<!foo><p>A DOG</p>"),
+        (
+            '<!DOCTYPE html [<!ENTITY x "y">]><p>A man.</p>',
+            "html",
+            '<!DOCTYPE html [<!ENTITY x "y">]><p>A MAN.</p>',
+        ),
+        (  # an XML document's own entity is kept as it stands
+            '<!DOCTYPE a [<!ENTITY e "A man.">]><a>&e; walks.</a>',
+            "xml",
+            '<!DOCTYPE a [<!ENTITY e "A man.">]><a>&e; WALKS.</a>',
+        ),
+        # in XML, names mean nothing: <code> is translated; in HTML it is kept
+        ("<doc><code>a dog</code></doc>", "xml", "<doc><code>A DOG</code></doc>"),
+        (
+            "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
+            "html",
+            "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
+        ),
+    ],
+)
+def test_what_markup_holds_is_kept_exactly(document, format, expected):
+    assert translate_document(document, format, upper).text == expected
+
+
+def test_subtitle_override_tags_and_bad_timings():
+    subs = "1\n00:00:01,000 --> 00:00:02,000\n{\\an8}A man walks.\n"
+    assert "{\\an8}A MAN WALKS." in translate_document(subs, "srt", upper).text
+    huge = "1\n99999999999:00:01,000 --> 99999999999:00:02,000\nA man walks.\n\n"
+    with pytest.raises(SubtitleError, match="not a SubRip"):
+        translate_document(huge, "srt", upper)
+
+
+@pytest.mark.parametrize("forms", [0, 99999999])
+def test_a_catalogue_with_impossible_plural_forms_is_one_line(forms):
+    po = (
+        f'msgid ""\nmsgstr ""\n"Plural-Forms: nplurals={forms}; plural=n;\\n"\n\n'
+        'msgid "a file"\nmsgid_plural "files"\nmsgstr[0] ""\n'
+    )
+    with pytest.raises(CatalogError, match=f"nplurals={forms}"):
+        translate_document(po, "po", upper)
