@@ -29,29 +29,10 @@ def read(name: str) -> list[str]:
 
 
 def eflomal_words(sources: list[str], targets: list[str]) -> list[set[tuple[int, int]]]:
-    import tempfile
+    """eflomal's word links, lowercased, symmetrized with grow-diag."""
+    from mtkit.data.alignments import align_tokens
 
-    from eflomal import Aligner
-
-    from mtkit.data.alignments import grow_diag
-
-    with tempfile.TemporaryDirectory() as tmp:
-        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
-        Aligner().align(
-            [s.lower() for s in sources],
-            [t.lower() for t in targets],
-            links_filename_fwd=str(fwd),
-            links_filename_rev=str(rev),
-            quiet=True,
-        )
-
-        def links(line: str) -> set[tuple[int, int]]:
-            return {(int(a), int(b)) for a, b in (x.split("-") for x in line.split())}
-
-        return [
-            grow_diag(links(f), links(r))
-            for f, r in zip(fwd.read_text().splitlines(), rev.read_text().splitlines())
-        ]
+    return align_tokens([s.lower() for s in sources], [t.lower() for t in targets])
 
 
 def model_links(path: str, sources: list[str], targets: list[str], layer: int | None):

@@ -120,7 +120,8 @@ def tagged(sentence: str, rng: random.Random) -> tuple[str, list[tuple[str, list
 
 
 def eflomal_links(sources: list[str], targets: list[str]):
-    """eflomal's links for each (source, target) pair, or None where it is not installed."""
+    """For each (source, target) pair, the links both of eflomal's directions agree on
+    and those either finds (lowercased words); None where eflomal is not installed."""
     try:
         import eflomal  # noqa: F401
     except ImportError:
@@ -139,7 +140,6 @@ def eflomal_links(sources: list[str], targets: list[str]):
             quiet=True,
         )
         pairs = zip(fwd.read_text().splitlines(), rev.read_text().splitlines())
-        # the links both directions agree on, and those either finds
         return [(_links(f) & _links(r), _links(f) | _links(r)) for f, r in pairs]
 
 

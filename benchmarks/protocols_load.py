@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--sentences", type=int, default=200)
+    ap.add_argument("--precision", default=None, help="serve --precision (default: auto)")
     args = ap.parse_args()
     with gzip.open(DATA / "test2016.en.gz", "rt", encoding="utf-8") as f:
         lines = [x.strip() for x in f][: args.sentences]
@@ -46,7 +47,8 @@ def main() -> None:
         start = rng.randrange(len(lines))
         requests.append(lines[start : start + rng.randint(1, 4)])
 
-    with LocalServer(args.model, "--api-key", KEY) as server:
+    extra = ["--precision", args.precision] if args.precision else []
+    with LocalServer(args.model, "--api-key", KEY, *extra) as server:
         url = f"http://127.0.0.1:{server.port}"
         lt = LibreTranslateAPI(url, api_key=KEY)
         dl = deepl.Translator(KEY, server_url=url)
@@ -70,7 +72,7 @@ def main() -> None:
                 errors.append(f"request {k}: {e}")
                 return []
 
-        alone = [send(k) for k in range(len(requests))]
+        alone = [send(k) for k in range(len(requests))]  # one by one, before the load
         start = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
             loaded = list(pool.map(send, range(len(requests))))
@@ -82,14 +84,15 @@ def main() -> None:
         except urllib.error.HTTPError as e:
             others["lt_detect"] = f"HTTP {e.code} (py3langid not installed?)"
         code, stderr = server.stop()
-    differ = sum(a != b for a, b in zip(alone, loaded))
+    differ = [k for k, (a, b) in enumerate(zip(alone, loaded)) if a != b]
     print(
         json.dumps(
             {
                 "clients": args.clients,
                 "requests": len(requests),
                 "sentences": sum(map(len, requests)),
-                "differing_answers": differ,
+                "differing_answers": len(differ),
+                "differing_protocols": sorted({("lt", "deepl", "v1")[k % 3] for k in differ}),
                 "errors": len(errors),
                 "http_500": sum("HTTP 500" in e or "500" in e.split(":")[1] for e in errors),
                 "first_errors": errors[:3],

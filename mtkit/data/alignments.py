@@ -57,6 +57,14 @@ def _pharaoh(line: str) -> set[tuple[int, int]]:
 
 def align_ids(sources: list[np.ndarray], targets: list[np.ndarray]) -> list[set]:
     """eflomal's symmetrized links of each pair of id sequences."""
+    return align_tokens(
+        [" ".join(map(str, x)) for x in sources], [" ".join(map(str, y)) for y in targets]
+    )
+
+
+def align_tokens(sources: list[str], targets: list[str]) -> list[set[tuple[int, int]]]:
+    """eflomal's links of each pair of whitespace-tokenized lines (source token, target
+    token), symmetrized with `grow_diag`."""
     try:
         from eflomal import Aligner
     except ImportError:
@@ -67,11 +75,7 @@ def align_ids(sources: list[np.ndarray], targets: list[np.ndarray]) -> list[set]
     with tempfile.TemporaryDirectory() as tmp:
         fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
         Aligner().align(
-            [" ".join(map(str, x)) for x in sources],
-            [" ".join(map(str, y)) for y in targets],
-            links_filename_fwd=str(fwd),
-            links_filename_rev=str(rev),
-            quiet=True,
+            sources, targets, links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True
         )
         forward = fwd.read_text().splitlines()
         backward = rev.read_text().splitlines()

@@ -187,6 +187,25 @@ def _int(value, name: str, low: int, high: int) -> int:
     return number
 
 
+def _get_and_post(app: FastAPI, path: str, tag: str):
+    """A route that answers GET and POST alike (as the clients send either), each with an
+    operation of its own in the OpenAPI page."""
+
+    def route(function):
+        for method in ("GET", "POST"):
+            app.add_api_route(
+                path,
+                function,
+                methods=[method],
+                tags=[tag],
+                name=f"{function.__name__}_{method.lower()}",
+                operation_id=f"{tag.lower()}_{path.strip('/').replace('/', '_')}_{method.lower()}",
+            )
+        return function
+
+    return route
+
+
 def add_routes(app: FastAPI, service, api_key: str | None) -> Protocols:
     """Add the LibreTranslate and DeepL routes to `app`."""
     protocols = Protocols(service, api_key)
@@ -249,7 +268,7 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
             out = {k: v[0] for k, v in out.items()}
         return out
 
-    @app.api_route("/languages", methods=["GET", "POST"], tags=["LibreTranslate"])
+    @_get_and_post(app, "/languages", "LibreTranslate")
     async def languages() -> list:
         """LibreTranslate's languages: each source language and what it translates into."""
         return [
@@ -339,7 +358,7 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
             ]
         }
 
-    @app.api_route("/v2/languages", methods=["GET", "POST"], tags=["DeepL"])
+    @_get_and_post(app, "/v2/languages", "DeepL")
     async def languages(request: Request):
         """DeepL's languages: ?type=source (the default) or target."""
         try:
@@ -354,7 +373,7 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
             ]
         return [{"language": s.upper(), "name": NAMES.get(s, s)} for s in protocols.sources()]
 
-    @app.api_route("/v2/usage", methods=["GET", "POST"], tags=["DeepL"])
+    @_get_and_post(app, "/v2/usage", "DeepL")
     async def usage(request: Request):
         """DeepL's usage: the characters translated since the server started."""
         try:
