@@ -10,10 +10,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["Error", "Scores", "Translation", "Translator", "score"]
+__all__ = [
+    "Error",
+    "Scores",
+    "Translation",
+    "Translator",
+    "load_config",
+    "preprocess",
+    "run",
+    "score",
+    "train",
+    "train_tokenizer",
+]
 
 if TYPE_CHECKING:
-    from mtkit.api import Error, Scores, Translator, score
+    from mtkit.api import (
+        Error,
+        Scores,
+        Translator,
+        load_config,
+        preprocess,
+        run,
+        score,
+        train,
+        train_tokenizer,
+    )
     from mtkit.core.translation import Translation
 
 

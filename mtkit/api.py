@@ -391,6 +391,59 @@ def translate_file(
         )
 
 
+def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = ()):
+    """A config: the YAML at `path` (None: the defaults) with dotted `overrides`
+    ("train.lr=3e-4"), checked as the commands check it (`mtkit.core.config`)."""
+    from mtkit.core.config import load_config as load
+
+    return load(path, overrides)
+
+
+def _config(config, overrides: Iterable[str]):
+    """A config given as one, or as its YAML's path, with `overrides` applied."""
+    from mtkit.core.config import Config, apply_overrides, config_from_dict, config_to_dict
+
+    if isinstance(config, Config):
+        return config_from_dict(apply_overrides(config_to_dict(config), overrides), "--set")
+    return load_config(config, overrides)
+
+
+def train_tokenizer(config, overrides: Iterable[str] = ()) -> list[Path]:
+    """`mtkit tokenizer`: the run's SentencePiece model(s); returns their paths. `config`:
+    a config, or the path of its YAML."""
+    from mtkit.stages.tokenizer import build_tokenizer
+
+    return build_tokenizer(_config(config, overrides))
+
+
+def preprocess(config, overrides: Iterable[str] = ()) -> dict:
+    """`mtkit preprocess`: every split binarized into the run directory; returns the
+    manifests."""
+    from mtkit.stages.preprocess import preprocess as run_preprocess
+
+    return run_preprocess(_config(config, overrides))
+
+
+def train(config, overrides: Iterable[str] = (), resume: bool = True):
+    """`mtkit train`: train (resuming where a run stopped, unless `resume` is False);
+    returns how far it got and why it stopped (`mtkit.training.loop.TrainResult`)."""
+    from mtkit.core.device import tune_cpu_runtime
+    from mtkit.training.loop import train as run_training
+
+    tune_cpu_runtime()
+    return run_training(_config(config, overrides), resume=resume)
+
+
+def run(config, overrides: Iterable[str] = ()):
+    """`mtkit run`: every stage, skipping finished ones; returns the final checkpoint,
+    its test translations and scores (`mtkit.stages.pipeline.RunResult`)."""
+    from mtkit.core.device import tune_cpu_runtime
+    from mtkit.stages.pipeline import run_all
+
+    tune_cpu_runtime()
+    return run_all(_config(config, overrides))
+
+
 @dataclass(frozen=True)
 class Scores:
     """Corpus-level scores of hypotheses against references (sacreBLEU's: 13a, cased,

@@ -110,3 +110,16 @@ def test_documents_in_one_call_are_translated_as_one_by_one(translator):
     assert [t.text for t in together] == [t.text for t in alone]
     assert together[0].text.startswith("<p>") and together[0].text.count("<b>") == 1
     assert len(together[1].sentences) == 2 and together[1].confidence <= 0
+
+
+def test_the_stages_are_functions(work):
+    config = mtkit.load_config(work / "exp.yaml", ["train.max_steps=24"])
+    assert config.train.max_steps == 24
+    result = mtkit.train(work / "exp.yaml", ["train.max_steps=24"])
+    assert result.step == 24  # resumed from the copy's step 20
+    again = mtkit.train(config, ["train.max_steps=26"])  # a Config, with overrides on it
+    assert again.step == 26
+    with pytest.raises(mtkit.Error, match="no such config file"):
+        mtkit.train(work / "missing.yaml")
+    with pytest.raises(mtkit.Error, match="train.max_stepz"):
+        mtkit.load_config(work / "exp.yaml", ["train.max_stepz=3"])
