@@ -3,9 +3,9 @@
     import mtkit
 
     translator = mtkit.Translator.load("runs/multi30k/checkpoints/average.pt")
-    for t in translator.translate(["A man is riding a bike. Two dogs play."]):
-        print(t.text, t.confidence)
-    print(mtkit.score(["Ein Mann fährt Rad."], ["Ein Mann fährt Fahrrad."]).bleu)
+    (t,) = translator.translate(["A man is riding a bike. Two dogs play."])
+    t.text, t.confidence, t.sentences  # the line, translated sentence by sentence
+    mtkit.score(["Ein Mann fährt Rad."], ["Ein Mann fährt Fahrrad."]).bleu
 
 Every result is a `mtkit.Translation` (text, score, confidence, pieces, word alignment,
 sentences, alternatives); every mistake in the caller's input is an `mtkit.Error` (a

@@ -151,6 +151,7 @@ def _write(path: Path, kept: dict) -> None:
             0o666,  # less the umask, as any new file
         )
         try:
+            # written in place on purpose: a fresh temporary, renamed over the file below
             with open(fd, "wb") as f:
                 f.write(json.dumps(kept, indent=1, sort_keys=True).encode())
                 f.flush()
