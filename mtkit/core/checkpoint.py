@@ -389,6 +389,44 @@ def trained_model(run: Path) -> Path | None:
 
 
 SHORTLIST = Path("distill") / "shortlist.pt"  # in a run: a distilled student's shortlist
+# A shortlist entry's (2,) source and target vocabulary sizes it was made for (`mtkit
+# distill` records them; older shortlists lack them)
+VOCAB_SIZES = "vocab_sizes"
+
+
+def check_shortlist(entry: Any, src_size: int, tgt_size: int, origin: Path, remedy: str) -> None:
+    """Refuse, in one `CheckpointError` naming `origin` and saying `remedy`, a lexical
+    shortlist (`mtkit.search.shortlist`) that does not fit vocabularies of `src_size` and
+    `tgt_size` pieces: it must hold "frequent" (F,) target ids and "table" (src_size, k)
+    target ids padded with -1, every id within the target vocabulary, and its
+    `VOCAB_SIZES` where it has them must be these. Searching with one that does not
+    would index outside the model's output layer."""
+
+    def refuse(why: str) -> None:
+        raise CheckpointError(f"{origin}: unusable lexical shortlist ({why}); {remedy}")
+
+    if not isinstance(entry, dict):
+        refuse("not a dict of tensors")
+    for key, dims in (("frequent", 1), ("table", 2)):
+        t = entry.get(key)
+        if not isinstance(t, torch.Tensor):
+            refuse(f"no {key!r} tensor")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.dim() != dims:
+            refuse(f"{key!r} is not a {dims}-d tensor of ids")
+    sizes = entry.get(VOCAB_SIZES)
+    if sizes is not None:
+        made_for = sizes.tolist() if isinstance(sizes, torch.Tensor) else None
+        if made_for != [src_size, tgt_size]:
+            refuse(
+                f"made for vocabularies of {made_for} pieces, "
+                f"not this model's {src_size} and {tgt_size}"
+            )
+    frequent, table = entry["frequent"], entry["table"]
+    if table.size(0) != src_size:
+        refuse(f"its table has {table.size(0)} rows for {src_size} source pieces")
+    for key, t, low in (("frequent", frequent, 0), ("table", table, -1)):
+        if t.numel() and (int(t.min()) < low or int(t.max()) >= tgt_size):
+            refuse(f"{key!r} holds ids outside the {tgt_size} target pieces")
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -401,8 +439,12 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A dict of tensors written by `save_tensors`, loaded without running code."""
     try:
         tensors = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: unreadable ({type(e).__name__})") from None
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # untrusted bytes (UnpicklingError, BadZipFile, EOFError, ...)
+        raise CheckpointError(
+            f"{path}: unreadable (truncated or damaged: {type(e).__name__})"
+        ) from None
     if not isinstance(tensors, dict) or not all(
         isinstance(v, torch.Tensor) for v in tensors.values()
     ):

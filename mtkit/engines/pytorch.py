@@ -23,6 +23,7 @@ import torch
 from mtkit.core.checkpoint import (
     CheckpointError,
     MappedFile,
+    check_shortlist,
     describe_weights,
     load_checkpoint,
     trained_step,
@@ -695,7 +696,7 @@ class Loaded(NamedTuple):
 
 def load_model(path: str | os.PathLike) -> Loaded:
     """A checkpoint's model, vocabularies, config, what its weights are, and its lexical
-    shortlist where it has one. The
+    shortlist where it has one (checked against the vocabularies: `check_shortlist`). The
     checkpoint is read memory-mapped and the model's weights are its own (copy on
     write: nothing is written back): its training state is never read, and the weights
     are in memory once, paged in as they are used, not first drawn at random and then
@@ -706,12 +707,22 @@ def load_model(path: str | os.PathLike) -> Loaded:
         src_vocab, tgt_vocab = entry_vocabs(payload["vocab"])
         model = build_model(cfg.model, len(src_vocab), len(tgt_vocab), initialize=False)
         model.load_state_dict(payload["model"], assign=True)
-        shortlist = Shortlist.of_entry(payload["shortlist"]) if "shortlist" in payload else None
     except (KeyError, TypeError, RuntimeError, ValueError) as e:
         raise CheckpointError(
             f"{path}: checkpoint is incomplete or does not match its "
             f"config ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
         ) from None
+    shortlist = None
+    if "shortlist" in payload:  # checked: a search with it indexes the output layer
+        check_shortlist(
+            payload["shortlist"],
+            len(src_vocab),
+            len(tgt_vocab),
+            Path(path),
+            "this checkpoint cannot be used; rerun `mtkit distill`, then `mtkit train` "
+            "writes checkpoints with a checked one",
+        )
+        shortlist = Shortlist.of_entry(payload["shortlist"])
     return Loaded(
         model,
         src_vocab,

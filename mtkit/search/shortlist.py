@@ -10,7 +10,9 @@ search over fewer candidates (its outputs can differ from the full search's only
 the full search would have chosen a piece outside the list).
 
 `build_shortlist` counts co-occurrences (pure numpy); `Shortlisted` is a step model that
-projects onto the batch's pieces only.
+projects onto the batch's pieces only. A shortlist is checked against the vocabularies
+where it is read (`mtkit.core.checkpoint.check_shortlist`: when training starts, when a
+checkpoint is loaded), never trusted as found.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ class Shortlist:
     table: Tensor
 
     def as_entry(self) -> dict[str, Tensor]:
-        """The checkpoint entry ("shortlist")."""
+        """The checkpoint entry ("shortlist"); `mtkit distill` adds the vocabulary sizes
+        it was made for (`checkpoint.VOCAB_SIZES`)."""
         return {"frequent": self.frequent, "table": self.table}
 
     @classmethod
     def of_entry(cls, entry: dict[str, Tensor]) -> Shortlist:
+        """The shortlist of a checkpoint entry that `checkpoint.check_shortlist` passed
+        for the model's vocabularies: ids outside them would index past its output
+        layer."""
         return cls(entry["frequent"].long(), entry["table"].long())
 
     def allowed(self, src: Tensor) -> Tensor:

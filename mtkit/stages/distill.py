@@ -12,17 +12,31 @@ preprocess reads it, `distill.chunk_lines` lines at a time; each chunk's transla
 to RUN/distill/chunks/<n>.jsonl, written atomically, so an interrupted distillation goes
 on from the first missing chunk, and a rerun skips finished ones. What a chunk's output
 depends on is fixed at the first start and kept in RUN/distill/state.json: the teacher's
-fingerprint (its files' SHA-256), the search, and the precision and attention kernel the
-teacher runs with (measured once). A different teacher or search starts over. The finished corpus is
-RUN/distill/train.<src_lang> and train.<tgt_lang> (plain text, one pair per line), and
-RUN/distill/manifest.json, written last, records what was kept and dropped and the
-corpus's digest; preprocess then reads that corpus in place of data.train (beside it
-with `distill.keep_original`) and records the digest in the training shards' manifest.
+fingerprint (its files' SHA-256), the search, the precision and attention kernel the
+teacher runs with (measured once), and the source corpus's identity (`corpus_identity`:
+the data settings that select data.train and its files' SHA-256). A different teacher or
+search starts over; a different corpus keeps the chunks whose source lines are the
+same and translates the others again (each chunk is compared with the new corpus's
+lines, and the identity is recorded once every chunk matches). The teacher is loaded
+and checked (readable, the student's vocabularies) and the corpus opened before any
+chunk of an earlier distillation is removed, so a refused teacher leaves a finished
+distillation as it was. A chunk file found damaged is translated again; a state.json
+or manifest.json that cannot be read is one line naming it and what to do.
+
+The finished corpus is RUN/distill/train.<src_lang> and train.<tgt_lang> (plain text,
+one pair per line), and RUN/distill/manifest.json, written last, records what was kept
+and dropped, the settings (corpus identity included: `mtkit run` distils again when
+data.train changed) and the corpus's digest; preprocess then reads that corpus in place
+of data.train (beside it with `distill.keep_original`) and records the digest in the
+training shards' manifest. With `distill.shortlist`, RUN/distill/shortlist.pt (written
+atomically) holds the lexical shortlist of the distilled corpus with the vocabulary
+sizes it was made for; training checks it at its start and keeps it in every checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -32,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtkit.core.atomic import atomic_text, remove_leftovers, write_atomic
-from mtkit.core.checkpoint import SHORTLIST, trained_model
+from mtkit.core.checkpoint import SHORTLIST, VOCAB_SIZES, trained_model
 from mtkit.core.checksum import file_sha256
 from mtkit.core.config import Config, CorpusConfig, DataConfig, load_config
 from mtkit.core.configcheck import ConfigError
@@ -113,7 +127,41 @@ def settings(cfg: Config, teacher: Teacher) -> dict:
         "chunk_lines": d.chunk_lines,
         "asked_precision": d.precision,
         "batch_tokens": cfg.decode.batch_tokens,
+        "corpus": corpus_identity(cfg.data),
     }
+
+
+def corpus_identity(data: DataConfig) -> str:
+    """What the teacher translates, as one SHA-256: the settings that select data.train
+    (each corpus's files or dataset, split, columns and languages, and the run's
+    languages) and the SHA-256 of each local file it reads, both sides (a pair with an
+    empty target is not translated). A hub dataset named by the hub counts by its name,
+    config and split only."""
+    h = hashlib.sha256(f"{data.src_lang}\0{data.tgt_lang}\0".encode())
+    for corpus in data.corpora("train"):
+        chosen = dataclasses.asdict(corpus)
+        chosen.pop("weight")  # repeats pairs for training; each is translated once
+        h.update(json.dumps(chosen, sort_keys=True).encode())
+        for given in (corpus.src, corpus.tgt, corpus.path, corpus.hub):
+            path = Path(given) if given else None
+            files = [] if path is None else [path] if path.is_file() else []
+            if path is not None and path.is_dir():  # a local dataset folder
+                files = sorted(p for p in path.rglob("*") if p.is_file())
+            for file in files:
+                h.update(f"\0{file}\0{_file_digest(file)}".encode())
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    """A file's SHA-256, hashed once per process while its size and time stay the same
+    (`mtkit run` asks twice: is the corpus distilled, then distil it)."""
+    stat = path.stat()
+    return _digest_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    return file_sha256(Path(path))
 
 
 def _corpus_settings(cfg: Config) -> dict:
@@ -135,19 +183,47 @@ def distilled_corpus(cfg: Config) -> tuple[Path, Path]:
 
 
 def distilled_manifest(cfg: Config) -> dict | None:
-    """The finished distillation's manifest, None when there is none."""
+    """The finished distillation's manifest, None when there is none; one line when it
+    cannot be read."""
     path = cfg.run_path / FOLDER / MANIFEST
-    return json.loads(path.read_text("utf-8")) if path.exists() else None
+    if not path.exists():
+        return None
+    return _read_record(
+        path,
+        {"settings": dict, "filters": dict, "corpus_sha256": str},
+        "rerun `mtkit distill` to write it again (its translated chunks are kept)",
+    )
+
+
+def _read_record(path: Path, keys: dict[str, type], remedy: str) -> dict:
+    """A bookkeeping file of RUN/distill (JSON) with `keys` of their types, or a
+    `DistillError` naming it and `remedy` (what to do)."""
+    try:
+        record = json.loads(path.read_bytes())
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, a nesting bomb
+        record = None
+    if not isinstance(record, dict) or not all(
+        isinstance(record.get(k), t) for k, t in keys.items()
+    ):
+        raise DistillError(f"{path}: unreadable (truncated or damaged); {remedy}")
+    return record
 
 
 def is_distilled(cfg: Config, teacher: Teacher) -> bool:
-    """Whether RUN/distill holds a finished corpus from this teacher, search and filters."""
-    manifest = distilled_manifest(cfg)
+    """Whether RUN/distill holds a finished corpus (and its shortlist) from this teacher,
+    search, source corpus and filters (a manifest that cannot be read: no, it is written
+    again)."""
+    try:
+        manifest = distilled_manifest(cfg)
+    except DistillError as e:
+        log.warning("%s", e)
+        return False
     return bool(
         manifest
         and manifest["settings"] == settings(cfg, teacher)
         and manifest["filters"] == _corpus_settings(cfg)
         and all(p.exists() for p in distilled_corpus(cfg))
+        and (not cfg.distill.shortlist or (cfg.run_path / SHORTLIST).is_file())
     )
 
 
@@ -197,24 +273,55 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
     chunks = folder / "chunks"
     for leftovers in (folder, chunks):  # of atomic writes a kill cut short
         remove_leftovers(leftovers, ("*",))
-    state = _start(cfg, teacher, folder, chunks)
+    wanted = settings(cfg, teacher)
+    stored = _stored_state(folder / STATE)
+    resumed = stored if stored and _changed(stored["settings"], wanted) <= {"corpus"} else None
+    # The teacher is loaded and checked, and the corpus opened, before anything an
+    # earlier distillation made is removed: a refused teacher deletes nothing.
     engine = load_engine(
-        teacher.checkpoints, cfg.train.device, "train.device", state["precision"] or "auto"
+        teacher.checkpoints,
+        cfg.train.device,
+        "train.device",
+        (resumed and resumed["precision"]) or cfg.distill.precision,
     )
-    # The measured choices (precision under auto, the attention kernel) are made at the
-    # first start and kept, so that a resumed distillation translates as it began.
-    if state["precision"] is None or state.get("attention") is None:
-        state["precision"] = engine.precision["precision"]
-        state["attention"] = engine.precision["attention"]["kernel"]
-        write_atomic(folder / STATE, (json.dumps(state, indent=2) + "\n").encode())
-    engine.use_attention(state["attention"])
-    _check_vocabularies(cfg, engine, teacher)
-    opts = dataclasses.replace(
-        SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
-    )
-    corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
     try:
-        translated, index, seconds = _translate_chunks(cfg, engine, opts, corpora, chunks)
+        _check_vocabularies(cfg, engine, teacher)
+        corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
+        state = _start(cfg, wanted, stored, resumed, folder, chunks)
+        # The measured choices (precision under auto, the attention kernel) are made at
+        # the first start and kept, so that a resumed distillation translates as it began.
+        if state["precision"] is None or state.get("attention") is None:
+            state["precision"] = engine.precision["precision"]
+            state["attention"] = engine.precision["attention"]["kernel"]
+            _write_state(folder, state)
+        engine.use_attention(state["attention"])
+        opts = dataclasses.replace(
+            SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
+        )
+        compare = state["settings"] != wanted  # the corpus changed: check each chunk
+        for attempt in (1, 2):
+            translated, count, seconds = _translate_chunks(
+                cfg, engine, opts, corpora, chunks, compare
+            )
+            if compare:  # every chunk now holds this corpus's lines
+                state["settings"], compare = wanted, False
+                _write_state(folder, state)
+            _remove_chunks_from(chunks, count)
+            try:
+                pairs = _write_pairs(cfg, chunks, count)
+                break
+            except _DamagedChunks as e:
+                if attempt == 2:
+                    raise DistillError(
+                        f"{e.paths[0]}: damaged again after it was translated again"
+                    ) from None
+                for path in e.paths:  # translated again on the next turn
+                    log.warning(
+                        "distill: %s is damaged (cut short or not JSON lines): "
+                        "translating its lines again",
+                        path,
+                    )
+                    path.unlink()
     finally:
         engine.close()  # its helper processes: not kept through the student's training
     if translated:
@@ -224,24 +331,60 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
             seconds,
             translated / max(seconds, 1e-9),
         )
-    return _write_corpus(cfg, teacher, state, chunks, index)
+    return _write_manifest(cfg, state, count, pairs)
+
+
+def _changed(stored: dict, wanted: dict) -> set[str]:
+    """The settings that differ between a stored state's and the wanted ones."""
+    return {k for k in wanted.keys() | stored.keys() if stored.get(k) != wanted.get(k)}
+
+
+def _stored_state(path: Path) -> dict | None:
+    """RUN/distill/state.json, None when there is none; one line when it cannot be read."""
+    if not path.exists():
+        return None
+    maybe = (str, type(None))
+    return _read_record(
+        path,
+        {"settings": dict, "precision": maybe, "attention": maybe},
+        f"delete it to distil again from the start (the chunks in {path.parent / 'chunks'} "
+        f"are then translated again)",
+    )
+
+
+def _write_state(folder: Path, state: dict) -> None:
+    write_atomic(folder / STATE, (json.dumps(state, indent=2) + "\n").encode())
 
 
 def _translate_chunks(
-    cfg: Config, engine: Translator, opts: SearchOptions, corpora: list, chunks: Path
+    cfg: Config,
+    engine: Translator,
+    opts: SearchOptions,
+    corpora: list,
+    chunks: Path,
+    compare: bool = False,
 ) -> tuple[int, int, float]:
     """The teacher's translations of every chunk not yet translated, each chunk a file
     of its own (written atomically); returns the sentences translated now, the chunks
-    in all, and the seconds it took."""
+    in all, and the seconds it took. `compare`: a chunk file is kept only where its
+    source lines are the corpus's (data.train changed since it was written), else
+    translated again."""
     progress = ProgressLog(sum(c.size for c in corpora), stage="distill")
     start, translated, index = time.perf_counter(), 0, 0
     for corpus in corpora:
         for raw_src, raw_tgt in corpus.chunks(cfg.distill.chunk_lines):
             path = chunks / f"{index:06d}.jsonl"
             index += 1
-            if not path.exists():
+            lines = None
+            if compare and path.exists():
                 src, _, keep = clean(raw_src, raw_tgt)
                 lines = [x for x, k in zip(src, keep, strict=True) if k]
+                if _chunk_sources(path) != lines:
+                    path.unlink()  # another corpus's lines (or a damaged file)
+            if not path.exists():
+                if lines is None:
+                    src, _, keep = clean(raw_src, raw_tgt)
+                    lines = [x for x, k in zip(src, keep, strict=True) if k]
                 hyps = engine.translate(lines, opts, batch_tokens=engine.batch_tokens)
                 pieces = engine.encode(lines)
                 with atomic_text(path) as f:
@@ -259,19 +402,59 @@ def _translate_chunks(
     return translated, index, time.perf_counter() - start
 
 
-def _start(cfg: Config, teacher: Teacher, folder: Path, chunks: Path) -> dict:
-    """RUN/distill/state.json: the settings, kept from the first start; a teacher or a
-    search that differs from the stored one starts the distillation over."""
-    wanted = settings(cfg, teacher)
-    path = folder / STATE
-    if path.exists():
-        state = json.loads(path.read_text("utf-8"))
-        if state["settings"] == wanted:
-            return state
-        changed = sorted(k for k in wanted if state["settings"].get(k) != wanted[k])
+RECORD = {"src": str, "tgt": str, "src_pieces": int, "tgt_pieces": int, "cost": (int, float)}
+
+
+def _read_chunk(path: Path) -> list[dict] | None:
+    """A chunk file's records, None when it is damaged (cut short, not UTF-8 JSON lines
+    of `RECORD`'s fields)."""
+    try:
+        text = path.read_text("utf-8")
+        records = [json.loads(line) for line in text.splitlines()]
+    except (ValueError, RecursionError):
+        return None
+    whole = not text or text.endswith("\n")
+    fine = all(
+        isinstance(r, dict) and all(isinstance(r.get(k), t) for k, t in RECORD.items())
+        for r in records
+    )
+    return records if whole and fine else None
+
+
+def _chunk_sources(path: Path) -> list[str] | None:
+    """The source lines a chunk file translated, None when it is damaged."""
+    records = _read_chunk(path)
+    return None if records is None else [r["src"] for r in records]
+
+
+def _remove_chunks_from(chunks: Path, count: int) -> None:
+    """Chunk files numbered `count` and beyond: of a longer corpus than this one."""
+    for path in chunks.glob("*.jsonl"):
+        if path.stem.isdigit() and int(path.stem) >= count:
+            path.unlink()
+
+
+def _start(
+    cfg: Config, wanted: dict, stored: dict | None, resumed: dict | None, folder: Path, chunks: Path
+) -> dict:
+    """RUN/distill/state.json: the settings, kept from the first start. `resumed`: the
+    `stored` state, when at most the corpus differs from the `wanted` settings (its
+    chunks are then compared with the new corpus's lines, and kept where they match). A
+    teacher or a search that differs from the stored one starts the distillation over."""
+    if resumed is not None:
+        if resumed["settings"] != wanted:
+            log.warning(
+                "distill: data.train changed since the chunks in %s were translated: "
+                "translating again those whose source lines differ",
+                chunks,
+            )
+            (folder / MANIFEST).unlink(missing_ok=True)
+        chunks.mkdir(exist_ok=True)
+        return resumed
+    if stored is not None:
         log.warning(
             "distill: %s changed since the chunks in %s were translated: starting over",
-            ", ".join(changed),
+            ", ".join(sorted(_changed(stored["settings"], wanted))),
             chunks,
         )
     shutil.rmtree(chunks, ignore_errors=True)
@@ -279,7 +462,7 @@ def _start(cfg: Config, teacher: Teacher, folder: Path, chunks: Path) -> dict:
     chunks.mkdir()
     asked = cfg.distill.precision
     state = {"settings": wanted, "precision": None if asked == "auto" else asked, "attention": None}
-    write_atomic(path, (json.dumps(state, indent=2) + "\n").encode())
+    _write_state(folder, state)
     return state
 
 
@@ -295,52 +478,91 @@ def _check_vocabularies(cfg: Config, engine, teacher: Teacher) -> None:
         )
 
 
-def _write_corpus(cfg: Config, teacher: Teacher, state: dict, chunks: Path, count: int) -> dict:
-    """Filter the chunks' pairs into RUN/distill/train.* and write the manifest last."""
+class _DamagedChunks(Exception):
+    """Chunk files found damaged while the corpus was written (`paths`)."""
+
+    def __init__(self, paths: list[Path]):
+        super().__init__(", ".join(map(str, paths)))
+        self.paths = paths
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """What `_write_pairs` counted: pairs read from the chunks, kept, dropped (by
+    reason), and the SHA-256 of the kept ones."""
+
+    read: int
+    kept: int
+    dropped: dict[str, int]
+    sha256: str
+
+
+def _write_pairs(cfg: Config, chunks: Path, count: int) -> _Pairs:
+    """Filter the chunks' pairs into RUN/distill/train.*; `_DamagedChunks` (nothing
+    written) when some chunk files cannot be read."""
     d = cfg.distill
     dropped = dict.fromkeys(FILTERS, 0)
     kept = read = 0
     digest = hashlib.sha256()
+    damaged = []
     src_path, tgt_path = distilled_corpus(cfg)
     with atomic_text(src_path) as src_out, atomic_text(tgt_path) as tgt_out:
         for index in range(count):
-            with open(chunks / f"{index:06d}.jsonl", encoding="utf-8") as f:
-                for line in f:
-                    pair = json.loads(line)
-                    read += 1
-                    reason = _dropped_for(pair, d.max_cost, d.max_len_ratio)
-                    if reason:
-                        dropped[reason] += 1
-                        continue
-                    kept += 1
-                    src_out.write(pair["src"] + "\n")
-                    tgt_out.write(pair["tgt"] + "\n")
-                    digest.update(f"{pair['src']}\t{pair['tgt']}\n".encode())
-    if not kept:
+            path = chunks / f"{index:06d}.jsonl"
+            records = _read_chunk(path)
+            if records is None:
+                damaged.append(path)
+                continue
+            for pair in records:
+                read += 1
+                reason = _dropped_for(pair, d.max_cost, d.max_len_ratio)
+                if reason:
+                    dropped[reason] += 1
+                    continue
+                kept += 1
+                src_out.write(pair["src"] + "\n")
+                tgt_out.write(pair["tgt"] + "\n")
+                digest.update(f"{pair['src']}\t{pair['tgt']}\n".encode())
+        if damaged:  # raised inside: the files begun are not renamed into place
+            raise _DamagedChunks(damaged)
+    return _Pairs(read, kept, dropped, digest.hexdigest())
+
+
+def _write_manifest(cfg: Config, state: dict, count: int, pairs: _Pairs) -> dict:
+    """The shortlist of the corpus written (`distill.shortlist`), then the manifest, last."""
+    if not pairs.kept:
         raise DistillError(
-            f"distill: no pairs left of {read} translated (dropped: {dropped}); "
+            f"distill: no pairs left of {pairs.read} translated (dropped: {pairs.dropped}); "
             f"loosen distill.max_cost or distill.max_len_ratio"
         )
     shortlist = cfg.run_path / SHORTLIST
-    shortlist.unlink(missing_ok=True)
-    if d.shortlist:
-        _write_shortlist(cfg, src_path, tgt_path, shortlist)
+    if cfg.distill.shortlist:
+        _write_shortlist(cfg, *distilled_corpus(cfg), shortlist)  # atomically, over the old
+    else:
+        shortlist.unlink(missing_ok=True)
     manifest = {
         "settings": state["settings"],
         "precision": state["precision"],
         "filters": _corpus_settings(cfg),
         "chunks": count,
-        "pairs": {"translated": read, "kept": kept, "dropped": dropped},
-        "corpus_sha256": digest.hexdigest(),
+        "pairs": {"translated": pairs.read, "kept": pairs.kept, "dropped": pairs.dropped},
+        "corpus_sha256": pairs.sha256,
     }
     write_atomic(cfg.run_path / FOLDER / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-    log.info("distill: kept %d of %d translated pairs; dropped %s", kept, read, dropped)
+    log.info(
+        "distill: kept %d of %d translated pairs; dropped %s",
+        pairs.kept,
+        pairs.read,
+        pairs.dropped,
+    )
     return manifest
 
 
 def _write_shortlist(cfg: Config, src_path: Path, tgt_path: Path, out: Path) -> None:
-    """The lexical shortlist of the distilled corpus (`mtkit.search.shortlist`)."""
+    """The lexical shortlist of the distilled corpus (`mtkit.search.shortlist`), with the
+    vocabulary sizes it was made for (`checkpoint.check_shortlist`), written atomically."""
     import numpy as np
+    import torch
 
     from mtkit.core.checkpoint import save_tensors
     from mtkit.search.shortlist import build_shortlist
@@ -356,7 +578,9 @@ def _write_shortlist(cfg: Config, src_path: Path, tgt_path: Path, out: Path) -> 
         cfg.distill.shortlist,
         cfg.distill.shortlist_frequent,
     )
-    save_tensors({k: v.int() for k, v in shortlist.as_entry().items()}, out)
+    entry = {k: v.int() for k, v in shortlist.as_entry().items()}
+    entry[VOCAB_SIZES] = torch.tensor([len(src_vocab), len(tgt_vocab)], dtype=torch.int64)
+    save_tensors(entry, out)
     log.info(
         "distill: a shortlist of %d target pieces per source piece and %d frequent ones",
         shortlist.table.size(1),

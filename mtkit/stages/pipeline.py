@@ -3,8 +3,9 @@
 tokenizer -> (distill) -> preprocess -> train -> (average) -> translate the test set -> eval.
 With `distill.teacher`, a teacher named by its config is run first (its own `mtkit run`),
 and the distillation is complete when RUN/distill/manifest.json comes from the same
-teacher and settings; the shards must then come from that corpus. A stage is otherwise
-complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
+teacher, settings and source corpus (data.train's files, by their SHA-256: pointed at
+another corpus, the stage runs again); the shards must then come from that corpus. A
+stage is otherwise complete when its output exists: RUN/spm.model, RUN/data/train/manifest.json,
 a checkpoint that reached the training limits, RUN/test.hyp newer than the checkpoint
 it came from. Rerunning after an interruption picks up where it stopped. Ctrl-C (or
 SIGTERM) during training saves a checkpoint and stops the whole pipeline (`Interrupted`):
@@ -153,7 +154,8 @@ def _run_all(cfg: Config) -> RunResult:
 
 
 def _distill_stage(cfg: Config) -> bool:
-    """Distil unless RUN/distill holds this teacher's finished corpus; whether the corpus
+    """Distil unless RUN/distill holds this teacher's finished corpus of data.train (as it
+    is now: `distill.corpus_identity`); whether the corpus
     differs from the one the shards were made from. A student already trained on another
     corpus is refused rather than resumed on this one."""
     teacher = resolve_teacher(cfg)  # hashes the teacher's files: once
@@ -169,7 +171,7 @@ def _distill_stage(cfg: Config) -> bool:
     if (cfg.run_path / "checkpoints" / "last.pt").exists():
         raise DistillError(
             f"{cfg.run_path}: the student in checkpoints/ trained on another corpus than "
-            f"the teacher's translations in distill/ (a new teacher or settings); move "
+            f"the teacher's translations in distill/ (a new teacher, corpus or settings); move "
             f"checkpoints/ away to train a new student"
         )
     return True

@@ -34,12 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtkit.core.atomic import WriteError, remove_leftovers
-from mtkit.core.checkpoint import (
-    SHORTLIST,
-    load_tensors,
-    training_payload,
-    write_training_checkpoint,
-)
+from mtkit.core.checkpoint import training_payload, write_training_checkpoint
 from mtkit.core.config import Config, TrainConfig, config_to_dict
 from mtkit.core.device import autocast
 from mtkit.core.errors import first_line
@@ -613,7 +608,7 @@ def save(state: TrainState, is_best: bool) -> None:
         dataclasses.asdict(p),
         state.train_data.fingerprint,
         state.choices.as_record(),
-        _shortlist(state.cfg),
+        state.shortlist,
         rng_of_ranks=rngs[1:],
     )
     path = write_training_checkpoint(
@@ -621,13 +616,6 @@ def save(state: TrainState, is_best: bool) -> None:
     )
     state.metrics.write("checkpoint", step=p.step, path=str(path), best=is_best)
     state.saved_step = p.step
-
-
-def _shortlist(cfg: Config) -> dict | None:
-    """A distilled student's lexical shortlist (`mtkit distill` wrote it), kept in its
-    checkpoints, or None."""
-    path = cfg.run_path / SHORTLIST
-    return load_tensors(path) if cfg.distill.teacher and path.exists() else None
 
 
 # --- progress records -----------------------------------------------------------

@@ -24,10 +24,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from mtkit.core.checkpoint import (
+    SHORTLIST,
     CheckpointError,
+    check_shortlist,
     describe_weights,
     find_resumable,
     load_checkpoint,
+    load_tensors,
     trained_model,
 )
 from mtkit.core.config import Config, ModelConfig, config_from_dict, config_to_dict, save_config
@@ -95,6 +98,9 @@ class TrainState:
     clock_start: float  # perf_counter() at which `progress.elapsed` would have been 0
     saved_step: int  # the step of the newest checkpoint
     captured: CapturedUpdates | None = None  # each shape's update as a graph (cuda_graphs)
+    # a distilled student's lexical shortlist (RUN/distill/shortlist.pt, checked at the
+    # start: `student_shortlist`), kept in each checkpoint
+    shortlist: dict[str, Tensor] | None = None
     # validation's decoder steps as graphs (decode.cuda_graphs), kept from one validation
     # to the next: the optimizer writes the weights in place, where the graphs read them
     decoder: CapturedDecoder | None = None
@@ -129,6 +135,7 @@ def setup(cfg: Config, resume: bool) -> TrainState:
         torch.backends.cudnn.allow_tf32 = True
 
     vocabs = load_vocabs(run, cfg.tokenizer.joint)
+    shortlist = student_shortlist(cfg, vocabs)  # now, not at the first checkpoint
     train_data, valid_data = _open_data(cfg, vocabs)
     found = find_resumable(run / "checkpoints") if resume else None
     if distributed:
@@ -213,7 +220,33 @@ def setup(cfg: Config, resume: bool) -> TrainState:
             if graph_choice(cfg.decode.cuda_graphs, device)["graphs"] == "on"
             else None
         ),
+        shortlist=shortlist,
     )
+
+
+def student_shortlist(cfg: Config, vocabs: tuple[Vocab, Vocab]) -> dict[str, Tensor] | None:
+    """A distilled student's lexical shortlist, RUN/distill/shortlist.pt (`mtkit distill`
+    writes it with `distill.shortlist` > 0), checked against the run's vocabularies
+    (`check_shortlist`); None without `distill.teacher` or with `distill.shortlist: 0`.
+    Missing or unusable, it is one `TrainError` before the first step, not at the first
+    checkpoint."""
+    if not cfg.distill.teacher or not cfg.distill.shortlist:
+        return None
+    path = cfg.run_path / SHORTLIST
+    remedy = "rerun `mtkit distill` to make it again"
+    if not path.is_file():
+        raise TrainError(
+            f"distill.shortlist is {cfg.distill.shortlist} but {path} is "
+            f"{'not a file' if path.exists() else 'missing'}; {remedy} "
+            f"(or set distill.shortlist=0 for a student without one)"
+        )
+    try:
+        entry = load_tensors(path)
+        check_shortlist(entry, len(vocabs[0]), len(vocabs[1]), path, remedy)
+    except CheckpointError as e:
+        message = str(e)
+        raise TrainError(message if remedy in message else f"{message}; {remedy}") from None
+    return entry
 
 
 def _captured_updates(
