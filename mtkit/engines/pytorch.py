@@ -26,6 +26,7 @@ from mtkit.core.checkpoint import (
     check_shortlist,
     describe_weights,
     load_checkpoint,
+    payload_digest,
     trained_step,
 )
 from mtkit.core.config import Config, config_from_dict
@@ -94,6 +95,9 @@ class TorchEngine(Engine):
     # files `sources`; 1: one at a time, in this process
     workers: int = 1
     sources: list[str] = field(default_factory=list)
+    # Each model's weights' digest (`Weights.digest`): what a spawned helper checks that
+    # it loaded
+    digests: list[str] = field(default_factory=list)
     _pool: BatchWorkers | None = field(default=None, init=False, repr=False, compare=False)
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
@@ -243,6 +247,8 @@ class TorchEngine(Engine):
         first input of several batches where `workers` > 1 on a CPU, then kept."""
         if self.workers <= 1 or batches < 2 or self.device.type != "cpu" or not self.sources:
             return None
+        if self._pool is not None and self._pool.broken:  # a helper failed: new ones
+            self.close()
         if self._pool is None:
             self._pool = BatchWorkers(
                 self,
@@ -251,6 +257,7 @@ class TorchEngine(Engine):
                     self.sources,
                     self.precision["precision"],
                     self.precision.get("attention", {}).get("kernel"),
+                    self.digests,
                 ),
                 self.workers,
             )
@@ -537,15 +544,26 @@ def load_torch_engine(
         if dev.type == "cpu"
         else 1,
         [str(p) for p in paths],
+        [x.weights.digest for x in loaded],
     )
 
 
-def helper_engine(paths: list[str], precision: str, attention: str | None) -> TorchEngine:
+def helper_engine(
+    paths: list[str], precision: str, attention: str | None, digests: list[str] | None = None
+) -> TorchEngine:
     """The engine a spawned helper process loads (`mtkit.engines.workers`): the same
     checkpoint files, precision and attention kernel as its engine's, on the CPU, one
-    batch at a time."""
+    batch at a time. `digests`: the engine's models' (`Weights.digest`); a file that
+    holds other weights now (replaced since the engine loaded it) is a `CheckpointError`:
+    one command translates with one model."""
     tune_cpu_runtime()
     engine = load_torch_engine(paths, "cpu", precision=precision, workers=1)
+    for path, loaded, wanted in zip(paths, engine.digests, digests or engine.digests, strict=True):
+        if loaded != wanted:
+            raise CheckpointError(
+                f"the model file changed since this command loaded it: {path} holds "
+                f"other weights now; run the command again"
+            )
     if attention is not None:
         engine.use_attention(attention)
     return engine
@@ -681,6 +699,9 @@ class Weights(NamedTuple):
 
     step: int | None
     about: str
+    # SHA-256 of the checkpoint's content (its stored digest, checked on load; computed
+    # for an older one without): the same digest, the same weights
+    digest: str = ""
 
 
 class Loaded(NamedTuple):
@@ -728,6 +749,10 @@ def load_model(path: str | os.PathLike) -> Loaded:
         src_vocab,
         tgt_vocab,
         cfg,
-        Weights(trained_step(payload), describe_weights(payload)),
+        Weights(
+            trained_step(payload),
+            describe_weights(payload),
+            payload.get("digest") or payload_digest(payload, MappedFile(Path(path)).release),
+        ),
         shortlist,
     )

@@ -91,7 +91,8 @@ def test_a_helper_that_dies_is_one_line(trained, one_thread):
         for helper in engine._pool.helpers:
             os.kill(helper.pid, signal.SIGKILL)
             helper.join(timeout=10)
-        with pytest.raises(WorkerError, match="helper process stopped"):
+        stopped = r"helper process 1 of 1 \(pid \d+\) stopped with exit code -9"
+        with pytest.raises(WorkerError, match=stopped):
             engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
     finally:
         engine.close()
