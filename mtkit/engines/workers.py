@@ -201,16 +201,18 @@ class BatchWorkers:
         by `here` (the engine's own `translate_batch`, in this process): each process
         takes the next batch not yet taken whenever it is free. Ends once every helper
         has loaded its engine (or failed to)."""
-        self._check_alive()
+        if self.broken:
+            raise WorkerError("the translation helpers were stopped after a failure")
         call = next(self.calls)
         lock = self.taken.get_lock()
-        _acquire(lock, self._check_alive)
-        self.taken[0], self.taken[1] = call, 0
-        lock.release()
-        for inbox in self.inboxes:
-            inbox.put((call, jobs, opts))
         finished = 0
         try:
+            _acquire(lock, self._check_alive)
+            self.taken[0], self.taken[1] = call, 0
+            lock.release()
+            self._check_alive()
+            for inbox in self.inboxes:
+                inbox.put((call, jobs, opts))
             with torch_threads(self.threads):  # this process's share, beside the helpers
                 while (i := _take(self.taken, call, len(jobs), self._check_alive)) is not None:
                     yield i, here(jobs[i], opts)

@@ -94,6 +94,9 @@ def test_a_helper_that_dies_is_one_line(trained, one_thread):
         stopped = r"helper process 1 of 1 \(pid \d+\) stopped with exit code -9"
         with pytest.raises(WorkerError, match=stopped):
             engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)
+        assert engine._pool.broken and not any(h.is_alive() for h in engine._pool.helpers)
+        engine.translate(LINES, SearchOptions(beam=1), batch_tokens=60)  # new helpers
+        assert not engine._pool.broken and engine._pool.helped > 0
     finally:
         engine.close()
 
