@@ -299,10 +299,10 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
             SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
         )
         compare = state["settings"] != wanted  # the corpus changed: check each chunk
+        translated = seconds = 0
         for attempt in (1, 2):
-            translated, count, seconds = _translate_chunks(
-                cfg, engine, opts, corpora, chunks, compare
-            )
+            now, count, took = _translate_chunks(cfg, engine, opts, corpora, chunks, compare)
+            translated, seconds = translated + now, seconds + took
             if compare:  # every chunk now holds this corpus's lines
                 state["settings"], compare = wanted, False
                 _write_state(folder, state)
@@ -381,6 +381,9 @@ def _translate_chunks(
                 lines = [x for x, k in zip(src, keep, strict=True) if k]
                 if _chunk_sources(path) != lines:
                     path.unlink()  # another corpus's lines (or a damaged file)
+            elif path.exists() and not _whole(path, raw_src, raw_tgt):
+                log.warning("distill: %s is damaged (cut short): translating its lines again", path)
+                path.unlink()
             if not path.exists():
                 if lines is None:
                     src, _, keep = clean(raw_src, raw_tgt)
@@ -407,18 +410,27 @@ RECORD = {"src": str, "tgt": str, "src_pieces": int, "tgt_pieces": int, "cost": 
 
 def _read_chunk(path: Path) -> list[dict] | None:
     """A chunk file's records, None when it is damaged (cut short, not UTF-8 JSON lines
-    of `RECORD`'s fields)."""
+    of `RECORD`'s fields). Lines end at a newline only: a translation may hold U+2028."""
     try:
         text = path.read_text("utf-8")
-        records = [json.loads(line) for line in text.splitlines()]
+        if text and not text.endswith("\n"):
+            return None
+        records = [json.loads(line) for line in text.split("\n")[:-1]]
     except (ValueError, RecursionError):
         return None
-    whole = not text or text.endswith("\n")
     fine = all(
         isinstance(r, dict) and all(isinstance(r.get(k), t) for k, t in RECORD.items())
         for r in records
     )
-    return records if whole and fine else None
+    return records if fine else None
+
+
+def _whole(path: Path, raw_src: list[str], raw_tgt: list[str]) -> bool:
+    """Whether a chunk file holds a line for each pair of its chunk that cleaning keeps
+    (both sides not blank), the last one ended: a cheap check, without parsing it."""
+    data = path.read_bytes()
+    pairs = sum(1 for s, t in zip(raw_src, raw_tgt, strict=True) if s.strip() and t.strip())
+    return data.count(b"\n") == pairs and (not data or data.endswith(b"\n"))
 
 
 def _chunk_sources(path: Path) -> list[str] | None:
