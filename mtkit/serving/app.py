@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,17 +30,16 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mtkit.core.errors import OptionError, plural
-from mtkit.core.hypothesis import Hypothesis, pharaoh
+from mtkit.api import Translator as Api
+from mtkit.core.errors import OptionError, UserError, plural
+from mtkit.core.hypothesis import pharaoh
 from mtkit.core.languages import (
     Tagging,
     bilingual_pair,
     directions,
     name,
-    tag_ids,
     tagging,
     target_languages,
-    untagged,
 )
 from mtkit.core.search_options import (
     OPTIONS,
@@ -50,11 +48,11 @@ from mtkit.core.search_options import (
     check_constraints,
     constraints_need,
 )
-from mtkit.core.terms import Constraint, Glossary, combine
+from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
-from mtkit.core.translation import confidence
+from mtkit.core.translation import Translation
 from mtkit.serving.protocols import add_routes
-from mtkit.serving.scheduler import Batcher, Limits, ServeError
+from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
@@ -85,6 +83,12 @@ class TranslateRequest(BaseModel):
         None,
         description=OPTIONS["lang_vocab"].help.replace("--no-lang-vocab", "false")
         + " Default: the server's.",
+    )
+    split: bool | None = Field(
+        None,
+        description="Translate a text of several sentences sentence by sentence and join "
+        "them back (each answer then lists its sentences). Default: the model's "
+        "decode.split.",
     )
 
 
@@ -183,17 +187,6 @@ class _TooLarge(Exception):
     pass
 
 
-async def _awaited(request: Request, future: Future) -> list | None:
-    """The future's result, or None when the client disconnects first: then the future
-    is cancelled, and the worker drops the request if its search has not begun."""
-    waiting = asyncio.wrap_future(future)
-    while not (await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S))[0]:
-        if await request.is_disconnected():
-            waiting.cancel()
-            return None
-    return waiting.result()
-
-
 @dataclass
 class Service:
     """One loaded model (or ensemble) behind the API: what the routes read.
@@ -236,13 +229,13 @@ class Service:
 
     def constraints(
         self, body: TranslateRequest, lines: list[str], opts: SearchOptions
-    ) -> list[list[Constraint]] | None:
-        """Each sentence's constraints: the request's, and the glossary's for its terms;
-        None if none has any. 422 where the request's own cannot be searched for, and
-        for options that cannot search with the server's glossary (a beam of 1), as
-        `translate --glossary` refuses them; a glossary's terms that cannot be searched
-        for in a sentence are left out of it (logged)."""
-        own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+    ) -> list[list[tuple[str, ...]]] | None:
+        """The request's own constraints, one list per sentence (None if it has none),
+        checked: 422 where they cannot be searched for, and for options that cannot
+        search with the server's glossary (a beam of 1), as `translate --glossary`
+        refuses them. The glossary's terms are the session's to add, sentence by sentence
+        (`mtkit.engines.session.searchable`: those that cannot be searched for in a
+        sentence are left out of it, logged)."""
         if self.glossary:  # as `translate --glossary`: options it cannot search with are
             # refused, in every request, whether or not its sentences hold a term
             need = constraints_need(opts, self.translator.capabilities, spell=str)
@@ -250,26 +243,41 @@ class Service:
                 raise ServeError(
                     422, f"this server's glossary (serve --glossary) needs {need}", "beam"
                 )
-        wanted = (
-            combine(own, [self.glossary.constraints(x) for x in lines])
-            if self.glossary is not None
-            else own
-        )
-        if not any(wanted):
+        own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+        if not any(own):
             return None
         try:
             check_constraints(opts, self.translator.capabilities, "constraints", spell=str)
         except OptionError as e:
             raise ServeError(422, str(e), "constraints") from None
-        for i, why in enumerate(self.translator.constraint_errors(lines, wanted, opts)):
-            if why and own[i]:
-                mine = self.translator.constraint_errors([lines[i]], [own[i]], opts)[0]
-                if mine:
-                    raise ServeError(422, f"constraints.{i}: {mine}", f"constraints.{i}")
+        for i, why in enumerate(self.translator.constraint_errors(lines, own, opts)):
             if why:
-                log.warning("sentence %d: the glossary's terms are left out: %s", i, why)
-                wanted[i] = own[i]
-        return wanted if any(wanted) else None
+                raise ServeError(422, f"constraints.{i}: {why}", f"constraints.{i}")
+        return own
+
+    async def translated(
+        self, request: Request, texts: list[str], opts: SearchOptions, **session
+    ) -> list[Translation] | None:
+        """`texts` translated by the one session every surface takes
+        (`mtkit.api.Translator.translate_with`: sentences split and joined, markup
+        carried through, the server's glossary), its searches queued in the batcher
+        (`Queued`); None when the client disconnects first (its searches not yet begun
+        are dropped). A mistake in the request is a 422 `ServeError` naming its field."""
+        queued = Queued(self.translator, self.batcher)
+        work = asyncio.ensure_future(
+            asyncio.to_thread(
+                Api(queued).translate_with, texts, opts, glossary=self.glossary, **session
+            )
+        )
+        while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                queued.cancel()
+                work.add_done_callback(lambda w: w.cancelled() or w.exception())  # heard
+                return None
+        try:
+            return work.result()
+        except UserError as e:
+            raise ServeError(422, e.line(), getattr(e, "option", None)) from None
 
     def tag(self, body: TranslateRequest) -> Tagging:
         """Where a multilingual model's tag for the request's target_lang goes (nowhere
@@ -393,21 +401,15 @@ def _routes(app: FastAPI, service: Service) -> None:
         opts = service.options(body)
         start = time.perf_counter()
         tag = service.tag(body)
-        lines = [tag.source + " ".join(x.split()) if x.strip() else "" for x in body.text]
-        prefixes = [tag.target if x else "" for x in lines] if tag.target else None
-        constraints = service.constraints(body, lines, opts)
-        hyps = (
-            await _awaited(request, service.batcher.submit(lines, opts, constraints, prefixes))
-            if lines
-            else []
+        texts = [" ".join(x.split()) for x in body.text]
+        own = service.constraints(body, [tag.source + x if x else "" for x in texts], opts)
+        found = await service.translated(
+            request, texts, opts, constraints=own, tgt_lang=body.target_lang, split=body.split
         )
-        if hyps is None:  # the client left while its request waited: dropped
+        if found is None:  # the client left while its request waited: dropped
             return Response(status_code=400)
-        if any(tag):
-            ids = tag_ids(service.translator.tgt_vocab, service.translator.config.data)
-            hyps = [untagged(h, bool(tag.source), ids if tag.target else frozenset()) for h in hyps]
         return {
-            "translations": [_entry(h, service.translator, opts) for h in hyps],
+            "translations": [_entry(t, opts) for t in found],
             "model": service.model_name,
             "elapsed_ms": round(1000 * (time.perf_counter() - start), 1),
         }
@@ -427,21 +429,39 @@ def _routes(app: FastAPI, service: Service) -> None:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
 
-def _entry(hyps: list[Hypothesis], translator: Translator, opts: SearchOptions) -> dict:
-    """One sentence's answer: its best translation, and the n-best list when asked."""
+def _entry(found: Translation, opts: SearchOptions) -> dict:
+    """One text's answer: its best translation (with its sentences, where it was split),
+    and the n-best list when asked."""
 
-    def one(h: Hypothesis) -> dict:
+    def one(t: Translation) -> dict:
         return {
-            "text": translator.tgt_vocab.decode(h.tokens),
-            "score": round(h.score, 4),
-            "confidence": round(confidence(h), 4),
-            **({"alignment": pharaoh(h.alignment or ())} if opts.alignments else {}),
-            **({"constraints_met": h.met} if h.met is not None else {}),
+            "text": t.text,
+            "score": round(t.score, 4),
+            "confidence": round(t.confidence, 4),
+            **({"alignment": pharaoh(t.alignment or ())} if opts.alignments else {}),
+            **({"constraints_met": t.constraints_met} if t.constraints_met is not None else {}),
+            **(
+                {
+                    "sentences": [
+                        {
+                            "source": s.source,
+                            "text": s.text,
+                            "score": round(s.score, 4),
+                            "confidence": round(s.confidence, 4),
+                        }
+                        for s in t.sentences
+                    ]
+                }
+                if t.sentences
+                else {}
+            ),
         }
 
-    entry = one(hyps[0])
+    entry = one(found)
     if opts.nbest > 1:
-        entry["nbest"] = [one(h) for h in hyps]
+        entry["nbest"] = [one(replace(found, alternatives=()))] + [
+            one(a) for a in found.alternatives
+        ]
     return entry
 
 

@@ -21,7 +21,6 @@ LibreTranslate routes take it as `api_key` or a Bearer header, DeepL's as its
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -29,7 +28,6 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from mtkit.api import Translator as Api
 from mtkit.core.errors import UserError, plural
 from mtkit.core.langid import LangIdError, base, detect_scored
 from mtkit.core.languages import bilingual_pair, directions
@@ -47,24 +45,6 @@ NAMES = {
     "sl": "Slovenian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }  # fmt: skip
 MAX_ALTERNATIVES = 16
-
-
-class Queued:
-    """The served engine, its searches going through the server's batcher: what the
-    session (`mtkit.engines.session`) translates with inside a request."""
-
-    def __init__(self, engine, batcher):
-        self._engine, self._batcher = engine, batcher
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    def translate(
-        self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
-    ):
-        if not lines:
-            return []
-        return self._batcher.submit(lines, options, constraints, prefixes).result()
 
 
 @dataclass
@@ -95,27 +75,27 @@ class Protocols:
         )
 
     async def translate(
-        self, texts: list[str], format: str, split: bool, target: str, nbest: int
+        self, request: Request, texts: list[str], format: str, split: bool, target: str, nbest: int
     ) -> list[Translation]:
-        """`texts` translated through the batcher; a ServeError (status and message) for
-        what cannot be (options, markup, limits)."""
+        """`texts` translated as every route translates (`Service.translated`); a
+        ServeError (status and message) for what cannot be (options, markup, limits)."""
         service = self.service
         check_size(service.limits, texts)
         multilingual = len(self.targets()) > 1
         try:
             opts = service.options_for(nbest)
-            api = Api(Queued(service.translator, service.batcher))
-            found = await asyncio.to_thread(
-                api.translate_with,
-                texts,
-                opts,
-                glossary=service.glossary,
-                tgt_lang=target if multilingual else None,
-                format=format,
-                split=split,
-            )
         except UserError as e:
             raise ServeError(400, e.line()) from None
+        found = await service.translated(
+            request,
+            texts,
+            opts,
+            tgt_lang=target if multilingual else None,
+            format=format,
+            split=split,
+        )
+        if found is None:  # the client left while it waited: no one to answer
+            raise ServeError(400, "the client disconnected")
         self.characters += sum(map(len, texts))
         return found
 
@@ -254,7 +234,7 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
                 raise ServeError(400, f"{source} is not supported")
             if target not in protocols.targets(source):
                 raise ServeError(400, f"{target} is not supported")
-            found = await protocols.translate(texts, fmt, True, target, alternatives + 1)
+            found = await protocols.translate(request, texts, fmt, True, target, alternatives + 1)
         except ServeError as e:
             return _lt_error(e)
         out: dict = {"translatedText": [t.text for t in found]}
@@ -343,7 +323,9 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
             split = str(given.get("split_sentences", "1"))
             if split not in ("0", "1", "nonewlines"):
                 raise ServeError(400, "Value for 'split_sentences' not supported.")
-            found = await protocols.translate(texts, tags or "text", split != "0", target, 1)
+            found = await protocols.translate(
+                request, texts, tags or "text", split != "0", target, 1
+            )
         except ServeError as e:
             return _deepl_error(e)
         detected = (source or protocols.sources()[0]).upper()

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from mtkit.core.hypothesis import Hypothesis
@@ -46,6 +46,37 @@ class Limits:
 # clients the two did not differ beyond noise.
 JOIN_SHARE = 0.5
 JOIN_AFTER_STEPS = 3
+
+
+class Queued:
+    """The served engine with its searches going through the server's `Batcher`: what the
+    translation session (`mtkit.engines.session`) translates with inside one request.
+    `cancel` drops the searches it queued that have not begun (the client left), and
+    makes any later one fail."""
+
+    def __init__(self, engine: Translator, batcher: Batcher):
+        self._engine, self._batcher = engine, batcher
+        self._futures: list[Future] = []
+        self._cancelled = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def translate(
+        self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
+    ) -> list[list[Hypothesis]]:
+        if not lines:
+            return []
+        if self._cancelled:
+            raise CancelledError
+        future = self._batcher.submit(lines, options, constraints, prefixes)
+        self._futures.append(future)
+        return future.result()
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        for future in self._futures:
+            future.cancel()
 
 
 SHUTTING_DOWN = "the server is shutting down; retry shortly"

@@ -90,6 +90,30 @@ def test_translate_health_info_page_and_docs(translator):
         assert "/v1/translate" in api.get("/openapi.json").json()["paths"]
 
 
+def test_v1_splits_a_text_of_several_sentences_as_the_python_api_does(translator):
+    from mtkit.api import Translator as Api
+
+    paragraph = "A dog runs in the park. Two men talk on a bench."
+    expected = Api(translator).translate([paragraph, SENTENCES[3]], alignments=True)
+    with client(translator) as api:
+        answer = api.post(
+            "/v1/translate", json={"text": [paragraph, SENTENCES[3]], "alignments": True}
+        ).json()
+        whole = api.post("/v1/translate", json={"text": [paragraph], "split": False}).json()
+    split, single = answer["translations"]
+    assert [s["source"] for s in split["sentences"]] == [
+        "A dog runs in the park.",
+        "Two men talk on a bench.",
+    ]
+    assert [s["text"] for s in split["sentences"]] == alone(translator, SENTENCES[0:3:2])
+    assert split["text"] == expected[0].text == " ".join(alone(translator, SENTENCES[0:3:2]))
+    assert split["alignment"] == " ".join(f"{s}-{t}" for s, t in expected[0].alignment)
+    assert split["confidence"] == pytest.approx(expected[0].confidence, abs=1e-4)
+    assert "sentences" not in single and single["text"] == expected[1].text
+    unsplit = whole["translations"][0]
+    assert "sentences" not in unsplit and unsplit["text"] == alone(translator, [paragraph])[0]
+
+
 def test_an_api_key_guards_everything_but_health(translator):
     with client(translator, api_key="s3cret") as api:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
@@ -258,18 +282,24 @@ def test_a_request_whose_wait_is_cancelled_is_never_translated(translator):
     assert held.rounds == [["A dog."], ["C bird."]]
 
 
-def test_a_waiting_handler_whose_client_left_cancels_its_request():
-    from concurrent.futures import Future
-
-    from mtkit.serving.app import _awaited
+def test_a_waiting_handler_whose_client_left_cancels_its_request(translator):
+    from mtkit.serving.app import Service
 
     class Gone:
         async def is_disconnected(self) -> bool:
             return True
 
-    future = Future()
-    assert asyncio.run(_awaited(Gone(), future)) is None
-    assert future.cancelled()
+    batcher, submitted = Batcher(translator, Limits()), []  # never started: requests wait
+    real_submit = batcher.submit
+
+    def submit(*args):
+        submitted.append(real_submit(*args))
+        return submitted[-1]
+
+    batcher.submit = submit
+    service = Service(translator, defaults(translator), Limits(), "m", batcher=batcher)
+    found = asyncio.run(service.translated(Gone(), ["A dog."], defaults(translator)))
+    assert found is None and len(submitted) == 1 and submitted[0].cancelled()
 
 
 def test_without_continuous_batching_greedy_requests_run_in_rounds(translator):
