@@ -142,10 +142,9 @@ def corpus_identity(data: DataConfig) -> str:
         chosen = dataclasses.asdict(corpus)
         chosen.pop("weight")  # repeats pairs for training; each is translated once
         h.update(json.dumps(chosen, sort_keys=True).encode())
-        for given in (corpus.src, corpus.tgt, corpus.path, corpus.hub):
-            path = Path(given) if given else None
-            files = [] if path is None else [path] if path.is_file() else []
-            if path is not None and path.is_dir():  # a local dataset folder
+        for path in (Path(p) for p in (corpus.src, corpus.tgt, corpus.path, corpus.hub) if p):
+            files = [path] if path.is_file() else []
+            if path.is_dir():  # a local dataset folder
                 files = sorted(p for p in path.rglob("*") if p.is_file())
             for file in files:
                 h.update(f"\0{file}\0{_file_digest(file)}".encode())
@@ -313,7 +312,8 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
             except _DamagedChunks as e:
                 if attempt == 2:
                     raise DistillError(
-                        f"{e.paths[0]}: damaged again after it was translated again"
+                        f"{e.paths[0]}: unreadable again right after it was written; "
+                        f"check the disk of {chunks}"
                     ) from None
                 for path in e.paths:  # translated again on the next turn
                     log.warning(
