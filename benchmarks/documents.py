@@ -152,7 +152,9 @@ def html_part(translator, src, ref, beam, train_src, train_out, align_layer=None
     inputs = [tagged(s, rng) for s in src]
     plain, plain_seconds = timed(lambda: translator.translate(src, beam=beam))
     done, seconds = timed(
-        lambda: translator.translate([h for h, _ in inputs], beam=beam, format="html")
+        lambda: translator.translate(
+            [h for h, _ in inputs], beam=beam, format="html", align_layer=align_layer
+        )
     )
     well_formed = 0
     stripped = []

@@ -165,7 +165,7 @@ def _distill_stage(cfg: Config) -> bool:
     manifest = cfg.run_path / "data" / "train" / "manifest.json"
     if not manifest.exists():
         return False
-    made_from = json.loads(manifest.read_text("utf-8")).get("distilled")
+    made_from = ShardDataset(manifest.parent).manifest.get("distilled")  # (damaged: one line)
     if made_from == distilled_manifest(cfg)["corpus_sha256"]:
         return False
     if (cfg.run_path / "checkpoints" / "last.pt").exists():

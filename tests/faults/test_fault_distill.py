@@ -163,6 +163,13 @@ def test_run_distils_again_when_data_train_changed(student, tmp_path):
     )
 
 
+def test_run_with_a_damaged_shard_manifest_is_one_line(student):
+    config, _, run = student
+    (run / "data" / "train" / "manifest.json").write_text('{"distilled": "ab')
+    result = cli("run", "-c", config)
+    assert_one_line(result, says="corrupt manifest (not JSON); rerun `mtkit preprocess`")
+
+
 # --- 4: a refused teacher removes nothing --------------------------------------------------
 
 
