@@ -4,7 +4,10 @@ Every stage marks its output finished by renaming it into place, so an interrupt
 stage leaves nothing a later stage could take for finished, and a user's file given as
 an output is replaced only once the new content is complete. A failed write (disk full,
 read-only folder, a name too long) becomes one `WriteError` naming the path the caller
-gave, never the temporary beside it; the temporary is removed.
+gave, never the temporary beside it; the temporary is removed. A write killed outright
+(SIGKILL, the OOM killer) cannot remove its own: each temporary names its writer
+(`.NAME.PID@HOST.*.tmp`), and the next write of the same file removes those whose
+writer is gone.
 
 Only regular files are replaced that way. An output that is a device or a FIFO
 (`/dev/null`, a named pipe), or that names an open descriptor (`/dev/stdout`,
@@ -15,9 +18,11 @@ Unix tool writes it: renaming a file over it would replace the device with a fil
 from __future__ import annotations
 
 import errno
+import glob
 import io
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -79,14 +84,52 @@ def _about(e: OSError, temporary: Path | str | None) -> bool:
     )
 
 
-def _temporary_prefix(path: Path) -> str:
-    """`.NAME.` for the temporary beside `path`; a name too long to take the prefix and
-    a random suffix within the file system's 255 bytes is shortened (its leftovers are
-    then not found by `remove_leftovers`, which a name that long never needs)."""
-    prefix = f".{path.name}."
+def _temporary_prefix(path: Path, owner: str = "") -> str:
+    """`.NAME.` (and `OWNER.` when given) for the temporary beside `path`; a name too
+    long to take the prefix and a random suffix within the file system's 255 bytes is
+    shortened (its leftovers are then not found by `remove_leftovers` nor
+    `_remove_dead_temporaries`, which a name that long never needs)."""
+    prefix = f".{path.name}.{owner + '.' if owner else ''}"
     while len(os.fsencode(prefix)) > 255 - 24:  # mkstemp's 8 random characters + suffix
         prefix = prefix[:-2] + "."
     return prefix
+
+
+def _owner() -> str:
+    """Who writes a temporary: this process on this host, `PID@HOST`."""
+    return f"{os.getpid()}@{socket.gethostname().split('.')[0] or 'localhost'}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (PermissionError: someone else's, alive)
+        return True
+    return True
+
+
+def _remove_dead_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries that writes of `path` by processes of this host that no
+    longer exist left beside it (a SIGKILL, an OOM kill: no `finally` ran). A live
+    writer's, another host's (a shared folder) and a name too long to hold its owner are
+    left alone. Returns what was removed."""
+    owner = _owner()
+    prefix = _temporary_prefix(path)
+    if prefix != f".{path.name}." or _temporary_prefix(path, owner) != f"{prefix}{owner}.":
+        return []
+    host = owner.split("@", 1)[1]
+    removed = []
+    for p in path.parent.glob(f"{glob.escape(prefix)}*@{glob.escape(host)}.*.tmp"):
+        pid, _, their_host = p.name[len(prefix) :].split(".", 1)[0].partition("@")
+        if their_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 def _refuse_folder(path: Path, given: Path | str) -> None:
@@ -160,7 +203,10 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
+        _remove_dead_temporaries(path)  # a killed earlier write's
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=_temporary_prefix(path, _owner()), suffix=".tmp"
+        )
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "wb") as f:
             yield f

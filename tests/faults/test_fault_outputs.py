@@ -111,6 +111,36 @@ def test_a_signal_in_translate_keeps_the_output_file_and_leaves_no_temporary(
     assert sorted(p.name for p in work.iterdir()) == ["exp.yaml", "out.txt", "run"]
 
 
+def test_the_temporary_of_a_killed_translate_is_removed_by_the_next_write(work, ckpts):
+    """SIGKILL runs no cleanup: the temporary stays until the next write of the same file,
+    which removes it, and leaves a live writer's and another host's alone."""
+    out = work / "out.txt"
+    out.write_text("keep me\n")
+    proc = mtkit_process("translate", "-m", ckpts / "best.pt", "-o", out, stdin=subprocess.PIPE)
+    proc.stdin.write("A dog runs in the park.\n" * 100)
+    proc.stdin.flush()  # and left open
+
+    def temporaries() -> list:
+        return [p for p in work.iterdir() if p.name.startswith(".out.txt.")]
+
+    wait_for(lambda: any(p.stat().st_size > 0 for p in temporaries()), proc)
+    proc.kill()
+    proc.wait(timeout=60)
+    with contextlib.suppress(BrokenPipeError, OSError):
+        proc.stdin.close()
+    (killed,) = temporaries()
+    assert killed.name.startswith(f".out.txt.{proc.pid}@") and out.read_text() == "keep me\n"
+    host = killed.name.split("@", 1)[1].split(".", 1)[0]
+    live = work / f".out.txt.{os.getpid()}@{host}.abcdefgh.tmp"  # a write under way
+    elsewhere = work / f".out.txt.{proc.pid}@another-host.abcdefgh.tmp"  # a shared folder's
+    for p in (live, elsewhere):
+        p.write_text("partial")
+    (work / "in.txt").write_text("A dog.\n")
+    result = cli("translate", "-m", ckpts / "best.pt", "-i", work / "in.txt", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(temporaries()) == sorted([live, elsewhere]) and out.read_text() != "keep me\n"
+
+
 def test_output_is_written_whole_on_success(work, ckpts):
     text, out = work / "in.txt", work / "out.txt"
     text.write_text("A dog.\n\nTwo men.\n")
