@@ -24,17 +24,20 @@ stopped when the engine is let go or its process ends. As every worker process o
 mtkit, they ignore SIGINT and SIGTERM, which the engine's process answers
 (`mtkit.core.signals`), and they stop when they notice that it is gone.
 
-Channels. Each helper has an inbox of its own, a queue the engine puts each translation
-in, `(call, jobs, opts)`, and None to stop (its feeder thread may stay blocked writing
-to a helper that died: it is never waited for at exit, `cancel_join_thread`). What a
-helper sends back goes through a one-way pipe of its own, as length-prefixed pickled
-messages (`_send`): ("loaded",) once its engine is ready, ("result", call, batch,
-hypotheses), ("error", call or None, what failed). The engine waits on every helper's
-pipe and every helper's sentinel (readable once the process has ended) together
-(`multiprocessing.connection.wait`); it reads a pipe only as far as bytes are there (its
-end is non-blocking, `_Channel`) and takes whole messages only, so a helper that dies
-half-way through a message never holds it. The shared counter's lock is taken with a
-timeout, so a helper killed while holding it is found too. A helper that dies at any
+Channels. Each helper has two one-way pipes of its own, both carrying length-prefixed
+pickled messages (`_frame`). Its inbox brings each translation, `(call, jobs, opts)`,
+and None to stop; the engine writes it from a thread (`_Outbox`), so that it never
+waits for a helper that is busy, loading or dead (the write then fails and the thread
+ends; it is never waited for at exit). Its outbox brings back ("loaded",) once its
+engine is ready, ("result", call, batch, hypotheses) and ("error", call or None, what
+failed). Each side reads only as far as bytes are there (its end is non-blocking,
+`_Channel`) and takes whole messages only, so a process that dies half-way through a
+message never holds the other: the engine waits on every helper's pipe and every
+helper's sentinel (readable once the process has ended) together
+(`multiprocessing.connection.wait`), a helper on its inbox and the engine's sentinel.
+A fork closes its copies of the engine's ends of every pipe, so that the engine's end
+is the helper's end too. The shared counter's lock is taken with a timeout, so a
+helper killed while holding it is found too. A helper that dies at any
 moment (starting, loading, translating, sending) or fails is one `WorkerError` naming
 it and its exit code; every helper is then killed at once. A call ends only once every
 helper has loaded its engine or failed to, so that a failed load is told whatever the
@@ -61,7 +64,6 @@ the helpers, makes one of them fail at one moment:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import itertools
@@ -73,6 +75,7 @@ import queue
 import resource
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
@@ -118,7 +121,7 @@ class BatchWorkers:
     (picklable: `pytorch.helper_engine` with the engine's files, their digests and its
     choices). Made by the engine (`TorchEngine.worker_pool`); `run` spreads a
     translation's batches over them and the engine's own process. Helper K (from 1) is
-    `helpers[K - 1]`, with its inbox, its channel and whether it has loaded."""
+    `helpers[K - 1]`, with its inbox, its outbox's channel and whether it has loaded."""
 
     def __init__(
         self, engine: Any, load: Callable[[], Any], workers: int, threads: int | None = None
@@ -133,7 +136,7 @@ class BatchWorkers:
         # end of an earlier one sees another call and takes nothing of this one)
         self.taken = context.Array("q", [0, 0])  # [call, next batch]
         self.helpers: list[Any] = []  # the processes started
-        self.inboxes: list[Any] = []  # each one's (call, jobs, opts), then None
+        self.inboxes: list[_Outbox] = []  # each one's (call, jobs, opts), then None
         self.channels: list[_Channel] = []  # what each one sends back
         self.loaded: list[bool] = []  # each one's engine is ready
         # Stopped when the pool is let go, and at the process's end before
@@ -167,28 +170,38 @@ class BatchWorkers:
             raise WorkerError(_start_failure(*failed, count=self.workers - 1))
 
     def _start_helper(self, context: Any, k: int, start: Any) -> None:
-        reader, writer = context.Pipe(duplex=False)
-        inbox = None
+        ends: list[Any] = []  # [inbox's, outbox's] (helper's end, engine's end)
         try:
-            inbox = context.Queue()
-            inbox.cancel_join_thread()  # its feeder may be stuck on a dead helper's pipe
+            for _ in range(2):
+                ends.append(context.Pipe(duplex=False))  # (reader, writer)
+            (inbox, to_helper), (from_helper, outbox) = ends
+            # A fork holds copies of the engine's ends of the pipes (its own and the
+            # earlier helpers'): it closes them, or it would never see the engine's end
+            # (no end of file, no EPIPE) and could wait forever on a pipe
+            inherited = (
+                [c.conn for c in self.channels]
+                + [o.conn for o in self.inboxes]
+                + [to_helper, from_helper]
+                if self.forked
+                else []
+            )
             helper = context.Process(
                 target=_helper,
-                args=(k, start, self.forked, self.threads, inbox, self.taken, writer),
+                args=(k, start, self.forked, self.threads, inbox, self.taken, outbox, inherited),
                 daemon=True,  # stopped with the engine's process
                 name=f"mtkit-helper-{k}",
             )
             helper.start()
         except BaseException:
-            reader.close()
-            if inbox is not None:
-                inbox.close()
+            for pair in ends:
+                for end in pair:
+                    end.close()
             raise
-        finally:
-            writer.close()  # the helper's alone now: the pipe ends with it
+        inbox.close()  # the helper's ends are the helper's alone now: the pipes end with it
+        outbox.close()
         self.helpers.append(helper)
-        self.inboxes.append(inbox)
-        self.channels.append(_Channel(reader))
+        self.inboxes.append(_Outbox(to_helper, f"mtkit-inbox-{k}"))
+        self.channels.append(_Channel(from_helper))
         self.loaded.append(False)
 
     def run(
@@ -211,8 +224,9 @@ class BatchWorkers:
             self.taken[0], self.taken[1] = call, 0
             lock.release()
             self._check_alive()
+            message = _frame((call, jobs, opts))  # (pickled once for all)
             for inbox in self.inboxes:
-                inbox.put((call, jobs, opts))
+                inbox.put(message)
             with torch_threads(self.threads):  # this process's share, beside the helpers
                 while (i := _take(self.taken, call, len(jobs), self._check_alive)) is not None:
                     yield i, here(jobs[i], opts)
@@ -352,7 +366,44 @@ class _Channel:
         return messages
 
 
-def _stop(helpers: list[Any], inboxes: list[Any], channels: list[_Channel], loaded: list) -> None:
+class _Outbox:
+    """The engine's end of one helper's inbox: what is put (`_frame`d) is written by a
+    thread of its own, started at the first put (after every helper has been forked),
+    so that the engine never waits for the helper. A write to a helper that has ended
+    fails (EPIPE): the thread then ends, as it does once `close` is put; it closes the
+    pipe."""
+
+    def __init__(self, conn: Any, name: str):
+        self.conn = conn
+        self.name = name
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def put(self, data: bytes) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._feed, name=self.name, daemon=True)
+            self.thread.start()
+        self.queue.put(data)
+
+    def close(self) -> None:
+        if self.thread is None:
+            self.conn.close()
+        else:
+            self.queue.put(None)
+
+    def _feed(self) -> None:
+        try:
+            while (data := self.queue.get()) is not None:
+                _write(self.conn.fileno(), memoryview(data))
+        except OSError:  # the helper has ended
+            pass
+        finally:
+            self.conn.close()
+
+
+def _stop(
+    helpers: list[Any], inboxes: list[_Outbox], channels: list[_Channel], loaded: list
+) -> None:
     """Each helper ends after its batch (a None in its inbox), or is killed once
     `STOP_WAIT_S` have passed; one still loading is killed at once (nothing of it to
     finish). Then the engine's ends of their inboxes and pipes are closed."""
@@ -360,8 +411,7 @@ def _stop(helpers: list[Any], inboxes: list[Any], channels: list[_Channel], load
         if helper.is_alive() and not ready:
             helper.kill()
         elif helper.is_alive():
-            with contextlib.suppress(ValueError, OSError):
-                inbox.put(None)
+            inbox.put(_frame(None))
     deadline = time.monotonic() + STOP_WAIT_S
     for helper in helpers:
         helper.join(timeout=max(deadline - time.monotonic(), 0))
@@ -475,19 +525,26 @@ def _helper(
     threads: int,
     inbox: Any,
     taken: Any,
-    conn: Any,
+    outbox: Any,
+    inherited: list[Any],
 ) -> None:
     """Helper `k`'s life: its engine (`start`: the engine it was forked with, or the
-    function that loads it again), "loaded" on its pipe (or the error that kept it
-    from loading), then for each call in its inbox the batches it takes, until None,
-    or until the engine's process is gone (killed: no one would send the None)."""
+    function that loads it again), "loaded" on its `outbox` (or the error that kept it
+    from loading), then for each call in its `inbox` the batches it takes, until None,
+    or until the engine's process is gone (killed: no one would send the None; its
+    inbox then ends and its outbox refuses writes, as `inherited`, the engine's ends a
+    fork holds copies of, are closed first)."""
     ignore_in_worker()  # stop signals are the engine's process's to answer
+    for end in inherited:
+        end.close()
     fault = _Fault.of_helper(k)
     fault.at("start")
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(threads)  # its share
-    out = conn.fileno()
+    out = outbox.fileno()
     parent = multiprocessing.parent_process()
+    watched = [inbox] + ([parent.sentinel] if parent is not None else [])
+    calls = _Channel(inbox)
 
     def waiting() -> None:
         if parent is not None and not parent.is_alive():
@@ -501,34 +558,37 @@ def _helper(
             _send(out, ("error", None, f"could not load the model: {_told(e)}"))
             return
         _send(out, ("loaded",))
-        while True:
-            try:
-                message = inbox.get(timeout=LIVENESS_S)
-            except queue.Empty:
-                waiting()
-                continue
-            if message is None:
-                return
-            call, jobs, opts = message
-            holding = functools.partial(fault.at, "taking")
-            while (i := _take(taken, call, len(jobs), waiting, holding)) is not None:
-                try:
-                    reply = ("result", call, i, engine.translate_batch(jobs[i], opts))
-                except Exception as e:  # told to the engine's process, in one line
-                    reply = ("error", call, f"{type(e).__name__}: {first_line(e)}")
-                _send(out, reply, fault)
+        holding = functools.partial(fault.at, "taking")
+        while not calls.ended:  # (the engine's process is gone)
+            if parent is not None and parent.sentinel in wait(watched, LIVENESS_S):
+                return  # (likewise)
+            for message in calls.read():
+                if message is None:
+                    return
+                call, jobs, opts = message
+                while (i := _take(taken, call, len(jobs), waiting, holding)) is not None:
+                    try:
+                        reply = ("result", call, i, engine.translate_batch(jobs[i], opts))
+                    except Exception as e:  # told to the engine's process, in one line
+                        reply = ("error", call, f"{type(e).__name__}: {first_line(e)}")
+                    _send(out, reply, fault)
     except (_Orphaned, BrokenPipeError):  # the engine's process is gone
         return
 
 
-def _send(out: int, message: tuple, fault: _Fault | None = None) -> None:
-    """Write `message` whole to the pipe `out`: its length, then its pickled body."""
+def _frame(message: Any) -> bytes:
+    """`message` as it goes through a pipe: its pickled body's length, then the body."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    data = memoryview(len(body).to_bytes(HEADER, "big") + body)
+    return len(body).to_bytes(HEADER, "big") + body
+
+
+def _send(out: int, message: tuple, fault: _Fault | None = None) -> None:
+    """Write `message` whole to the pipe `out` (`_frame`)."""
+    data = memoryview(_frame(message))
     if fault is not None:
         fault.at("before-send")
         if fault.moment == "mid-send":
-            _write(out, data[: HEADER + len(body) // 2])
+            _write(out, data[: HEADER + (len(data) - HEADER) // 2])
             fault.at("mid-send")
     _write(out, data)
     if fault is not None:

@@ -13,9 +13,11 @@ so that any process it leaves is found (/proc/PID/environ).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +30,7 @@ from mtkit.core.checkpoint import CheckpointError
 from mtkit.engines.pytorch import helper_engine
 from mtkit.engines.workers import FAULT_ENV, HEADER, _Channel
 
-from faultkit import ROOT
+from faultkit import ROOT, wait_for
 
 # `python -m mtkit` with torch's threads set first: with --workers 2, one thread each
 # makes the helper a fork of the command's process, two a spawned process that loads the
@@ -169,6 +171,58 @@ def test_a_helper_start_that_fails_half_way_names_its_cause(model, corpus, tmp_p
         proc, out, mark, "too many open files while starting translation helper process"
     )
     assert "of 63 (open-file limit 100)" in line and "writing" not in line
+
+
+def test_helpers_end_when_the_command_is_killed_while_they_write(model, corpus, tmp_path):
+    """The command's process killed (SIGKILL) while its helpers are blocked writing
+    results it does not read (stopped first), or read a 2,000-line input's batches it
+    was writing to them: they end, each after the batch it translates. A fork held a
+    copy of the engine's end of its own pipe, so its write never failed, and a helper
+    read the rest of a half-written inbox message: both waited forever."""
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    env.update({"MTKIT_CACHE_DIR": "", MARK: mark})
+    args = ["-q", "translate", "-m", model, "-i", corpus["train.en"], "-o", tmp_path / "out"]
+    args += ["--workers", 3, "--beam", 4, "--nbest", 4, "--alignments"]  # large results
+    args += ["--batch-tokens", 2000, "--max-len-a", 0, "--max-len-b", 40]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, "3", *map(str, args)], cwd=ROOT, env=env, text=True
+    )
+    try:
+        wait_for(lambda: len(marked(mark)) >= 3, proc)  # the command and two helpers
+        helpers = [pid for pid in marked(mark) if pid != proc.pid]
+        wait_for(lambda: any(cpu_s(pid) > 0.2 for pid in helpers), proc)  # translating
+        proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: any("pipe_write" in wchan(pid) for pid in helpers))
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30  # (a helper first ends the batch it translates)
+        while (left := marked(mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes left: {left}"
+    finally:
+        for pid in [proc.pid, *marked(mark)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def cpu_s(pid: int) -> float:
+    """The processor seconds process `pid` has used since it started (its own, not
+    counting what it had before a fork)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wchan(pid: int) -> str:
+    """Where in the kernel process `pid` sleeps ("anon_pipe_write": writing to a full
+    pipe)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
 
 
 def test_no_fault_no_line(model, corpus, tmp_path):
