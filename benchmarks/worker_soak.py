@@ -4,8 +4,8 @@ Issue 69's goal: every run ends within 10 s of the kill with one line on stderr 
 the helper and its exit code, exit code 2, and no output file, temporary or process
 left; 200 runs with forked helpers (one thread each) and 50 with spawned ones (two
 threads each: they load the model again). Each run kills the command's helper from
-outside at a moment drawn uniformly between the helper's start and the end of an
-undisturbed run (measured first, per mode): while it starts, loads, takes a batch,
+outside at a moment drawn uniformly in the first 80% of an undisturbed run from the
+helper's start (measured first, per mode): while it starts, loads, takes a batch,
 translates, or writes a result. A kill that lands after the translation has ended may
 let the command finish: that run counts as "finished first" when its output is whole.
 
@@ -53,6 +53,7 @@ RUN = (
 )
 THREADS = {"forked": 2, "spawned": 4}
 NBEST = 4  # output lines per input line
+WINDOW = 0.8  # kills are drawn in this share of the undisturbed run after the helper's start
 
 
 def prepare(folder: Path, lines: int) -> tuple[Path, Path]:
@@ -255,7 +256,7 @@ def soak(
     calm = run_once(model, source, out, mode, None)
     if calm.code != 0 or calm.helper_at is None:
         sys.exit(f"the undisturbed {mode} run failed (exit {calm.code}): {calm.stderr.strip()}")
-    window = calm.ended_at - calm.helper_at
+    window = WINDOW * (calm.ended_at - calm.helper_at)
     print(
         f"{mode}: undisturbed run {calm.ended_at:.1f} s, helper seen after "
         f"{calm.helper_at:.1f} s; kills drawn in [0, {window:.1f}] s after it",

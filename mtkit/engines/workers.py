@@ -35,11 +35,12 @@ failed). Each side reads only as far as bytes are there (its end is non-blocking
 message never holds the other: the engine waits on every helper's pipe and every
 helper's sentinel (readable once the process has ended) together
 (`multiprocessing.connection.wait`), a helper on its inbox and the engine's sentinel.
-A fork closes its copies of the engine's ends of every pipe, so that the engine's end
-is the helper's end too. The shared counter's lock is taken with a timeout, so a
-helper killed while holding it is found too. A helper that dies at any
-moment (starting, loading, translating, sending) or fails is one `WorkerError` naming
-it and its exit code; every helper is then killed at once. A call ends only once every
+A fork closes its copies of the engine's ends of every pipe: when the engine's process
+is gone, its helpers' inboxes end and their writes fail, and they end too. The shared
+counter's lock is taken with a timeout, so a helper killed while holding it is found
+too. A helper that dies at any moment (starting, loading, translating, sending) or
+fails is one `WorkerError` naming it and its exit code; every helper is then killed at
+once. A call ends only once every
 helper has loaded its engine or failed to, so that a failed load is told whatever the
 input's size. Helpers are registered to be stopped (the `Finalize`) before the first
 one starts: a start that fails half-way (too many open files) stops those started and
