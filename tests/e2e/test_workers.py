@@ -43,11 +43,16 @@ def test_helpers_translate_batches_as_the_engine_does(trained, one_thread, beam)
         done: list[int] = []
         want = alone.translate(LINES, opts, batch_tokens=60)
         got = together.translate(LINES, opts, done.append, batch_tokens=60)
-        assert together._pool is not None and together._pool.helped > 0  # they did work
+        for _ in range(5):  # a helper starved of CPU by other processes may take no batch
+            if together._pool.helped:  # of one call: they did work
+                break
+            again = together.translate(LINES, opts, batch_tokens=60)
+            assert [[h.tokens for h in n] for n in again] == [[h.tokens for h in n] for n in got]
+        assert together._pool is not None and together._pool.helped > 0
         assert alone._pool is None
         assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
         assert all(abs(g.score - w.score) < 1e-5 for a, b in zip(got, want) for g, w in zip(a, b))
-        assert sum(done) == len(LINES)  # progress counts every line once
+        assert sum(done) == len(LINES)  # progress counts every line once (of the first call)
         assert torch.get_num_threads() == 1  # this process's threads as they were
         again = together.translate(LINES[:12], opts, batch_tokens=60)  # the same helpers
         assert [n[0].tokens for n in again] == [n[0].tokens for n in want[:12]]
