@@ -119,7 +119,8 @@ class Translator:
         subtitles, a gettext po catalogue (`mtkit.documents`). `split` (None: the checkpoint's
         decode.split): a text of several sentences is translated sentence by sentence.
         `alignments`: word links in each result, from the cross-attention of decoder
-        layer `align_layer` (None: the second-to-last)."""
+        layer `align_layer` (None: the last; a model trained with guided alignment: its
+        trained head)."""
         if isinstance(texts, str):
             raise OptionError("texts: give a list of texts, not one text", "texts")
         _checked(texts)

@@ -130,7 +130,7 @@ OPTIONS: dict[str, Option] = {
             "align_layer",
             None,
             "Decoder layer whose cross-attention gives the alignments "
-            "(default: the second-to-last).",
+            "(default: the last; a model trained with guided alignment: its trained head).",
             0,
         ),
     )

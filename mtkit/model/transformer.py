@@ -404,10 +404,10 @@ class Transformer(nn.Module):
 
 
 def alignment_layer(model: Transformer) -> int:
-    """The decoder layer word alignments are read from (`mtkit.search.alignment`) and,
-    with guided alignment, trained into: the second-to-last (the last one of a one-layer
-    decoder), the usual choice, since the last layer attends to what it predicts less
-    sharply (Garg et al., 2019)."""
+    """The decoder layer guided alignment trains, and a guided model's word alignments
+    are read from (`mtkit.search.alignment`): the second-to-last (the last one of a
+    one-layer decoder), Garg et al.'s (2019) choice, since the last layer attends to
+    what it predicts less sharply."""
     return max(model.cfg.decoder_layers - 2, 0)
 
 

@@ -145,12 +145,14 @@ def test_the_copy_models_alignment_is_the_diagonal(copy_run):
         opts = SearchOptions(beam=4, max_len_a=1.0, max_len_b=5, alignments=True, align_layer=layer)
         return [h[0].alignment for h in translator.translate(short, opts)]
 
-    default = links(None)
-    assert default == links(0)  # default: the second-to-last of 2 layers
-    assert [len(a) for a in default] == [len(s.split()) for s in short]  # a link per word
+    assert links(None) == links(1)  # default: the last of 2 layers
+    second_to_last = links(0)
+    words = [len(s.split()) for s in short]  # about a link per word:
+    assert all(len(a) <= n for a, n in zip(second_to_last, words, strict=True))
+    assert sum(map(len, second_to_last)) >= 0.99 * sum(words)
     # The diagonal, but for a link or two that the training's random draws decide (one
     # of 420 in one run: target word 1 linked to source word 0)
-    flat = [link for sentence in default for link in sentence]
+    flat = [link for sentence in second_to_last for link in sentence]
     assert sum(s == t for s, t in flat) / len(flat) > 0.99
     last = [link for sentence in links(1) for link in sentence]  # the last layer: mostly
     assert sum(s == t for s, t in last) / len(last) > 0.8

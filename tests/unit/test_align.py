@@ -40,6 +40,20 @@ def test_each_target_subword_links_its_most_attended_source_word():
     assert word_links(attention, [], ["▁x"]) == () and pharaoh(()) == ""
 
 
+def test_links_are_read_both_ways_and_symmetrized_with_grow_diag():
+    attention = torch.tensor(
+        [
+            [0.7, 0.1, 0.1, 0.1],  # w -> a
+            [0.1, 0.7, 0.1, 0.1],  # x -> b
+            [0.1, 0.1, 0.7, 0.1],  # y -> c
+            [0.4, 0.1, 0.1, 0.3],  # z -> a: a stray link far from the others
+        ]
+    )  # and each column's most attending row: a -> w, b -> x, c -> y, d -> z
+    words = ["▁a", "▁b", "▁c", "▁d"], ["▁w", "▁x", "▁y", "▁z"]
+    # the stray link is dropped (no agreed link beside it), d-z kept (grown from c-y)
+    assert word_links(attention, *words) == ((0, 0), (1, 1), (2, 2), (3, 3))
+
+
 def test_bare_space_pieces_neither_link_nor_are_linked_to():
     attention = torch.tensor(
         [
@@ -85,14 +99,15 @@ def test_cross_attention_is_a_distribution_over_real_source_tokens_only():
     )
 
 
-def test_the_default_layer_is_the_second_to_last_and_others_are_checked():
-    assert default_layer(tiny(3)) == 1 and default_layer(tiny(1)) == 0
+def test_the_default_layer_is_the_last_or_a_guided_models_and_others_are_checked():
+    assert default_layer(tiny(3)) == 2 and default_layer(tiny(1)) == 0
+    assert default_layer(tiny(3), guided=True) == 1 and default_layer(tiny(1), guided=True) == 0
     check_layer(2, [tiny(3)])
     with pytest.raises(OptionError, match=r"must be 0 \(the model has 1 decoder layer\)"):
         check_layer(1, [tiny(3), tiny(1)])
 
 
-def test_align_gives_word_links_for_every_target_word():
+def test_align_gives_word_links_within_each_pair():
     model = tiny()
     links = align(
         [model, model],
@@ -104,4 +119,4 @@ def test_align_gives_word_links_for_every_target_word():
         torch.device("cpu"),
     )
     assert links[1] == ()
-    assert {t for _, t in links[0]} == {0, 1} and {s for s, _ in links[0]} <= {0, 1}
+    assert links[0] and {t for _, t in links[0]} <= {0, 1} and {s for s, _ in links[0]} <= {0, 1}
