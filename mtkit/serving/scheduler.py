@@ -80,6 +80,7 @@ class Queued:
 
 
 SHUTTING_DOWN = "the server is shutting down; retry shortly"
+SIGNAL_SLICE_S = 0.2  # the longest the model thread waits without running signal handlers
 
 
 class ServeError(Exception):
@@ -206,6 +207,17 @@ class Batcher:
         for job in refused:
             job.future.set_exception(ServeError(503, SHUTTING_DOWN))
 
+    def _next(self) -> _Job | None:
+        """The next queued request, however long it takes to come: waited for in slices,
+        so that this thread (the main one, under `serve`) runs a stop signal's handler
+        within one whichever of the process's threads the kernel delivered it to (a
+        thread blocked in one long wait would never run it)."""
+        while True:
+            try:
+                return self._queue.get(timeout=SIGNAL_SLICE_S)
+            except queue.Empty:
+                continue
+
     def _take(self, wait: bool) -> None:
         """Move queued requests to the backlog. With `wait`, block for the first, then
         wait for company until the token budget is reached or `max_wait_ms` has passed.
@@ -217,7 +229,7 @@ class Batcher:
         while not self._closing:
             wait = wait and not self._stopping  # closing: take all that is queued, now
             if wait and deadline is None:
-                job = self._queue.get()
+                job = self._next()
             else:
                 timeout = deadline - time.monotonic() if wait else 0
                 try:  # past the deadline, still take what is already queued

@@ -5,6 +5,7 @@ answered with a status that says what happened."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -65,3 +66,25 @@ def test_a_client_that_leaves_mid_body_is_no_traceback(trained):
     assert server.translate(["A dog."])[0]  # served on
     code, err = server.stop()
     assert code == 0 and "Traceback" not in err and "ClientDisconnect" not in err, err[-2000:]
+
+
+def test_a_stop_signal_delivered_to_another_thread_still_stops_the_model_thread(trained):
+    """The kernel may deliver a process's SIGTERM to any of its threads (the HTTP one, an
+    executor's); the model thread, waiting for requests, must still run the handler."""
+    checkpoint = str(trained / "run" / "checkpoints" / "best.pt")
+    script = f"""
+import signal, sys, threading
+from mtkit.engines.loader import load_engine
+from mtkit.serving.scheduler import Batcher, Limits
+batcher = Batcher(load_engine({checkpoint!r}, "cpu"), Limits())
+signal.signal(signal.SIGTERM, lambda s, f: batcher.close())
+other = threading.Thread(target=threading.Event().wait, daemon=True)
+other.start()
+threading.Timer(1.0, signal.pthread_kill, (other.ident, signal.SIGTERM)).start()
+batcher.run()  # waits for requests until the handler closes it
+print("stopped")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr[-2000:]
