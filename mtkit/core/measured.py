@@ -151,8 +151,8 @@ def _write(path: Path, kept: dict) -> None:
             0o666,  # less the umask, as any new file
         )
         try:
-            # written in place on purpose: a fresh temporary, renamed over the file below
-            with open(fd, "wb") as f:
+            # a fresh temporary, renamed over the file below
+            with open(fd, "wb") as f:  # written in place on purpose
                 f.write(json.dumps(kept, indent=1, sort_keys=True).encode())
                 f.flush()
                 os.fsync(f.fileno())
