@@ -17,12 +17,14 @@ import argparse
 import gzip
 import json
 import random
+import sys
 import time
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serverkit import LocalServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from serverkit import LocalServer  # noqa: E402 (tests/serverkit.py)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "multi30k"
 KEY = "benchmark-key"

@@ -24,18 +24,21 @@ import gzip
 import json
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from serverkit import LocalServer  # noqa: I001 (a sibling script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from train_throughput import process_peak_rss_mb
 
 from mtkit.core.device import tune_cpu_runtime
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
+
+from serverkit import LocalServer  # noqa: E402 (tests/serverkit.py)
 
 
 def make_requests(path: str, count: int, seed: int = 1) -> list[list[str]]:

@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from serverkit import LocalServer  # noqa: I001 (a sibling script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from serverkit import LocalServer  # noqa: E402 (tests/serverkit.py)
 
 
 def browser():

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "multi30k"
 MARK = "MTKIT_SOAK_MARK"
@@ -54,11 +56,57 @@ NBEST = 4  # output lines per input line
 WINDOW = 0.8  # kills are drawn in this share of the undisturbed run after the helper's start
 
 
-def prepare(folder: Path, lines: int) -> tuple[Path, Path]:
-    """A tiny trained model (`fault_probe.prepare`: 20 steps on 2,000 Multi30k pairs) and
-    an input of `lines` lines, in `folder`."""
-    from fault_probe import prepare as tiny_run
+def tiny_run(folder: Path) -> None:
+    """A 2,000-pair corpus slice, a tiny config (1 layer of 16, fp32 on the CPU) and a run
+    trained for 20 steps by `mtkit` itself, in `folder`."""
+    for split, name, n in (
+        ("train", "train", 2000),
+        ("valid", "val", 100),
+        ("test", "test2016", 100),
+    ):
+        for lang in ("en", "de"):
+            with gzip.open(DATA / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (folder / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)))
+    config = {
+        "run_dir": "run",
+        "data": {
+            **{s: {"src": f"{s}.en", "tgt": f"{s}.de"} for s in ("train", "valid", "test")},
+            "workers": 1,
+        },
+        "tokenizer": {"vocab_size": 500},
+        "model": {
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "d_model": 16,
+            "heads": 2,
+            "ffn_dim": 32,
+            "dropout": 0.0,
+        },
+        "train": {
+            "max_tokens": 512,
+            "warmup_steps": 10,
+            "lr": 0.005,
+            "max_steps": 20,
+            "valid_every": 10,
+            "device": "cpu",
+            "precision": "fp32",
+        },
+    }
+    (folder / "exp.yaml").write_text(yaml.safe_dump(config))
+    for stage in ("tokenizer", "preprocess", "train"):
+        done = subprocess.run(
+            [sys.executable, "-m", "mtkit", stage, "-c", "exp.yaml"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"mtkit {stage} failed: {done.stderr[-2000:]}")
 
+
+def prepare(folder: Path, lines: int) -> tuple[Path, Path]:
+    """A tiny trained model (`tiny_run`: 20 steps on 2,000 Multi30k pairs) and an input
+    of `lines` lines, in `folder`."""
     tiny_run(folder)
     source = folder / "in.txt"
     with gzip.open(DATA / "train.en.gz", "rt", encoding="utf-8") as f:

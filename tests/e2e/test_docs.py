@@ -786,7 +786,6 @@ def test_python_examples_run(block: Block, doc_folder, tmp_path, monkeypatch, ca
         for client in ("libretranslatepy", "deepl"):
             if client in code:
                 pytest.importorskip(client)
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         from serverkit import LocalServer
 
         server = LocalServer(folder / "runs/multi30k/checkpoints/best.pt", "--api-key", "sesame")

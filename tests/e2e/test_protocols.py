@@ -4,7 +4,6 @@ errors through FastAPI's test client. Uses the tiny trained run of tests/conftes
 
 from __future__ import annotations
 
-import sys
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,6 @@ from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.scheduler import Limits  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from serverkit import LocalServer  # noqa: E402
 
 KEY = "sesame"

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -26,10 +25,8 @@ from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.scheduler import Batcher, Limits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from serverkit import LocalServer  # noqa: E402
-
 from conftest import assert_same_hypotheses  # noqa: E402
+from serverkit import LocalServer  # noqa: E402
 
 SENTENCES = [
     "A dog runs in the park.",

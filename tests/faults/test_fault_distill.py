@@ -430,7 +430,6 @@ def test_translate_with_a_checkpoints_bad_shortlist_is_one_line(bad_students, ba
 
 def test_serve_with_a_bad_shortlist_refuses_at_its_start(bad_students):
     pytest.importorskip("fastapi")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from serverkit import free_port
 
     proc = subprocess.run(

@@ -9,12 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from serverkit import LocalServer  # noqa: E402
 
 
