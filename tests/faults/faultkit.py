@@ -34,12 +34,14 @@ def assert_one_line(result, code: int = 2, says: str = "") -> str:
     return lines[0]
 
 
-def snapshot(*paths: Path) -> dict[Path, bytes]:
-    """Every file under `paths` with its bytes, to compare before and after a fault."""
+def snapshot(*paths: Path, skip: tuple[str, ...] = ()) -> dict[Path, bytes]:
+    """Every file under `paths` with its bytes, to compare before and after a fault;
+    files or folders named in `skip` (a run directory's `.lock`, the datasets `cache`)
+    are left out."""
     files = {}
     for path in paths:
         for p in [path] if path.is_file() else sorted(path.rglob("*")):
-            if p.is_file():
+            if p.is_file() and not set(skip).intersection(p.relative_to(path).parts):
                 files[p] = p.read_bytes()
     return files
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import signal
@@ -181,3 +182,65 @@ def test_a_valid_pair_longer_than_the_positions_does_not_stop_training(work, cor
     result = cli("train", "-c", config, *args, "--no-resume", "--set", "train.max_steps=10")
     assert result.exit_code == 0, result.output
     assert "valid | step 10" in result.stderr
+
+
+def _bad_utf8(work):
+    """valid.en with its end replaced by invalid UTF-8: 112 lines for valid.de's 100."""
+    (work / "bad.en").write_bytes((work / "valid.en").read_bytes()[:-40] + b"\xff\xfe\n" * 13)
+
+
+@pytest.mark.parametrize(
+    "stage, sets, setup, says",
+    [
+        (
+            "tokenizer",
+            ["data.train.tgt=in.txt"],
+            None,
+            "error: line counts differ: ",  # the config's train.en has 2000, in.txt 2
+        ),
+        ("preprocess", ["data.valid.src=no.en"], None, "error: no.en: no such file"),
+        ("preprocess", ["data.valid.src=bad.en"], _bad_utf8, "error: line counts differ: bad.en"),
+        (
+            "tokenizer",
+            ["data.train.src=t.gz", "data.train.tgt=t.gz"],
+            lambda w: (w / "t.gz").write_bytes(gzip.compress((w / "train.en").read_bytes())[:3000]),
+            "error: t.gz: corrupt or truncated gzip data at line",
+        ),
+        (
+            "tokenizer",
+            ["data.train.src=", "data.train.tgt=", "data.train.path=x.tsv"],
+            lambda w: (w / "x.tsv").write_text("src\ttgt\na\tb\tc\nd\te\n"),
+            "error: x.tsv: the first row has more tab-separated fields than the header",
+        ),
+        (
+            "tokenizer",
+            ["data.train.src=e.txt", "data.train.tgt=e.txt"],
+            lambda w: (w / "e.txt").write_text("\n\n"),
+            "error: e.txt + e.txt: no pairs left after cleaning",
+        ),
+    ],
+    ids=["line-counts", "missing", "invalid-utf8", "truncated-gz", "tsv-extra-field", "empty"],
+)
+def test_a_corpus_that_cannot_be_used_is_one_line_and_nothing_is_written(
+    work, corpus, monkeypatch, stage, sets, setup, says
+):
+    for name in ("train.en", "valid.en"):
+        shutil.copy(corpus[name], work / name)
+    (work / "in.txt").write_text("A dog.\nTwo men.\n")
+    if setup:
+        setup(work)
+    monkeypatch.chdir(work)
+    before = snapshot(work, skip=(".lock", "cache"))
+    overrides = [x for s in sets for x in ("--set", s)]
+    line = assert_one_line(cli(stage, "-c", "exp.yaml", *overrides), says=says)
+    assert "in.txt has 2" in line if "in.txt" in sets[0] else True
+    assert snapshot(work, skip=(".lock", "cache")) == before
+
+
+def test_a_garbage_manifest_is_one_line(work):
+    config, run = work / "exp.yaml", work / "run"
+    (run / "data" / "train" / "manifest.json").write_text("{garbage")
+    before = snapshot(run)
+    for args in (("train", "-c", config), ("preprocess", "-c", config, "--verify")):
+        assert_one_line(cli(*args), says="manifest.json")
+    assert snapshot(run) == before

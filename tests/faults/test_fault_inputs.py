@@ -33,6 +33,7 @@ from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_f
         (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
         (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
         (["--format", "pdf"], "--format must be text, jsonl, html, xml, srt or po, got 'pdf'"),
+        (["--device", "tpu"], "--device must be auto, cpu or cuda, got 'tpu'"),
     ],
 )
 def test_translate_options_out_of_range_name_the_option(work, args, says):
@@ -80,6 +81,8 @@ def test_average_last_below_one_is_refused(work):
             "model.max_positions=100",
             "model.max_positions (100) must be at least data.max_len + 2 (258)",
         ),
+        ("model.dmodel=8", "model.dmodel is not a key; did you mean model.d_model?"),
+        ("model.heads=3", "model.d_model (16) must be divisible by model.heads (3)"),
     ],
 )
 def test_bad_config_values_are_refused_at_load(work, override, says):
@@ -300,3 +303,66 @@ def test_an_ensemble_of_models_with_different_vocabularies_is_refused(work, tmp_
         f"their tokenizers"
     )
     assert result.stdout == ""
+
+
+def test_a_config_that_cannot_be_read_is_one_line(work, monkeypatch):
+    (work / "bad.yaml").write_text("data: [\n")
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    for config, says in (
+        ("none.yaml", "config error: none.yaml: no such config file"),
+        ("run", "config error: run is a folder, not a config file"),
+        ("bad.yaml", "config error: bad.yaml: invalid YAML (line 2)"),
+    ):
+        assert assert_one_line(cli("tokenizer", "-c", config)) == says
+    assert snapshot(work) == before
+
+
+def test_a_missing_checkpoint_or_a_plain_folder_is_one_line(work, monkeypatch):
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    for model, says in (
+        ("none.pt", "error: none.pt: no such checkpoint"),
+        ("run", "error: run is a folder but not an exported model (no mtkit.json and model.bin)"),
+    ):
+        assert_one_line(cli("translate", "-m", model, input="A dog.\n"), says=says)
+    assert snapshot(work) == before
+
+
+def test_eval_names_the_metrics_it_knows(tmp_path):
+    (tmp_path / "hyp").write_text("Ein Hund.\n")
+    result = cli(
+        "eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", "--metrics", "meteor"
+    )
+    assert assert_one_line(result) == "error: unknown metric 'meteor'; choose from bleu, chrf, ter"
+
+
+def test_a_50_mb_line_on_stdin_is_translated_by_the_real_command(work):
+    """The whole command, through a pipe: the line is cut while reading (in bounded memory,
+    above) and translated; exit 0, one output line."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtkit",
+            "translate",
+            "-m",
+            "run/checkpoints/best.pt",
+            "--beam",
+            "1",
+        ],
+        cwd=work,
+        input=b"a" * (50 << 20),
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"Traceback" not in done.stderr and len(done.stdout.splitlines()) == 1
+
+
+def test_invalid_utf8_a_byte_order_mark_and_empty_lines_are_translated_line_for_line(work):
+    best = work / "run" / "checkpoints" / "best.pt"
+    result = cli("translate", "-m", best, input=b"\xef\xbb\xbfA dog.\n\n\xff\xfe x\n")
+    assert result.exit_code == 0, result.output
+    first, blank, replaced = result.stdout.split("\n")[:3]
+    assert first and blank == "" and replaced
