@@ -63,6 +63,21 @@ def test_jsonl_bad_lines_are_error_records_and_the_stream_goes_on(work, best):
     assert snapshot(work) == before
 
 
+def test_jsonl_bad_lines_on_an_export_are_error_records_too(exported):
+    good = '{"src": "A dog runs in the park."}'
+    lines = [good]
+    for line, _ in BAD_LINES:
+        lines += [line, good]
+    result = cli("translate", "-m", exported, "--format", "jsonl", input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and not result.stderr.strip()
+    records = [json.loads(x) for x in result.stdout.splitlines()]
+    assert len(records) == len(lines)
+    for k, (_, says) in enumerate(BAD_LINES):
+        assert says in records[2 * k + 1]["error"], (says, records[2 * k + 1])
+        assert records[2 * k + 2]["translation"]
+
+
 def test_jsonl_good_ids_are_echoed(best):
     result = cli(
         "translate",
@@ -169,6 +184,8 @@ def serve_refused(*args, env: dict | None = None) -> str:
         ("--port", "99999", "--port must be from 1 to 65535, got 99999"),
         ("--port", "-1", "--port must be from 1 to 65535, got -1"),
         ("--port", "0", "--port must be from 1 to 65535"),
+        ("--max-wait-ms", "1e300", "--max-wait-ms must be from 0 to 60,000, got 1e+300"),
+        ("--max-lines", "0", "--max-lines must be above 0, got 0"),
     ],
 )
 def test_serve_options_out_of_range_are_refused_at_start(work, best, option, value, says):
@@ -224,6 +241,16 @@ def test_a_tiny_temperature_or_top_p_samples_the_most_likely_token(work, best, e
     assert result.exit_code == 0, result.output
     assert result.stdout == greedy.stdout and not result.stderr.strip()
     assert snapshot(work) == before
+
+
+def test_extreme_sampling_values_with_several_samples_translate_every_line(work, best):
+    (work / "in.txt").write_text("A dog.\nTwo men.\n")
+    result = cli(
+        "translate", "-m", best, "-i", work / "in.txt", "--sampling", "--beam", "4",
+        "--temperature", "1e-300", "--topp", "1e-38",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [bool(x) for x in result.stdout.splitlines()] == [True, True]
 
 
 def test_a_huge_temperature_samples_every_token_alike(best):
@@ -282,7 +309,10 @@ def test_a_float_for_an_integer_option_is_one_line(option):
     ("args", "says"),
     HUGE_OPTIONS[:2]
     + HUGE_OPTIONS[4:6]
-    + [(["--sampling", "--temperature", "nan"], "--temperature must be above 0, got nan")],
+    + [
+        (["--sampling", "--temperature", "nan"], "--temperature must be above 0, got nan"),
+        (["--sampling", "--topp", "0"], "--topp must be in (0, 1], got 0.0"),
+    ],
 )
 def test_serve_huge_option_values_are_refused_at_start(best, args, says):
     assert says in serve_refused("-m", best, "--port", "1", *args)

@@ -48,6 +48,36 @@ def test_output_that_is_the_model_is_refused_and_no_checkpoint_changes(work, ckp
     assert snapshot(ckpts) == before
 
 
+def test_a_folder_or_a_name_too_long_as_output_is_one_line(work, ckpts, monkeypatch):
+    (work / "in.txt").write_text("A dog.\n")
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    for out, says in (
+        ("run", "error: run is a folder; the output must be a file"),
+        ("x" * 256, "error: " + "x" * 256 + ": file name too long"),
+    ):
+        line = assert_one_line(
+            cli("translate", "-m", ckpts / "best.pt", "-i", "in.txt", "-o", out), says=says
+        )
+        assert ".tmp" not in line  # the user's name, not the temporary's
+    assert snapshot(work) == before and sorted(p.name for p in work.iterdir()) == [
+        "exp.yaml",
+        "in.txt",
+        "run",
+    ]
+
+
+def test_another_checkpoint_named_as_output_is_replaced_and_no_other(work, ckpts):
+    """Only the input files are protected: `-o last.pt` with `-m best.pt` is the user's
+    choice, and writes the translation there (through a new file: no other name changes)."""
+    before = snapshot(ckpts)
+    result = cli("translate", "-m", ckpts / "best.pt", "-o", ckpts / "last.pt", input="A dog.\n")
+    assert result.exit_code == 0, result.output
+    assert len((ckpts / "last.pt").read_text().splitlines()) == 1
+    del before[ckpts / "last.pt"]
+    assert snapshot(ckpts, skip=("last.pt",)) == before
+
+
 def test_checkpoints_are_separate_files_so_a_write_through_one_name_spares_the_others(ckpts):
     names = ("last.pt", "best.pt", "step_10.pt", "step_20.pt")
     inodes = {os.stat(ckpts / n).st_ino for n in names}
