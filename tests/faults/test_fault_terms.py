@@ -72,15 +72,20 @@ def jsonl(*items: dict) -> str:
 # --- 2: one record that cannot be searched with its constraints is one error record ---
 
 
+NEEDS_SEARCH = "constraints: searching for them needs beam search, not --sampling"
+
+
+@pytest.mark.parametrize("to_file", [True, False], ids=["-o", "stdout"])
 @pytest.mark.parametrize(
     "args, says",
     [
         (["--beam", "1"], NEEDS_BEAM),
-        (["--sampling"], "constraints: searching for them needs beam search, not --sampling"),
+        (["--sampling"], NEEDS_SEARCH),
+        (["--sampling", "--beam", "4"], NEEDS_SEARCH),
     ],
 )
 def test_a_record_the_options_cannot_constrain_is_an_error_record_and_the_stream_goes_on(
-    best, tmp_path, args, says
+    best, tmp_path, args, says, to_file
 ):
     out = tmp_path / "out.jsonl"
     result = cli(
@@ -89,8 +94,7 @@ def test_a_record_the_options_cannot_constrain_is_an_error_record_and_the_stream
         best,
         "--format",
         "jsonl",
-        "-o",
-        out,
+        *(["-o", out] if to_file else []),
         *args,
         input=jsonl(
             {"src": LINES[0]},
@@ -99,29 +103,46 @@ def test_a_record_the_options_cannot_constrain_is_an_error_record_and_the_stream
         ),
     )
     assert result.exit_code == 0, result.output
-    first, refused, last = records(out.read_text())  # the file is written, whole
+    written = out.read_text() if to_file else result.stdout  # the file is written, whole
+    first, refused, last = records(written)
     assert "translation" in first and "translation" in last and last["id"] == 3
     assert refused == {"line": 1, "error": says}
     assert "--constraints" not in result.output  # never given
 
 
-def test_a_record_with_constraints_on_an_export_is_an_error_record(exported):
+@pytest.mark.parametrize("to_file", [True, False], ids=["-o", "stdout"])
+def test_a_record_with_constraints_on_an_export_is_an_error_record(exported, tmp_path, to_file):
+    out = tmp_path / "out.jsonl"
     result = cli(
         "translate",
         "-m",
         exported,
         "--format",
         "jsonl",
+        *(["-o", out] if to_file else []),
         input=jsonl({"src": LINES[0], "constraints": ["Hund"]}, {"src": LINES[2]}),
     )
     assert result.exit_code == 0, result.output
-    refused, fine = records(result.stdout)
+    refused, fine = records(out.read_text() if to_file else result.stdout)
     assert refused == {
         "line": 0,
         "error": "constraints: searching for them needs a "
         "checkpoint (-m FILE.pt), not an exported CTranslate2 folder",
     }
     assert "translation" in fine and "--constraints" not in result.output
+
+
+def test_one_record_with_constraints_among_300_under_beam_1_is_the_only_error(best, tmp_path):
+    out = tmp_path / "out.jsonl"
+    lines = [{"src": LINES[0]}] * 150 + [{"src": "a", "constraints": ["b"]}]
+    result = cli(
+        "translate", "-m", best, "--format", "jsonl", "--beam", "1", "-o", out,
+        input=jsonl(*lines, *[{"src": LINES[2]}] * 149),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written = records(out.read_text())
+    assert len(written) == 300 and written[150] == {"line": 150, "error": NEEDS_BEAM}
+    assert all("translation" in r for k, r in enumerate(written) if k != 150)
 
 
 def test_a_glossary_the_options_cannot_search_with_is_still_one_line_before_any_output(
@@ -174,6 +195,23 @@ def test_jsonl_with_a_tgt_lang_the_model_lacks_is_one_line_before_any_output(
         )
         assert assert_one_line(result) == says
         assert result.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--format", "jsonl", "--tgt-lang", "c p"], "is not a language code"),
+        (["--format", "jsonl", "--tgt-lang", ""], "is not a language code"),
+        (["--tgt-lang", "xx"], "error: --tgt-lang xx: this model translates into cp, deu"),
+    ],
+)
+def test_a_tgt_lang_that_is_no_code_or_not_the_models_is_one_line_before_any_output(
+    multilingual, tmp_path, args, says
+):
+    result = cli("translate", "-m", multilingual, *args, input=jsonl({"src": LINES[0]}))
+    assert_one_line(result, says=says)
+    assert result.stdout == ""
+    assert not list(tmp_path.iterdir())
 
 
 def test_jsonl_records_name_their_own_language_where_tgt_lang_is_not_given(multilingual):
@@ -340,6 +378,17 @@ def test_serve_glossary_refuses_a_greedy_request_naming_the_glossary(best, multi
             "constraints.0: the constraint '<2cp>' cannot be searched for: it holds a "
             "language tag or another control piece, which is no text"
         )
+        r = client.post(
+            "/v1/translate",
+            json={"text": [LINES[0]], "target_lang": "deu", "constraints": [["Hund <2deu>"]]},
+        )
+        assert r.status_code == 422 and r.json()["error"] == (
+            "constraints.0: the constraint 'Hund <2deu>' cannot be searched for: it holds a "
+            "language tag or another control piece, which is no text"
+        )
+        for lang in ("xx", "c p", ""):
+            r = client.post("/v1/translate", json={"text": [LINES[0]], "target_lang": lang})
+            assert r.status_code == 422, (lang, r.text)
 
 
 # --- 11: a blank line's constraints are reported unmet ---
@@ -419,6 +468,10 @@ def test_an_over_long_constraint_is_not_echoed_whole(best, tmp_path):
             "error: --among ',' has no language codes: give them comma-separated, such as en,de",
         ),
         (
+            ["--lang", "de", "--among", " , "],
+            "error: --among ' , ' has no language codes: give them comma-separated, such as en,de",
+        ),
+        (
             ["--among", "en,de"],
             "error: --among is for --lang: give --lang too, the language "
             "the translations should be in",
@@ -433,6 +486,14 @@ def test_eval_language_options_that_would_be_ignored_are_refused(tmp_path, args,
     (tmp_path / "hyp").write_text("Ein Hund.\n")
     result = cli("eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", *args)
     assert assert_one_line(result) == says
+    assert result.stdout == ""
+
+
+def test_eval_lang_that_is_no_code_is_one_line(tmp_path):
+    pytest.importorskip("py3langid")
+    (tmp_path / "hyp").write_text("Ein Hund.\n")
+    result = cli("eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", "--lang", "c p")
+    assert assert_one_line(result).startswith("error: --lang c p: py3langid does not know it")
     assert result.stdout == ""
 
 
