@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,28 @@ def prepared(corpus, tmp_path_factory) -> Path:
     build_tokenizer(cfg)
     preprocess(cfg)
     return run
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs (needs root and mount rights; skipped elsewhere)."""
+    mounted = []
+
+    def mount(size: str, readonly: bool = False):
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        opts = f"size={size}" + (",ro" if readonly else "")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True
+        )
+        if done.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
 
 
 @pytest.fixture

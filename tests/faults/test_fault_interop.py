@@ -134,6 +134,11 @@ def test_broken_files_are_one_line(folder, tmp_path):
     )
 
 
+def test_a_config_that_is_not_json_is_one_line(folder, tmp_path):
+    (folder / "config.json").write_bytes(b"{garbage")
+    assert_refused(folder, tmp_path / "out.pt", "config.json")
+
+
 def test_weights_the_config_does_not_use_are_named_and_refused(folder, tmp_path):
     weights = load_file(folder / "model.safetensors")
     d = weights["model.shared.weight"].size(1)
@@ -224,6 +229,18 @@ def test_force_never_replaces_a_folder_mtkit_did_not_write(imported, folder, to)
     assert sorted(p.name for p in folder.parent.iterdir()) == ["marian"]
 
 
+def test_force_never_replaces_a_folder_of_the_users_with_a_config_json(imported, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}\n")
+    before = snapshot(tmp_path)
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", tmp_path / "mine", "--force"),
+        2,
+        "is not an mtkit export",
+    )
+    assert snapshot(tmp_path) == before
+
+
 def test_force_replaces_a_marked_export_and_refuses_an_unmarked_one(imported, tmp_path):
     out = tmp_path / "hf"
     assert cli("export", "-m", imported, "--to", "huggingface", "-o", out).exit_code == 0
@@ -263,6 +280,8 @@ def test_force_replaces_a_ctranslate2_export_by_its_marker(imported, tmp_path):
     pytest.importorskip("ctranslate2")
     out = tmp_path / "ct2"
     assert cli("export", "-m", imported, "-o", out).exit_code == 0
+    result = cli("export", "-m", imported, "-o", out, "--force")
+    assert result.exit_code == 0, result.output  # over itself
     result = cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force")
     assert result.exit_code == 0, result.output  # one mtkit export replaces another
     assert json.loads((out / "mtkit.json").read_text())["format"] == "mtkit-hf-1"
@@ -302,3 +321,23 @@ def test_a_write_error_names_the_users_path(original, tmp_path, monkeypatch):
         )
         assert ".tmp" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt"]
+
+
+def test_an_output_under_a_file_names_the_users_path(original, tmp_path):
+    (tmp_path / "in.txt").write_text("A dog.\n")
+    before = snapshot(tmp_path)
+    line = assert_one_line(cli("import", original, "-o", tmp_path / "in.txt" / "out.pt"), 2)
+    assert "in.txt/out.pt" in line and ".tmp" not in line
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_full_disk_or_a_read_only_folder_names_the_users_path(original, imported, tmpfs):
+    full = tmpfs("16k")
+    line = assert_one_line(cli("import", original, "-o", full / "out.pt"), 2, str(full / "out.pt"))
+    assert ".tmp" not in line and not list(full.iterdir())
+    readonly = tmpfs("1m", readonly=True)
+    out = readonly / "hf"
+    line = assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out), 2, str(out)
+    )
+    assert ".partial" not in line

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
-import pytest
 import torch
 
 from mtkit.data.shards import _HashedFile
@@ -14,28 +12,6 @@ from mtkit.data.shards import _HashedFile
 from faultkit import assert_one_line, cli, snapshot
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a small tmpfs (needs root and mount rights; skipped elsewhere)."""
-    mounted = []
-
-    def mount(size: str, readonly: bool = False):
-        where = tmp_path / f"fs{len(mounted)}"
-        where.mkdir()
-        opts = f"size={size}" + (",ro" if readonly else "")
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True
-        )
-        if done.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
 
 
 def test_disk_full_while_saving_a_checkpoint_keeps_the_earlier_ones(work, monkeypatch):
