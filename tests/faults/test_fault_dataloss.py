@@ -209,6 +209,20 @@ def test_a_config_in_its_own_run_directory_is_kept(corpus, tmp_path, monkeypatch
     assert snapshot(config) == before
 
 
+@pytest.mark.slow
+def test_run_with_a_config_in_its_own_run_directory_keeps_it(work, corpus, monkeypatch):
+    """`mtkit run` through every stage, each of which would have written the resolved
+    config over the user's commented one (the copy of the trained run: a resume)."""
+    config = yaml.safe_load((work / "exp.yaml").read_text())
+    config["run_dir"] = "."
+    (work / "run" / "self.yaml").write_text("# my experiment\n" + yaml.safe_dump(config))
+    monkeypatch.chdir(work / "run")
+    before = snapshot(work / "run" / "self.yaml")
+    result = cli("run", "-c", "self.yaml")
+    assert result.exit_code == 0, result.output
+    assert snapshot(work / "run" / "self.yaml") == before
+
+
 def test_a_config_elsewhere_still_gets_its_resolved_copy(work):
     (work / "run" / "config.yaml").unlink()
     assert cli("tokenizer", "-c", work / "exp.yaml").exit_code == 0

@@ -140,6 +140,16 @@ def test_run_without_a_test_set_stops_before_the_tokenizer(tmp_path, corpus):
     assert not (tmp_path / "run").exists()  # no tokenizer, no shards, no training
 
 
+def test_run_without_a_test_set_on_a_trained_run_stops_before_training(work):
+    config = yaml.safe_load((work / "exp.yaml").read_text())
+    del config["data"]["test"]
+    (work / "nt.yaml").write_text(yaml.safe_dump(config))
+    before = snapshot(work)
+    result = cli("run", "-c", work / "nt.yaml", "--set", "train.max_steps=1000")
+    assert_one_line(result, says="config error: data.test is not set")
+    assert snapshot(work) == before
+
+
 def test_run_preprocesses_again_when_data_test_was_added_after_preprocessing(work):
     """Shards made while the config had no test set: `mtkit run` makes them again (the
     same train shards) instead of failing after training."""

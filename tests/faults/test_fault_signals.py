@@ -35,6 +35,7 @@ STEPS, VALID_EVERY = 12, 6
 # Each moment: the module and the function whose first call (or, for a step, the call
 # that makes step 4) sends the signal to the group, and the step the stop saves.
 MOMENTS = {
+    "lock": ("mtkit.training.loop", "remove_leftovers", 0),  # the run's lock just taken
     "setup": ("mtkit.training.state", "_open_metrics", 0),
     "step": ("mtkit.training.loop", "apply_update", 4),
     "validation": ("mtkit.training.loop", "greedy_search", VALID_EVERY),
@@ -132,6 +133,15 @@ def _signalled(args, module, name, sig, skip, prelude="") -> subprocess.Complete
         ("step", 2, "SIGTERM"),
         ("validation", 2, "SIGTERM"),
         ("step", 2, "SIGINT"),
+        *[
+            pytest.param(*row, marks=pytest.mark.slow)
+            for row in (
+                ("lock", 1, "SIGTERM"),
+                ("save", 2, "SIGTERM"),
+                ("validation", 1, "SIGINT"),
+                ("setup", 2, "SIGINT"),
+            )
+        ],
     ],
 )
 def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
@@ -144,7 +154,10 @@ def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
     code = 128 + getattr(signal, sig)
     assert stopped.returncode == code, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and "DataLoader worker" not in stopped.stderr
-    assert stopped.stderr.count(f"{sig} received") == 1, stopped.stderr  # the trainer's
+    if moment == "lock":  # before the trainer's handler: the command's own word
+        assert stopped.stderr.strip() == ("interrupted" if sig == "SIGINT" else "terminated")
+    else:
+        assert stopped.stderr.count(f"{sig} received") == 1, stopped.stderr  # the trainer's
     checkpoints = run / "checkpoints"
     if step == 0:  # nothing trained yet: nothing to save
         assert not list(checkpoints.glob("*.pt")) if checkpoints.exists() else True
@@ -164,15 +177,25 @@ def test_a_signal_to_the_group_saves_the_step_reached_and_resumes_exactly(
     assert all(torch.equal(got[k], straight[k]) for k in straight)
 
 
-def test_sigterm_to_the_group_of_mtkit_run_stops_after_the_checkpoint(prepared, corpus, tmp_path):
+@pytest.mark.parametrize(
+    "loader_workers, sig",
+    [
+        (2, "SIGTERM"),
+        pytest.param(1, "SIGTERM", marks=pytest.mark.slow),
+        pytest.param(2, "SIGINT", marks=pytest.mark.slow),
+    ],
+)
+def test_a_signal_to_the_group_of_mtkit_run_stops_after_the_checkpoint(
+    prepared, corpus, tmp_path, loader_workers, sig
+):
     """`mtkit run` (the stages before training are finished: the prepared run directory)
     stops with the training's checkpoint and does not go on to translate the test set."""
-    config, run = _config(prepared, tmp_path, corpus, 2)
-    stopped = _signalled(["run", "-c", config], "mtkit.training.loop", "apply_update", "SIGTERM", 2)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    config, run = _config(prepared, tmp_path, corpus, loader_workers)
+    stopped = _signalled(["run", "-c", config], "mtkit.training.loop", "apply_update", sig, 2)
+    assert stopped.returncode == 128 + getattr(signal, sig), stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
-        "interrupted: stopped by SIGTERM after saving a checkpoint; rerun to go on"
+        f"interrupted: stopped by {sig} after saving a checkpoint; rerun to go on"
     )
     assert load_checkpoint(run / "checkpoints" / "last.pt")["train"]["progress"]["step"] == 3
     assert not (run / "test.hyp").exists()
