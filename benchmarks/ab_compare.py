@@ -2,6 +2,8 @@
 
     python benchmarks/ab_compare.py --base REV_A --head REV_B [--rounds 3] [--lines 1000]
         [--speed-lines 1000] [--train-steps 12] [--model CKPT] [--out ab.json]
+        [--jobs translate_speed,train_throughput,translate_beam5,translate_beam1,train_loop]
+        [--loop-steps 100] [--loop-config configs/multi30k.yaml]
 
 What it runs. REV_A and REV_B are checked out into two temporary git worktrees of this
 repository. Each round runs every job once at A, then once at B (A, B, A, B, ...), each in
@@ -14,7 +16,16 @@ that each side imports its own mtkit and runs its own copy of the benchmark scri
   Multi30k model on synthetic 24x24 batches (tokens/s, peak memory, model TFLOP/s and a
   large matrix product's, for scale);
 - translate_beam5, translate_beam1: `python -m mtkit translate -m CKPT --beam 5` (and 1)
-  on the first --lines lines of test2016 (wall seconds, start-up included).
+  on the first --lines lines of test2016 (wall seconds, start-up included);
+- train_loop (only when --jobs names it): the whole training loop, `python -m mtkit train`
+  from scratch for --loop-steps fp32 updates on --loop-config (tokenizer and preprocess
+  once per side, into its own run directory, not timed; the config's relative data paths
+  read each worktree's own corpora). train_throughput times the model's step alone; this
+  times what the trainer adds around it (sampling, batching, logging, checkpoints), and
+  shows whether both revisions train the same model: with the same seed and fp32 (the
+  same on every CPU) the logged losses must be equal.
+
+--jobs picks the jobs (comma-separated; default: all but train_loop).
 
 Every side translates with the same checkpoint: --model, or a tiny model (2 layers, 128
 wide, one minute of training) that REV_A trains once and caches under --cache by REV_A's
@@ -25,9 +36,10 @@ ratio B/A. For rates (`_per_s`, `tflops`, `utilisation`) a ratio above 1 means B
 faster; for seconds (`wall_s`) and megabytes (`_mb`) it means B is slower or bigger.
 `spread` is the larger of the two sides' (max - min) / median over the rounds: a ratio
 within the spread is noise, not a change (the CPUs are shared; use 3 rounds or more).
-Below the table, each translation is "identical" when every round of both sides wrote the
-same bytes; otherwise it names the first line that differs, A's text and B's. "unstable"
-means a side differed from itself between rounds: nondeterminism, not the refactor.
+Below the table, each translation (and train_loop's logged losses) is "identical" when
+every round of both sides wrote the same bytes; otherwise it names the first line that
+differs, A's text and B's. "unstable" means a side differed from itself between rounds:
+nondeterminism, not the refactor.
 A warning under the table says when the load average passed 1.5 times the CPUs during
 the runs: someone else's work then shared the CPUs, and only the outputs' verdicts hold.
 The JSON (--out) holds every run's figures and the load average as it started, both
@@ -273,19 +285,52 @@ def job_translate(beam: int):
     return job
 
 
+def job_train_loop(side: dict, ctx: dict, round_: int) -> dict:
+    """`mtkit train` from scratch for --loop-steps updates in the side's own run directory
+    (its tokenizer and shards made at the first round): tokens/s and the logged losses."""
+    run = Path(ctx["tmp"]) / f"loop-{side['name']}"
+    steps = ctx["loop_steps"]
+    sets = [
+        *("--set", f"run_dir={run}"),
+        *("--set", f"train.max_steps={steps}"),
+        *("--set", "train.max_time=0"),
+        *("--set", "train.precision=fp32"),
+        *("--set", f"train.log_every={max(steps // 4, 1)}"),
+        *("--set", f"train.valid_every={steps * 10}"),
+    ]
+    config = ctx["loop_config"]
+    if not (run / "data").is_dir():
+        for stage in ("tokenizer", "preprocess"):
+            run_side(side, ["-m", "mtkit", "-q", stage, "-c", config, *sets])
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
+    (run / "metrics.jsonl").unlink(missing_ok=True)
+    wall, _ = run_side(side, ["-m", "mtkit", "-q", "train", "-c", config, *sets])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    events = [e for e in map(json.loads, lines) if e.get("event") == "train"]
+    if not events:
+        raise JobFailed("no train event in metrics.jsonl")
+    return {
+        "tokens_per_s": float(events[-1]["tokens_per_s"]),
+        "wall_s": wall,
+        "losses": [e["loss"] for e in events],
+    }
+
+
 JOBS = {
     "translate_speed": job_translate_speed,
     "train_throughput": job_train_throughput,
     "translate_beam5": job_translate(5),
     "translate_beam1": job_translate(1),
+    "train_loop": job_train_loop,
 }
+DEFAULT_JOBS = "translate_speed,train_throughput,translate_beam5,translate_beam1"
 
 
-def run_rounds(sides: dict, ctx: dict, rounds: int) -> dict:
+def run_rounds(sides: dict, ctx: dict, rounds: int, jobs: list[str]) -> dict:
     """runs[job][side]: one dict per round, its figures or {"error": why}."""
-    runs: dict = {job: {name: [] for name in sides} for job in JOBS}  # load: 1, 5, 15 min
+    runs: dict = {job: {name: [] for name in sides} for job in jobs}  # load: 1, 5, 15 min
     for r in range(rounds):
-        for job, fn in JOBS.items():
+        for job, fn in ((j, JOBS[j]) for j in jobs):
             for name, side in sides.items():
                 log(f"round {r + 1}/{rounds}: {job} at {name}")
                 load = list(os.getloadavg())  # a list: not a figure to summarize
@@ -341,13 +386,23 @@ def shown_line(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")[:300]
 
 
+def written(result: dict) -> bytes | None:
+    """What a run wrote that both sides must write alike: a translation's bytes, or the
+    training's logged losses, one a line."""
+    if "output" in result:
+        return Path(result["output"]).read_bytes()
+    if "losses" in result:
+        return "".join(f"{loss!r}\n" for loss in result["losses"]).encode()
+    return None
+
+
 def compare_outputs(runs: dict) -> dict:
-    """Per translate job: identical across all rounds and sides, or the first difference."""
+    """Per translate job (and train_loop's losses): identical across all rounds and sides,
+    or the first difference."""
     report = {}
-    for job in (j for j in JOBS if j.startswith("translate_beam")):
+    for job in (j for j in runs if j.startswith("translate_beam") or j == "train_loop"):
         outs = {
-            name: [Path(r["output"]).read_bytes() for r in rs if "output" in r]
-            for name, rs in runs[job].items()
+            name: [w for w in map(written, rs) if w is not None] for name, rs in runs[job].items()
         }
         if not outs["A"] or not outs["B"]:
             report[job] = {"status": "not compared (a side failed)"}
@@ -435,11 +490,12 @@ def table(report: dict) -> str:
 def measure(args, sides: dict, tmp: Path) -> dict:
     """The checkpoint, the inputs, the interleaved rounds and their summary."""
     data = Path(args.data).resolve()
-    model = (
-        Path(args.model).resolve()
-        if args.model
-        else tiny_checkpoint(sides["A"], data, Path(args.cache).expanduser())
-    )
+    if args.model:
+        model = Path(args.model).resolve()
+    elif any(job.startswith("translate") for job in args.jobs):
+        model = tiny_checkpoint(sides["A"], data, Path(args.cache).expanduser())
+    else:
+        model = None  # train_loop alone translates nothing
     lines_file = tmp / "source.en"
     lines_file.write_text(
         "".join(read_lines(data / "test2016.en.gz", args.lines)), encoding="utf-8"
@@ -451,12 +507,14 @@ def measure(args, sides: dict, tmp: Path) -> dict:
         "lines_file": str(lines_file),
         "speed_lines": args.speed_lines,
         "train_steps": args.train_steps,
+        "loop_steps": args.loop_steps,
+        "loop_config": str((HERE.parent / args.loop_config).resolve()),
     }
     load_before = os.getloadavg()
-    runs = run_rounds(sides, ctx, args.rounds)
+    runs = run_rounds(sides, ctx, args.rounds, args.jobs)
     return {
         "model": str(model),
-        "model_sha256": file_sha256(model),
+        "model_sha256": file_sha256(model) if model else None,
         "lines": args.lines,
         "speed_lines": args.speed_lines,
         "rounds": args.rounds,
@@ -480,6 +538,16 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--speed-lines", type=int, default=1000, help="translate_speed.py --limit")
     parser.add_argument("--train-steps", type=int, default=12, help="train_throughput.py --steps")
+    parser.add_argument(
+        "--jobs",
+        type=lambda s: [j for j in s.split(",") if j],
+        default=DEFAULT_JOBS.split(","),
+        help=f"comma-separated, of {', '.join(JOBS)} (default: {DEFAULT_JOBS})",
+    )
+    parser.add_argument("--loop-steps", type=int, default=100, help="train_loop's updates")
+    parser.add_argument(
+        "--loop-config", default="configs/multi30k.yaml", help="train_loop's config"
+    )
     parser.add_argument("--model", help="checkpoint both sides use (default: a tiny one)")
     parser.add_argument(
         "--data",
@@ -493,6 +561,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    unknown = [j for j in args.jobs if j not in JOBS]
+    if unknown:
+        raise SystemExit(f"--jobs: no job {', '.join(unknown)}; the jobs: {', '.join(JOBS)}")
     repo = Path(git(HERE, "rev-parse", "--show-toplevel"))
     cpu = cpu_info()
     with tempfile.TemporaryDirectory(prefix="mtkit-ab-") as name:
