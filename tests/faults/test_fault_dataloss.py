@@ -209,7 +209,6 @@ def test_a_config_in_its_own_run_directory_is_kept(corpus, tmp_path, monkeypatch
     assert snapshot(config) == before
 
 
-@pytest.mark.slow
 def test_run_with_a_config_in_its_own_run_directory_keeps_it(work, corpus, monkeypatch):
     """`mtkit run` through every stage, each of which would have written the resolved
     config over the user's commented one (the copy of the trained run: a resume)."""
