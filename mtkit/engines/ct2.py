@@ -283,9 +283,9 @@ def ct2_threads(workers: int, device: str) -> tuple[int, int]:
     auto): on a CPU, that many batches at once, each on its share of the threads
     (torch's count where torch is loaded too, so as to keep it: CTranslate2 would
     otherwise set OpenMP's for the whole process; else the cores). Auto is one batch
-    per thread, at most `AUTO_WORKERS` (`cpu_workers`): for the 3 + 2-layer student's
-    beam 5 on a 2-core AVX512-BF16 EPYC, inter_threads 2 ran 537-600 sentences/s against
-    389-413 with intra_threads 2. On a GPU, one batch at a time."""
+    per thread, at most `AUTO_WORKERS` (`cpu_workers`): a small model's batches keep
+    one thread each busier than several threads keep one batch (docs/performance.md).
+    On a GPU, one batch at a time."""
     if device != "cpu":
         return 1, 0
     torch = sys.modules.get("torch")

@@ -1,4 +1,4 @@
-"""Data is never lost or silently wrong (issue 21, points 1-7): `export --force` replaces
+"""Data is never lost or silently wrong: `export --force` replaces
 only a previous export, no output overwrites a file the run reads, devices and FIFOs are
 written in place, a config in its own run directory is kept, exported folders are
 checked, every split the config names is verified, huge length limits are capped."""
@@ -203,7 +203,7 @@ def test_a_config_in_its_own_run_directory_is_kept(corpus, tmp_path, monkeypatch
         assert "Traceback" not in result.output
         assert "the resolved config is not written to config.yaml" in result.stderr
         assert snapshot(config) == before
-    from mtkit.core.config import load_config, save_config  # as train.py saves it
+    from mtkit.core.config import load_config, save_config  # as training saves it
 
     save_config(load_config(config, ["train.max_steps=3"]), tmp_path / "config.yaml")
     assert snapshot(config) == before
