@@ -257,6 +257,14 @@ def test_force_replaces_a_marked_export_and_refuses_an_unmarked_one(imported, tm
         2,
         "is not an mtkit export",
     )
+    (out / "mtkit.json").write_text(json.dumps({"format": "mtkit-hf-1"}))  # an older mtkit's
+    before = snapshot(out)
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
+        2,
+        "has an mtkit.json without its list of files (an older mtkit's export); --force",
+    )
+    assert snapshot(out) == before
 
 
 def test_force_replaces_a_ctranslate2_export_by_its_marker(imported, tmp_path):
