@@ -21,9 +21,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
 # The suite runs in pytest-xdist workers (`-n auto --dist loadfile`, pyproject.toml): each
 # test file in one worker, the files spread over the workers. The tiny models gain nearly
-# nothing from a second thread (300 steps of the multilingual copy task: 28 s on two
-# threads, 31 s on one), so each worker, and each process it starts, keeps to one, and two
-# workers share two cores without crowding them.
+# nothing from a second thread, so each worker, and each process it starts, keeps to one,
+# and two workers share two cores without crowding them.
 # Measured choices are not kept between processes in tests (`mtkit.core.measured`): each
 # test measures, as it expects, and none reads or writes the user's cache.
 os.environ["MTKIT_CACHE_DIR"] = ""
@@ -160,7 +159,7 @@ def assert_same_hypotheses(got, expected) -> None:
     """Hypotheses of one search run in different batch compositions (a stream vs alone,
     batched vs one by one): tokens and alignments exactly, log-probabilities and scores
     within `SCORE_TOLERANCE`. On AVX-512 kernels the order of a float sum depends on the
-    batch's shape, so the last bits of a score differ between compositions (STYLE.md 11).
+    batch's shape, so the last bits of a score differ between compositions.
     `got` and `expected` are equally nested lists of `Hypothesis`."""
     if isinstance(expected, list):
         assert isinstance(got, list) and len(got) == len(expected), (got, expected)
@@ -183,7 +182,7 @@ def write_config(folder: Path, corpus, **sections) -> Path:
 @pytest.fixture(scope="session")
 def trained(corpus, tmp_path_factory) -> Path:
     """A folder with exp.yaml and run/: tokenizer, shards and 20 steps of training
-    (checkpoints at steps 10 and 20). Tests copy it with `work_copy`."""
+    (checkpoints at steps 10 and 20). Tests copy it with the `work` fixture."""
     folder = tmp_path_factory.mktemp("trained")
     config = write_config(folder, corpus)
     cfg = config_from_dict(yaml.safe_load(config.read_text()))

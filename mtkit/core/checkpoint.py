@@ -124,7 +124,12 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated, corrupt or not made by mtkit; {why})"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    found = payload.get("format") if isinstance(payload, dict) else None
+    if isinstance(found, str) and found.startswith("mtkit-checkpoint-") and found != FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {found}, which this mtkit does not read (it reads {FORMAT})"
+        )
+    if found != FORMAT:
         raise CheckpointError(f"{path}: not an mtkit checkpoint")
     _check_content(payload, path, MappedFile(path).release if mmap else None)
     return payload
@@ -169,11 +174,12 @@ def _check_content(
     """The digest, the parts and finite weights; `release` is called on each tensor once
     it is read."""
     digest = payload.get("digest")
-    if digest is None:
-        log.warning(
-            "%s has no digest (written by an older mtkit); its integrity is not checked", path
+    if not isinstance(digest, str):
+        raise CheckpointError(
+            f"{path}: not an mtkit checkpoint this mtkit reads (no digest: written by an "
+            f"older mtkit)"
         )
-    elif digest != payload_digest(payload, release):
+    if digest != payload_digest(payload, release):
         raise CheckpointError(
             f"{path}: corrupt checkpoint (its content does not match the digest stored in it)"
         )

@@ -145,7 +145,7 @@ def _terms_pattern(terms) -> re.Pattern:
     """One regex for every term, whole words, longest first at each position.
 
     The alternatives are a character trie, not a flat `a|b|c` (which re tries one by one at
-    every position: 50x slower with 5,000 terms); where one term is a prefix of another,
+    every position: far slower with thousands of terms); where one term is a prefix of another,
     the greedy `(...)?` tries the longer first and backs off to the shorter where the
     longer is not followed by a word boundary ("New" in "New Yorker"). A trie nested
     deeper than re's parser recurses (hundreds of terms each a prefix of the next) falls

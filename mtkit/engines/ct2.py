@@ -109,7 +109,8 @@ class CT2Engine(Engine):
         folder = Path(folder)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
-            checked = check_files(folder, manifest)
+            check_format(folder, manifest)
+            check_files(folder, manifest)
             self.config = config_from_dict(manifest["config"], str(folder / MANIFEST))
             self.src_vocab = Vocab((folder / "source.spm").read_bytes(), manifest.get("src_pieces"))
             self.tgt_vocab = Vocab(
@@ -117,6 +118,9 @@ class CT2Engine(Engine):
                 manifest.get("tgt_pieces"),
                 manifest.get("tgt_languages"),
             )
+            self.steps = [manifest["step"]]
+            self.weights = [manifest["weights"]]
+            self.quantization = manifest["quantization"]
         except ExportError:
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -125,12 +129,6 @@ class CT2Engine(Engine):
                 f"{str(e).splitlines()[0][:100] if str(e) else ''})"
             ) from None
         self.device = ct2_device(ct2, device, device_option)
-        self.steps = [manifest.get("step")]
-        self.weights = [
-            manifest.get("weights")
-            or (f"step {self.steps[0]}" if isinstance(self.steps[0], int) else "unknown")
-        ]  # (an export before mtkit recorded it)
-        self.quantization = manifest.get("quantization", "float32")
         self.vocabulary_map = (folder / "vmap.txt").is_file()  # a student's shortlist
         self.max_positions = self.config.model.max_positions
         self.workers, threads = ct2_threads(
@@ -144,20 +142,12 @@ class CT2Engine(Engine):
                 inter_threads=self.workers,
                 intra_threads=threads,
             )
-        except (RuntimeError, ValueError, OSError) as e:  # an export without checksums
-            where = folder if checked else folder / "model.bin"  # (checked: files intact)
+        except (RuntimeError, ValueError, OSError) as e:  # its files are intact (checked)
             raise ExportError(
-                f"{where}: CTranslate2 cannot load the export "
+                f"{folder}: CTranslate2 cannot load the export "
                 f"({str(e).splitlines()[0][:100] if str(e) else type(e).__name__}"
                 f"); {AGAIN}"
             ) from None
-        if not checked:  # after loading: a folder that fails to load says only why
-            log.warning(
-                "%s was exported without checksums (an older mtkit): its files are "
-                "not checked; %s to have them",
-                folder,
-                AGAIN,
-            )
 
     def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
         if options.shortlist and not self.vocabulary_map:
@@ -283,9 +273,9 @@ def ct2_threads(workers: int, device: str) -> tuple[int, int]:
     auto): on a CPU, that many batches at once, each on its share of the threads
     (torch's count where torch is loaded too, so as to keep it: CTranslate2 would
     otherwise set OpenMP's for the whole process; else the cores). Auto is one batch
-    per thread, at most `AUTO_WORKERS` (`cpu_workers`): for the 3 + 2-layer student's
-    beam 5 on a 2-core AVX512-BF16 EPYC, inter_threads 2 ran 537-600 sentences/s against
-    389-413 with intra_threads 2. On a GPU, one batch at a time."""
+    per thread, at most `AUTO_WORKERS` (`cpu_workers`): a small model's batches keep
+    one thread each busier than several threads keep one batch (docs/performance.md).
+    On a GPU, one batch at a time."""
     if device != "cpu":
         return 1, 0
     torch = sys.modules.get("torch")
@@ -294,13 +284,24 @@ def ct2_threads(workers: int, device: str) -> tuple[int, int]:
     return workers, max(threads // workers, 1)
 
 
-def check_files(folder: Path, manifest: dict) -> bool:
+def check_format(folder: Path, manifest: dict) -> None:
+    """The manifest names this mtkit's export format, or the export is one line: another
+    format (an older or newer mtkit's) by its name."""
+    found = manifest.get("format")
+    if found != FORMAT:
+        what = f"export format {found}" if isinstance(found, str) else "no export format"
+        raise ExportError(
+            f"{folder / MANIFEST}: {what}, which this mtkit does not read (it reads "
+            f"{FORMAT}); {AGAIN}"
+        )
+
+
+def check_files(folder: Path, manifest: dict) -> None:
     """Every file that mtkit.json lists, against its size and SHA-256 there: the first
-    that is missing or differs is one line naming it. False for an export made before
-    mtkit recorded them (nothing to check)."""
+    that is missing or differs is one line naming it."""
     files = manifest.get("files")
     if files is None:
-        return False
+        raise ExportError(f"{folder / MANIFEST}: no list of files (an older mtkit's); {AGAIN}")
     if not isinstance(files, dict) or "model.bin" not in files:
         raise ExportError(f"{folder / MANIFEST}: corrupt (its list of files is damaged); {AGAIN}")
     for name, expected in files.items():
@@ -320,7 +321,6 @@ def check_files(folder: Path, manifest: dict) -> bool:
                 f"{path}: its SHA-256 does not match {MANIFEST} (corrupt or "
                 f"changed since the export); {AGAIN}"
             )
-    return True
 
 
 def ct2_device(ct2, name: str, option: str = "--device") -> str:

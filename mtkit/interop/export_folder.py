@@ -7,11 +7,6 @@ wrote it and the folder holds nothing the manifest does not list: a folder's fil
 names prove nothing (an original Hugging Face Marian folder has an export's names, and
 `--force` once overwrote one so). Anything else is refused in one line before anything
 is written or removed.
-
-Hugging Face exports made before this marker existed hold no `mtkit.json`. They are
-refused like any folder mtkit did not write: nothing in them tells them apart from the
-Hugging Face folder they may have been imported from, and deleting one by hand costs
-less than overwriting an original.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ from mtkit.core.checksum import file_sha256
 from mtkit.engines.ct2 import EXPORT_FILES, FORMAT, MANIFEST, ExportError
 
 HF_FORMAT = "mtkit-hf-1"
-# The marker's formats, and the names each held before manifests listed their files.
-FORMATS = {FORMAT: EXPORT_FILES, HF_FORMAT: frozenset()}
+FORMATS = (FORMAT, HF_FORMAT)  # the marker's formats
 # Every name a Hugging Face (Marian) export may hold. Names never make a folder mtkit's;
 # a name outside these and the CTranslate2 export's says at once what is in the way.
 HF_FILES = frozenset(
@@ -92,7 +86,9 @@ def not_an_export(folder: Path) -> str | None:
             f"marker every mtkit export holds{'; it ' + foreign if foreign else ''})"
         )
     listed = manifest.get("files")
-    return _foreign(folder, set(listed) if isinstance(listed, dict) else set(FORMATS[kind]))
+    if not isinstance(listed, dict):
+        return f"has an {MANIFEST} without its list of files (an older mtkit's export)"
+    return _foreign(folder, set(listed))
 
 
 def _foreign(folder: Path, names: set[str] | frozenset[str]) -> str | None:

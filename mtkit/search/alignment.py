@@ -30,10 +30,10 @@ def default_layer(model: Transformer, guided: bool = False) -> int:
     """The layer links come from where none is asked for: a model trained with guided
     alignment's trained layer (`alignment_layer`), otherwise the last. On the main job's
     model (three decoder layers, unguided) the last layer's links, read both ways, place
-    61.1% of a document's tags exactly where eflomal's links put them against 34.5% from
-    the second-to-last, and err less against eflomal (docs/performance.md); Garg et al.
-    (2019) found the second-to-last better on their six-layer model, and on the copy
-    task it is the exact one: `--align-layer` chooses."""
+    more of a document's tags where eflomal's links put them than the second-to-last's,
+    and err less against eflomal (docs/performance.md); Garg et al. (2019) found the
+    second-to-last better on their six-layer model, and on the copy task it is the exact
+    one: `--align-layer` chooses."""
     return alignment_layer(model) if guided else model.cfg.decoder_layers - 1
 
 

@@ -1,6 +1,6 @@
 """Ensembles: several models that share their vocabularies, searched as one step model.
 
-`Ensemble` is a `search.StepModel` (any search can run it), and, when its models are
+`Ensemble` is a `beam.StepModel` (any search can run it), and, when its models are
 `Transformer`s, a model that `serving.stream` can stream: each model keeps its own
 decoder cache, and `EnsembleCache` carries them as one.
 """

@@ -40,10 +40,9 @@ class Limits:
 
 # When waiting greedy requests join the running stream (`Batcher._join_stream`): each
 # join runs the encoder, which costs nearly as much for a few sentences as for dozens, so
-# they wait until they are half as many as those decoding, or for 3 steps. In-process at
-# 32 clients (serve_load's requests, 2-core AMD EPYC, an earlier version of the stream)
-# this served 0.66-0.73 of offline throughput, joining at every step 0.62-0.64; at 8
-# clients the two did not differ beyond noise.
+# they wait until they are half as many as those decoding, or for 3 steps: with many
+# clients (`benchmarks/serve_load.py`'s requests) this serves more than joining at every
+# step; with few the two do not differ beyond noise.
 JOIN_SHARE = 0.5
 JOIN_AFTER_STEPS = 3
 
@@ -122,7 +121,7 @@ class Batcher:
     budget, in one search per decoding setting, answered at the round's end.
 
     `mtkit serve` runs the model on the main thread (and HTTP on another): the same
-    search ran 1.2-1.5x slower in a second thread on the 2-core machine measured."""
+    search ran slower in a second thread."""
 
     def __init__(self, translator: Translator, limits: Limits, continuous: bool = True):
         self.translator, self.limits, self.continuous = translator, limits, continuous

@@ -4,8 +4,8 @@ two of its steps and leave it as they end.
 `GreedyStream` decodes sentences of ids, each in its own slot of a slot cache
 (`cache.SlotCache`: one sentence's joining or leaving copies no other's keys and values).
 What it needs of a model is `StreamModel`: a `Transformer`, or an `Ensemble` of them. The
-decoding constraints are those of offline greedy search (`search.step_log_probs`), so
-that each output is the one `search.greedy_hypotheses` gives its sentence alone.
+decoding constraints are those of offline greedy search (`beam.step_log_probs`), so
+that each output is the one `beam.greedy_hypotheses` gives its sentence alone.
 
 `LineStream` takes text lines (a key each) for the PyTorch engine: it encodes them as the
 engine does and feeds a `GreedyStream`; `open_stream` makes one where the engine and the
@@ -59,9 +59,9 @@ class StreamModel(Protocol):
 
 
 # Source tokens (with padding) encoded together on a CPU by `GreedyStream`, whose
-# sentences join unsorted. Encoding them sorted by length in chunks of about 512 tokens
-# took 2.1-2.2 s for 1,771 Multi30k sentences joining in groups of ~22, against 2.5-2.8 s
-# unsplit (2-core AMD EPYC; `benchmarks/serve_load.py`'s requests). A GPU takes them whole.
+# sentences join unsorted: sorted by length in chunks of about 512 tokens they pad less
+# and encode faster than all at once (`benchmarks/serve_load.py`'s requests). A GPU takes
+# them whole.
 ENCODE_CHUNK_TOKENS = 512
 
 

@@ -329,8 +329,8 @@ def apply_update(state: TrainState, update: Update) -> Stepped:
     counts either way. Where the gradients are not finite the update is skipped, decided
     on the device: the fused AdamW takes the flag (`found_inf`, as under a gradient
     scaler) and leaves the weights, its moments and its step count as they were. An
-    unfused AdamW (a run begun before mtkit fused it) has no such flag: there the host
-    reads it, as mtkit always did."""
+    unfused AdamW (a torch without a fused kernel for the device) has no such flag:
+    there the host reads it."""
     tc, p = state.cfg.train, state.progress
     grad_norm = per_token_gradients(
         state.model, update.tokens, tc.clip_norm, state.device, state.distributed

@@ -29,8 +29,8 @@ def linear_decay_lr(step: int, peak: float, warmup: int, used: float) -> float:
     """Linear warm-up, then a linear decay to 0 at the end of the budget: `used` is the
     share of it that the updates before this one took (`budget_used`). Short, budgeted
     runs end with small steps instead of the inverse square root's still large ones (Li
-    et al. 2020, "Budgeted training"). Far from convergence it costs: 5-6 BLEU in the main
-    job's first 437 updates (README: Quality), where every bit of rate still helps."""
+    et al. 2020, "Budgeted training"). Far from convergence it costs BLEU, where every bit
+    of rate still helps (docs/configuration.md, "How the presets were chosen")."""
     warm = 1.0 if warmup == 0 else min(1.0, max(step, 1) / warmup)
     return peak * warm * max(0.0, 1.0 - used)
 
@@ -58,12 +58,10 @@ def learning_rate(step: int, elapsed: float, tc: TrainConfig) -> float:
 
 def adamw(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with the paper's betas (0.9, 0.98) and eps 1e-9, at the schedule's first
-    learning rate; fused, one call for all parameters, on CUDA and on a CPU (where
-    PyTorch's loop of eight operations per tensor cost 10% of a bf16 step of the
-    Multi30k model), unless this torch has no fused kernel for the device. A resumed run
-    keeps the kind it was saved with (`load_state_dict` restores it), so that it
-    continues exactly: a run begun before the fused optimizer stays unfused. `device`
-    is where the parameters are."""
+    learning rate; fused, one call for all parameters, on CUDA and on a CPU (instead of
+    PyTorch's loop of eight operations per tensor), unless this torch has no fused kernel
+    for the device. A resumed run keeps the kind it was saved with (`load_state_dict`
+    restores it), so that it continues exactly. `device` is where the parameters are."""
     settings = dict(
         lr=learning_rate(1, 0.0, tc), betas=(0.9, 0.98), eps=1e-9, weight_decay=tc.weight_decay
     )

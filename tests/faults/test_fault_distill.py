@@ -1,5 +1,5 @@
 """A distillation that never goes stale or vanishes, and shortlists checked where they are
-made and read (issue 69: 3, 4, 8, 9, 13, 14).
+made and read.
 
 One student (tests/e2e/test_distill.py's: the tiny trained run is its teacher, 300 pairs
 in chunks of 100) is run through `mtkit run` once per module; each test works on a copy.

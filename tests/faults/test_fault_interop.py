@@ -1,7 +1,7 @@
 """Faults at mtkit's borders with other toolkits: `mtkit import` of broken or foreign
 Marian folders, `mtkit export --force` over folders mtkit did not write, and write
 errors that must name the user's path. Each is one line on stderr, exit 2, and leaves
-every file the user owns as it was (issue 51: points 3, 5, 6 and 12's write errors)."""
+every file the user owns as it was."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def assert_refused(folder, out, says):
     return line
 
 
-# --- issue 51 #5 and #6: a config field of the wrong type or range, or at odds with the
+# --- A config field of the wrong type or range, or at odds with the
 # weights, is one line naming the field and its value, before anything is written.
 BROKEN_CONFIGS = [
     ({"max_position_embeddings": 1}, "max_position_embeddings=1: must be an integer in [8,"),
@@ -212,7 +212,7 @@ def test_output_and_source_paths_are_checked_before_any_hub_lookup(folder, tmp_p
     assert not any((tmp_path / "existing").iterdir())
 
 
-# --- issue 51 #3: --force replaces only what mtkit's marker says mtkit wrote.
+# --- --force replaces only what mtkit's marker says mtkit wrote.
 
 
 @pytest.mark.parametrize("to", ["huggingface", "ctranslate2"])
@@ -274,6 +274,14 @@ def test_force_replaces_a_marked_export_and_refuses_an_unmarked_one(imported, tm
         2,
         "is not an mtkit export",
     )
+    (out / "mtkit.json").write_text(json.dumps({"format": "mtkit-hf-1"}))  # an older mtkit's
+    before = snapshot(out)
+    assert_one_line(
+        cli("export", "-m", imported, "--to", "huggingface", "-o", out, "--force"),
+        2,
+        "has an mtkit.json without its list of files (an older mtkit's export); --force",
+    )
+    assert snapshot(out) == before
 
 
 def test_force_replaces_a_ctranslate2_export_by_its_marker(imported, tmp_path):
@@ -292,7 +300,7 @@ def test_force_replaces_a_ctranslate2_export_by_its_marker(imported, tmp_path):
     assert_one_line(cli("export", "-m", imported, "-o", out, "--force"), 2, "holds sub")
 
 
-# --- issue 51 #12: a write error names the user's path, never the temporary file.
+# --- A write error names the user's path, never the temporary file.
 
 
 def test_a_long_output_name_is_written_not_refused_for_its_temporary(original, tmp_path):

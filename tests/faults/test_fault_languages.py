@@ -1,4 +1,4 @@
-"""Language codes and `mtkit run`'s own checks (issue 51, points 8 and 12).
+"""Language codes and `mtkit run`'s own checks.
 
 A language code becomes a `<2xx>` tag, a SentencePiece user-defined symbol: it must stay
 one piece. `c p` used to be accepted and split into 7 pieces, which then appeared in

@@ -1,4 +1,4 @@
-"""Every fault is one line (or one JSON error), never a traceback or a 500 (issue 21):
+"""Every fault is one line (or one JSON error), never a traceback or a 500:
 bad jsonl lines are error records and the stream goes on, bad request bodies are 422
 naming the field, serve options out of range (and an empty API key) are refused at
 start, explain refuses an exported folder, extreme decoding values work or are refused

@@ -1,4 +1,4 @@
-"""Terminology and languages meet bad input as the first commands do (issue 51): a jsonl
+"""Terminology and languages meet bad input as the first commands do: a jsonl
 record that cannot be searched with its constraints is one error record and the stream
 goes on; options that fail every record are one line before any output; `eval -m` keeps
 the model's language code apart from the language-ID code and checks both before it

@@ -1,5 +1,5 @@
 """Translation helpers (`translate --workers`, `mtkit.engines.workers`) that die or fail
-at any moment (issue 69: 1, 2, 5, 6): the command ends within seconds with one line
+at any moment: the command ends within seconds with one line
 naming the helper and its exit code (or what it failed at), exit code 2, and no output
 file, temporary or process left.
 
@@ -129,7 +129,7 @@ def test_a_spawned_helper_that_dies_at_any_moment_is_one_line(model, corpus, tmp
 
 
 def test_a_spawned_helper_that_cannot_load_ends_the_command(model, corpus, tmp_path):
-    """Issue 69, 5: the error was printed, then the command never ended (the inbox's
+    """Once the error was printed, then the command never ended (the inbox's
     feeder thread, stuck writing 2,000 lines' batches to a helper that never reads them,
     was joined at exit)."""
     out = tmp_path / "out.de"
@@ -140,9 +140,9 @@ def test_a_spawned_helper_that_cannot_load_ends_the_command(model, corpus, tmp_p
 
 
 def test_a_model_file_replaced_before_a_helper_loads_it_is_one_line(trained, corpus, tmp_path):
-    """Issue 69, 2: training or `mtkit average` replaces -m between the command's load
-    and a spawned helper's: the helper would translate part of the input with other
-    weights, exit 0. Now none of the output is written."""
+    """Training or `mtkit average` may replace -m between the command's load
+    and a spawned helper's: the helper would then translate part of the input with
+    other weights and exit 0; instead none of the output is written."""
     checkpoints = trained / "run" / "checkpoints"
     model = shutil.copy(checkpoints / "step_20.pt", tmp_path / "model.pt")
     out = tmp_path / "out.de"
@@ -158,7 +158,7 @@ def test_a_model_file_replaced_before_a_helper_loads_it_is_one_line(trained, cor
 
 
 def test_a_helper_start_that_fails_half_way_names_its_cause(model, corpus, tmp_path):
-    """Issue 69, 6: out of file descriptors at the 18th helper or so, the command hung
+    """Out of file descriptors at the 18th helper or so, the command once hung
     at exit with the helpers started (unregistered, and deaf to SIGTERM), and said "too
     many open files while writing OUT"."""
 

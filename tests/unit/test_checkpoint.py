@@ -102,6 +102,21 @@ def test_foreign_and_missing_files_are_rejected(tmp_path):
         load_checkpoint(tmp_path / "none.pt")
 
 
+def test_a_checkpoint_of_another_format_or_without_a_digest_is_refused_in_one_line(tmp_path):
+    body = {"format": "mtkit-checkpoint-0", **payload(1.0)}
+    torch.save(body, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "old.pt")
+    assert str(e.value) == (
+        f"{tmp_path / 'old.pt'}: checkpoint format mtkit-checkpoint-0, which this mtkit "
+        f"does not read (it reads mtkit-checkpoint-1)"
+    )
+    torch.save({**body, "format": "mtkit-checkpoint-1"}, tmp_path / "undigested.pt")
+    with pytest.raises(CheckpointError, match=r"undigested.pt: .*no digest") as e:
+        load_checkpoint(tmp_path / "undigested.pt")
+    assert "\n" not in str(e.value)
+
+
 class Exploit:
     def __reduce__(self):
         return (os.system, (f"touch {Exploit.marker}",))

@@ -129,7 +129,7 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
     same samples at another place in a batch. Not checked here: the same samples batched
     and alone. The GPU's kernels round differently for other batch shapes, and the
     30-step model's nearly flat distributions turn such last-bit differences into other
-    draws (seen on an H200: 3 of 8 tokens differed); the CPU tests check that case."""
+    draws; the CPU tests check that case."""
     cfg, _ = cuda_run
     last = cfg.run_path / "checkpoints" / "last.pt"
     pair = load_engine([last, last], "cuda")
@@ -149,7 +149,7 @@ def test_every_decoding_option_runs_on_cuda_and_sampling_repeats(cuda_run):
 
 def test_attention_and_batch_shapes_auto_measure_new_shapes_on_cuda(corpus, tmp_path):
     """The real device timers: attention auto records each kernel at a known and a new
-    shape, and batch shapes auto the chosen kernel's (issue 49: cuDNN's per-shape plans)."""
+    shape, and batch shapes auto the chosen kernel's (cuDNN builds a plan per shape)."""
     cfg = config_from_dict(
         tiny_config_dict(
             corpus,

@@ -187,4 +187,4 @@ def test_auto_takes_graphs_where_a_replayed_update_is_clearly_faster(caplog):
 
 
 def test_graphs_are_off_unless_asked_for():
-    assert TrainConfig().cuda_graphs == "off"  # until measured on a GPU (issue 49)
+    assert TrainConfig().cuda_graphs == "off"  # until measured on a GPU

@@ -3,7 +3,7 @@
 The layer order itself is `.importlinter`'s (run `lint-imports`); this holds what a layers
 contract cannot say. Every module is read from the source tree next to these tests, so it
 holds whatever the layout, and a failure lists every cycle, not only the first. No test
-fails a module or a function for its length (STYLE.md 14): a long one is a prompt for
+fails a module or a function for its length: a long one is a prompt for
 review, never a reason to cut a comment or pack parameters onto one line.
 """
 
