@@ -271,6 +271,7 @@ def check(
 
 
 MAX_CONSTRAINTS = 62  # per line: which ones a hypothesis has met is one int64 bit mask
+# (`mtkit.search.constraints`)
 
 
 def constraints_need(

@@ -236,19 +236,6 @@ class Engine:
                 )
         return ""
 
-    def check_constraint_lines(
-        self,
-        lines: list[str],
-        constraints: list[list[tuple[str, ...]]],
-        opts: SearchOptions,
-        first_line: int = 1,
-    ) -> None:
-        """One line for the first line whose constraints cannot be searched for
-        (`constraint_errors`); `first_line` numbers the first of `lines`."""
-        for i, why in enumerate(self.constraint_errors(lines, constraints, opts)):
-            if why:
-                raise OptionError(f"line {first_line + i}: {why}", "constraints")
-
 
 def _tag_ids(vocab: Vocab, languages: dict[str, list[int]]) -> dict[int, str]:
     """{the id of `<2xx>`: xx} for the languages whose tag is one of `vocab`'s pieces."""

@@ -74,15 +74,21 @@ def ban_repeated_ngrams(
     lprobs[rows, tokens] = float("-inf")
 
 
+def padded(rows: list[list[int]], fill: int = PAD, width: int | None = None) -> Tensor:
+    """Lists of ids as one (R, W) tensor on the CPU, each row filled up with `fill` to
+    `width` (default: the longest row's length). The one way id lists become a tensor:
+    source batches (`mtkit.engines.pytorch`), prefixes, constraint tables."""
+    width = max(map(len, rows), default=0) if width is None else width
+    table = [list(r) + [fill] * (width - len(r)) for r in rows]
+    return torch.tensor(table, dtype=torch.long).view(len(rows), width)  # (R, W)
+
+
 def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
     """Target prefixes (one id list per sentence, possibly empty) as (B, L) padded with
     pad, or None when no sentence has one."""
     if not prefixes or not any(prefixes):
         return None
-    table = torch.full((len(prefixes), max(len(p) for p in prefixes)), PAD, dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        table[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-    return table.to(device)  # (B, L)
+    return padded(prefixes).to(device)  # (B, L)
 
 
 def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
