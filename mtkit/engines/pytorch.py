@@ -315,32 +315,11 @@ class TorchEngine(Engine):
         model = model or self.step_model
         if opts.sampling:
             hyps = sample_search(
-                model,
-                src,
-                seeds,
-                opts.beam,
-                opts.temperature,
-                opts.topk,
-                opts.topp,
-                opts.lenpen,
-                opts.max_len_a,
-                opts.max_len_b,
-                no_repeat_ngram=opts.no_repeat_ngram,
-                prefixes=prefixes,
-                preallocate=self.graphs,
+                model, src, opts, seeds=seeds, prefixes=prefixes, preallocate=self.graphs
             )
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
-            return greedy_hypotheses(
-                model,
-                src,
-                opts.lenpen,
-                opts.max_len_a,
-                opts.max_len_b,
-                no_repeat_ngram=opts.no_repeat_ngram,
-                prefixes=prefixes,
-                preallocate=self.graphs,
-            )
+            return greedy_hypotheses(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
         return beam_search(model, src, opts, prefixes=prefixes, preallocate=self.graphs)

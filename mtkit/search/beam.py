@@ -198,28 +198,19 @@ def output_columns(model: StepModel) -> Tensor | None:
 def greedy_search(
     model: StepModel,
     src: Tensor,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
-    min_len: int = 1,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-    prefixes: list[list[int]] | None = None,
+    options: SearchOptions = DEFAULTS,
     *,
+    min_len: int = 1,
+    prefixes: list[list[int]] | None = None,
     preallocate: bool = False,
 ) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
-    starts with its sentence's prefix, when given. `preallocate`: `one_per_row`'s."""
+    starts with its sentence's prefix, when given. Of `options` it reads the length
+    limits and no-repeat n-grams (`greedy_hypotheses`); `preallocate`: `one_per_row`'s."""
     return [
         hyps[0].tokens
         for hyps in greedy_hypotheses(
-            model,
-            src,
-            0.0,
-            max_len_a,
-            max_len_b,
-            min_len,
-            no_repeat_ngram,
-            prefixes,
-            preallocate=preallocate,
+            model, src, options, min_len=min_len, prefixes=prefixes, preallocate=preallocate
         )
     ]
 
@@ -228,21 +219,22 @@ def greedy_search(
 def greedy_hypotheses(
     model: StepModel,
     src: Tensor,
-    lenpen: float = DEFAULTS.lenpen,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
-    min_len: int = 1,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-    prefixes: list[list[int]] | None = None,
+    options: SearchOptions = DEFAULTS,
     *,
+    min_len: int = 1,
+    prefixes: list[list[int]] | None = None,
     read_every: int | None = None,
     preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
-    scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
-    length penalty only scores; unlike a beam of one, it never keeps a sentence going
-    past the eos it chose. `read_every`, `preallocate`: `one_per_row`'s."""
-    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
+    scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. Of
+    `options` it reads the length penalty and limits and no-repeat n-grams (not the beam);
+    `prefixes`: a target prefix per sentence (ids). The length penalty only scores;
+    unlike a beam of one, it never keeps a sentence going past the eos it chose.
+    `read_every`, `preallocate`: `one_per_row`'s."""
+    memory, src_mask, prefix, limits = start_search(
+        model, src, prefixes, options.max_len_a, options.max_len_b
+    )
     out, log_prob = one_per_row(
         model,
         memory,
@@ -251,12 +243,12 @@ def greedy_hypotheses(
         limits,
         1,
         min_len,
-        no_repeat_ngram,
+        options.no_repeat_ngram,
         lambda lprobs, alive, step: lprobs.argmax(dim=-1),
         read_every=read_every,
         preallocate=preallocate,
     )
-    return as_hypotheses(out, log_prob, 1, lenpen)
+    return as_hypotheses(out, log_prob, 1, options.lenpen)
 
 
 def one_per_row(
