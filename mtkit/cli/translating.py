@@ -20,11 +20,12 @@ from mtkit.cli.app import (
     tune_runtime,
 )
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import OPTIONS, SearchOptions, Translator, check_value
+from mtkit.core.search_options import OPTIONS, SearchOptions, check_value
 from mtkit.core.terms import (
     Glossary,
     read_constraints,
 )
+from mtkit.engines.base import Translator
 
 # The headings `--help` groups the options under (Typer's rich help panels).
 MODEL = "Model"

@@ -187,7 +187,7 @@ class TorchEngine(Engine):
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`). With
+        """Hypotheses for each line, in input order (`mtkit.engines.base.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
         samples are the same in any batch, at any place in the input, alone or not."""
         self.check(opts)

@@ -4,7 +4,7 @@
 `eval -m`, `mtkit run`): each request gets its target language's tag, a line of several
 sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
 constraints (its own, a file's, a glossary's) are checked against what the engine can
-search for, the lines go to the engine (`mtkit.core.search_options.Translator`, which sorts
+search for, the lines go to the engine (`mtkit.engines.base.Translator`, which sorts
 and batches them) and come back as `mtkit.core.translation.Translation`s.
 
 `translate_stream` drives it over a byte stream: whatever lines are available (so it works
@@ -22,7 +22,7 @@ from typing import BinaryIO, TextIO
 
 from mtkit.core.errors import OptionError
 from mtkit.core.languages import tag_ids, tagging, untagged
-from mtkit.core.search_options import BATCH_TOKENS, SearchOptions, Translator, constraints_need
+from mtkit.core.search_options import BATCH_TOKENS, SearchOptions, constraints_need
 from mtkit.core.terms import Glossary, combine
 from mtkit.core.textio import (
     TEXT,
@@ -35,6 +35,7 @@ from mtkit.core.textio import (
 )
 from mtkit.core.translation import Translation, joined
 from mtkit.documents import sentences
+from mtkit.engines.base import Translator
 
 log = logging.getLogger(__name__)
 

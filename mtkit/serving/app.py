@@ -44,13 +44,13 @@ from mtkit.core.languages import (
 from mtkit.core.search_options import (
     OPTIONS,
     SearchOptions,
-    Translator,
     check_constraints,
     constraints_need,
 )
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
+from mtkit.engines.base import Translator
 from mtkit.serving.protocols import add_routes
 from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
 

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import DEFAULTS, SearchOptions, Translator
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
+from mtkit.engines.base import Translator
 from mtkit.engines.pytorch import TorchEngine
 from mtkit.model.cache import resize
 from mtkit.search.beam import as_hypotheses, max_lengths, padded, step_log_probs

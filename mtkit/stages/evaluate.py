@@ -13,7 +13,7 @@ from mtkit.core.config import ConfigError
 from mtkit.core.errors import OptionError, plural
 from mtkit.core.langid import OffTarget, off_target
 from mtkit.core.scoring import ConfidenceRank, Score, confidence_rank, parse_metrics, score
-from mtkit.core.search_options import SearchOptions, Translator
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import (
     Constraint,
     Glossary,
@@ -24,6 +24,7 @@ from mtkit.core.terms import (
     term_accuracy,
 )
 from mtkit.core.textio import read_lines
+from mtkit.engines.base import Translator
 
 
 @dataclass(frozen=True)
