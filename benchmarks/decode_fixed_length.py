@@ -53,9 +53,7 @@ def mtkit_pass(model, src: torch.Tensor, beam: int, length: int, batch: int, fix
     for start in range(0, src.size(0), batch):
         part = src[start : start + batch]
         if beam == 1:
-            hyps = greedy_hypotheses(
-                model, part, 0.0, 0.0, length, min_len=length, preallocate=fixed
-            )
+            hyps = greedy_hypotheses(model, part, opts, min_len=length, preallocate=fixed)
         else:
             hyps = beam_search(model, part, opts, min_len=length, preallocate=fixed)
         lengths += [len(h[0].tokens) for h in hyps]

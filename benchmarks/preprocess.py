@@ -37,8 +37,20 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtkit.data.batching import padding_share, token_batches  # noqa: E402
+from mtkit.data.batching import token_batches  # noqa: E402
 from mtkit.data.shards import ShardDataset  # noqa: E402
+
+
+def padding_share(
+    batches: list[np.ndarray], src_lengths: np.ndarray, tgt_lengths: np.ndarray
+) -> float:
+    """Share of padded positions over all batches, counting source and target tensors."""
+    padded = real = 0
+    for b in batches:
+        s, t = src_lengths[b] + 1, tgt_lengths[b] + 1
+        padded += len(b) * (s.max() + t.max())
+        real += s.sum() + t.sum()
+    return float(1 - real / padded) if padded else 0.0
 
 
 def synthetic_corpus(folder: Path, pairs: int, src_gz: Path, tgt_gz: Path) -> tuple[Path, Path]:

@@ -55,9 +55,10 @@ from mtkit.core.device import cpu_description, tune_cpu_runtime
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.engines.loader import load_engine
-from mtkit.engines.pytorch import TorchEngine, length_batches, pad_rows
+from mtkit.engines.pytorch import TorchEngine, length_batches
 from mtkit.model.int8 import int8_supported
 from mtkit.model.transformer import Transformer, sinusoidal_positions
+from mtkit.search.beam import padded
 
 
 def read_source(path: str, limit: int) -> list[str]:
@@ -172,7 +173,7 @@ def time_hf(
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         for batch in batches:
-            src = pad_rows([ids[k] + [EOS] for k in batch]).to(device)
+            src = padded([ids[k] + [EOS] for k in batch]).to(device)
             with torch.no_grad():
                 out = hf.generate(
                     input_ids=src,

@@ -24,10 +24,10 @@ from typing import Literal
 
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.search_options import Translator as Engine
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import CHUNK_LINES, OutputFormat, Request, lone_surrogate
 from mtkit.core.translation import Translation
+from mtkit.engines.base import Translator as Engine
 from mtkit.engines.session import into_language, translate_requests
 
 Error = UserError  # the base of every error mtkit raises for its caller's input

@@ -20,11 +20,12 @@ from mtkit.cli.app import (
     tune_runtime,
 )
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import OPTIONS, SearchOptions, Translator, check_value
+from mtkit.core.search_options import OPTIONS, SearchOptions, check_value
 from mtkit.core.terms import (
     Glossary,
     read_constraints,
 )
+from mtkit.engines.base import Translator
 
 # The headings `--help` groups the options under (Typer's rich help panels).
 MODEL = "Model"
@@ -320,11 +321,10 @@ def _check_constraints(
     engine: Translator, opts: SearchOptions, constraints: Path | None, glossary: Path | None
 ) -> None:
     """One line if the engine or the options cannot search with constraints."""
-    from mtkit.core.search_options import check_constraints
+    from mtkit.engines.session import check_constraint_options
 
-    for name, given in (("--constraints", constraints), ("--glossary", glossary)):
-        if given:
-            check_constraints(opts, engine.capabilities, name)
+    given = (("--constraints", constraints), ("--glossary", glossary))
+    check_constraint_options(engine, opts, [name for name, path in given if path])
 
 
 @app.command(name="eval")

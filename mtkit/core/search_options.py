@@ -6,7 +6,8 @@
     SearchOptions   one request's search: beam or sampling, length penalty and limits,
                     n-best, no-repeat n-grams, word alignments.
     Capabilities    what an engine can honour; `check` refuses the rest in one line.
-    Translator      the protocol every engine (`mtkit.engines`) follows.
+
+The protocol every engine follows (`Translator`) is `mtkit.engines.base`'s.
 
 Batching (`batch_tokens`: source tokens x beam, the rows a search carries, per batch)
 and output formats (`mtkit.core.textio`) are not search options: they change how lines are
@@ -18,11 +19,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any
 
 from mtkit.core.errors import OptionError
-from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.vocab import Vocab
 
 MAX_COUNT = 2**31 - 1  # the largest count a decoding option may hold (a C++ int's)
 
@@ -271,6 +270,7 @@ def check(
 
 
 MAX_CONSTRAINTS = 62  # per line: which ones a hypothesis has met is one int64 bit mask
+# (`mtkit.search.constraints`)
 
 
 def constraints_need(
@@ -303,49 +303,3 @@ def check_constraints(
     need = constraints_need(options, capabilities, spell)
     if need:
         raise OptionError(f"{given} needs {need}", "constraints")
-
-
-class Translator(Protocol):
-    """What every engine does: source lines in, hypotheses out, in input order."""
-
-    src_vocab: Vocab
-    tgt_vocab: Vocab
-    capabilities: Capabilities
-    config: Any  # the checkpoint's `mtkit.core.config.Config`: decoding defaults, languages
-    steps: list[int | None]  # each model's training step (None: averaged, or unknown)
-    weights: list[str]  # what each model's weights are: "step 900", "the average of ..."
-    batch_tokens: int  # the batch budget where none is given (decode.batch_tokens, or the GPU's)
-
-    def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
-        """One line for anything in `options` this engine cannot do."""
-
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Source ids of each line, truncated to the model's positions."""
-
-    def close(self) -> None:
-        """Let go of what the engine runs beside its process (helper processes)."""
-
-    def translate(
-        self,
-        lines: list[str],
-        options: SearchOptions,
-        done: Callable[[int], None] | None = None,
-        prefixes: list[str] | None = None,
-        *,
-        batch_tokens: int = BATCH_TOKENS,
-        constraints: list[list[tuple[str, ...]]] | None = None,
-    ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line (`nbest`), in input order; an empty line gets empty
-        hypotheses; a line's outputs start with its target prefix, when given, and
-        contain one phrase of each of its `constraints` (`mtkit.core.terms`: alternatives),
-        when given; `done(n)` is told as lines finish."""
-
-    def constraint_errors(
-        self, lines: list[str], constraints: list[list[tuple[str, ...]]], options: SearchOptions
-    ) -> list[str]:
-        """For each line, why its constraints cannot be met ("" where they can): more
-        than `MAX_CONSTRAINTS`, or a phrase longer than the line's length limit."""
-
-    def describe(self) -> dict:
-        """What runs the search, for `mtkit serve`'s /v1/info: engine, models,
-        parameters (None where unknown), device."""

@@ -338,15 +338,3 @@ def make_loader(
         generator=generator,
         worker_init_fn=ignore_in_worker,
     )
-
-
-def padding_share(
-    batches: Sequence[np.ndarray], src_lengths: np.ndarray, tgt_lengths: np.ndarray
-) -> float:
-    """Share of padded positions over all batches, counting source and target tensors."""
-    padded = real = 0
-    for b in batches:
-        s, t = src_lengths[b] + 1, tgt_lengths[b] + 1
-        padded += len(b) * (s.max() + t.max())
-        real += s.sum() + t.sum()
-    return float(1 - real / padded) if padded else 0.0

@@ -1,6 +1,7 @@
-"""What every engine does to its input before the search: set empty lines aside, encode
-and truncate the others, encode target prefixes and constraints, refuse the options (and
-the constraints) it cannot honour."""
+"""What every engine is: the protocol the session and the server translate through
+(`Translator`), and its shared half (`Engine`), what every engine does to its input before
+the search: set empty lines aside, encode and truncate the others, encode target prefixes
+and constraints, refuse the options (and the constraints) it cannot honour."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Protocol
 
 from mtkit.core.errors import OptionError
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.languages import tag
-from mtkit.core.search_options import MAX_CONSTRAINTS, Capabilities, SearchOptions, check, flag
+from mtkit.core.search_options import (
+    BATCH_TOKENS,
+    MAX_CONSTRAINTS,
+    Capabilities,
+    SearchOptions,
+    check,
+    flag,
+)
 from mtkit.core.terms import shorten
 from mtkit.core.vocab import EOS, UNK, Vocab
 
@@ -22,8 +31,54 @@ log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]*>|>>[^<\s]*<<")  # a target-language tag as one piece
 
 
+class Translator(Protocol):
+    """What every engine does: source lines in, hypotheses out, in input order."""
+
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    capabilities: Capabilities
+    config: Any  # the checkpoint's `mtkit.core.config.Config`: decoding defaults, languages
+    steps: list[int | None]  # each model's training step (None: averaged, or unknown)
+    weights: list[str]  # what each model's weights are: "step 900", "the average of ..."
+    batch_tokens: int  # the batch budget where none is given (decode.batch_tokens, or the GPU's)
+
+    def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
+        """One line for anything in `options` this engine cannot do."""
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        """Source ids of each line, truncated to the model's positions."""
+
+    def close(self) -> None:
+        """Let go of what the engine runs beside its process (helper processes)."""
+
+    def translate(
+        self,
+        lines: list[str],
+        options: SearchOptions,
+        done: Callable[[int], None] | None = None,
+        prefixes: list[str] | None = None,
+        *,
+        batch_tokens: int = BATCH_TOKENS,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses for each line (`nbest`), in input order; an empty line gets empty
+        hypotheses; a line's outputs start with its target prefix, when given, and
+        contain one phrase of each of its `constraints` (`mtkit.core.terms`: alternatives),
+        when given; `done(n)` is told as lines finish."""
+
+    def constraint_errors(
+        self, lines: list[str], constraints: list[list[tuple[str, ...]]], options: SearchOptions
+    ) -> list[str]:
+        """For each line, why its constraints cannot be met ("" where they can): more
+        than `MAX_CONSTRAINTS`, or a phrase longer than the line's length limit."""
+
+    def describe(self) -> dict:
+        """What runs the search, for `mtkit serve`'s /v1/info: engine, models,
+        parameters (None where unknown), device."""
+
+
 class Engine:
-    """The shared half of an engine (`mtkit.core.search_options.Translator`). Subclasses set
+    """The shared half of an engine (`Translator`). Subclasses set
     `src_vocab`, `tgt_vocab`, `max_positions`, `capabilities`, `config`, `steps`, and
     search in `translate`."""
 
@@ -235,19 +290,6 @@ class Engine:
                     f"{opts.max_len_b})"
                 )
         return ""
-
-    def check_constraint_lines(
-        self,
-        lines: list[str],
-        constraints: list[list[tuple[str, ...]]],
-        opts: SearchOptions,
-        first_line: int = 1,
-    ) -> None:
-        """One line for the first line whose constraints cannot be searched for
-        (`constraint_errors`); `first_line` numbers the first of `lines`."""
-        for i, why in enumerate(self.constraint_errors(lines, constraints, opts)):
-            if why:
-                raise OptionError(f"line {first_line + i}: {why}", "constraints")
 
 
 def _tag_ids(vocab: Vocab, languages: dict[str, list[int]]) -> dict[int, str]:

@@ -176,7 +176,7 @@ class CT2Engine(Engine):
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`).
+        """Hypotheses for each line, in input order (`mtkit.engines.base.Translator`).
         CTranslate2 has no hard lexical constraints (only prefixes): constraints are
         refused in one line."""
         self.check(opts)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from mtkit.core.errors import OptionError
 from mtkit.core.search_options import (
-    Translator,
     check_cuda_graphs,
     check_precision,
     check_workers,
 )
+from mtkit.engines.base import Translator
 
 
 def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:

@@ -51,7 +51,7 @@ from mtkit.core.search_options import (
     cpu_workers,
     flag,
 )
-from mtkit.core.vocab import EOS, PAD, Vocab, entry_vocabs
+from mtkit.core.vocab import EOS, Vocab, entry_vocabs
 from mtkit.engines.base import Engine
 from mtkit.engines.workers import BatchJob, BatchWorkers
 from mtkit.model import int8
@@ -60,7 +60,7 @@ from mtkit.model.cache import preallocated_capacity
 from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
 from mtkit.model.transformer import Transformer, build_model, count_parameters
 from mtkit.search.alignment import align, check_layer
-from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses
+from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses, padded
 from mtkit.search.captured import CapturedDecoder, graph_choice
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
@@ -187,7 +187,7 @@ class TorchEngine(Engine):
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Hypotheses for each line, in input order (`mtkit.core.search_options.Translator`). With
+        """Hypotheses for each line, in input order (`mtkit.engines.base.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
         samples are the same in any batch, at any place in the input, alone or not."""
         self.check(opts)
@@ -272,7 +272,7 @@ class TorchEngine(Engine):
 
     def translate_batch(self, job: BatchJob, opts: SearchOptions) -> list[list[Hypothesis]]:
         """The hypotheses of one batch (its sentences' ids, without eos)."""
-        src = pad_rows([row + [EOS] for row in job.rows]).to(self.device)  # (B, S)
+        src = padded([row + [EOS] for row in job.rows]).to(self.device)  # (B, S)
         model = (
             self.shortlisted(
                 src,
@@ -315,32 +315,11 @@ class TorchEngine(Engine):
         model = model or self.step_model
         if opts.sampling:
             hyps = sample_search(
-                model,
-                src,
-                seeds,
-                opts.beam,
-                opts.temperature,
-                opts.topk,
-                opts.topp,
-                opts.lenpen,
-                opts.max_len_a,
-                opts.max_len_b,
-                no_repeat_ngram=opts.no_repeat_ngram,
-                prefixes=prefixes,
-                preallocate=self.graphs,
+                model, src, opts, seeds=seeds, prefixes=prefixes, preallocate=self.graphs
             )
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
-            return greedy_hypotheses(
-                model,
-                src,
-                opts.lenpen,
-                opts.max_len_a,
-                opts.max_len_b,
-                no_repeat_ngram=opts.no_repeat_ngram,
-                prefixes=prefixes,
-                preallocate=self.graphs,
-            )
+            return greedy_hypotheses(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
         return beam_search(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
@@ -461,13 +440,6 @@ def length_batches(
         longest = max(longest, n)
     if batch:
         yield batch
-
-
-def pad_rows(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
 
 
 def load_torch_engine(

@@ -4,25 +4,38 @@
 `eval -m`, `mtkit run`): each request gets its target language's tag, a line of several
 sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
 constraints (its own, a file's, a glossary's) are checked against what the engine can
-search for, the lines go to the engine (`mtkit.core.search_options.Translator`, which sorts
+search for, the lines go to the engine (`mtkit.engines.base.Translator`, which sorts
 and batches them) and come back as `mtkit.core.translation.Translation`s.
 
 `translate_stream` drives it over a byte stream: whatever lines are available (so it works
 interactively and in a pipe), exactly one output line per input line (n lines with
 `nbest` n), in input order, flushed after each chunk. Empty lines give empty lines
 without running the model.
+
+The constraint rule, here once for every surface (the API, `translate`, `eval -m`,
+`mtkit serve`): options that cannot search for constraints at all (sampling, a beam of
+one, an engine without constrained search) are refused for every source that gives some,
+a glossary too (`check_constraint_options`); on a line, its own constraints (a file's, a
+jsonl record's, a request's) that cannot be searched for are an error, a glossary's are
+dropped from that line with a warning (`searchable`, with `constraint_errors` saying why).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import BinaryIO, TextIO
 
 from mtkit.core.errors import OptionError
 from mtkit.core.languages import tag_ids, tagging, untagged
-from mtkit.core.search_options import BATCH_TOKENS, SearchOptions, Translator, constraints_need
+from mtkit.core.search_options import (
+    BATCH_TOKENS,
+    SearchOptions,
+    check_constraints,
+    constraints_need,
+    flag,
+)
 from mtkit.core.terms import Glossary, combine
 from mtkit.core.textio import (
     TEXT,
@@ -35,6 +48,7 @@ from mtkit.core.textio import (
 )
 from mtkit.core.translation import Translation, joined
 from mtkit.documents import sentences
+from mtkit.engines.base import Translator
 
 log = logging.getLogger(__name__)
 
@@ -239,11 +253,10 @@ def searchable(
     lines: list[int] | None = None,
 ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
     """The requests and each one's constraints, with those that cannot be searched for
-    dealt with: by these options on this engine (`decoding.constraints_need`: a beam of
-    two or more, a checkpoint), or on this line (`Translator.constraint_errors`). A
-    line's own constraints (a file's, its jsonl record's) are its error record in jsonl,
-    and one line in text (`count` lines came before this chunk; a file's were checked
-    before anything was written); a glossary's are dropped from that line with a
+    (`constraint_errors`) dealt with by the rule: a line's own constraints (a file's, its
+    jsonl record's, an API call's) are its error record in jsonl, and one line otherwise
+    (`count` lines came before this chunk; a file's were checked before anything was
+    written: `check_constraint_lines`); a glossary's are dropped from that line with a
     warning, so a stream never stops on a term. `lines`: the input line each request is
     part of (a sentence of a split line is one request), counted from the chunk's start
     (None: one request a line)."""
@@ -252,19 +265,11 @@ def searchable(
     wanted = line_constraints(requests, given, glossary)
     if wanted is None:
         return requests, None
-    need = constraints_need(opts, translator.capabilities)
-    if need:  # no line's constraints can be searched for
-        errors = [f"searching for them needs {need}" if w else "" for w in wanted]
-    else:
-        errors = translator.constraint_errors([r.text for r in requests], wanted, opts)
+    errors = constraint_errors(translator, [r.text for r in requests], wanted, opts)
     if own is not None and any(errors):
         bad = [i for i, why in enumerate(errors) if why and own[i]]
-        mine = (
-            [errors[i] for i in bad]
-            if need
-            else translator.constraint_errors(
-                [requests[i].text for i in bad], [own[i] for i in bad], opts
-            )
+        mine = constraint_errors(
+            translator, [requests[i].text for i in bad], [own[i] for i in bad], opts
         )
         for i, why in zip(bad, mine, strict=True):
             if why and not jsonl:
@@ -279,6 +284,37 @@ def searchable(
     return requests, wanted if any(wanted) else None
 
 
+def check_constraint_options(
+    translator: Translator,
+    opts: SearchOptions,
+    given: Iterable[str],
+    spell: Callable[[str], str] = flag,
+) -> None:
+    """One line where `opts` on this engine cannot search for constraints at all
+    (`constraints_need`), naming the first source in `given` (--constraints, --glossary,
+    a request's field) as "--glossary needs ...": checked before anything is translated,
+    a glossary's whether or not a line holds one of its terms."""
+    for name in given:
+        check_constraints(opts, translator.capabilities, name, spell)
+
+
+def constraint_errors(
+    translator: Translator,
+    texts: list[str],
+    constraints: list[list[tuple[str, ...]]],
+    opts: SearchOptions,
+) -> list[str]:
+    """For each line (the text the model reads), why its constraints cannot be searched
+    for ("" where they can, or it has none): by these options on this engine
+    (`constraints_need`: beam search with a beam of two or more, on an engine that has
+    it), or on this line (`Translator.constraint_errors`: too many, a phrase the target
+    vocabulary cannot spell, one longer than the line's output limit)."""
+    need = constraints_need(opts, translator.capabilities)
+    if need:  # no line's constraints can be searched for
+        return [f"searching for them needs {need}" if c else "" for c in constraints]
+    return translator.constraint_errors(texts, constraints, opts)
+
+
 def check_constraint_lines(
     translator: Translator,
     source: BinaryIO,
@@ -286,13 +322,13 @@ def check_constraint_lines(
     opts: SearchOptions,
 ) -> None:
     """One line for the first input line (of `source`, which is read and rewound) whose
-    constraints (one list per line) cannot be searched for
-    (`Translator.constraint_errors`): checked before anything is written. (A glossary's
-    terms never stop a translation: `searchable`.)"""
+    constraints (one list per line) cannot be searched for (`constraint_errors`): checked
+    before anything is written. (A glossary's terms never stop a translation:
+    `searchable`.)"""
     lines = [line for chunk in read_chunks(source) for line in chunk]
     source.seek(0)
     wanted = line_constraints([Request(x) for x in lines], constraints) or []
-    for i, why in enumerate(translator.constraint_errors(lines, wanted, opts) if wanted else []):
+    for i, why in enumerate(constraint_errors(translator, lines, wanted, opts) if wanted else []):
         if why:
             raise OptionError(f"line {i + 1}: {why}", "constraints")
 

@@ -74,15 +74,21 @@ def ban_repeated_ngrams(
     lprobs[rows, tokens] = float("-inf")
 
 
+def padded(rows: list[list[int]], fill: int = PAD, width: int | None = None) -> Tensor:
+    """Lists of ids as one (R, W) tensor on the CPU, each row filled up with `fill` to
+    `width` (default: the longest row's length). The one way id lists become a tensor:
+    source batches (`mtkit.engines.pytorch`), prefixes, constraint tables."""
+    width = max(map(len, rows), default=0) if width is None else width
+    table = [list(r) + [fill] * (width - len(r)) for r in rows]
+    return torch.tensor(table, dtype=torch.long).view(len(rows), width)  # (R, W)
+
+
 def prefix_table(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
     """Target prefixes (one id list per sentence, possibly empty) as (B, L) padded with
     pad, or None when no sentence has one."""
     if not prefixes or not any(prefixes):
         return None
-    table = torch.full((len(prefixes), max(len(p) for p in prefixes)), PAD, dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        table[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-    return table.to(device)  # (B, L)
+    return padded(prefixes).to(device)  # (B, L)
 
 
 def _with_prefix_room(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
@@ -192,28 +198,19 @@ def output_columns(model: StepModel) -> Tensor | None:
 def greedy_search(
     model: StepModel,
     src: Tensor,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
-    min_len: int = 1,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-    prefixes: list[list[int]] | None = None,
+    options: SearchOptions = DEFAULTS,
     *,
+    min_len: int = 1,
+    prefixes: list[list[int]] | None = None,
     preallocate: bool = False,
 ) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
-    starts with its sentence's prefix, when given. `preallocate`: `one_per_row`'s."""
+    starts with its sentence's prefix, when given. Of `options` it reads the length
+    limits and no-repeat n-grams (`greedy_hypotheses`); `preallocate`: `one_per_row`'s."""
     return [
         hyps[0].tokens
         for hyps in greedy_hypotheses(
-            model,
-            src,
-            0.0,
-            max_len_a,
-            max_len_b,
-            min_len,
-            no_repeat_ngram,
-            prefixes,
-            preallocate=preallocate,
+            model, src, options, min_len=min_len, prefixes=prefixes, preallocate=preallocate
         )
     ]
 
@@ -222,21 +219,22 @@ def greedy_search(
 def greedy_hypotheses(
     model: StepModel,
     src: Tensor,
-    lenpen: float = DEFAULTS.lenpen,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
-    min_len: int = 1,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
-    prefixes: list[list[int]] | None = None,
+    options: SearchOptions = DEFAULTS,
     *,
+    min_len: int = 1,
+    prefixes: list[list[int]] | None = None,
     read_every: int | None = None,
     preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
-    scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. The
-    length penalty only scores; unlike a beam of one, it never keeps a sentence going
-    past the eos it chose. `read_every`, `preallocate`: `one_per_row`'s."""
-    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
+    scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. Of
+    `options` it reads the length penalty and limits and no-repeat n-grams (not the beam);
+    `prefixes`: a target prefix per sentence (ids). The length penalty only scores;
+    unlike a beam of one, it never keeps a sentence going past the eos it chose.
+    `read_every`, `preallocate`: `one_per_row`'s."""
+    memory, src_mask, prefix, limits = start_search(
+        model, src, prefixes, options.max_len_a, options.max_len_b
+    )
     out, log_prob = one_per_row(
         model,
         memory,
@@ -245,12 +243,12 @@ def greedy_hypotheses(
         limits,
         1,
         min_len,
-        no_repeat_ngram,
+        options.no_repeat_ngram,
         lambda lprobs, alive, step: lprobs.argmax(dim=-1),
         read_every=read_every,
         preallocate=preallocate,
     )
-    return as_hypotheses(out, log_prob, 1, lenpen)
+    return as_hypotheses(out, log_prob, 1, options.lenpen)
 
 
 def one_per_row(

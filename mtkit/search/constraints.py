@@ -30,13 +30,12 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import DEFAULTS, SearchOptions
+from mtkit.core.search_options import DEFAULTS, MAX_CONSTRAINTS, SearchOptions
 from mtkit.core.vocab import EOS
-from mtkit.search.beam import Candidates, StepModel, beam_search, best_extensions
+from mtkit.search.beam import Candidates, StepModel, beam_search, best_extensions, padded
 
 Phrase = list[int]  # a target phrase's ids
 Constraint = list[Phrase]  # alternatives: any one of them meets the constraint
-MAX_CONSTRAINTS = 62  # per sentence: which ones are met is one int64 bit mask
 
 
 @dataclass(frozen=True)
@@ -146,26 +145,19 @@ def tables(constraints: list[list[Constraint]], device: torch.device) -> Tables:
     width = max([len(t) for t, _ in moves] + [len(r) for r in advance] + [1])
     count = max([len(c) for c in constraints] + [1])
 
-    def padded(rows: list[list[int]], fill: int) -> Tensor:
-        return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long)
-
     flat = {
         name: torch.tensor([v for a in autos for v in getattr(a, name)], dtype=torch.long)
         for name in ("depth", "below", "outputs")
     }
     return Tables(
-        move_token=padded([t for t, _ in moves], -1).to(device),
-        move_next=padded([n for _, n in moves], 0).to(device),
-        advance=padded(advance, -1).to(device),
+        move_token=padded([t for t, _ in moves], -1, width).to(device),
+        move_next=padded([n for _, n in moves], 0, width).to(device),
+        advance=padded(advance, -1, width).to(device),
         root=torch.tensor([starts[s] for s, a in enumerate(autos) for _ in a.depth], device=device),
         **{name: value.to(device) for name, value in flat.items()},
         roots=torch.tensor(starts[:-1], device=device),
         want=torch.tensor([(1 << len(c)) - 1 for c in constraints], device=device),
-        weights=torch.tensor(
-            [a.weights + [0] * (count - len(a.weights)) for a in autos],
-            dtype=torch.long,
-            device=device,
-        ).view(len(autos), count),
+        weights=padded([a.weights for a in autos], 0, count).to(device),
     )
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import DEFAULTS
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.search.beam import StepModel, as_hypotheses, one_per_row, start_search
 
 
@@ -65,24 +65,23 @@ def sentence_generators(seeds: list[int], samples: int) -> list[torch.Generator]
 def sample_search(
     model: StepModel,
     src: Tensor,
+    options: SearchOptions = DEFAULTS,
+    *,
     seeds: list[int],
-    samples: int = 1,
-    temperature: float = DEFAULTS.temperature,
-    topk: int = DEFAULTS.topk,
-    topp: float = DEFAULTS.topp,
-    lenpen: float = DEFAULTS.lenpen,
-    max_len_a: float = DEFAULTS.max_len_a,
-    max_len_b: int = DEFAULTS.max_len_b,
     min_len: int = 1,
-    no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
     preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
-    """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
-    from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
-    sentence. A hypothesis' log_prob is the model's own (before temperature and
-    cut-offs). `preallocate`: `beam.one_per_row`'s (fixed shapes)."""
-    memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
+    """src (B, S) -> for each sentence `options.beam` outputs drawn from the model (each
+    token from `sampling_logits`, by inverse CDF), best score first. Of `options` it reads
+    the beam (the draws per sentence), temperature, top-k, top-p, the length penalty and
+    limits and no-repeat n-grams; `seeds` (B,): one per sentence; `prefixes`: a target
+    prefix per sentence (ids). A hypothesis' log_prob is the model's own (before
+    temperature and cut-offs). `preallocate`: `beam.one_per_row`'s (fixed shapes)."""
+    samples = options.beam
+    memory, src_mask, prefix, limits = start_search(
+        model, src, prefixes, options.max_len_a, options.max_len_b
+    )
     # Each row's uniform numbers, one per step it may take, drawn at once from its own
     # generator: (R, L), padded. A row's numbers depend on its sentence alone.
     steps = (limits + 1).repeat_interleave(samples).tolist()  # (R,)
@@ -100,7 +99,8 @@ def sample_search(
 
     def draw(lprobs: Tensor, alive: Tensor, step: int) -> Tensor:
         """Inverse-CDF draws of the rows `alive` at `step`."""
-        cdf = sampling_logits(lprobs, temperature, topk, topp).softmax(dim=-1).cumsum_(-1)
+        cdf = sampling_logits(lprobs, options.temperature, options.topk, options.topp)
+        cdf = cdf.softmax(dim=-1).cumsum_(-1)
         u = uniforms[alive, step] * cdf[:, -1]  # (r,), scaled to the total's rounding
         token = torch.searchsorted(cdf, u[:, None]).squeeze(1)  # (r,)
         return token.clamp_(max=cdf.size(1) - 1)
@@ -113,8 +113,8 @@ def sample_search(
         limits,
         samples,
         min_len,
-        no_repeat_ngram,
+        options.no_repeat_ngram,
         draw,
         preallocate=preallocate,
     )
-    return as_hypotheses(out, log_prob, samples, lenpen)
+    return as_hypotheses(out, log_prob, samples, options.lenpen)

@@ -44,13 +44,12 @@ from mtkit.core.languages import (
 from mtkit.core.search_options import (
     OPTIONS,
     SearchOptions,
-    Translator,
-    check_constraints,
-    constraints_need,
 )
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
+from mtkit.engines.base import Translator
+from mtkit.engines.session import check_constraint_options, constraint_errors
 from mtkit.serving.protocols import add_routes
 from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
 
@@ -238,19 +237,19 @@ class Service:
         sentence are left out of it, logged)."""
         if self.glossary:  # as `translate --glossary`: options it cannot search with are
             # refused, in every request, whether or not its sentences hold a term
-            need = constraints_need(opts, self.translator.capabilities, spell=str)
-            if need:
-                raise ServeError(
-                    422, f"this server's glossary (serve --glossary) needs {need}", "beam"
-                )
+            glossary = "this server's glossary (serve --glossary)"
+            try:
+                check_constraint_options(self.translator, opts, [glossary], spell=str)
+            except OptionError as e:
+                raise ServeError(422, str(e), "beam") from None
         own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
         if not any(own):
             return None
         try:
-            check_constraints(opts, self.translator.capabilities, "constraints", spell=str)
+            check_constraint_options(self.translator, opts, ["constraints"], spell=str)
         except OptionError as e:
             raise ServeError(422, str(e), "constraints") from None
-        for i, why in enumerate(self.translator.constraint_errors(lines, own, opts)):
+        for i, why in enumerate(constraint_errors(self.translator, lines, own, opts)):
             if why:
                 raise ServeError(422, f"constraints.{i}: {why}", f"constraints.{i}")
         return own

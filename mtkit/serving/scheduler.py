@@ -22,7 +22,8 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import SearchOptions, Translator
+from mtkit.core.search_options import SearchOptions
+from mtkit.engines.base import Translator
 from mtkit.serving.stream import LineStream, open_stream
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,12 @@ import torch
 from torch import Tensor
 
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import DEFAULTS, SearchOptions, Translator
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
-from mtkit.engines.pytorch import TorchEngine, pad_rows
+from mtkit.engines.base import Translator
+from mtkit.engines.pytorch import TorchEngine
 from mtkit.model.cache import resize
-from mtkit.search.beam import as_hypotheses, max_lengths, step_log_probs
+from mtkit.search.beam import as_hypotheses, max_lengths, padded, step_log_probs
 
 
 class StreamCache(Protocol):
@@ -332,7 +333,7 @@ class LineStream:
         finished, self.ready = self.ready, []
         with self.engine.searching():  # the slot cache is made and written only here
             if self.joining:
-                src = pad_rows([x + [EOS] for _, x in self.joining])  # (B, S)
+                src = padded([x + [EOS] for _, x in self.joining])  # (B, S)
                 self.search.add(src.to(self.engine.device), [k for k, _ in self.joining])
                 self.joining = []
             ended = self.search.step()

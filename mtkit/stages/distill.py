@@ -54,9 +54,10 @@ from mtkit.core.errors import UserError
 from mtkit.core.languages import tags
 from mtkit.core.progress import ProgressLog
 from mtkit.core.rundir import run_lock
-from mtkit.core.search_options import SearchOptions, Translator
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.sources import clean, open_split
+from mtkit.engines.base import Translator
 
 log = logging.getLogger(__name__)
 

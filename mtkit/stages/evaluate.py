@@ -13,7 +13,7 @@ from mtkit.core.config import ConfigError
 from mtkit.core.errors import OptionError, plural
 from mtkit.core.langid import OffTarget, off_target
 from mtkit.core.scoring import ConfidenceRank, Score, confidence_rank, parse_metrics, score
-from mtkit.core.search_options import SearchOptions, Translator
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import (
     Constraint,
     Glossary,
@@ -24,6 +24,7 @@ from mtkit.core.terms import (
     term_accuracy,
 )
 from mtkit.core.textio import read_lines
+from mtkit.engines.base import Translator
 
 
 @dataclass(frozen=True)
@@ -245,18 +246,15 @@ def _translated(
     and --glossary terms as constraints: a term of --terms that cannot be searched for is
     one line, a glossary's is left out of its line with a warning, as in `translate`."""
     from mtkit.core.textio import Request
-    from mtkit.engines.session import best_translations, searchable
+    from mtkit.engines.session import best_translations, check_constraint_options, searchable
 
     opts = SearchOptions.from_config(engine.config.decode)
     requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
     if (terms is not None and any(terms)) or (
         glossary is not None and any(glossary.constraints(x) for x in sources)
     ):  # the terms constrain the search
-        from mtkit.core.search_options import check_constraints
-
-        check_constraints(
-            opts, engine.capabilities, "--glossary with -m" if terms is None else "--terms with -m"
-        )
+        given = "--glossary with -m" if terms is None else "--terms with -m"
+        check_constraint_options(engine, opts, [given])
     requests, wanted = searchable(engine, requests, terms, glossary, opts)
     return best_translations(
         engine,

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from mtkit.core.atomic import atomic_file
 from mtkit.core.config import ModelConfig
-from mtkit.core.search_options import DEFAULTS
+from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import EOS, Vocab
 from mtkit.data.batching import Batch, collate
 from mtkit.model.attention import MultiHeadAttention
@@ -359,7 +359,8 @@ def attention_maps(
     model.eval()
     src_ids = src_vocab.encode([text])[0][: model.cfg.max_positions - 1]
     src = torch.tensor([src_ids + [EOS]])  # (1, S)
-    out_ids = greedy_search(model, src, max_len_a, max_len_b)[0]
+    options = SearchOptions(max_len_a=max_len_a, max_len_b=max_len_b)
+    out_ids = greedy_search(model, src, options)[0]
     batch = collate([(np.array(src_ids), np.array(out_ids))])
     kinds = {
         "encoder": [layer.self_attn for layer in model.encoder_layers],

@@ -42,6 +42,7 @@ from mtkit.core.languages import tag_end, tag_ids, without_tag
 from mtkit.core.progress import ProgressView
 from mtkit.core.rundir import run_lock
 from mtkit.core.scoring import score
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.signals import StopFlag
 from mtkit.core.vocab import Vocab, vocab_entry
 from mtkit.data.batching import Batch, collate, token_batches
@@ -573,8 +574,7 @@ def _validate_pairs(
             ids = greedy_search(
                 decoder or model,
                 batch.src,
-                cfg.decode.max_len_a,
-                cfg.decode.max_len_b,
+                SearchOptions(max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b),
                 prefixes=forced,
                 preallocate=decoder is not None,
             )

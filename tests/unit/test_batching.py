@@ -10,7 +10,6 @@ from mtkit.data.batching import (
     TokenBatchSampler,
     collate,
     make_loader,
-    padding_share,
     shaped_batches,
     shaped_collate,
     token_batches,
@@ -50,6 +49,16 @@ def test_batches_are_deterministic_per_seed_and_epoch_and_differ_across_epochs()
     assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
     assert [x.tolist() for x in a] != [x.tolist() for x in c]
     assert [x.tolist() for x in a] != [x.tolist() for x in d]
+
+
+def padding_share(batches, src_lengths, tgt_lengths) -> float:
+    """Share of padded positions over all batches, counting source and target tensors."""
+    padded = real = 0
+    for b in batches:
+        s, t = src_lengths[b] + 1, tgt_lengths[b] + 1
+        padded += len(b) * (s.max() + t.max())
+        real += s.sum() + t.sum()
+    return float(1 - real / padded)
 
 
 def test_length_bucketing_pads_far_less_than_sentence_count_batches():

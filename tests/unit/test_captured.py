@@ -88,6 +88,8 @@ def test_a_preallocated_capacity_is_a_multiple_of_sixteen_within_the_positions()
         BeamCache.first((), ()).preallocated(16)
 
 
+LONG = SearchOptions(max_len_b=30)
+DRAWS = SearchOptions(beam=3, topk=5)  # three draws per sentence, from the top five
 OPTIONS = [
     SearchOptions(beam=4, nbest=2),
     SearchOptions(beam=3, lenpen=0.0),
@@ -127,13 +129,13 @@ def test_sentences_done_stay_in_the_batch_until_half_are_done():
 def test_greedy_and_sampling_in_fixed_shapes_give_todays_outputs(read_every):
     model, src = random_model(5), random_src(8, 4)
     assert_same_hypotheses(
-        greedy_hypotheses(model, src, max_len_b=30, read_every=read_every, preallocate=True),
-        greedy_hypotheses(model, src, max_len_b=30),
+        greedy_hypotheses(model, src, LONG, read_every=read_every, preallocate=True),
+        greedy_hypotheses(model, src, LONG),
     )
     seeds = list(range(8))
     assert_same_hypotheses(
-        sample_search(model, src, seeds, 3, topk=5, preallocate=True),
-        sample_search(model, src, seeds, 3, topk=5),
+        sample_search(model, src, DRAWS, seeds=seeds, preallocate=True),
+        sample_search(model, src, DRAWS, seeds=seeds),
     )
 
 
@@ -147,8 +149,8 @@ def test_captured_steps_replay_and_give_todays_hypotheses(monkeypatch):
             got = beam_search(decoder, src, options, preallocate=True)
             assert_same_hypotheses(got, beam_search(model, src, options))
         assert_same_hypotheses(
-            greedy_hypotheses(decoder, src, max_len_b=30, preallocate=True),
-            greedy_hypotheses(model, src, max_len_b=30),
+            greedy_hypotheses(decoder, src, LONG, preallocate=True),
+            greedy_hypotheses(model, src, LONG),
         )
         constraints = [[[[7, 8]]]] + [[] for _ in range(7)]
         assert_same_hypotheses(
@@ -337,7 +339,9 @@ def test_a_stream_in_fixed_shapes_gives_each_sentence_what_greedy_gives_it_alone
         got, capacities = stream_outputs(decoder, sources, fixed=True)
     assert sorted(got) == list(sources)
     for k, row in sources.items():
-        alone = greedy_hypotheses(model, row[None], 0.6, 1.5, 4)
+        alone = greedy_hypotheses(
+            model, row[None], SearchOptions(lenpen=0.6, max_len_a=1.5, max_len_b=4)
+        )
         assert got[k].tokens == alone[0][0].tokens
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
     if captured_steps:

@@ -116,7 +116,7 @@ def test_a_stream_runs_on_cuda_in_bf16_and_mostly_agrees_with_greedy_decoding():
     src[:, -1] = EOS
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         got, dtype = stream_in_two_joins(model, src, 1.0, 3)
-        alone = greedy_hypotheses(model, src, 0.6, 1.0, 3)
+        alone = greedy_hypotheses(model, src, SearchOptions(lenpen=0.6, max_len_a=1.0, max_len_b=3))
     assert dtype == torch.bfloat16  # the attention keys' dtype, not the memory's
     assert sorted(got) == list(range(8))
     assert all(len(got[k].tokens) <= 10 and torch.isfinite(torch.tensor(got[k].score)) for k in got)
@@ -288,8 +288,8 @@ def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
                 assert_same_hypotheses(got, fixed)
                 if dtype is None:
                     assert_same_hypotheses(got, beam_search(model, src, options))
-            greedy = greedy_hypotheses(decoder, src, max_len_b=30, preallocate=True)
-            fixed = greedy_hypotheses(model, src, max_len_b=30, preallocate=True)
+            greedy = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=30), preallocate=True)
+            fixed = greedy_hypotheses(model, src, SearchOptions(max_len_b=30), preallocate=True)
             assert [x[0].tokens for x in greedy] == [x[0].tokens for x in fixed]
         record = decoder.record()
         print(json.dumps({"captured_decoder": record, "dtype": str(dtype)}))
@@ -376,9 +376,9 @@ def test_captured_validation_steps_read_the_weights_of_each_validation():
         with torch.no_grad():
             with autocast(cuda, torch.bfloat16):
                 model(src, src)  # the loss's forward: autocast caches the weights' casts
-                got = greedy_hypotheses(decoder, src, max_len_b=20, preallocate=True)
+                got = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=20), preallocate=True)
             with autocast(cuda, torch.bfloat16):
-                want = greedy_hypotheses(model, src, max_len_b=20, preallocate=True)
+                want = greedy_hypotheses(model, src, SearchOptions(max_len_b=20), preallocate=True)
             for p in model.parameters():  # an optimizer step, in place
                 p.mul_(1.5)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in want]

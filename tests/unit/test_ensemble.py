@@ -31,7 +31,7 @@ def test_an_ensemble_of_identical_models_equals_the_single_model(search):
         found = (
             beam_search(m, src, SearchOptions(beam=4, nbest=3))
             if search == "beam"
-            else sample_search(m, src, seeds=list(range(6)), samples=3)
+            else sample_search(m, src, SearchOptions(beam=3), seeds=list(range(6)))
         )
         return [[(tuple(h.tokens), h.log_prob) for h in hyps] for hyps in found]
 

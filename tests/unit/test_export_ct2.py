@@ -9,6 +9,7 @@ import torch
 ct2 = pytest.importorskip("ctranslate2")
 
 from mtkit.core.config import ModelConfig  # noqa: E402
+from mtkit.core.search_options import SearchOptions  # noqa: E402
 from mtkit.core.vocab import BOS, EOS, PAD  # noqa: E402
 from mtkit.interop.ct2_export import model_spec  # noqa: E402
 from mtkit.model.transformer import build_model  # noqa: E402
@@ -63,7 +64,7 @@ def test_every_variant_converts_exactly(tmp_path, norm, positions, activation, s
     src = torch.full((4, 10), PAD)
     for i, s in enumerate(sources):
         src[i, : len(s) + 1] = torch.tensor(s + [EOS])
-    ours = greedy_search(model, src, max_len_a=0.0, max_len_b=12)
+    ours = greedy_search(model, src, SearchOptions(max_len_a=0.0, max_len_b=12))
     theirs = engine.translate_batch(
         [[PIECES[i] for i in s] for s in sources],
         beam_size=1,

@@ -3,17 +3,19 @@ from __future__ import annotations
 import torch
 from scripted import A, B, C, Scripted
 
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS, PAD
 from mtkit.search.sampling import sample_search
 
 SRC = torch.tensor([[A, B, C, EOS]])
+FOUR = SearchOptions(beam=4)  # four draws per sentence
 
 
 FIRST = {(): {A: 0.5, B: 0.3, C: 0.2}}  # then eos
 
 
 def first_tokens(samples: int, seed: int = 1, **kw) -> list[int]:
-    hyps = sample_search(Scripted(FIRST), SRC, seeds=[seed], samples=samples, **kw)[0]
+    hyps = sample_search(Scripted(FIRST), SRC, SearchOptions(beam=samples, **kw), seeds=[seed])[0]
     return [h.tokens[0] for h in hyps]
 
 
@@ -43,17 +45,16 @@ def test_sampling_is_seeded_and_batched_equals_one_by_one():
         }
     )
     src = torch.tensor([[A, B, C, EOS], [A, EOS, PAD, PAD], [B, C, EOS, PAD]])
-    together = sample_search(model, src, seeds=[7, 8, 9], samples=4)
+    together = sample_search(model, src, FOUR, seeds=[7, 8, 9])
     # The first step runs one row per sentence; then each sample has its own row, which
     # leaves the batch when the sample ends.
     rows = model.rows[1:]
     assert model.rows[0] == 3 and rows[0] == 12 and rows == sorted(rows, reverse=True)
     alone = [
-        sample_search(model, src[i : i + 1, :], seeds=[s], samples=4)[0]
-        for i, s in enumerate((7, 8, 9))
+        sample_search(model, src[i : i + 1, :], FOUR, seeds=[s])[0] for i, s in enumerate((7, 8, 9))
     ]
     assert [[h.tokens for h in x] for x in together] == [[h.tokens for h in x] for x in alone]
-    again = sample_search(model, src, seeds=[7, 8, 9], samples=4)
+    again = sample_search(model, src, FOUR, seeds=[7, 8, 9])
     assert [[h.tokens for h in x] for x in again] == [[h.tokens for h in x] for x in together]
-    other = sample_search(model, src, seeds=[1, 2, 3], samples=4)
+    other = sample_search(model, src, FOUR, seeds=[1, 2, 3])
     assert [[h.tokens for h in x] for x in other] != [[h.tokens for h in x] for x in together]

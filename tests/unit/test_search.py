@@ -57,7 +57,7 @@ def test_maximum_and_minimum_length():
     src = torch.tensor([[A, B, EOS, PAD]])  # 3 real tokens
     out = beam_search(loop, src, SearchOptions(beam=3, max_len_a=1.0, max_len_b=2))[0][0]
     assert len(out.tokens) <= 5
-    assert len(greedy_search(loop, src, 1.0, 2)[0]) == 5
+    assert len(greedy_search(loop, src, SearchOptions(max_len_a=1.0, max_len_b=2))[0]) == 5
     early = Scripted({(): {EOS: 0.9, A: 0.1}, (A,): {EOS: 0.9, B: 0.1}, (A, B): {EOS: 1.0}})
     assert beam_search(early, SRC, SearchOptions(beam=2), min_len=2)[0][0].tokens == [A, B]
     assert greedy_search(early, SRC, min_len=2)[0] == [A, B]
@@ -66,7 +66,9 @@ def test_maximum_and_minimum_length():
 def test_a_huge_length_limit_is_the_models_positions_not_an_overflow():
     loop = Scripted({(A,) * n: {A: 0.9, EOS: 0.1} for n in range(0, 60)}, max_positions=12)
     for a, b in ((1e20, 0), (1e300, 10), (1.2, 2**63 - 1), (0.0, 10**30)):
-        assert len(greedy_search(loop, SRC, a, b)[0]) == 11  # was 1 token, or none
+        assert (
+            len(greedy_search(loop, SRC, SearchOptions(max_len_a=a, max_len_b=b))[0]) == 11
+        )  # was 1 token, or none
         assert (
             len(
                 beam_search(loop, SRC, SearchOptions(beam=2, lenpen=0.0, max_len_a=a, max_len_b=b))[
@@ -143,7 +145,7 @@ def test_greedy_stops_at_its_eos_where_a_beam_of_one_goes_on():
         (A, B, C): {A: 1.0},
         (A, B, C, A): {EOS: 1.0},
     }
-    greedy = greedy_hypotheses(Scripted(table), SRC, lenpen=2.0)[0]
+    greedy = greedy_hypotheses(Scripted(table), SRC, SearchOptions(lenpen=2.0))[0]
     assert [h.tokens for h in greedy] == [[A]]
     assert greedy[0].log_prob == pytest.approx(math.log(0.6))
     assert greedy[0].score == pytest.approx(math.log(0.6) / length_penalty(2, 2.0))
@@ -157,7 +159,7 @@ def test_greedy_stops_at_its_eos_where_a_beam_of_one_goes_on():
 
 def test_beam_one_equals_greedy():
     model, src = random_model(), random_src()
-    greedy = greedy_search(model, src, 1.5, 4)
+    greedy = greedy_search(model, src, SearchOptions(max_len_a=1.5, max_len_b=4))
     beam = beam_search(model, src, SearchOptions(beam=1, lenpen=0.0, max_len_a=1.5, max_len_b=4))
     assert [h[0].tokens for h in beam] == greedy
 
@@ -295,8 +297,8 @@ def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
         | {(A, B) * n + (A,): {B: 0.9, EOS: 0.1} for n in range(0, 20)}
     )
     if search == "greedy":
-        free = greedy_search(loop, SRC, max_len_b=12)[0]
-        blocked = greedy_search(loop, SRC, max_len_b=12, no_repeat_ngram=2)[0]
+        free = greedy_search(loop, SRC, SearchOptions(max_len_b=12))[0]
+        blocked = greedy_search(loop, SRC, SearchOptions(max_len_b=12, no_repeat_ngram=2))[0]
     elif search == "beam":  # a length penalty that favours long outputs
         free = beam_search(loop, SRC, SearchOptions(beam=2, lenpen=3.0, max_len_b=12))[0][0].tokens
         hyps = beam_search(
@@ -305,9 +307,20 @@ def test_no_repeat_ngram_stops_a_loop_in_greedy_beam_and_sampling(search):
         assert all(len(set(zip(h.tokens, h.tokens[1:]))) == len(h.tokens) - 1 for h in hyps)
         blocked = hyps[0].tokens
     else:  # 200 samples: each one is cut at the repeat, whatever it drew before
-        free = max((h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12)[0]), key=len)
+        free = max(
+            (
+                h.tokens
+                for h in sample_search(loop, SRC, SearchOptions(beam=200, max_len_b=12), seeds=[5])[
+                    0
+                ]
+            ),
+            key=len,
+        )
         drawn = [
-            h.tokens for h in sample_search(loop, SRC, [5], 200, max_len_b=12, no_repeat_ngram=2)[0]
+            h.tokens
+            for h in sample_search(
+                loop, SRC, SearchOptions(beam=200, max_len_b=12, no_repeat_ngram=2), seeds=[5]
+            )[0]
         ]
         assert all(tokens == [A, B, A][: len(tokens)] for tokens in drawn)
         blocked = max(drawn, key=len)
@@ -334,7 +347,7 @@ def test_the_prefix_is_kept_and_scored_then_search_goes_on():
     assert all(h.tokens[0] == B for h in best)
     assert best[0].tokens == [B, C, A]
     assert best[0].log_prob == pytest.approx(math.log(0.1 * 0.6 * 0.7))  # the prefix counts
-    drawn = sample_search(model, SRC, seeds=[1], samples=50, prefixes=[[B, C]])[0]
+    drawn = sample_search(model, SRC, SearchOptions(beam=50), seeds=[1], prefixes=[[B, C]])[0]
     assert {tuple(h.tokens) for h in drawn} <= {(B, C), (B, C, A)}
 
 
@@ -356,7 +369,7 @@ def test_prefixes_of_different_lengths_batched_equal_one_by_one(search):
             ]
         return [
             [h.tokens for h in x]
-            for x in sample_search(model, rows, seeds, samples=3, prefixes=pre)
+            for x in sample_search(model, rows, SearchOptions(beam=3), seeds=seeds, prefixes=pre)
         ]
 
     together = run(src, prefixes, [4, 5, 6])

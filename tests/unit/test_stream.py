@@ -5,6 +5,7 @@ import torch
 from scripted import random_model, random_src, stream_in_two_joins
 
 from mtkit.core.config import ModelConfig
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS, PAD
 from mtkit.model.transformer import build_model
 from mtkit.search.beam import greedy_hypotheses
@@ -12,6 +13,8 @@ from mtkit.search.ensemble import Ensemble
 from mtkit.serving.stream import GreedyStream
 
 from conftest import inference_mode_watched
+
+GREEDY = SearchOptions(lenpen=0.6, max_len_a=1.5, max_len_b=4)  # as the stream's
 
 
 def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
@@ -36,7 +39,7 @@ def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
         got.update(stream.step())
     assert sorted(got) == list(sources) and len(sources) > 20
     for k, row in sources.items():
-        alone = greedy_hypotheses(model, row[None, : int((row != PAD).sum())], 0.6, 1.5, 4)
+        alone = greedy_hypotheses(model, row[None, : int((row != PAD).sum())], GREEDY)
         assert got[k].tokens == alone[0][0].tokens
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
     assert widest >= 1.5 * 30 + 4  # the long sentence's output fitted
@@ -52,7 +55,7 @@ def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
     src = random_src(8, 7)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, dtype = stream_in_two_joins(model, src, 1.5, 4)
-        alone = greedy_hypotheses(model, src, 0.6, 1.5, 4)
+        alone = greedy_hypotheses(model, src, GREEDY)
     assert dtype == torch.bfloat16
     assert sorted(got) == list(range(8))
     assert sum(got[k].tokens == alone[k][0].tokens for k in range(8)) >= 6
@@ -93,7 +96,7 @@ def test_an_ensemble_streams_what_its_greedy_decoding_gives_each_sentence_alone(
     got = stream_joining_every_step(pair, src)
     assert sorted(got) == list(range(9))
     for k, row in enumerate(src):
-        alone = greedy_hypotheses(pair, row[None, : int((row != PAD).sum())], 0.6, 1.5, 4)
+        alone = greedy_hypotheses(pair, row[None, : int((row != PAD).sum())], GREEDY)
         assert got[k].tokens == alone[0][0].tokens
         assert got[k].score == pytest.approx(alone[0][0].score, abs=1e-4)
     assert stream_joining_every_step(Ensemble([wide]), src) == stream_joining_every_step(wide, src)
