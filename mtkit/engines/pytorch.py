@@ -88,8 +88,8 @@ class TorchEngine(Engine):
     # the attention kernel they run with (`kernels.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
     shortlist: Shortlist | None = None  # the (first) checkpoint's lexical shortlist
-    # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
-    # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
+    # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): each model's
+    # steps through its `CapturedDecoder`, whose searches run in fixed shapes
     graphs: bool = False
     # Batches translated at once on a CPU (`mtkit.engines.workers`), from the checkpoint
     # files `sources`; 1: one at a time, in this process
@@ -327,7 +327,6 @@ class TorchEngine(Engine):
                 opts.max_len_b,
                 no_repeat_ngram=opts.no_repeat_ngram,
                 prefixes=prefixes,
-                preallocate=self.graphs,
             )
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
@@ -339,11 +338,10 @@ class TorchEngine(Engine):
                 opts.max_len_b,
                 no_repeat_ngram=opts.no_repeat_ngram,
                 prefixes=prefixes,
-                preallocate=self.graphs,
             )
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
-        return beam_search(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
+        return beam_search(model, src, opts, prefixes=prefixes)
 
     def constrained(
         self,
@@ -363,7 +361,6 @@ class TorchEngine(Engine):
             opts,
             prefixes=prefixes,
             inside_word=self.inside_word,
-            preallocate=self.graphs,
         )
         hyps = [
             [replace(h, met=True) for h in nbest] if wanted else nbest

@@ -76,12 +76,11 @@ def sample_search(
     min_len: int = 1,
     no_repeat_ngram: int = DEFAULTS.no_repeat_ngram,
     prefixes: list[list[int]] | None = None,
-    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `samples` outputs drawn from the model (each token
     from `sampling_logits`, by inverse CDF), best score first. `seeds` (B,): one per
     sentence. A hypothesis' log_prob is the model's own (before temperature and
-    cut-offs). `preallocate`: `beam.one_per_row`'s (fixed shapes)."""
+    cut-offs)."""
     memory, src_mask, prefix, limits = start_search(model, src, prefixes, max_len_a, max_len_b)
     # Each row's uniform numbers, one per step it may take, drawn at once from its own
     # generator: (R, L), padded. A row's numbers depend on its sentence alone.
@@ -115,6 +114,5 @@ def sample_search(
         min_len,
         no_repeat_ngram,
         draw,
-        preallocate=preallocate,
     )
     return as_hypotheses(out, log_prob, samples, lenpen)
