@@ -45,7 +45,7 @@ from mtkit.search.beam import beam_search, greedy_hypotheses
 from mtkit.search.captured import CapturedDecoder
 
 
-def mtkit_pass(model, src: torch.Tensor, beam: int, length: int, batch: int, fixed: bool):
+def mtkit_pass(model, src: torch.Tensor, beam: int, length: int, batch: int):
     """Every sentence of src (N, S) decoded to exactly `length` tokens, `batch` at a
     time; returns the outputs' lengths (a check that the work was what was asked)."""
     opts = SearchOptions(beam=max(beam, 1), lenpen=0.0, max_len_a=0.0, max_len_b=length)
@@ -53,9 +53,9 @@ def mtkit_pass(model, src: torch.Tensor, beam: int, length: int, batch: int, fix
     for start in range(0, src.size(0), batch):
         part = src[start : start + batch]
         if beam == 1:
-            hyps = greedy_hypotheses(model, part, opts, min_len=length, preallocate=fixed)
+            hyps = greedy_hypotheses(model, part, opts, min_len=length)
         else:
-            hyps = beam_search(model, part, opts, min_len=length, preallocate=fixed)
+            hyps = beam_search(model, part, opts, min_len=length)
         lengths += [len(h[0].tokens) for h in hyps]
     return lengths
 
@@ -128,9 +128,9 @@ def main() -> None:
     def context():  # the engine's precision: bf16 autocast on CUDA
         return autocast(device, dtype if device.type == "cuda" else None)
 
-    settings = [("eager", model, False)]
+    settings = [("eager", model)]
     if device.type == "cuda":
-        settings.append(("captured", CapturedDecoder(model), True))
+        settings.append(("captured", CapturedDecoder(model)))  # in fixed shapes
     batches = [int(b) for b in args.batches.split(",")]
     tokens = args.sentences * (args.length + 1)  # target tokens a pass outputs, eos too
     for beam in (int(b) for b in args.beams.split(",")):
@@ -149,11 +149,11 @@ def main() -> None:
         }
         best = None
         with context(), torch.inference_mode():
-            for name, stepper, fixed in settings:
+            for name, stepper in settings:
                 for batch in batches:
 
-                    def run(stepper=stepper, batch=batch, fixed=fixed, beam=beam):
-                        return mtkit_pass(stepper, src, beam, args.length, batch, fixed)
+                    def run(stepper=stepper, batch=batch, beam=beam):
+                        return mtkit_pass(stepper, src, beam, args.length, batch)
 
                     cold, _, lengths = timed(run, device)
                     warm, peak, lengths = timed(run, device)

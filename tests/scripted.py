@@ -53,6 +53,20 @@ class Scripted:
         return logits, Prefixes(tokens)
 
 
+class InFixedShapes:
+    """A model that says it steps in fixed shapes (`beam.in_fixed_shapes`), as a
+    `CapturedDecoder` does, its steps eager on the search's own cache: the fixed-shape
+    search without graphs."""
+
+    fixed_shapes = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
 def tiny(**kw) -> ModelConfig:
     """A tiny model's config (d_model 16, 2+2 layers), for a vocabulary of 40."""
     base = dict(

@@ -88,8 +88,8 @@ class TorchEngine(Engine):
     # the attention kernel they run with (`kernels.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
     shortlist: Shortlist | None = None  # the (first) checkpoint's lexical shortlist
-    # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): searches then
-    # run in fixed shapes (`preallocate`), each model's steps through its `CapturedDecoder`
+    # Decoder steps as CUDA graphs (`mtkit.search.captured`; `graph_choice`): each model's
+    # steps through its `CapturedDecoder`, whose searches run in fixed shapes
     graphs: bool = False
     # Batches translated at once on a CPU (`mtkit.engines.workers`), from the checkpoint
     # files `sources`; 1: one at a time, in this process
@@ -314,15 +314,13 @@ class TorchEngine(Engine):
         constrained beam search, of `model` (default: `step_model`)."""
         model = model or self.step_model
         if opts.sampling:
-            hyps = sample_search(
-                model, src, opts, seeds=seeds, prefixes=prefixes, preallocate=self.graphs
-            )
+            hyps = sample_search(model, src, opts, seeds=seeds, prefixes=prefixes)
             return [h[: opts.nbest] for h in hyps]
         if opts.beam == 1:
-            return greedy_hypotheses(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
+            return greedy_hypotheses(model, src, opts, prefixes=prefixes)
         if constraints and any(constraints):
             return self.constrained(src, opts, prefixes, constraints, model)
-        return beam_search(model, src, opts, prefixes=prefixes, preallocate=self.graphs)
+        return beam_search(model, src, opts, prefixes=prefixes)
 
     def constrained(
         self,
@@ -342,7 +340,6 @@ class TorchEngine(Engine):
             opts,
             prefixes=prefixes,
             inside_word=self.inside_word,
-            preallocate=self.graphs,
         )
         hyps = [
             [replace(h, met=True) for h in nbest] if wanted else nbest

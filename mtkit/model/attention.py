@@ -1,9 +1,10 @@
 """Attention and dropout, the model's two pieces that `mtkit.model.kernel_timing` measures
 and tunes.
 
-`MultiHeadAttention` attends with `F.scaled_dot_product_attention` or with explicit
-matrix products (`matmul_attention`), the same function of its inputs; which one a run
-uses is measured. `dropout` draws its CPU masks from 16-bit random integers. Both were
+`MultiHeadAttention` attends in one way, `attend`, with `F.scaled_dot_product_attention`
+or with explicit matrix products (`matmul_attention`), the same function of its inputs;
+which one a run uses is measured. Watched by `mtkit explain`, it attends stage by stage
+(`observed_attention`). `dropout` draws its CPU masks from 16-bit random integers. Both were
 chosen by profiling a bf16 training step (README: Speed); `mtkit.model.transformer` builds on them.
 """
 
@@ -149,10 +150,46 @@ def matmul_attention(
     return weights @ v  # (B, H, T, K)
 
 
+def observed_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    see: Callable[[str, Tensor], None],
+) -> Tensor:
+    """What `scaled_dot_product_attention` computes, one stage at a time, each shown to
+    `see(stage name, tensor)` (`mtkit explain`; the same result, no dropout). q (B, H,
+    T, K), k and v (B, H, S, K) -> (B, H, T, K)."""
+    see("queries split into heads", q)
+    see("keys split into heads", k)
+    see("values split into heads", v)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    see("scores QK^T / sqrt(d_k)", scores)
+    t, s = scores.shape[-2:]
+    allowed = torch.ones(t, s, dtype=torch.bool, device=q.device)  # (T, S)
+    if causal:
+        allowed = torch.tril(allowed)
+    if mask is not None:
+        allowed = allowed & mask  # (B, 1, T, S)
+    see("causal mask" if causal else "padding mask", allowed)
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    see("attention weights softmax", weights)  # (B, H, T, S)
+    out = weights @ v  # (B, H, T, K)
+    see("weighted values", out)
+    return out
+
+
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over H heads: `F.scaled_dot_product_attention`
-    (`kernel` "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs;
-    which one a run uses is measured (`mtkit.model.kernel_timing`)."""
+    """Scaled dot-product attention over H heads: queries, keys and values are projected
+    and split into heads (`project_qkv` for self-attention; `project_q` and `project_kv`
+    for cross-attention, whose keys/values a search computes once per sentence), then
+    `attend`, the one way to attend: with `F.scaled_dot_product_attention` (`kernel`
+    "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs; which one
+    a run uses is measured (`mtkit.model.kernel_timing`).
+
+    Two hooks for others: `observer`, set by `mtkit explain` (and `search.alignment`)
+    to see each stage, and `guided_head`, set by guided alignment training."""
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
@@ -174,6 +211,10 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, K)
 
+    def project_q(self, x: Tensor) -> Tensor:
+        """Queries of x (B, T, D), split into heads: (B, H, T, K)."""
+        return self.split_heads(self.q_proj(x))
+
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of x (B, S, D), split into heads: 2 x (B, H, S, K)."""
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
@@ -183,21 +224,16 @@ class MultiHeadAttention(nn.Module):
         product (`stacked_linear`), split into heads: 3 x (B, H, L, K). Watched by `mtkit
         explain` (an observer is set), it runs the three Linear layers, which it hooks."""
         if self.observer is not None:
-            return self.split_heads(self.q_proj(x)), *self.project_kv(x)
+            return self.project_q(x), *self.project_kv(x)
         q, k, v = stacked_linear(x, [self.q_proj, self.k_proj, self.v_proj])  # (B, L, D)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
     def attend(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False
-    ) -> Tensor:
-        """Queries from x (B, T, D) over keys/values (B, H, S, K); mask broadcasts to
-        (B, H, T, S), True = may attend. Returns (B, T, D)."""
-        return self.attend_heads(self.split_heads(self.q_proj(x)), k, v, mask, causal)
-
-    def attend_heads(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False
     ) -> Tensor:
-        """`attend` of queries already projected and split into heads, q (B, H, T, K)."""
+        """Queries q (B, H, T, K) over keys/values (B, H, S, K), heads concatenated and
+        projected out; mask broadcasts to (B, H, T, S), True = may attend; `causal`: each
+        query sees the keys up to its own position. Returns (B, T, D)."""
         p = self.dropout if self.training else 0.0
         if self.guided_head is not None and self.training:
             h = self.guided_head
@@ -206,7 +242,7 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~mask[:, 0], float("-inf"))
             self.guided = torch.softmax(scores.float(), dim=-1)  # (B, T, S)
         if self.observer is not None:
-            out = self.attend_step_by_step(q, k, v, mask, causal)  # (B, H, T, K)
+            out = observed_attention(q, k, v, mask, causal, self.observer)  # (B, H, T, K)
         elif self.kernel == "matmul":
             out = matmul_attention(q, k, v, mask, causal, p)  # (B, H, T, K)
         else:
@@ -218,31 +254,3 @@ class MultiHeadAttention(nn.Module):
         if self.observer is not None:
             self.observer("heads concatenated", out)
         return self.out_proj(out)
-
-    def attend_step_by_step(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
-    ) -> Tensor:
-        """What `scaled_dot_product_attention` computes, one stage at a time, each shown
-        to `self.observer` (used by `mtkit explain`; same result, no dropout)."""
-        see = self.observer
-        see("queries split into heads", q)
-        see("keys split into heads", k)
-        see("values split into heads", v)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, S)
-        see("scores QK^T / sqrt(d_k)", scores)
-        t, s = scores.shape[-2:]
-        allowed = torch.ones(t, s, dtype=torch.bool, device=q.device)  # (T, S)
-        if causal:
-            allowed = torch.tril(allowed)
-        if mask is not None:
-            allowed = allowed & mask  # (B, 1, T, S)
-        see("causal mask" if causal else "padding mask", allowed)
-        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        see("attention weights softmax", weights)  # (B, H, T, S)
-        out = weights @ v  # (B, H, T, K)
-        see("weighted values", out)
-        return out
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """Self-attention of x (B, L, D) -> (B, L, D)."""
-        return self.attend_heads(*self.project_qkv(x), mask, causal)

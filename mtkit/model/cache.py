@@ -30,6 +30,10 @@ from torch import Tensor
 class DecoderCache(Protocol):
     """What `Transformer.decode_step` asks of its cache (one new token per row)."""
 
+    # Every step the same shapes (`mtkit.search.captured` may capture it), its positions
+    # within its capacity, itself within the model's positions: not checked by a step
+    fixed_shapes: bool
+
     def begin(self, rows: int) -> int | Tensor:
         """A step of `rows` rows begins: the position of its token, for all rows (int)
         or for each (rows,)."""
@@ -78,6 +82,8 @@ class BeamCache:
     cross_k: tuple[Tensor, ...]
     cross_v: tuple[Tensor, ...]
     rows: Tensor | None = None
+
+    fixed_shapes = False  # a class attribute, not a field
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "self_k", list(self.self_k))

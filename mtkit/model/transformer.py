@@ -1,23 +1,42 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), batch-first.
 
+    projection = model(src, tgt_in)                             # training: a `Projection`
     memory, src_mask = model.encode(src)                        # (B, S, D), (B, S)
     logits = model.decode(tgt_in, memory, src_mask)             # (B, T, V)  teacher-forced
-    logits, cache = model.decode_step(token, memory, src_mask, cache)   # (B, V) inference
-    projection = model(src, tgt_in)                             # training: a `Projection`
+    logits, cache = model.decode_step(token, memory, src_mask, cache)   # (B*W, V) search
+    hidden, cache = model.decode_hidden(token, memory, src_mask, cache) # (B*W, D)
+    logits = model.project(hidden)                              # (B*W, V)
 
 Training calls the model (`forward`, as DistributedDataParallel needs) and gets one type,
 a `Projection`: the decoder's output and the output layer's weights, from which the loss
 makes the logits a chunk at a time (`mtkit.model.loss.output_and_loss`, the fused output
-layer and loss), so the logits of a whole batch never exist at once.
+layer and loss), so the logits of a whole batch never exist at once. `decode` makes them
+all at once (`mtkit explain`). `decode_step`, search's, is `project` after
+`decode_hidden`; the two halves are for the step models that wrap a Transformer: the
+captured decoder (`mtkit.search.captured` replays `decode_hidden` as a CUDA graph) and a
+lexical shortlist (`mtkit.search.shortlist` projects onto a batch's allowed tokens only,
+`output_rows`).
 
-`decode_step` sees its cache through `cache.DecoderCache` (`begin`, `cross`, `update`,
-`advanced`), whichever it is: the `BeamCache` of offline search, a value that search
-reorders with `index_select`, or the `SlotCache` of continuous batching, written in place.
+The model scores; search decides (beam size, length penalty, limits, which rows go on:
+`mtkit.search`). What of decoding the model does carry, it carries where doing it
+elsewhere would cost a copy or a second pass:
+
+- rows: `decode_step` takes W consecutive rows per sentence (its beams or samples)
+  against one memory row per sentence, and `DecoderLayer` folds them into the queries
+  of one cross-attention over the sentence's source, so that no search copies a
+  source's keys/values per beam;
+- caches: a step's keys/values go into the cache the caller hands in, seen through
+  `cache.DecoderCache` (`begin`, `cross`, `update`, `advanced`): the `BeamCache` of
+  offline search, which search reorders with `index_select`; a `PreallocatedCache` in
+  fixed shapes, for captured steps; or the `SlotCache` of continuous batching
+  (`mtkit.serving.stream`), which `cross_kv` and `slot_cache` make and fill;
+- int8 translation: `output_int8`, an int8 copy of the output projection
+  (`mtkit.model.int8.quantize`);
+- `mtkit explain`: each attention's `observer` sees its stages (`mtkit.model.attention`).
 
 Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
 `norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:
-gelu`, `positions: learned`. The model knows nothing of decoding; that is `search.py`.
-Its attention and dropout are `mtkit.model.attention`'s.
+gelu`, `positions: learned`. Its attention and dropout are `mtkit.model.attention`'s.
 """
 
 from __future__ import annotations
@@ -151,8 +170,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D)."""
-        h = self.attn_block.before(x)
-        x = self.attn_block.after(x, self.self_attn(h, mask))
+        q, k, v = self.self_attn.project_qkv(self.attn_block.before(x))  # (B, H, S, K) each
+        x = self.attn_block.after(x, self.self_attn.attend(q, k, v, mask))
         return self.ffn_block.after(x, self.ffn(self.ffn_block.before(x)))
 
 
@@ -186,13 +205,12 @@ class DecoderLayer(nn.Module):
         # position sees all earlier ones (of its own sentence: `self_mask`). Targets are
         # right-padded, so no pad key lies before a real query and no padding mask is
         # needed.
+        q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, T, K) each
         if cache is None:
-            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, T, K) each
-            out = self.self_attn.attend_heads(q, k, v, causal=y.size(1) > 1)
-        else:  # one step
-            q, k, v = self.self_attn.project_qkv(h)  # (B*W, H, 1, K) each
+            out = self.self_attn.attend(q, k, v, causal=y.size(1) > 1)
+        else:  # one step (T = 1)
             k, v, self_mask = cache.update(index, k, v)  # (B*W, H, t+1, K), mask or None
-            out = self.self_attn.attend_heads(q, k, v, self_mask)
+            out = self.self_attn.attend(q, k, v, self_mask)
         y = self.self_block.after(y, out)
         h = self.cross_block.before(y)
         # In a search, a sentence's rows (its beams) share its source keys/values, held
@@ -200,26 +218,25 @@ class DecoderLayer(nn.Module):
         rows, length, d = h.shape
         sentences = memory_kv[0].size(0)
         q = h.reshape(sentences, rows // sentences * length, d)  # (B, W*T, D)
-        out = self.cross_attn.attend(q, *memory_kv, mask).reshape(rows, length, d)
-        y = self.cross_block.after(y, out)
+        q = self.cross_attn.project_q(q)  # (B, H, W*T, K)
+        out = self.cross_attn.attend(q, *memory_kv, mask)  # (B, W*T, D)
+        y = self.cross_block.after(y, out.reshape(rows, length, d))  # (B*W, T, D)
         return self.ffn_block.after(y, self.ffn(self.ffn_block.before(y))), (k, v)
 
 
 class Projection(NamedTuple):
     """Logits not yet made: the decoder's output (B, T, D), the output weight (V, D) and
-    the output bias (V,) or None. What training's forward returns."""
+    the output bias (V,) or None. What training's forward returns, for the loss to make
+    the logits a chunk at a time (`mtkit.model.loss.output_and_loss`)."""
 
     hidden: Tensor
     weight: Tensor
     bias: Tensor | None = None
 
-    def logits(self) -> Tensor:
-        """All of them at once: (B, T, V)."""
-        bias = None if self.bias is None else self.bias.to(self.hidden.dtype)
-        return F.linear(self.hidden, self.weight, bias)
-
 
 class Transformer(nn.Module):
+    """The encoder-decoder; its ways out are in the module's docstring."""
+
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
         super().__init__()
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
@@ -360,7 +377,7 @@ class Transformer(nn.Module):
             cache = BeamCache.first(*self.cross_kv(memory))
         start = cache.begin(token.size(0))  # (), () tensor or (B*W,)
         attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        bounded = getattr(cache, "fixed_shapes", False)  # its positions within the model's
+        bounded = cache.fixed_shapes  # its positions within the model's
         y = self.tgt_embed(token[:, None], start, bounded)  # (B*W, 1, D)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
@@ -395,12 +412,6 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         y = self._decoder_output(tgt_in, memory, src_mask)  # (B, T, D)
         return Projection(self.decoder_norm(y), self.output_weight, self.output_bias)
-
-    def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits of a batch: src (B, S), tgt_in (B, T) -> (B, T, V), all at
-        once (and through the int8 output layer where there is one)."""
-        memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
 
 
 def alignment_layer(model: Transformer) -> int:

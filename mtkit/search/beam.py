@@ -33,7 +33,11 @@ class StepModel(Protocol):
     whose token holds W consecutive rows per sentence of memory and whose cache (any
     value: the model's) has `index_select(rows, sentences=None)`. The logits it returns
     are the search's to overwrite (`step_log_probs` turns them into log-probabilities in
-    place): a new tensor, not one the model keeps."""
+    place): a new tensor, not one the model keeps.
+
+    A model may also say that it steps in fixed shapes (`fixed_shapes`, True: a
+    `captured.CapturedDecoder`, whose steps are replayed CUDA graphs): see
+    `in_fixed_shapes`."""
 
     cfg: Any
 
@@ -188,6 +192,17 @@ def step_log_probs(
     return lprobs, cache
 
 
+def in_fixed_shapes(model: StepModel) -> bool:
+    """Whether `model` steps in fixed shapes (`fixed_shapes`: a `captured.CapturedDecoder`,
+    an `Ensemble` of them, or either shortlisted), the search's one departure for
+    captured steps: after the first step the cache is preallocated for the batch's
+    longest output (`cache.PreallocatedCache`, written in place), and rows that are done
+    stay in the batch, masked, until at least half of them are (a bucket boundary), so
+    that a batch of B sentences takes at most about log2(B) shapes. The outputs are the
+    same. Off unless `decode.cuda_graphs` takes graphs (off by default)."""
+    return getattr(model, "fixed_shapes", False)
+
+
 def output_columns(model: StepModel) -> Tensor | None:
     """The token id of each column of the model's logits (A,), sorted, where it scores
     only some tokens (`shortlist.Shortlisted(compact=True)`: its `columns` and
@@ -202,16 +217,13 @@ def greedy_search(
     *,
     min_len: int = 1,
     prefixes: list[list[int]] | None = None,
-    preallocate: bool = False,
 ) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output ids, without bos/eos; an output
     starts with its sentence's prefix, when given. Of `options` it reads the length
-    limits and no-repeat n-grams (`greedy_hypotheses`); `preallocate`: `one_per_row`'s."""
+    limits and no-repeat n-grams (`greedy_hypotheses`)."""
     return [
         hyps[0].tokens
-        for hyps in greedy_hypotheses(
-            model, src, options, min_len=min_len, prefixes=prefixes, preallocate=preallocate
-        )
+        for hyps in greedy_hypotheses(model, src, options, min_len=min_len, prefixes=prefixes)
     ]
 
 
@@ -224,14 +236,13 @@ def greedy_hypotheses(
     min_len: int = 1,
     prefixes: list[list[int]] | None = None,
     read_every: int | None = None,
-    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding (the most likely token at each step, until eos) with each output
     scored as a beam search scores it: src (B, S) -> one `Hypothesis` per sentence. Of
     `options` it reads the length penalty and limits and no-repeat n-grams (not the beam);
     `prefixes`: a target prefix per sentence (ids). The length penalty only scores;
     unlike a beam of one, it never keeps a sentence going past the eos it chose.
-    `read_every`, `preallocate`: `one_per_row`'s."""
+    `read_every`: `one_per_row`'s."""
     memory, src_mask, prefix, limits = start_search(
         model, src, prefixes, options.max_len_a, options.max_len_b
     )
@@ -246,7 +257,6 @@ def greedy_hypotheses(
         options.no_repeat_ngram,
         lambda lprobs, alive, step: lprobs.argmax(dim=-1),
         read_every=read_every,
-        preallocate=preallocate,
     )
     return as_hypotheses(out, log_prob, 1, options.lenpen)
 
@@ -263,7 +273,6 @@ def one_per_row(
     pick: Callable[[Tensor, Tensor, int], Tensor],
     *,
     read_every: int | None = None,
-    preallocate: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Decode one output per row (greedy, sampling) for B sentences (memory (B, S, D),
     limits (B,)): R = B * `samples` rows, consecutive per sentence. `pick(lprobs (r, V),
@@ -273,8 +282,9 @@ def one_per_row(
 
     As in `beam_search`, the host reads which rows have ended every `read_every` steps
     (a GPU's `READ_EVERY_ON_GPU`, a CPU's 1), ended rows going on masked until then (what
-    they output after their eos is cut, and adds nothing to their log-probability);
-    `preallocate`: fixed shapes, rows leaving once at least half have ended."""
+    they output after their eos is cut, and adds nothing to their log-probability). A
+    model in fixed shapes (`in_fixed_shapes`) lets rows leave once at least half have
+    ended."""
     sentences, device = memory.size(0), memory.device
     rows = sentences * samples
     longest = int(limits.max())  # read once: no row goes past it
@@ -292,7 +302,7 @@ def one_per_row(
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
         cache = cache.index_select(copy, copy)
-    in_buckets = preallocate and hasattr(cache, "preallocated")
+    in_buckets = in_fixed_shapes(model)
     if in_buckets:
         cache = cache.preallocated(preallocated_capacity(longest, model.cfg.max_positions))
     read_every = read_every or (READ_EVERY_ON_GPU if device.type == "cuda" else 1)
@@ -475,7 +485,6 @@ def beam_search(
     prefixes: list[list[int]] | None = None,
     choice: Choice | None = None,
     read_every: int | None = None,
-    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `options.nbest` best hypotheses, best first
     (fewer, or none, where `choice` leaves no way to finish: a constrained search). Of
@@ -494,12 +503,9 @@ def beam_search(
     steps, so that most steps wait for nothing; on a CPU every step, as decoding a
     masked row costs there what a read does not.
 
-    `preallocate` (for captured steps on a GPU, `mtkit.search.captured`): every step of
-    a batch has the same shapes. The model's cache, where it can
-    (`cache.PreallocatedCache`), is preallocated for the batch's longest output after
-    the first step, and done sentences stay in the batch, masked, until at least half
-    of its sentences are done (a bucket boundary): a batch of B sentences takes at most
-    about log2(B) shapes. The outputs are the same."""
+    A model in fixed shapes (`in_fixed_shapes`: captured steps on a GPU) has its cache
+    preallocated after the first step, and done sentences stay in the batch, masked,
+    until at least half of its sentences are done. The outputs are the same."""
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
@@ -544,7 +550,7 @@ def beam_search(
         choice, finished, alive, scores, history, limits, lprobs, lenpen, 0
     )
     cache = cache.index_select(reorder // beam)
-    in_buckets = preallocate and hasattr(cache, "preallocated")
+    in_buckets = in_fixed_shapes(model)
     if in_buckets:
         cache = cache.preallocated(preallocated_capacity(max(host_limits), model.cfg.max_positions))
     known_done: set[int] = set()  # sentences read as done that stay (in buckets)

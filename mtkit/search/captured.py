@@ -1,16 +1,21 @@
 """Captured decoder steps: on a GPU, a search's steps replayed as CUDA graphs.
 
-A beam search step of the Multi30k model launches hundreds of small kernels; on a GPU
-the host's time to launch them is most of the step. A CUDA graph records a step's kernels
-once and replays them with one launch, but only on the same tensors: the same shapes, at
-the same addresses. `beam_search(preallocate=True)` makes the steps of a batch the same
-shapes (a `PreallocatedCache`, written in place, and sentences that leave only at bucket
-boundaries); `CapturedDecoder` keeps, for each shape it meets, a step captured on tensors
-of its own (a `Slot`), copies a search's cache into them when the search comes to that
-shape, and from then on the search runs on the slot's cache, each step one replay.
+The one home of the fixed-shape mode of search. A decoder step launches hundreds of
+small kernels; on a GPU the host's time to launch them can be most of the step. A CUDA
+graph records a step's kernels once and replays them with one launch, but only on the
+same tensors: the same shapes, at the same addresses. A `CapturedDecoder` says that it
+steps in fixed shapes (`fixed_shapes`), and search then makes the steps of a batch the
+same shapes (`beam.in_fixed_shapes`: a `PreallocatedCache`, written in place, and
+sentences that leave only at bucket boundaries); it keeps, for each shape it meets, a
+step captured on tensors of its own (a `Slot`), copies a search's cache into them when
+the search comes to that shape, and from then on the search runs on the slot's cache,
+each step one replay.
 
     model = CapturedDecoder(transformer)        # a StepModel, as the transformer is
-    beam_search(model, src, options, preallocate=True)
+    beam_search(model, src, options)            # in fixed shapes, each step a replay
+
+Off by default (`decode.cuda_graphs: off`): no GPU has yet measured it against eager
+steps, and a search of a plain model never runs in fixed shapes.
 
 `mtkit serve`'s stream in fixed shapes (`serving.stream.GreedyStream(fixed=True)`) steps
 its slot cache (`SlotCache(fixed=True)`: all slots, all columns) the same way: each step
@@ -120,6 +125,8 @@ class CapturedDecoder:
     """A `Transformer` (or anything with its `decode_hidden` and `project`) whose steps
     on a `PreallocatedCache` are replayed graphs, one `Slot` per shape; everything else
     is the model's. `capture` (default: the device's, `CAPTURES`) records a step."""
+
+    fixed_shapes = True  # search it in fixed shapes (`beam.in_fixed_shapes`)
 
     def __init__(
         self,

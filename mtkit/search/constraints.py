@@ -356,13 +356,12 @@ def constrained_beam_search(
     min_len: int = 1,
     prefixes: list[list[int]] | None = None,
     inside_word: Tensor | None = None,
-    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) and each sentence's constraints -> its `options.nbest` best hypotheses that
     meet all of them, best first: none where no hypothesis met them within the length
     limit (the caller decides what then: `engines.pytorch` falls back to plain beam
     search and says so). `inside_word` (V,): the tokens that may not follow a
-    completed phrase (`BankedCandidates`); None: any may. `preallocate`: `beam_search`'s."""
+    completed phrase (`BankedCandidates`); None: any may."""
     choice = BankedCandidates(tables(constraints, src.device), options.beam, inside_word)
     return beam_search(
         model,
@@ -371,5 +370,4 @@ def constrained_beam_search(
         min_len=min_len,
         prefixes=prefixes,
         choice=choice,
-        preallocate=preallocate,
     )

@@ -62,6 +62,11 @@ class Ensemble:
         self.widths = [m.cfg.d_model for m in self.models]
         self.cfg = SimpleNamespace(max_positions=min(m.cfg.max_positions for m in self.models))
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """Whether it steps in fixed shapes (`beam.in_fixed_shapes`): all its models do."""
+        return all(getattr(m, "fixed_shapes", False) for m in self.models)
+
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)
         return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]

@@ -70,14 +70,13 @@ def sample_search(
     seeds: list[int],
     min_len: int = 1,
     prefixes: list[list[int]] | None = None,
-    preallocate: bool = False,
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence `options.beam` outputs drawn from the model (each
     token from `sampling_logits`, by inverse CDF), best score first. Of `options` it reads
     the beam (the draws per sentence), temperature, top-k, top-p, the length penalty and
     limits and no-repeat n-grams; `seeds` (B,): one per sentence; `prefixes`: a target
     prefix per sentence (ids). A hypothesis' log_prob is the model's own (before
-    temperature and cut-offs). `preallocate`: `beam.one_per_row`'s (fixed shapes)."""
+    temperature and cut-offs)."""
     samples = options.beam
     memory, src_mask, prefix, limits = start_search(
         model, src, prefixes, options.max_len_a, options.max_len_b
@@ -115,6 +114,5 @@ def sample_search(
         min_len,
         options.no_repeat_ngram,
         draw,
-        preallocate=preallocate,
     )
     return as_hypotheses(out, log_prob, samples, options.lenpen)

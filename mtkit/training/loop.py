@@ -576,7 +576,6 @@ def _validate_pairs(
                 batch.src,
                 SearchOptions(max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b),
                 prefixes=forced,
-                preallocate=decoder is not None,
             )
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()

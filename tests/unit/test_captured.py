@@ -1,4 +1,4 @@
-"""Search in fixed shapes (`PreallocatedCache`, `preallocate=True`) and captured decoder
+"""Search in fixed shapes (`PreallocatedCache`, `beam.in_fixed_shapes`) and captured decoder
 steps (`mtkit.search.captured`), on a CPU: the same outputs as today's search. The
 captures are an eager stand-in here (a CPU records no graphs); `test_cuda.py` runs the
 real ones."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scripted import random_model, random_src
+from scripted import InFixedShapes, random_model, random_src
 
 from mtkit.core.errors import OptionError
 from mtkit.core.search_options import SearchOptions
@@ -97,18 +97,29 @@ OPTIONS = [
 ]
 
 
+def test_only_a_captured_decoder_is_searched_in_fixed_shapes():
+    from mtkit.search.beam import in_fixed_shapes
+    from mtkit.search.shortlist import Shortlisted
+
+    model = random_model(5)
+    decoder = CapturedDecoder(model)
+    assert not in_fixed_shapes(model) and not in_fixed_shapes(Ensemble([model, decoder]))
+    assert in_fixed_shapes(decoder) and in_fixed_shapes(Ensemble([decoder, decoder]))
+    assert in_fixed_shapes(Shortlisted(decoder, torch.arange(3, 20)))
+
+
 @pytest.mark.parametrize("read_every", [1, 3, 8])
 def test_beam_search_in_fixed_shapes_gives_todays_hypotheses_in_few_shapes(read_every):
     model, src = random_model(5), random_src(8, 4)
     for options in OPTIONS:
-        shapes = Shapes(model)
-        got = beam_search(shapes, src, options, read_every=read_every, preallocate=True)
+        shapes = Shapes(InFixedShapes(model))
+        got = beam_search(shapes, src, options, read_every=read_every)
         assert_same_hypotheses(got, beam_search(model, src, options))
         # 8 sentences: 8, then at most 4, 2, 1 of them (and the first step's one row each)
         assert len(set(shapes.rows[1:])) <= 4 and shapes.rows[1] == 8 * options.beam
     prefixes = [[5, 6], [], [7], [], [], [8, 9, 10], [], []]
     assert_same_hypotheses(
-        beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes, preallocate=True),
+        beam_search(InFixedShapes(model), src, SearchOptions(beam=4), prefixes=prefixes),
         beam_search(model, src, SearchOptions(beam=4), prefixes=prefixes),
     )
 
@@ -117,9 +128,9 @@ def test_sentences_done_stay_in_the_batch_until_half_are_done():
     """Eager search lets each sentence go when it is done; in fixed shapes they stay,
     masked, until at least half of the batch is done."""
     model, src = random_model(5), random_src(8, 4)
-    eager, fixed = Shapes(model), Shapes(model)
+    eager, fixed = Shapes(model), Shapes(InFixedShapes(model))
     beam_search(eager, src, SearchOptions(beam=2))
-    beam_search(fixed, src, SearchOptions(beam=2), preallocate=True)
+    beam_search(fixed, src, SearchOptions(beam=2))
     assert len(set(fixed.rows)) < len(set(eager.rows))
     for before, after in zip(fixed.rows[1:], fixed.rows[2:]):
         assert after == before or after <= before // 2
@@ -129,12 +140,12 @@ def test_sentences_done_stay_in_the_batch_until_half_are_done():
 def test_greedy_and_sampling_in_fixed_shapes_give_todays_outputs(read_every):
     model, src = random_model(5), random_src(8, 4)
     assert_same_hypotheses(
-        greedy_hypotheses(model, src, LONG, read_every=read_every, preallocate=True),
+        greedy_hypotheses(InFixedShapes(model), src, LONG, read_every=read_every),
         greedy_hypotheses(model, src, LONG),
     )
     seeds = list(range(8))
     assert_same_hypotheses(
-        sample_search(model, src, DRAWS, seeds=seeds, preallocate=True),
+        sample_search(InFixedShapes(model), src, DRAWS, seeds=seeds),
         sample_search(model, src, DRAWS, seeds=seeds),
     )
 
@@ -146,17 +157,15 @@ def test_captured_steps_replay_and_give_todays_hypotheses(monkeypatch):
     decoder = CapturedDecoder(model)
     with torch.inference_mode():
         for options in OPTIONS:
-            got = beam_search(decoder, src, options, preallocate=True)
+            got = beam_search(decoder, src, options)
             assert_same_hypotheses(got, beam_search(model, src, options))
         assert_same_hypotheses(
-            greedy_hypotheses(decoder, src, LONG, preallocate=True),
+            greedy_hypotheses(decoder, src, LONG),
             greedy_hypotheses(model, src, LONG),
         )
         constraints = [[[[7, 8]]]] + [[] for _ in range(7)]
         assert_same_hypotheses(
-            constrained_beam_search(
-                decoder, src, constraints, SearchOptions(beam=4), preallocate=True
-            ),
+            constrained_beam_search(decoder, src, constraints, SearchOptions(beam=4)),
             constrained_beam_search(model, src, constraints, SearchOptions(beam=4)),
         )
     record = decoder.record()
@@ -171,7 +180,7 @@ def test_each_model_of_an_ensemble_replays_its_own_steps(monkeypatch):
     src = random_src(8, 4)
     decoders = [CapturedDecoder(first), CapturedDecoder(second)]
     with torch.inference_mode():
-        got = beam_search(Ensemble(decoders), src, SearchOptions(beam=3), preallocate=True)
+        got = beam_search(Ensemble(decoders), src, SearchOptions(beam=3))
         want = beam_search(Ensemble([first, second]), src, SearchOptions(beam=3))
     assert_same_hypotheses(got, want)
     assert [d.record()["replayed_steps"] > 0 for d in decoders] == [True, True]
@@ -184,7 +193,7 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_is_recorded(monkeypatch
     model, src = random_model(5), random_src(8, 4)
     decoder = CapturedDecoder(model, capture=failing)
     with torch.inference_mode():
-        got = beam_search(decoder, src, SearchOptions(beam=3), preallocate=True)
+        got = beam_search(decoder, src, SearchOptions(beam=3))
     assert_same_hypotheses(got, beam_search(model, src, SearchOptions(beam=3)))
     record = decoder.record()
     assert record["replayed_steps"] == 0 and record["failed"] >= 1 and record["shapes"] == 0
@@ -205,7 +214,7 @@ def test_a_slot_let_go_is_captured_again_when_its_shape_returns(bound):
     decoder = CapturedDecoder(model, capture=counting, **bound)
     with torch.inference_mode():
         for _ in range(2):
-            got = beam_search(decoder, src, SearchOptions(beam=4), preallocate=True)
+            got = beam_search(decoder, src, SearchOptions(beam=4))
             assert_same_hypotheses(got, beam_search(model, src, SearchOptions(beam=4)))
     assert len(decoder.slots) == 1 and len(captures) >= 8
     assert decoder.nbytes == next(iter(decoder.slots.values())).cache.nbytes > 0

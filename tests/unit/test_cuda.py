@@ -269,7 +269,7 @@ def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
     within rounding), in fp32 and bf16. In fp32 they are also today's eager search's
     tokens (attention over the masked columns of a preallocated cache only rounds
     differently)."""
-    from scripted import random_model, random_src
+    from scripted import InFixedShapes, random_model, random_src
 
     from mtkit.core.device import autocast
     from mtkit.search.beam import beam_search
@@ -283,13 +283,13 @@ def test_captured_decoder_steps_on_cuda_replay_the_search_in_fixed_shapes():
         decoder = CapturedDecoder(model)
         with torch.inference_mode(), autocast(cuda, dtype):
             for options in (SearchOptions(beam=5, nbest=2), SearchOptions(beam=4, max_len_b=10**6)):
-                got = beam_search(decoder, src, options, preallocate=True)
-                fixed = beam_search(model, src, options, preallocate=True)
+                got = beam_search(decoder, src, options)
+                fixed = beam_search(InFixedShapes(model), src, options)
                 assert_same_hypotheses(got, fixed)
                 if dtype is None:
                     assert_same_hypotheses(got, beam_search(model, src, options))
-            greedy = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=30), preallocate=True)
-            fixed = greedy_hypotheses(model, src, SearchOptions(max_len_b=30), preallocate=True)
+            greedy = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=30))
+            fixed = greedy_hypotheses(InFixedShapes(model), src, SearchOptions(max_len_b=30))
             assert [x[0].tokens for x in greedy] == [x[0].tokens for x in fixed]
         record = decoder.record()
         print(json.dumps({"captured_decoder": record, "dtype": str(dtype)}))
@@ -365,7 +365,7 @@ def test_captured_validation_steps_read_the_weights_of_each_validation():
     grad, whose casts autocast caches for the batch's loss and frees after it: a graph
     must record its own casts. After the weights change in place (an optimizer step),
     the replays follow them."""
-    from scripted import random_model, random_src
+    from scripted import InFixedShapes, random_model, random_src
 
     from mtkit.core.device import autocast
     from mtkit.search.captured import CapturedDecoder
@@ -376,9 +376,9 @@ def test_captured_validation_steps_read_the_weights_of_each_validation():
         with torch.no_grad():
             with autocast(cuda, torch.bfloat16):
                 model(src, src)  # the loss's forward: autocast caches the weights' casts
-                got = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=20), preallocate=True)
+                got = greedy_hypotheses(decoder, src, SearchOptions(max_len_b=20))
             with autocast(cuda, torch.bfloat16):
-                want = greedy_hypotheses(model, src, SearchOptions(max_len_b=20), preallocate=True)
+                want = greedy_hypotheses(InFixedShapes(model), src, SearchOptions(max_len_b=20))
             for p in model.parameters():  # an optimizer step, in place
                 p.mul_(1.5)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in want]

@@ -176,7 +176,7 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
         if t.is_floating_point()
     }  # distinct tensors (parameters() drops repeats)
     src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
-    reference = model.logits(src, tgt)  # (1, 3, V) fp32
+    reference = model.decode(tgt, *model.encode(src))  # (1, 3, V) fp32
     handed = []
     assert bf16_weights(model, handed.append) is model
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
@@ -185,7 +185,7 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
     assert len(handed) == len(floats)  # each distinct fp32 tensor once
     assert all(t.dtype == torch.float32 for t in handed)
     assert sorted(t.data_ptr() for t in handed) == sorted(floats.values())  # the fp32 storage
-    out = model.logits(src, tgt)
+    out = model.decode(tgt, *model.encode(src))
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), reference, atol=0.1, rtol=0.05)
 

@@ -78,7 +78,7 @@ def test_every_variant_converts_exactly(tmp_path, norm, positions, activation, s
     for i, t in enumerate(targets):
         tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + t)
     with torch.no_grad():
-        lprobs = torch.log_softmax(model.logits(src, tgt_in), dim=-1)  # (B, T, V)
+        lprobs = torch.log_softmax(model.decode(tgt_in, *model.encode(src)), dim=-1)  # (B, T, V)
     scored = engine.score_batch(
         [[PIECES[i] for i in s] for s in sources], [[PIECES[i] for i in t] for t in targets]
     )

@@ -67,7 +67,8 @@ def test_a_quantized_model_has_no_float_linear_and_keeps_the_argmax():
     src = torch.randint(4, 60, (3, 9))  # (B, S)
     tgt = torch.randint(4, 60, (3, 7))  # (B, T)
     with torch.no_grad():
-        expected, got = model.logits(src, tgt), quantized.logits(src, tgt)  # (B, T, V)
+        expected = model.decode(tgt, *model.encode(src))  # (B, T, V)
+        got = quantized.decode(tgt, *quantized.encode(src))
         # the step-by-step path (cross-attention keys/values stacked, a cache) agrees
         memory, mask = quantized.encode(src)
         step, _ = quantized.decode_step(tgt[:, 0], memory, mask)  # (B, V)

@@ -40,8 +40,9 @@ def test_a_model_translates_the_same_with_either_kernel():
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
     tgt = torch.tensor([[2, 10, 11], [2, 12, 0]])
     with torch.no_grad():
-        sdpa = model.logits(src, tgt)
-        matmul = model.use_attention("matmul").logits(src, tgt)
+        sdpa = model.decode(tgt, *model.encode(src))
+        model.use_attention("matmul")
+        matmul = model.decode(tgt, *model.encode(src))
     assert torch.allclose(matmul, sdpa, atol=1e-5)
     assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"matmul"}
     with pytest.raises(ValueError, match="attention kernel must be one of"):

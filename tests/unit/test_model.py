@@ -58,7 +58,8 @@ def test_the_unprojected_forward_makes_the_same_logits(kw):
     hidden, weight, bias = model(src, tgt)
     assert hidden.shape == (3, 6, 16) and weight is model.output_weight
     assert bias is model.output_bias
-    assert torch.allclose(F.linear(hidden, weight, bias), model.logits(src, tgt), atol=1e-6)
+    logits = model.decode(tgt, *model.encode(src))  # (B, T, V)
+    assert torch.allclose(F.linear(hidden, weight, bias), logits, atol=1e-6)
 
 
 def test_marians_positions_are_the_papers_sines_then_cosines():
@@ -153,6 +154,6 @@ def test_embeddings_are_scaled_and_too_long_input_is_an_error():
 def test_gradients_reach_every_parameter():
     model = build_model(tiny(dropout=0.1), V, V)
     src, tgt = batch()
-    model.logits(src, tgt).sum().backward()
+    model.decode(tgt, *model.encode(src)).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing

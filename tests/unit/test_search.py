@@ -192,9 +192,8 @@ def test_each_hypothesis_scores_what_teacher_forcing_gives_its_tokens():
             assert [len(h.tokens) for h in sentence] == [12] * 4
             for h in sentence:
                 length = int((src[i] != PAD).sum())
-                logits = model.logits(
-                    src[i : i + 1, :length], torch.tensor([[BOS, *h.tokens[:-1]]])
-                )
+                tgt_in = torch.tensor([[BOS, *h.tokens[:-1]]])
+                logits = model.decode(tgt_in, *model.encode(src[i : i + 1, :length]))
                 lprobs = torch.log_softmax(logits, -1)[0]  # (12, V)
                 forced = lprobs.gather(1, torch.tensor(h.tokens)[:, None]).sum()
                 assert h.log_prob == pytest.approx(float(forced), abs=1e-4)
