@@ -1,4 +1,4 @@
-"""Attention and dropout, the model's two pieces that `mtkit.model.kernel_timing` measures
+"""Attention and dropout, the model's two pieces that `mtkit.tuning.attention` measures
 and tunes.
 
 `MultiHeadAttention` attends with `F.scaled_dot_product_attention` or with explicit
@@ -135,7 +135,7 @@ def matmul_attention(
 ) -> Tensor:
     """softmax(QK^T / sqrt(K), masked) V with dropout `p` on the weights, as explicit matrix
     products: what `scaled_dot_product_attention` computes (equal in fp32 up to rounding).
-    On some CPUs it is the faster of the two in bf16 (`mtkit.model.kernel_timing` measures which).
+    On some CPUs it is the faster of the two in bf16 (`mtkit.tuning.attention` measures which).
     q (B, H, T, K), k and v (B, H, S, K), mask broadcasting to (B, H, T, S), True = may
     attend. Returns (B, H, T, K)."""
     scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
@@ -152,7 +152,7 @@ def matmul_attention(
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads: `F.scaled_dot_product_attention`
     (`kernel` "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs;
-    which one a run uses is measured (`mtkit.model.kernel_timing`)."""
+    which one a run uses is measured (`mtkit.tuning.attention`)."""
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
