@@ -32,6 +32,14 @@ there without measuring again.
   where it is missing or cannot be used (not JSON, not a choice this mtkit makes); delete
   the file to measure everything again. Distillation stores its teacher's choices with
   its corpus (`mtkit.stages.distill`), so a resumed distillation translates as it began.
-- What is not measured (a value asked for, the device's capture, the GPU batch budget) is
-  decided at each load and shown in the engine's record, never stored.
+- Everything else translation decides (a value asked for; on CUDA bf16 and matmul
+  attention, unmeasured; whether decoder steps are captured; int8's weight range; the GPU
+  batch budget, from the memory free at load) is decided again at each load, shown in the
+  engine's record (`TorchEngine.precision`), and never stored.
+
+Modules: `measured` (measured.json), `timing`, `precision`, `attention`, `shapes`,
+`capture` (the one definition of capturing CUDA work, `CAPTURES`, and whether updates and
+decoder steps are captured), `budget`, `run` (a training run's choices, `decided_once`).
+This layer sits above `model/` and `data/`, whose kernels and batches it times, and below
+`search/`, `training/` and `engines/`, which use it.
 """
