@@ -60,8 +60,9 @@ class TorchEngine(Engine):
     weights: list[str] = field(default_factory=list)  # what each model's weights are
     # {"precision", "asked", "calibration"?, "attention"?}: what the models run in, fp32
     # (`autocast_dtype` None), bf16 (autocast on CUDA; on a CPU the models' own weights
-    # are bf16, `bf16_weights`, and `autocast_dtype` is None) or int8 (`mtkit.model.int8`), and
-    # the attention kernel they run with (`tuning.attention.choose_decoding_attention`)
+    # are bf16, `pytorch_precision.bf16_weights`, and `autocast_dtype` is None) or int8
+    # (`mtkit.model.int8`), and the attention kernel they run with
+    # (`tuning.attention.choose_decoding_attention`)
     precision: dict = field(default_factory=lambda: {"precision": "fp32", "asked": "fp32"})
     shortlist: Shortlist | None = None  # the (first) checkpoint's lexical shortlist
     # Decoder steps as CUDA graphs (`mtkit.search.captured`; `tuning.capture.graph_choice`):
@@ -127,7 +128,7 @@ class TorchEngine(Engine):
     @property
     def batch_tokens(self) -> int:
         """The batch budget where none is given: sized for the GPU at load, where the
-        precision record has one (`device_batch_tokens`), else decode.batch_tokens."""
+        precision record has one (`tuning.budget.device_batch_tokens`), else decode.batch_tokens."""
         sized = self.precision.get("batch_tokens")
         return sized["tokens"] if sized else self.config.decode.batch_tokens
 

@@ -58,7 +58,7 @@ def linear_timer(rows: int, d_in: int, d_out: int, backward: bool = True) -> Mea
     """A `Measure` of Linear(d_in, d_out) on up to `rows` inputs: forward+backward under
     autocast, as training runs it, or (`backward` False) forward only with the weights
     and inputs in the dtype itself, as translation on a CPU runs it (`bf16_weights` in
-    `mtkit.engines.pytorch`)."""
+    `mtkit.engines.pytorch_precision`)."""
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(d_in, d_out)
     x = torch.randn(rows, d_in, generator=generator)
