@@ -119,9 +119,10 @@ def load_torch_engine(
     for the error when it cannot be used. `precision` (None: the checkpoint's
     decode.precision): auto, fp32, bf16 or int8 (`tuning.precision.inference_precision`);
     `cuda_graphs` (None: the checkpoint's decode.cuda_graphs): auto, on or off
-    (`tuning.capture.graph_choice`);
-    `workers` (None: the checkpoint's decode.workers; 0: auto, `cpu_workers`): batches
-    translated at once on a CPU (`mtkit.engines.workers`)."""
+    (`tuning.capture.graph_choice`); `workers` (None: the checkpoint's decode.workers; 0:
+    auto, `cpu_workers`): batches translated at once on a CPU (`mtkit.engines.workers`).
+    The measured choices are made here, in this order: precision, attention kernel,
+    captured steps, the GPU batch budget (`mtkit.tuning`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
