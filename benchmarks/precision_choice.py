@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _START = """
 import json, sys, time
 from mtkit.core.config import load_config
-from mtkit.core.device import calibrate_cpu, calibration_shape
+from mtkit.tuning.precision import calibrate_cpu, calibration_shape
 cfg = load_config(sys.argv[1])
 shape = calibration_shape(cfg.train.max_tokens, cfg.model.d_model, cfg.model.ffn_dim)
 start = time.perf_counter()

@@ -118,9 +118,10 @@ def train_speed(folder: Path, args) -> dict:
 
     from mtkit.core.checkpoint import load_checkpoint
     from mtkit.core.config import config_from_dict
-    from mtkit.core.device import calibration_shape, resolve_precision, tune_cpu_runtime
+    from mtkit.core.device import tune_cpu_runtime
     from mtkit.model.transformer import build_model
     from mtkit.training.loop import batch_loss
+    from mtkit.tuning.precision import calibration_shape, resolve_precision
 
     tune_cpu_runtime()
     payload = load_checkpoint(folder / "imported.pt")

@@ -30,11 +30,12 @@ from torch.profiler import ProfilerActivity, profile
 from train_throughput import get_batches, sync
 
 from mtkit.core.config import load_config
-from mtkit.core.device import cpu_description, resolve_device, resolve_precision, tune_cpu_runtime
+from mtkit.core.device import cpu_description, resolve_device, tune_cpu_runtime
 from mtkit.core.vocab import Vocab
 from mtkit.data.batching import BatchShapes
 from mtkit.model.transformer import build_model
 from mtkit.training.loop import batch_loss
+from mtkit.tuning.precision import resolve_precision
 
 MATMUL = (
     "aten::mm",

@@ -35,13 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from mtkit.core.config import ModelConfig, load_config
-from mtkit.core.device import (
-    calibration_shape,
-    cpu_description,
-    resolve_device,
-    resolve_precision,
-    tune_cpu_runtime,
-)
+from mtkit.core.device import cpu_description, resolve_device, tune_cpu_runtime
 from mtkit.core.vocab import PAD, Vocab
 from mtkit.data.batching import (
     Batch,
@@ -52,9 +46,11 @@ from mtkit.data.batching import (
     token_batches,
 )
 from mtkit.data.shards import ShardDataset
-from mtkit.model.kernel_timing import AttentionShape, choose_attention, choose_batch_shapes
 from mtkit.model.transformer import build_model
 from mtkit.training.loop import batch_loss
+from mtkit.tuning.attention import AttentionShape, choose_attention
+from mtkit.tuning.precision import calibration_shape, resolve_precision
+from mtkit.tuning.shapes import choose_batch_shapes
 
 # Run in the child: at exit, write its own VmHWM (the peak RSS of its memory map, which
 # exec resets) to the file named by $MTKIT_PEAK_FILE. (ru_maxrss from wait4 would not do:

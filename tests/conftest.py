@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 # test file in one worker, the files spread over the workers. The tiny models gain nearly
 # nothing from a second thread, so each worker, and each process it starts, keeps to one,
 # and two workers share two cores without crowding them.
-# Measured choices are not kept between processes in tests (`mtkit.core.measured`): each
+# Measured choices are not kept between processes in tests (`mtkit.tuning.measured`): each
 # test measures, as it expects, and none reads or writes the user's cache.
 os.environ["MTKIT_CACHE_DIR"] = ""
 

@@ -28,7 +28,7 @@ def _explain_checkpoint(model: Path):
 
         what = "an exported CTranslate2 folder" if looks_exported(model) else "a folder"
         raise OptionError(f"explain needs a checkpoint (-m FILE.pt): {model} is {what}")
-    from mtkit.engines.pytorch import load_model
+    from mtkit.engines.pytorch_loading import load_model
 
     net, src_vocab, tgt_vocab, cfg, *_ = load_model(model)
     return net.eval(), src_vocab, tgt_vocab, cfg

@@ -195,12 +195,12 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # The attention kernel: SDPA, or explicit matmul + softmax; auto times both at the
-    # model's shapes in the run's precision, at the first start (`mtkit.model.kernel_timing`).
+    # model's shapes in the run's precision, at the first start (`mtkit.tuning.attention`).
     attention: Literal["auto", "sdpa", "matmul"] = "auto"
     # Batches token-bucketed to their pairs' lengths (exact), or padded into a few shapes
     # (classes: for CPUs that compile a bf16 kernel per shape, where compiling costs far
     # more than running it); auto measures what a new shape costs, in bf16 on a CPU only,
-    # at the first start (`mtkit.model.kernel_timing`).
+    # at the first start (`mtkit.tuning.shapes`).
     batch_shapes: Literal["auto", "exact", "classes"] = "auto"
     # Each batch shape's update as a captured CUDA graph, replayed (on CUDA, in one
     # process, with update_freq 1; elsewhere updates run eagerly); auto times an update
@@ -237,7 +237,7 @@ class DecodeConfig:
     lang_vocab: bool = _option("lang_vocab")  # a multilingual model's: `output_groups`
     shortlist: bool = _option("shortlist")  # a distilled student's (`mtkit.search.shortlist`)
     # What the PyTorch engine translates in: auto measures on a CPU (bf16 only where it is
-    # clearly faster: `device.resolve_precision`) and takes bf16 on CUDA; int8 (a CPU's
+    # clearly faster: `tuning.precision.inference_precision`) and takes bf16 on CUDA; int8 (a CPU's
     # dynamic int8 products, `mtkit.model.int8`) only when asked.
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     # Decoder steps as CUDA graphs (`mtkit.search.captured`): on and auto take them where

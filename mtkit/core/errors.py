@@ -33,6 +33,12 @@ class OptionError(UserError, ValueError):
         self.option = option
 
 
+class TrainError(UserError, RuntimeError):
+    """A training run that cannot start or go on (one line): its data, its checkpoints,
+    or a resume whose config asks for other choices than the run made at its first start
+    (`mtkit.tuning.run`)."""
+
+
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
     """ "1 line", "2 lines" ("1 hypothesis", "2 hypotheses" with `nouns`), for messages."""
     return f"{n} {noun if n == 1 else nouns or noun + 's'}"

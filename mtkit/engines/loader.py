@@ -59,7 +59,7 @@ def load_engine(
     if workers is not None:
         check_workers(workers)
     if not wants_ctranslate2(paths):
-        from mtkit.engines.pytorch import load_torch_engine
+        from mtkit.engines.pytorch_loading import load_torch_engine
 
         return load_torch_engine(paths, device, device_option, precision, cuda_graphs, workers)
     from mtkit.engines.ct2 import CT2Engine, looks_exported

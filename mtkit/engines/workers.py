@@ -15,7 +15,7 @@ Where each process gets one thread (the usual case: one worker per core), a help
 fork of the engine's process: it starts at once and shares the engine's loaded weights.
 OpenMP's threads do not survive a fork, so a helper with more threads is spawned
 instead, and loads the same checkpoint files in the same precision and attention kernel
-(`pytorch.helper_engine`; a few seconds: Python, torch and the model), while the engine's
+(`pytorch_loading.helper_engine`; a few seconds: Python, torch and the model), while the engine's
 process translates its first batches. A spawned helper translates with exactly the
 weights the engine loaded: `helper_engine` compares the digests of what it loaded with
 the engine's, and a model file replaced meanwhile (training, `mtkit average`) is one
@@ -119,7 +119,7 @@ class WorkerError(UserError):
 class BatchWorkers:
     """`workers` - 1 helper processes, each with its share of the threads, for `engine`:
     forks of it on one thread each, or spawned processes that load it again with `load`
-    (picklable: `pytorch.helper_engine` with the engine's files, their digests and its
+    (picklable: `pytorch_loading.helper_engine` with the engine's files, their digests and its
     choices). Made by the engine (`TorchEngine.worker_pool`); `run` spreads a
     translation's batches over them and the engine's own process. Helper K (from 1) is
     `helpers[K - 1]`, with its inbox, its outbox's channel and whether it has loaded."""

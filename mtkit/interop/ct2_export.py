@@ -62,7 +62,7 @@ def export_ctranslate2(
 ) -> Path:
     """Write the CTranslate2 folder of `checkpoint` to `output` (atomically); `force`
     replaces a previous export there (`export_target`)."""
-    from mtkit.engines.pytorch import load_model
+    from mtkit.engines.pytorch_loading import load_model
 
     ct2 = ctranslate2_module()
     check_quantization(quantization)

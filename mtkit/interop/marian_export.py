@@ -50,7 +50,7 @@ from mtkit.core.atomic import atomic_dir
 from mtkit.core.config import Config, ModelConfig
 from mtkit.core.vocab import BOS, EOS, UNK, Vocab
 from mtkit.engines.ct2 import MANIFEST, ExportError
-from mtkit.engines.pytorch import load_model
+from mtkit.engines.pytorch_loading import load_model
 from mtkit.interop.export_folder import HF_FORMAT, export_target, manifest_files
 from mtkit.model.transformer import Transformer
 

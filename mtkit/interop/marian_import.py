@@ -565,7 +565,7 @@ def import_marian(source: str | os.PathLike, output: str | os.PathLike) -> Path:
         ),
         model=marian.model,
     )
-    try:  # what loading the checkpoint will check (`engines.pytorch.load_model`)
+    try:  # what loading the checkpoint will check (`engines.pytorch_loading.load_model`)
         config_from_dict(config_to_dict(cfg))
     except UserError as e:
         raise MarianImportError(

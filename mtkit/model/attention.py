@@ -1,4 +1,4 @@
-"""Attention and dropout, the model's two pieces that `mtkit.model.kernel_timing` measures
+"""Attention and dropout, the model's two pieces that `mtkit.tuning.attention` measures
 and tunes.
 
 `MultiHeadAttention` attends in one way, `attend`, with `F.scaled_dot_product_attention`
@@ -136,7 +136,7 @@ def matmul_attention(
 ) -> Tensor:
     """softmax(QK^T / sqrt(K), masked) V with dropout `p` on the weights, as explicit matrix
     products: what `scaled_dot_product_attention` computes (equal in fp32 up to rounding).
-    On some CPUs it is the faster of the two in bf16 (`mtkit.model.kernel_timing` measures which).
+    On some CPUs it is the faster of the two in bf16 (`mtkit.tuning.attention` measures which).
     q (B, H, T, K), k and v (B, H, S, K), mask broadcasting to (B, H, T, S), True = may
     attend. Returns (B, H, T, K)."""
     scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
@@ -186,7 +186,7 @@ class MultiHeadAttention(nn.Module):
     for cross-attention, whose keys/values a search computes once per sentence), then
     `attend`, the one way to attend: with `F.scaled_dot_product_attention` (`kernel`
     "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs; which one
-    a run uses is measured (`mtkit.model.kernel_timing`).
+    a run uses is measured (`mtkit.tuning.attention`).
 
     Two hooks for others: `observer`, set by `mtkit explain` (and `search.alignment`)
     to see each stage, and `guided_head`, set by guided alignment training."""

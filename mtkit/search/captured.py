@@ -31,33 +31,20 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from mtkit.core.device import cuda_graph
 from mtkit.core.errors import first_line
-from mtkit.core.search_options import check_cuda_graphs
 from mtkit.core.vocab import BOS
 from mtkit.model.cache import PreallocatedCache, SlotCache
+from mtkit.tuning.capture import CAPTURES, Capture
 
 log = logging.getLogger(__name__)
 
-Capture = Callable[[Callable[[], None]], Callable[[], None]]
 FixedCache = PreallocatedCache | SlotCache  # a cache in fixed shapes (`fixed_shapes`)
 
-WARMUP_STEPS = 2  # eager steps on a slot's own tensors before its capture
-
-
-def cuda_capture(step: Callable[[], None]) -> Callable[[], None]:
-    """`step` recorded as a CUDA graph (after `WARMUP_STEPS` runs); returns its replay."""
-    return cuda_graph(step, WARMUP_STEPS)
-
-
-# How each device captures a step. CUDA only; tests add an eager stand-in for the CPU.
-CAPTURES: dict[str, Capture] = {"cuda": cuda_capture}
 
 # Slots kept at once, the least recently used let go first. A slot holds a cache of its
 # shape (each layer's keys/values for every row and position) and its graph's memory:
@@ -82,19 +69,6 @@ def shape_of(token: Tensor, src_mask: Tensor, cache: FixedCache) -> tuple:
         *src_mask.shape,
         torch.is_autocast_enabled(token.device.type),
     )
-
-
-def graph_choice(asked: str, device: torch.device) -> dict:
-    """Whether decoder steps run as graphs (`CapturedDecoder`), and its record:
-    on and auto take them where the device captures steps (CUDA), off never."""
-    check_cuda_graphs(asked, "cuda_graphs")
-    if asked == "off":
-        return {"graphs": "off", "asked": asked}
-    if device.type not in CAPTURES:
-        if asked == "on":
-            log.warning("cuda_graphs=on, but decoder steps run eagerly on %s", device.type)
-        return {"graphs": "off", "asked": asked, "why": f"no captured steps on {device.type}"}
-    return {"graphs": "on", "asked": asked}
 
 
 class Slot:

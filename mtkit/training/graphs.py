@@ -34,20 +34,17 @@ import torch
 from torch import nn
 
 from mtkit.core.config import TrainConfig
-from mtkit.core.device import autocast, cuda_graph
+from mtkit.core.device import autocast
 from mtkit.core.errors import first_line
 from mtkit.core.vocab import PAD
 from mtkit.data.batching import Batch
 from mtkit.model.loss import output_and_loss
 from mtkit.training.optim import per_token_gradients, scale_per_token
+from mtkit.tuning.capture import CAPTURES, Capture, UpdateMeasure
 
 log = logging.getLogger(__name__)
 
-WARMUP_UPDATES = 2  # eager updates (skipped) before a capture, as CUDA graphs want
 MAX_GRAPHS = 32  # shapes captured at most; later new shapes run eagerly
-
-# Records `update` once and returns what replays it (on CUDA: a captured graph's replay).
-Capture = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 @dataclass
@@ -120,16 +117,6 @@ def device_update(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return Figures(out.loss.detach(), out.nll.detach(), norm.detach(), nonfinite)
-
-
-def cuda_capture(update: Callable[[], None]) -> Callable[[], None]:
-    """`update` recorded as a CUDA graph (after `WARMUP_UPDATES` runs of it on a side
-    stream); returns the graph's replay."""
-    return cuda_graph(update, WARMUP_UPDATES)
-
-
-# How each device captures an update. CUDA only; tests add an eager stand-in for the CPU.
-CAPTURES: dict[str, Capture] = {"cuda": cuda_capture}
 
 
 class CapturedUpdates:
@@ -228,63 +215,6 @@ def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
         torch.cuda.set_rng_state(state, device)
     else:
         torch.set_rng_state(state)
-
-
-# --- the decision: graphs or eager updates, at a run's first start ---------------------
-
-GRAPH_MARGIN = 0.9  # graphs are taken where a replayed update needs at most 90% of an eager one
-
-# Seconds of one eager update and of one replayed update, on the run's device -> (eager, graph).
-UpdateMeasure = Callable[[], tuple[float, float]]
-
-
-def choose_graphs(
-    asked: str,
-    device: torch.device,
-    tc: TrainConfig,
-    distributed: bool,
-    measure: UpdateMeasure | None,
-) -> dict:
-    """The record of `train.cuda_graphs`: {"graphs": "on" | "off", "asked", "why"?,
-    "eager_ms"?, "graph_ms"?}. Graphs need CUDA, one process and one batch per update
-    (`update_freq` 1): elsewhere the eager update runs, and the record says why. `auto`
-    times an update of each kind (`measure`) and takes graphs where they need at most
-    `GRAPH_MARGIN` of the eager time; `on` takes them unmeasured."""
-    if asked == "off":
-        return {"graphs": "off", "asked": asked}
-    why = (
-        "not on CUDA"
-        if device.type not in CAPTURES
-        else "under DDP"
-        if distributed
-        else "train.update_freq > 1"
-        if tc.update_freq > 1
-        else None
-    )
-    if why is not None:
-        if asked == "on":
-            log.warning("train.cuda_graphs=on, but updates run eagerly: %s", why)
-        return {"graphs": "off", "asked": asked, "why": why}
-    if asked == "on" or measure is None:
-        return {"graphs": "on", "asked": asked}
-    try:
-        eager, graph = measure()
-    except RuntimeError as e:
-        log.warning("CUDA graphs auto: measuring failed (%s); eager updates", e)
-        return {"graphs": "off", "asked": asked, "why": first_line(e)}
-    chosen = "on" if graph <= GRAPH_MARGIN * eager else "off"
-    log.info(
-        "CUDA graphs auto: an update took %.2f ms eagerly and %.2f ms replayed: %s",
-        eager * 1e3,
-        graph * 1e3,
-        "graphs" if chosen == "on" else "eager updates",
-    )
-    return {
-        "graphs": chosen,
-        "asked": asked,
-        "eager_ms": round(eager * 1e3, 3),
-        "graph_ms": round(graph * 1e3, 3),
-    }
 
 
 def eager_update(

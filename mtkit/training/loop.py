@@ -37,7 +37,7 @@ from mtkit.core.atomic import WriteError, remove_leftovers
 from mtkit.core.checkpoint import training_payload, write_training_checkpoint
 from mtkit.core.config import Config, TrainConfig, config_to_dict
 from mtkit.core.device import autocast
-from mtkit.core.errors import first_line
+from mtkit.core.errors import TrainError, first_line
 from mtkit.core.languages import tag_end, tag_ids, without_tag
 from mtkit.core.progress import ProgressView
 from mtkit.core.rundir import run_lock
@@ -52,7 +52,8 @@ from mtkit.model.transformer import Transformer, guided_attention
 from mtkit.search.beam import greedy_search
 from mtkit.search.captured import CapturedDecoder
 from mtkit.training.optim import learning_rate, per_token_gradients, set_lr
-from mtkit.training.state import Progress, TrainError, TrainState, rng_state, setup
+from mtkit.training.resume import Progress, rng_state
+from mtkit.training.state import TrainState, setup
 
 log = logging.getLogger(__name__)
 

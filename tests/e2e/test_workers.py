@@ -15,7 +15,7 @@ import torch
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.ct2 import ct2_threads
 from mtkit.engines.loader import load_engine
-from mtkit.engines.pytorch import helper_engine
+from mtkit.engines.pytorch_loading import helper_engine
 from mtkit.engines.workers import BatchJob, BatchWorkers, WorkerError
 
 from conftest import cli, one_line_error, read_lines

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from mtkit.core.checkpoint import CheckpointError
-from mtkit.engines.pytorch import helper_engine
+from mtkit.engines.pytorch_loading import helper_engine
 from mtkit.engines.workers import FAULT_ENV, HEADER, _Channel
 
 from faultkit import ROOT, wait_for

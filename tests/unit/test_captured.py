@@ -12,12 +12,13 @@ from scripted import InFixedShapes, random_model, random_src
 from mtkit.core.errors import OptionError
 from mtkit.core.search_options import SearchOptions
 from mtkit.model.cache import BeamCache, PreallocatedCache, preallocated_capacity
-from mtkit.search import captured
 from mtkit.search.beam import beam_search, greedy_hypotheses
-from mtkit.search.captured import CapturedDecoder, graph_choice
+from mtkit.search.captured import CapturedDecoder
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
+from mtkit.tuning import capture
+from mtkit.tuning.capture import graph_choice
 
 from conftest import assert_same_hypotheses
 
@@ -152,7 +153,7 @@ def test_greedy_and_sampling_in_fixed_shapes_give_todays_outputs(read_every):
 
 def test_captured_steps_replay_and_give_todays_hypotheses(monkeypatch):
     replays: list = []
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(replays))
     model, src = random_model(5), random_src(8, 4)
     decoder = CapturedDecoder(model)
     with torch.inference_mode():
@@ -175,7 +176,7 @@ def test_captured_steps_replay_and_give_todays_hypotheses(monkeypatch):
 
 
 def test_each_model_of_an_ensemble_replays_its_own_steps(monkeypatch):
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in())
     first, second = random_model(5), random_model(6)
     src = random_src(8, 4)
     decoders = [CapturedDecoder(first), CapturedDecoder(second)]
@@ -225,7 +226,7 @@ def test_cuda_graphs_are_taken_where_the_device_captures_steps(monkeypatch):
     assert graph_choice("off", cpu) == {"graphs": "off", "asked": "off"}
     assert graph_choice("auto", cpu)["graphs"] == "off"
     assert "no captured steps on cpu" in graph_choice("on", cpu)["why"]
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in())
     assert graph_choice("auto", cpu)["graphs"] == "on"
     with pytest.raises(OptionError, match="cuda_graphs must be auto, on or off, got 'yes'"):
         graph_choice("yes", cpu)
@@ -238,7 +239,7 @@ def test_the_engine_translates_the_same_lines_with_captured_steps(monkeypatch, t
 
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
     lines = corpus["test.en"].read_text().splitlines()[:40]
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in())
     eager = load_engine(checkpoint, "cpu", precision="fp32")
     fixed = load_engine(checkpoint, "cpu", precision="fp32", cuda_graphs="on")
     assert fixed.precision["graphs"] == {"graphs": "on", "asked": "on"} and fixed.graphs
@@ -262,7 +263,7 @@ def test_validation_decodes_with_captured_steps_and_scores_the_same(
     from conftest import tiny_config_dict
 
     replays: list = []
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(replays))
     valid = {}
     for graphs in ("off", "on"):
         run = tmp_path / graphs / "run"
@@ -285,7 +286,7 @@ def test_a_gpus_batch_budget_is_what_a_quarter_of_its_free_memory_holds():
     memory; never below the CPU default, never above the cap."""
     from mtkit.core.config import config_from_dict
     from mtkit.core.search_options import BATCH_TOKENS
-    from mtkit.engines.pytorch import MAX_DEVICE_BATCH_TOKENS, device_batch_tokens
+    from mtkit.tuning.budget import MAX_DEVICE_BATCH_TOKENS, device_batch_tokens
 
     cfg = config_from_dict(
         {"model": {"d_model": 256, "decoder_layers": 3, "heads": 4, "ffn_dim": 1024}}
@@ -342,7 +343,7 @@ def test_a_stream_in_fixed_shapes_gives_each_sentence_what_greedy_gives_it_alone
     long[-1] = EOS
     sources = {0: long} | {k + 1: row[row != PAD] for k, row in enumerate(short)}
     replays: list = []
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in(replays))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(replays))
     decoder = CapturedDecoder(model) if captured_steps else model
     with torch.inference_mode():
         got, capacities = stream_outputs(decoder, sources, fixed=True)
@@ -382,7 +383,7 @@ def test_a_servers_line_stream_replays_captured_steps_where_the_engine_takes_gra
 
     from mtkit.serving.stream import LineStream
 
-    monkeypatch.setitem(captured.CAPTURES, "cpu", stand_in())
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in())
     engine = replace(tiny_engine, graphs=True)
     opts = SearchOptions(beam=1, max_len_a=0, max_len_b=6)
     lines = ["A dog runs.", "Two men are sitting.", "A cat.", ""]

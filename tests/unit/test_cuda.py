@@ -10,7 +10,7 @@ import torch
 from scripted import stream_in_two_joins
 
 from mtkit.core.config import config_from_dict
-from mtkit.core.device import resolve_device, resolve_precision
+from mtkit.core.device import resolve_device
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS
 from mtkit.engines.loader import load_engine
@@ -20,6 +20,7 @@ from mtkit.search.beam import greedy_hypotheses
 from mtkit.stages.preprocess import preprocess
 from mtkit.stages.tokenizer import build_tokenizer
 from mtkit.training.loop import train
+from mtkit.tuning.precision import resolve_precision
 
 from conftest import tiny_config_dict
 

@@ -10,7 +10,8 @@ import sys
 
 import torch
 
-from mtkit.core.device import BF16_MARGIN, ONEDNN_CACHE_ENTRIES, autocast, calibrate_cpu
+from mtkit.core.device import ONEDNN_CACHE_ENTRIES, autocast
+from mtkit.tuning.precision import BF16_MARGIN, calibrate_cpu
 
 ROWS = 1024
 
@@ -125,8 +126,8 @@ def test_autocast_runs_in_bf16_when_chosen_and_plain_fp32_for_none():
 
 def test_translations_timer_runs_bf16_weights_without_autocast(monkeypatch):
     """Translation's `auto` times what it will run: a Linear whose weights and inputs are
-    bf16 (`engines.pytorch.bf16_weights`), forward only; training's, under autocast."""
-    from mtkit.core import device
+    bf16 (`engines.pytorch_precision.bf16_weights`), forward only; training's, under autocast."""
+    from mtkit.tuning import precision
 
     seen = []
     real = torch.nn.functional.linear
@@ -136,9 +137,9 @@ def test_translations_timer_runs_bf16_weights_without_autocast(monkeypatch):
         return real(x, weight, bias)
 
     monkeypatch.setattr(torch.nn.functional, "linear", linear)
-    once = device.linear_timer(8, 4, 4, backward=False)
+    once = precision.linear_timer(8, 4, 4, backward=False)
     assert once(torch.bfloat16, 8) > 0 and once(None, 8) > 0
     assert seen == [(torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.float32, False)]
     seen.clear()
-    device.linear_timer(8, 4, 4)(torch.bfloat16, 8)  # training: autocast, fp32 weights
+    precision.linear_timer(8, 4, 4)(torch.bfloat16, 8)  # training: autocast, fp32 weights
     assert seen == [(torch.float32, torch.float32, True)]

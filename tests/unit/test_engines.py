@@ -71,11 +71,10 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
 ):
     import torch
 
-    import mtkit.core.device as device_module
+    import mtkit.tuning.precision as precision_module
     from mtkit.core.config import Config
-    from mtkit.core.device import Calibration
     from mtkit.core.errors import OptionError
-    from mtkit.engines.pytorch import inference_precision
+    from mtkit.tuning.precision import Calibration, inference_precision
 
     seen = []
 
@@ -83,9 +82,9 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
         seen.append((rows, d_in, d_out, backward))
         return Calibration(fp32_s=0.004, bf16_s=0.001)
 
-    monkeypatch.setattr(device_module, "calibrate_cpu", faked)
+    monkeypatch.setattr(precision_module, "calibrate_cpu", faked)
     cpu = torch.device("cpu")
-    with caplog.at_level("DEBUG", logger="mtkit.core.device"):  # (-v: stderr is for errors)
+    with caplog.at_level("DEBUG", logger="mtkit.tuning.precision"):  # (-v: stderr is for errors)
         dtype, record = inference_precision("auto", cpu, Config())
     assert dtype == torch.bfloat16 and record == {
         "precision": "bf16",
@@ -98,7 +97,7 @@ def test_translation_precision_auto_measures_forward_only_and_fp32_is_kept_when_
         {"precision": "fp32", "asked": "fp32"},
     )
     monkeypatch.setattr(
-        device_module, "calibrate_cpu", lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038)
+        precision_module, "calibrate_cpu", lambda *a, **k: Calibration(fp32_s=0.004, bf16_s=0.0038)
     )
     assert inference_precision("auto", cpu, Config())[0] is None  # not clearly faster
     with pytest.raises(OptionError, match=r"--precision must be auto, fp32, bf16 or int8"):
@@ -110,8 +109,8 @@ def test_int8_is_taken_only_when_asked_and_only_on_a_cpu_whose_torch_has_it(monk
 
     from mtkit.core.config import Config
     from mtkit.core.errors import OptionError
-    from mtkit.engines.pytorch import inference_precision
     from mtkit.model import int8
+    from mtkit.tuning.precision import inference_precision
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(int8, "int8_supported", lambda: True)
@@ -154,7 +153,7 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
     import torch
 
     from mtkit.core.config import ModelConfig
-    from mtkit.engines.pytorch import bf16_weights
+    from mtkit.engines.pytorch_precision import bf16_weights
     from mtkit.model.transformer import build_model
 
     torch.manual_seed(0)
@@ -193,7 +192,7 @@ def test_bf16_weights_casts_every_float_tensor_once_and_hands_back_the_fp32_ones
 def test_a_bf16_engine_on_a_cpu_runs_bf16_weights_without_autocast(trained):
     import torch
 
-    from mtkit.engines.pytorch import load_torch_engine
+    from mtkit.engines.pytorch_loading import load_torch_engine
 
     engine = load_torch_engine(
         [trained / "run" / "checkpoints" / "best.pt"], "cpu", precision="bf16"
@@ -215,7 +214,7 @@ def test_an_engines_layers_keep_their_stacked_weights(trained):
     """The engine marks its models' weights final: after a translation each stacked
     product (self-attention's queries/keys/values, the decoder's cross keys/values)
     holds its stack, and a second translation gives the same outputs with it."""
-    from mtkit.engines.pytorch import load_torch_engine
+    from mtkit.engines.pytorch_loading import load_torch_engine
 
     engine = load_torch_engine(
         [trained / "run" / "checkpoints" / "best.pt"], "cpu", precision="fp32"

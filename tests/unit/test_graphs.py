@@ -16,9 +16,9 @@ import torch
 
 from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import TrainConfig, config_from_dict
-from mtkit.training import graphs
-from mtkit.training.graphs import WARMUP_UPDATES, choose_graphs
 from mtkit.training.loop import train
+from mtkit.tuning import capture
+from mtkit.tuning.capture import WARMUP_RUNS, choose_graphs
 
 from conftest import tiny_config_dict
 
@@ -31,7 +31,7 @@ def stand_in(captures: list, failing: int | None = None):
         captures.append(update)
         if len(captures) == failing:
             raise RuntimeError("operation not permitted when stream is capturing")
-        for _ in range(WARMUP_UPDATES):
+        for _ in range(WARMUP_RUNS):
             update()
         return update
 
@@ -68,7 +68,7 @@ def test_captured_updates_train_as_eager_ones_and_capturing_draws_no_random_numb
     prepared, tmp_path, corpus, monkeypatch
 ):
     captures: list = []
-    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in(captures))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(captures))
     eager = run_with(prepared, tmp_path / "eager", corpus, 8, graphs_on=False)
     train(eager)
     captured = run_with(prepared, tmp_path / "graphs", corpus, 8, graphs_on=True)
@@ -95,7 +95,7 @@ def test_captured_updates_train_as_eager_ones_and_capturing_draws_no_random_numb
 def test_a_run_under_graphs_resumes_to_the_weights_of_one_that_never_stopped(
     prepared, tmp_path, corpus, monkeypatch
 ):
-    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in([]))
     whole = run_with(prepared, tmp_path / "whole", corpus, 12, graphs_on=True)
     train(whole)
     part = run_with(prepared, tmp_path / "part", corpus, 4, graphs_on=True)
@@ -109,7 +109,7 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly_and_is_recorded(
     prepared, tmp_path, corpus, monkeypatch
 ):
     captures: list = []
-    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in(captures, failing=1))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(captures, failing=1))
     cfg = run_with(prepared, tmp_path, corpus, 8, graphs_on=True)
     assert train(cfg).step == 8
     log = events(cfg.run_path)
@@ -124,7 +124,7 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly_and_is_recorded(
 def test_batch_shapes_auto_takes_few_shapes_where_graphs_may_run(
     prepared, tmp_path, corpus, monkeypatch
 ):
-    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in([]))
     cfg = run_with(prepared, tmp_path, corpus, 4, graphs_on=True, shapes="auto")
     train(cfg)
     batches = events(cfg.run_path)[0]["batches"]
@@ -137,7 +137,7 @@ def test_auto_times_both_kinds_of_update_on_a_copy_and_leaves_the_run_as_it_was(
     """The real timer (`update_timer`: a copy of the model, eager updates and replays),
     with the CPU's stand-in capture: the decision and both figures are recorded, and the
     run's weights are those of a run told that decision without measuring."""
-    monkeypatch.setitem(graphs.CAPTURES, "cpu", stand_in([]))
+    monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in([]))
     auto = run_with(prepared, tmp_path / "auto", corpus, 4, graphs_on=True)
     auto = dataclasses.replace(auto, train=dataclasses.replace(auto.train, cuda_graphs="auto"))
     train(auto)
@@ -171,7 +171,7 @@ def test_graphs_need_cuda_one_process_and_one_batch_per_update():
 
 def test_auto_takes_graphs_where_a_replayed_update_is_clearly_faster(caplog):
     cuda, tc = torch.device("cuda"), TrainConfig()
-    with caplog.at_level("INFO", logger="mtkit.training.graphs"):
+    with caplog.at_level("INFO", logger="mtkit.tuning.capture"):
         record = choose_graphs("auto", cuda, tc, False, lambda: (0.028, 0.0045))
     assert record == {"graphs": "on", "asked": "auto", "eager_ms": 28.0, "graph_ms": 4.5}
     assert "28.00 ms eagerly and 4.50 ms replayed: graphs" in caplog.text

@@ -1,5 +1,5 @@
 """The attention kernel (`mtkit.model.attention.matmul_attention` beside SDPA) and how a run
-chooses it (`mtkit.model.kernel_timing`), with faked timings."""
+chooses it (`mtkit.tuning.attention`, `mtkit.tuning.shapes`), with faked timings."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ import torch.nn.functional as F
 
 from mtkit.core.config import ModelConfig
 from mtkit.model.attention import matmul_attention
-from mtkit.model.kernel_timing import (
-    AttentionShape,
-    choose_attention,
-    choose_batch_shapes,
-    time_attention,
-)
 from mtkit.model.transformer import build_model
+from mtkit.tuning.attention import AttentionShape, choose_attention, time_attention
+from mtkit.tuning.shapes import choose_batch_shapes
 
 
 @pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])
@@ -75,7 +71,7 @@ SHAPE = AttentionShape.of_run(max_tokens=4096, mean_length=15.6, d_model=256, he
 def test_auto_takes_matmul_only_where_it_is_clearly_faster(caplog):
     assert (SHAPE.length, SHAPE.batch, SHAPE.head_dim) == (16, 256, 64)
     measure, calls = faked(sdpa_ms=2.0, matmul_ms=1.4)
-    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("INFO", logger="mtkit.tuning"):
         record = choose_attention("auto", torch.device("cpu"), torch.bfloat16, SHAPE, measure)
     assert record == {"kernel": "matmul", "asked": "auto", "sdpa_ms": 2.0, "matmul_ms": 1.4}
     assert (
@@ -121,7 +117,7 @@ def test_on_cuda_auto_takes_a_kernel_whose_new_shapes_cost_little(caplog):
     # cuDNN's SDPA: fast at a known shape, 60x that at a new one (it builds a plan).
     measure, calls = faked_kernel_shapes(sdpa=(30.0, 0.5), matmul=(0.9, 0.8))
     cuda = torch.device("cuda")
-    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("INFO", logger="mtkit.tuning"):
         record = choose_attention("auto", cuda, torch.bfloat16, SHAPE, measure)
     assert record == {
         "kernel": "matmul",
@@ -173,7 +169,7 @@ def faked_shapes(new_ms: float, known_ms: float):
 
 def test_batch_shapes_auto_takes_classes_where_a_new_shape_costs_twice_a_known_one(caplog):
     measure, calls = faked_shapes(new_ms=6.0, known_ms=1.0)
-    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("INFO", logger="mtkit.tuning"):
         record = choose_batch_shapes(
             "auto",
             torch.device("cpu"),
@@ -223,7 +219,7 @@ def test_batch_shapes_are_measured_in_bf16_on_a_cpu_and_in_any_precision_on_cuda
         "asked": "classes",
     }
     assert calls == []
-    with caplog.at_level("INFO", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("INFO", logger="mtkit.tuning"):
         for dtype in (None, torch.bfloat16):
             record = choose_batch_shapes(
                 "auto",
@@ -256,10 +252,10 @@ def test_the_real_shape_timer_gives_a_record_with_both_figures():
 
 
 def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster(caplog):
-    from mtkit.model.kernel_timing import choose_decoding_attention
+    from mtkit.tuning.attention import choose_decoding_attention
 
     measure, calls = faked(sdpa_ms=6.6, matmul_ms=1.9)
-    with caplog.at_level("DEBUG", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("DEBUG", logger="mtkit.tuning"):
         record = choose_decoding_attention(torch.device("cpu"), torch.bfloat16, SHAPE, measure)
     assert record == {"kernel": "matmul", "sdpa_ms": 6.6, "matmul_ms": 1.9}
     assert "attention for translation" in caplog.text and "in bf16" in caplog.text
@@ -280,14 +276,14 @@ def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_the_real_decoding_attention_timer_runs_both_kernels(dtype):
-    from mtkit.model.kernel_timing import decoding_attention_timer
+    from mtkit.tuning.attention import decoding_attention_timer
 
     once = decoding_attention_timer(AttentionShape(20, 7, 2, 8), dtype)
     assert once("sdpa") > 0 and once("matmul") > 0
 
 
 def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatch):
-    from mtkit.engines.pytorch import load_torch_engine
+    from mtkit.engines.pytorch_loading import load_torch_engine
     from mtkit.model.attention import MultiHeadAttention
 
     timed = []  # the precision each choice was measured in
@@ -301,7 +297,7 @@ def test_a_loaded_engine_attends_with_the_kernel_it_measured(trained, monkeypatc
 
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
     for kernel, precision in (("matmul", "bf16"), ("sdpa", "fp32")):
-        monkeypatch.setattr("mtkit.engines.pytorch.choose_decoding_attention", take(kernel))
+        monkeypatch.setattr("mtkit.tuning.attention.choose_decoding_attention", take(kernel))
         engine = load_torch_engine([checkpoint], "cpu", precision=precision)
         assert engine.precision["attention"] == {"kernel": kernel}
         assert {m.kernel for m in engine.model.modules() if isinstance(m, MultiHeadAttention)} == {
@@ -315,7 +311,7 @@ def test_a_measurement_that_fails_on_cuda_keeps_what_mtkit_did_before_measuring(
         raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
 
     cuda = torch.device("cuda")
-    with caplog.at_level("WARNING", logger="mtkit.model.kernel_timing"):
+    with caplog.at_level("WARNING", logger="mtkit.tuning"):
         record = choose_attention("auto", cuda, torch.bfloat16, SHAPE, failing)
     assert record["kernel"] == "sdpa" and "CUDNN_STATUS_NOT_SUPPORTED" in record["failed"]
     assert "measuring on cuda failed" in caplog.text

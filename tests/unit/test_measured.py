@@ -1,4 +1,4 @@
-"""Choices measured on this machine and kept (`mtkit.core.measured`): a later process
+"""Choices measured on this machine and kept (`mtkit.tuning.measured`): a later process
 takes the first process's choice, so that it translates the same input the same way."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import time
 import pytest
 import torch
 
-from mtkit.core import measured
-from mtkit.core.measured import remembered
-from mtkit.model import kernel_timing
-from mtkit.model.kernel_timing import AttentionShape, choose_decoding_attention
+from mtkit.tuning import attention, measured
+from mtkit.tuning.attention import AttentionShape, choose_decoding_attention
+from mtkit.tuning.measured import remembered
 
 
 @pytest.fixture
@@ -99,7 +98,7 @@ def test_translations_attention_kernel_is_the_first_measurement_on_this_machine(
         times = next(timings)
         return lambda kernel: times[kernel]
 
-    monkeypatch.setattr(kernel_timing, "decoding_attention_timer", timer)
+    monkeypatch.setattr(attention, "decoding_attention_timer", timer)
     cpu = torch.device("cpu")
     first = choose_decoding_attention(cpu, None, shape)
     assert first["kernel"] == "matmul"
@@ -111,23 +110,23 @@ def test_translations_attention_kernel_is_the_first_measurement_on_this_machine(
 
 def test_translations_precision_auto_is_the_first_measurement_on_this_machine(kept, monkeypatch):
     from mtkit.core.config import Config
-    from mtkit.core.device import Calibration
-    from mtkit.engines import pytorch
+    from mtkit.tuning import precision
+    from mtkit.tuning.precision import Calibration
 
     answers = iter([(torch.bfloat16, Calibration(2.0, 1.0)), (None, Calibration(1.0, 2.0))])
     monkeypatch.setattr(  # auto measures (the first answer, then the other), fp32 does not
-        pytorch,
+        precision,
         "resolve_precision",
         lambda asked, *args, **kwargs: next(answers) if asked == "auto" else (None, None),
     )
     cpu = torch.device("cpu")
-    dtype, record = pytorch.inference_precision("auto", cpu, Config())
+    dtype, record = precision.inference_precision("auto", cpu, Config())
     assert dtype is torch.bfloat16 and record["calibration"] == {
         "fp32_ms": 2000.0,
         "bf16_ms": 1000.0,
     }
-    assert pytorch.inference_precision("auto", cpu, Config()) == (dtype, record)  # kept
-    assert pytorch.inference_precision("fp32", cpu, Config()) == (
+    assert precision.inference_precision("auto", cpu, Config()) == (dtype, record)  # kept
+    assert precision.inference_precision("fp32", cpu, Config()) == (
         None,
         {"precision": "fp32", "asked": "fp32"},
     )  # asked for: nothing measured or kept
@@ -178,7 +177,7 @@ def test_a_kept_attention_kernel_this_mtkit_cannot_run_is_measured_again(
         timers.append(1)
         return lambda kernel: {"sdpa": 1.0, "matmul": 0.5}[kernel]
 
-    monkeypatch.setattr(kernel_timing, "decoding_attention_timer", timer)
+    monkeypatch.setattr(attention, "decoding_attention_timer", timer)
     cpu = torch.device("cpu")
     first = choose_decoding_attention(cpu, None, shape)
     [name] = json.loads(kept.read_text())
@@ -206,8 +205,8 @@ def test_a_kept_precision_this_mtkit_cannot_choose_is_measured_again(
     kept, monkeypatch, caplog, entry
 ):
     from mtkit.core.config import Config
-    from mtkit.core.device import Calibration
-    from mtkit.engines import pytorch
+    from mtkit.tuning import precision
+    from mtkit.tuning.precision import Calibration
 
     calls = []
 
@@ -215,14 +214,14 @@ def test_a_kept_precision_this_mtkit_cannot_choose_is_measured_again(
         calls.append(asked)
         return torch.bfloat16, Calibration(2.0, 1.0)
 
-    monkeypatch.setattr(pytorch, "resolve_precision", resolve)
+    monkeypatch.setattr(precision, "resolve_precision", resolve)
     cpu = torch.device("cpu")
-    first = pytorch.inference_precision("auto", cpu, Config())
+    first = precision.inference_precision("auto", cpu, Config())
     [name] = json.loads(kept.read_text())
     kept.write_text(json.dumps({name: entry}))
     with caplog.at_level(logging.WARNING):
-        assert pytorch.inference_precision("auto", cpu, Config()) == first  # measured again
-        assert pytorch.inference_precision("auto", cpu, Config()) == first  # and kept again
+        assert precision.inference_precision("auto", cpu, Config()) == first  # measured again
+        assert precision.inference_precision("auto", cpu, Config()) == first  # and kept again
     assert calls == ["auto", "auto"] and json.loads(kept.read_text()) == {name: first[1]}
     [warning] = warnings_of(caplog)
     assert str(kept) in warning and "translation precision" in warning

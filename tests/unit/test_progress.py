@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mtkit.core.config import config_from_dict
 from mtkit.core.progress import ProgressLog
-from mtkit.training.state import Progress
+from mtkit.training.resume import Progress
 
 
 def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere(caplog, capsys):

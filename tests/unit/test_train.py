@@ -17,16 +17,11 @@ import yaml
 
 from mtkit.core.checkpoint import load_checkpoint
 from mtkit.core.config import config_from_dict
-from mtkit.core.device import (
-    Calibration,
-    DeviceError,
-    cpu_description,
-    resolve_device,
-    resolve_precision,
-)
+from mtkit.core.device import DeviceError, cpu_description, resolve_device
 from mtkit.data.batching import TokenBatchSampler
 from mtkit.data.shards import ShardDataset
 from mtkit.training.loop import Progress, TrainError, batches_left, stop_reason, train
+from mtkit.tuning.precision import Calibration, resolve_precision
 
 from conftest import tiny_config_dict
 
@@ -186,10 +181,10 @@ def test_sigkill_mid_run_then_resume_reaches_the_same_weights(
 def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(
     prepared, tmp_path, corpus, monkeypatch
 ):
-    import mtkit.core.device as device_module
+    import mtkit.tuning.precision as timing
 
     monkeypatch.setattr(
-        device_module, "calibrate_cpu", lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001)
+        timing, "calibrate_cpu", lambda *shape, **kw: Calibration(fp32_s=0.002, bf16_s=0.001)
     )
     cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=4, valid_every=4, precision="auto")
     assert train(cfg).precision == "bf16"
@@ -197,7 +192,7 @@ def test_a_resumed_run_keeps_its_first_precision_and_refuses_another(
     def measured_again(*shape, **kw):
         raise AssertionError("a resumed run measured its precision again")
 
-    monkeypatch.setattr(device_module, "calibrate_cpu", measured_again)
+    monkeypatch.setattr(timing, "calibrate_cpu", measured_again)
     result = train(with_max_steps(cfg, 6))
     assert (result.step, result.precision) == (6, "bf16")
     stored = load_checkpoint(cfg.run_path / "checkpoints" / "last.pt")["train"]["precision"]
@@ -464,7 +459,7 @@ def test_a_run_stores_its_attention_kernel_and_a_resume_keeps_it(
 ):
     """`train.attention: auto` measures once (faked: matmul twice as fast) and stores the
     kernel with the precision; a resume reuses it and refuses another."""
-    import mtkit.model.kernel_timing as kernels
+    import mtkit.tuning.attention as kernels
 
     monkeypatch.setattr(
         kernels, "attention_timer", lambda shape, dtype: lambda k: 0.002 if k == "sdpa" else 0.001
@@ -502,7 +497,7 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(
     resumes across an epoch boundary ends with the weights of one that never stopped;
     a resume under auto keeps the stored shapes without deciding again, and one asking
     for the other kind is refused."""
-    import mtkit.training.state as trainstate
+    import mtkit.tuning.run as tuning_run
 
     a, b, _, result = straight_and_resumed(
         prepared,
@@ -524,7 +519,7 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(
     def decided_again(*args, **kwargs):
         raise AssertionError("a resumed run decided its batch shapes again")
 
-    monkeypatch.setattr(trainstate, "choose_batch_shapes", decided_again)
+    monkeypatch.setattr(tuning_run, "choose_batch_shapes", decided_again)
     auto = dataclasses.replace(
         cfg, train=dataclasses.replace(cfg.train, batch_shapes="auto", max_steps=87)
     )
@@ -545,7 +540,7 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(
 
 
 def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path):
-    from mtkit.training.state import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
+    from mtkit.tuning.run import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
 
     old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
     record = decided_once(
@@ -563,15 +558,15 @@ def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path)
     import dataclasses
 
     from mtkit.core.config import config_to_dict
-    from mtkit.training.state import _check_same_model
+    from mtkit.training.resume import check_same_model
 
     cfg = config_from_dict({})
     old = config_to_dict(cfg)
     del old["model"]["lang_tag"]
-    _check_same_model(cfg, {"config": old}, tmp_path / "last.pt")  # no error
+    check_same_model(cfg, {"config": old}, tmp_path / "last.pt")  # no error
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lang_tag="target"))
     with pytest.raises(TrainError, match="model.lang_tag='source', the config says 'target'"):
-        _check_same_model(other, {"config": old}, tmp_path / "last.pt")
+        check_same_model(other, {"config": old}, tmp_path / "last.pt")
 
 
 # --- decided_once: one mechanism for every measured run choice -------------------------
@@ -589,7 +584,7 @@ def _counting(decision):
 
 
 def test_decided_once_measures_a_fresh_run_and_stores_the_record():
-    from mtkit.training.state import ATTENTION, Decision, decided_once
+    from mtkit.tuning.run import ATTENTION, Decision, decided_once
 
     measure, calls = _counting(Decision("matmul", "auto", {"sdpa_ms": 13.8, "matmul_ms": 1.7}))
     decision = decided_once(ATTENTION, "auto", None, measure)
@@ -605,7 +600,7 @@ def test_decided_once_measures_a_fresh_run_and_stores_the_record():
 
 @pytest.mark.parametrize("asked", ["auto", "bf16"])
 def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
-    from mtkit.training.state import PRECISION, decided_once
+    from mtkit.tuning.run import PRECISION, decided_once
 
     stored = {"precision": "bf16", "asked": "auto", "calibration": {"fp32_ms": 9.0, "bf16_ms": 3.0}}
     measure, calls = _counting(None)
@@ -644,7 +639,7 @@ def test_decided_once_refuses_a_resume_that_asks_for_another_value(
 ):
     """The batch shapes of a checkpoint from before the choice existed count as token
     batches (`before`), and are held to as a stored choice is."""
-    import mtkit.training.state as ts
+    import mtkit.tuning.run as ts
 
     measure, calls = _counting(None)
     with pytest.raises(TrainError) as refused:
@@ -653,7 +648,7 @@ def test_decided_once_refuses_a_resume_that_asks_for_another_value(
 
 
 def test_decided_once_decides_now_for_a_checkpoint_from_before_the_choice(tmp_path):
-    from mtkit.training.state import ATTENTION, Decision, decided_once
+    from mtkit.tuning.run import ATTENTION, Decision, decided_once
 
     measure, calls = _counting(Decision("sdpa", "auto"))
     assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value == "sdpa"
@@ -665,7 +660,7 @@ def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
     metrics.jsonl's `start` record, as before `decided_once`), and reads back the same."""
     from pathlib import Path as P
 
-    from mtkit.training.state import Decision, RunChoices, stored_choices
+    from mtkit.tuning.run import Decision, RunChoices, stored_choices
 
     choices = RunChoices(
         Decision(

@@ -8,7 +8,8 @@ the other way. The kernels round differently, so a few outputs in a thousand cou
 from one run of the same command to the next. The first measurement is therefore kept,
 keyed by what it depends on (the CPU, torch's version, the threads, the shape measured),
 and every later process on the same machine takes it. A training run keeps its own
-choices with the run (`mtkit.training`), and distillation with its corpus.
+choices in its checkpoints (`mtkit.tuning.run`), and distillation with its corpus: the
+one storage rule is `mtkit.tuning`'s.
 
 The file is `$MTKIT_CACHE_DIR/measured.json`, by default `$XDG_CACHE_HOME/mtkit` or
 `~/.cache/mtkit`. `MTKIT_CACHE_DIR` set empty keeps nothing (each process measures).

@@ -3,29 +3,21 @@
 `scaled_dot_product_attention` and explicit matmul + softmax (`attention.matmul_attention`)
 compute the same function, but not at the same speed everywhere: on a 2-core AMD EPYC
 with AVX512-BF16, the matmul form trained 1.4-1.5x faster in bf16 and no faster in
-fp32 (issue 23). So `train.attention: auto` times forward+backward of both at the run's
+fp32. So `train.attention: auto` times forward+backward of both at the run's
 own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
 the precision the run chose, and keeps the matmul form only where it is clearly faster.
 The choice is made once, at the run's first start, and stored in every checkpoint with
-the precision (`trainstate.decided_once`): a resumed run reuses it.
+the precision (`mtkit.tuning.run`): a resumed run reuses it.
 
 On CUDA the time of a new shape counts too. SDPA there may take cuDNN's attention, which
 builds a plan for every new shape: on an H200 the recipe's first epoch, whose
 token-bucketed batches are nearly all new shapes, ran 15x slower than the next ones, 87%
-of it in cuDNN's attention (issue 49). So `auto` times each kernel's first call at a new
+of it in cuDNN's attention. So `auto` times each kernel's first call at a new
 shape beside its calls at a known one (`time_kernel_shapes`), and takes only a kernel
 whose new shapes cost at most `STABLE_SHAPE_COST` times a known one, where one is.
 
-The shapes of a run's batches are chosen the same way (`choose_batch_shapes`). On an
-Intel Xeon with AMX, oneDNN compiles a bf16 kernel for each matrix shape it meets, and
-compiling costs far more than computing (a (1,000 x 256) x (256 x 1,024) product: 0.33
-ms at a known shape, 2.9 ms at a new one); token-bucketed batches bring hundreds of
-shapes an epoch, more than its kernel caches hold. Where `train.batch_shapes: auto`
-measures a new shape at `NEW_SHAPE_COST` times a known one or more, in the bf16 the run
-chose, the run trains on batches of few shapes (`data.batching.BatchShapes`): about 13%
-more padded positions, and 1.27x the tokens/s on that Xeon (issue 23). In fp32 on a CPU
-nothing is compiled per shape, and the batches stay token-bucketed. On CUDA the run's
-attention (the kernel chosen) is timed at a new shape and a known one instead.
+Translation's kernel is measured too, forward only at one beam-search step
+(`choose_decoding_attention`), and kept in measured.json.
 """
 
 from __future__ import annotations
@@ -40,21 +32,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mtkit.core.device import (
-    autocast,
-    fastest_interleaved,
-    linear_timer,
-    machine_key,
-    on_one_thread,
-)
+from mtkit.core.config import Config
+from mtkit.core.device import autocast
 from mtkit.core.errors import first_line
-from mtkit.core.measured import holds_timings, remembered
 from mtkit.model.attention import ATTENTION_KERNELS, matmul_attention
+from mtkit.tuning.measured import holds_timings, remembered
+from mtkit.tuning.precision import inference_shape
+from mtkit.tuning.timing import fastest_interleaved, machine_key, on_one_thread
 
 log = logging.getLogger(__name__)
 
 MATMUL_MARGIN = 0.9  # matmul is taken when it needs at most 90% of SDPA's time
-NEW_SHAPE_COST = 2.0  # batches of few shapes where a new shape costs 2x a known one or more
 STABLE_SHAPE_COST = 1.5  # on CUDA: attention whose new shapes cost at most 1.5x known ones
 
 # One timed forward+backward of attention with a kernel ("sdpa" or "matmul") -> seconds.
@@ -334,7 +322,7 @@ def choose_decoding_attention(
     matmul (646 with SDPA kept off cuDNN); translated again, with every shape known, at
     945 and 895 (`benchmarks/profile_decode.py`).
 
-    The real timer's choice is made once on a machine and kept (`core.measured`): a
+    The real timer's choice is made once on a machine and kept (`tuning.measured`): a
     later process takes the same kernel, so that it translates the same input the same
     way; `measure` (a test's timings) is taken as it comes."""
     if device.type == "cuda":
@@ -381,95 +369,15 @@ def _decoding_attention(
     return {"kernel": timing.kernel, **timing.as_dict()}
 
 
-# One timed forward+backward of a Linear at a number of rows -> seconds (the first call at
-# a number of rows it has not seen pays for that shape's kernels).
-ShapeMeasure = Callable[[int], float]
-
-# Row counts that timing new shapes has used in this process (a shape is new only once).
-_fresh_rows = itertools.count(1)
-
-
-def time_shapes(
-    measure: ShapeMeasure, rows: int, fresh_above: int, repeats: int = 3
-) -> tuple[float, float]:
-    """(seconds at a new shape, seconds at the same shape once known): after two warm-up
-    calls at `rows`, `repeats` times a first call at a number of rows never timed before
-    in this process and above `fresh_above` (so above any a training batch has, whose
-    kernels could still be cached), then two more calls at it; each side's fastest (load
-    only adds time)."""
-    measure(rows)
-    measure(rows)
-    new = known = float("inf")
-    for _ in range(repeats):
-        fresh = max(rows, fresh_above) + next(_fresh_rows)
-        new = min(new, measure(fresh))
-        known = min(known, measure(fresh), measure(fresh))  # (the 2nd call still settles)
-    return new, known
-
-
-def choose_batch_shapes(
-    asked: str,
-    device: torch.device,
-    dtype: torch.dtype | None,
-    shape: tuple[int, int, int],
-    fresh_above: int = 0,
-    measure: ShapeMeasure | None = None,
-    attention: tuple[str, AttentionShape] | None = None,
-) -> dict:
-    """The batch-shape record of a run: {"shapes": "exact" | "classes", "asked",
-    "new_shape_ms"?, "known_shape_ms"?}. `auto` measures on a CPU in bf16 (on one thread,
-    as the precision calibration), timing forward+backward of the Linear `shape` =
-    (rows, d_in, d_out) at new row counts above `fresh_above` (the run's max_tokens),
-    first and once known; in fp32 on a CPU it keeps token batches. On CUDA it times the
-    run's `attention` (kernel, shape) at a new length and a known one. `measure`
-    replaces the real timer (on CUDA too)."""
-    if asked != "auto":
-        return {"shapes": asked, "asked": asked}
-    on_gpu = device.type == "cuda"
-    if not on_gpu and dtype is None:
-        return {"shapes": "exact", "asked": asked}
-    rows, d_in, d_out = shape
-    if measure is not None:
-        new, known = time_shapes(measure, rows, fresh_above)
-    elif on_gpu:
-        if attention is None:
-            raise ValueError("choose_batch_shapes on CUDA needs the run's attention")
-        kernel, attention_shape = attention
-        timer = device_attention_timer(attention_shape, dtype, device)
-        try:
-            timing = time_kernel_shapes(timer, (kernel,))[kernel]
-        except RuntimeError as e:  # (as `choose_device_attention`): token batches, as before
-            log.warning("batch shapes auto: measuring on %s failed (%s); token batches", device, e)
-            return {"shapes": "exact", "asked": asked, "failed": first_line(e)}
-        new, known = timing.new_s, timing.known_s
-    else:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            new, known = time_shapes(
-                lambda n: linear_timer(n, d_in, d_out)(dtype, n), rows, fresh_above
-            )
-        finally:
-            torch.set_num_threads(threads)
-    chosen = "classes" if new >= NEW_SHAPE_COST * known else "exact"
-    timed = (
-        f"the run's attention ({attention[0] if attention else 'measured'})"
-        if on_gpu
-        else f"a ({max(rows, fresh_above)}+ x {d_in}) x ({d_in} x {d_out}) Linear"
+def translation_attention(cfg: Config, device: torch.device, precision: str) -> dict:
+    """The attention kernel a checkpoint of `cfg` translates with in `precision` ("fp32",
+    "bf16", "int8"): `choose_decoding_attention` at one beam-search step of a full batch
+    (`precision.inference_shape`'s rows) over 16 positions."""
+    rows, d_model, _ = inference_shape(
+        cfg.decode.batch_tokens, cfg.model.d_model, cfg.model.ffn_dim
     )
-    log.info(
-        "batch shapes auto: %s, forward+backward in %s, took %.2f ms at a new shape and "
-        "%.2f ms at a known one on this %s: %s",
-        timed,
-        "bf16" if dtype is not None else "fp32",
-        new * 1e3,
-        known * 1e3,
-        "GPU" if on_gpu else "CPU",
-        "batches in few shapes" if chosen == "classes" else "token batches",
+    return choose_decoding_attention(
+        device,
+        torch.bfloat16 if precision == "bf16" else None,
+        AttentionShape(rows, 16, cfg.model.heads, d_model // cfg.model.heads),
     )
-    return {
-        "shapes": chosen,
-        "asked": asked,
-        "new_shape_ms": round(new * 1e3, 3),
-        "known_shape_ms": round(known * 1e3, 3),
-    }
