@@ -337,6 +337,7 @@ def test_eval_names_the_metrics_it_knows(tmp_path):
     assert assert_one_line(result) == "error: unknown metric 'meteor'; choose from bleu, chrf, ter"
 
 
+@pytest.mark.slow
 def test_a_50_mb_line_on_stdin_is_translated_by_the_real_command(work):
     """The whole command, through a pipe: the line is cut while reading (in bounded memory,
     above) and translated; exit 0, one output line."""
