@@ -10,8 +10,9 @@ over, in bf16 autocast with matmul attention, as `mtkit train` forms them: token
 steps met, the share of real target positions, tokens/s of each pass and the peak RSS.
 --cache N sets both of oneDNN's kernel caches to N entries (mtkit's CLI keeps 32) before
 oneDNN's first use; --hf trains Hugging Face's Marian model of the same size (eager
-attention) on the same batches instead. Run one variant per process: the kernel caches
-are the thing measured. This is how `train.batch_shapes` was designed (README: Speed).
+attention) on the same batches instead. Run one variant per process: the kernel caches are
+the thing measured. This is how `train.batch_shapes` was designed
+(docs/data.md#batches-of-few-shapes).
 """
 
 from __future__ import annotations

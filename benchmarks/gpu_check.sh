@@ -11,17 +11,17 @@
 #      (benchmarks/profile_decode.py: cold and warm, the GPU's busy share, host-device
 #      waits), and cold and warm with SDPA in place of the engine's matmul attention;
 #      then test2016 in beam 5 and greedy with the CPU's batch budget, the GPU's, and the
-#      GPU's with captured decoder steps (decode_graphs.json, issue 50);
+#      GPU's with captured decoder steps (decode_graphs.json);
 #   4. that training again with matmul attention, and both trainings' tokens/s (whether
 #      cuDNN's attention, with a plan for every new shape, slows training on real batches);
 #   5. three epochs of that training with every choice measured on the GPU (attention,
 #      batch shapes, CUDA graphs), then with eager updates: each epoch's seconds and ms
-#      per update (the first epoch must cost at most 1.5x a later one, issue 49);
+#      per update (the first epoch must cost at most 1.5x a later one);
 #   6. 200 updates under torchrun with NCCL (world size 1);
 #   7. decoding at a known amount of work: a WMT14-base-sized model of random weights,
 #      1,024 sources of 24 pieces, every output forced to 24 tokens, greedy and beam 4,
 #      eager and with captured steps, beside Hugging Face's generate at its best batch
-#      (benchmarks/decode_fixed_length.py, issue 50).
+#      (benchmarks/decode_fixed_length.py).
 # Everything lands in $OUT (default gpu_check/): logs and one JSON line per benchmark.
 # STEPS (default "1 2 3 4 5 6 7") runs only the steps named; steps 4-6 start from the
 # run that step 3 trains, which is then trained whichever of them is named.
@@ -78,11 +78,11 @@ if want 3; then
   timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
       --limit 300 --attention sdpa --no-profile 2>>"$out/translate_speed.log" \
       | tee -a "$out/profile_decode.json"
-  # beam search's host reads of which sentences are done: every step (as before issue 50's
+  # beam search's host reads of which sentences are done: every step (as before the
   # device-side bookkeeping) against every READ_EVERY_ON_GPU steps (the default above)
   timeout 120 python3 benchmarks/profile_decode.py -m "$run/checkpoints/best.pt" --device cuda \
       --limit 300 --read-every 1 2>>"$out/translate_speed.log" | tee -a "$out/profile_decode.json"
-  # issue 50: all of test2016, beam 5 and greedy, with the CPU's batch budget (8,000, as
+  # all of test2016, beam 5 and greedy, with the CPU's batch budget (8,000, as
   # before), the GPU-sized one, and the GPU-sized one with fixed shapes and captured steps
   # (outputs compared with the eager engine's); greedy over val (1,014 sentences: what a
   # validation decodes) with captured steps
@@ -123,7 +123,7 @@ PY
 fi
 
 if want 5; then
-  echo "== 5. the first epoch against later ones, and CUDA graphs against eager updates (issue 49)"
+  echo "== 5. the first epoch against later ones, and CUDA graphs against eager updates"
   # Step 3's run, its checkpoints left out, trained 3 epochs twice: with every choice auto
   # (attention and batch shapes measured on the GPU, CUDA graphs where measured faster),
   # and with eager updates (cuda_graphs off). One JSON line each: each epoch's seconds and
@@ -155,7 +155,7 @@ PY
 fi
 
 if want 6; then
-  echo "== 6. torchrun with NCCL, world size 1 (the multi-node path, issue 49)"
+  echo "== 6. torchrun with NCCL, world size 1 (the multi-node path)"
   run4=$(mktemp -d)/multi30k && copy_run "$run4"
   timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m mtkit -q train \
       -c configs/multi30k.yaml --set "run_dir=$run4" --set train.max_time=0 \
@@ -171,7 +171,7 @@ PY
 fi
 
 if want 7; then
-  echo "== 7. decoding a WMT14-base-sized model at a fixed length, beside Hugging Face (issue 50)"
+  echo "== 7. decoding a WMT14-base-sized model at a fixed length, beside Hugging Face"
   timeout 240 python3 benchmarks/decode_fixed_length.py --device cuda --beams 1,4 \
       2>"$out/decode_fixed_length.log" | tee "$out/decode_fixed_length.json"
 fi

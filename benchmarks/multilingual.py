@@ -1,5 +1,5 @@
 """The multilingual recipe against bilingual models: per-direction test2016 scores and
-off-target rates, as a Markdown table (README: Multilingual).
+off-target rates, as a Markdown table (docs/multilingual.md).
 
     python benchmarks/multilingual.py RUN [--bilingual en-de=DIR en-fr=DIR ...]
 

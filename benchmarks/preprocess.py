@@ -4,7 +4,7 @@
                                     [--max-tokens 4096] [--workers W] [--keep DIR]
 
 Without `--pairs` it runs on the config's own corpus. With `--pairs N` it builds the
-synthetic corpus of issue 9 in a temporary folder: the embedded Multi30k training pairs
+synthetic corpus in a temporary folder: the embedded Multi30k training pairs
 repeated with a numbered suffix (" 17" on both sides), so no two of the N pairs are
 equal, as two plain text files. Valid and test stay the config's.
 
@@ -13,7 +13,7 @@ Each stage runs as its own `mtkit` process (`tokenizer`, then `preprocess`, and 
 of the whole process tree (encoding workers included), sampled every 20 ms. Then one
 epoch of token-bucketed batches is formed from the shard, as `mtkit train` does at start,
 and its padding share is reported next to a sentence-count batcher (random batches of
-the same mean size). Prints one JSON line. Goals (issue 9, at 4.5M pairs): preprocess
+the same mean size). Prints one JSON line. Goals (at 4.5M pairs): preprocess
 peak RSS <= 1 GB, >= 50,000 pairs/s; tokenizer <= 60 s; padding < 5%; train's first
 step within 30 s of launch.
 """

@@ -267,8 +267,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a dotted config override, as mtkit's --set; the README's "
-        "speed figures used train.max_tokens=4096",
+        help="a dotted config override, as mtkit's --set; docs/performance.md's "
+        "figures used train.max_tokens=4096",
     )
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None)
     parser.add_argument("--device", default="auto")

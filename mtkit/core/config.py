@@ -205,7 +205,7 @@ class TrainConfig:
     # Each batch shape's update as a captured CUDA graph, replayed (on CUDA, in one
     # process, with update_freq 1; elsewhere updates run eagerly); auto times an update
     # of each kind at the first start (`mtkit.training.graphs`). Off by default until
-    # `benchmarks/gpu_check.sh` has measured it on a GPU (issue 49).
+    # `benchmarks/gpu_check.sh` has measured it on a GPU.
     cuda_graphs: Literal["auto", "on", "off"] = "off"
     log_every: int = field(default=100, metadata=value_range(1))
     # Start from a checkpoint's weights (and its model section; dropout stays this

@@ -24,9 +24,8 @@ log = logging.getLogger(__name__)
 # matrix shape and keeps it, about 1-4 MB each, in two caches of 1,024 entries (its own
 # primitive cache and PyTorch's ideep LRU cache; both read their size from the
 # environment at their first use). Token-bucketed batches bring a hundred new shapes an
-# epoch, so bf16 training of configs/multi30k.yaml grew to 2.9 GB against 1.2 GB in fp32.
-# With 32 entries it stays at 1.27 GB, at the same speed (5,731 against 5,412 tok/s, one
-# run each on a 2-core AVX512-BF16 EPYC): the caches could not hold an epoch's kernels
+# epoch, so bf16 training of configs/multi30k.yaml grew without bound; with 32 entries it
+# stays small at the same speed: the caches could not hold an epoch's kernels
 # anyway, so the shapes they dropped were compiled again at either size.
 ONEDNN_CACHE_ENTRIES = 32
 
@@ -104,10 +103,10 @@ def tune_cpu_runtime() -> None:
     the process as it was).
 
     Flush denormal floats to zero: the exponentials of the loss's backward pass slowed
-    10x on denormal inputs. Make glibc keep large freed blocks instead of returning
+    on denormal inputs. Make glibc keep large freed blocks instead of returning
     them to the OS: by default every allocation over 32 MB (logits, their gradient) gets
     fresh pages from the kernel, and the page faults cost more than the arithmetic on
-    them (1.3x faster training of the Multi30k model on 2 cores); skipped where the C
+    them; skipped where the C
     library is not glibc. And keep oneDNN's kernel caches small (`ONEDNN_CACHE_ENTRIES`)."""
     torch.set_flush_denormal(True)
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):

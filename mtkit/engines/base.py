@@ -194,7 +194,7 @@ class Engine:
 
     def output_limit(self, src_len: int, opts: SearchOptions) -> int:
         """The longest output of a line of `src_len` source ids, as the search sets it
-        (`search.max_lengths`): a * (src_len + 1) + b tokens (eos counts as a source
+        (`beam.max_lengths`): a * (src_len + 1) + b tokens (eos counts as a source
         token), from 1 to the model's positions."""
         top = self.max_positions - 1
         a, b = min(opts.max_len_a, top), min(opts.max_len_b, top)  # huge: no overflow

@@ -45,9 +45,9 @@ def bf16_weights(
     """The model with its weights in bf16, for translation on a CPU: every product,
     LayerNorm and residual runs in bf16, where bf16 autocast would cast each Linear's
     input to bf16 and its output back, and keep a bf16 copy of each weight beside the
-    fp32 one. Beam 5 on the Multi30k model ran 1.06-1.15x autocast's speed with outputs
-    and BLEU as close to fp32 (README: Speed); the logits are made log-probabilities
-    in fp32 (`search.step_log_probs`). Each fp32 tensor is handed to `release` as soon
+    fp32 one. Faster than autocast, with outputs and BLEU as close to fp32
+    (docs/translation.md); the logits are made log-probabilities in fp32
+    (`beam.step_log_probs`). Each fp32 tensor is handed to `release` as soon
     as it is cast (a loaded model's are a checkpoint's mapped pages), so that the model
     is never resident in both precisions. In place; returns the model."""
     cast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (fp32, bf16), tied

@@ -5,7 +5,8 @@ and tunes.
 or with explicit matrix products (`matmul_attention`), the same function of its inputs;
 which one a run uses is measured. Watched by `mtkit explain`, it attends stage by stage
 (`observed_attention`). `dropout` draws its CPU masks from 16-bit random integers. Both were
-chosen by profiling a bf16 training step (README: Speed); `mtkit.model.transformer` builds on them.
+chosen by profiling a bf16 training step (docs/performance.md); `mtkit.model.transformer` builds
+on them.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
     """x with each element zeroed with probability p and the rest scaled by 1/(1-p).
     On a CPU the mask comes from 16-bit random integers, four to each 64-bit draw of the
     generator (`keep_mask`): half the generator's output that `torch.rand` takes (one
-    32-bit number an element), and 2.3x faster for a whole dropout of 1024 x 256 (428
-    against 974 us; dropout masks were 7% of a bf16 training step). p is then rounded
+    32-bit number an element), and faster for a whole dropout. p is then rounded
     to a multiple of 1/65,536 (0.1 -> 0.100006), and the kept elements are scaled by
     exactly what is kept."""
     if p == 0.0:
@@ -71,17 +71,15 @@ ATTENTION_KERNELS = ("sdpa", "matmul")
 
 def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
     """Each of `layers` (Linear layers of one input size) applied to x (..., D), as one
-    matrix product with their weights stacked: (..., D) -> one (..., out) per layer.
-    One product instead of several, and x cast once under autocast: the queries, keys
-    and values of self-attention this way made a bf16 training step of the Multi30k model
-    about 3% faster. The layers keep their own weights, so checkpoints are unchanged.
-    Int8 layers (`mtkit.model.int8`, translation) are stacked as int8.
+    matrix product with their weights stacked: (..., D) -> one (..., out) per layer. One
+    product instead of several, and x cast once under autocast: the queries, keys and values
+    of self-attention this way make a bf16 training step faster. The layers keep their own
+    weights, so checkpoints are unchanged. Int8 layers (`mtkit.model.int8`, translation) are
+    stacked as int8.
 
     A translation engine's layers (`keep_stacked_weights`) keep their stack, on the first
     layer, and use it again while no weight changes, so a search's steps do not stack
-    the weights anew: one product for a step's queries, keys and values took 0.53 against
-    0.59 ms as three in bf16, and 0.32 against 0.54 ms in int8, whose input is then
-    rounded once (200-500 rows, 2 cores of an AVX512-BF16 EPYC)."""
+    the weights anew; int8's input is then rounded once."""
     sizes = [layer.out_features for layer in layers]
     if torch.is_grad_enabled() or not getattr(layers[0], "keep_stacked", False):
         return _stack(layers)(x).split(sizes, dim=-1)

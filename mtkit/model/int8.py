@@ -10,16 +10,17 @@ kernels where the CPU has them, AVX2's otherwise) and is scaled back to float:
 This is what CTranslate2's `int8` compute type and PyTorch's deprecated
 `quantize_dynamic` do. The embeddings stay in float (a lookup, no product); the output
 projection, tied to the target embedding, gets an int8 copy. Outputs differ from fp32 in
-a few percent of sentences (README: Speed has the share and the BLEU difference).
+a few percent of sentences (docs/translation.md, "Precision", has the share and the BLEU
+difference).
 
-Not every CPU multiplies int8 exactly at full range. Without VNNI instructions (AVX2,
-or AVX-512 without VNNI; no AVX-VNNI or AMX) oneDNN shifts the inputs to unsigned bytes and
-adds pairs of byte products in 16 bits (`vpmaddubsw`), which saturate: 255 x 127 x 2
-does not fit, and 99% of a product of random full-range int8 matrices came out wrong
-there. `weight_range()` finds out by multiplying numbers at the edge of the range and
-comparing with exact integer arithmetic, once per process: where full-range weights are
-not exact, weights are rounded to -63..63 (255 x 63 x 2 fits), as PyTorch's
-`reduce_range` does for the same reason.
+Not every CPU multiplies int8 exactly at full range. Without VNNI instructions (AVX2, or
+AVX-512 without VNNI; no AVX-VNNI or AMX) oneDNN shifts the inputs to unsigned bytes and
+adds pairs of byte products in 16 bits (`vpmaddubsw`), which saturate: 255 x 127 x 2 does
+not fit, and most products of full-range int8 matrices come out wrong there.
+`weight_range()` finds out by multiplying numbers at the edge of the range and comparing
+with exact integer arithmetic, once per process: where full-range weights are not exact,
+weights are rounded to -63..63 (255 x 63 x 2 fits), as PyTorch's `reduce_range` does for the
+same reason.
 
 `quantize(model)` turns a model's Linear layers, and its output projection, into
 `Int8Linear`s in place; `int8_supported()` says whether this torch has the kernel.
@@ -41,7 +42,7 @@ def quantize_rows(x: Tensor, qmax: int = QMAX) -> tuple[Tensor, Tensor]:
     """x (N, K) float -> (int8 (N, K), scale (N, 1) float32) with x ~ q * scale. Each
     row's largest magnitude becomes `qmax`, so no value needs clamping."""
     # max |x| as the larger of max x and -min x: two reads of x, where abs() would
-    # write a copy of it first (0.16 against 0.29 ms for 1,600 x 1,024, one core)
+    # write a copy of it first
     amax = torch.maximum(x.amax(dim=-1, keepdim=True), x.amin(dim=-1, keepdim=True).neg_())
     amax = amax.float().clamp_(min=1e-8)  # (N, 1)
     q = x.float().mul(qmax / amax).round_().to(torch.int8)  # (N, K)
@@ -116,8 +117,7 @@ class Int8Linear(nn.Module):
         sums = torch._int_mm(q, self.weight_t)  # (N, out) int32
         # Cast to float in place (the same 4 bytes an element), then scaled in place:
         # an int32 tensor times a float one would cast inside the product, element by
-        # element, and a new tensor would be new memory at every step. The same values;
-        # 1,600 rows of 256 -> 1,024 took 2.65 against 3.24 ms on one core.
+        # element, and a new tensor would be new memory at every step. The same values.
         y = sums.view(torch.float32).copy_(sums).mul_(sx).mul_(self.scale)  # (N, out)
         if self.bias is not None:
             y.add_(self.bias)

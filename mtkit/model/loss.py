@@ -10,8 +10,7 @@ target tokens of the whole (accumulated) update.
 
 The gradient is written by hand (`_SmoothedCrossEntropy`): d loss / d logits = p - q,
 a few passes over the (tokens x V) logits where autograd through log_softmax, gather and
-mean takes many. On a Multi30k batch (3,400 tokens x 8,000 types) the hand-written
-version makes a whole training step about 1.7x faster on CPU.
+mean takes many.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ CHUNK_ELEMENTS = 1 << 23
 def fp32_log_softmax(logits: Tensor) -> Tensor:
     """Log-probabilities in fp32 of logits (..., V), written in place: fp32 logits become
     them, others (bf16) are cast once and the copy becomes them. `log_softmax(logits,
-    dtype=float32)` would cast into a temporary and write a third (..., V) tensor (on a
-    CPU; 3.3 against 4.2-5.1 ms at 700 x 8,000). The caller lets go of the logits."""
+    dtype=float32)` would cast into a temporary and write a third (..., V) tensor. The
+    caller lets go of the logits."""
     lprobs = logits if logits.dtype == torch.float32 else logits.float()  # (..., V)
     return torch.log_softmax(lprobs, dim=-1, out=lprobs)
 

@@ -17,7 +17,7 @@ the middle of a failed match ("a a b" in "a a a b") is still found. All sentence
 automata are one table of nodes, so that a batch of sentences with different
 constraints (none, one, several) moves in one tensor operation per step.
 
-The search itself is `search.beam_search` with `BankedCandidates` as its choice of
+The search itself is `beam.beam_search` with `BankedCandidates` as its choice of
 candidates: prefixes, n-best, no-repeat n-grams (a constraint may repeat an n-gram),
 ensembles and length limits work as in plain beam search.
 """
@@ -196,7 +196,7 @@ def advancing(t: Tables, node: Tensor, met: Tensor) -> Tensor:
 
 
 class BankedCandidates:
-    """`search.Choice` for constrained beam search (dynamic beam allocation). It holds
+    """`beam.Choice` for constrained beam search (dynamic beam allocation). It holds
     each beam's automaton state: its node, the mask of constraints it has met, and
     whether its last token completed one. `inside_word` (V,) marks the tokens that
     continue a word (no word-start marker): none may follow a completed phrase, so that

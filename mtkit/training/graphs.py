@@ -1,8 +1,8 @@
-"""One update as a captured CUDA graph, one graph per batch shape (issue 49).
+"""One update as a captured CUDA graph, one graph per batch shape.
 
 On a GPU the recipe's small model is host-bound: an eager update launches hundreds of
-small kernels, one Python call each, and on an H200 it spent 28 ms per update for 3.4 ms
-of GPU work. A CUDA graph records the kernels of one whole update (forward, loss,
+small kernels, one Python call each, and the GPU waits for the host most of an
+update. A CUDA graph records the kernels of one whole update (forward, loss,
 backward, per-token gradients and clipping, the non-finite check, AdamW) once, and
 replays them with one launch. What the graph reads has to stay where it was recorded, so
 each shape's update works on static buffers (`ShapeBuffers`): the batch is copied into

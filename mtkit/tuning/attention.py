@@ -1,19 +1,17 @@
 """Which attention kernel a run trains with, measured as `precision: auto` is.
 
 `scaled_dot_product_attention` and explicit matmul + softmax (`attention.matmul_attention`)
-compute the same function, but not at the same speed everywhere: on a 2-core AMD EPYC
-with AVX512-BF16, the matmul form trained 1.4-1.5x faster in bf16 and no faster in
-fp32. So `train.attention: auto` times forward+backward of both at the run's
-own shapes (its batch of `max_tokens` tokens, its sentences' mean length, its heads), in
-the precision the run chose, and keeps the matmul form only where it is clearly faster.
-The choice is made once, at the run's first start, and stored in every checkpoint with
-the precision (`mtkit.tuning.run`): a resumed run reuses it.
+compute the same function, but not at the same speed everywhere: on some CPUs the matmul
+form trains faster in bf16 and no faster in fp32. So `train.attention: auto` times
+forward+backward of both at the run's own shapes (its batch of `max_tokens` tokens, its
+sentences' mean length, its heads), in the precision the run chose, and keeps the matmul
+form only where it is clearly faster. The choice is made once, at the run's first start, and
+stored in every checkpoint with the precision (`mtkit.tuning.run`): a resumed run reuses it.
 
 On CUDA the time of a new shape counts too. SDPA there may take cuDNN's attention, which
-builds a plan for every new shape: on an H200 the recipe's first epoch, whose
-token-bucketed batches are nearly all new shapes, ran 15x slower than the next ones, 87%
-of it in cuDNN's attention. So `auto` times each kernel's first call at a new
-shape beside its calls at a known one (`time_kernel_shapes`), and takes only a kernel
+builds a plan for every new shape: a first epoch of token-bucketed batches, nearly all new
+shapes, is many times slower than the next ones. So `auto` times each kernel's first call at
+a new shape beside its calls at a known one (`time_kernel_shapes`), and takes only a kernel
 whose new shapes cost at most `STABLE_SHAPE_COST` times a known one, where one is.
 
 Translation's kernel is measured too, forward only at one beam-search step
@@ -231,7 +229,7 @@ def choose_device_attention(
     `STABLE_SHAPE_COST` times a known one (all of them if none), matmul + softmax where
     it needs at most `MATMUL_MARGIN` of SDPA's time at a known shape (or SDPA is not
     among them), else SDPA. A measurement that fails (this path has not yet met every
-    GPU) keeps SDPA, as mtkit did before it measured on CUDA, and says so."""
+    GPU) keeps SDPA, and says so."""
     try:
         timings = time_kernel_shapes(measure)
     except RuntimeError as e:
@@ -311,16 +309,13 @@ def choose_decoding_attention(
     """The attention kernel translation runs with: {"kernel", "sdpa_ms"?, "matmul_ms"?}.
     On a CPU it times one beam-search step's attention with each kernel
     (`decoding_attention_timer`, in the precision translation runs in) and takes matmul +
-    softmax only where it is clearly faster: in bf16 on a 2-core AVX512-BF16 EPYC, beam 5
-    ran 1.07-1.09x SDPA's speed there, in fp32 at the same speed. Logged at debug level
+    softmax only where it is clearly faster. Logged at debug level
     (`translate` keeps stderr for errors); the engine keeps the record.
 
     On CUDA, matmul + softmax, unmeasured: SDPA there takes cuDNN's attention, which
     builds a plan for every new shape, and a search meets new shapes at every step (the
-    keys grow by one, sentences leave the batch). On an H200, beam 5 over 1,000 test2016
-    sentences the engine had not seen ran at 49 sentences/s with SDPA and 775 with
-    matmul (646 with SDPA kept off cuDNN); translated again, with every shape known, at
-    945 and 895 (`benchmarks/profile_decode.py`).
+    keys grow by one, sentences leave the batch) (docs/performance.md,
+    `benchmarks/profile_decode.py`).
 
     The real timer's choice is made once on a machine and kept (`tuning.measured`): a
     later process takes the same kernel, so that it translates the same input the same

@@ -1,6 +1,6 @@
 """The GPU batch budget of translation: how many source tokens x beam one batch may carry,
 sized at load from the GPU memory free then, where the checkpoint's decode.batch_tokens
-is the default (sized for a 2-core CPU)."""
+is the default (sized for a CPU)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def device_batch_tokens(
     cfg: Config, vocab_size: int, free: int, element_bytes: int = 2, models: int = 1
 ) -> dict:
     """The batch budget on a GPU where the checkpoint's decode.batch_tokens is the
-    default (sized for a 2-core CPU: a GPU searching 1,600 source tokens at a time waits
-    on its host), and its record: what `GPU_MEMORY_SHARE` of the `free` bytes holds.
+    default (sized for a CPU: a GPU searching so few tokens at a time waits on its
+    host), and its record: what `GPU_MEMORY_SHARE` of the `free` bytes holds.
 
     A budget of N is N source tokens x beam, so a batch of sources of S tokens carries
     N / S rows. For each of `models` models a row holds, in elements of `element_bytes`

@@ -2,10 +2,10 @@
 the hardware.
 
 CPUs differ: with AMX, bf16 matrix products run several times fp32; with AVX512-BF16
-alone they ran 2.6-3.5x fp32 on some machines and 0.64x on another. So `precision: auto`
+alone faster on some machines, slower on others. So `precision: auto`
 on a CPU does not guess from CPU flags: it times a forward and backward pass of one
 Linear layer of the model's own shapes in fp32 and in bf16 (`calibrate_cpu`: warmed up,
-interleaved, on one thread, about 0.2 s) and takes bf16 only when it is clearly faster.
+interleaved, on one thread) and takes bf16 only when it is clearly faster.
 On CUDA, `auto` is bf16 where supported. Training decides once per run and stores the
 choice (`mtkit.tuning.run`); translation's `auto` times forward only, in bf16 weights,
 and keeps its choice in measured.json (`inference_precision`).
@@ -97,17 +97,17 @@ def calibrate_cpu(
     robustly enough that a busy machine makes the same choice as an idle one:
 
     - every candidate is warmed up before it is timed (the first bf16 call pays for
-      kernel selection and JIT: timing it once made bf16 look 70x slower than it was);
+      kernel selection and JIT: timing it once made bf16 look much slower than it was);
     - fp32 and bf16 runs alternate, so a stretch of load from another process falls on
       both, and each side's figure is its fastest run: load only ever adds time, so the
       fastest of several runs is the one least disturbed (a median still moves when
       most runs are slowed, as on a machine that another training keeps busy);
     - bf16 is first probed on 1/16 of the rows (warmed up, fastest of three): without
-      bf16 instructions it runs 40x slower than fp32, and a hopeless probe ends the
+      bf16 instructions it runs far slower than fp32, and a hopeless probe ends the
       calibration at once, so that it stays well under a second there too;
     - it runs on one thread: the ratio of the two precisions is a property of a core,
       and a parallel region whose threads share cores with another process waits for
-      the slowest of them (16x spikes with two threads on a busy 2-core machine).
+      the slowest of them (spikes).
 
     `measure` replaces the real timer (tests fake the timings)."""
     if measure is None:  # the real timer, on one thread
@@ -133,7 +133,7 @@ def calibrate_cpu(
 def calibration_shape(max_tokens: int, d_model: int, ffn_dim: int) -> tuple[int, int, int]:
     """(rows, d_in, d_out) of the Linear timed for `auto`: the model's first FFN layer on
     up to `max_tokens` rows, fewer for bigger models so that one forward+backward stays
-    near 1 GFLOP (about 8 ms at 130 GFLOP/s)."""
+    near 1 GFLOP."""
     rows = max(64, min(max_tokens, 1_000_000_000 // (6 * d_model * ffn_dim)))
     return rows, d_model, ffn_dim
 

@@ -1,12 +1,11 @@
 """Which shapes a run's batches take, measured as `precision: auto` is.
 
-On an Intel Xeon with AMX, oneDNN compiles a bf16 kernel for each matrix shape it meets,
-and compiling costs far more than computing (a (1,000 x 256) x (256 x 1,024) product:
-0.33 ms at a known shape, 2.9 ms at a new one); token-bucketed batches bring hundreds of
+Where oneDNN compiles a bf16 kernel for each matrix shape it meets (AMX), compiling costs
+far more than computing; token-bucketed batches bring hundreds of
 shapes an epoch, more than its kernel caches hold. Where `train.batch_shapes: auto`
 measures a new shape at `NEW_SHAPE_COST` times a known one or more, in the bf16 the run
-chose, the run trains on batches of few shapes (`data.batching.BatchShapes`): about 13%
-more padded positions, and 1.27x the tokens/s on that Xeon. In fp32 on a CPU nothing is
+chose, the run trains on batches of few shapes (`data.batching.BatchShapes`): more padded
+positions, more tokens/s. In fp32 on a CPU nothing is
 compiled per shape, and the batches stay token-bucketed. On CUDA the run's attention
 (the kernel chosen) is timed at a new shape and a known one instead
 (`attention.time_kernel_shapes`).
