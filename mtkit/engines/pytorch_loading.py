@@ -16,11 +16,9 @@ import torch
 
 from mtkit.core.checkpoint import (
     CheckpointError,
-    MappedFile,
     check_shortlist,
     describe_weights,
     load_checkpoint,
-    payload_digest,
     trained_step,
 )
 from mtkit.core.config import Config, config_from_dict
@@ -46,8 +44,8 @@ class Weights(NamedTuple):
 
     step: int | None
     about: str
-    # SHA-256 of the checkpoint's content (its stored digest, checked on load; computed
-    # for an older one without): the same digest, the same weights
+    # SHA-256 of the checkpoint's content (its stored digest, checked on load): the same
+    # digest, the same weights
     digest: str = ""
 
 
@@ -99,7 +97,7 @@ def load_model(path: str | os.PathLike) -> Loaded:
         Weights(
             trained_step(payload),
             describe_weights(payload),
-            payload.get("digest") or payload_digest(payload, MappedFile(Path(path)).release),
+            payload["digest"],
         ),
         shortlist,
     )
