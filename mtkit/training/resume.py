@@ -113,16 +113,44 @@ def same_start_on_every_rank(found: tuple[Path, dict] | None, run: Path) -> None
         )
 
 
+# What resuming reads of a checkpoint beyond what `load_checkpoint` checks; every
+# checkpoint training writes holds it (`checkpoint.training_payload`).
+RESUMED = (
+    *(("config", "model", f.name) for f in dataclasses.fields(ModelConfig)),
+    ("train", "optimizer"),
+    ("train", "rng"),
+    ("train", "progress"),
+    ("train", "shards"),
+    ("train", "precision", "precision"),
+    ("train", "precision", "attention"),
+    ("train", "precision", "batches"),
+    ("train", "precision", "graphs"),
+)
+
+
+def check_complete(payload: dict, path: Path) -> None:
+    """Refuse, in one line, to resume from a checkpoint that lacks a part resuming reads
+    (`RESUMED`: one written by another mtkit version, or by hand)."""
+    for keys in RESUMED:
+        part = payload
+        for key in keys:
+            if not isinstance(part, dict) or key not in part:
+                raise TrainError(
+                    f"{path}: checkpoint is incomplete (no {'.'.join(keys)}); start over "
+                    f"with --no-resume, or use another run_dir"
+                )
+            part = part[key]
+
+
 def check_same_model(cfg: Config, payload: dict, path: Path) -> None:
-    """Refuse to resume with another model section; a field the checkpoint predates
-    counts as its default (what that mtkit version trained)."""
-    saved = {**dataclasses.asdict(ModelConfig()), **payload["config"]["model"]}
+    """Refuse to resume with another model section."""
+    saved = payload["config"]["model"]
     now = config_to_dict(cfg)["model"]
-    diff = [k for k in now if saved.get(k) != now[k]]
+    diff = [k for k in now if saved[k] != now[k]]
     if diff:
         k = diff[0]
         raise TrainError(
-            f"{path} was trained with model.{k}={saved.get(k)!r}, the config "
+            f"{path} was trained with model.{k}={saved[k]!r}, the config "
             f"says {now[k]!r}; use another run_dir or --no-resume"
         )
 
@@ -131,9 +159,8 @@ def check_same_data(
     payload: dict, path: Path, train_data: ShardDataset, vocabs: tuple[Vocab, Vocab]
 ) -> None:
     """Refuse to resume on shards or a tokenizer other than those the checkpoint saw."""
-    saved = payload["train"].get("shards")  # absent in checkpoints of older mtkit versions
     vocab = payload["vocab"]
-    if (saved is not None and saved != train_data.fingerprint) or (vocab["src"], vocab["tgt"]) != (
+    if payload["train"]["shards"] != train_data.fingerprint or (vocab["src"], vocab["tgt"]) != (
         vocabs[0].model_proto,
         vocabs[1].model_proto,
     ):

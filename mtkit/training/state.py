@@ -45,6 +45,7 @@ from mtkit.training.metrics_log import MetricsLog
 from mtkit.training.optim import adamw
 from mtkit.training.resume import (
     Progress,
+    check_complete,
     check_same_data,
     check_same_model,
     restore,
@@ -127,6 +128,7 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     if distributed:
         same_start_on_every_rank(found, run)
     if found is not None:  # refused before anything is decided or logged
+        check_complete(found[1], found[0])
         check_same_model(cfg, found[1], found[0])
         check_same_data(found[1], found[0], train_data, vocabs)
     choices = run_choices(cfg, device, found, train_data, distributed)

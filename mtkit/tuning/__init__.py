@@ -21,9 +21,7 @@ there without measuring again.
   decided at the run's first start and stored in every checkpoint (`train.precision`,
   which holds the others) and in metrics.jsonl's `start` record. A resume reuses the
   checkpoint's choices, never measures them again, and refuses a config that asks for
-  another value (`auto` always agrees); a checkpoint from before a choice existed counts
-  as what that mtkit did (`RunChoice.before`), or decides it now. Under DDP every rank
-  takes rank 0's choice.
+  another value (`auto` always agrees). Under DDP every rank takes rank 0's choice.
 - Translation's CPU choices under `auto` (precision, attention kernel) are kept per
   machine in measured.json (`measured`: `$MTKIT_CACHE_DIR`, by default
   `~/.cache/mtkit/measured.json`), keyed by the CPU, torch's version, the threads and the

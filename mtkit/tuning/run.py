@@ -55,8 +55,6 @@ class RunChoice:
     stored_as: str  # the stored record's key for the value: "precision"
     values: tuple[str, ...]  # what it can choose (rank 0's is broadcast by position)
     trained: str = "with {key}={value}"  # "<checkpoint> was trained ..."
-    # What a checkpoint from before the choice existed ran with (None: decide it now).
-    before: Decision | None = None
 
     def record(self, decision: Decision) -> dict:
         """The stored form: {stored_as: value, "asked": ..., **details}."""
@@ -80,65 +78,34 @@ PRECISION = RunChoice(
     "precision", "train.precision", "precision", ("fp32", "bf16"), trained="in {value}"
 )
 ATTENTION = RunChoice("attention", "train.attention", "kernel", ("sdpa", "matmul"))
-# Batches of a checkpoint from before train.batch_shapes were token batches: resuming on
-# others would change which batch its saved position names.
-BATCH_SHAPES = RunChoice(
-    "batch shapes",
-    "train.batch_shapes",
-    "shapes",
-    ("exact", "classes"),
-    before=Decision("exact", "exact"),
-)
-
-
-# A checkpoint from before train.cuda_graphs trained with eager updates.
-CUDA_GRAPHS = RunChoice(
-    "CUDA graphs", "train.cuda_graphs", "graphs", ("on", "off"), before=Decision("off", "off")
-)
+BATCH_SHAPES = RunChoice("batch shapes", "train.batch_shapes", "shapes", ("exact", "classes"))
+CUDA_GRAPHS = RunChoice("CUDA graphs", "train.cuda_graphs", "graphs", ("on", "off"))
 
 
 def decided_once(
     choice: RunChoice,
     asked: str,
-    found: tuple[Path, dict | None] | None,
+    found: tuple[Path, dict] | None,
     measure: Callable[[], Decision],
     broadcast: torch.device | None = None,
 ) -> Decision:
     """The run's decision for `choice`: the stored one when resuming (`found`: the
-    checkpoint's path and the choice's stored record, None where the checkpoint predates
-    the choice), refused if the config asks for another value; else `measure()`'s, with
-    rank 0's value taken by every rank under DDP (`broadcast`: the device the ranks'
-    collectives run on), since each rank's measurement may differ."""
+    checkpoint's path and the choice's stored record), refused if the config asks for
+    another value; else `measure()`'s, with rank 0's value taken by every rank under DDP
+    (`broadcast`: the device the ranks' collectives run on), since each rank's measurement
+    may differ."""
     if found is not None:
         source, record = found
-        if record is not None:
-            stored = choice.decision(record)
-            log.info(
-                "%s %s, as decided at this run's first start (%s); not measured again",
-                choice.name,
-                stored.value,
-                _measured(stored),
-            )
-        elif choice.before is not None:
-            stored = choice.before
-            log.warning(
-                "%s does not say which %s it was trained with (an older mtkit): %s=%s",
-                source,
-                choice.name,
-                choice.key,
-                stored.value,
-            )
-        else:
-            stored = None
-            log.warning(
-                "%s does not say which %s it was trained with (an older mtkit); deciding it now",
-                source,
-                choice.name,
-            )
-        if stored is not None:
-            if asked not in ("auto", stored.value):
-                raise TrainError(choice.refusal(source, stored, asked))
-            return stored
+        stored = choice.decision(record)
+        log.info(
+            "%s %s, as decided at this run's first start (%s); not measured again",
+            choice.name,
+            stored.value,
+            _measured(stored),
+        )
+        if asked not in ("auto", stored.value):
+            raise TrainError(choice.refusal(source, stored, asked))
+        return stored
     decision = measure()
     if broadcast is not None:
         chosen = torch.tensor([choice.values.index(decision.value)], device=broadcast)
@@ -166,7 +133,7 @@ class RunChoices:
     precision: Decision
     attention: Decision
     batches: Decision
-    graphs: Decision = CUDA_GRAPHS.before
+    graphs: Decision = Decision("off", "off")  # until `graphs_choice` decides
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -181,21 +148,19 @@ class RunChoices:
         }
 
 
-def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dict | None]]:
-    """For `decided_once`: each choice's stored record in a checkpoint (None where the
-    checkpoint predates it); empty for a fresh run."""
+def stored_choices(found: tuple[Path, dict] | None) -> dict[str, tuple[Path, dict]]:
+    """For `decided_once`: each choice's stored record in a checkpoint; empty for a fresh
+    run."""
     if found is None:
         return {}
     path, payload = found
-    top = payload["train"].get("precision")
-    if top is None:
-        return {name: (path, None) for name in ("precision", "attention", "batches", "graphs")}
+    top = payload["train"]["precision"]
     precision = {k: v for k, v in top.items() if k not in ("attention", "batches", "graphs")}
     return {
         "precision": (path, precision),
-        "attention": (path, top.get("attention")),
-        "batches": (path, top.get("batches")),
-        "graphs": (path, top.get("graphs")),
+        "attention": (path, top["attention"]),
+        "batches": (path, top["batches"]),
+        "graphs": (path, top["graphs"]),
     }
 
 

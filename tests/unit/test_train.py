@@ -241,6 +241,31 @@ def test_changed_model_config_refuses_to_resume(prepared, tmp_path, corpus):
         train(other)
 
 
+def test_an_incomplete_checkpoint_refuses_to_resume_in_one_line(prepared, tmp_path, corpus):
+    """A checkpoint without a part resuming reads (one of another mtkit version) is one
+    error naming the file and the part, not a KeyError."""
+    from mtkit.core.checkpoint import save_checkpoint
+
+    cfg, _ = fresh(prepared, tmp_path, corpus, max_steps=10, valid_every=10)
+    train(cfg)
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    whole = load_checkpoint(last)
+    for keys in [("train", "precision", "graphs"), ("config", "model", "lang_tag")]:
+        payload = load_checkpoint(last)
+        part = payload
+        for key in keys[:-1]:
+            part = part[key]
+        del part[keys[-1]]
+        save_checkpoint(payload, last)
+        with pytest.raises(TrainError) as refused:
+            train(with_max_steps(cfg, 20))
+        assert str(refused.value) == (
+            f"{last}: checkpoint is incomplete (no {'.'.join(keys)}); start over with "
+            f"--no-resume, or use another run_dir"
+        )
+        save_checkpoint(whole, last)
+
+
 def _poison_losses(monkeypatch, which) -> None:
     """Make the loss of the `which(n)`-th micro-batch (from 1) NaN, so its update's
     gradients are."""
@@ -539,36 +564,6 @@ def test_batches_of_few_shapes_train_resume_exactly_and_are_kept(
         train(exact)
 
 
-def test_a_checkpoint_from_before_batch_shapes_resumes_on_token_batches(tmp_path):
-    from mtkit.tuning.run import BATCH_SHAPES, batch_shapes, decided_once, stored_choices
-
-    old = {"train": {"precision": {"precision": "bf16", "asked": "auto"}}}
-    record = decided_once(
-        BATCH_SHAPES,
-        "auto",
-        stored_choices((tmp_path / "last.pt", old))["batches"],
-        measure=lambda: pytest.fail("a resumed run measured again"),
-    )
-    assert record.value == "exact" and batch_shapes(record) is None
-
-
-def test_a_checkpoint_from_before_a_model_option_existed_still_resumes(tmp_path):
-    """Its model section lacks the newer keys (model.lang_tag): they count as their
-    defaults, which is what that version trained; a real difference is still refused."""
-    import dataclasses
-
-    from mtkit.core.config import config_to_dict
-    from mtkit.training.resume import check_same_model
-
-    cfg = config_from_dict({})
-    old = config_to_dict(cfg)
-    del old["model"]["lang_tag"]
-    check_same_model(cfg, {"config": old}, tmp_path / "last.pt")  # no error
-    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lang_tag="target"))
-    with pytest.raises(TrainError, match="model.lang_tag='source', the config says 'target'"):
-        check_same_model(other, {"config": old}, tmp_path / "last.pt")
-
-
 # --- decided_once: one mechanism for every measured run choice -------------------------
 
 
@@ -627,7 +622,7 @@ def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
         ),
         (
             "BATCH_SHAPES",
-            None,
+            {"shapes": "exact", "asked": "auto"},
             "classes",
             "last.pt was trained with train.batch_shapes=exact, the config says classes; resume "
             "with train.batch_shapes=exact (or auto), or start over with --no-resume",
@@ -637,22 +632,12 @@ def test_decided_once_reuses_a_stored_choice_without_measuring(tmp_path, asked):
 def test_decided_once_refuses_a_resume_that_asks_for_another_value(
     tmp_path, choice_name, stored, asked, says
 ):
-    """The batch shapes of a checkpoint from before the choice existed count as token
-    batches (`before`), and are held to as a stored choice is."""
     import mtkit.tuning.run as ts
 
     measure, calls = _counting(None)
     with pytest.raises(TrainError) as refused:
         ts.decided_once(getattr(ts, choice_name), asked, (tmp_path / "last.pt", stored), measure)
     assert str(refused.value).endswith(says) and calls == []
-
-
-def test_decided_once_decides_now_for_a_checkpoint_from_before_the_choice(tmp_path):
-    from mtkit.tuning.run import ATTENTION, Decision, decided_once
-
-    measure, calls = _counting(Decision("sdpa", "auto"))
-    assert decided_once(ATTENTION, "auto", (tmp_path / "last.pt", None), measure).value == "sdpa"
-    assert calls == [1]
 
 
 def test_the_run_choices_are_stored_in_the_format_checkpoints_have_always_had():
