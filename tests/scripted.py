@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import torch
 
 from mtkit.core.config import ModelConfig
+from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS, PAD
 from mtkit.model.transformer import build_model
+from mtkit.search.captured import FixedShapes
 
 A, B, C = 4, 5, 6
 V = 8
@@ -54,17 +56,19 @@ class Scripted:
 
 
 class InFixedShapes:
-    """A model that says it steps in fixed shapes (`beam.in_fixed_shapes`), as a
+    """A model that says it steps in fixed shapes (`beam.step_shapes`), as a
     `CapturedDecoder` does, its steps eager on the search's own cache: the fixed-shape
     search without graphs."""
-
-    fixed_shapes = True
 
     def __init__(self, model):
         self.model = model
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+    @property
+    def step_shapes(self):
+        return FixedShapes(self.model.cfg.max_positions)
 
 
 def tiny(**kw) -> ModelConfig:
@@ -122,7 +126,8 @@ def stream_in_two_joins(
     from mtkit.serving.stream import GreedyStream
 
     half = src.size(0) // 2
-    stream, got = GreedyStream(model, 0.6, max_len_a, max_len_b), {}
+    options = SearchOptions(lenpen=0.6, max_len_a=max_len_a, max_len_b=max_len_b)
+    stream, got = GreedyStream(model, options), {}
     stream.add(src[:half], list(range(half)))
     dtype = stream.cache.self_k[0].dtype
     got.update(stream.step())

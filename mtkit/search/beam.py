@@ -24,7 +24,6 @@ from torch import Tensor
 from mtkit.core.hypothesis import Hypothesis, length_penalty
 from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
-from mtkit.model.cache import preallocated_capacity
 from mtkit.model.loss import fp32_log_softmax
 
 
@@ -35,9 +34,8 @@ class StepModel(Protocol):
     are the search's to overwrite (`step_log_probs` turns them into log-probabilities in
     place): a new tensor, not one the model keeps.
 
-    A model may also say that it steps in fixed shapes (`fixed_shapes`, True: a
-    `captured.CapturedDecoder`, whose steps are replayed CUDA graphs): see
-    `in_fixed_shapes`."""
+    A model may also say how a search's batch takes shape step by step (`step_shapes`):
+    see `StepShapes`."""
 
     cfg: Any
 
@@ -192,15 +190,45 @@ def step_log_probs(
     return lprobs, cache
 
 
-def in_fixed_shapes(model: StepModel) -> bool:
-    """Whether `model` steps in fixed shapes (`fixed_shapes`: a `captured.CapturedDecoder`,
-    an `Ensemble` of them, or either shortlisted), the search's one departure for
-    captured steps: after the first step the cache is preallocated for the batch's
-    longest output (`cache.PreallocatedCache`, written in place), and rows that are done
-    stay in the batch, masked, until at least half of them are (a bucket boundary), so
-    that a batch of B sentences takes at most about log2(B) shapes. The outputs are the
-    same. Off unless `decode.cuda_graphs` takes graphs (off by default)."""
-    return getattr(model, "fixed_shapes", False)
+class StepShapes(Protocol):
+    """How a search's batch takes shape from step to step: the model's `step_shapes`
+    (`step_shapes`). Two kinds: `GrowingShapes`, every model's unless it says otherwise,
+    and `captured.FixedShapes`, the fixed shapes that captured steps on a GPU replay in."""
+
+    fixed: bool  # whether every step of a batch has the same shapes, until rows leave
+
+    def cache(self, cache: Any, longest: int) -> Any:
+        """The cache to step on after the first step, for outputs of up to `longest`
+        tokens."""
+        ...
+
+    def rows_leave(self, done: int, rows: int) -> bool:
+        """Whether the `done` (at least one) of the batch's `rows` read as done leave the
+        batch now, or stay in it, masked."""
+        ...
+
+
+class GrowingShapes:
+    """The batch as it comes: the cache grows by a column each step, and rows leave as
+    soon as the host reads them done, so that each step does only the work left."""
+
+    fixed = False
+
+    def cache(self, cache: Any, longest: int) -> Any:
+        return cache
+
+    def rows_leave(self, done: int, rows: int) -> bool:
+        return True
+
+
+GROWING = GrowingShapes()
+
+
+def step_shapes(model: StepModel) -> StepShapes:
+    """How a search of `model` shapes its batch: the model's `step_shapes` (a
+    `captured.CapturedDecoder`, an `Ensemble` of them, or either shortlisted, steps in
+    `captured.FixedShapes`), else `GROWING`. The outputs are the same either way."""
+    return getattr(model, "step_shapes", GROWING)
 
 
 def output_columns(model: StepModel) -> Tensor | None:
@@ -282,9 +310,8 @@ def one_per_row(
 
     As in `beam_search`, the host reads which rows have ended every `read_every` steps
     (a GPU's `READ_EVERY_ON_GPU`, a CPU's 1), ended rows going on masked until then (what
-    they output after their eos is cut, and adds nothing to their log-probability). A
-    model in fixed shapes (`in_fixed_shapes`) lets rows leave once at least half have
-    ended."""
+    they output after their eos is cut, and adds nothing to their log-probability), and
+    leave as the model's `step_shapes` let them."""
     sentences, device = memory.size(0), memory.device
     rows = sentences * samples
     longest = int(limits.max())  # read once: no row goes past it
@@ -302,9 +329,8 @@ def one_per_row(
         copy = torch.arange(sentences, device=device).repeat_interleave(samples)  # (R,)
         lprobs, limits, src_mask = lprobs[copy], limits[copy], src_mask[copy]
         cache = cache.index_select(copy, copy)
-    in_buckets = in_fixed_shapes(model)
-    if in_buckets:
-        cache = cache.preallocated(preallocated_capacity(longest, model.cfg.max_positions))
+    shapes = step_shapes(model)
+    cache = shapes.cache(cache, longest)
     read_every = read_every or (READ_EVERY_ON_GPU if device.type == "cuda" else 1)
     alive = torch.arange(rows, device=device)  # row of the shrinking batch -> row
     ended = torch.zeros(rows, dtype=torch.bool, device=device)  # (r,) masked until read
@@ -322,7 +348,7 @@ def one_per_row(
             count = int(ended.sum())
             if count == ended.numel():
                 return out, log_prob
-            if count and (not in_buckets or 2 * count >= ended.numel()):  # they leave
+            if count and shapes.rows_leave(count, ended.numel()):  # they leave
                 keep = (~ended).nonzero().squeeze(1)  # (r',)
                 alive, token, src_mask, ended = (
                     alive[keep],
@@ -502,9 +528,8 @@ def beam_search(
     steps, so that most steps wait for nothing; on a CPU every step, as decoding a
     masked row costs there what a read does not.
 
-    A model in fixed shapes (`in_fixed_shapes`: captured steps on a GPU) has its cache
-    preallocated after the first step, and done sentences stay in the batch, masked,
-    until at least half of its sentences are done. The outputs are the same."""
+    Done sentences leave as the model's `step_shapes` let them: at once, or in fixed
+    shapes (captured steps on a GPU) once at least half of the batch's are done."""
     beam, lenpen, nbest = options.beam, options.lenpen, options.nbest
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
@@ -549,23 +574,22 @@ def beam_search(
         choice, finished, alive, scores, history, limits, lprobs, lenpen, 0
     )
     cache = cache.index_select(reorder // beam)
-    in_buckets = in_fixed_shapes(model)
-    if in_buckets:
-        cache = cache.preallocated(preallocated_capacity(max(host_limits), model.cfg.max_positions))
-    known_done: set[int] = set()  # sentences read as done that stay (in buckets)
+    shapes = step_shapes(model)
+    cache = shapes.cache(cache, max(host_limits))
+    known_done: set[int] = set()  # sentences read as done that stay, masked
     step = 1
     while True:
         # Sentences that are done stay in the batch, their beams at -inf, until the host
         # reads which they are: every `read_every` steps, and at the step after a
-        # sentence's length limit (known on the host), so no row outruns its limit. In
-        # buckets they leave once at least half of the batch's sentences are done.
+        # sentence's length limit (known on the host), so no row outruns its limit. Then
+        # they leave, or stay masked where the model's shapes keep them (`rows_leave`).
         done = _sentences_done(finished, alive, scores, limits, step, nbest, lenpen)  # (b,)
         scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
         if step % read_every == 0 or step > min(
             host_limits[s] for s in alive_host if s not in known_done
         ):
             gone = done.nonzero().squeeze(1).tolist()
-            if in_buckets and 0 < 2 * len(gone) < len(alive_host):  # they stay, masked
+            if gone and not shapes.rows_leave(len(gone), len(alive_host)):  # they stay
                 known_done = {alive_host[row] for row in gone}
                 gone = []
             if gone:  # they leave the batch

@@ -4,9 +4,9 @@ The one home of the fixed-shape mode of search. A decoder step launches hundreds
 small kernels; on a GPU the host's time to launch them can be most of the step. A CUDA
 graph records a step's kernels once and replays them with one launch, but only on the
 same tensors: the same shapes, at the same addresses. A `CapturedDecoder` says that it
-steps in fixed shapes (`fixed_shapes`), and search then makes the steps of a batch the
-same shapes (`beam.in_fixed_shapes`: a `PreallocatedCache`, written in place, and
-sentences that leave only at bucket boundaries); it keeps, for each shape it meets, a
+steps in fixed shapes (its `step_shapes`: `FixedShapes`), and search then makes the
+steps of a batch the same shapes (a `PreallocatedCache`, written in place, and sentences
+that leave only at bucket boundaries); it keeps, for each shape it meets, a
 step captured on tensors of its own (a `Slot`), copies a search's cache into them when
 the search comes to that shape, and from then on the search runs on the slot's cache,
 each step one replay.
@@ -17,8 +17,8 @@ each step one replay.
 Off by default (`decode.cuda_graphs: off`): no GPU has yet measured it against eager
 steps, and a search of a plain model never runs in fixed shapes.
 
-`mtkit serve`'s stream in fixed shapes (`serving.stream.GreedyStream(fixed=True)`) steps
-its slot cache (`SlotCache(fixed=True)`: all slots, all columns) the same way: each step
+`mtkit serve`'s stream of a model in fixed shapes (`serving.stream.GreedyStream`) steps
+its slot cache (`SlotCache` with `fixed`: all slots, all columns) the same way: each step
 a replay, until its capacities change.
 
 A step that cannot be captured (its capture failed) runs eagerly on the cache it was
@@ -38,12 +38,31 @@ from torch import Tensor
 
 from mtkit.core.errors import first_line
 from mtkit.core.vocab import BOS
-from mtkit.model.cache import PreallocatedCache, SlotCache
+from mtkit.model.cache import PreallocatedCache, SlotCache, preallocated_capacity
 from mtkit.tuning.capture import CAPTURES, Capture
 
 log = logging.getLogger(__name__)
 
 FixedCache = PreallocatedCache | SlotCache  # a cache in fixed shapes (`fixed_shapes`)
+
+
+class FixedShapes:
+    """A search's batch in fixed shapes (a `beam.StepShapes`), as captured steps need:
+    after the first step the cache is preallocated for the batch's longest output
+    (`PreallocatedCache`, written in place), and rows that are done stay in the batch,
+    masked, until at least half of them are (a bucket boundary), so that a batch of B
+    sentences takes at most about log2(B) shapes."""
+
+    fixed = True
+
+    def __init__(self, max_positions: int):
+        self.max_positions = max_positions
+
+    def cache(self, cache: Any, longest: int) -> PreallocatedCache:
+        return cache.preallocated(preallocated_capacity(longest, self.max_positions))
+
+    def rows_leave(self, done: int, rows: int) -> bool:
+        return 2 * done >= rows
 
 
 # Slots kept at once, the least recently used let go first. A slot holds a cache of its
@@ -100,8 +119,6 @@ class CapturedDecoder:
     on a `PreallocatedCache` are replayed graphs, one `Slot` per shape; everything else
     is the model's. `capture` (default: the device's, `CAPTURES`) records a step."""
 
-    fixed_shapes = True  # search it in fixed shapes (`beam.in_fixed_shapes`)
-
     def __init__(
         self,
         model: Any,
@@ -121,6 +138,11 @@ class CapturedDecoder:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+    @property
+    def step_shapes(self) -> FixedShapes:
+        """Searched in fixed shapes (`beam.step_shapes`), so that its steps replay."""
+        return FixedShapes(self.model.cfg.max_positions)
 
     def decode_step(
         self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any = None

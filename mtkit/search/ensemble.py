@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtkit.search.beam import StepModel
+from mtkit.search.beam import GROWING, StepModel, StepShapes, step_shapes
+from mtkit.search.captured import FixedShapes
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,11 @@ class Ensemble:
         self.cfg = SimpleNamespace(max_positions=min(m.cfg.max_positions for m in self.models))
 
     @property
-    def fixed_shapes(self) -> bool:
-        """Whether it steps in fixed shapes (`beam.in_fixed_shapes`): all its models do."""
-        return all(getattr(m, "fixed_shapes", False) for m in self.models)
+    def step_shapes(self) -> StepShapes:
+        """In fixed shapes (`beam.step_shapes`) where all its models step in them."""
+        if all(step_shapes(m).fixed for m in self.models):
+            return FixedShapes(self.cfg.max_positions)
+        return GROWING
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         encoded = [m.encode(src) for m in self.models]  # each (B, S, Di), (B, S)

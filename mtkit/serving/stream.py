@@ -27,7 +27,7 @@ from mtkit.core.vocab import BOS, EOS, PAD
 from mtkit.engines.base import Translator
 from mtkit.engines.pytorch import TorchEngine
 from mtkit.model.cache import resize
-from mtkit.search.beam import as_hypotheses, max_lengths, padded, step_log_probs
+from mtkit.search.beam import as_hypotheses, max_lengths, padded, step_log_probs, step_shapes
 
 
 class StreamCache(Protocol):
@@ -51,8 +51,8 @@ class StreamModel(Protocol):
     def cross_kv(self, memory: Tensor) -> Any: ...  # the sources' keys/values, to `fill`
 
     def slot_cache(
-        self, sources: Any, slots: int, columns: int, source_capacity: int
-    ) -> StreamCache: ...  # free slots for such sources
+        self, sources: Any, slots: int, columns: int, source_capacity: int, fixed: bool
+    ) -> StreamCache: ...  # free slots for such sources (`fixed`: stepped all at once)
 
     def decode_step(
         self, token: Tensor, memory: Tensor | None, src_mask: Tensor, cache: Any
@@ -101,25 +101,17 @@ class GreedyStream:
     a step runs live slots only. Beside the cache, the stream keeps each slot's last
     token, output limit, tokens so far, log-probability, output and source mask.
 
-    `fixed` (for captured steps on a GPU, `mtkit.search.captured`): every step runs all
-    slots over the cache's whole capacities (`SlotCache.fixed`), free slots masked, so
-    that steps have the same shapes until the capacities change; the outputs are the
-    same. Each slot's source mask then always holds its first position, so that a free
+    Of `options` it reads the length penalty and limits. A model in fixed shapes
+    (`beam.step_shapes`: captured steps on a GPU, `mtkit.search.captured`) has every step
+    run all slots over the cache's whole capacities (`SlotCache.fixed`), free slots
+    masked, so that steps have the same shapes until the capacities change; the outputs
+    are the same. Each slot's source mask then always holds its first position, so that a free
     slot attends to something (an empty mask would make its keys and values NaN, which
     a later sentence in that slot would read, weighted 0, as NaN)."""
 
-    def __init__(
-        self,
-        model: StreamModel,
-        lenpen: float = DEFAULTS.lenpen,
-        max_len_a: float = DEFAULTS.max_len_a,
-        max_len_b: int = DEFAULTS.max_len_b,
-        min_len: int = 1,
-        fixed: bool = False,
-    ):
-        self.model, self.lenpen, self.min_len = model, lenpen, min_len
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.fixed = fixed
+    def __init__(self, model: StreamModel, options: SearchOptions = DEFAULTS, *, min_len: int = 1):
+        self.model, self.options, self.min_len = model, options, min_len
+        self.fixed = step_shapes(model).fixed  # step all slots over all columns
         self._clear()
 
     def _clear(self) -> None:
@@ -148,7 +140,7 @@ class GreedyStream:
         """Sentences src (B, S), one key each, join the search at its next step."""
         memory, src_mask = encode_in_chunks(self.model, src)  # (B, S, D), (B, S)
         limits = max_lengths(
-            src_mask, self.max_len_a, self.max_len_b, self.model.cfg.max_positions
+            src_mask, self.options.max_len_a, self.options.max_len_b, self.model.cfg.max_positions
         )  # (B,)
         sources = self.model.cross_kv(memory)  # per layer (B, H, S, K) (per model)
         b, n, width = len(self), src.size(0), src.size(1)
@@ -238,7 +230,7 @@ class GreedyStream:
         ended = (token == EOS).nonzero().squeeze(1)
         if not ended.numel():
             return []
-        hyps = as_hypotheses(self.out[ended], self.log_prob[ended], 1, self.lenpen)
+        hyps = as_hypotheses(self.out[ended], self.log_prob[ended], 1, self.options.lenpen)
         finished = []
         for slot, h in zip(ended.tolist(), hyps, strict=True):
             finished.append((self.keys[slot], h[0]))
@@ -289,13 +281,7 @@ class LineStream:
 
     def __init__(self, engine: TorchEngine, opts: SearchOptions):
         self.engine, self.opts = engine, opts
-        self.search = GreedyStream(
-            engine.step_model,
-            opts.lenpen,
-            opts.max_len_a,
-            opts.max_len_b,
-            fixed=getattr(engine, "graphs", False),
-        )
+        self.search = GreedyStream(engine.step_model, opts)
         self.ready: list[tuple[Hashable, list[Hypothesis]]] = []  # empty lines
         self.joining: list[tuple[Hashable, list[int]]] = []  # key, source ids
         self.aligned: dict[Hashable, tuple[list[int], int | None]] = {}  # key -> ids, layer

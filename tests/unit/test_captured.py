@@ -1,4 +1,4 @@
-"""Search in fixed shapes (`PreallocatedCache`, `beam.in_fixed_shapes`) and captured decoder
+"""Search in fixed shapes (`PreallocatedCache`, `captured.FixedShapes`) and captured decoder
 steps (`mtkit.search.captured`), on a CPU: the same outputs as today's search. The
 captures are an eager stand-in here (a CPU records no graphs); `test_cuda.py` runs the
 real ones."""
@@ -99,14 +99,15 @@ OPTIONS = [
 
 
 def test_only_a_captured_decoder_is_searched_in_fixed_shapes():
-    from mtkit.search.beam import in_fixed_shapes
+    from mtkit.search.beam import GROWING, step_shapes
     from mtkit.search.shortlist import Shortlisted
 
     model = random_model(5)
     decoder = CapturedDecoder(model)
-    assert not in_fixed_shapes(model) and not in_fixed_shapes(Ensemble([model, decoder]))
-    assert in_fixed_shapes(decoder) and in_fixed_shapes(Ensemble([decoder, decoder]))
-    assert in_fixed_shapes(Shortlisted(decoder, torch.arange(3, 20)))
+    assert step_shapes(model) is GROWING and step_shapes(Ensemble([model, decoder])) is GROWING
+    for fixed in decoder, Ensemble([decoder, decoder]), Shortlisted(decoder, torch.arange(3, 20)):
+        assert step_shapes(fixed).fixed
+        assert step_shapes(fixed).max_positions == model.cfg.max_positions
 
 
 @pytest.mark.parametrize("read_every", [1, 3, 8])
@@ -306,12 +307,12 @@ def test_a_gpus_batch_budget_is_what_a_quarter_of_its_free_memory_holds():
     assert device_batch_tokens(cfg, 8000, 10_000 * gib)["tokens"] == MAX_DEVICE_BATCH_TOKENS
 
 
-def stream_outputs(model, sources: dict, fixed: bool) -> tuple[dict, list]:
+def stream_outputs(model, sources: dict) -> tuple[dict, list]:
     """`sources` (key -> src row) joining a `GreedyStream` a few at a step, the first a
     long one: each key's hypothesis, and the cache's capacities at each step."""
     from mtkit.serving.stream import GreedyStream
 
-    stream = GreedyStream(model, lenpen=0.6, max_len_a=1.5, max_len_b=4, fixed=fixed)
+    stream = GreedyStream(model, SearchOptions(lenpen=0.6, max_len_a=1.5, max_len_b=4))
     keys, got, capacities = list(sources), {}, []
     while keys or len(stream):
         joining, keys = keys[: 1 + len(got) % 3], keys[1 + len(got) % 3 :]
@@ -344,9 +345,9 @@ def test_a_stream_in_fixed_shapes_gives_each_sentence_what_greedy_gives_it_alone
     sources = {0: long} | {k + 1: row[row != PAD] for k, row in enumerate(short)}
     replays: list = []
     monkeypatch.setitem(capture.CAPTURES, "cpu", stand_in(replays))
-    decoder = CapturedDecoder(model) if captured_steps else model
+    decoder = CapturedDecoder(model) if captured_steps else InFixedShapes(model)
     with torch.inference_mode():
-        got, capacities = stream_outputs(decoder, sources, fixed=True)
+        got, capacities = stream_outputs(decoder, sources)
     assert sorted(got) == list(sources)
     for k, row in sources.items():
         alone = greedy_hypotheses(

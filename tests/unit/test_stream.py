@@ -25,7 +25,7 @@ def test_a_stream_gives_each_sentence_what_greedy_decoding_gives_it_alone():
     short = random_src(10, 5)
     long = torch.randint(4, 40, (1, 30), generator=torch.Generator().manual_seed(6))
     long[0, -1] = EOS
-    stream = GreedyStream(model, lenpen=0.6, max_len_a=1.5, max_len_b=4)
+    stream = GreedyStream(model, SearchOptions(lenpen=0.6, max_len_a=1.5, max_len_b=4))
     sources, got, widest, after = {}, {}, 0, None
     while 0 not in got:  # key 0, the long sentence, joins first; 1-3 short ones a step
         batch = long if not sources else short[len(sources) % 10 :][: 1 + len(sources) % 3]
@@ -64,7 +64,8 @@ def test_a_stream_under_bf16_autocast_keeps_bf16_caches_and_mostly_agrees():
 def stream_joining_every_step(model, src: torch.Tensor) -> dict:
     """src's rows join a `GreedyStream` (lenpen 0.6, max_len 1.5 * len + 4), 1-3 at each
     step: each row's hypothesis by row."""
-    stream, got, joined = GreedyStream(model, 0.6, 1.5, 4), {}, 0
+    options = SearchOptions(lenpen=0.6, max_len_a=1.5, max_len_b=4)
+    stream, got, joined = GreedyStream(model, options), {}, 0
     while joined < src.size(0) or len(stream):
         if joined < src.size(0):
             keys = list(range(joined, min(joined + 1 + joined % 3, src.size(0))))
