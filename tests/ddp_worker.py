@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/unit/test_train.py: train, then save this rank's weights
+"""Run under torchrun by tests/unit/test_training.py: train, then save this rank's weights
 (only rank 0 writes checkpoints, so the worker keeps a hand on each rank's model)."""
 
 import os

@@ -21,7 +21,8 @@ lines, and the identity is recorded once every chunk matches). The teacher is lo
 and checked (readable, the student's vocabularies) and the corpus opened before any
 chunk of an earlier distillation is removed, so a refused teacher leaves a finished
 distillation as it was. A chunk file found damaged is translated again; a state.json
-or manifest.json that cannot be read is one line naming it and what to do.
+or manifest.json that cannot be read, or that lacks a key this mtkit writes, is one line
+naming it (and the key) and what to do.
 
 The finished corpus is RUN/distill/train.<src_lang> and train.<tgt_lang> (plain text,
 one pair per line), and RUN/distill/manifest.json, written last, records what was kept
@@ -42,6 +43,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,16 +199,27 @@ def distilled_manifest(cfg: Config) -> dict | None:
 
 def _read_record(path: Path, keys: dict[str, type], remedy: str) -> dict:
     """A bookkeeping file of RUN/distill (JSON) with `keys` of their types, or a
-    `DistillError` naming it and `remedy` (what to do)."""
+    `DistillError` naming it, the first key it lacks if that is what is wrong, and
+    `remedy` (what to do)."""
     try:
         record = json.loads(path.read_bytes())
     except (ValueError, RecursionError):  # not UTF-8, not JSON, a nesting bomb
         record = None
-    if not isinstance(record, dict) or not all(
-        isinstance(record.get(k), t) for k, t in keys.items()
-    ):
+    if isinstance(record, dict):
+        _check_keys(path, record, keys, remedy)
+    if not isinstance(record, dict) or not all(isinstance(record[k], t) for k, t in keys.items()):
         raise DistillError(f"{path}: unreadable (truncated or damaged); {remedy}")
     return record
+
+
+def _check_keys(
+    path: Path, record: dict, keys: Iterable[str], remedy: str, within: str = ""
+) -> None:
+    """A `DistillError` naming the first of `keys` that `record` (the part `within` of
+    the file at `path`, such as "settings.") lacks: a file this mtkit writes has them all."""
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise DistillError(f"{path}: incomplete (no {within}{missing[0]}); {remedy}")
 
 
 def is_distilled(cfg: Config, teacher: Teacher) -> bool:
@@ -274,7 +287,7 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
     for leftovers in (folder, chunks):  # of atomic writes a kill cut short
         remove_leftovers(leftovers, ("*",))
     wanted = settings(cfg, teacher)
-    stored = _stored_state(folder / STATE)
+    stored = _stored_state(folder / STATE, wanted)
     resumed = stored if stored and _changed(stored["settings"], wanted) <= {"corpus"} else None
     # The teacher is loaded and checked, and the corpus opened, before anything an
     # earlier distillation made is removed: a refused teacher deletes nothing.
@@ -290,7 +303,7 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
         state = _start(cfg, wanted, stored, resumed, folder, chunks)
         # The measured choices (precision under auto, the attention kernel) are made at
         # the first start and kept, so that a resumed distillation translates as it began.
-        if state["precision"] is None or state.get("attention") is None:
+        if state["precision"] is None or state["attention"] is None:
             state["precision"] = engine.precision["precision"]
             state["attention"] = engine.precision["attention"]["kernel"]
             _write_state(folder, state)
@@ -337,20 +350,23 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
 
 def _changed(stored: dict, wanted: dict) -> set[str]:
     """The settings that differ between a stored state's and the wanted ones."""
-    return {k for k in wanted.keys() | stored.keys() if stored.get(k) != wanted.get(k)}
+    return {k for k in wanted if stored[k] != wanted[k]}
 
 
-def _stored_state(path: Path) -> dict | None:
-    """RUN/distill/state.json, None when there is none; one line when it cannot be read."""
+def _stored_state(path: Path, wanted: dict) -> dict | None:
+    """RUN/distill/state.json, None when there is none; one line when it cannot be read or
+    lacks a key this mtkit writes (`wanted`: the settings it writes). Its precision and
+    attention kernel are None until the first start has measured them."""
     if not path.exists():
         return None
     maybe = (str, type(None))
-    return _read_record(
-        path,
-        {"settings": dict, "precision": maybe, "attention": maybe},
+    remedy = (
         f"delete it to distil again from the start (the chunks in {path.parent / 'chunks'} "
-        f"are then translated again)",
+        f"are then translated again)"
     )
+    state = _read_record(path, {"settings": dict, "precision": maybe, "attention": maybe}, remedy)
+    _check_keys(path, state["settings"], wanted, remedy, within="settings.")
+    return state
 
 
 def _write_state(folder: Path, state: dict) -> None:

@@ -34,11 +34,22 @@ def one_thread():
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_helpers_translate_batches_as_the_engine_does(trained, one_thread, beam):
+def test_helpers_translate_batches_as_the_engine_does(
+    trained, one_thread, beam, monkeypatch, tmp_path
+):
+    """Both engines translate with the attention kernel measured at the first load, as two
+    processes on one machine do through the kept measurements (`mtkit.tuning.measured`).
+    The tests keep none, so without a cache folder here each load measured its own: the two
+    kernels take close times on a small model, a loaded machine could give SDPA to one
+    engine and matmul + softmax to the other, and their scores then differed in the sixth
+    decimal. With one kernel and one thread everywhere, a batch gives the same hypotheses
+    in a helper as in the engine's process."""
+    monkeypatch.setenv("MTKIT_CACHE_DIR", str(tmp_path / "cache"))
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
     alone = load_engine(checkpoint, "cpu", workers=1)
     together = load_engine(checkpoint, "cpu", workers=2)
     try:
+        assert together.precision["attention"] == alone.precision["attention"]
         opts = SearchOptions(beam=beam, nbest=min(beam, 2))
         done: list[int] = []
         want = alone.translate(LINES, opts, batch_tokens=60)

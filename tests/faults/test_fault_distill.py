@@ -224,7 +224,7 @@ def test_a_refused_new_teacher_leaves_the_finished_distillation(
 # --- 13: bookkeeping that cannot be read ---------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["truncated", "a list", "not utf-8", "no settings"])
+@pytest.mark.parametrize("damage", ["truncated", "a list", "not utf-8", "a wrong type"])
 def test_an_unreadable_state_is_one_line_and_removes_nothing(student, damage):
     config, _, run = student
     state = run / "distill" / "state.json"
@@ -234,13 +234,52 @@ def test_an_unreadable_state_is_one_line_and_removes_nothing(student, damage):
             "truncated": whole[: len(whole) // 2],
             "a list": b"[]\n",
             "not utf-8": b"\xff\xfe{",
-            "no settings": b'{"precision": "fp32"}\n',
+            "a wrong type": whole.replace(b'"precision": "fp32"', b'"precision": 32'),
         }[damage]
     )
+    assert state.read_bytes() != whole
     before = snapshot(run / "distill")
     line = assert_one_line(cli("distill", "-c", config), says=f"{state}: unreadable")
     assert "delete it to distil again from the start" in line
     assert snapshot(run / "distill") == before
+
+
+@pytest.mark.parametrize("key", ["settings", "precision", "attention", "settings.corpus"])
+def test_a_state_without_a_key_this_mtkit_writes_is_one_line_and_removes_nothing(student, key):
+    """A state.json lacking a key (one an older mtkit did not write) is refused, naming
+    the key, rather than read with a guess for it."""
+    config, _, run = student
+    state = run / "distill" / "state.json"
+    record = json.loads(state.read_text())
+    part, _, name = key.rpartition(".")
+    del (record[part] if part else record)[name]
+    state.write_text(json.dumps(record, indent=2) + "\n")
+    before = snapshot(run / "distill")
+    line = assert_one_line(cli("distill", "-c", config), says=f"{state}: incomplete (no {key});")
+    assert "delete it to distil again from the start" in line
+    assert snapshot(run / "distill") == before
+
+
+def test_a_state_whose_choices_are_not_measured_yet_measures_them_and_keeps_the_chunks(
+    student, monkeypatch
+):
+    """A first start under `precision: auto` writes state.json with the precision and the
+    attention kernel None, then measures them: a distillation stopped in between measures
+    them when it goes on, and keeps its chunks."""
+    config, _, run = student
+    state = run / "distill" / "state.json"
+    record = json.loads(state.read_text())
+    record["settings"]["asked_precision"] = "auto"
+    record.update(precision=None, attention=None)
+    state.write_text(json.dumps(record, indent=2) + "\n")
+    kept = {path: _identity(path) for path in _chunks(run)}
+    monkeypatch.setattr(distill_stage, "clean", None)  # translating again would fail
+    result = cli("distill", "-c", config, "--set", "distill.precision=auto")
+    assert result.exit_code == 0, result.output
+    assert {path: _identity(path) for path in _chunks(run)} == kept
+    measured = json.loads(state.read_text())
+    assert measured["precision"] in ("fp32", "bf16")
+    assert measured["attention"] in ("sdpa", "matmul")
 
 
 def test_an_unreadable_manifest_is_one_line_and_distill_writes_it_again(student, monkeypatch):

@@ -1,14 +1,22 @@
 """Attention and dropout (`mtkit.model.attention`): the stacked projections compute what the
-separate Linear layers do, and the CPU dropout masks drop what they say."""
+separate Linear layers do, the CPU dropout masks drop what they say, and matmul + softmax
+computes what SDPA does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mtkit.core.config import ModelConfig
-from mtkit.model.attention import MultiHeadAttention, dropout, keep_mask, stacked_linear
+from mtkit.model.attention import (
+    MultiHeadAttention,
+    dropout,
+    keep_mask,
+    matmul_attention,
+    stacked_linear,
+)
 from mtkit.model.transformer import build_model
 
 
@@ -160,3 +168,42 @@ def test_cross_kv_stacks_on_a_cpu_or_without_gradients_only(monkeypatch):
     with torch.no_grad():
         gpu_like.cross_kv(torch.randn(2, 7, 32, device="meta"))
     assert calls == ["cpu", "meta"]
+
+
+@pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])
+def test_matmul_attention_computes_what_sdpa_computes(causal, masked):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8) for _ in range(3))
+    mask = (torch.arange(7)[None, :] < torch.tensor([7, 5, 3])[:, None])[:, None, None, :]
+    mask = mask if masked else None
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    got = matmul_attention(q, k, v, mask, causal)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_a_model_translates_the_same_with_either_kernel():
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0
+    )
+    model = build_model(cfg, 50, 50).eval()
+    src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
+    tgt = torch.tensor([[2, 10, 11], [2, 12, 0]])
+    with torch.no_grad():
+        sdpa = model.decode(tgt, *model.encode(src))
+        model.use_attention("matmul")
+        matmul = model.decode(tgt, *model.encode(src))
+    assert torch.allclose(matmul, sdpa, atol=1e-5)
+    assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"matmul"}
+    with pytest.raises(ValueError, match="attention kernel must be one of"):
+        model.use_attention("flash")
+
+
+def test_dropout_on_the_weights_keeps_the_expected_value():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(64, 2, 6, 4) for _ in range(3))
+    plain = matmul_attention(q, k, v, None, False)
+    dropped = torch.stack([matmul_attention(q, k, v, None, False, p=0.5) for _ in range(200)]).mean(
+        0
+    )
+    assert (dropped - plain).abs().mean() < 0.05  # inverted dropout: unbiased

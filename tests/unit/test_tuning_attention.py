@@ -1,5 +1,5 @@
-"""The attention kernel (`mtkit.model.attention.matmul_attention` beside SDPA) and how a run
-chooses it (`mtkit.tuning.attention`, `mtkit.tuning.shapes`), with faked timings."""
+"""How a run and a translation choose the attention kernel (`mtkit.tuning.attention`), with
+faked timings, and a loaded engine attending with the kernel it measured."""
 
 from __future__ import annotations
 
@@ -7,52 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from mtkit.core.config import ModelConfig
-from mtkit.model.attention import matmul_attention
-from mtkit.model.transformer import build_model
 from mtkit.tuning.attention import AttentionShape, choose_attention, time_attention
-from mtkit.tuning.shapes import choose_batch_shapes
-
-
-@pytest.mark.parametrize("causal, masked", [(False, True), (True, False), (True, True)])
-def test_matmul_attention_computes_what_sdpa_computes(causal, masked):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 2, 7, 8) for _ in range(3))
-    mask = (torch.arange(7)[None, :] < torch.tensor([7, 5, 3])[:, None])[:, None, None, :]
-    mask = mask if masked else None
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    got = matmul_attention(q, k, v, mask, causal)
-    assert torch.allclose(got, expected, atol=1e-6)
-
-
-def test_a_model_translates_the_same_with_either_kernel():
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0
-    )
-    model = build_model(cfg, 50, 50).eval()
-    src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
-    tgt = torch.tensor([[2, 10, 11], [2, 12, 0]])
-    with torch.no_grad():
-        sdpa = model.decode(tgt, *model.encode(src))
-        model.use_attention("matmul")
-        matmul = model.decode(tgt, *model.encode(src))
-    assert torch.allclose(matmul, sdpa, atol=1e-5)
-    assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"matmul"}
-    with pytest.raises(ValueError, match="attention kernel must be one of"):
-        model.use_attention("flash")
-
-
-def test_dropout_on_the_weights_keeps_the_expected_value():
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(64, 2, 6, 4) for _ in range(3))
-    plain = matmul_attention(q, k, v, None, False)
-    dropped = torch.stack([matmul_attention(q, k, v, None, False, p=0.5) for _ in range(200)]).mean(
-        0
-    )
-    assert (dropped - plain).abs().mean() < 0.05  # inverted dropout: unbiased
 
 
 def faked(sdpa_ms: float, matmul_ms: float):
@@ -152,103 +108,6 @@ def test_the_fastest_run_of_each_kernel_counts_so_load_does_not_decide():
     }
     timing = time_attention(lambda kernel: next(times[kernel]) / 1000)
     assert dataclasses.astuple(timing) == (0.002, 0.001)
-
-
-def faked_shapes(new_ms: float, known_ms: float):
-    """A Linear whose first call at a number of rows costs new_ms, later ones known_ms."""
-    seen, calls = set(), []
-
-    def measure(n: int) -> float:
-        calls.append(n)
-        cost = known_ms if n in seen else new_ms
-        seen.add(n)
-        return cost / 1000
-
-    return measure, calls
-
-
-def test_batch_shapes_auto_takes_classes_where_a_new_shape_costs_twice_a_known_one(caplog):
-    measure, calls = faked_shapes(new_ms=6.0, known_ms=1.0)
-    with caplog.at_level("INFO", logger="mtkit.tuning"):
-        record = choose_batch_shapes(
-            "auto",
-            torch.device("cpu"),
-            torch.bfloat16,
-            (635, 256, 1024),
-            fresh_above=1024,
-            measure=measure,
-        )
-    assert record == {
-        "shapes": "classes",
-        "asked": "auto",
-        "new_shape_ms": 6.0,
-        "known_shape_ms": 1.0,
-    }
-    assert (
-        "took 6.00 ms at a new shape and 1.00 ms at a known one on this CPU: batches "
-        "in few shapes" in caplog.text
-    )
-    fresh = [n for n in calls if n != 635]
-    # Three row counts above any a batch of 1,024 tokens can have, each new then known.
-    assert len(fresh) == 9 and len(set(fresh)) == 3 and min(fresh) > 1024
-    assert fresh[0::3] == fresh[1::3] == fresh[2::3]
-    cheap, more = faked_shapes(new_ms=1.5, known_ms=1.0)  # under 2x: token batches stay
-    assert (
-        choose_batch_shapes(
-            "auto",
-            torch.device("cpu"),
-            torch.bfloat16,
-            (635, 256, 1024),
-            fresh_above=1024,
-            measure=cheap,
-        )["shapes"]
-        == "exact"
-    )
-    assert not set(more) - {635} & set(fresh)  # measuring again in the process: new rows
-
-
-def test_batch_shapes_are_measured_in_bf16_on_a_cpu_and_in_any_precision_on_cuda(caplog):
-    measure, calls = faked_shapes(new_ms=9.0, known_ms=1.0)
-    shape = (635, 256, 1024)
-    assert choose_batch_shapes("auto", torch.device("cpu"), None, shape, measure=measure) == {
-        "shapes": "exact",
-        "asked": "auto",
-    }  # fp32 on a CPU: no kernel is compiled per shape
-    assert choose_batch_shapes("classes", torch.device("cpu"), None, shape, measure=measure) == {
-        "shapes": "classes",
-        "asked": "classes",
-    }
-    assert calls == []
-    with caplog.at_level("INFO", logger="mtkit.tuning"):
-        for dtype in (None, torch.bfloat16):
-            record = choose_batch_shapes(
-                "auto",
-                torch.device("cuda"),
-                dtype,
-                shape,
-                measure=measure,
-                attention=("sdpa", SHAPE),
-            )
-            assert record["shapes"] == "classes" and record["new_shape_ms"] == 9.0
-    assert (
-        "the run's attention (sdpa)" in caplog.text and "on this GPU: batches in few" in caplog.text
-    )
-    cheap, _ = faked_shapes(new_ms=1.2, known_ms=1.0)
-    assert (
-        choose_batch_shapes("auto", torch.device("cuda"), None, shape, measure=cheap)["shapes"]
-        == "exact"
-    )
-
-
-def test_the_real_shape_timer_gives_a_record_with_both_figures():
-    record = choose_batch_shapes(
-        "auto", torch.device("cpu"), torch.bfloat16, (64, 32, 64), fresh_above=64
-    )
-    assert record["shapes"] in ("exact", "classes") and record["asked"] == "auto"
-    assert record["new_shape_ms"] > 0 and record["known_shape_ms"] > 0
-    ratio = record["new_shape_ms"] / record["known_shape_ms"]
-    if abs(ratio - 2) > 0.05:  # (the record's figures are rounded)
-        assert (record["shapes"] == "classes") == (ratio > 2)
 
 
 def test_translation_takes_matmul_attention_only_where_a_decoding_step_is_faster(caplog):
