@@ -126,6 +126,16 @@ def test_beam_search_in_fixed_shapes_gives_todays_hypotheses_in_few_shapes(read_
     )
 
 
+def test_an_ensemble_of_models_in_fixed_shapes_is_searched_in_them_with_todays_hypotheses():
+    """An ensemble steps in fixed shapes where all its models do: each model's cache is
+    preallocated (`EnsembleCache.preallocated`), and the outputs are the eager ones."""
+    first, second, src = random_model(5), random_model(6), random_src(8, 4)
+    fixed = Shapes(Ensemble([InFixedShapes(first), InFixedShapes(second)]))
+    got = beam_search(fixed, src, SearchOptions(beam=3))
+    assert_same_hypotheses(got, beam_search(Ensemble([first, second]), src, SearchOptions(beam=3)))
+    assert len(set(fixed.rows[1:])) <= 4 and fixed.rows[1] == 8 * 3
+
+
 def test_sentences_done_stay_in_the_batch_until_half_are_done():
     """Eager search lets each sentence go when it is done; in fixed shapes they stay,
     masked, until at least half of the batch is done."""
