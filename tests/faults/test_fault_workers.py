@@ -102,6 +102,12 @@ def assert_ended_cleanly(proc: subprocess.CompletedProcess, out: Path, mark: str
 KILLED = "translation helper process 1 of 1 (pid "
 SIGKILLED = "stopped with exit code -9 (killed by SIGKILL"
 
+# A helper dies at a moment of a batch only if it takes one: the kill tests translate
+# the 2,000 training lines (18 s on the engine's process alone, on an idle Xeon), so that
+# the engine's process cannot take every batch before a spawned helper has loaded (2 to
+# 3 s). The command ends at the helper's first result, so the size costs nothing. With
+# the 100 test lines (under a second) a loaded machine once let the engine's process
+# translate them all: the command ended well, and the test failed.
 # Every moment a forked helper can die at
 FORKED_MOMENTS = ["start", "loading", "taking", "before-send", "mid-send", "after-send"]
 # A spawned helper's own moments: before and while it loads, and half-way through a result
@@ -116,7 +122,7 @@ def model(trained) -> Path:
 @pytest.mark.parametrize("moment", FORKED_MOMENTS)
 def test_a_forked_helper_that_dies_at_any_moment_is_one_line(model, corpus, tmp_path, moment):
     out = tmp_path / "out.de"
-    proc, mark = translate(model, corpus["test.en"], out, FORKED, f"kill:{moment}")
+    proc, mark = translate(model, corpus["train.en"], out, FORKED, f"kill:{moment}")
     line = assert_ended_cleanly(proc, out, mark, KILLED)
     assert SIGKILLED in line and "translate with --workers 1" in line
 
@@ -124,7 +130,7 @@ def test_a_forked_helper_that_dies_at_any_moment_is_one_line(model, corpus, tmp_
 @pytest.mark.parametrize("moment", SPAWNED_MOMENTS)
 def test_a_spawned_helper_that_dies_at_any_moment_is_one_line(model, corpus, tmp_path, moment):
     out = tmp_path / "out.de"
-    proc, mark = translate(model, corpus["test.en"], out, SPAWNED, f"kill:{moment}")
+    proc, mark = translate(model, corpus["train.en"], out, SPAWNED, f"kill:{moment}")
     assert SIGKILLED in assert_ended_cleanly(proc, out, mark, KILLED)
 
 
