@@ -1,8 +1,9 @@
 """Captured updates (`mtkit.training.graphs`) on a CPU: an eager stand-in for CUDA's graph
 capture (warm-up updates, then the update itself as the "replay") runs the static
 buffers, the device-side bookkeeping, the RNG hand-back around capturing and the eager
-fallback as a GPU would; the decision is tested with faked timings. The real capture
-runs in tests/unit/test_cuda.py and `benchmarks/gpu_check.sh`."""
+fallback as a GPU would, and `auto`'s measurement. The decision, with faked timings, is
+tested in test_tuning_capture.py; the real capture runs in tests/unit/test_cuda.py and
+`benchmarks/gpu_check.sh`."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import pytest
 import torch
 
 from mtkit.core.checkpoint import load_checkpoint
-from mtkit.core.config import TrainConfig, config_from_dict
+from mtkit.core.config import config_from_dict
 from mtkit.training.loop import train
 from mtkit.tuning import capture
-from mtkit.tuning.capture import WARMUP_RUNS, choose_graphs
+from mtkit.tuning.capture import WARMUP_RUNS
 
 from conftest import tiny_config_dict
 
@@ -147,44 +148,3 @@ def test_auto_times_both_kinds_of_update_on_a_copy_and_leaves_the_run_as_it_was(
     train(told)
     a, b = weights(auto.run_path), weights(told.run_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_graphs_need_cuda_one_process_and_one_batch_per_update():
-    cuda, cpu, tc = torch.device("cuda"), torch.device("cpu"), TrainConfig()
-
-    def never():
-        raise AssertionError("measured")
-
-    assert choose_graphs("off", cuda, tc, False, never) == {"graphs": "off", "asked": "off"}
-    assert choose_graphs("on", cpu, tc, False, never)["why"] == "not on CUDA"
-    assert choose_graphs("auto", cuda, tc, True, never) == {
-        "graphs": "off",
-        "asked": "auto",
-        "why": "under DDP",
-    }
-    accumulating = dataclasses.replace(tc, update_freq=2)
-    assert choose_graphs("auto", cuda, accumulating, False, never)["why"] == (
-        "train.update_freq > 1"
-    )
-    assert choose_graphs("on", cuda, tc, False, never) == {"graphs": "on", "asked": "on"}
-
-
-def test_auto_takes_graphs_where_a_replayed_update_is_clearly_faster(caplog):
-    cuda, tc = torch.device("cuda"), TrainConfig()
-    with caplog.at_level("INFO", logger="mtkit.tuning.capture"):
-        record = choose_graphs("auto", cuda, tc, False, lambda: (0.028, 0.0045))
-    assert record == {"graphs": "on", "asked": "auto", "eager_ms": 28.0, "graph_ms": 4.5}
-    assert "28.00 ms eagerly and 4.50 ms replayed: graphs" in caplog.text
-    assert choose_graphs("auto", cuda, tc, False, lambda: (0.005, 0.0048))["graphs"] == "off"
-    failed = choose_graphs("auto", cuda, tc, False, lambda: (0.005, float("inf")))
-    assert failed["graphs"] == "off"
-
-    def broken():
-        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-
-    record = choose_graphs("auto", cuda, tc, False, broken)
-    assert record["graphs"] == "off" and "stream is capturing" in record["why"]
-
-
-def test_graphs_are_off_unless_asked_for():
-    assert TrainConfig().cuda_graphs == "off"  # until measured on a GPU
