@@ -38,7 +38,11 @@ def sentence_spans(text: str, lang: str = "en") -> list[tuple[int, int]]:
     """Where each sentence of `text` is: (start, end) character offsets, in order, with
     nothing but whitespace between and around them. Text of one sentence (or none) is one
     span (or none); whatever the splitter returns that is not text of the line, exactly,
-    leaves the line whole."""
+    leaves the line whole.
+
+    Whitespace is not the splitter's to judge: it sees the text with each run of
+    whitespace (a double space, a line break of hard-wrapped markup) as one space, as the
+    model does, and its sentences are found again in `text` by their other characters."""
     stripped = text.strip()
     if not stripped:
         return []
@@ -46,14 +50,15 @@ def sentence_spans(text: str, lang: str = "en") -> list[tuple[int, int]]:
     whole = [(start, start + len(stripped))]
     if not any(c in stripped for c in ".!?…"):  # nothing can end a sentence inside
         return whole
+    inked = [i for i, c in enumerate(text) if not c.isspace()]  # offsets of the others
     spans, at = [], 0
-    for sentence in _splitter(lang).split(stripped):
-        found = text.find(sentence, at)
-        if found < 0 or text[at:found].strip():
+    for sentence in _splitter(lang).split(" ".join(stripped.split())):
+        ink = "".join(sentence.split())
+        if not ink or "".join(text[i] for i in inked[at : at + len(ink)]) != ink:
             return whole
-        spans.append((found, found + len(sentence)))
-        at = found + len(sentence)
-    return spans if spans and not text[at:].strip() else whole
+        spans.append((inked[at], inked[at + len(ink) - 1] + 1))
+        at += len(ink)
+    return spans if spans and at == len(inked) else whole
 
 
 def split(text: str, lang: str = "en") -> list[str]:

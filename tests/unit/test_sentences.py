@@ -38,6 +38,22 @@ def test_abbreviations_numbers_and_unpunctuated_lines_are_not_split():
     assert split("One. Two.", "xx") == ["One.", "Two."]
 
 
+def test_whitespace_inside_a_sentence_never_keeps_a_line_whole():
+    """The splitter collapses whitespace: a double space (a tag without words taken out of
+    the text, a placeholder) once made its sentences unfindable, and the whole line was
+    translated as one sentence; a line break of hard-wrapped markup ended a sentence."""
+    assert split("A man is riding a  bike. Two dogs play in the snow.") == [
+        "A man is riding a  bike.",
+        "Two dogs play in the snow.",
+    ]
+    wrapped = "A man in a red shirt is riding\n   a bike down the street. A dog\n   runs."
+    assert split(wrapped) == [
+        "A man in a red shirt is riding\n   a bike down the street.",
+        "A dog\n   runs.",
+    ]
+    assert sentence_spans("\tOne.\t\tTwo  three. ") == [(1, 5), (7, 18)]
+
+
 def test_sentences_are_joined_with_a_space_except_in_unspaced_scripts():
     assert separator("de") == " " and separator(None) == " "
     assert separator("zh") == "" and separator("ja-JP") == ""
