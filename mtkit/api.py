@@ -346,9 +346,12 @@ def translate_file(
     from mtkit.core.atomic import atomic_text
 
     if written.document:
-        from mtkit.core.textio import read_document
+        from mtkit.core.atomic import write_atomic
+        from mtkit.core.textio import document_encoding, read_document, write_document
 
-        text = read_document(input.read_bytes() if input else sys.stdin.buffer.read())
+        data = input.read_bytes() if input else sys.stdin.buffer.read()
+        encoding = document_encoding(data, written.kind)
+        text = read_document(data, encoding)
         (result,) = Translator(engine).translate_with(
             [text],
             opts,
@@ -358,8 +361,12 @@ def translate_file(
             split=split,
             batch_tokens=batch_tokens,
         )
-        with atomic_text(output) if output else nullcontext(sys.stdout) as sink:
-            sink.write(result.text)
+        payload = write_document(result.text, encoding, written.kind)
+        if output:
+            write_atomic(output, payload)
+        else:
+            sys.stdout.buffer.write(payload)
+            sys.stdout.flush()
         return
     from mtkit.core.progress import progress_bar
     from mtkit.core.textio import read_all_lines

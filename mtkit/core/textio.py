@@ -10,11 +10,13 @@ line is a request record (`parse_line`) and each output line a result record
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,15 +131,61 @@ def read_chunks(
         yield [_decode(bounded(bytes(pending)))]
 
 
-def read_document(data: bytes) -> str:
-    """A whole document's text: a byte-order mark dropped, invalid UTF-8 replaced (with
-    a warning); gzip-compressed input refused in one line, as in `read_chunks`."""
+# Where a document says what encoding it is in, in its first bytes: an XML declaration
+# (xml, and XHTML read as html), an HTML <meta> tag, a gettext header's Content-Type.
+DECLARED = {
+    "xml": re.compile(rb"\A\s*<\?xml[^>]*?\bencoding\s*=\s*[\"']([\w.:-]+)"),
+    "html": re.compile(
+        rb"\A\s*<\?xml[^>]*?\bencoding\s*=\s*[\"']([\w.:-]+)"
+        rb"|<meta\b[^>]*?\bcharset\s*=\s*[\"']?([\w.:-]+)",
+        re.IGNORECASE,
+    ),
+    "po": re.compile(rb"\"Content-Type:[^\"]*?charset=([\w.:-]+)", re.IGNORECASE),
+}
+DECLARED_WITHIN = 4096  # bytes of a document searched for its declaration
+
+
+def document_encoding(data: bytes, format: str) -> str:
+    """The encoding a `format` document in `data` is read and written in: the one it
+    declares (a template's "CHARSET" is none), else UTF-8; "utf-8-sig" where it starts
+    with a byte-order mark, so that the translation starts with one too. A declared
+    encoding Python does not know is one line."""
+    if data.startswith(BOM):
+        return "utf-8-sig"
+    found = DECLARED.get(format, re.compile(b"(?!)")).search(data[:DECLARED_WITHIN])
+    name = next((g for g in found.groups() if g), b"").decode("ascii") if found else ""
+    if not name or name.upper() == "CHARSET":
+        return "utf-8"
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        raise OptionError(f"the document declares an unknown encoding: {name}") from None
+
+
+def read_document(data: bytes, encoding: str = "utf-8") -> str:
+    """A whole document's text, in `encoding` (`document_encoding`): a byte-order mark
+    dropped, invalid bytes replaced (with a warning); gzip-compressed input refused in
+    one line, as in `read_chunks`."""
     if data.startswith(GZIP_MAGIC):
         raise OptionError("the input is gzip-compressed: decompress it first")
-    text = data.removeprefix(BOM).decode("utf-8", errors="replace")
-    if "\ufffd" in text and b"\xef\xbf\xbd" not in data:
-        log.warning("the input is not valid UTF-8: its invalid bytes are replaced")
+    text = data.removeprefix(BOM).decode(encoding, errors="replace")
+    if "\ufffd" in text and "\ufffd" not in data.decode(encoding, errors="ignore"):
+        log.warning("the input is not valid %s: its invalid bytes are replaced", encoding)
     return text
+
+
+def write_document(text: str, encoding: str, format: str) -> bytes:
+    """A translated `format` document's bytes, in the encoding its source was read in
+    (`document_encoding`). A character that encoding cannot hold is a character
+    reference in markup (html, xml), else one line."""
+    markup = format in ("html", "xml")
+    try:
+        return text.encode(encoding, errors="xmlcharrefreplace" if markup else "strict")
+    except UnicodeEncodeError as e:
+        raise OptionError(
+            f"the translation holds {text[e.start]!r}, which the document's encoding "
+            f"({encoding}) cannot hold: convert the document to UTF-8 first"
+        ) from None
 
 
 def _fileno(stream) -> int | None:

@@ -97,3 +97,16 @@ def test_text_with_markup_characters_is_translated_as_text(trained):
 
     assert json.loads(jsonl.stdout)["source"] == line
     assert json.loads(jsonl.stdout)["translation"] == text.stdout.rstrip("\n")
+
+
+def test_a_latin1_catalogue_comes_back_in_latin1_with_its_messages_unchanged(trained, tmp_path):
+    catalog = (
+        b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n\n'
+        b'msgid "A caf\xe9 and a dog."\nmsgstr ""\n'
+    )
+    (tmp_path / "fr.po").write_bytes(catalog)
+    out = tmp_path / "out.po"
+    result = cli("translate", "-m", _model(trained), "-i", tmp_path / "fr.po", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert b'msgid "A caf\xe9 and a dog."' in out.read_bytes()
+    assert polib.pofile(out.read_bytes().decode("latin-1"))[0].msgstr

@@ -8,8 +8,19 @@ import json
 import os
 import threading
 
+import pytest
+
+from mtkit.core.errors import OptionError
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import OutputFormat, Request, format_lines, read_chunks
+from mtkit.core.textio import (
+    OutputFormat,
+    Request,
+    document_encoding,
+    format_lines,
+    read_chunks,
+    read_document,
+    write_document,
+)
 from mtkit.core.translation import Translation
 from mtkit.engines.session import translate_stream
 
@@ -71,3 +82,31 @@ def test_output_formats(tiny_engine):
         )[0]
     )
     assert record["source"] == "A dog." and len(record["nbest"]) == 2
+
+
+def test_a_document_is_read_and_written_in_the_encoding_it_declares():
+    """Once a declared Latin-1 was read as UTF-8: its "é" replaced, the translation
+    written as UTF-8 under a declaration of ISO-8859-1."""
+    po = b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n'
+    po += b'\nmsgid "caf\xe9"\n'
+    assert document_encoding(po, "po") == "iso8859-1"
+    assert "café" in read_document(po, "iso8859-1")
+    xml = b'<?xml version="1.0" encoding="latin-1"?>\n<p>gr\xfcn</p>'
+    assert document_encoding(xml, "xml") == "iso8859-1"
+    html = b'<html><head><meta charset="windows-1252"></head><body>\x80</body></html>'
+    assert document_encoding(html, "html") == "cp1252"
+    assert read_document(html, "cp1252").endswith("<body>€</body></html>")
+    # undeclared, a template's placeholder, a byte-order mark (given back on writing)
+    assert document_encoding(b"<p>x</p>", "html") == "utf-8"
+    assert document_encoding(b'"Content-Type: text/plain; charset=CHARSET\\n"', "po") == "utf-8"
+    assert document_encoding(b"\xef\xbb\xbf1\n", "srt") == "utf-8-sig"
+    assert write_document("1\n", "utf-8-sig", "srt") == b"\xef\xbb\xbf1\n"
+    with pytest.raises(OptionError, match="declares an unknown encoding: foo"):
+        document_encoding(b'<?xml version="1.0" encoding="foo"?><a/>', "xml")
+
+
+def test_a_character_the_encoding_cannot_hold_is_a_reference_in_markup_else_one_line():
+    assert write_document("<p>grün</p>", "ascii", "xml") == b"<p>gr&#252;n</p>"
+    assert write_document("grün", "iso8859-1", "po") == b"gr\xfcn"
+    with pytest.raises(OptionError, match="holds 'ü', which the document's encoding"):
+        write_document('msgstr "grün"', "ascii", "po")
