@@ -84,7 +84,9 @@ def _with_msgstrs(lines: list[str], entries: list, changed: set[int]) -> list[st
     anew by polib, from its first msgstr line to the end of the entry (a msgstr comes
     last in an entry), with the file's line ends; every other line as it was."""
     out = list(lines)
-    starts = [e.linenum - 1 for e in entries]  # an entry's first line, comments included
+    # an entry's first line, comments included (polib numbers them from 1, but an entry
+    # that starts the file, with no header before it, 0)
+    starts = [max(e.linenum - 1, 0) for e in entries]
     ends = starts[1:] + [len(lines)]
     for e, start, stop in reversed(list(zip(entries, starts, ends, strict=True))):
         if id(e) not in changed:
