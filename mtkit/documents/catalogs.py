@@ -19,9 +19,7 @@ MOST_FORMS = 8  # the most plural forms of any language gettext knows is 6
 # A line of a .po file that is not a comment: a keyword and a string, or a string that
 # continues the one above. polib reads some lines that are neither (an unterminated
 # string) as if they were, and the message comes out cut.
-LINE = re.compile(
-    r'\s*(?:(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+)?"(?:[^"\\]|\\.)*"\s*'
-)
+LINE = re.compile(r'(?:(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+)?"(?:[^"\\]|\\.)*"')
 SEPARATOR = re.compile(r"([\n\t]+)")  # between a message's lines or its columns
 
 
@@ -35,11 +33,11 @@ def translate_po(document: str, translate: Translate) -> str:
 
     lines = document.splitlines(keepends=True)
     for n, line in enumerate(lines, 1):
-        line = line.lstrip("\ufeff")  # (a byte-order mark)
-        if line.strip() and not line.startswith("#") and not LINE.fullmatch(line):
+        line = line.strip().lstrip("\ufeff")  # (a byte-order mark)
+        if line and not line.startswith("#") and not LINE.fullmatch(line):
             raise CatalogError(
                 f"not a gettext (.po) file: line {n} is not a keyword and a quoted string: "
-                f"{line.strip()[:60]!r}"
+                f"{line[:60]!r}"
             )
     try:
         # (a newline: polib would open a file whose name the text happened to be)
@@ -93,7 +91,7 @@ def _with_msgstrs(lines: list[str], entries: list, changed: set[int]) -> list[st
             continue
         while stop > start and not lines[stop - 1].strip():
             stop -= 1  # the blank lines after an entry stay
-        first = next(k for k in range(start, stop) if lines[k].startswith("msgstr"))
+        first = next(k for k in range(start, stop) if lines[k].lstrip().startswith("msgstr"))
         eol = "\r\n" if lines[first].endswith("\r\n") else "\n"
         written = str(e).splitlines()
         msgstr = next(k for k, x in enumerate(written) if x.startswith("msgstr"))
