@@ -1,6 +1,7 @@
-"""Short texts from a file format (a subtitle cue, a gettext message): plain text or
-text with inline tags, placeholders kept (`mtkit.documents.placeholders`), translated
-together in one batch."""
+"""Short texts from a file format (a subtitle cue, a gettext message): text with some
+inline tags, placeholders kept (`mtkit.documents.placeholders`), translated together in
+one batch. Such a message is not HTML: only its tags are markup, and its text (`&`, `<`,
+`&copy;` and all) comes back as it was written."""
 
 from __future__ import annotations
 
@@ -12,26 +13,34 @@ from dataclasses import dataclass
 from mtkit.core.translation import Translation
 from mtkit.documents.markup import Prepared, finish, prepare
 
-TAGGED = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>")  # a message with markup in it
+TAGGED = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>")  # a tag in a message
 Translate = Callable[[list[str]], list[Translation]]
+
+
+def _outside_tags(text: str, change: Callable[[str], str]) -> str:
+    """`text` with `change` applied to each stretch of it between its tags."""
+    out, at = [], 0
+    for tag in TAGGED.finditer(text):
+        out += [change(text[at : tag.start()]), tag.group()]
+        at = tag.end()
+    return "".join(out) + change(text[at:])
 
 
 @dataclass
 class Message:
-    """One message read for translation: markup (`tagged`) or plain text, escaped so
-    the markup reader takes it as text."""
+    """One message read for translation by the markup reader, its text escaped so that
+    the reader takes it as text and only its tags as markup."""
 
     prepared: Prepared
-    tagged: bool
 
     @classmethod
     def read(cls, text: str) -> Message:
-        tagged = bool(TAGGED.search(text))
-        return cls(prepare(text if tagged else html.escape(text, quote=False), "html"), tagged)
+        return cls(prepare(_outside_tags(text, lambda s: html.escape(s, quote=False)), "html"))
 
     def written(self, translated: list[Translation]) -> str:
-        out = finish(self.prepared, translated)
-        return out if self.tagged else html.unescape(out)
+        # The markup writer escapes every text it writes (words, placeholders, text kept
+        # as it stood), so unescaping all text between tags gives the message's own back.
+        return _outside_tags(finish(self.prepared, translated), html.unescape)
 
 
 def translate_messages(messages: list[str], translate: Translate) -> list[str]:

@@ -1,10 +1,13 @@
-"""SubRip subtitles (.srt, through the `srt` package): every cue's number and timings
-kept as they are, its text translated in context. A sentence that runs over several cues
-(a cue that ends without . ! ? or …) is translated whole, and its words are handed back
-to the cues their source words came from (through the word alignment, in order; by
-length where the alignment leaves a cue without words). A cue keeps its number of lines.
-Cues with markup (`<i>`, `<font>`) or override tags (`{\\an8}`) are translated one by
-one, their tags carried through."""
+"""SubRip subtitles (.srt, read with the `srt` package): every cue's text translated in
+context, and nothing else of the file touched: cue numbers, timing lines and blank lines
+are kept byte for byte (a file without cue numbers stays without, a timing written
+loosely stays as written). A sentence that runs over several cues (a cue that ends
+without . ! ? or …) is translated whole, and its words are handed back to the cues their
+source words came from (through the word alignment, in order; by length where the
+alignment leaves a cue without words; cue by cue where even that would leave one
+blank). A cue keeps its number of lines. Cues with markup (`<i>`, `<font>`) or override
+tags (`{\\an8}`) are translated one by one, each as one sentence, their tags carried
+through."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
 
 SENTENCE_END = re.compile(r"[.!?…。！？][\"'»”’)\]]*$")
 MOST_CUES = 4  # a sentence spreads over at most this many cues before it is cut
+TOKEN = re.compile(rf"(?:{TAGGED.pattern}|\S)+")  # a word with its tags: lines break between
 
 
 class SubtitleError(UserError, ValueError):
@@ -29,38 +33,63 @@ def translate_srt(document: str, translate: Translate) -> str:
     import srt
 
     try:
-        cues = list(srt.parse(document))
+        texts = [cue.content for cue in srt.parse(document)]
     except (srt.SRTParseError, ValueError, OverflowError) as e:  # (a timing out of range)
         raise SubtitleError(f"not a SubRip (.srt) file: {str(e).splitlines()[0][:120]}") from None
-    groups = _groups(cues)
-    plain = [g for g in groups if len(g) > 1 or not _marked(cues[g[0]].content)]
+    groups = _groups(texts)
+    plain = [g for g in groups if len(g) > 1 or not _marked(texts[g[0]])]
     tagged = [g[0] for g in groups if g not in plain]
-    texts = [" ".join(" ".join(cues[i].content.split()) for i in g) for g in plain]
-    translated = translate(texts) if texts else []
-    for group, t in zip(plain, translated, strict=True):
-        t = restore_numbers(t)
-        shares = _share(t, [len(cues[i].content.split()) for i in group])
-        for i, words in zip(group, shares, strict=True):
-            cues[i].content = _lines(words, cues[i].content.count("\n") + 1)
-    messages = translate_messages([cues[i].content for i in tagged], translate)
+    short = _put_back(texts, plain, translate)
+    # A sentence whose translation has fewer words than it has cues ("Yes, / yes, / yes, /
+    # yes." as "Ja."), or whose words the alignment and the lengths leave a cue without,
+    # would show a blank cue while its words are spoken: its cues are translated one by
+    # one instead, each its own text in its own time.
+    _put_back(texts, [[i] for g in short for i in g], translate)
+    # A cue's lines are one sentence to translate (a line break is no sentence's end);
+    # the translation is broken into as many lines again.
+    messages = translate_messages([" ".join(texts[i].split("\n")) for i in tagged], translate)
     for i, text in zip(tagged, messages, strict=True):
-        cues[i].content = text
-    return srt.compose(cues, reindex=False, strict=False)
+        texts[i] = _lines(TOKEN.findall(text), texts[i].count("\n") + 1)
+    eol = "\r\n" if "\r\n" in document else "\n"
+    out, at = [], 0
+    for match, text in zip(srt.SRT_REGEX.finditer(document), texts, strict=True):
+        start, end = match.span(5)  # the cue's text (`srt.parse` read the same matches)
+        out += [document[at:start], text.replace("\n", eol)]
+        at = end
+    return "".join(out) + document[at:]
 
 
-def _groups(cues) -> list[list[int]]:
-    """Runs of cues that hold one sentence (at most `MOST_CUES`); a cue with markup is
-    one on its own."""
+def _put_back(texts: list[str], groups: list[list[int]], translate: Translate) -> list[list[int]]:
+    """Each group of cues (indices into `texts`) translated as one text, and its words
+    handed back to its cues (`_share`) in `texts`; the groups where that would leave a cue
+    that had words without any are left as they were, and returned."""
+    joined = [" ".join(w for i in g for w in texts[i].split()) for g in groups]
+    translated = translate(joined) if joined else []
+    short = []
+    for group, t in zip(groups, translated, strict=True):
+        counts = [len(texts[i].split()) for i in group]
+        shares = _share(restore_numbers(t), counts)
+        if len(group) > 1 and any(n and not s for n, s in zip(counts, shares, strict=True)):
+            short.append(group)
+            continue
+        for i, words in zip(group, shares, strict=True):
+            texts[i] = _lines(words, texts[i].count("\n") + 1)
+    return short
+
+
+def _groups(texts: list[str]) -> list[list[int]]:
+    """Runs of cues (their `texts`) that hold one sentence (at most `MOST_CUES`); a cue
+    with markup is one on its own."""
     groups: list[list[int]] = []
     current: list[int] = []
-    for i, cue in enumerate(cues):
-        if _marked(cue.content):
+    for i, text in enumerate(texts):
+        if _marked(text):
             groups += [current] if current else []
             groups.append([i])
             current = []
             continue
         current.append(i)
-        if SENTENCE_END.search(cue.content.strip()) or len(current) == MOST_CUES:
+        if SENTENCE_END.search(text.strip()) or len(current) == MOST_CUES:
             groups.append(current)
             current = []
     return groups + ([current] if current else [])
@@ -101,14 +130,16 @@ def _share(t: Translation, source_words: list[int]) -> list[list[str]]:
 
 
 def _lines(words: list[str], lines: int) -> str:
-    """`words` on `lines` lines of about equal length (a cue keeps its line count)."""
+    """`words` on `lines` lines of about equal length, tags not counted (a cue keeps its
+    line count)."""
     if lines <= 1 or len(words) < 2:
         return " ".join(words)
-    out, at, total = [], 0, sum(map(len, words)) + len(words)
+    sizes = [len(TAGGED.sub("", w)) for w in words]
+    out, at, total = [], 0, sum(sizes) + len(words)
     for k in range(1, lines):
         target, used, cut = total * k / lines, 0, at
         for j in range(len(words)):
-            used += len(words[j]) + 1
+            used += sizes[j] + 1
             if used >= target:
                 cut = max(j + 1, at + 1)
                 break

@@ -29,6 +29,21 @@ def upper(texts: list[str]) -> list[Translation]:
     return out
 
 
+def same(texts: list[str]) -> list[Translation]:
+    """Each text as it is: word i is linked to word i."""
+    out = []
+    for text in texts:
+        words = text.split()
+        links = tuple((i, i) for i in range(len(words)))
+        out.append(Translation(text, " ".join(words), -1.0, -0.5, (), links))
+    return out
+
+
+def first_word(texts: list[str]) -> list[Translation]:
+    """Only the first word of each text, linked to it."""
+    return [Translation(t, " ".join(t.split()[:1]), -1.0, -0.5, (), ((0, 0),)) for t in texts]
+
+
 def reverse(texts: list[str]) -> list[Translation]:
     """The words in reverse order: word i is linked to word n - 1 - i."""
     out = []
@@ -306,3 +321,89 @@ def test_a_catalogue_with_impossible_plural_forms_is_one_line(forms):
     )
     with pytest.raises(CatalogError, match=f"nplurals={forms}"):
         translate_document(po, "po", upper)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "<b>{name:<10}</b> is riding a bike.",
+        "A dog runs with <b>{{ a && b }}</b>.",
+        "Save <b>file</b> & exit",
+        "Use <b>a</b> if x < y",
+        "<b>Tom</b> &copy; 2020",
+        "<i>Tom & Jerry < run.</i>",
+    ],
+)
+def test_a_message_is_text_with_tags_not_html(message):
+    assert translate_messages([message], same) == [message]
+    po = f'msgid "{message}"\nmsgstr ""\n'
+    assert translate_document(po, "po", same).text == f'msgid "{message}"\nmsgstr "{message}"\n'
+    cue = f"1\n00:00:01,000 --> 00:00:02,000\n{message}\n"
+    assert translate_document(cue, "srt", same).text == cue
+
+
+def test_po_messages_keep_their_lines_and_tabs():
+    po = (
+        'msgid "Usage: dog [OPTIONS]\\n\\nRuns the dog.\\n"\nmsgstr ""\n\n'
+        'msgid "Line one.\\nLine two with a dog."\nmsgstr ""\n\n'
+        '#, c-format\nmsgid "A man:\\t%d bikes"\nmsgstr ""\n'
+    )
+    out = translate_document(po, "po", reverse).text  # each line, each column, reversed
+    assert out == (
+        'msgid "Usage: dog [OPTIONS]\\n\\nRuns the dog.\\n"\nmsgstr ""\n'
+        '"[OPTIONS] dog Usage:\\n"\n"\\n"\n"dog. the Runs\\n"\n\n'
+        'msgid "Line one.\\nLine two with a dog."\nmsgstr ""\n'
+        '"one. Line\\n"\n"dog. a with two Line"\n\n'
+        '#, c-format\nmsgid "A man:\\t%d bikes"\nmsgstr "man: A\\t%d bikes"\n'
+    )
+
+
+def test_a_po_file_is_checked_and_only_its_new_msgstrs_are_written():
+    with pytest.raises(CatalogError, match="line 1 is not a keyword and a quoted string"):
+        translate_document('msgid "A dog\nmsgstr ""\n', "po", upper)
+    po = (
+        '# a comment\nmsgid "x"\nmsgstr "\\x41"\n\n'
+        'msgid "a long message"\nmsgstr ""\n"already translated, '
+        'wrapped as its writer wrapped it"\n\n'
+        'msgid "a dog"\nmsgstr ""\n\n#~ msgid "old"\n#~ msgstr "alt"\n'
+    )
+    assert translate_document(po, "po", upper).text == po.replace(
+        'msgid "a dog"\nmsgstr ""', 'msgid "a dog"\nmsgstr "A DOG"'
+    )
+
+
+def test_a_sentence_that_cannot_fill_its_cues_is_translated_cue_by_cue():
+    subs = "".join(
+        f"{k}\n00:00:0{k},000 --> 00:00:0{k + 1},000\n{text}\n\n"
+        for k, text in enumerate(["Yes,", "yes,", "yes,", "yes."], 1)
+    )
+    assert translate_document(subs, "srt", first_word).text == subs  # no cue left blank
+
+
+def test_a_cue_with_tags_is_one_sentence_on_its_lines():
+    seen = []
+
+    def translate(texts):
+        seen.extend(texts)
+        return upper(texts)
+
+    cue = (
+        "1\n00:00:01,000 --> 00:00:02,000\n<i>A man is riding a bike</i>\n<i>down the street.</i>\n"
+    )
+    assert translate_document(cue, "srt", translate).text == (
+        "1\n00:00:01,000 --> 00:00:02,000\n<i>A MAN IS RIDING A BIKE</i>\n<i>DOWN THE STREET.</i>\n"
+    )
+    assert seen == ["A man is riding a bike down the street."]
+
+
+@pytest.mark.parametrize(
+    "subs",
+    [  # no cue numbers; a loosely written timing; CRLF line ends and no final blank line
+        "00:00:01,000 --> 00:00:02,000\nA dog runs.\n\n00:00:02,000 --> 00:00:03,000\nA cat.\n",
+        "1\n00:00:01,5 --> 00:01:75,000\nA dog runs.\n",
+        "7\r\n00:00:01,000 --> 00:00:02,000\r\nA dog\r\nruns.",
+    ],
+)
+def test_subtitle_numbers_and_timing_lines_are_kept_as_written(subs):
+    expected = subs.replace("A dog", "A DOG").replace("runs.", "RUNS.").replace("A cat", "A CAT")
+    assert translate_document(subs, "srt", upper).text == expected
