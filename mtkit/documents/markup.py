@@ -66,12 +66,12 @@ class Element:
     start: str  # the start tag as written
     end: str = ""  # the end tag as written ("" for a void or self-closed element, or none)
     children: list = field(default_factory=list)  # Element | Text | Raw
-    html: bool = True  # an HTML element (False: XML, where names mean nothing to mtkit)
 
     @property
     def kept(self) -> bool:
-        """Never translated: translate="no", and in HTML code, pre, scripts and styles."""
-        return (self.html and self.name in KEPT) or bool(NO_TRANSLATE.search(self.start))
+        """Never translated: code, pre, scripts and styles (in XML too: XHTML's), and
+        translate="no"."""
+        return self.name in KEPT or bool(NO_TRANSLATE.search(self.start))
 
     def raw(self) -> str:
         return self.start + "".join(c.raw() for c in self.children) + self.end
@@ -125,6 +125,10 @@ class _Reader(HTMLParser):
         self._exact = None
         return super().updatepos(i, j)
 
+    def set_cdata_mode(self, elem, **kwargs):
+        if not self.xml:  # in XML a script or a style holds elements like any other
+            super().set_cdata_mode(elem, **kwargs)
+
     def _add(self, node):
         """Add `node` to the open element; a text next to a text joins it. Returns the
         node that holds it."""
@@ -151,7 +155,7 @@ class _Reader(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if not self.xml and self.open[-1].name in CLOSES_SIBLING.get(tag, ()):
             self.open.pop()  # <li>one<li>two: the first ends where the second starts
-        element = Element(tag, self.get_starttag_text() or "", html=not self.xml)
+        element = Element(tag, self.get_starttag_text() or "")
         self._add(element)
         if self.xml or tag not in VOID:
             self.open.append(element)
@@ -162,7 +166,7 @@ class _Reader(HTMLParser):
                 )
 
     def handle_startendtag(self, tag, attrs):
-        self._add(Element(tag, self.get_starttag_text() or "", html=not self.xml))
+        self._add(Element(tag, self.get_starttag_text() or ""))
 
     def handle_endtag(self, tag):
         names = [e.name for e in self.open[1:]]

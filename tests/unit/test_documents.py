@@ -277,8 +277,24 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
             "xml",
             '<!DOCTYPE a [<!ENTITY e "A man.">]><a>&e; WALKS.</a>',
         ),
-        # in XML, names mean nothing: <code> is translated; in HTML it is kept
-        ("<doc><code>a dog</code></doc>", "xml", "<doc><code>A DOG</code></doc>"),
+        # in XML (XHTML's elements) code, scripts and styles are kept too, their tags with them
+        ("<doc><code>a dog</code></doc>", "xml", "<doc><code>a dog</code></doc>"),
+        (
+            "<doc><script>A <b>dog</b> runs.</script><p>A <b>dog</b>.</p></doc>",
+            "xml",
+            "<doc><script>A <b>dog</b> runs.</script><p>A <b>DOG</b>.</p></doc>",
+        ),
+        (
+            '<html xmlns="http://www.w3.org/1999/xhtml"><head><title>A dog</title>'
+            '<script>if (a &lt; b) alert("A dog runs.");</script>'
+            "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
+            "<p>Use <code>A cat</code> now.</p></body></html>",
+            "xml",
+            '<html xmlns="http://www.w3.org/1999/xhtml"><head><title>A DOG</title>'
+            '<script>if (a &lt; b) alert("A dog runs.");</script>'
+            "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
+            "<p>USE <code>A cat</code> NOW.</p></body></html>",
+        ),
         (
             "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
             "html",
