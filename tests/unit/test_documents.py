@@ -123,6 +123,8 @@ def test_bad_markup_is_one_line_or_a_named_best_effort(caplog):
         translate_document("<doc><p>a</doc>", "xml", upper)
     with pytest.raises(MarkupError, match="<doc> is never closed"):
         translate_document("<doc><p>a</p>", "xml", upper)
+    with pytest.raises(MarkupError, match="a stray end tag </b>"):  # XML: a script holds tags
+        translate_document("<doc><script>a </b></script></doc>", "xml", upper)
     with caplog.at_level(logging.WARNING):
         out = translate_document("<p>a stray</b> end</p>", "html", upper).text
     assert "best it can be" in caplog.text and tags(out) == tags("<p>a stray</b> end</p>")
