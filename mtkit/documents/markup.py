@@ -370,7 +370,9 @@ def _words(text: str) -> list[tuple[int, int]]:
 def place(text: str, marks: list[Mark], translation: Translation) -> str:
     """The translation of a run with its marks put back: each element around the target
     words aligned to the source words it covered (clamped into its parent, kept off its
-    earlier siblings), each atom before the target word of the source word it preceded."""
+    earlier siblings; around all of its parent's target words where it held all of its
+    parent's source words), each atom before the target word of the source word it
+    preceded."""
     src_words = _words(text)
     target = translation.text.split()
     partners: dict[int, list[int]] = {}
@@ -404,17 +406,37 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
         start, stop = max(first, lo), min(last + 1, hi)
         return (start, stop) if start < stop else (min(start, hi), min(start, hi))
 
-    def layout(children: list[Mark], lo: int, hi: int) -> list[tuple[Mark, int, int, list]]:
-        """Each child's target words, in target order, none overlapping the one before."""
+    def holds_all(mark: Mark, words: list[int]) -> bool:
+        """Whether `mark` holds every letter and digit of source `words` (its parent's)."""
+        letters = [i for w in words for i in range(*src_words[w]) if text[i].isalnum()]
+        return bool(letters) and mark.start <= letters[0] and letters[-1] < mark.end
+
+    def layout(
+        children: list[Mark], lo: int, hi: int, words: list[int]
+    ) -> list[tuple[Mark, int, int, list]]:
+        """Each child's target words, in target order, none overlapping the one before. A
+        child that holds all its parent's source `words` holds all the parent's target
+        words (alignments miss words, and a model adds some): its siblings go to the edge
+        on their side of it."""
+        whole = next((m for m in children if not m.atom and holds_all(m, words)), None)
+
+        def where(mark: Mark) -> tuple[int, int]:
+            if whole is None:
+                return span(mark, lo, hi)
+            if mark is whole:
+                return lo, hi
+            edge = lo if mark.end <= whole.start else hi
+            return edge, edge
+
         spans = sorted(
-            ((span(m, lo, hi), k, m) for k, m in enumerate(children)),
+            ((where(m), k, m) for k, m in enumerate(children)),
             key=lambda x: (x[0][0], x[0][1] > x[0][0], x[1]),
         )
         out, floor = [], lo
         for (start, stop), _, mark in spans:
             start = max(start, floor)
             stop = max(stop, start)
-            out.append((mark, start, stop, layout(mark.inner, start, stop)))
+            out.append((mark, start, stop, layout(mark.inner, start, stop, covered(mark))))
             floor = stop
         return out
 
@@ -451,7 +473,7 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
         for w in target[at:hi]:
             word(w)
 
-    render(layout(marks, 0, len(target)), 0, len(target))
+    render(layout(marks, 0, len(target), list(range(len(src_words)))), 0, len(target))
     return "".join(pieces)
 
 

@@ -40,6 +40,18 @@ def reverse(texts: list[str]) -> list[Translation]:
     return out
 
 
+def padded(texts: list[str]) -> list[Translation]:
+    """A new word first, linked to none, then each word in capitals: word i is linked to
+    word i + 1."""
+    out = []
+    for text in texts:
+        words = text.split()
+        links = tuple((i, i + 1) for i in range(len(words)))
+        target = " ".join(["NEW"] + [w.upper() for w in words])
+        out.append(Translation(text, target, -1.0, -0.5, (), links))
+    return out
+
+
 def scrambled(seed: int):
     """Any number of target words, any links at all (some words linked to none)."""
     rng = random.Random(seed)
@@ -101,6 +113,25 @@ def test_a_tag_follows_its_words_wherever_they_go():
     # punctuation the target word took on goes after the end tag
     out = translate_document("<p>He rides a <b>bike</b>.</p>", "html", upper).text
     assert out == "<p>HE RIDES A <b>BIKE</b>.</p>"
+
+
+@pytest.mark.parametrize(
+    "document, expected",
+    [
+        ("<p><i>singing on a stage.</i></p>", "<p><i>NEW SINGING ON A STAGE.</i></p>"),
+        (  # nested: all of its parent's words, all of its parent's translation
+            "<p><b><i>A dog runs</i></b></p>",
+            "<p><b><i>NEW A DOG RUNS</i></b></p>",
+        ),
+        (  # what else the run holds goes to the edge on its side
+            '<p><img src="x"> <a href="y">A dog.</a><img src="z"></p>',
+            '<p><img src="x"> <a href="y">NEW A DOG.</a><img src="z"></p>',
+        ),
+        ("<p>A <b>dog</b> runs.</p>", "<p>NEW A <b>DOG</b> RUNS.</p>"),
+    ],
+)
+def test_a_tag_around_all_the_words_is_around_all_the_translation(document, expected):
+    assert translate_document(document, "html", padded).text == expected
 
 
 @pytest.mark.parametrize("seed", range(40))
