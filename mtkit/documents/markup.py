@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from itertools import pairwise
 
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
@@ -280,7 +281,7 @@ class Mark:
     end: int
     atom: bool
     inner: list[Mark] = field(default_factory=list)
-    glued: tuple[bool, bool] = (False, False)  # an atom: no space before it, after it
+    glued: tuple[bool, bool] = (False, False)  # no space before it, after it
 
 
 def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
@@ -305,9 +306,11 @@ def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
                 inner = walk(node.children)
                 marks.append(Mark(node, at, _len(parts), False, inner))
             else:
-                marks.append(Mark(node, at, at, True))
                 if isinstance(node, Element) and node.name in BREAKS:
+                    # the words either side are two; the mark holds this space, and
+                    # the characters beyond it say whether the break touched them
                     parts.append(" ")
+                marks.append(Mark(node, at, _len(parts), True))
         return marks
 
     marks = walk(nodes)
@@ -317,14 +320,23 @@ def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
 
 
 def _glue(marks: list[Mark], text: str) -> None:
-    """Record, for each atom, whether text touches it on either side in the source."""
-    for m in marks:
-        if m.atom:
-            m.glued = (
-                m.start > 0 and not text[m.start - 1].isspace(),
-                m.end < len(text) and not text[m.end].isspace(),
-            )
-        _glue(m.inner, text)
+    """Record, for each mark, whether text or another atom (`{a}{b}`, `<br><br>`)
+    touches it on either side in the source."""
+
+    def touches(i: int) -> bool:
+        return 0 <= i < len(text) and not text[i].isspace()
+
+    def every(marks: list[Mark]):
+        for m in marks:
+            yield m
+            yield from every(m.inner)
+
+    for m in every(marks):
+        m.glued = (touches(m.start - 1), touches(m.end))
+    atoms = [m for m in every(marks) if m.atom]
+    for a, b in pairwise(atoms):
+        if a.end == b.start:
+            a.glued, b.glued = (a.glued[0], True), (True, b.glued[1])
 
 
 def _len(parts: list[str]) -> int:
@@ -440,6 +452,26 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
             floor = stop
         return out
 
+    def glue(mark: Mark, at: int) -> tuple[bool, bool]:
+        """Whether `mark`, with no target words of its own, touches the target words
+        before and after `at` as it touched the source's: only a partner of the source
+        word it touched, ending (before it) or starting (after it) as that word did, with
+        a letter or digit or not (`{x}.` is not glued to "den" of "den Händen.")."""
+
+        def alike(s: int, t: int, side: int) -> bool:
+            a, b = src_words[s]
+            return t in partners.get(s, ()) and (
+                text[a:b][side].isalnum() == target[t][side].isalnum()
+            )
+
+        left, right = mark.glued
+        for s, (a, b) in enumerate(src_words):
+            if b == mark.start:
+                left = left and alike(s, at - 1, -1)
+            if a == mark.end:
+                right = right and alike(s, at, 0)
+        return left, right
+
     pieces: list[str] = []
     spaced = [False]  # a word was written and no space since
 
@@ -462,13 +494,16 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
                 word(w)
             at = max(at, start)
             node = mark.node
+            left, right = glue(mark, start) if start == stop else (False, False)
             if mark.atom:
-                opening(node.raw(), mark.glued[0])
-                spaced[0] = not mark.glued[1]
+                opening(node.raw(), left)
+                spaced[0] = not right
                 continue
-            opening(node.start)
+            opening(node.start, left)
             render(inner, start, stop)
             _close(pieces, node.end, text[mark.start : mark.end])
+            if start == stop:  # no words: it keeps the source's spacing, as an atom does
+                spaced[0] = not right
             at = max(at, stop)
         for w in target[at:hi]:
             word(w)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -50,6 +51,11 @@ def padded(texts: list[str]) -> list[Translation]:
         target = " ".join(["NEW"] + [w.upper() for w in words])
         out.append(Translation(text, target, -1.0, -0.5, (), links))
     return out
+
+
+def fixed(target: str, links: tuple) -> Callable[[list[str]], list[Translation]]:
+    """`target` for any text, with `links`: a model's translation, as it came."""
+    return lambda texts: [Translation(t, target, -1.0, -0.5, (), links) for t in texts]
 
 
 def scrambled(seed: int):
@@ -132,6 +138,33 @@ def test_a_tag_follows_its_words_wherever_they_go():
 )
 def test_a_tag_around_all_the_words_is_around_all_the_translation(document, expected):
     assert translate_document(document, "html", padded).text == expected
+
+
+@pytest.mark.parametrize(
+    "document, translate, expected",
+    [
+        (  # the model's "." went to "den Händen.": the placeholder is not glued to "den"
+            "<p>A dog runs with <b>{{ a &amp;&amp; b }}</b>.</p>",
+            fixed(
+                "Ein Hund läuft mit den Händen.",
+                ((0, 0), (1, 0), (1, 1), (2, 2), (3, 3), (4, 4), (4, 5)),
+            ),
+            "<p>Ein Hund läuft mit <b>{{ a &amp;&amp; b }}</b> den Händen.</p>",
+        ),
+        (  # a tag whose word found no partner keeps the spaces it had
+            "<p>A <b>dog</b> runs.</p>",
+            fixed("EIN HUND LÄUFT.", ((0, 0), (2, 2))),
+            "<p>EIN HUND <b></b> LÄUFT.</p>",
+        ),
+        ("<p>A man<br>rides.</p>", upper, "<p>A MAN<br>RIDES.</p>"),
+        ("<p>A man<br><br>rides.</p>", upper, "<p>A MAN<br><br>RIDES.</p>"),
+        ("<p>A man <br> rides.</p>", upper, "<p>A MAN <br> RIDES.</p>"),
+        ("<p>A man<br></p>", upper, "<p>A MAN<br></p>"),
+        ("<p>Hi {a}{b} there, %s%%.</p>", upper, "<p>HI {a}{b} THERE, %s%%.</p>"),
+    ],
+)
+def test_what_has_no_words_keeps_the_spaces_it_had_on_either_side(document, translate, expected):
+    assert translate_document(document, "html", translate).text == expected
 
 
 @pytest.mark.parametrize("seed", range(40))
