@@ -326,17 +326,19 @@ def _glue(marks: list[Mark], text: str) -> None:
     def touches(i: int) -> bool:
         return 0 <= i < len(text) and not text[i].isspace()
 
-    def every(marks: list[Mark]):
-        for m in marks:
-            yield m
-            yield from every(m.inner)
-
-    for m in every(marks):
+    for m in _every(marks):
         m.glued = (touches(m.start - 1), touches(m.end))
-    atoms = [m for m in every(marks) if m.atom]
+    atoms = [m for m in _every(marks) if m.atom]
     for a, b in pairwise(atoms):
         if a.end == b.start:
             a.glued, b.glued = (a.glued[0], True), (True, b.glued[1])
+
+
+def _every(marks: list[Mark]):
+    """`marks` and the marks inside them, in document order."""
+    for m in marks:
+        yield m
+        yield from _every(m.inner)
 
 
 def _len(parts: list[str]) -> int:
@@ -385,12 +387,12 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
     earlier siblings; around all of its parent's target words where it held all of its
     parent's source words), each atom before the target word of the source word it
     preceded."""
-    src_words = _words(text)
     target = translation.text.split()
+    links = [(s, t) for s, t in translation.alignment or () if t < len(target)]
+    src_words, target, joined, links = _cut_kept_words(text, marks, target, links)
     partners: dict[int, list[int]] = {}
-    for s, t in translation.alignment or ():
-        if t < len(target):
-            partners.setdefault(s, []).append(t)
+    for s, t in links:
+        partners.setdefault(s, []).append(t)
 
     def anchor(word: int) -> int:
         """Where the gap before source word `word` falls in the target."""
@@ -475,10 +477,10 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
     pieces: list[str] = []
     spaced = [False]  # a word was written and no space since
 
-    def word(w: str) -> None:
-        if spaced[0]:
+    def word(t: int) -> None:
+        if spaced[0] and not joined[t]:
             pieces.append(" ")
-        pieces.append(html.escape(w, quote=False))
+        pieces.append(html.escape(target[t], quote=False))
         spaced[0] = True
 
     def opening(raw: str, glued: bool = False) -> None:
@@ -490,8 +492,8 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
     def render(laid: list, lo: int, hi: int) -> None:
         at = lo
         for mark, start, stop, inner in laid:
-            for w in target[at:start]:
-                word(w)
+            for t in range(at, start):
+                word(t)
             at = max(at, start)
             node = mark.node
             left, right = glue(mark, start) if start == stop else (False, False)
@@ -499,17 +501,61 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
                 opening(node.raw(), left)
                 spaced[0] = not right
                 continue
-            opening(node.start, left)
+            opening(node.start, left or (start < stop and joined[start]))
             render(inner, start, stop)
             _close(pieces, node.end, text[mark.start : mark.end])
             if start == stop:  # no words: it keeps the source's spacing, as an atom does
                 spaced[0] = not right
             at = max(at, stop)
-        for w in target[at:hi]:
-            word(w)
+        for t in range(at, hi):
+            word(t)
 
     render(layout(marks, 0, len(target), list(range(len(src_words)))), 0, len(target))
     return "".join(pieces)
+
+
+def _cut_kept_words(
+    text: str, marks: list[Mark], target: list[str], links: list[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], list[str], list[bool], list[tuple[int, int]]]:
+    """The source words (spans of `text`), the target words, whether each target word
+    joins the one before, and the links between them; a word the translation kept as
+    it was (a name, a number, "H2O": it is its one partner's only partner) is cut, in
+    both, where a mark starts or ends inside it, and its pieces linked one to one, so
+    that a tag inside such a word lands on the same characters (`H<sub>2</sub>O`)."""
+    words = _words(text)
+    links = [(s, t) for s, t in links if s < len(words) and t < len(target)]
+    cuts = {x for m in _every(marks) for x in (m.start, m.end)}
+    partners: dict[int, list[int]] = {}
+    sources: dict[int, list[int]] = {}
+    for s, t in links:
+        partners.setdefault(s, []).append(t)
+        sources.setdefault(t, []).append(s)
+    src: list[tuple[int, int]] = []
+    first_src: list[int] = []  # each source word's first piece
+    cut: dict[int, list[tuple[int, int]]] = {}  # a kept target word: its pieces' spans
+    for s, (a, b) in enumerate(words):
+        inside = [x for x in sorted(cuts) if a < x < b]
+        ts = partners.get(s, [])
+        if inside and len(ts) == 1 and sources[ts[0]] == [s] and target[ts[0]] == text[a:b]:
+            bounds = [a, *inside, b]
+            cut[ts[0]] = [(p - a, q - a) for p, q in pairwise(bounds)]
+        else:
+            bounds = [a, b]
+        first_src.append(len(src))
+        src += pairwise(bounds)
+    tgt: list[str] = []
+    joined: list[bool] = []
+    first_tgt: list[int] = []
+    for t, w in enumerate(target):
+        first_tgt.append(len(tgt))
+        spans = cut.get(t, [(0, len(w))])
+        tgt += [w[p:q] for p, q in spans]
+        joined += [False] + [True] * (len(spans) - 1)
+    pieces: list[tuple[int, int]] = []
+    for s, t in links:
+        n = len(cut[t]) if t in cut else 1  # a kept word's pieces, one to one
+        pieces += [(first_src[s] + k, first_tgt[t] + k) for k in range(n)]
+    return src, tgt, joined, pieces
 
 
 def _densest(words: list[int], gap: int = 1) -> tuple[int, int]:

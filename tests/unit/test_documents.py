@@ -30,6 +30,14 @@ def upper(texts: list[str]) -> list[Translation]:
     return out
 
 
+def same(texts: list[str]) -> list[Translation]:
+    """Each word as it was: word i is linked to word i."""
+    return [
+        Translation(t, t, -1.0, -0.5, (), tuple((i, i) for i in range(len(t.split()))))
+        for t in texts
+    ]
+
+
 def reverse(texts: list[str]) -> list[Translation]:
     """The words in reverse order: word i is linked to word n - 1 - i."""
     out = []
@@ -165,6 +173,18 @@ def test_a_tag_around_all_the_words_is_around_all_the_translation(document, expe
 )
 def test_what_has_no_words_keeps_the_spaces_it_had_on_either_side(document, translate, expected):
     assert translate_document(document, "html", translate).text == expected
+
+
+def test_a_tag_inside_a_word_kept_as_it_was_stays_on_its_characters():
+    doc = "<p><b>W</b>ater is H<sub>2</sub>O, <i>NA</i>SA{x}'s.</p>"
+    assert translate_document(doc, "html", same).text == doc
+    assert translate_document(doc, "html", reverse).text == (
+        "<p><i>NA</i>SA{x}'s. H<sub>2</sub>O, is <b>W</b>ater</p>"
+    )
+    # a word the translation changed is wrapped whole; a placeholder inside it goes after it
+    assert translate_document(doc, "html", upper).text == (
+        "<p><b>WATER</b> IS H<sub>2</sub>O, <i>NASA'S</i>.{x}</p>"
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
