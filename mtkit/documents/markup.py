@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from itertools import pairwise
 
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
@@ -66,12 +67,12 @@ class Element:
     start: str  # the start tag as written
     end: str = ""  # the end tag as written ("" for a void or self-closed element, or none)
     children: list = field(default_factory=list)  # Element | Text | Raw
-    html: bool = True  # an HTML element (False: XML, where names mean nothing to mtkit)
 
     @property
     def kept(self) -> bool:
-        """Never translated: translate="no", and in HTML code, pre, scripts and styles."""
-        return (self.html and self.name in KEPT) or bool(NO_TRANSLATE.search(self.start))
+        """Never translated: code, pre, scripts and styles (in XML too: XHTML's), and
+        translate="no"."""
+        return self.name in KEPT or bool(NO_TRANSLATE.search(self.start))
 
     def raw(self) -> str:
         return self.start + "".join(c.raw() for c in self.children) + self.end
@@ -125,6 +126,10 @@ class _Reader(HTMLParser):
         self._exact = None
         return super().updatepos(i, j)
 
+    def set_cdata_mode(self, elem, **kwargs):
+        if not self.xml:  # in XML a script or a style holds elements like any other
+            super().set_cdata_mode(elem, **kwargs)
+
     def _add(self, node):
         """Add `node` to the open element; a text next to a text joins it. Returns the
         node that holds it."""
@@ -151,7 +156,7 @@ class _Reader(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if not self.xml and self.open[-1].name in CLOSES_SIBLING.get(tag, ()):
             self.open.pop()  # <li>one<li>two: the first ends where the second starts
-        element = Element(tag, self.get_starttag_text() or "", html=not self.xml)
+        element = Element(tag, self.get_starttag_text() or "")
         self._add(element)
         if self.xml or tag not in VOID:
             self.open.append(element)
@@ -162,7 +167,7 @@ class _Reader(HTMLParser):
                 )
 
     def handle_startendtag(self, tag, attrs):
-        self._add(Element(tag, self.get_starttag_text() or "", html=not self.xml))
+        self._add(Element(tag, self.get_starttag_text() or ""))
 
     def handle_endtag(self, tag):
         names = [e.name for e in self.open[1:]]
@@ -276,7 +281,7 @@ class Mark:
     end: int
     atom: bool
     inner: list[Mark] = field(default_factory=list)
-    glued: tuple[bool, bool] = (False, False)  # an atom: no space before it, after it
+    glued: tuple[bool, bool] = (False, False)  # no space before it, after it
 
 
 def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
@@ -301,9 +306,11 @@ def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
                 inner = walk(node.children)
                 marks.append(Mark(node, at, _len(parts), False, inner))
             else:
-                marks.append(Mark(node, at, at, True))
                 if isinstance(node, Element) and node.name in BREAKS:
+                    # the words either side are two; the mark holds this space, and
+                    # the characters beyond it say whether the break touched them
                     parts.append(" ")
+                marks.append(Mark(node, at, _len(parts), True))
         return marks
 
     marks = walk(nodes)
@@ -313,14 +320,25 @@ def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
 
 
 def _glue(marks: list[Mark], text: str) -> None:
-    """Record, for each atom, whether text touches it on either side in the source."""
+    """Record, for each mark, whether text or another atom (`{a}{b}`, `<br><br>`)
+    touches it on either side in the source."""
+
+    def touches(i: int) -> bool:
+        return 0 <= i < len(text) and not text[i].isspace()
+
+    for m in _every(marks):
+        m.glued = (touches(m.start - 1), touches(m.end))
+    atoms = [m for m in _every(marks) if m.atom]
+    for a, b in pairwise(atoms):
+        if a.end == b.start:
+            a.glued, b.glued = (a.glued[0], True), (True, b.glued[1])
+
+
+def _every(marks: list[Mark]):
+    """`marks` and the marks inside them, in document order."""
     for m in marks:
-        if m.atom:
-            m.glued = (
-                m.start > 0 and not text[m.start - 1].isspace(),
-                m.end < len(text) and not text[m.end].isspace(),
-            )
-        _glue(m.inner, text)
+        yield m
+        yield from _every(m.inner)
 
 
 def _len(parts: list[str]) -> int:
@@ -366,13 +384,15 @@ def _words(text: str) -> list[tuple[int, int]]:
 def place(text: str, marks: list[Mark], translation: Translation) -> str:
     """The translation of a run with its marks put back: each element around the target
     words aligned to the source words it covered (clamped into its parent, kept off its
-    earlier siblings), each atom before the target word of the source word it preceded."""
-    src_words = _words(text)
+    earlier siblings; around all of its parent's target words where it held all of its
+    parent's source words), each atom before the target word of the source word it
+    preceded."""
     target = translation.text.split()
+    links = [(s, t) for s, t in translation.alignment or () if t < len(target)]
+    src_words, target, joined, links = _cut_kept_words(text, marks, target, links)
     partners: dict[int, list[int]] = {}
-    for s, t in translation.alignment or ():
-        if t < len(target):
-            partners.setdefault(s, []).append(t)
+    for s, t in links:
+        partners.setdefault(s, []).append(t)
 
     def anchor(word: int) -> int:
         """Where the gap before source word `word` falls in the target."""
@@ -400,27 +420,67 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
         start, stop = max(first, lo), min(last + 1, hi)
         return (start, stop) if start < stop else (min(start, hi), min(start, hi))
 
-    def layout(children: list[Mark], lo: int, hi: int) -> list[tuple[Mark, int, int, list]]:
-        """Each child's target words, in target order, none overlapping the one before."""
+    def holds_all(mark: Mark, words: list[int]) -> bool:
+        """Whether `mark` holds every letter and digit of source `words` (its parent's)."""
+        letters = [i for w in words for i in range(*src_words[w]) if text[i].isalnum()]
+        return bool(letters) and mark.start <= letters[0] and letters[-1] < mark.end
+
+    def layout(
+        children: list[Mark], lo: int, hi: int, words: list[int]
+    ) -> list[tuple[Mark, int, int, list]]:
+        """Each child's target words, in target order, none overlapping the one before. A
+        child that holds all its parent's source `words` holds all the parent's target
+        words (alignments miss words, and a model adds some): its siblings go to the edge
+        on their side of it."""
+        whole = next((m for m in children if not m.atom and holds_all(m, words)), None)
+
+        def where(mark: Mark) -> tuple[int, int]:
+            if whole is None:
+                return span(mark, lo, hi)
+            if mark is whole:
+                return lo, hi
+            edge = lo if mark.end <= whole.start else hi
+            return edge, edge
+
         spans = sorted(
-            ((span(m, lo, hi), k, m) for k, m in enumerate(children)),
+            ((where(m), k, m) for k, m in enumerate(children)),
             key=lambda x: (x[0][0], x[0][1] > x[0][0], x[1]),
         )
         out, floor = [], lo
         for (start, stop), _, mark in spans:
             start = max(start, floor)
             stop = max(stop, start)
-            out.append((mark, start, stop, layout(mark.inner, start, stop)))
+            out.append((mark, start, stop, layout(mark.inner, start, stop, covered(mark))))
             floor = stop
         return out
+
+    def glue(mark: Mark, at: int) -> tuple[bool, bool]:
+        """Whether `mark`, with no target words of its own, touches the target words
+        before and after `at` as it touched the source's: only a partner of the source
+        word it touched, ending (before it) or starting (after it) as that word did, with
+        a letter or digit or not (`{x}.` is not glued to "den" of "den Händen.")."""
+
+        def alike(s: int, t: int, side: int) -> bool:
+            a, b = src_words[s]
+            return t in partners.get(s, ()) and (
+                text[a:b][side].isalnum() == target[t][side].isalnum()
+            )
+
+        left, right = mark.glued
+        for s, (a, b) in enumerate(src_words):
+            if b == mark.start:
+                left = left and alike(s, at - 1, -1)
+            if a == mark.end:
+                right = right and alike(s, at, 0)
+        return left, right
 
     pieces: list[str] = []
     spaced = [False]  # a word was written and no space since
 
-    def word(w: str) -> None:
-        if spaced[0]:
+    def word(t: int) -> None:
+        if spaced[0] and not joined[t]:
             pieces.append(" ")
-        pieces.append(html.escape(w, quote=False))
+        pieces.append(html.escape(target[t], quote=False))
         spaced[0] = True
 
     def opening(raw: str, glued: bool = False) -> None:
@@ -432,23 +492,70 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
     def render(laid: list, lo: int, hi: int) -> None:
         at = lo
         for mark, start, stop, inner in laid:
-            for w in target[at:start]:
-                word(w)
+            for t in range(at, start):
+                word(t)
             at = max(at, start)
             node = mark.node
+            left, right = glue(mark, start) if start == stop else (False, False)
             if mark.atom:
-                opening(node.raw(), mark.glued[0])
-                spaced[0] = not mark.glued[1]
+                opening(node.raw(), left)
+                spaced[0] = not right
                 continue
-            opening(node.start)
+            opening(node.start, left or (start < stop and joined[start]))
             render(inner, start, stop)
             _close(pieces, node.end, text[mark.start : mark.end])
+            if start == stop:  # no words: it keeps the source's spacing, as an atom does
+                spaced[0] = not right
             at = max(at, stop)
-        for w in target[at:hi]:
-            word(w)
+        for t in range(at, hi):
+            word(t)
 
-    render(layout(marks, 0, len(target)), 0, len(target))
+    render(layout(marks, 0, len(target), list(range(len(src_words)))), 0, len(target))
     return "".join(pieces)
+
+
+def _cut_kept_words(
+    text: str, marks: list[Mark], target: list[str], links: list[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], list[str], list[bool], list[tuple[int, int]]]:
+    """The source words (spans of `text`), the target words, whether each target word
+    joins the one before, and the links between them; a word the translation kept as
+    it was (a name, a number, "H2O": it is its one partner's only partner) is cut, in
+    both, where a mark starts or ends inside it, and its pieces linked one to one, so
+    that a tag inside such a word lands on the same characters (`H<sub>2</sub>O`)."""
+    words = _words(text)
+    links = [(s, t) for s, t in links if s < len(words) and t < len(target)]
+    cuts = {x for m in _every(marks) for x in (m.start, m.end)}
+    partners: dict[int, list[int]] = {}
+    sources: dict[int, list[int]] = {}
+    for s, t in links:
+        partners.setdefault(s, []).append(t)
+        sources.setdefault(t, []).append(s)
+    src: list[tuple[int, int]] = []
+    first_src: list[int] = []  # each source word's first piece
+    cut: dict[int, list[tuple[int, int]]] = {}  # a kept target word: its pieces' spans
+    for s, (a, b) in enumerate(words):
+        inside = [x for x in sorted(cuts) if a < x < b]
+        ts = partners.get(s, [])
+        if inside and len(ts) == 1 and sources[ts[0]] == [s] and target[ts[0]] == text[a:b]:
+            bounds = [a, *inside, b]
+            cut[ts[0]] = [(p - a, q - a) for p, q in pairwise(bounds)]
+        else:
+            bounds = [a, b]
+        first_src.append(len(src))
+        src += pairwise(bounds)
+    tgt: list[str] = []
+    joined: list[bool] = []
+    first_tgt: list[int] = []
+    for t, w in enumerate(target):
+        first_tgt.append(len(tgt))
+        spans = cut.get(t, [(0, len(w))])
+        tgt += [w[p:q] for p, q in spans]
+        joined += [False] + [True] * (len(spans) - 1)
+    pieces: list[tuple[int, int]] = []
+    for s, t in links:
+        n = len(cut[t]) if t in cut else 1  # a kept word's pieces, one to one
+        pieces += [(first_src[s] + k, first_tgt[t] + k) for k in range(n)]
+    return src, tgt, joined, pieces
 
 
 def _densest(words: list[int], gap: int = 1) -> tuple[int, int]:

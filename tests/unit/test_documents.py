@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -30,13 +31,11 @@ def upper(texts: list[str]) -> list[Translation]:
 
 
 def same(texts: list[str]) -> list[Translation]:
-    """Each text as it is: word i is linked to word i."""
-    out = []
-    for text in texts:
-        words = text.split()
-        links = tuple((i, i) for i in range(len(words)))
-        out.append(Translation(text, " ".join(words), -1.0, -0.5, (), links))
-    return out
+    """Each word as it was: word i is linked to word i."""
+    return [
+        Translation(t, t, -1.0, -0.5, (), tuple((i, i) for i in range(len(t.split()))))
+        for t in texts
+    ]
 
 
 def first_word(texts: list[str]) -> list[Translation]:
@@ -53,6 +52,23 @@ def reverse(texts: list[str]) -> list[Translation]:
         links = tuple((i, n - 1 - i) for i in range(n))
         out.append(Translation(text, " ".join(reversed(words)), -1.0, -0.5, (), links))
     return out
+
+
+def padded(texts: list[str]) -> list[Translation]:
+    """A new word first, linked to none, then each word in capitals: word i is linked to
+    word i + 1."""
+    out = []
+    for text in texts:
+        words = text.split()
+        links = tuple((i, i + 1) for i in range(len(words)))
+        target = " ".join(["NEW"] + [w.upper() for w in words])
+        out.append(Translation(text, target, -1.0, -0.5, (), links))
+    return out
+
+
+def fixed(target: str, links: tuple) -> Callable[[list[str]], list[Translation]]:
+    """`target` for any text, with `links`: a model's translation, as it came."""
+    return lambda texts: [Translation(t, target, -1.0, -0.5, (), links) for t in texts]
 
 
 def scrambled(seed: int):
@@ -118,6 +134,64 @@ def test_a_tag_follows_its_words_wherever_they_go():
     assert out == "<p>HE RIDES A <b>BIKE</b>.</p>"
 
 
+@pytest.mark.parametrize(
+    "document, expected",
+    [
+        ("<p><i>singing on a stage.</i></p>", "<p><i>NEW SINGING ON A STAGE.</i></p>"),
+        (  # nested: all of its parent's words, all of its parent's translation
+            "<p><b><i>A dog runs</i></b></p>",
+            "<p><b><i>NEW A DOG RUNS</i></b></p>",
+        ),
+        (  # what else the run holds goes to the edge on its side
+            '<p><img src="x"> <a href="y">A dog.</a><img src="z"></p>',
+            '<p><img src="x"> <a href="y">NEW A DOG.</a><img src="z"></p>',
+        ),
+        ("<p>A <b>dog</b> runs.</p>", "<p>NEW A <b>DOG</b> RUNS.</p>"),
+    ],
+)
+def test_a_tag_around_all_the_words_is_around_all_the_translation(document, expected):
+    assert translate_document(document, "html", padded).text == expected
+
+
+@pytest.mark.parametrize(
+    "document, translate, expected",
+    [
+        (  # the model's "." went to "den Händen.": the placeholder is not glued to "den"
+            "<p>A dog runs with <b>{{ a &amp;&amp; b }}</b>.</p>",
+            fixed(
+                "Ein Hund läuft mit den Händen.",
+                ((0, 0), (1, 0), (1, 1), (2, 2), (3, 3), (4, 4), (4, 5)),
+            ),
+            "<p>Ein Hund läuft mit <b>{{ a &amp;&amp; b }}</b> den Händen.</p>",
+        ),
+        (  # a tag whose word found no partner keeps the spaces it had
+            "<p>A <b>dog</b> runs.</p>",
+            fixed("EIN HUND LÄUFT.", ((0, 0), (2, 2))),
+            "<p>EIN HUND <b></b> LÄUFT.</p>",
+        ),
+        ("<p>A man<br>rides.</p>", upper, "<p>A MAN<br>RIDES.</p>"),
+        ("<p>A man<br><br>rides.</p>", upper, "<p>A MAN<br><br>RIDES.</p>"),
+        ("<p>A man <br> rides.</p>", upper, "<p>A MAN <br> RIDES.</p>"),
+        ("<p>A man<br></p>", upper, "<p>A MAN<br></p>"),
+        ("<p>Hi {a}{b} there, %s%%.</p>", upper, "<p>HI {a}{b} THERE, %s%%.</p>"),
+    ],
+)
+def test_what_has_no_words_keeps_the_spaces_it_had_on_either_side(document, translate, expected):
+    assert translate_document(document, "html", translate).text == expected
+
+
+def test_a_tag_inside_a_word_kept_as_it_was_stays_on_its_characters():
+    doc = "<p><b>W</b>ater is H<sub>2</sub>O, <i>NA</i>SA{x}'s.</p>"
+    assert translate_document(doc, "html", same).text == doc
+    assert translate_document(doc, "html", reverse).text == (
+        "<p><i>NA</i>SA{x}'s. H<sub>2</sub>O, is <b>W</b>ater</p>"
+    )
+    # a word the translation changed is wrapped whole; a placeholder inside it goes after it
+    assert translate_document(doc, "html", upper).text == (
+        "<p><b>WATER</b> IS H<sub>2</sub>O, <i>NASA'S</i>.{x}</p>"
+    )
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_any_alignment_gives_well_formed_output_with_exactly_the_input_tags(seed):
     doc = (
@@ -138,6 +212,8 @@ def test_bad_markup_is_one_line_or_a_named_best_effort(caplog):
         translate_document("<doc><p>a</doc>", "xml", upper)
     with pytest.raises(MarkupError, match="<doc> is never closed"):
         translate_document("<doc><p>a</p>", "xml", upper)
+    with pytest.raises(MarkupError, match="a stray end tag </b>"):  # XML: a script holds tags
+        translate_document("<doc><script>a </b></script></doc>", "xml", upper)
     with caplog.at_level(logging.WARNING):
         out = translate_document("<p>a stray</b> end</p>", "html", upper).text
     assert "best it can be" in caplog.text and tags(out) == tags("<p>a stray</b> end</p>")
@@ -292,8 +368,24 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
             "xml",
             '<!DOCTYPE a [<!ENTITY e "A man.">]><a>&e; WALKS.</a>',
         ),
-        # in XML, names mean nothing: <code> is translated; in HTML it is kept
-        ("<doc><code>a dog</code></doc>", "xml", "<doc><code>A DOG</code></doc>"),
+        # in XML (XHTML's elements) code, scripts and styles are kept too, their tags with them
+        ("<doc><code>a dog</code></doc>", "xml", "<doc><code>a dog</code></doc>"),
+        (
+            "<doc><script>A <b>dog</b> runs.</script><p>A <b>dog</b>.</p></doc>",
+            "xml",
+            "<doc><script>A <b>dog</b> runs.</script><p>A <b>DOG</b>.</p></doc>",
+        ),
+        (
+            '<html xmlns="http://www.w3.org/1999/xhtml"><head><title>A dog</title>'
+            '<script>if (a &lt; b) alert("A dog runs.");</script>'
+            "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
+            "<p>Use <code>A cat</code> now.</p></body></html>",
+            "xml",
+            '<html xmlns="http://www.w3.org/1999/xhtml"><head><title>A DOG</title>'
+            '<script>if (a &lt; b) alert("A dog runs.");</script>'
+            "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
+            "<p>USE <code>A cat</code> NOW.</p></body></html>",
+        ),
         (
             "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
             "html",
