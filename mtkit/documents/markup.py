@@ -244,7 +244,23 @@ def parse(document: str, format: str) -> Element:
             f"the {format.upper()} could not be read whole: check for an unterminated tag "
             "or comment"
         )
+    if format == "xml":
+        _check_xml(document)  # (after the reader's own, more particular, messages)
     return tree
+
+
+def _check_xml(document: str) -> None:
+    """A `MarkupError` where `document` is not well-formed XML, by an XML parser's rules
+    (expat's): one root, entities declared, attributes unique, `&` and `<` escaped in
+    text. The tree is read by Python's HTML parser, which keeps every character as
+    written but judges none of these."""
+    from xml.parsers import expat
+
+    try:
+        expat.ParserCreate().Parse(document, True)
+    except expat.ExpatError as e:
+        line = document.splitlines()[e.lineno - 1] if e.lineno else ""
+        raise MarkupError(f"the XML is not well-formed: {e} ({line.strip()[:40]!r})") from None
 
 
 # ---- runs: a block's text with its inline tags taken out ---------------------------------

@@ -343,6 +343,12 @@ def test_po_catalogues_get_every_plural_form_with_placeholders_kept():
         ("<A>A man.</a>", "xml", "names differ in case"),
         ("<div>" * 300 + "A man.", "html", "nests elements more than 128 deep"),
         ("<b>" * 3000 + "x", "xml", "nests elements more than 128 deep"),
+        # what only an XML parser judges (once each was translated as if well-formed)
+        ("<doc><p>A dog & a cat.</p></doc>", "xml", r"not well-formed \(invalid token\)"),
+        ("<doc/><extra/>", "xml", "junk after document element"),
+        ('<doc a="1" a="2">A dog.</doc>', "xml", "duplicate attribute"),
+        ("A dog runs.", "xml", "syntax error"),
+        ("<doc>A&nbsp;dog.</doc>", "xml", "undefined entity"),
     ],
 )
 def test_markup_that_cannot_be_read_is_one_line(document, format, says):
