@@ -17,7 +17,7 @@ each of them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -58,11 +58,17 @@ class Translator:
         `workers`: batches translated at once on a CPU (1: one at a time, on all
         threads; 0: one per thread; None: the checkpoint's decode.workers)."""
         from mtkit.core.device import tune_cpu_runtime
+        from mtkit.core.search_options import check_precision, check_workers
         from mtkit.engines.loader import load_engine, wants_ctranslate2
 
+        paths = _paths(path)
         if device not in ("auto", "cpu", "cuda"):
             raise OptionError(f"device must be auto, cpu or cuda, got {device!r}", "device")
-        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        if precision is not None:
+            check_precision(precision, "precision")
+        _argument("workers", workers, int)
+        if workers is not None:
+            check_workers(workers, "workers")
         if not wants_ctranslate2(paths):
             tune_cpu_runtime()
         return cls(load_engine(paths, device, "device", precision, None, workers))
@@ -81,7 +87,7 @@ class Translator:
         if "n_best" in given:
             given["nbest"] = given.pop("n_best")
         for name, value in given.items():
-            _check_type(name, value)
+            _argument(name, value)
         opts = SearchOptions.from_config(self.engine.config.decode, _keyword, **given)
         self.engine.check(opts, _keyword)
         return opts
@@ -121,11 +127,12 @@ class Translator:
         `alignments`: word links in each result, from the cross-attention of decoder
         layer `align_layer` (None: the last; a model trained with guided alignment: its
         trained head)."""
-        if isinstance(texts, str):
-            raise OptionError("texts: give a list of texts, not one text", "texts")
-        _checked(texts)
+        texts = _texts("texts", texts)
         if glossary is not None and not isinstance(glossary, Glossary):
             raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
+        _argument("tgt_lang", tgt_lang, str)
+        _argument("split", split, bool)
+        _argument("batch_tokens", batch_tokens)
         opts = self.options(
             beam=beam,
             lenpen=lenpen,
@@ -167,6 +174,8 @@ class Translator:
         CLI's, whose errors name its flags) and constraints as the session takes them."""
         if format not in FORMATS:
             raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        if format != "text" and opts.nbest > 1:  # (as `translate --nbest --format html`)
+            raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
         settings = _Settings(
             replace(opts, alignments=True) if format != "text" else opts,
             glossary,
@@ -175,10 +184,10 @@ class Translator:
             batch_tokens or self.engine.batch_tokens,
         )
         if format == "text":
-            return self._text(_checked(texts), settings, constraints)
+            return self._text(_texts("texts", texts), settings, constraints)
         if constraints is not None:
             raise OptionError("constraints are for text; a document's terms go in a glossary")
-        documents = _checked(texts)
+        documents = _texts("texts", texts)
         if format in ("html", "xml"):  # every run of every document in one batch
             from mtkit.documents.markup import finish, prepare, summary
 
@@ -197,19 +206,26 @@ class Translator:
             for d in documents
         ]
 
-    def translate_iter(self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options):
+    def translate_iter(
+        self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options
+    ) -> Iterator[Translation]:
         """`translate`, for a stream of texts too large to hold at once: translated
         `chunk` at a time (sorted and batched within each), yielded in order."""
         if isinstance(texts, str):
             raise OptionError("texts: give an iterable of texts, not one text", "texts")
-        batch: list[str] = []
-        for text in texts:
-            batch.append(text)
-            if len(batch) == chunk:
+        _argument("chunk", chunk, int, low=1)
+
+        def translated() -> Iterator[Translation]:
+            batch: list[str] = []
+            for text in texts:
+                batch.append(text)
+                if len(batch) == chunk:
+                    yield from self.translate(batch, **options)
+                    batch = []
+            if batch:
                 yield from self.translate(batch, **options)
-                batch = []
-        if batch:
-            yield from self.translate(batch, **options)
+
+        return translated()
 
     def _text(
         self,
@@ -255,20 +271,31 @@ class _Settings:
     batch_tokens: int
 
 
-def _check_type(name: str, value) -> None:
-    """One line for an option of the wrong type (a beam of 2.5, an n_best of "2")."""
-    from mtkit.core.search_options import OPTIONS
+_KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
 
-    if value is None or name not in OPTIONS:
+
+def _argument(name: str, value, kind: type | None = None, low: int | None = None) -> None:
+    """One line for keyword argument `name` given a `value` that is not a `kind` (bool,
+    int, float or str; None: a search option's own, `OPTIONS`) or is out of range (below
+    `low`; a search option: out of its own). None is every argument's default."""
+    from mtkit.core.search_options import OPTIONS, check_value
+
+    if value is None:
         return
-    default = OPTIONS[name].default
-    kind = type(default) if default is not None else None
-    if kind is bool and not isinstance(value, bool):
-        raise OptionError(f"{_keyword(name)} must be True or False, got {value!r}", name)
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
-        raise OptionError(f"{_keyword(name)} must be a whole number, got {value!r}", name)
-    if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-        raise OptionError(f"{_keyword(name)} must be a number, got {value!r}", name)
+    if kind is None:  # (a search option with no default is a layer's index)
+        kind = type(OPTIONS[name].default) if OPTIONS[name].default is not None else int
+    fits = (
+        isinstance(value, bool)
+        if kind is bool
+        else isinstance(value, (int, float) if kind is float else kind)
+        and not isinstance(value, bool)
+    )
+    if not fits:
+        raise OptionError(f"{_keyword(name)} must be {_KINDS[kind]}, got {value!r}", name)
+    if name in OPTIONS:
+        check_value(name, value, _keyword)
+    elif low is not None and value < low:
+        raise OptionError(f"{name} must be at least {low}, got {value!r}", name)
 
 
 def _keyword(name: str) -> str:
@@ -276,19 +303,34 @@ def _keyword(name: str) -> str:
     return "n_best" if name == "nbest" else name
 
 
-def _checked(texts: Sequence[str]) -> list[str]:
-    """The texts, each checked to be text and valid Unicode."""
-    if isinstance(texts, (str, bytes, dict)) or not isinstance(texts, (list, tuple)):
-        raise OptionError(f"texts: give a list of texts, got {type(texts).__name__}", "texts")
-    out = []
+def _texts(name: str, texts: Sequence[str]) -> list[str]:
+    """Argument `name`'s texts, each checked to be text and valid Unicode."""
+    if isinstance(texts, str):
+        raise OptionError(f"{name}: give a list of texts, not one text", name)
+    if not isinstance(texts, (list, tuple)):
+        raise OptionError(f"{name}: give a list of texts, got {type(texts).__name__}", name)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise OptionError(f"texts[{i}]: expected text, got {type(text).__name__}", "texts")
+            raise OptionError(f"{name}[{i}]: expected text, got {type(text).__name__}", name)
         bad = lone_surrogate(text)
         if bad:
-            raise OptionError(f"texts[{i}]: {bad}", "texts")
-        out.append(text)
-    return out
+            raise OptionError(f"{name}[{i}]: {bad}", name)
+    return list(texts)
+
+
+def _paths(path) -> list[str | os.PathLike]:
+    """`Translator.load`'s path, or its list of paths (an ensemble), as a list."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else path
+    if (
+        not isinstance(paths, (list, tuple))
+        or not paths
+        or not all(isinstance(p, (str, os.PathLike)) for p in paths)
+    ):
+        raise OptionError(
+            f"path: give a model's path (a str or a Path) or a list of them, got {path!r:.80}",
+            "path",
+        )
+    return list(paths)
 
 
 def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
@@ -297,6 +339,11 @@ def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
         return None
     from mtkit.core.textio import read_constraints_field
 
+    if not isinstance(given, (list, tuple)):
+        raise OptionError(
+            f"constraints: give one list of phrases per text, got {type(given).__name__}",
+            "constraints",
+        )
     if len(given) != count:
         raise OptionError(
             f"constraints: one list per text, got {len(given)} for {count} texts", "constraints"
@@ -304,7 +351,7 @@ def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
     out = []
     for i, line in enumerate(given):
         try:
-            out.append(list(read_constraints_field(list(line))))
+            out.append(list(read_constraints_field(list(line) if type(line) is tuple else line)))
         except (ValueError, TypeError) as e:
             raise OptionError(f"constraints[{i}]: {e}", "constraints") from None
     return out
@@ -466,13 +513,19 @@ class Scores:
 def score(
     hypotheses: Sequence[str],
     references: Sequence[str],
-    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    metrics: str | Sequence[str] = ("bleu", "chrf", "ter"),
 ) -> Scores:
-    """BLEU, chrF and TER of `hypotheses` against one reference each (sacreBLEU)."""
+    """BLEU, chrF and TER of `hypotheses` against one reference each (sacreBLEU).
+    `metrics`: their names, or one name ("bleu"; "bleu,chrf" as `eval --metrics`)."""
     from mtkit.core.scoring import parse_metrics
     from mtkit.core.scoring import score as corpus_score
 
-    results = corpus_score(list(hypotheses), list(references), parse_metrics(",".join(metrics)))
+    names = [metrics] if isinstance(metrics, str) else _texts("metrics", metrics)
+    results = corpus_score(
+        _texts("hypotheses", hypotheses),
+        _texts("references", references),
+        parse_metrics(",".join(names)),
+    )
     by = {r.metric: r for r in results}
     return Scores(
         *(by[m].score if m in by else None for m in ("bleu", "chrf", "ter")),

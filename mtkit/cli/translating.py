@@ -438,6 +438,15 @@ def serve(
             help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).",
         ),
     ] = None,
+    cors_origin: Annotated[
+        Opt[list[str]],
+        typer.Option(
+            rich_help_panel=SERVER,
+            help="Let scripts of web pages from this origin (such as https://example.org; "
+            "'*': any, as LibreTranslate) call the API from a browser; repeat for several. "
+            "Default: none but the page at /.",
+        ),
+    ] = None,
     max_lines: Annotated[
         int, typer.Option(help="Sentences per request.", rich_help_panel=SERVER)
     ] = 64,
@@ -490,11 +499,12 @@ def serve(
     Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
     flight and one last round of the waiting ones, answers the rest 503, then exits."""
     _need_serve_extra()
-    from mtkit.serving.app import checked_limits, run_service
+    from mtkit.serving.app import checked_limits, checked_origins, run_service
 
     with reported():
         api_key = _api_key(api_key)
         limits = checked_limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
+        origins = checked_origins(cors_origin or ())
         terms = _glossary(glossary)
         # one batch at a time on all the threads: a server's batches are its requests',
         # each waited for (no helper processes beside a service's threads)
@@ -528,6 +538,7 @@ def serve(
             continuous,
             api_key,
             terms,
+            origins,
         )
     if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
         typer.echo("interrupted", err=True)

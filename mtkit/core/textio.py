@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,6 +334,14 @@ def _echoed_id(record: object) -> object:
     if isinstance(record, dict) and not check_id(record.get("id")):
         return record.get("id")
     return None
+
+
+def blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and invisible characters (zero-width
+    and format characters such as U+200B and the byte-order mark, controls). Such a
+    text is empty on every surface, and so is its translation: a model given only
+    invisible pieces makes a sentence up."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
 
 
 def lone_surrogate(text: object) -> str:

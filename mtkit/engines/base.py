@@ -25,6 +25,7 @@ from mtkit.core.search_options import (
     flag,
 )
 from mtkit.core.terms import shorten
+from mtkit.core.textio import blank
 from mtkit.core.vocab import EOS, UNK, Vocab
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class Engine:
         so far, the indices of the lines left, their source ids and their target prefix
         ids (None without prefixes)."""
         out: list[list[Hypothesis]] = [[] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
+        todo = [i for i, line in enumerate(lines) if not blank(line)]
         empty = Hypothesis([], 0.0, 0.0, () if opts.alignments else None)
         for i in set(range(len(lines))) - set(todo):
             unmet = bool(constraints and constraints[i])

@@ -155,7 +155,7 @@ class TorchEngine(Engine):
                 "shortlist",
             )
         if options.alignments and options.align_layer is not None:
-            check_layer(options.align_layer, self.models)
+            check_layer(options.align_layer, self.models, spell("align_layer"))
 
     def translate(
         self,

@@ -41,6 +41,7 @@ from mtkit.core.textio import (
     TEXT,
     OutputFormat,
     Request,
+    blank,
     format_lines,
     line_name,
     parse_line,
@@ -120,7 +121,7 @@ def translate_requests(
                 "%s: %s",
                 line_name(count + line, jsonl),
                 "the source is empty, and so is its translation: its constraints are not met"
-                if not row.text.strip()
+                if blank(row.text)
                 else "no translation met all its constraints within the length "
                 "limit; it gets the best unconstrained one",
             )
@@ -210,7 +211,7 @@ def into_language(
     model's, before the source or as the output's start; nothing for a bilingual one). A
     language the model lacks, or none for a multilingual model, is the record's error in
     jsonl and one line (naming `flag`) otherwise."""
-    if request.error or not request.src.strip():
+    if request.error or blank(request.src):
         return request
     option = flag if not jsonl or tgt_lang else f'{flag} or "tgt_lang"'
     try:

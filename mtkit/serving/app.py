@@ -15,19 +15,21 @@ The event loop only parses and answers; the model runs in the worker
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import re
 import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from mtkit.api import Translator as Api
@@ -50,12 +52,13 @@ from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
 from mtkit.engines.base import Translator
 from mtkit.engines.session import check_constraint_options, constraint_errors
-from mtkit.serving.protocols import add_routes
+from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
 from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+CORS_MAX_AGE_S = 86_400  # how long a browser may keep a preflight's answer
 
 
 class TranslateRequest(BaseModel):
@@ -157,7 +160,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers", [])).get(b"content-length", b"0")
-        too_large = _error(413, f"the request body is over {self.limit} bytes")
+        too_large = refusal(scope["path"], 413, f"the request body is over {self.limit} bytes")
         if not length.isdigit() or int(length) > self.limit:
             return await too_large(scope, receive, send)
         seen, started = 0, False
@@ -340,11 +343,14 @@ def create_app(
     api_key: str | None = None,
     batcher: Batcher | None = None,
     glossary: Glossary | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The service for one loaded model (or ensemble). `defaults`: the decoding options
     of requests that do not set them. `batcher`: a worker that the caller runs (see
     `serve_forever`); without one, the app starts its own thread. `glossary`: terms
-    whose targets every request's translations must contain."""
+    whose targets every request's translations must contain. `cors_origins`: the web
+    pages' origins whose scripts may call every route ("*": any; none: only the page
+    at /, the server's own origin)."""
     service = Service(translator, defaults, limits, model_name, step, glossary=glossary)
 
     async def lifespan(app: FastAPI):
@@ -355,21 +361,29 @@ def create_app(
     app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     _guard(app, api_key)
+    if cors_origins:  # outermost: a preflight is answered before the key is asked for
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=CORS_MAX_AGE_S,
+        )
     _routes(app, service)
     add_routes(app, service, api_key)
     return app
 
 
 def _guard(app: FastAPI, api_key: str | None) -> None:
-    """The API key check and the JSON form of refusals."""
+    """The API key check and the JSON form of refusals, in the shape of the API asked
+    (`refusal`): an unknown path or a method a route does not take too."""
 
     @app.middleware("http")
     async def authorize(request: Request, call_next: Callable[[Request], Awaitable]):
         """With an API key, /v1/* (but /v1/health) needs `Authorization: Bearer KEY`."""
         path = request.url.path
-        if api_key and path.startswith("/v1/") and path != "/v1/health":
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
+        if path.startswith("/v1/") and path != "/v1/health":
+            if not key_ok(credentials(request, ("bearer",)), api_key):
                 return _error(
                     401,
                     "missing or wrong API key: send 'Authorization: Bearer KEY'",
@@ -380,6 +394,10 @@ def _guard(app: FastAPI, api_key: str | None) -> None:
     @app.exception_handler(ServeError)
     async def refused(request: Request, e: ServeError) -> JSONResponse:
         return _error(e.status, str(e), e.field)
+
+    @app.exception_handler(HTTPException)
+    async def not_routed(request: Request, e: HTTPException) -> JSONResponse:
+        return refusal(request.url.path, e.status_code, str(e.detail), e.headers)
 
 
 def _routes(app: FastAPI, service: Service) -> None:
@@ -486,6 +504,18 @@ def checked_limits(
     return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
 
 
+def checked_origins(origins: Sequence[str]) -> tuple[str, ...]:
+    """`serve --cors-origin`'s origins, each "*" or a scheme and a host (with a port or
+    not): what a browser sends in its Origin header, to which it is compared as given."""
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
+            raise OptionError(
+                f"--cors-origin must be '*' or an origin such as https://example.org (a "
+                f"scheme and a host, in lower case, with no path), got {origin!r}"
+            )
+    return tuple(origins)
+
+
 def run_service(
     engine: Translator,
     defaults: SearchOptions,
@@ -496,6 +526,7 @@ def run_service(
     continuous: bool,
     api_key: str | None,
     glossary=None,
+    cors_origins: Sequence[str] = (),
 ) -> int | None:
     """Serve `engine` (loaded from `model`) on host:port until a signal; returns the
     signal."""
@@ -503,7 +534,9 @@ def run_service(
         limits = replace(limits, max_batch_tokens=engine.batch_tokens)
     served = " + ".join(m.name for m in model)
     batcher = Batcher(engine, limits, continuous)
-    app_ = create_app(engine, defaults, limits, served, engine.steps[0], api_key, batcher, glossary)
+    app_ = create_app(
+        engine, defaults, limits, served, engine.steps[0], api_key, batcher, glossary, cors_origins
+    )
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     ready = f"serving {served} on {url} (page at /, API docs at /docs)" + (
         "; API key required" if api_key else ""

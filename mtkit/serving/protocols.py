@@ -22,6 +22,7 @@ LibreTranslate routes take it as `api_key` or a Bearer header, DeepL's as its
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -66,14 +67,6 @@ class Protocols:
     def targets(self, source: str | None = None) -> list[str]:
         return sorted({t for s, t in self.pairs if source is None or s == source})
 
-    def key_ok(self, given: object) -> bool:
-        """Whether `given` opens the server (anything does where it has no key; a key
-        that is not text never does)."""
-        return not self.api_key or (
-            isinstance(given, str)
-            and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.api_key.encode())
-        )
-
     async def translate(
         self, request: Request, texts: list[str], format: str, split: bool, target: str, nbest: int
     ) -> list[Translation]:
@@ -100,6 +93,32 @@ class Protocols:
         return found
 
 
+def refusal(
+    path: str, status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """A refusal in the shape of the API that `path` is on: DeepL's {"message"} under
+    /v2/, {"error"} elsewhere (LibreTranslate's, and /v1's)."""
+    key = "message" if (path + "/").startswith("/v2/") else "error"
+    return JSONResponse({key: message}, status_code=status, headers=headers)
+
+
+def key_ok(given: object, api_key: str | None) -> bool:
+    """Whether `given` opens a server with `api_key` (anything does where it has none; a
+    key that is not text never does)."""
+    return not api_key or (
+        isinstance(given, str)
+        and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), api_key.encode())
+    )
+
+
+def credentials(request: Request, schemes: tuple[str, ...]) -> str | None:
+    """The key of the request's `Authorization: SCHEME KEY` header where SCHEME is one of
+    `schemes` (lower case: a scheme's case does not matter, RFC 7235), whatever the
+    whitespace around and between them; None otherwise. Every route reads its key here."""
+    parts = request.headers.get("authorization", "").split(None, 1)
+    return parts[1].strip() if len(parts) == 2 and parts[0].lower() in schemes else None
+
+
 def check_size(limits, texts: list[str]) -> None:
     """413 for a request over the per-request limits (the same on every route)."""
     if len(texts) > limits.max_lines:
@@ -115,30 +134,43 @@ def check_size(limits, texts: list[str]) -> None:
 
 async def fields(request: Request) -> dict:
     """A request's fields: its query, and its body as JSON or as a form (a field given
-    more than once is a list). A ServeError (400) for a body that is neither."""
-    out: dict = {k: v for k, v in request.query_params.multi_items()}
+    more than once is a list). A ServeError (400) for a body that is neither, or that is
+    not UTF-8."""
+    out = _form(request.scope.get("query_string", b""), "query")
     raw = await request.body()
     if not raw.strip():
         return out
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ServeError(400, f"the body is not UTF-8 (byte {e.start})") from None
     if kind == "application/x-www-form-urlencoded":
-        for key, values in parse_qs(text, keep_blank_values=True).items():
-            out[key] = values if len(values) > 1 else values[0]
-        return out
+        return {**out, **_form(raw, "body")}
     if kind.startswith("multipart/"):
         raise ServeError(400, "send the fields as JSON or as a urlencoded form")
     try:
-        data = read_json(text)
+        data = read_json(_utf8(raw, "body"))
     except ValueError as e:
         raise ServeError(400, f"the body is not JSON: {e}") from None
     if not isinstance(data, dict):
         raise ServeError(400, "the body must be a JSON object")
     out.update(data)
     return out
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ServeError(400, f"the {what} is not UTF-8 (byte {e.start})") from None
+
+
+def _form(raw: bytes, what: str) -> dict:
+    """A urlencoded form's fields (a field given more than once is a list); 400 where
+    it is not UTF-8, in its bytes or in what they percent-encode (never a U+FFFD
+    translated in its place)."""
+    try:
+        found = parse_qs(_utf8(raw, what), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise ServeError(400, f"the {what} is not UTF-8 (a percent-encoded byte)") from None
+    return {key: values if len(values) > 1 else values[0] for key, values in found.items()}
 
 
 def _texts(value, name: str) -> tuple[list[str], bool]:
@@ -155,16 +187,16 @@ def _texts(value, name: str) -> tuple[list[str], bool]:
 
 
 def _int(value, name: str, low: int, high: int) -> int:
-    """A whole number field: an integer, or its digits in a form (never a float or a
-    boolean); 400 otherwise."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    """A whole number field: an integer, or up to 18 ASCII digits in a form (never a
+    float, a boolean, or what only `str.isdigit` calls digits, such as "²"); 400
+    otherwise."""
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,18}\s*", value):
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ServeError(400, f"Invalid request: {name} must be a whole number")
-    number = value
-    if not low <= number <= high:
+    if not low <= value <= high:
         raise ServeError(400, f"Invalid request: {name} must be from {low} to {high}")
-    return number
+    return value
 
 
 def _get_and_post(app: FastAPI, path: str, tag: str):
@@ -203,8 +235,8 @@ def _lt_error(e: ServeError) -> JSONResponse:
 
 
 def _lt_key(protocols: Protocols, request: Request, given: dict) -> None:
-    bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not (protocols.key_ok(given.get("api_key")) or protocols.key_ok(bearer or None)):
+    key = protocols.api_key
+    if not (key_ok(given.get("api_key"), key) or key_ok(credentials(request, ("bearer",)), key)):
         raise ServeError(403, "Invalid API key")
 
 
@@ -225,10 +257,22 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
             if fmt not in ("text", "html"):
                 raise ServeError(400, "Invalid request: format must be text or html")
             alternatives = _int(given.get("alternatives", 0), "alternatives", 0, MAX_ALTERNATIVES)
+            if alternatives and fmt != "text":  # (as `translate --nbest --format html`)
+                raise ServeError(
+                    400,
+                    f"Invalid request: alternatives are for text; format {fmt} writes a document",
+                )
             detected = None
             if source == "auto":
-                detected = _detect(protocols, texts)
+                detected = _detect(texts)
                 sources = {lang for lang, _ in detected if lang}
+                unread = sorted(sources - set(protocols.sources()))
+                if unread:
+                    raise ServeError(
+                        400,
+                        f"{unread[0]} is not a source language of this model "
+                        f"({', '.join(protocols.sources())})",
+                    )
                 source = sources.pop() if len(sources) == 1 else protocols.sources()[0]
             elif source not in protocols.sources():
                 raise ServeError(400, f"{source} is not supported")
@@ -266,17 +310,18 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
                 raise ServeError(400, "Invalid request: missing q parameter")
             texts, _ = _texts(given["q"], "q")
             check_size(protocols.service.limits, texts)
-            found = _detect(protocols, [" ".join(texts)], among_sources=False)
+            found = _detect([" ".join(texts)])
         except ServeError as e:
             return _lt_error(e)
         return [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found]
 
 
-def _detect(protocols: Protocols, texts: list[str], among_sources: bool = True) -> list:
-    """Each text's language and probability (py3langid: among the model's source
-    languages, or among all it knows); 400 where it is not installed."""
+def _detect(texts: list[str]) -> list:
+    """Each text's language and probability, among all the languages py3langid knows (a
+    text in a language the model cannot read is found out as such, not taken for the
+    nearest one it can); 400 where py3langid is not installed."""
     try:
-        return detect_scored(texts, protocols.sources() if among_sources else None)
+        return detect_scored(texts)
     except LangIdError as e:
         raise ServeError(400, f"source auto needs language identification: {e}") from None
 
@@ -290,11 +335,7 @@ def _deepl_error(e: ServeError) -> JSONResponse:
 
 
 def _deepl_key(protocols: Protocols, request: Request) -> None:
-    header = request.headers.get("authorization", "")
-    for scheme in ("DeepL-Auth-Key ", "Bearer "):
-        if header.startswith(scheme) and protocols.key_ok(header[len(scheme) :].strip()):
-            return
-    if protocols.api_key:
+    if not key_ok(credentials(request, ("deepl-auth-key", "bearer")), protocols.api_key):
         raise ServeError(403, "Authorization failure, check auth_key")
 
 
@@ -346,6 +387,8 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
         try:
             _deepl_key(protocols, request)
             kind = (await fields(request)).get("type", "source")
+            if kind not in ("source", "target"):
+                raise ServeError(400, "Value for 'type' not supported.")
         except ServeError as e:
             return _deepl_error(e)
         if kind == "target":

@@ -204,3 +204,143 @@ def test_a_key_that_is_not_text_is_refused_not_a_500(model):
             "/translate", json={"q": "A dog.", "source": "en", "target": "de", "api_key": KEY}
         )
         assert ok.status_code == 200
+
+
+def app_client(model, **kw) -> TestClient:
+    """The app of `model`, with `create_app`'s keywords (an API key, CORS origins)."""
+    engine = load_engine(model, "cpu")
+    decode = SearchOptions.from_config(engine.config.decode)
+    return TestClient(create_app(engine, decode, Limits(max_body_bytes=4096), "best.pt", **kw))
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["--3", "²", "٣", "1_0", "9" * 5000, " 1.5"],
+    ids=["dashes", "superscript", "arabic-digit", "underscore", "5000-digits", "decimal"],
+)
+def test_a_form_number_that_int_cannot_read_is_a_400(api, given):
+    form = {"q": "A dog", "source": "en", "target": "de", "alternatives": given}
+    r = api.post("/translate", data=form)
+    assert r.status_code == 400
+    assert r.json() == {"error": "Invalid request: alternatives must be a whole number"}
+
+
+def test_alternatives_of_a_document_are_refused_as_the_cli_refuses_them(api):
+    for q in ("<p>A dog <b>runs</b>.</p>", ["<p>A dog.</p>", "<p>A cat.</p>"]):
+        r = api.post(
+            "/translate",
+            json={"q": q, "source": "en", "target": "de", "format": "html", "alternatives": 2},
+        )
+        assert r.status_code == 400 and r.json() == {
+            "error": "Invalid request: alternatives are for text; format html writes a document"
+        }
+
+
+def test_auto_refuses_a_language_the_model_cannot_read_and_names_it(api):
+    r = api.post("/translate", json={"q": "Der Hund rennt.", "source": "auto", "target": "de"})
+    assert r.status_code == 400
+    assert r.json() == {"error": "de is not a source language of this model (en)"}
+    both = api.post(
+        "/translate",
+        json={
+            "q": ["A dog runs in the park.", "Der Hund rennt."],
+            "source": "auto",
+            "target": "de",
+        },
+    )
+    assert both.status_code == 400 and both.json()["error"].startswith("de is not")
+    english = api.post(
+        "/translate", json={"q": "A dog runs in the park.", "source": "auto", "target": "de"}
+    ).json()
+    assert english["detectedLanguage"]["language"] == "en"
+
+
+def test_every_api_refuses_in_its_own_shape(model):
+    """Unknown paths, wrong methods and an over-size body: DeepL's {"message"} under /v2,
+    {"error"} on LibreTranslate's and /v1's routes (never FastAPI's {"detail"})."""
+    with app_client(model) as c:
+        for method, path, status, body in (
+            ("GET", "/translate", 405, {"error": "Method Not Allowed"}),
+            ("GET", "/detect", 405, {"error": "Method Not Allowed"}),
+            ("GET", "/v1/translate", 405, {"error": "Method Not Allowed"}),
+            ("GET", "/v1/nope", 404, {"error": "Not Found"}),
+            ("GET", "/nope", 404, {"error": "Not Found"}),
+            ("PATCH", "/v2/translate", 405, {"message": "Method Not Allowed"}),
+            ("GET", "/v2/nope", 404, {"message": "Not Found"}),
+            ("OPTIONS", "/translate", 405, {"error": "Method Not Allowed"}),
+        ):
+            r = c.request(method, path)
+            assert (r.status_code, r.json()) == (status, body), (method, path)
+        big = {"text": ["a" * 5000], "target_lang": "DE"}
+        r = c.post("/v2/translate", json=big)
+        assert r.status_code == 413 and r.json() == {
+            "message": "the request body is over 4096 bytes"
+        }
+        r = c.post("/translate", json={"q": "a" * 5000, "source": "en", "target": "de"})
+        assert r.status_code == 413 and r.json() == {"error": "the request body is over 4096 bytes"}
+        r = c.get("/v2/languages", params={"type": "foo"})
+        assert r.status_code == 400 and r.json() == {"message": "Value for 'type' not supported."}
+
+
+def test_cors_origins_get_their_preflights_answered(model):
+    preflight = {"Origin": "https://example.org", "Access-Control-Request-Method": "POST"}
+    with app_client(model, api_key=KEY, cors_origins=["*"]) as c:
+        for path in ("/translate", "/v2/translate", "/v1/translate"):
+            r = c.options(
+                path, headers={**preflight, "Access-Control-Request-Headers": "authorization"}
+            )
+            assert r.status_code == 200, path
+            assert r.headers["access-control-allow-origin"] == "*"
+            assert "POST" in r.headers["access-control-allow-methods"]
+        r = c.post(
+            "/translate",
+            json={"q": "A dog.", "source": "en", "target": "de", "api_key": KEY},
+            headers={"Origin": "https://example.org"},
+        )
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    with app_client(model, cors_origins=["https://example.org"]) as c:
+        other = {**preflight, "Origin": "https://elsewhere.example"}
+        assert c.options("/translate", headers=other).status_code == 400
+        assert c.options("/translate", headers=preflight).status_code == 200
+
+
+@pytest.mark.parametrize("header", ["bearer sesame", "Bearer  sesame", "BEARER\tsesame "])
+def test_every_route_reads_the_key_of_one_authorization_parse(model, header):
+    with app_client(model, api_key=KEY) as c:
+        auth = {"Authorization": header}
+        assert c.post("/v1/translate", json={"text": ["A dog."]}, headers=auth).status_code == 200
+        lt = {"q": "A dog.", "source": "en", "target": "de"}
+        assert c.post("/translate", json=lt, headers=auth).status_code == 200
+        deepl = {"text": ["A dog."], "target_lang": "DE"}
+        assert c.post("/v2/translate", json=deepl, headers=auth).status_code == 200
+        dl = {"Authorization": "deepl-auth-key  " + KEY}
+        assert c.post("/v2/translate", json=deepl, headers=dl).status_code == 200
+        wrong = {"Authorization": header.replace(KEY, "sesam")}
+        assert c.post("/v1/translate", json={"text": ["A dog."]}, headers=wrong).status_code == 401
+        assert c.post("/translate", json=lt, headers=wrong).status_code == 403
+
+
+@pytest.mark.parametrize(
+    "body, query",
+    [
+        (b"q=%FF&source=en&target=de", ""),
+        (b"source=en&target=de", "q=%FF"),
+        (b"q=\xff&source=en&target=de", ""),
+    ],
+)
+def test_a_form_that_is_not_utf8_is_a_400_raw_or_percent_encoded(api, body, query):
+    r = api.post(
+        "/translate?" + query,
+        content=body,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 400 and r.json()["error"].startswith("the ")
+    assert "is not UTF-8" in r.json()["error"]
+
+
+def test_a_text_with_nothing_visible_is_empty_on_every_route(api):
+    texts = ["\u200b", " \ufeff\u2060 ", "\u00ad"]
+    lt = api.post("/translate", json={"q": texts, "source": "en", "target": "de"}).json()
+    assert lt == {"translatedText": ["", "", ""]}
+    v1 = api.post("/v1/translate", json={"text": texts}).json()
+    assert [t["text"] for t in v1["translations"]] == ["", "", ""]

@@ -451,3 +451,21 @@ def test_without_the_extra_serve_says_what_to_install(trained, monkeypatch):
     assert result.stderr.strip() == (
         "error: mtkit serve needs FastAPI and uvicorn: pip install 'mtkit[serve]'"
     )
+
+
+def test_a_cors_origin_that_no_browser_sends_is_refused_in_one_line(trained):
+    result = CliRunner().invoke(
+        cli_app,
+        [
+            "serve",
+            "-m",
+            str(trained / "run" / "checkpoints" / "best.pt"),
+            "--cors-origin",
+            "example.org",
+        ],
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --cors-origin must be '*' or an origin such as https://example.org (a "
+        "scheme and a host, in lower case, with no path), got 'example.org'"
+    )

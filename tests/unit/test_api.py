@@ -3,6 +3,7 @@ results as `Translation`s, errors as mtkit's own."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -78,12 +79,61 @@ def test_constraints_and_glossaries_reach_the_search(translator):
         (lambda t: t.translate(["a"], glossary={"a": "b"}), "glossary: give a Glossary"),
         (lambda t: t.translate(["A man."], tgt_lang="xx"), "xx"),
         (lambda t: t.translate(["<p>A man.</p>"], format="html", tgt_lang="xx"), "xx"),
+        (
+            lambda t: t.translate(["A dog runs."], constraints=["Katze"]),
+            "constraints[0]: expected a list of phrases, got Katze",
+        ),
+        (
+            lambda t: t.translate(["A dog."], constraints="Katze"),
+            "constraints: give one list of phrases per text, got str",
+        ),
+        (
+            lambda t: t.translate(["<p>A dog <b>runs</b>.</p>"], format="html", n_best=2),
+            "n_best is for text; format html writes a document",
+        ),
+        (lambda t: t.translate(["a"], batch_tokens="5"), "batch_tokens must be a whole number"),
+        (lambda t: t.translate(["a"], batch_tokens=-5), "batch_tokens must be from 1 to"),
+        (lambda t: t.translate(["a"], split="no"), "split must be True or False, got 'no'"),
+        (lambda t: t.translate(["a"], tgt_lang=5), "tgt_lang must be text, got 5"),
+        (lambda t: t.translate(["a"], alignments=True, align_layer=99), "align_layer must be 0"),
+        (lambda t: t.translate_iter(["a"], chunk=0), "chunk must be at least 1, got 0"),
+        (lambda t: t.translate_iter(["a"], chunk=-1), "chunk must be at least 1, got -1"),
+        (lambda t: t.translate_iter(["a"], chunk="2"), "chunk must be a whole number"),
     ],
 )
 def test_mistakes_are_mtkit_errors_of_one_line(translator, call, says):
+    """Each names the Python argument (never a CLI flag), at the call."""
     with pytest.raises(mtkit.Error) as e:
         call(translator)
-    assert says in str(e.value) and "\n" not in str(e.value)
+    assert says in str(e.value) and "\n" not in str(e.value) and "--" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path, kw, says",
+    [
+        ([], {}, "path: give a model's path (a str or a Path) or a list of them, got []"),
+        (None, {}, "path: give a model's path (a str or a Path) or a list of them, got None"),
+        (123, {}, "path: give a model's path (a str or a Path) or a list of them, got 123"),
+        (b"/x.pt", {}, "path: give a model's path (a str or a Path) or a list of them, got b'"),
+        ("MODEL", {"workers": "2"}, "workers must be a whole number, got '2'"),
+        ("MODEL", {"workers": 1.5}, "workers must be a whole number, got 1.5"),
+        ("MODEL", {"workers": -1}, "workers must be 0 (auto) to 256, got -1"),
+        ("MODEL", {"precision": "int9"}, "precision must be auto, fp32, bf16 or int8"),
+    ],
+)
+def test_load_checks_its_arguments_by_their_python_names(model, path, kw, says):
+    with pytest.raises(mtkit.Error) as e:
+        mtkit.Translator.load(model if path == "MODEL" else path, **kw)
+    assert str(e.value).startswith(says) and "--" not in str(e.value)
+
+
+def test_a_text_with_nothing_visible_is_empty(translator):
+    """Only whitespace, zero-width and format characters (a byte-order mark, a soft
+    hyphen, a word joiner): an empty translation, as for "", never one made up."""
+    texts = ["\u200b", " \ufeff\u2060 ", "\u00ad", "\u200b\n\t"]
+    got = translator.translate(texts)
+    assert [(t.text, t.score, t.tokens) for t in got] == [("", 0.0, ())] * len(texts)
+    assert translator.translate(["A\u200bdog."])[0].text != ""
 
 
 def test_loading_what_is_no_model_is_one_error(tmp_path):
@@ -101,6 +151,22 @@ def test_score_is_sacrebleus():
     assert s.signatures["bleu"].startswith("nrefs:1")
     with pytest.raises(mtkit.Error):
         mtkit.score(["a"], ["a", "b"])
+    one = mtkit.score(["Ein Mann fährt Rad ."], ["Ein Mann fährt Rad ."], metrics="bleu")
+    assert one.bleu == pytest.approx(100.0) and one.chrf is None and one.ter is None
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (([None], ["a"]), "hypotheses[0]: expected text, got NoneType"),
+        (("Ein Hund", "Ein Hund"), "hypotheses: give a list of texts, not one text"),
+        ((["a"], "a"), "references: give a list of texts, not one text"),
+        ((["a"], ["a"], ["bleu", 3]), "metrics[1]: expected text, got int"),
+    ],
+)
+def test_score_refuses_what_is_not_a_list_of_texts(args, says):
+    with pytest.raises(mtkit.Error, match=re.escape(says)):
+        mtkit.score(*args)
 
 
 def test_documents_in_one_call_are_translated_as_one_by_one(translator):
