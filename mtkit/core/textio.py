@@ -36,6 +36,8 @@ CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
 # than any model's positions (1,024 by default); it only bounds memory on a runaway line.
 MAX_LINE_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # a document in UTF-16 starts so
+UTF32_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
 
 
 def line_count(stream: BinaryIO) -> int:
@@ -148,11 +150,16 @@ DECLARED_WITHIN = 4096  # bytes of a document searched for its declaration
 
 def document_encoding(data: bytes, format: str) -> str:
     """The encoding a `format` document in `data` is read and written in: the one it
-    declares (a template's "CHARSET" is none), else UTF-8; "utf-8-sig" where it starts
-    with a byte-order mark, so that the translation starts with one too. A declared
-    encoding Python does not know is one line."""
+    declares (a template's "CHARSET" is none), else UTF-8; where it starts with a
+    byte-order mark, the encoding that mark names (UTF-8's as "utf-8-sig"), so that the
+    translation starts with one too. A declared encoding Python does not know is one
+    line."""
     if data.startswith(BOM):
         return "utf-8-sig"
+    if data.startswith(UTF32_BOMS):  # (before UTF-16's: UTF-32 LE starts as it does)
+        return "utf-32"
+    if data.startswith(UTF16_BOMS):
+        return "utf-16"
     found = DECLARED.get(format, re.compile(b"(?!)")).search(data[:DECLARED_WITHIN])
     name = next((g for g in found.groups() if g), b"").decode("ascii") if found else ""
     if not name or name.upper() == "CHARSET":

@@ -101,6 +101,13 @@ def test_a_document_is_read_and_written_in_the_encoding_it_declares():
     assert document_encoding(b'"Content-Type: text/plain; charset=CHARSET\\n"', "po") == "utf-8"
     assert document_encoding(b"\xef\xbb\xbf1\n", "srt") == "utf-8-sig"
     assert write_document("1\n", "utf-8-sig", "srt") == b"\xef\xbb\xbf1\n"
+    # UTF-16 and UTF-32, known by their marks (the declaration inside is not ASCII)
+    wide = '<?xml version="1.0" encoding="UTF-16"?><p>ü</p>'
+    for name in ("utf-16", "utf-32"):
+        data = wide.encode(name)
+        assert document_encoding(data, "xml") == name
+        assert read_document(data, name) == wide
+        assert write_document(wide, name, "xml") == data
     with pytest.raises(OptionError, match="declares an unknown encoding: foo"):
         document_encoding(b'<?xml version="1.0" encoding="foo"?><a/>', "xml")
 
