@@ -16,9 +16,11 @@ each of them.
 
 from __future__ import annotations
 
+import numbers
+import operator
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -66,7 +68,7 @@ class Translator:
             raise OptionError(f"device must be auto, cpu or cuda, got {device!r}", "device")
         if precision is not None:
             check_precision(precision, "precision")
-        _argument("workers", workers, int)
+        workers = _argument("workers", workers, int)
         if workers is not None:
             check_workers(workers, "workers")
         if not wants_ctranslate2(paths):
@@ -86,15 +88,22 @@ class Translator:
         instead, each checked (`SearchOptions.from_config`); n_best is nbest."""
         if "n_best" in given:
             given["nbest"] = given.pop("n_best")
-        for name, value in given.items():
-            _argument(name, value)
+        known = [f.name for f in fields(SearchOptions)]
+        for name in given:
+            if name not in known:
+                raise OptionError(
+                    f"unknown option {name!r}; the options are "
+                    f"{', '.join(_keyword(k) for k in known)}",
+                    name,
+                )
+        given = {name: _argument(name, value) for name, value in given.items()}
         opts = SearchOptions.from_config(self.engine.config.decode, _keyword, **given)
         self.engine.check(opts, _keyword)
         return opts
 
     def translate(
         self,
-        texts: Sequence[str],
+        texts: Iterable[str],
         *,
         beam: int | None = None,
         lenpen: float | None = None,
@@ -130,9 +139,9 @@ class Translator:
         texts = _texts("texts", texts)
         if glossary is not None and not isinstance(glossary, Glossary):
             raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
-        _argument("tgt_lang", tgt_lang, str)
-        _argument("split", split, bool)
-        _argument("batch_tokens", batch_tokens)
+        tgt_lang = _argument("tgt_lang", tgt_lang, str)
+        split = _argument("split", split, bool)
+        batch_tokens = _argument("batch_tokens", batch_tokens)
         opts = self.options(
             beam=beam,
             lenpen=lenpen,
@@ -160,7 +169,7 @@ class Translator:
 
     def translate_with(
         self,
-        texts: Sequence[str],
+        texts: Iterable[str],
         opts: SearchOptions,
         *,
         constraints: list[list[tuple[str, ...]]] | None = None,
@@ -211,9 +220,8 @@ class Translator:
     ) -> Iterator[Translation]:
         """`translate`, for a stream of texts too large to hold at once: translated
         `chunk` at a time (sorted and batched within each), yielded in order."""
-        if isinstance(texts, str):
-            raise OptionError("texts: give an iterable of texts, not one text", "texts")
-        _argument("chunk", chunk, int, low=1)
+        _iterable("texts", texts)
+        chunk = _argument("chunk", chunk, int, low=1)
 
         def translated() -> Iterator[Translation]:
             batch: list[str] = []
@@ -274,28 +282,35 @@ class _Settings:
 _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
 
 
-def _argument(name: str, value, kind: type | None = None, low: int | None = None) -> None:
-    """One line for keyword argument `name` given a `value` that is not a `kind` (bool,
-    int, float or str; None: a search option's own, `OPTIONS`) or is out of range (below
-    `low`; a search option: out of its own). None is every argument's default."""
+def _argument(name: str, value, kind: type | None = None, low: int | None = None):
+    """Keyword argument `name`'s `value` as a Python `kind` (bool, int, float or str;
+    None: a search option's own, `OPTIONS`), or one line where it is not one or is out
+    of range (below `low`; a search option: out of its own). None is every argument's
+    default, and stays None. A numpy scalar is taken as the number it holds (np.int64 a
+    whole number, np.float32 a number, np.bool_ True or False), never a bool as a number."""
     from mtkit.core.search_options import OPTIONS, check_value
 
     if value is None:
-        return
+        return None
     if kind is None:  # (a search option with no default is a layer's index)
         kind = type(OPTIONS[name].default) if OPTIONS[name].default is not None else int
-    fits = (
-        isinstance(value, bool)
-        if kind is bool
-        else isinstance(value, (int, float) if kind is float else kind)
-        and not isinstance(value, bool)
-    )
-    if not fits:
+    # numpy's bool is no subclass of bool nor a number; named so as not to import numpy
+    truth = type(value).__name__ in ("bool", "bool_")
+    if kind is bool and truth:
+        value = bool(value)
+    elif kind is int and isinstance(value, numbers.Integral) and not truth:
+        value = operator.index(value)
+    elif kind is float and isinstance(value, numbers.Real) and not truth:
+        value = float(value)
+    elif kind is str and isinstance(value, str):
+        value = str(value)
+    else:
         raise OptionError(f"{_keyword(name)} must be {_KINDS[kind]}, got {value!r}", name)
     if name in OPTIONS:
         check_value(name, value, _keyword)
     elif low is not None and value < low:
         raise OptionError(f"{name} must be at least {low}, got {value!r}", name)
+    return value
 
 
 def _keyword(name: str) -> str:
@@ -303,19 +318,36 @@ def _keyword(name: str) -> str:
     return "n_best" if name == "nbest" else name
 
 
-def _texts(name: str, texts: Sequence[str]) -> list[str]:
-    """Argument `name`'s texts, each checked to be text and valid Unicode."""
+def _iterable(name: str, texts, ordered: bool = True) -> None:
+    """One line where argument `name` is not an iterable of texts: one text (whose
+    characters would be taken for texts), a dict, what cannot be iterated, or (where
+    texts are paired or answered by position: `ordered`) a set."""
     if isinstance(texts, str):
         raise OptionError(f"{name}: give a list of texts, not one text", name)
-    if not isinstance(texts, (list, tuple)):
-        raise OptionError(f"{name}: give a list of texts, got {type(texts).__name__}", name)
+    if (
+        not isinstance(texts, Iterable)
+        or isinstance(texts, Mapping)
+        or (ordered and isinstance(texts, Set))
+    ):
+        raise OptionError(
+            f"{name}: give a list of texts (or any iterable of them, in order), "
+            f"got {type(texts).__name__}",
+            name,
+        )
+
+
+def _texts(name: str, texts: Iterable[str], ordered: bool = True) -> list[str]:
+    """Argument `name`'s texts (any iterable of them, read once; a set where not
+    `ordered`) as a list, each checked to be text and valid Unicode."""
+    _iterable(name, texts, ordered)
+    texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise OptionError(f"{name}[{i}]: expected text, got {type(text).__name__}", name)
         bad = lone_surrogate(text)
         if bad:
             raise OptionError(f"{name}[{i}]: {bad}", name)
-    return list(texts)
+    return texts
 
 
 def _paths(path) -> list[str | os.PathLike]:
@@ -511,16 +543,17 @@ class Scores:
 
 
 def score(
-    hypotheses: Sequence[str],
-    references: Sequence[str],
-    metrics: str | Sequence[str] = ("bleu", "chrf", "ter"),
+    hypotheses: Iterable[str],
+    references: Iterable[str],
+    metrics: str | Iterable[str] = ("bleu", "chrf", "ter"),
 ) -> Scores:
-    """BLEU, chrF and TER of `hypotheses` against one reference each (sacreBLEU).
-    `metrics`: their names, or one name ("bleu"; "bleu,chrf" as `eval --metrics`)."""
+    """BLEU, chrF and TER of `hypotheses` against one reference each (sacreBLEU); each
+    a list or any iterable of texts. `metrics`: their names (any iterable), or one name
+    ("bleu"; "bleu,chrf" as `eval --metrics`)."""
     from mtkit.core.scoring import parse_metrics
     from mtkit.core.scoring import score as corpus_score
 
-    names = [metrics] if isinstance(metrics, str) else _texts("metrics", metrics)
+    names = [metrics] if isinstance(metrics, str) else _texts("metrics", metrics, ordered=False)
     results = corpus_score(
         _texts("hypotheses", hypotheses),
         _texts("references", references),

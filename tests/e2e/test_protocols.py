@@ -236,23 +236,22 @@ def test_alternatives_of_a_document_are_refused_as_the_cli_refuses_them(api):
         }
 
 
-def test_auto_refuses_a_language_the_model_cannot_read_and_names_it(api):
-    r = api.post("/translate", json={"q": "Der Hund rennt.", "source": "auto", "target": "de"})
-    assert r.status_code == 400
-    assert r.json() == {"error": "de is not a source language of this model (en)"}
-    both = api.post(
-        "/translate",
-        json={
-            "q": ["A dog runs in the park.", "Der Hund rennt."],
-            "source": "auto",
-            "target": "de",
-        },
-    )
-    assert both.status_code == 400 and both.json()["error"].startswith("de is not")
-    english = api.post(
-        "/translate", json={"q": "A dog runs in the park.", "source": "auto", "target": "de"}
-    ).json()
-    assert english["detectedLanguage"]["language"] == "en"
+def test_auto_takes_short_texts_in_the_models_language_as_it(api):
+    """Detected among every language, these were Turkish, Breton, Javanese and (the batch)
+    Afrikaans, and refused; among the model's one source language each is English."""
+    for q in ("A girl.", "Hello", "A woman sings.", ["A man is riding a bike.", "OK"]):
+        r = api.post("/translate", json={"q": q, "source": "auto", "target": "de"})
+        assert r.status_code == 200, r.json()
+        found = r.json()["detectedLanguage"]
+        assert found == (
+            [{"confidence": 100.0, "language": "en"}] * len(q)
+            if isinstance(q, list)
+            else {"confidence": 100.0, "language": "en"}
+        )
+    # /detect still tells every language apart
+    assert api.post("/detect", json={"q": "Der Hund rennt über die Wiese."}).json() == [
+        {"confidence": 100.0, "language": "de"}
+    ]
 
 
 def test_every_api_refuses_in_its_own_shape(model):

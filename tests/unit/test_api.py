@@ -7,11 +7,14 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import mtkit
 
 from conftest import cli
+
+ANY = "give a list of texts (or any iterable of them, in order), "  # what is no such list
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +75,18 @@ def test_constraints_and_glossaries_reach_the_search(translator):
         (lambda t: t.translate([3]), "texts[0]: expected text"),
         (lambda t: t.translate(["\ud800"]), "lone surrogate"),
         (lambda t: t.translate(["a", "b"], constraints=[["x"]]), "one list per text"),
-        (lambda t: t.translate(None), "give a list of texts, got NoneType"),
-        (lambda t: t.translate({"a": 1}), "give a list of texts, got dict"),
+        (
+            lambda t: t.translate(None),
+            ANY + "got NoneType",
+        ),
+        (
+            lambda t: t.translate({"a": 1}),
+            ANY + "got dict",
+        ),
+        (
+            lambda t: t.translate({"a", "b"}),
+            ANY + "got set",
+        ),
         (lambda t: t.translate(["a"], beam=2.5), "beam must be a whole number"),
         (lambda t: t.translate(["a"], n_best="2"), "n_best must be a whole number"),
         (lambda t: t.translate(["a"], glossary={"a": "b"}), "glossary: give a Glossary"),
@@ -99,6 +112,22 @@ def test_constraints_and_glossaries_reach_the_search(translator):
         (lambda t: t.translate_iter(["a"], chunk=0), "chunk must be at least 1, got 0"),
         (lambda t: t.translate_iter(["a"], chunk=-1), "chunk must be at least 1, got -1"),
         (lambda t: t.translate_iter(["a"], chunk="2"), "chunk must be a whole number"),
+        (
+            lambda t: t.translate_iter(None),
+            "texts: " + ANY + "got",
+        ),
+        (
+            lambda t: t.translate_iter(5),
+            "texts: " + ANY + "got int",
+        ),
+        (lambda t: t.translate_iter("A dog."), "texts: give a list of texts, not one text"),
+        (lambda t: t.translate(["a"], beam=np.float64(2.0)), "beam must be a whole number"),
+        (lambda t: t.translate(["a"], split=np.int64(1)), "split must be True or False"),
+        (lambda t: t.translate(["a"], beam=np.bool_(True)), "beam must be a whole number"),
+        (
+            lambda t: t.options(bogus=2),
+            "unknown option 'bogus'; the options are beam, lenpen, max_len_a, max_len_b, n_best,",
+        ),
     ],
 )
 def test_mistakes_are_mtkit_errors_of_one_line(translator, call, says):
@@ -125,6 +154,31 @@ def test_load_checks_its_arguments_by_their_python_names(model, path, kw, says):
     with pytest.raises(mtkit.Error) as e:
         mtkit.Translator.load(model if path == "MODEL" else path, **kw)
     assert str(e.value).startswith(says) and "--" not in str(e.value)
+
+
+def test_numpy_scalars_are_the_numbers_they_hold(model, translator):
+    """As a caller's array gives them: np.int64 a whole number, np.float32 a number,
+    np.bool_ True or False; each translates as the Python number would."""
+    texts = ["A dog runs.", "Two men. A woman sings!"]
+    with mtkit.Translator.load(model, device="cpu", workers=np.int64(1)) as loaded:
+        got = loaded.translate(
+            texts,
+            beam=np.int64(3),
+            n_best=np.int32(2),
+            lenpen=np.float32(1.0),
+            batch_tokens=np.int64(1000),
+            split=np.bool_(True),
+        )
+    want = translator.translate(texts, beam=3, n_best=2, lenpen=1.0, batch_tokens=1000, split=True)
+    assert [(t.text, [a.text for a in t.alternatives]) for t in got] == [
+        (t.text, [a.text for a in t.alternatives]) for t in want
+    ]
+    assert [t.text for t in translator.translate_iter(texts, chunk=np.int64(1))] == [
+        t.text for t in want
+    ]
+    opts = translator.options(sampling=np.bool_(True), seed=np.int64(3), topk=np.int32(5))
+    assert (opts.sampling, opts.seed, opts.topk) == (True, 3, 5)
+    assert [type(x) for x in (opts.sampling, opts.seed, opts.topk)] == [bool, int, int]
 
 
 def test_a_text_with_nothing_visible_is_empty(translator):
@@ -155,6 +209,14 @@ def test_score_is_sacrebleus():
     assert one.bleu == pytest.approx(100.0) and one.chrf is None and one.ter is None
 
 
+def test_score_takes_any_iterable_of_texts():
+    """A generator (read once), a tuple; metrics any iterable of names, such as a set."""
+    texts = ["Ein Mann fährt Rad .", "Zwei Hunde spielen ."]
+    s = mtkit.score((t for t in texts), tuple(texts), metrics={"bleu"})
+    assert s.bleu == pytest.approx(100.0) and s.chrf is None and s.ter is None
+    assert mtkit.score(iter(texts), texts, metrics=iter(["chrf"])).chrf == pytest.approx(100.0)
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -162,9 +224,13 @@ def test_score_is_sacrebleus():
         (("Ein Hund", "Ein Hund"), "hypotheses: give a list of texts, not one text"),
         ((["a"], "a"), "references: give a list of texts, not one text"),
         ((["a"], ["a"], ["bleu", 3]), "metrics[1]: expected text, got int"),
+        (
+            (5, ["a"]),
+            "hypotheses: " + ANY + "got int",
+        ),
     ],
 )
-def test_score_refuses_what_is_not_a_list_of_texts(args, says):
+def test_score_refuses_what_is_not_texts(args, says):
     with pytest.raises(mtkit.Error, match=re.escape(says)):
         mtkit.score(*args)
 
