@@ -505,3 +505,49 @@ def test_a_cue_with_tags_is_one_sentence_on_its_lines():
 def test_subtitle_numbers_and_timing_lines_are_kept_as_written(subs):
     expected = subs.replace("A dog", "A DOG").replace("runs.", "RUNS.").replace("A cat", "A CAT")
     assert translate_document(subs, "srt", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "po",
+    [
+        "",
+        "# just a comment\n",
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n',
+        'msgid "Done"\nmsgstr "Fertig"',
+    ],
+)
+def test_a_po_file_with_nothing_to_translate_comes_back_as_it_was(po):
+    assert translate_document(po, "po", upper).text == po
+
+
+@pytest.mark.parametrize(
+    "po, expected",
+    [
+        (  # a comment after the last entry
+            'msgid "A dog runs."\nmsgstr ""\n\n# trailing comment about nothing\n',
+            'msgid "A dog runs."\nmsgstr "A DOG RUNS."\n\n# trailing comment about nothing\n',
+        ),
+        (  # an obsolete entry with its previous msgid after it
+            'msgid "A dog runs."\nmsgstr ""\n\n#~| msgid "Older."\n#~ msgid "Old."\n'
+            '#~ msgstr "Alt."',
+            'msgid "A dog runs."\nmsgstr "A DOG RUNS."\n\n#~| msgid "Older."\n#~ msgid "Old."\n'
+            '#~ msgstr "Alt."',
+        ),
+        (  # every plural form's lines, their continuations too, and only those
+            'msgid "a dog"\nmsgid_plural "dogs"\nmsgstr[0] ""\n""\nmsgstr[1] ""\n# after\n',
+            'msgid "a dog"\nmsgid_plural "dogs"\nmsgstr[0] "A DOG"\nmsgstr[1] "DOGS"\n# after\n',
+        ),
+        (  # CRLF line ends, and none at the end of the file
+            'msgid "x"\r\nmsgstr "y"\r\n\r\nmsgid "a dog"\r\nmsgid_plural "dogs"\r\n'
+            'msgstr[0] ""\r\nmsgstr[1] ""',
+            'msgid "x"\r\nmsgstr "y"\r\n\r\nmsgid "a dog"\r\nmsgid_plural "dogs"\r\n'
+            'msgstr[0] "A DOG"\r\nmsgstr[1] "DOGS"',
+        ),
+        (  # an indented entry
+            '  msgid "A dog runs."\n  msgstr ""\n',
+            '  msgid "A dog runs."\n  msgstr "A DOG RUNS."\n',
+        ),
+    ],
+)
+def test_a_po_file_gets_only_its_msgstr_lines_new_with_its_line_ends_and_indents(po, expected):
+    assert translate_document(po, "po", upper).text == expected
