@@ -551,3 +551,47 @@ def test_a_po_file_with_nothing_to_translate_comes_back_as_it_was(po):
 )
 def test_a_po_file_gets_only_its_msgstr_lines_new_with_its_line_ends_and_indents(po, expected):
     assert translate_document(po, "po", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "subs",
+    [  # blank lines between cues, a line of spaces after a cue's text, CRLF
+        "1\n00:00:01,000 --> 00:00:02,000\nA man is riding a bike.\n\n\n\n"
+        "2\n00:00:03,000 --> 00:00:04,000\nTwo dogs play.\n\n\n",
+        "1\n00:00:01,000 --> 00:00:02,000\nA cat sleeps.\n \n",
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\nA man is riding\r\na bike.\r\n\r\n\r\n"
+        "2\r\n00:00:03,000 --> 00:00:04,000\r\nA cat sleeps.\r\n \r\n",
+    ],
+)
+def test_the_lines_after_a_cue_are_kept_and_not_counted_as_its_lines(subs):
+    expected = subs
+    for words in ("A man is riding", "a bike.", "Two dogs play.", "A cat sleeps."):
+        expected = expected.replace(words, words.upper())
+    assert translate_document(subs, "srt", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "cue, texts, expected",
+    [
+        (
+            "- A dog runs.\n- <i>A cat sleeps.</i>",
+            ["A dog runs.", "A cat sleeps."],
+            "- A DOG RUNS.\n- <i>A CAT SLEEPS.</i>",
+        ),
+        (  # no tags; a speaker over two lines, the second starting with a minus
+            "-A man is riding\n-5 degrees.\n– Two dogs.",
+            ["A man is riding -5 degrees.", "Two dogs."],
+            "-A MAN IS RIDING\n-5 DEGREES.\n– TWO DOGS.",
+        ),
+    ],
+)
+def test_each_speaker_of_a_cue_is_a_text_of_their_own_after_their_dash(cue, texts, expected):
+    seen = []
+
+    def translate(batch):
+        seen.extend(batch)
+        return upper(batch)
+
+    subs = "1\n00:00:03,000 --> 00:00:04,000\n{}\n\n"
+    assert translate_document(subs.format(cue), "srt", translate).text == subs.format(expected)
+    assert seen == texts
