@@ -392,6 +392,13 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
             "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
             "<p>USE <code>A cat</code> NOW.</p></body></html>",
         ),
+        (  # XHTML's with a prefix too
+            '<h:html xmlns:h="http://www.w3.org/1999/xhtml"><h:body><h:pre>A cat  sleeps.'
+            "</h:pre><h:code>keep me</h:code><h:p>A dog runs.</h:p></h:body></h:html>",
+            "xml",
+            '<h:html xmlns:h="http://www.w3.org/1999/xhtml"><h:body><h:pre>A cat  sleeps.'
+            "</h:pre><h:code>keep me</h:code><h:p>A DOG RUNS.</h:p></h:body></h:html>",
+        ),
         (
             "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
             "html",
