@@ -56,6 +56,8 @@ def translate_po(document: str, translate: Translate) -> str:
         for e in catalog
         if not e.obsolete and e.msgid and not (e.msgstr or any(e.msgstr_plural.values()))
     ]
+    if not todo:  # (a header, comments or nothing at all: the file as it was)
+        return document
     texts = [x for e in todo for x in ([e.msgid, e.msgid_plural] if e.msgid_plural else [e.msgid])]
     translated = iter(_translate_lines(texts, translate))
     for e in todo:
@@ -64,8 +66,7 @@ def translate_po(document: str, translate: Translate) -> str:
             e.msgstr_plural = {k: one if k == 0 else many for k in range(max(forms, 1))}
         else:
             e.msgstr = next(translated)
-    text = "".join(_with_msgstrs(lines, list(catalog), {id(e) for e in todo}))
-    return text if text.endswith("\n") else text + "\n"
+    return "".join(_with_msgstrs(lines, todo))
 
 
 def _translate_lines(messages: list[str], translate: Translate) -> list[str]:
@@ -77,23 +78,34 @@ def _translate_lines(messages: list[str], translate: Translate) -> list[str]:
     return ["".join(x if k % 2 else next(translated) for k, x in enumerate(p)) for p in pieces]
 
 
-def _with_msgstrs(lines: list[str], entries: list, changed: set[int]) -> list[str]:
-    """The file's `lines` with the msgstr lines of each `changed` entry (by id) written
-    anew by polib, from its first msgstr line to the end of the entry (a msgstr comes
-    last in an entry), with the file's line ends; every other line as it was."""
+def _with_msgstrs(lines: list[str], entries: list) -> list[str]:
+    """The file's `lines` with the msgstr lines of each of `entries` (a msgstr keyword
+    line and the string lines that continue it; every plural form's) written anew by
+    polib, indented as the first was and with its line end (the file's first line end
+    where it has none, at the end of a file: that last line gets none); every other line
+    (comments, blank lines, obsolete entries after it) as it was."""
     out = list(lines)
-    # an entry's first line, comments included (polib numbers them from 1, but an entry
-    # that starts the file, with no header before it, 0)
-    starts = [max(e.linenum - 1, 0) for e in entries]
-    ends = starts[1:] + [len(lines)]
-    for e, start, stop in reversed(list(zip(entries, starts, ends, strict=True))):
-        if id(e) not in changed:
-            continue
-        while stop > start and not lines[stop - 1].strip():
-            stop -= 1  # the blank lines after an entry stay
-        first = next(k for k in range(start, stop) if lines[k].lstrip().startswith("msgstr"))
-        eol = "\r\n" if lines[first].endswith("\r\n") else "\n"
+    eol = next((end for x in lines if (end := x[len(x.rstrip("\r\n")) :])), "\n")
+    for e in reversed(entries):
+        # polib numbers an entry's msgid line from 1 (0 for an entry that starts the
+        # file); its msgstr lines come after it
+        first = next(
+            k for k in range(max(e.linenum - 1, 0), len(lines)) if _keyword(lines[k], "msgstr")
+        )
+        stop = first + 1
+        while stop < len(lines) and (
+            _keyword(lines[stop], "msgstr[") or lines[stop].lstrip().startswith('"')
+        ):
+            stop += 1
+        indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+        end = lines[stop - 1][len(lines[stop - 1].rstrip("\r\n")) :]
         written = str(e).splitlines()
-        msgstr = next(k for k, x in enumerate(written) if x.startswith("msgstr"))
-        out[first:stop] = [x + eol for x in written[msgstr:]]
+        written = written[next(k for k, x in enumerate(written) if x.startswith("msgstr")) :]
+        ends = [end or eol] * (len(written) - 1) + [end]
+        out[first:stop] = [indent + x + y for x, y in zip(written, ends, strict=True)]
     return out
+
+
+def _keyword(line: str, keyword: str) -> bool:
+    """Whether `line` starts (after its indentation) with `keyword`."""
+    return line.lstrip().startswith(keyword)

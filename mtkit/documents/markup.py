@@ -70,9 +70,9 @@ class Element:
 
     @property
     def kept(self) -> bool:
-        """Never translated: code, pre, scripts and styles (in XML too: XHTML's), and
-        translate="no"."""
-        return self.name in KEPT or bool(NO_TRANSLATE.search(self.start))
+        """Never translated: code, pre, scripts and styles (in XML too: XHTML's, by their
+        local name, `h:pre` as `pre`), and translate="no"."""
+        return self.name.rpartition(":")[2] in KEPT or bool(NO_TRANSLATE.search(self.start))
 
     def raw(self) -> str:
         return self.start + "".join(c.raw() for c in self.children) + self.end

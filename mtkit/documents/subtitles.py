@@ -5,9 +5,10 @@ loosely stays as written). A sentence that runs over several cues (a cue that en
 without . ! ? or …) is translated whole, and its words are handed back to the cues their
 source words came from (through the word alignment, in order; by length where the
 alignment leaves a cue without words; cue by cue where even that would leave one
-blank). A cue keeps its number of lines. Cues with markup (`<i>`, `<font>`) or override
-tags (`{\\an8}`) are translated one by one, each as one sentence, their tags carried
-through."""
+blank). A cue keeps its number of lines (its text's, the blank lines after it kept as
+written). Cues with markup (`<i>`, `<font>`) or override tags (`{\\an8}`) are translated
+one by one, each as one sentence, their tags carried through; a cue of dialogue (`- Yes.`
+on a line after its first) one speaker at a time, each speaker's dash kept."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
 
 SENTENCE_END = re.compile(r"[.!?…。！？][\"'»”’)\]]*$")
 MOST_CUES = 4  # a sentence spreads over at most this many cues before it is cut
+DASH = re.compile(r"\s*[-‐–—] ?(?=[^-‐–—\s\d])")  # a speaker's line in a dialogue: "- Yes."
 TOKEN = re.compile(rf"(?:{TAGGED.pattern}|\S)+")  # a word with its tags: lines break between
 
 
@@ -33,7 +35,9 @@ def translate_srt(document: str, translate: Translate) -> str:
     import srt
 
     try:
-        texts = [cue.content for cue in srt.parse(document)]
+        # a cue's text ends at its last character that is not whitespace: the blank (or
+        # whitespace-only) lines the reader counts in are kept as written, not its lines
+        texts = [cue.content.rstrip() for cue in srt.parse(document)]
     except (srt.SRTParseError, ValueError, OverflowError) as e:  # (a timing out of range)
         raise SubtitleError(f"not a SubRip (.srt) file: {str(e).splitlines()[0][:120]}") from None
     groups = _groups(texts)
@@ -45,17 +49,22 @@ def translate_srt(document: str, translate: Translate) -> str:
     # would show a blank cue while its words are spoken: its cues are translated one by
     # one instead, each its own text in its own time.
     _put_back(texts, [[i] for g in short for i in g], translate)
-    # A cue's lines are one sentence to translate (a line break is no sentence's end);
-    # the translation is broken into as many lines again.
-    messages = translate_messages([" ".join(texts[i].split("\n")) for i in tagged], translate)
-    for i, text in zip(tagged, messages, strict=True):
-        texts[i] = _lines(TOKEN.findall(text), texts[i].count("\n") + 1)
+    # A speaker's lines are one text to translate (a line break is no sentence's end);
+    # the translation is broken into as many lines again, after the speaker's dash.
+    turns = {i: _turns(texts[i]) for i in tagged}
+    messages = iter(
+        translate_messages([" ".join(t) for i in tagged for _, t in turns[i]], translate)
+    )
+    for i in tagged:
+        texts[i] = "\n".join(
+            dash + _lines(TOKEN.findall(next(messages)), len(lines)) for dash, lines in turns[i]
+        )
     eol = "\r\n" if "\r\n" in document else "\n"
     out, at = [], 0
     for match, text in zip(srt.SRT_REGEX.finditer(document), texts, strict=True):
         start, end = match.span(5)  # the cue's text (`srt.parse` read the same matches)
         out += [document[at:start], text.replace("\n", eol)]
-        at = end
+        at = start + len(document[start:end].rstrip())
     return "".join(out) + document[at:]
 
 
@@ -96,9 +105,24 @@ def _groups(texts: list[str]) -> list[list[int]]:
 
 
 def _marked(text: str) -> bool:
-    """Whether a cue holds markup or placeholders ({\\an8}, ...): translated on its own,
-    with them carried through (`mtkit.documents.messages`)."""
-    return bool(TAGGED.search(text) or PLACEHOLDER.search(text))
+    """Whether a cue holds markup or placeholders ({\\an8}, ...), or the lines of more
+    than one speaker: translated on its own, with them carried through
+    (`mtkit.documents.messages`), each speaker's lines a text of their own."""
+    return bool(TAGGED.search(text) or PLACEHOLDER.search(text) or len(_turns(text)) > 1)
+
+
+def _turns(text: str) -> list[tuple[str, list[str]]]:
+    """A cue's text by speaker: each line that starts with a dialogue dash starts a
+    speaker's turn, the dash (kept out of the translation, where a model would drop it)
+    and the lines of the turn, their dashes taken off."""
+    turns: list[tuple[str, list[str]]] = []
+    for line in text.split("\n"):
+        dash = DASH.match(line)
+        if dash or not turns:
+            turns.append((dash.group() if dash else "", [line[dash.end() if dash else 0 :]]))
+        else:
+            turns[-1][1].append(line)
+    return turns
 
 
 def _share(t: Translation, source_words: list[int]) -> list[list[str]]:

@@ -392,6 +392,13 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
             "<style>p { color: red; }</style></head><body><pre>A dog runs.</pre>"
             "<p>USE <code>A cat</code> NOW.</p></body></html>",
         ),
+        (  # XHTML's with a prefix too
+            '<h:html xmlns:h="http://www.w3.org/1999/xhtml"><h:body><h:pre>A cat  sleeps.'
+            "</h:pre><h:code>keep me</h:code><h:p>A dog runs.</h:p></h:body></h:html>",
+            "xml",
+            '<h:html xmlns:h="http://www.w3.org/1999/xhtml"><h:body><h:pre>A cat  sleeps.'
+            "</h:pre><h:code>keep me</h:code><h:p>A DOG RUNS.</h:p></h:body></h:html>",
+        ),
         (
             "<p>\u200b</p><p>—</p><p>...</p><p>&#0;</p>",
             "html",
@@ -505,3 +512,93 @@ def test_a_cue_with_tags_is_one_sentence_on_its_lines():
 def test_subtitle_numbers_and_timing_lines_are_kept_as_written(subs):
     expected = subs.replace("A dog", "A DOG").replace("runs.", "RUNS.").replace("A cat", "A CAT")
     assert translate_document(subs, "srt", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "po",
+    [
+        "",
+        "# just a comment\n",
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n',
+        'msgid "Done"\nmsgstr "Fertig"',
+    ],
+)
+def test_a_po_file_with_nothing_to_translate_comes_back_as_it_was(po):
+    assert translate_document(po, "po", upper).text == po
+
+
+@pytest.mark.parametrize(
+    "po, expected",
+    [
+        (  # a comment after the last entry
+            'msgid "A dog runs."\nmsgstr ""\n\n# trailing comment about nothing\n',
+            'msgid "A dog runs."\nmsgstr "A DOG RUNS."\n\n# trailing comment about nothing\n',
+        ),
+        (  # an obsolete entry with its previous msgid after it
+            'msgid "A dog runs."\nmsgstr ""\n\n#~| msgid "Older."\n#~ msgid "Old."\n'
+            '#~ msgstr "Alt."',
+            'msgid "A dog runs."\nmsgstr "A DOG RUNS."\n\n#~| msgid "Older."\n#~ msgid "Old."\n'
+            '#~ msgstr "Alt."',
+        ),
+        (  # every plural form's lines, their continuations too, and only those
+            'msgid "a dog"\nmsgid_plural "dogs"\nmsgstr[0] ""\n""\nmsgstr[1] ""\n# after\n',
+            'msgid "a dog"\nmsgid_plural "dogs"\nmsgstr[0] "A DOG"\nmsgstr[1] "DOGS"\n# after\n',
+        ),
+        (  # CRLF line ends, and none at the end of the file
+            'msgid "x"\r\nmsgstr "y"\r\n\r\nmsgid "a dog"\r\nmsgid_plural "dogs"\r\n'
+            'msgstr[0] ""\r\nmsgstr[1] ""',
+            'msgid "x"\r\nmsgstr "y"\r\n\r\nmsgid "a dog"\r\nmsgid_plural "dogs"\r\n'
+            'msgstr[0] "A DOG"\r\nmsgstr[1] "DOGS"',
+        ),
+        (  # an indented entry
+            '  msgid "A dog runs."\n  msgstr ""\n',
+            '  msgid "A dog runs."\n  msgstr "A DOG RUNS."\n',
+        ),
+    ],
+)
+def test_a_po_file_gets_only_its_msgstr_lines_new_with_its_line_ends_and_indents(po, expected):
+    assert translate_document(po, "po", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "subs",
+    [  # blank lines between cues, a line of spaces after a cue's text, CRLF
+        "1\n00:00:01,000 --> 00:00:02,000\nA man is riding a bike.\n\n\n\n"
+        "2\n00:00:03,000 --> 00:00:04,000\nTwo dogs play.\n\n\n",
+        "1\n00:00:01,000 --> 00:00:02,000\nA cat sleeps.\n \n",
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\nA man is riding\r\na bike.\r\n\r\n\r\n"
+        "2\r\n00:00:03,000 --> 00:00:04,000\r\nA cat sleeps.\r\n \r\n",
+    ],
+)
+def test_the_lines_after_a_cue_are_kept_and_not_counted_as_its_lines(subs):
+    expected = subs
+    for words in ("A man is riding", "a bike.", "Two dogs play.", "A cat sleeps."):
+        expected = expected.replace(words, words.upper())
+    assert translate_document(subs, "srt", upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "cue, texts, expected",
+    [
+        (
+            "- A dog runs.\n- <i>A cat sleeps.</i>",
+            ["A dog runs.", "A cat sleeps."],
+            "- A DOG RUNS.\n- <i>A CAT SLEEPS.</i>",
+        ),
+        (  # no tags; a speaker over two lines, the second starting with a minus
+            "-A man is riding\n-5 degrees.\n– Two dogs.",
+            ["A man is riding -5 degrees.", "Two dogs."],
+            "-A MAN IS RIDING\n-5 DEGREES.\n– TWO DOGS.",
+        ),
+    ],
+)
+def test_each_speaker_of_a_cue_is_a_text_of_their_own_after_their_dash(cue, texts, expected):
+    seen = []
+
+    def translate(batch):
+        seen.extend(batch)
+        return upper(batch)
+
+    subs = "1\n00:00:03,000 --> 00:00:04,000\n{}\n\n"
+    assert translate_document(subs.format(cue), "srt", translate).text == subs.format(expected)
+    assert seen == texts
