@@ -15,6 +15,7 @@ The event loop only parses and answers; the model runs in the worker
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import signal
@@ -22,7 +23,8 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -58,6 +60,10 @@ from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+# Requests whose sessions run at once, each in a thread that mostly waits for the batcher.
+# asyncio's default pool has min(32, cores + 4) threads: 6 on two cores, so the batcher
+# saw at most 6 requests to batch together and the rest waited unseen, whatever the device.
+SESSION_THREADS = 256
 CORS_MAX_AGE_S = 86_400  # how long a browser may keep a preflight's answer
 
 
@@ -203,6 +209,9 @@ class Service:
     step: int | str | None = None
     batcher: Batcher | None = None
     glossary: Glossary | None = None  # `serve --glossary`: terms every request gets
+    sessions: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(SESSION_THREADS, "mtkit-session")
+    )  # where each request's session runs (`translated`)
 
     def options(self, body: TranslateRequest) -> SearchOptions:
         """A request's search options: the defaults with its own beam, n-best,
@@ -266,10 +275,11 @@ class Service:
         (`Queued`); None when the client disconnects first (its searches not yet begun
         are dropped). A mistake in the request is a 422 `ServeError` naming its field."""
         queued = Queued(self.translator, self.batcher)
-        work = asyncio.ensure_future(
-            asyncio.to_thread(
+        work = asyncio.get_running_loop().run_in_executor(
+            self.sessions,
+            functools.partial(
                 Api(queued).translate_with, texts, opts, glossary=self.glossary, **session
-            )
+            ),
         )
         while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_S))[0]:
             if await request.is_disconnected():
@@ -357,6 +367,7 @@ def create_app(
         service.batcher = batcher or Batcher(translator, limits).start()
         yield
         await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
+        service.sessions.shutdown(wait=False)
 
     app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)

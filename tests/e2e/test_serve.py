@@ -469,3 +469,45 @@ def test_a_cors_origin_that_no_browser_sends_is_refused_in_one_line(trained):
         "error: --cors-origin must be '*' or an origin such as https://example.org (a "
         "scheme and a host, in lower case, with no path), got 'example.org'"
     )
+
+
+def test_every_waiting_request_reaches_the_batcher_at_once(translator):
+    """Forty requests at once are forty in the batcher, to be batched together. Their
+    sessions ran in asyncio's default pool, of min(32, cores + 4) threads: on two cores
+    the batcher saw six, the rest waited unseen (the server answered 52 one-sentence
+    requests a second to 48 clients, 121 with a pool of its own)."""
+    from mtkit.serving.app import Service
+
+    class Here:
+        async def is_disconnected(self) -> bool:
+            return False
+
+    batcher, submitted = Batcher(translator, Limits()), []  # never started: requests wait
+    real_submit = batcher.submit
+
+    def submit(*args):
+        submitted.append(real_submit(*args))
+        return submitted[-1]
+
+    batcher.submit = submit
+    service = Service(translator, defaults(translator), Limits(), "m", batcher=batcher)
+
+    async def forty() -> int:
+        opts = defaults(translator)
+        waiting = [
+            asyncio.ensure_future(service.translated(Here(), [f"A dog {k}."], opts))
+            for k in range(40)
+        ]
+        for _ in range(600):  # (30 s at most)
+            if batcher.received == 40:
+                break
+            await asyncio.sleep(0.05)
+        received = batcher.received
+        batcher.close()  # any later request is answered 503 at once
+        for future in submitted:  # and these are dropped: every session ends
+            future.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return received
+
+    assert asyncio.run(forty()) == 40
+    service.sessions.shutdown()
