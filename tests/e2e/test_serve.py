@@ -279,14 +279,12 @@ def test_a_request_whose_wait_is_cancelled_is_never_translated(translator):
     assert held.rounds == [["A dog."], ["C bird."]]
 
 
-def test_a_waiting_handler_whose_client_left_cancels_its_request(translator):
+def waiting_service(translator):
+    """A `Service` whose batcher never starts (its requests wait), and the futures of the
+    requests submitted to it, in order."""
     from mtkit.serving.app import Service
 
-    class Gone:
-        async def is_disconnected(self) -> bool:
-            return True
-
-    batcher, submitted = Batcher(translator, Limits()), []  # never started: requests wait
+    batcher, submitted = Batcher(translator, Limits()), []
     real_submit = batcher.submit
 
     def submit(*args):
@@ -294,7 +292,15 @@ def test_a_waiting_handler_whose_client_left_cancels_its_request(translator):
         return submitted[-1]
 
     batcher.submit = submit
-    service = Service(translator, defaults(translator), Limits(), "m", batcher=batcher)
+    return Service(translator, defaults(translator), Limits(), "m", batcher=batcher), submitted
+
+
+def test_a_waiting_handler_whose_client_left_cancels_its_request(translator):
+    class Gone:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    service, submitted = waiting_service(translator)
     found = asyncio.run(service.translated(Gone(), ["A dog."], defaults(translator)))
     assert found is None and len(submitted) == 1 and submitted[0].cancelled()
 
@@ -476,21 +482,13 @@ def test_every_waiting_request_reaches_the_batcher_at_once(translator):
     sessions ran in asyncio's default pool, of min(32, cores + 4) threads: on two cores
     the batcher saw six, the rest waited unseen (the server answered 52 one-sentence
     requests a second to 48 clients, 121 with a pool of its own)."""
-    from mtkit.serving.app import Service
 
     class Here:
         async def is_disconnected(self) -> bool:
             return False
 
-    batcher, submitted = Batcher(translator, Limits()), []  # never started: requests wait
-    real_submit = batcher.submit
-
-    def submit(*args):
-        submitted.append(real_submit(*args))
-        return submitted[-1]
-
-    batcher.submit = submit
-    service = Service(translator, defaults(translator), Limits(), "m", batcher=batcher)
+    service, submitted = waiting_service(translator)
+    batcher = service.batcher
 
     async def forty() -> int:
         opts = defaults(translator)
