@@ -47,8 +47,11 @@ one starts: a start that fails half-way (too many open files) stops those starte
 is one line naming its cause.
 
 Fault injection, for the fault tests (tests/faults/test_fault_workers.py) and the soak
-(benchmarks/worker_soak.py): the environment variable MTKIT_FAULT_HELPER, read only in
-the helpers, makes one of them fail at one moment:
+(benchmarks/worker_soak.py): the environment variable MTKIT_FAULT_HELPER makes one of
+the helpers fail at one moment. Where it is set, the engine's process also waits until
+every helper has loaded before it takes a batch: a spawned helper loads for seconds, and
+on a loaded machine the engine's process could take every batch first, so that a
+helper's batch moments never came.
 
     kill:MOMENT[@K]     helper K (default 1) kills itself (SIGKILL) at MOMENT:
         start           its first act, before anything is loaded or adopted
@@ -228,6 +231,8 @@ class BatchWorkers:
             message = _frame((call, jobs, opts))  # (pickled once for all)
             for inbox in self.inboxes:
                 inbox.put(message)
+            if os.environ.get(FAULT_ENV):  # a fault test: every helper loads before this
+                self._settle()  # process takes a batch, so that its batch moments come
             with torch_threads(self.threads):  # this process's share, beside the helpers
                 while (i := _take(self.taken, call, len(jobs), self._check_alive)) is not None:
                     yield i, here(jobs[i], opts)

@@ -102,12 +102,12 @@ def assert_ended_cleanly(proc: subprocess.CompletedProcess, out: Path, mark: str
 KILLED = "translation helper process 1 of 1 (pid "
 SIGKILLED = "stopped with exit code -9 (killed by SIGKILL"
 
-# A helper dies at a moment of a batch only if it takes one: the kill tests translate
-# the 2,000 training lines (18 s on the engine's process alone, on an idle Xeon), so that
-# the engine's process cannot take every batch before a spawned helper has loaded (2 to
-# 3 s). The command ends at the helper's first result, so the size costs nothing. With
-# the 100 test lines (under a second) a loaded machine once let the engine's process
-# translate them all: the command ended well, and the test failed.
+# A helper dies at a moment of a batch only if it takes one. With a fault asked, the
+# engine's process takes no batch before every helper has loaded (`BatchWorkers.run`),
+# and the kill tests translate the 2,000 training lines, so that batches are left for
+# the helper to take. With the 100 test lines and no such wait, a loaded machine once
+# let the engine's process translate them all while a spawned helper loaded: the
+# command ended well, and the test failed.
 # Every moment a forked helper can die at
 FORKED_MOMENTS = ["start", "loading", "taking", "before-send", "mid-send", "after-send"]
 # A spawned helper's own moments: before and while it loads, and half-way through a result
