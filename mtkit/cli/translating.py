@@ -389,6 +389,7 @@ def eval_(
     device: Annotated[
         str, typer.Option(help="auto, cpu or cuda (with -m).", rich_help_panel=SPEED)
     ] = "auto",
+    split: SplitOpt = None,
 ) -> None:
     """Score translations with sacrebleu (BLEU, chrF, TER, with signatures), term
     accuracy with --terms or --glossary, and the off-target rate with --lang. With -m,
@@ -411,6 +412,7 @@ def eval_(
             among=among,
             tgt_lang=tgt_lang,
             device=device,
+            split=split,
         )
     if json_:
         typer.echo(json.dumps(report.json()))

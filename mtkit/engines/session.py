@@ -1,8 +1,8 @@
 """A translation session: lines (or jsonl requests) in, `Translation`s out, in order.
 
 `translate_requests` is the one path every surface takes (the Python API, `translate`,
-`eval -m`, `mtkit run`): each request gets its target language's tag, a line of several
-sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
+`eval -m`, `mtkit run`'s test set): each request gets its target language's tag, a line of
+several sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
 constraints (its own, a file's, a glossary's) are checked against what the engine can
 search for, the lines go to the engine (`mtkit.engines.base.Translator`, which sorts
 and batches them) and come back as `mtkit.core.translation.Translation`s.
@@ -334,39 +334,16 @@ def check_constraint_lines(
             raise OptionError(f"line {i + 1}: {why}", "constraints")
 
 
-def best_translations(
-    translator: Translator,
-    lines: list[str],
-    opts: SearchOptions,
-    batch_tokens: int = BATCH_TOKENS,
-    constraints: list[list[tuple[str, ...]]] | None = None,
-    target_tags: list[str] | None = None,
-) -> list[Translation]:
-    """The best `Translation` of each line, in order, each line whole (for evaluation),
-    with each line's `constraints` when given, and each output's forced start with
-    `target_tags` (a multilingual model's with `model.lang_tag: target`), taken off again."""
-    hyps = translator.translate(
-        lines,
-        opts,
-        None,
-        target_tags if target_tags else None,
-        batch_tokens=batch_tokens,
-        constraints=constraints,
-    )
-    if target_tags:
-        ids = tag_ids(translator.tgt_vocab, translator.config.data)
-        hyps = [untagged(h, False, ids) for h in hyps]
-    return [Translation.of(x, h[0], translator.tgt_vocab) for x, h in zip(lines, hyps, strict=True)]
-
-
 def translate_texts(
     translator: Translator,
     lines: list[str],
     opts: SearchOptions,
     batch_tokens: int = BATCH_TOKENS,
-    constraints: list[list[tuple[str, ...]]] | None = None,
-    target_tags: list[str] | None = None,
+    split: bool = False,
 ) -> list[str]:
-    """The text of each line's `best_translations`."""
-    found = best_translations(translator, lines, opts, batch_tokens, constraints, target_tags)
-    return [t.text for t in found]
+    """The best translation of each line, in order (`translate_requests`, each line
+    whole unless `split`)."""
+    found = translate_requests(
+        translator, [Request(x) for x in lines], opts, split=split, batch_tokens=batch_tokens
+    )
+    return [nbest[0].text for nbest in found]

@@ -24,6 +24,7 @@ from mtkit.core.terms import (
     term_accuracy,
 )
 from mtkit.core.textio import read_lines
+from mtkit.core.translation import Translation
 from mtkit.engines.base import Translator
 
 
@@ -74,9 +75,12 @@ def evaluate(
     among: str | None = None,
     tgt_lang: str | None = None,
     device: str = "auto",
+    split: bool | None = None,
 ) -> EvalReport:
     """Score --hyp H against --ref R, or translate --src S with -m CKPT first (see the
-    module's docstring); a mistake in the inputs is one `UserError`."""
+    module's docstring); a mistake in the inputs is one `UserError`. With -m, the sources
+    are translated as `mtkit translate` translates them (`split`: sentence by sentence,
+    None: the checkpoint's decode.split), so the score is that of what it writes."""
     names = parse_metrics(metrics)
     _check_inputs(hyp, ref, model, src, glossary)
     among_given = _check_languages(lang, among, tgt_lang, model)
@@ -86,7 +90,9 @@ def evaluate(
     engine = _engine(model, device) if model is not None else None
     # everything that can fail is checked before translating
     tag, among_used = _eval_languages(engine, lang, among_given, tgt_lang)
-    translated = _translated(engine, sources, tag, own, found) if engine is not None else None
+    translated = (
+        _translated(engine, sources, tag, own, found, split) if engine is not None else None
+    )
     hypotheses = (
         [t.text for t in translated]
         if translated is not None
@@ -239,28 +245,39 @@ def _terms_json(accuracy: TermScore) -> dict:
 
 
 def _translated(
-    engine: Translator, sources: list[str], tag, terms: list | None, glossary: Glossary | None
-):
-    """`sources` translated by `engine` with the tag of the language it translates into
-    (`tag`, a `languages.Tagging`), the checkpoint's decoding defaults and the --terms
-    and --glossary terms as constraints: a term of --terms that cannot be searched for is
-    one line, a glossary's is left out of its line with a warning, as in `translate`."""
+    engine: Translator,
+    sources: list[str],
+    tag,
+    terms: list | None,
+    glossary: Glossary | None,
+    split: bool | None = None,
+) -> list[Translation]:
+    """`sources` translated by `engine` as `mtkit translate` translates them, through the
+    same session (`translate_requests`): into the language of `tag` (a
+    `languages.Tagging`), with the checkpoint's decoding defaults, a line of several
+    sentences split into them where `split` says (None: the checkpoint's decode.split),
+    and the --terms and --glossary terms as constraints: a term of --terms that cannot be
+    searched for is one line, a glossary's is left out of its line with a warning."""
     from mtkit.core.textio import Request
-    from mtkit.engines.session import best_translations, check_constraint_options, searchable
+    from mtkit.engines.session import check_constraint_options, translate_requests
 
     opts = SearchOptions.from_config(engine.config.decode)
-    requests = [Request(x, tag=tag.source if x.strip() else "") for x in sources]
+    requests = [
+        Request(x, tag=tag.source, target_tag=tag.target) if x.strip() else Request(x)
+        for x in sources
+    ]
     if (terms is not None and any(terms)) or (
         glossary is not None and any(glossary.constraints(x) for x in sources)
     ):  # the terms constrain the search
         given = "--glossary with -m" if terms is None else "--terms with -m"
         check_constraint_options(engine, opts, [given])
-    requests, wanted = searchable(engine, requests, terms, glossary, opts)
-    return best_translations(
+    found = translate_requests(
         engine,
-        [r.text for r in requests],
+        requests,
         opts,
-        engine.batch_tokens,
-        wanted,
-        [tag.target] * len(sources) if tag.target else None,
+        constraints=terms,
+        glossary=glossary,
+        split=engine.config.decode.split if split is None else split,
+        batch_tokens=engine.batch_tokens,
     )
+    return [nbest[0] for nbest in found]

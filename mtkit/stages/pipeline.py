@@ -32,12 +32,13 @@ from mtkit.core.languages import direction, tag, tags, without_tag
 from mtkit.core.rundir import run_lock
 from mtkit.core.scoring import Score, score
 from mtkit.core.search_options import SearchOptions
+from mtkit.core.textio import Request
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.alignments import align_shard, aligned
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
-from mtkit.engines.session import translate_texts
+from mtkit.engines.session import translate_requests
 from mtkit.stages.distill import (
     DistillError,
     distill,
@@ -128,13 +129,16 @@ def _run_all(cfg: Config) -> RunResult:
     else:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
         engine = load_engine(checkpoint, cfg.train.device)
-        hypotheses = translate_texts(
-            engine,
-            sources,
-            SearchOptions.from_config(cfg.decode),
-            engine.batch_tokens,
-            target_tags=target_tags,
-        )
+        hypotheses = [
+            nbest[0].text
+            for nbest in translate_requests(
+                engine,
+                _test_requests(sources, target_tags),
+                SearchOptions.from_config(cfg.decode),
+                split=cfg.decode.split,
+                batch_tokens=engine.batch_tokens,
+            )
+        ]
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
     scores = score(hypotheses, references, METRICS)
     by_direction = (
@@ -193,6 +197,24 @@ def _test_texts(cfg: Config, test: ShardDataset) -> tuple[list[str], list[str], 
         target_tags[first:end] = [f"{tag(direction(corpus, cfg.data)[1])} "] * (end - first)
         first = end
     return sources, [without_tag(r) for r in references], target_tags
+
+
+def _test_requests(sources: list[str], target_tags: list[str] | None) -> list[Request]:
+    """The test sources as `mtkit translate` reads them: a multilingual model's source tag
+    (which the test shards keep at the line's start) apart from the text, so that a line
+    of several sentences is split without it and each sentence gets it again; each
+    output's forced start (`target_tags`) as its target tag."""
+    requests = []
+    for i, line in enumerate(sources):
+        text = without_tag(line)
+        requests.append(
+            Request(
+                text,
+                tag=line[: len(line) - len(text)],
+                target_tag=target_tags[i] if target_tags else "",
+            )
+        )
+    return requests
 
 
 def _report(scores: list[Score]) -> dict:

@@ -367,3 +367,31 @@ def test_invalid_utf8_a_byte_order_mark_and_empty_lines_are_translated_line_for_
     assert result.exit_code == 0, result.output
     first, blank, replaced = result.stdout.split("\n")[:3]
     assert first and blank == "" and replaced
+
+
+def test_eval_with_a_model_scores_exactly_what_translate_writes(trained, corpus, tmp_path):
+    """Lines of three sentences: `eval -m` translates them as `translate` does (split
+    into sentences by the checkpoint's decode.split, or not with --no-split), so its
+    score is the score of `translate`'s output; it used to translate each line whole."""
+    best = trained / "run" / "checkpoints" / "best.pt"
+    sources = corpus["test.en"].read_text().splitlines()[:30]
+    references = corpus["test.de"].read_text().splitlines()[:30]
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(" ".join(sources[i : i + 3]) + "\n" for i in range(0, 30, 3)))
+    ref.write_text("".join(" ".join(references[i : i + 3]) + "\n" for i in range(0, 30, 3)))
+    written = {}
+    for way in ("--split", "--no-split", None):
+        hyp = tmp_path / f"hyp{way}.txt"
+        result = cli("translate", "-m", best, "-i", src, "-o", hyp, *([way] if way else []))
+        assert result.exit_code == 0, result.output
+        of_output = json.loads(cli("eval", "--hyp", hyp, "--ref", ref, "--json").stdout)
+        result = cli(
+            "eval", "-m", best, "--src", src, "--ref", ref, "--json", *([way] if way else [])
+        )
+        assert result.exit_code == 0, result.output
+        of_model = json.loads(result.stdout)
+        for metric in ("bleu", "chrf", "ter"):
+            assert of_model[metric]["score"] == of_output[metric]["score"], (way, metric)
+        written[way] = hyp.read_text()
+    assert written["--split"] != written["--no-split"]  # the two ways differ on these lines
+    assert written[None] == written["--split"]  # the checkpoint's decode.split is on
