@@ -55,6 +55,7 @@ BINARY = (
     (b"\xff\xd8\xff", "a JPEG image"),
     (b"GIF87a", "a GIF image"),
     (b"GIF89a", "a GIF image"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office file (a .doc, .xls, .ppt...?)"),
 )
 TRANSLATED = "mtkit translates text, html, xml, srt and po"  # (what a refusal says)
 
@@ -137,6 +138,13 @@ def read_chunks(
             break
         if at_start:
             refuse_binary(data, "(zcat FILE.gz | mtkit translate ...)")
+            wide = next((n for m, n in WIDE_BOMS.items() if data.startswith(m)), "")
+            if wide:  # (its NUL bytes would say "binary")
+                raise OptionError(
+                    f"the input is {wide[:6].upper()} text (it starts with its byte-order "
+                    f"mark), and lines are read as UTF-8: convert it first "
+                    f"(iconv -f {wide[:6].upper()} -t UTF-8 FILE)"
+                )
             if b"\x00" in data:
                 raise OptionError(_holds_nul(f"byte {data.index(0)}", "UTF-8"))
             data, at_start = data.removeprefix(BOM), False

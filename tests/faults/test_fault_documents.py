@@ -147,6 +147,7 @@ BINARY = [
     ("logo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a PNG image"),
     ("photo.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "a JPEG image"),
     ("anim.gif", b"GIF89a\x01\x00\x01\x00\x00\x00", "a GIF image"),
+    ("old.doc", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\x00\x00", "an old Office file (a .doc"),
 ]
 
 
@@ -197,3 +198,13 @@ def test_text_that_only_looks_binary_later_still_streams_line_by_line():
     assert chunks == [["GIF is a format.", "%PDF is not a PDF."]]
     with pytest.raises(mtkit.Error, match="gzip-compressed: decompress it first"):
         next(read_chunks(io.BytesIO(gzip.compress(b"A dog.\n"))))
+
+
+@pytest.mark.parametrize("name", ["utf-16-le", "utf-16-be", "utf-32-le"])
+def test_utf16_text_given_as_lines_is_one_line_saying_how_to_convert_it(model, name):
+    """Lines are read as UTF-8; a UTF-16 text's NUL bytes were translated as garbage."""
+    data = "\ufeff".encode(name) + "A dog runs.\n".encode(name)
+    wide = name[:6].upper()
+    result = cli("translate", "-m", model, input=data)
+    assert_one_line(result, says=f"error: the input is {wide} text (it starts with its byte")
+    assert f"(iconv -f {wide} -t UTF-8 FILE)" in result.stderr and result.stdout == ""
