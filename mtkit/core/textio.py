@@ -36,8 +36,28 @@ CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
 # than any model's positions (1,024 by default); it only bounds memory on a runaway line.
 MAX_LINE_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # a document in UTF-16 starts so
-UTF32_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
+# A document in UTF-32 or UTF-16 starts with its byte-order mark: each names the encoding
+# and the byte order the document is read and written in (UTF-32 LE's first, as it starts
+# as UTF-16 LE's does).
+WIDE_BOMS = {
+    codecs.BOM_UTF32_LE: "utf-32-le",
+    codecs.BOM_UTF32_BE: "utf-32-be",
+    codecs.BOM_UTF16_LE: "utf-16-le",
+    codecs.BOM_UTF16_BE: "utf-16-be",
+}
+# What binary input starts with, as the one line that refuses it names it (gzip has its
+# own line, which says how to decompress it).
+BINARY = (
+    (b"PK\x03\x04", "a zip archive (a .docx, .xlsx, .pptx, .odt, .epub...?)"),
+    (b"PK\x05\x06", "a zip archive (an empty one)"),
+    (b"%PDF-", "a PDF"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF87a", "a GIF image"),
+    (b"GIF89a", "a GIF image"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office file (a .doc, .xls, .ppt...?)"),
+)
+TRANSLATED = "mtkit translates text, html, xml, srt and po"  # (what a refusal says)
 
 
 def line_count(stream: BinaryIO) -> int:
@@ -96,7 +116,8 @@ def read_chunks(
     mark is dropped; a gzip-compressed input is refused in one line (it would be read as
     text, and translated as garbage); a line keeps at most its first `max_line_bytes`
     bytes, cut while reading, so a huge line without newlines never sits whole in
-    memory."""
+    memory. Binary input (an archive, a PDF, an image, NUL bytes) is refused in one line
+    by its first chunk (`refuse_binary`)."""
     fd = _fileno(stream)
     pending = bytearray()  # the start of a line whose end has not been read yet
     at_start, warned = True, False
@@ -116,11 +137,16 @@ def read_chunks(
         if not data:
             break
         if at_start:
-            if data.startswith(GZIP_MAGIC):  # never the start of UTF-8 text
+            refuse_binary(data, "(zcat FILE.gz | mtkit translate ...)")
+            wide = next((n for m, n in WIDE_BOMS.items() if data.startswith(m)), "")
+            if wide:  # (its NUL bytes would say "binary")
                 raise OptionError(
-                    "the input is gzip-compressed: decompress it first "
-                    "(zcat FILE.gz | mtkit translate ...)"
+                    f"the input is {wide[:6].upper()} text (it starts with its byte-order "
+                    f"mark), and lines are read as UTF-8: convert it first "
+                    f"(iconv -f {wide[:6].upper()} -t UTF-8 FILE)"
                 )
+            if b"\x00" in data:
+                raise OptionError(_holds_nul(f"byte {data.index(0)}", "UTF-8"))
             data, at_start = data.removeprefix(BOM), False
         *lines, rest = data.split(b"\n")
         if lines:
@@ -148,35 +174,66 @@ DECLARED = {
 DECLARED_WITHIN = 4096  # bytes of a document searched for its declaration
 
 
+def refuse_binary(data: bytes, decompress: str = "") -> None:
+    """One line (an `OptionError`) where `data`, the start of an input, is not text but
+    a gzip file (`decompress` says how to unpack it), a zip archive (an office document,
+    an e-book), a PDF or an image: read as text, its bytes were translated into garbage."""
+    if data.startswith(GZIP_MAGIC):  # never the start of UTF-8 text
+        raise OptionError(f"the input is gzip-compressed: decompress it first {decompress}".strip())
+    for magic, what in BINARY:
+        if data.startswith(magic):
+            raise OptionError(_not_text(what))
+
+
+def _not_text(what: str) -> str:
+    return f"the input looks like {what}, not text: {TRANSLATED}"
+
+
+def _holds_nul(where: str, encoding: str) -> str:
+    return (
+        f"the input holds a NUL character (at {where}), which no {encoding} text does: "
+        f"binary data? {TRANSLATED}"
+    )
+
+
 def document_encoding(data: bytes, format: str) -> str:
     """The encoding a `format` document in `data` is read and written in: the one it
     declares (a template's "CHARSET" is none), else UTF-8; where it starts with a
-    byte-order mark, the encoding that mark names (UTF-8's as "utf-8-sig"), so that the
-    translation starts with one too. A declared encoding Python does not know is one
-    line."""
+    byte-order mark, the encoding that mark names (UTF-8's as "utf-8-sig"; UTF-16's and
+    UTF-32's with their byte order), so that the translation starts with one too. A
+    declaration is read from ASCII bytes, so one of UTF-16 or UTF-32 (without a mark)
+    is read as UTF-8, as the HTML standard reads it. A declared encoding Python does not
+    know, or a codec that is not a text encoding (hex, base64, rot13, zlib), is one
+    line; so is binary input (`refuse_binary`)."""
+    refuse_binary(data)
     if data.startswith(BOM):
         return "utf-8-sig"
-    if data.startswith(UTF32_BOMS):  # (before UTF-16's: UTF-32 LE starts as it does)
-        return "utf-32"
-    if data.startswith(UTF16_BOMS):
-        return "utf-16"
+    for mark, name in WIDE_BOMS.items():
+        if data.startswith(mark):
+            return name
     found = DECLARED.get(format, re.compile(b"(?!)")).search(data[:DECLARED_WITHIN])
     name = next((g for g in found.groups() if g), b"").decode("ascii") if found else ""
     if not name or name.upper() == "CHARSET":
         return "utf-8"
     try:
-        return codecs.lookup(name).name
+        codec = codecs.lookup(name)
     except LookupError:
         raise OptionError(f"the document declares an unknown encoding: {name}") from None
+    if not codec._is_text_encoding:
+        raise OptionError(f"the document declares an encoding that is not a text encoding: {name}")
+    if codec.name.startswith(("utf-16", "utf-32")):  # its bytes are ASCII's: no UTF-16
+        return "utf-8"
+    return codec.name
 
 
 def read_document(data: bytes, encoding: str = "utf-8") -> str:
     """A whole document's text, in `encoding` (`document_encoding`): a byte-order mark
-    dropped, invalid bytes replaced (with a warning); gzip-compressed input refused in
-    one line, as in `read_chunks`."""
-    if data.startswith(GZIP_MAGIC):
-        raise OptionError("the input is gzip-compressed: decompress it first")
-    text = data.removeprefix(BOM).decode(encoding, errors="replace")
+    dropped, invalid bytes replaced (with a warning); binary input (`refuse_binary`, or
+    a NUL character, which no text holds) refused in one line."""
+    refuse_binary(data)
+    text = data.decode(encoding, errors="replace").removeprefix("\ufeff")
+    if "\x00" in text:
+        raise OptionError(_holds_nul(f"character {text.index(chr(0))}", encoding))
     if "\ufffd" in text and "\ufffd" not in data.decode(encoding, errors="ignore"):
         log.warning("the input is not valid %s: its invalid bytes are replaced", encoding)
     return text
@@ -184,9 +241,12 @@ def read_document(data: bytes, encoding: str = "utf-8") -> str:
 
 def write_document(text: str, encoding: str, format: str) -> bytes:
     """A translated `format` document's bytes, in the encoding its source was read in
-    (`document_encoding`). A character that encoding cannot hold is a character
-    reference in markup (html, xml), else one line."""
+    (`document_encoding`); in UTF-16 or UTF-32, after the byte-order mark it was read
+    with. A character that encoding cannot hold is a character reference in markup
+    (html, xml), else one line."""
     markup = format in ("html", "xml")
+    if encoding in WIDE_BOMS.values():
+        text = "\ufeff" + text
     try:
         return text.encode(encoding, errors="xmlcharrefreplace" if markup else "strict")
     except UnicodeEncodeError as e:

@@ -9,10 +9,13 @@ word alignments, and each inline element is put back around the target words ali
 its source words (`place`), nested as it was; an element whose words found no partner,
 and anything without words (`<br>`, `<img>`, a comment, `<code>` inside a sentence),
 goes where its neighbouring word went. `<code>`, `<pre>`, `<script>`, `<style>`,
-`translate="no"` (and ITS' `its:translate="no"`), comments and declarations are kept
-untouched. In XML every element inside text is inline, and the document must be
-well-formed (one line where it is not); in HTML a misnested or stray tag is kept as it
-stands, with a warning that the parse is a best effort.
+`translate="no"` (and ITS' `its:translate="no"`), comments, declarations (a DOCTYPE with
+its internal subset) and processing instructions are kept untouched, each whole whatever
+`>` it holds. In XML every element inside text is inline, a CDATA section's text is
+translated as text (inline, as `<b>` is) and written back as CDATA, and the document
+must be well-formed (one line where it is not; one without an element, nothing to
+translate, comes back as it was); in HTML a misnested or stray tag is kept as it stands,
+with a warning that the parse is a best effort.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import html
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from itertools import pairwise
 
@@ -95,7 +98,8 @@ class Text:
 
 @dataclass
 class Raw:
-    """A comment, a declaration, a processing instruction, CDATA, a stray end tag."""
+    """A comment, a declaration, a processing instruction, CDATA in HTML (a bogus
+    comment there), a stray end tag."""
 
     source: str
 
@@ -103,6 +107,18 @@ class Raw:
         return self.source
 
 
+class Cdata(Element):
+    """A CDATA section in XML: its text is translated as text (a `Text` child, held
+    escaped as text between tags is), the section kept around it (`_cdata_written`)."""
+
+    def __init__(self, content: str):
+        super().__init__("#cdata", CDATA_OPEN, CDATA_CLOSE, [Text(html.escape(content, False))])
+
+    def raw(self) -> str:
+        return self.start + html.unescape(self.children[0].raw()) + self.end
+
+
+CDATA_OPEN, CDATA_CLOSE = "<![CDATA[", "]]>"
 MAX_DEPTH = 128  # elements open at once: deeper documents are refused, in one line
 
 
@@ -125,6 +141,45 @@ class _Reader(HTMLParser):
             self._exact(self.rawdata[i:j])
         self._exact = None
         return super().updatepos(i, j)
+
+    def parse_html_declaration(self, i: int) -> int:
+        """A DOCTYPE ends at the ">" after its internal subset, whose declarations,
+        quoted values and comments may hold a ">" (HTML's parser ends it at the first);
+        in XML a CDATA section is one (`Cdata`), ended by the first "]]>". A "<![" that
+        opens no section Python's parser knows is a bogus comment in HTML, one line in
+        XML (where that parser raised an AssertionError)."""
+        rawdata = self.rawdata
+        if rawdata[i : i + 9].lower() == "<!doctype":
+            end = _doctype_end(rawdata, i + 9)
+            if end < 0 and not self.xml:  # (HTML's own: to the first ">")
+                return super().parse_html_declaration(i)
+            if end > 0:
+                self.handle_decl(rawdata[i + 2 : end - 1])
+            return end
+        if self.xml and rawdata.startswith(CDATA_OPEN, i):
+            end = rawdata.find(CDATA_CLOSE, i + len(CDATA_OPEN))
+            if end > 0:
+                self._add(Cdata(rawdata[i + len(CDATA_OPEN) : end]))
+                return end + len(CDATA_CLOSE)
+            return -1
+        try:
+            return super().parse_html_declaration(i)
+        except AssertionError:  # "<![" with no known keyword after it: "<![foo[", "<![ x"
+            if self.xml:
+                raise MarkupError(
+                    f"the XML is not well-formed: {rawdata[i : i + 20]!r} is no CDATA section"
+                ) from None
+            return self.parse_bogus_comment(i)  # (as HTML reads it: to the first ">")
+
+    def parse_pi(self, i: int) -> int:
+        """A processing instruction ends at "?>" (its data may hold a ">": `<?php if
+        ($a > 1) ?>`); in HTML, one without a "?>" ends at the first ">", as HTML's own
+        parser ends every one."""
+        end = self.rawdata.find("?>", i + 2)
+        if end < 0:
+            return -1 if self.xml else super().parse_pi(i)
+        self.handle_pi(self.rawdata[i + 2 : end + 1])
+        return end + 2
 
     def set_cdata_mode(self, elem, **kwargs):
         if not self.xml:  # in XML a script or a style holds elements like any other
@@ -214,6 +269,32 @@ class _Reader(HTMLParser):
         self._raw(f"<![{data}]]>")
 
 
+def _doctype_end(text: str, at: int) -> int:
+    """Where the DOCTYPE whose name starts at `at` in `text` ends (just after its ">"),
+    or -1 where it does not: a ">" in a quoted value, or anywhere in the internal subset
+    ("[...]": its declarations, comments and processing instructions, its parameter
+    entities), does not end it."""
+    subset = False
+    while at < len(text):
+        skipped = ('"', "'", "<!--", "<?") if subset else ('"', "'")
+        opening = next((x for x in skipped if text.startswith(x, at)), "")
+        if opening:  # to the end of what it opens
+            close = text.find(SKIPPED[opening], at + len(opening))
+            if close < 0:
+                return -1
+            at = close + len(SKIPPED[opening])
+            continue
+        if text[at] in "[]":
+            subset = text[at] == "["
+        elif text[at] == ">" and not subset:
+            return at + 1
+        at += 1
+    return -1
+
+
+SKIPPED = {'"': '"', "'": "'", "<!--": "-->", "<?": "?>"}  # in a DOCTYPE: what ends each
+
+
 def _name(tag: str) -> str:
     """A tag's name as written: "<Doc a='1'>" -> "Doc"."""
     match = re.match(r"</?\s*([^\s/>]+)", tag)
@@ -245,22 +326,31 @@ def parse(document: str, format: str) -> Element:
             "or comment"
         )
     if format == "xml":
-        _check_xml(document)  # (after the reader's own, more particular, messages)
+        _check_xml(document, tree)  # (after the reader's own, more particular, messages)
     return tree
 
 
-def _check_xml(document: str) -> None:
-    """A `MarkupError` where `document` is not well-formed XML, by an XML parser's rules
-    (expat's): one root, entities declared, attributes unique, `&` and `<` escaped in
-    text. The tree is read by Python's HTML parser, which keeps every character as
-    written but judges none of these."""
+def _check_xml(document: str, tree: Element) -> None:
+    """A `MarkupError` where `document` (read as `tree`) is not well-formed XML, by an
+    XML parser's rules (expat's): one root, entities declared, attributes unique, `&`
+    and `<` escaped in text. The tree is read by Python's HTML parser, which keeps every
+    character as written but judges none of these. A document without an element (empty,
+    or only a declaration, comments, whitespace) has nothing to translate: it is kept as
+    it is, as an empty text in a batch is."""
     from xml.parsers import expat
 
     try:
         expat.ParserCreate().Parse(document, True)
     except expat.ExpatError as e:
-        line = document.splitlines()[e.lineno - 1] if e.lineno else ""
+        no_element = expat.errors.codes[expat.errors.XML_ERROR_NO_ELEMENTS]
+        if e.code == no_element and not any(isinstance(c, Element) for c in tree.children):
+            return
+        lines = XML_LINES.split(document)  # (as expat counts them: \u2028 ends none)
+        line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""
         raise MarkupError(f"the XML is not well-formed: {e} ({line.strip()[:40]!r})") from None
+
+
+XML_LINES = re.compile(r"\r\n|\r|\n")  # what ends a line in XML
 
 
 # ---- runs: a block's text with its inline tags taken out ---------------------------------
@@ -634,8 +724,8 @@ def finish(prepared: Prepared, translated: list[Translation]) -> str:
     for run, (text, marks), t in zip(prepared.runs, prepared.flat, translated, strict=True):
         lead, trail, start = _edges(text, marks)
         inner = text[start:trail].strip()
-        body = place(inner, _shift(marks, -start), restore_numbers(t))
-        replaced[id(run[0])] = text[:lead] + body + text[trail:]
+        body = place(inner, _cdata_marked(_shift(marks, -start)), restore_numbers(t))
+        replaced[id(run[0])] = text[:lead] + _cdata_written(body) + text[trail:]
         for node in run[1:]:
             replaced[id(node)] = ""
     return _render_tree(prepared.tree, replaced)
@@ -686,9 +776,45 @@ def _edges(text: str, marks: list[Mark]) -> tuple[int, int, int]:
     return lead, trail, lead + len(body) - len(body.lstrip())
 
 
+def _cdata_marked(marks: list[Mark]) -> list[Mark]:
+    """`marks` with each CDATA section that has words (`Cdata`) in them written between
+    stand-ins, which `_cdata_written` finds where the tags of a run were placed."""
+    return [
+        replace(
+            m,
+            node=Element(m.node.name, CDATA_MARKED[0], CDATA_MARKED[1], m.node.children)
+            if isinstance(m.node, Cdata) and not m.atom
+            else m.node,
+            inner=_cdata_marked(m.inner),
+        )
+        for m in marks
+    ]
+
+
+CDATA_MARKED = ("\x00<![CDATA[", "]]>\x00")  # (no XML holds a NUL)
+MARKED_CDATA = re.compile(r"\x00<!\[CDATA\[(.*?)\]\]>\x00", re.S)
+
+
+def _cdata_written(body: str) -> str:
+    """A run's translation with its CDATA sections (between `_cdata_marked`'s
+    stand-ins) written as CDATA: their text, escaped as all text is written, as it
+    reads (a CDATA section holds no entities), and a "]]>" in it, which would end the
+    section, split across two."""
+    return MARKED_CDATA.sub(lambda m: _cdata(html.unescape(m.group(1))), body)
+
+
+def _cdata(text: str) -> str:
+    """`text` as one CDATA section (or, where it holds "]]>", two)."""
+    return (
+        CDATA_OPEN + text.replace(CDATA_CLOSE, "]]" + CDATA_CLOSE + CDATA_OPEN + ">") + CDATA_CLOSE
+    )
+
+
 def _render_tree(node, replaced: dict[int, str]) -> str:
     if id(node) in replaced:
         return replaced[id(node)]
+    if isinstance(node, Cdata):
+        return _cdata(html.unescape(_render_tree(node.children[0], replaced)))
     if isinstance(node, Element):
         return node.start + "".join(_render_tree(c, replaced) for c in node.children) + node.end
     return node.raw()

@@ -110,3 +110,27 @@ def test_a_latin1_catalogue_comes_back_in_latin1_with_its_messages_unchanged(tra
     assert result.exit_code == 0, result.output
     assert b'msgid "A caf\xe9 and a dog."' in out.read_bytes()
     assert polib.pofile(out.read_bytes().decode("latin-1"))[0].msgstr
+
+
+def test_an_ascii_page_declaring_utf16_is_read_as_utf8_with_its_tags(trained, tmp_path):
+    """Once decoded as UTF-16: every tag lost ("Ein Geingergerger."), exit 0. A
+    declaration read from ASCII bytes cannot be UTF-16's (the HTML standard's rule)."""
+    page = b'<html><head><meta charset="utf-16"></head><body><p>A dog runs.</p></body></html>'
+    (tmp_path / "page.html").write_bytes(page)
+    out = tmp_path / "out.html"
+    result = cli("translate", "-m", _model(trained), "-i", tmp_path / "page.html", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert tags(out.read_text("utf-8")) == tags(page.decode())
+
+
+def test_a_big_endian_document_comes_back_big_endian_after_its_mark(trained, tmp_path):
+    """UTF-16BE and UTF-32BE came back little-endian."""
+    document = '<?xml version="1.0" encoding="UTF-16"?><doc><p>A dog runs.</p></doc>'
+    for name in ("utf-16-be", "utf-32-be", "utf-16-le"):
+        path, out = tmp_path / f"{name}.xml", tmp_path / f"out-{name}.xml"
+        path.write_bytes("\ufeff".encode(name) + document.encode(name))
+        result = cli("translate", "-m", _model(trained), "-i", path, "-o", out)
+        assert result.exit_code == 0, result.output
+        data = out.read_bytes()
+        assert data.startswith("\ufeff".encode(name))
+        assert tags(data.decode(name).removeprefix("\ufeff"), "xml") == tags(document, "xml")

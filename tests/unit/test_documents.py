@@ -349,6 +349,22 @@ def test_po_catalogues_get_every_plural_form_with_placeholders_kept():
         ('<doc a="1" a="2">A dog.</doc>', "xml", "duplicate attribute"),
         ("A dog runs.", "xml", "syntax error"),
         ("<doc>A&nbsp;dog.</doc>", "xml", "undefined entity"),
+        # the line quoted is the one expat counts (a U+2028 ends none in XML)
+        (
+            "<a>\u2028x</a>\n<b/>",
+            "xml",
+            r"junk after document element: line 2, column 0 \('<b/>'\)",
+        ),
+        # a "<![" that opens no section (an AssertionError inside Python's parser)
+        ("<doc><![foo[x]]></doc>", "xml", "'<!\\[foo\\[x]]></doc>' is no CDATA section"),
+        ("<doc><![ x</doc>", "xml", "is no CDATA section"),
+        ("<doc><![CDATA[A dog.</doc>", "xml", "ends inside an unterminated tag"),
+        (
+            '<!DOCTYPE d [<!ENTITY c "a > b">]<d>A dog.</d>',
+            "xml",
+            "not well-formed: a stray end tag",
+        ),
+        ("<?pi a > b <d>A dog.</d>", "xml", "ends inside an unterminated tag"),
     ],
 )
 def test_markup_that_cannot_be_read_is_one_line(document, format, says):
@@ -362,7 +378,8 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
     [
         # an & without ";" is text, and an HTML entity without one too
         ("<p>AT&T rocks &copy 2024.</p>", "html", "<p>AT&amp;T ROCKS © 2024.</p>"),
-        ("<a><![CDATA[ x ]]>A man.</a>", "xml", "<a><![CDATA[ x ]]>A MAN.</a>"),
+        # CDATA's text is text (inline, as a <b> is)
+        ("<a><![CDATA[ x ]]>A man.</a>", "xml", "<a><![CDATA[X]]> A MAN.</a>"),
         ("<!foo><p>a dog</p>", "html", "<!foo><p>A DOG</p>"),
         (
             '<!DOCTYPE html [<!ENTITY x "y">]><p>A man.</p>',
@@ -408,6 +425,76 @@ def test_markup_that_cannot_be_read_is_one_line(document, format, says):
 )
 def test_what_markup_holds_is_kept_exactly(document, format, expected):
     assert translate_document(document, format, upper).text == expected
+
+
+@pytest.mark.parametrize(
+    "document, format",
+    [
+        ('<!DOCTYPE d [<!ENTITY c "Dogs > cats">]><d>A dog &c;.</d>', "xml"),
+        ("<!DOCTYPE d [<!ENTITY c 'say \"a > b\"'>]><d>A dog &c;.</d>", "xml"),
+        (  # a parameter entity, and a ">" in the subset's comment and instruction
+            "<!DOCTYPE d [<!ENTITY % pe \"<!ENTITY c 'x'>\"> %pe; <!-- a > b --> "
+            "<?pi a > b?>]>\n<d>A dog &c;.</d>",
+            "xml",
+        ),
+        ('<?xml-stylesheet href="a>b"?><d>A dog.</d>', "xml"),
+        ("<?php if ($a > 1) ?><p>A dog.</p>", "html"),
+        ('<!DOCTYPE html [<!ENTITY x "a > b">]><p>A dog.</p>', "html"),
+        ('<!DOCTYPE html PUBLIC "-//W3C//DTD HTML 4.01//EN"><p>A dog.</p>', "html"),
+    ],
+)
+def test_a_gt_inside_a_doctype_or_an_instruction_keeps_it_whole(document, format):
+    """Once cut at its first ">", the rest translated as text (not well-formed, exit 0)."""
+    start = document.index("<d>" if format == "xml" else "<p>")
+    head, body = document[:start], document[start:]
+    out = translate_document(document, format, upper).text
+    assert out == head + body.replace("A dog", "A DOG")
+    assert tags(out, format) == tags(document, format)
+
+
+def _cdata_text(document: str) -> str:
+    """The text of `document`'s root as an XML parser reads it (CDATA and all)."""
+    from xml.etree import ElementTree
+
+    return "".join(ElementTree.fromstring(document).itertext())
+
+
+@pytest.mark.parametrize(
+    "document, translate, expected",
+    [
+        ("<d><![CDATA[A dog & a <cat>.]]></d>", upper, "<d><![CDATA[A DOG & A <CAT>.]]></d>"),
+        ("<d>A <b><![CDATA[dog]]></b> runs.</d>", upper, "<d>A <b><![CDATA[DOG]]></b> RUNS.</d>"),
+        ("<d>A <![CDATA[dog & cat]]> run.</d>", reverse, "<d>run. <![CDATA[cat & dog]]> A</d>"),
+        ("<d><![CDATA[A {name} runs.]]></d>", upper, "<d><![CDATA[A {name} RUNS.]]></d>"),
+        (  # a "]]>" in the translation would end the section: it is split across two
+            "<d><![CDATA[A dog.]]></d>",
+            fixed("Ein ]]> Hund.", ((0, 0), (1, 2))),
+            "<d><![CDATA[Ein ]]]]><![CDATA[> Hund.]]></d>",
+        ),
+        (
+            "<d>A <![CDATA[dog]]> runs.</d>",
+            fixed("Ein ]]> Hund.", ((0, 0), (1, 1), (2, 2))),
+            "<d>Ein <![CDATA[]]]]><![CDATA[>]]> Hund.</d>",
+        ),
+        (  # in what is kept (a script), CDATA stays as it was, byte for byte
+            "<d><script><![CDATA[ if (a &lt; b && c) ]]></script><p><![CDATA[A dog.]]></p></d>",
+            upper,
+            "<d><script><![CDATA[ if (a &lt; b && c) ]]></script><p><![CDATA[A DOG.]]></p></d>",
+        ),
+    ],
+)
+def test_cdata_text_is_translated_as_text_and_stays_cdata(document, translate, expected):
+    """Once left in English, silently. Written back, each section reads as it was
+    translated: no entity in it, no "]]>" ending it early."""
+    out = translate_document(document, "xml", translate).text
+    assert out == expected
+    assert _cdata_text(out) == _cdata_text(expected)
+
+
+def test_cdata_in_html_is_kept_as_html_reads_it():
+    """HTML has no CDATA outside SVG and MathML: a bogus comment to its parser."""
+    out = translate_document("<p>A <![CDATA[dog]]> runs.</p>", "html", upper).text
+    assert out == "<p>A <![CDATA[dog]]> RUNS.</p>"
 
 
 def test_subtitle_override_tags_and_bad_timings():

@@ -101,15 +101,36 @@ def test_a_document_is_read_and_written_in_the_encoding_it_declares():
     assert document_encoding(b'"Content-Type: text/plain; charset=CHARSET\\n"', "po") == "utf-8"
     assert document_encoding(b"\xef\xbb\xbf1\n", "srt") == "utf-8-sig"
     assert write_document("1\n", "utf-8-sig", "srt") == b"\xef\xbb\xbf1\n"
-    # UTF-16 and UTF-32, known by their marks (the declaration inside is not ASCII)
+    # UTF-16 and UTF-32, known by their marks (the declaration inside is not ASCII),
+    # written back in their byte order after their mark (big-endian came back little)
     wide = '<?xml version="1.0" encoding="UTF-16"?><p>ü</p>'
-    for name in ("utf-16", "utf-32"):
-        data = wide.encode(name)
+    for name in ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"):
+        data = "\ufeff".encode(name) + wide.encode(name)
         assert document_encoding(data, "xml") == name
         assert read_document(data, name) == wide
         assert write_document(wide, name, "xml") == data
     with pytest.raises(OptionError, match="declares an unknown encoding: foo"):
         document_encoding(b'<?xml version="1.0" encoding="foo"?><a/>', "xml")
+
+    # declared in ASCII bytes, UTF-16 or UTF-32 is UTF-8 (the HTML standard's rule):
+    # read as UTF-16, an ASCII page lost every tag
+    for name in ("utf-16", "UTF-16BE", "utf-16le", "utf-32"):
+        page = f'<html><head><meta charset="{name}"></head><p>A dog.</p></html>'.encode()
+        assert document_encoding(page, "html") == "utf-8"
+        declared = f'<?xml version="1.0" encoding="{name}"?><p>A dog.</p>'.encode()
+        assert document_encoding(declared, "xml") == "utf-8"
+
+
+@pytest.mark.parametrize("name", ["hex", "base64", "rot13", "zlib", "uu", "bz2", "quopri"])
+def test_a_declared_codec_that_is_no_text_encoding_is_one_line(name):
+    """Once a LookupError from decoding: these are codecs, but of bytes to bytes."""
+    for data, format in (
+        (f'<meta charset="{name}"><p>x</p>'.encode(), "html"),
+        (f'<?xml version="1.0" encoding="{name}"?><a/>'.encode(), "xml"),
+        (f'"Content-Type: text/plain; charset={name}\\n"'.encode(), "po"),
+    ):
+        with pytest.raises(OptionError, match=f"not a text encoding: {name}$"):
+            document_encoding(data, format)
 
 
 def test_a_character_the_encoding_cannot_hold_is_a_reference_in_markup_else_one_line():
