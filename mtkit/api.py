@@ -41,7 +41,13 @@ class Translator:
     """A loaded model (a checkpoint, an ensemble of them, or an exported CTranslate2
     folder) and its decoding defaults; load it once with `Translator.load`, then
     translate as often as needed. A `Translator` holds helper processes where it
-    translates several batches at once (`workers`): `close()` it, or use it in a `with`."""
+    translates several batches at once (`workers`): `close()` it, or use it in a `with`.
+
+    Threads may share one: each call gets what it gets alone (alignments and documents
+    too: what a call watches of the model is its own, `mtkit.model.attention.watching`).
+    Calls run at once on a CPU with `workers` 1; what cannot be shared is taken one call
+    at a time (`workers` helper processes, captured decoder steps:
+    `mtkit.engines.pytorch.TorchEngine.serial`)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
