@@ -146,7 +146,8 @@ class TorchEngine(Engine):
         return sized["tokens"] if sized else self.config.decode.batch_tokens
 
     def use_attention(self, kernel: str) -> None:
-        """Attend with `kernel` (as measured at load, or as an earlier run chose)."""
+        """Attend with `kernel` (as measured at load, or as an earlier run chose): at
+        load, before any thread translates (it sets every attention's kernel)."""
         for model in self.models:
             model.use_attention(kernel)
         self.precision = {**self.precision, "attention": {"kernel": kernel}}
