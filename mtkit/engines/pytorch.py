@@ -10,8 +10,8 @@ Threads may share an engine (a `mtkit.Translator`, `mtkit serve`'s sessions). It
 are only read while translating: the measured choices (precision, attention kernel,
 captured steps, batch budget) are made at load, a batch's search and alignments keep
 their state in the call (the cache a search carries; what an alignment pass watches,
-`mtkit.model.attention.watching`), and calls on a CPU run at once, each on all of torch's
-threads. What must not be shared is taken one call at a time (`serial`): the helper
+`mtkit.model.attention.watching`), and calls on a CPU run at once, sharing its cores.
+What must not be shared is taken one call at a time (`serial`): the helper
 processes of `workers` > 1, which translate one call's batches together and are
 started once; and captured decoder steps (`graphs`), whose slots hold one search's cache
 and whose replays write into fixed tensors.
