@@ -16,6 +16,7 @@ each of them.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import operator
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from mtkit.core.errors import OptionError, UserError
+from mtkit.core.languages import check_target
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import CHUNK_LINES, OutputFormat, Request, lone_surrogate
@@ -41,7 +43,13 @@ class Translator:
     """A loaded model (a checkpoint, an ensemble of them, or an exported CTranslate2
     folder) and its decoding defaults; load it once with `Translator.load`, then
     translate as often as needed. A `Translator` holds helper processes where it
-    translates several batches at once (`workers`): `close()` it, or use it in a `with`."""
+    translates several batches at once (`workers`): `close()` it, or use it in a `with`.
+
+    Threads may share one: each call gets what it gets alone (alignments and documents
+    too: what a call watches of the model is its own, `mtkit.model.attention.watching`).
+    Calls run at once on a CPU with `workers` 1; what cannot be shared is taken one call
+    at a time (`workers` helper processes, captured decoder steps:
+    `mtkit.engines.pytorch.TorchEngine.serial`)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -140,6 +148,8 @@ class Translator:
         if glossary is not None and not isinstance(glossary, Glossary):
             raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
         tgt_lang = _argument("tgt_lang", tgt_lang, str)
+        if tgt_lang is not None:  # (at the call, whatever the texts: blank ones too)
+            check_target(self.engine.config.data, tgt_lang, "tgt_lang")
         split = _argument("split", split, bool)
         batch_tokens = _argument("batch_tokens", batch_tokens)
         opts = self.options(
@@ -219,9 +229,18 @@ class Translator:
         self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options
     ) -> Iterator[Translation]:
         """`translate`, for a stream of texts too large to hold at once: translated
-        `chunk` at a time (sorted and batched within each), yielded in order."""
+        `chunk` at a time (sorted and batched within each), yielded in order. The
+        options are checked at the call, as `translate` checks them, not at the first
+        text."""
         _iterable("texts", texts)
         chunk = _argument("chunk", chunk, int, low=1)
+        known = [n for n in inspect.signature(self.translate).parameters if n != "texts"]
+        for name in options:
+            if name not in known:
+                raise OptionError(
+                    f"unknown option {name!r}; the options are chunk, {', '.join(known)}", name
+                )
+        self.translate([], **options)  # no texts: only the options, checked as translate's
 
         def translated() -> Iterator[Translation]:
             batch: list[str] = []
@@ -280,6 +299,7 @@ class _Settings:
 
 
 _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+BYTES = (bytes, bytearray, memoryview)  # encoded text, which a caller decodes first
 
 
 def _argument(name: str, value, kind: type | None = None, low: int | None = None):
@@ -324,6 +344,12 @@ def _iterable(name: str, texts, ordered: bool = True) -> None:
     texts are paired or answered by position: `ordered`) a set."""
     if isinstance(texts, str):
         raise OptionError(f"{name}: give a list of texts, not one text", name)
+    if isinstance(texts, BYTES):
+        raise OptionError(
+            f"{name}: give a list of texts, not bytes (bytes are no text: decode them "
+            f"first, data.decode('utf-8'))",
+            name,
+        )
     if (
         not isinstance(texts, Iterable)
         or isinstance(texts, Mapping)
@@ -342,6 +368,12 @@ def _texts(name: str, texts: Iterable[str], ordered: bool = True) -> list[str]:
     _iterable(name, texts, ordered)
     texts = list(texts)
     for i, text in enumerate(texts):
+        if isinstance(text, BYTES):
+            raise OptionError(
+                f"{name}[{i}]: expected text, got bytes (bytes are no text: decode them "
+                f"first, data.decode('utf-8'))",
+                name,
+            )
         if not isinstance(text, str):
             raise OptionError(f"{name}[{i}]: expected text, got {type(text).__name__}", name)
         bad = lone_surrogate(text)
@@ -483,15 +515,32 @@ def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = ()):
     ("train.lr=3e-4"), checked as the commands check it (`mtkit.core.config`)."""
     from mtkit.core.config import load_config as load
 
-    return load(path, overrides)
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise OptionError(
+            f"path: give a config's YAML path (a str or a Path), or None (the defaults), "
+            f"got {type(path).__name__}",
+            "path",
+        )
+    return load(path, _texts("overrides", overrides), "overrides")
 
 
 def _config(config, overrides: Iterable[str]):
-    """A config given as one, or as its YAML's path, with `overrides` applied."""
+    """A config given as one, or as its YAML's path, with `overrides` applied; one line
+    naming the argument where `config` is neither (or None: the defaults) or `overrides`
+    is no list of texts, before anything runs."""
     from mtkit.core.config import Config, apply_overrides, config_from_dict, config_to_dict
 
+    overrides = _texts("overrides", overrides)
     if isinstance(config, Config):
-        return config_from_dict(apply_overrides(config_to_dict(config), overrides), "--set")
+        return config_from_dict(
+            apply_overrides(config_to_dict(config), overrides, "overrides"), "overrides"
+        )
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        raise OptionError(
+            f"config: give a Config (mtkit.load_config), its YAML's path (a str or a "
+            f"Path), or None (the defaults), got {type(config).__name__}",
+            "config",
+        )
     return load_config(config, overrides)
 
 
@@ -517,8 +566,10 @@ def train(config, overrides: Iterable[str] = (), resume: bool = True):
     from mtkit.core.device import tune_cpu_runtime
     from mtkit.training.loop import train as run_training
 
+    resume = _argument("resume", resume, bool)
+    cfg = _config(config, overrides)
     tune_cpu_runtime()
-    return run_training(_config(config, overrides), resume=resume)
+    return run_training(cfg, resume=resume is not False)
 
 
 def run(config, overrides: Iterable[str] = ()):
@@ -527,8 +578,9 @@ def run(config, overrides: Iterable[str] = ()):
     from mtkit.core.device import tune_cpu_runtime
     from mtkit.stages.pipeline import run_all
 
+    cfg = _config(config, overrides)
     tune_cpu_runtime()
-    return run_all(_config(config, overrides))
+    return run_all(cfg)
 
 
 @dataclass(frozen=True)

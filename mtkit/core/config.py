@@ -467,14 +467,15 @@ def config_to_dict(cfg: Config) -> dict:
     return out
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`model.d_model=512` -> (["model", "d_model"], 512). Values are read as YAML."""
+def parse_override(text: str, option: str = "--set") -> tuple[list[str], Any]:
+    """`model.d_model=512` -> (["model", "d_model"], 512). Values are read as YAML.
+    `option`: what an error names as the override's source (the API's `overrides`)."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected section.key=value")
+        raise ConfigError(f"{option} {text!r}: expected section.key=value")
     key, raw = text.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ConfigError(f"--set {text!r}: expected section.key=value")
+        raise ConfigError(f"{option} {text!r}: expected section.key=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -482,29 +483,30 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """Return a copy of the plain config dict with dotted overrides applied."""
+def apply_overrides(data: dict, overrides: typing.Iterable[str], option: str = "--set") -> dict:
+    """Return a copy of the plain config dict with dotted overrides applied (`option`:
+    what an error names as their source)."""
     out = copy.deepcopy(data)
     for text in overrides:
-        parts, value = parse_override(text)
+        parts, value = parse_override(text, option)
         node = out
         for depth, part in enumerate(parts[:-1]):
-            node = _child(node, part, ".".join(parts[: depth + 1]))
+            node = _child(node, part, ".".join(parts[: depth + 1]), option)
         if isinstance(node, list):
-            _child(node, parts[-1], ".".join(parts))  # checks the index
+            _child(node, parts[-1], ".".join(parts), option)  # checks the index
             node[int(parts[-1])] = value
         else:
             node[parts[-1]] = value
     return out
 
 
-def _child(node: dict | list, part: str, key: str) -> dict | list:
+def _child(node: dict | list, part: str, key: str, option: str) -> dict | list:
     """The mapping (made when missing) or list under `part`; a list is indexed by number
     (`data.train.1.weight=3`)."""
     if isinstance(node, list):
         if not part.isdigit() or int(part) >= len(node):
             raise ConfigError(
-                f"--set {key}: {key.rsplit('.', 1)[0]} is a list of "
+                f"{option} {key}: {key.rsplit('.', 1)[0]} is a list of "
                 f"{len(node)}; address an item by its index, 0 to {len(node) - 1}"
             )
         return node[int(part)]
@@ -515,10 +517,13 @@ def _child(node: dict | list, part: str, key: str) -> dict | list:
     return child
 
 
-def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] = ()) -> Config:
-    """Read a YAML config (or start from defaults when `path` is None) and apply `--set`s."""
+def load_config(
+    path: str | os.PathLike | None, overrides: typing.Iterable[str] = (), option: str = "--set"
+) -> Config:
+    """Read a YAML config (or start from defaults when `path` is None) and apply `--set`s
+    (`option`: what an error names as their source)."""
     data: dict = {}
-    where = str(path) if path is not None else "--set"
+    where = str(path) if path is not None else option
     if path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -537,7 +542,7 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Iterable[str] 
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         _read_configs.append(Path(path))
-    return config_from_dict(apply_overrides(data, overrides), where)
+    return config_from_dict(apply_overrides(data, overrides, option), where)
 
 
 def dump_config(cfg: Config) -> str:

@@ -6,13 +6,12 @@ sections are; this module only checks data against them."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import typing
 from typing import Any, Literal
 
-from mtkit.core.errors import UserError
+from mtkit.core.errors import UserError, nearest
 
 
 class ConfigError(UserError, ValueError):
@@ -134,10 +133,8 @@ def build_section(cls, data: Any, prefix: str, where: str):
         if name not in fields:
             names = {v: k for k, v in ALIASES.items()}
             valid = [f"{prefix}{names.get(n, n)}" for n in fields]
-            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
-            hint = (
-                f"did you mean {prefix}{close[0]}?" if close else "valid keys: " + ", ".join(valid)
-            )
+            close = nearest(name, fields)
+            hint = f"did you mean {prefix}{close}?" if close else "valid keys: " + ", ".join(valid)
             raise ConfigError(f"{where}{key} is not a key; {hint}")
         tp = types_[name]
         if typing.get_origin(tp) is tuple and not dataclasses.is_dataclass(

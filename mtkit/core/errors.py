@@ -10,6 +10,9 @@ CLI, from its errno.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """A mistake in the user's input, options or files, told in one line."""
@@ -49,3 +52,11 @@ def first_line(e: BaseException, limit: int = 160) -> str:
     `limit` characters, or the class name where it has none."""
     text = str(e).strip()
     return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The one of `known` that a mistyped `name` most likely meant (difflib's closest, at
+    a ratio of 0.6 or more), or None: what a message offers as "did you mean ...?" (a
+    config's key, a jsonl record's field)."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from mtkit.core.errors import OptionError, plural
+from mtkit.core.errors import OptionError, nearest, plural
 from mtkit.core.hypothesis import pharaoh
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.translation import Translation
@@ -314,19 +314,28 @@ def read_constraints_field(value: object) -> tuple[tuple[str, ...], ...]:
     return tuple(dict.fromkeys(out))  # a constraint given twice is one
 
 
+# A jsonl request record's fields (`parse_line`); any other is refused, as /v1 refuses a
+# field its body does not have
+JSONL_FIELDS = ("src", "prefix", "constraints", "tgt_lang", "id")
+
+
 def parse_line(line: str, jsonl: bool) -> Request:
     """A text line is the source; a jsonl line is {"src": ..., "prefix"?: ...,
-    "constraints"?: [...], "id"?: ...} (`read_constraints_field`). A malformed jsonl
-    line becomes a `Request` with an error: not JSON, nested too deeply to parse, a
-    number too long to read, text with a lone surrogate (an escape such as \\ud800
-    that is no character), a bad `constraints` list, or an `id` that is not text, a
-    number or null (`check_id`)."""
+    "constraints"?: [...], "tgt_lang"?: ..., "id"?: ...} (`read_constraints_field`). A
+    malformed jsonl line becomes a `Request` with an error: not JSON, nested too deeply
+    to parse, a number too long to read, a field it does not have (`unknown_field`: a
+    misspelt "prefx" was read as no prefix), text with a lone surrogate (an escape such
+    as \\ud800 that is no character), a bad `constraints` list, or an `id` that is not
+    text, a number or null (`check_id`)."""
     if not jsonl:
         return Request(line)
     try:
         record = read_json(line) if line.strip() else {"src": ""}
     except ValueError as e:
         return Request("", error=f"not a JSON object: {e}")
+    unknown = unknown_field(record) if isinstance(record, dict) else ""
+    if unknown:
+        return Request("", id=_echoed_id(record), error=unknown)
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("src"), str)
@@ -358,6 +367,23 @@ def parse_line(line: str, jsonl: bool) -> Request:
         constraints=constraints,
         tgt_lang=record.get("tgt_lang"),
     )
+
+
+def unknown_field(record: dict) -> str:
+    """Why a jsonl record cannot be read for a field it holds that is none of
+    `JSONL_FIELDS` (the first such, and the field it most likely meant, `nearest`), or
+    "" where it holds none."""
+    fields = ", ".join(JSONL_FIELDS)
+    for name in record:
+        if name in JSONL_FIELDS:
+            continue
+        bad = lone_surrogate(name)
+        if bad:
+            return f"a field's name holds {bad}; the fields are {fields}"
+        close = nearest(name, JSONL_FIELDS)
+        meant = f"did you mean {close}? " if close else ""
+        return f"{_shown(name)}: no such field; {meant}the fields are {fields}"
+    return ""
 
 
 def read_json(text: str) -> object:

@@ -5,6 +5,16 @@ rest by length, and runs each batch of at most `batch_tokens` source tokens x be
 rows the search carries) through greedy decoding, beam search or sampling;
 `mtkit.engines.pytorch_loading` builds one from checkpoint files (several make an
 ensemble), in the precision `mtkit.engines.pytorch_precision` puts its models in.
+
+Threads may share an engine (a `mtkit.Translator`, `mtkit serve`'s sessions). Its models
+are only read while translating: the measured choices (precision, attention kernel,
+captured steps, batch budget) are made at load, a batch's search and alignments keep
+their state in the call (the cache a search carries; what an alignment pass watches,
+`mtkit.model.attention.watching`), and calls on a CPU run at once, sharing its cores.
+What must not be shared is taken one call at a time (`serial`): the helper
+processes of `workers` > 1, which translate one call's batches together and are
+started once; and captured decoder steps (`graphs`), whose slots hold one search's cache
+and whose replays write into fixed tensors.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -79,6 +90,14 @@ class TorchEngine(Engine):
     # `pytorch_loading.helper_engine`); None: no helper processes
     helper: Callable[..., TorchEngine] | None = None
     _pool: BatchWorkers | None = field(default=None, init=False, repr=False, compare=False)
+    # What steps each model in a search: the model, or with graphs its `CapturedDecoder`
+    # (kept: it holds the captured steps; made with the engine, so that threads that
+    # share it never make two)
+    steppers: list[Transformer | CapturedDecoder] = field(init=False, repr=False, compare=False)
+    # Held by the one call at a time that uses what threads must not share (`serial`)
+    _serial: threading.RLock = field(
+        default_factory=threading.RLock, init=False, repr=False, compare=False
+    )
 
     # Everything: sampling, alignments, constraints, and greedy lines stream
     # (`mtkit.serving`), for one model or an ensemble.
@@ -88,17 +107,12 @@ class TorchEngine(Engine):
 
     def __post_init__(self) -> None:
         Engine.__init__(self)
+        self.steppers = [CapturedDecoder(m) if self.graphs else m for m in self.models]
 
     @property
     def model(self) -> Transformer:
         """The (first) model."""
         return self.models[0]
-
-    @functools.cached_property
-    def steppers(self) -> list[Transformer | CapturedDecoder]:
-        """What steps each model in a search: the model, or with graphs its
-        `CapturedDecoder` (kept: it holds the captured steps)."""
-        return [CapturedDecoder(m) if self.graphs else m for m in self.models]
 
     @property
     def step_model(self) -> StepModel:
@@ -132,7 +146,8 @@ class TorchEngine(Engine):
         return sized["tokens"] if sized else self.config.decode.batch_tokens
 
     def use_attention(self, kernel: str) -> None:
-        """Attend with `kernel` (as measured at load, or as an earlier run chose)."""
+        """Attend with `kernel` (as measured at load, or as an earlier run chose): at
+        load, before any thread translates (it sets every attention's kernel)."""
         for model in self.models:
             model.use_attention(kernel)
         self.precision = {**self.precision, "attention": {"kernel": kernel}}
@@ -215,12 +230,27 @@ class TorchEngine(Engine):
         """(index, hypotheses) of each batch, as they are finished: in this process, one
         after another, or spread over helper processes where the engine has them
         (`workers`, on a CPU: `mtkit.engines.workers`)."""
-        pool = self.worker_pool(len(jobs))
-        if pool is None:
-            for i, job in enumerate(jobs):
-                yield i, self.translate_batch(job, opts)
-            return
-        yield from pool.run(jobs, opts, self.translate_batch)
+        with self.serial():
+            pool = self.worker_pool(len(jobs))
+            if pool is None:
+                for i, job in enumerate(jobs):
+                    yield i, self.translate_batch(job, opts)
+                return
+            yield from pool.run(jobs, opts, self.translate_batch)
+
+    @contextmanager
+    def serial(self) -> Iterator[None]:
+        """Where threads share the engine: one call at a time in the block where it has
+        what they must not share, helper processes (`workers` > 1: their shared counter
+        serves one call's batches at a time, and the engine's own share of the threads,
+        `torch_threads`, is the process's) or captured steps (`graphs`: a slot holds one
+        search's cache, and a replay writes into its fixed tensors); each call at once
+        otherwise."""
+        if self.workers > 1 or self.graphs:
+            with self._serial:
+                yield
+        else:
+            yield
 
     def worker_pool(self, batches: int) -> BatchWorkers | None:
         """The helper processes that translate batches beside this one: started at the
@@ -251,10 +281,12 @@ class TorchEngine(Engine):
 
     def close(self) -> None:
         """Stop the helper processes, if any (they also stop when the engine is let go,
-        or with the process); a later input of several batches starts them again."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        or with the process); a later input of several batches starts them again. A call
+        of another thread that uses them ends first."""
+        with self._serial:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
     def translate_batch(self, job: BatchJob, opts: SearchOptions) -> list[list[Hypothesis]]:
         """The hypotheses of one batch (its sentences' ids, without eos)."""

@@ -3,17 +3,20 @@ and tunes.
 
 `MultiHeadAttention` attends in one way, `attend`, with `F.scaled_dot_product_attention`
 or with explicit matrix products (`matmul_attention`), the same function of its inputs;
-which one a run uses is measured. Watched by `mtkit explain`, it attends stage by stage
-(`observed_attention`). `dropout` draws its CPU masks from 16-bit random integers. Both were
-chosen by profiling a bf16 training step (docs/performance.md); `mtkit.model.transformer` builds
-on them.
+which one a run uses is measured. Watched (`watching`: `mtkit explain`, alignments), it
+attends stage by stage (`observed_attention`). `dropout` draws its CPU masks from 16-bit random
+integers. Both were chosen by profiling a bf16 training step (docs/performance.md);
+`mtkit.model.transformer` builds on them.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -178,6 +181,28 @@ def observed_attention(
     return out
 
 
+Observer = Callable[[str, Tensor], None]  # observer(stage name, tensor)
+
+# Which attentions are watched, and by whom: of this thread (or asyncio task) only.
+_WATCHERS: ContextVar[Mapping[nn.Module, Observer]] = ContextVar(
+    "mtkit_attention_watchers", default=MappingProxyType({})
+)
+
+
+@contextmanager
+def watching(observers: Mapping[MultiHeadAttention, Observer]) -> Iterator[None]:
+    """Within the block, each attention of `observers` shows its stages to its observer
+    (its `observer`), in this thread (or asyncio task) alone: a model shared by threads
+    is watched by each pass for itself, and passes of other threads run as unwatched
+    (`mtkit.search.alignment`'s pass beside another thread's search, or its own). Nests:
+    an inner block adds to (or replaces) the outer one's observers."""
+    token = _WATCHERS.set(MappingProxyType({**_WATCHERS.get(), **observers}))
+    try:
+        yield
+    finally:
+        _WATCHERS.reset(token)
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads: queries, keys and values are projected
     and split into heads (`project_qkv` for self-attention; `project_q` and `project_kv`
@@ -186,8 +211,9 @@ class MultiHeadAttention(nn.Module):
     "sdpa") or `matmul_attention` ("matmul"), the same function of its inputs; which one
     a run uses is measured (`mtkit.tuning.attention`).
 
-    Two hooks for others: `observer`, set by `mtkit explain` (and `search.alignment`)
-    to see each stage, and `guided_head`, set by guided alignment training."""
+    Two hooks for others: `observer`, what sees each stage where `watching` names this
+    attention (`mtkit explain`, `search.alignment`): of the thread that watches, never
+    state of the shared model; and `guided_head`, set by guided alignment training."""
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
@@ -198,12 +224,23 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
         self.kernel = "sdpa"  # or "matmul": `Transformer.use_attention`
-        # Set by `mtkit explain` to see each stage: observer(stage name, tensor).
-        self.observer: Callable[[str, Tensor], None] | None = None
         # Guided alignment (`train.guided_alignment`): while training, the weights of
         # this head are kept in `guided` (B, T, S), with their gradient, for the loss.
         self.guided_head: int | None = None
         self.guided: Tensor | None = None
+
+    @property
+    def observer(self) -> Observer | None:
+        """What sees each stage of this attention in this thread (or task): the observer
+        `watching` gave it, or None."""
+        return _WATCHERS.get().get(self)
+
+    @observer.setter
+    def observer(self, value: Observer | None) -> None:
+        raise AttributeError(
+            "an attention's observer is of one pass, not of the model: watch it with "
+            "mtkit.model.attention.watching({attention: observer})"
+        )
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -239,8 +276,9 @@ class MultiHeadAttention(nn.Module):
             if mask is not None:
                 scores = scores.masked_fill(~mask[:, 0], float("-inf"))
             self.guided = torch.softmax(scores.float(), dim=-1)  # (B, T, S)
-        if self.observer is not None:
-            out = observed_attention(q, k, v, mask, causal, self.observer)  # (B, H, T, K)
+        observer = self.observer
+        if observer is not None:
+            out = observed_attention(q, k, v, mask, causal, observer)  # (B, H, T, K)
         elif self.kernel == "matmul":
             out = matmul_attention(q, k, v, mask, causal, p)  # (B, H, T, K)
         else:
@@ -249,6 +287,6 @@ class MultiHeadAttention(nn.Module):
             )  # (B, H, T, K)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
-        if self.observer is not None:
-            self.observer("heads concatenated", out)
+        if observer is not None:
+            observer("heads concatenated", out)
         return self.out_proj(out)

@@ -32,7 +32,8 @@ elsewhere would cost a copy or a second pass:
   (`mtkit.serving.stream`), which `cross_kv` and `slot_cache` make and fill;
 - int8 translation: `output_int8`, an int8 copy of the output projection
   (`mtkit.model.int8.quantize`);
-- `mtkit explain`: each attention's `observer` sees its stages (`mtkit.model.attention`).
+- `mtkit explain` and alignments: an attention that a pass watches
+  (`mtkit.model.attention.watching`, of that thread alone) shows its `observer` its stages.
 
 Masks are bool, True = may attend. Departures from the paper are named in `ModelConfig`:
 `norm: pre` (LayerNorm before each sublayer, plus a final one per stack), `activation:

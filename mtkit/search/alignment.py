@@ -20,7 +20,7 @@ from torch import Tensor
 from mtkit.core.errors import OptionError, plural
 from mtkit.data.alignments import grow_diag
 from mtkit.data.batching import collate
-from mtkit.model.attention import MultiHeadAttention
+from mtkit.model.attention import MultiHeadAttention, Observer, watching
 from mtkit.model.transformer import Transformer, alignment_layer
 
 WORD_START = "\u2581"  # SentencePiece's whitespace marker
@@ -62,21 +62,21 @@ def teacher_forced_attention(
     token after tgt_in[:, t]. Only the first `decoder_layers` decoder layers run (None:
     all of them); the output projection never does."""
     weights: dict[int, Tensor] = {}
-    for i, attn in enumerate(watched):
 
-        def record(stage: str, t: Tensor, i: int = i) -> None:
+    def recorder(i: int) -> Observer:
+        def record(stage: str, t: Tensor) -> None:
             if stage == "attention weights softmax":
                 weights[i] = t  # (B, H, q, k)
 
-        attn.observer = record
-    try:
+        return record
+
+    # watched by this pass alone: a model shared by threads is watched by each of them
+    # for itself (`watching`), never through state of the model
+    with watching({attn: recorder(i) for i, attn in enumerate(watched)}):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
         y = model.tgt_embed(tgt_in)  # (B, T, D)
         for block in model.decoder_layers[:decoder_layers]:
             y, _ = block(y, block.cross_attn.project_kv(memory), src_mask[:, None, None, :])
-    finally:
-        for attn in watched:
-            attn.observer = None
     return [weights[i] for i in range(len(watched))]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from mtkit.core.config import ModelConfig
 from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import EOS, Vocab
 from mtkit.data.batching import Batch, collate
-from mtkit.model.attention import MultiHeadAttention
+from mtkit.model.attention import MultiHeadAttention, Observer, watching
 from mtkit.model.loss import label_smoothed_nll
 from mtkit.model.transformer import Transformer, count_parameters
 from mtkit.search.alignment import teacher_forced_attention
@@ -80,12 +81,21 @@ def _axes(length: str, last: str = "D") -> str:
     return f"(B, {length}, {last})"
 
 
+# The recorder of the trace under way in this thread (or task): a model's forward hooks
+# are the model's, seen by every thread that runs it, and write into this one only
+_TRACING: ContextVar[_Recorder | None] = ContextVar("mtkit_explain_tracing", default=None)
+
+
 class _Hooks:
-    """Forward hooks and attention observers that write into a `_Recorder`."""
+    """Forward hooks and attention observers that write into a `_Recorder`: the hooks
+    of the tracing thread's passes only (`_TRACING`), the observers watched by it alone
+    (`watching`), so that a model that other threads translate with meanwhile is traced
+    as it would be alone."""
 
     def __init__(self, model: Transformer, rec: _Recorder):
         self.model, self.rec = model, rec
         self.handles: list = []
+        self.observers: dict[MultiHeadAttention, Observer] = {}
         self.norm = "residual + LayerNorm" if model.cfg.norm == "post" else "LayerNorm before"
         self.length = "S"  # which sequence the (possibly shared) token embedding sees
 
@@ -93,23 +103,29 @@ class _Hooks:
         """Record the module's output (its first input with `before`)."""
         if before:
             hook = module.register_forward_pre_hook(
-                lambda module, inputs: self.rec.add(name, inputs[0], axes)
+                lambda module, inputs: self.add(name, inputs[0], axes)
             )
         else:
             hook = module.register_forward_hook(
-                lambda module, inputs, output: self.rec.add(name, output, axes)
+                lambda module, inputs, output: self.add(name, output, axes)
             )
         self.handles.append(hook)
 
+    def add(self, name: str, tensor: Tensor, axes: str) -> None:
+        """What a hook saw, recorded where the pass is this trace's (`_TRACING`)."""
+        if _TRACING.get() is self.rec:
+            self.rec.add(name, tensor, axes)
+
     def entering(self, embed: nn.Module, length: str) -> None:
         def hook(module, inputs):
-            self.length = length
+            if _TRACING.get() is self.rec:
+                self.length = length
 
         self.handles.append(embed.register_forward_pre_hook(hook))
 
     def lookup(self, tokens: nn.Module) -> None:
         def hook(module, inputs, output):
-            self.rec.add(
+            self.add(
                 "token embedding lookup (before the sqrt(D) scale)", output, _axes(self.length)
             )
 
@@ -127,7 +143,7 @@ class _Hooks:
             "weighted values": f"(B, H, {q_len}, K)",
             "heads concatenated": f"(B, {q_len}, D)",
         }
-        attn.observer = lambda stage, t: self.rec.add(f"{prefix} / {stage}", t, names[stage])
+        self.observers[attn] = lambda stage, t: self.rec.add(f"{prefix} / {stage}", t, names[stage])
         self.watch(attn.q_proj, f"{prefix} / Q projection", _axes(q_len))
         self.watch(attn.k_proj, f"{prefix} / K projection", _axes(k_len))
         self.watch(attn.v_proj, f"{prefix} / V projection", _axes(k_len))
@@ -143,9 +159,6 @@ class _Hooks:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
-        for m in self.model.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.observer = None
 
 
 @contextmanager
@@ -176,9 +189,12 @@ def _hooks(model: Transformer, rec: _Recorder) -> Iterator[None]:
         hooks.attention(layer.cross_attn, f"{p} / cross-attention", "T", "S")
         watch(layer.cross_block.norm, f"{p} / {norm} (cross-attention)", _axes("T"))
         hooks.ffn(layer, p, "T")
+    token = _TRACING.set(rec)
     try:
-        yield
+        with watching(hooks.observers):
+            yield
     finally:
+        _TRACING.reset(token)
         hooks.remove()
 
 

@@ -30,7 +30,9 @@ BAD_LINES = [
     ('{"src": "a", "id": true}', "id: text, a number or null, got bool"),
     ('{"src": "a", "id": "' + "x" * 1001 + '"}', "id: text of at most 1000 characters"),
     ('{"src": "a", "id": "\\ud800"}', "id: a lone surrogate"),
-    ('{"\\ud800": 1}', "expected"),
+    ('{"\\ud800": 1}', "a field's name holds a lone surrogate \\ud800"),
+    ('{"src": "a", "prefx": "Ein"}', "prefx: no such field; did you mean prefix? the fields are"),
+    ('{"src": "a", "split": false}', "split: no such field; the fields are src, prefix,"),
 ]
 
 

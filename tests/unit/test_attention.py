@@ -16,6 +16,7 @@ from mtkit.model.attention import (
     keep_mask,
     matmul_attention,
     stacked_linear,
+    watching,
 )
 from mtkit.model.transformer import build_model
 
@@ -126,9 +127,9 @@ def test_self_attention_projects_queries_keys_and_values_as_its_three_layers():
     torch.testing.assert_close(v, attn.split_heads(attn.v_proj(x)))
     torch.testing.assert_close(attn.project_q(x), q)
     seen = []  # watched (an observer, as `mtkit explain`), the Linear layers themselves run
-    attn.observer = lambda stage, t: None
     attn.q_proj.register_forward_hook(lambda m, i, o: seen.append("q"))
-    attn.project_qkv(x)
+    with watching({attn: lambda stage, t: None}):
+        attn.project_qkv(x)
     assert seen == ["q"]
 
 

@@ -7,6 +7,7 @@ import torch
 
 from mtkit.core.config import ModelConfig
 from mtkit.core.vocab import PAD, Vocab
+from mtkit.model.attention import watching
 from mtkit.model.transformer import build_model, count_parameters
 from mtkit.stages.explain import (
     attention_maps,
@@ -86,8 +87,8 @@ def test_tracing_does_not_change_the_output():
     batch = make_batch(PAIRS, None, None, 20)
     plain = model.decode(batch.tgt_in, *model.encode(batch.src))
     seen = []
-    model.decoder_layers[0].cross_attn.observer = lambda name, t: seen.append(name)
-    traced = model.decode(batch.tgt_in, *model.encode(batch.src))
+    with watching({model.decoder_layers[0].cross_attn: lambda name, t: seen.append(name)}):
+        traced = model.decode(batch.tgt_in, *model.encode(batch.src))
     assert seen and torch.allclose(plain, traced, atol=1e-6)
 
 

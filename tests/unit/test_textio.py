@@ -17,6 +17,7 @@ from mtkit.core.textio import (
     Request,
     document_encoding,
     format_lines,
+    parse_line,
     read_chunks,
     read_document,
     write_document,
@@ -82,6 +83,27 @@ def test_output_formats(tiny_engine):
         )[0]
     )
     assert record["source"] == "A dog." and len(record["nbest"]) == 2
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ('{"src": "A dog.", "prefx": "Ein"}', "prefx: no such field; did you mean prefix?"),
+        ('{"src": "A dog.", "split": false}', "split: no such field; the fields are src,"),
+        ('{"source": "A dog."}', "source: no such field; did you mean src?"),
+        ('{"src": "A dog.", "target_lang": "de"}', "did you mean tgt_lang?"),
+        ('{"src": "A dog.", "constraint": ["Hund"]}', "did you mean constraints?"),
+        ('{"src": "A dog.", "\\ud800": 1}', "a field's name holds a lone surrogate"),
+    ],
+)
+def test_a_jsonl_field_a_record_does_not_have_is_its_error_naming_the_nearest(line, says):
+    """As /v1 refuses a field its body does not have: a misspelt "prefx" was read as no
+    prefix, silently. The record's error (the stream goes on), its id echoed."""
+    request = parse_line(line[:-1] + ', "id": 7}', jsonl=True)
+    assert says in request.error and request.src == "" and request.id == 7
+    assert "\n" not in request.error and "src, prefix, constraints, tgt_lang, id" in request.error
+    good = parse_line('{"src": "A dog.", "prefix": "Ein", "tgt_lang": "de", "id": 1}', True)
+    assert (good.error, good.prefix, good.tgt_lang) == ("", "Ein", "de")
 
 
 def test_a_document_is_read_and_written_in_the_encoding_it_declares():
