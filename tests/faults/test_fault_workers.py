@@ -240,6 +240,26 @@ def test_no_fault_no_line(model, corpus, tmp_path):
     assert not marked(mark)
 
 
+def test_a_fault_point_does_nothing_unless_a_test_names_a_fault():
+    """`mtkit.core.faults.fault_point` is a no-op where no fault is asked; asked, it acts
+    at its own moment of its own helper only."""
+    code = (
+        "from mtkit.core.faults import fault_point as at;"
+        " at('helper-start', helper=1); at('helper-loading', helper=2); print('up');"
+        " at('helper-start', helper=2); print('still up')"
+    )
+    for fault, code_wanted, said in (("", 0, "up\nstill up\n"), ("kill:start@2", -9, "up\n")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=asked(fault, os.environ),
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+        assert (proc.returncode, proc.stdout) == (code_wanted, said), proc.stderr
+
+
 def test_a_half_written_message_is_never_waited_for():
     """The engine's end of a helper's pipe takes whole messages only: half of one (its
     helper killed while writing it) is kept, and reading never blocks on the rest."""
