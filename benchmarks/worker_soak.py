@@ -39,6 +39,8 @@ from pathlib import Path
 
 import yaml
 
+from mtkit.core.faults import ENV as FAULTS_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "multi30k"
 MARK = "MTKIT_SOAK_MARK"
@@ -172,7 +174,7 @@ def run_once(model: Path, source: Path, out: Path, mode: str, kill_after: float 
     not killed)."""
     mark = os.urandom(8).hex()
     env = {**os.environ, MARK: mark, "MTKIT_CACHE_DIR": ""}
-    env.pop("MTKIT_FAULT_HELPER", None)
+    env.pop(FAULTS_ENV, None)  # a fault asked of the helpers (`mtkit.core.faults`): none
     args = ["-q", "translate", "-m", model, "-i", source, "-o", out, "--workers", 2]
     args += ["--beam", 4, "--nbest", NBEST, "--alignments", "--batch-tokens", 200]
     args += ["--max-len-a", 0, "--max-len-b", 20]

@@ -24,17 +24,13 @@ stopped when the engine is let go or its process ends. As every worker process o
 mtkit, they ignore SIGINT and SIGTERM, which the engine's process answers
 (`mtkit.core.signals`), and they stop when they notice that it is gone.
 
-Channels. Each helper has two one-way pipes of its own, both carrying length-prefixed
-pickled messages (`_frame`). Its inbox brings each translation, `(call, jobs, opts)`,
-and None to stop; the engine writes it from a thread (`_Outbox`), so that it never
-waits for a helper that is busy, loading or dead (the write then fails and the thread
-ends; it is never waited for at exit). Its outbox brings back ("loaded",) once its
-engine is ready, ("result", call, batch, hypotheses) and ("error", call or None, what
-failed). Each side reads only as far as bytes are there (its end is non-blocking,
-`_Channel`) and takes whole messages only, so a process that dies half-way through a
-message never holds the other: the engine waits on every helper's pipe and every
-helper's sentinel (readable once the process has ended) together
-(`multiprocessing.connection.wait`), a helper on its inbox and the engine's sentinel.
+Channels. Each helper has two one-way pipes of its own (`mtkit.engines.helper_pipes`:
+what their messages hold, how they are framed and read): its inbox brings each
+translation and the word to stop, its outbox brings back that it has loaded, each
+result and what failed. Neither side ever waits on a pipe for the rest of a message:
+the engine waits on every helper's pipe and every helper's sentinel (readable once the
+process has ended) together (`multiprocessing.connection.wait`), a helper on its inbox
+and the engine's sentinel.
 A fork closes its copies of the engine's ends of every pipe: when the engine's process
 is gone, its helpers' inboxes end and their writes fail, and they end too. The shared
 counter's lock is taken with a timeout, so a helper killed while holding it is found
@@ -46,24 +42,12 @@ input's size. Helpers are registered to be stopped (the `Finalize`) before the f
 one starts: a start that fails half-way (too many open files) stops those started and
 is one line naming its cause.
 
-Fault injection, for the fault tests (tests/faults/test_fault_workers.py) and the soak
-(benchmarks/worker_soak.py): the environment variable MTKIT_FAULT_HELPER makes one of
-the helpers fail at one moment. Where it is set, the engine's process also waits until
-every helper has loaded before it takes a batch: a spawned helper loads for seconds, and
-on a loaded machine the engine's process could take every batch first, so that a
-helper's batch moments never came.
-
-    kill:MOMENT[@K]     helper K (default 1) kills itself (SIGKILL) at MOMENT:
-        start           its first act, before anything is loaded or adopted
-        loading         Python and torch up, its engine not yet loaded (or adopted)
-        taking          on taking its first batch, holding the shared counter's lock
-        before-send     its first result ready, nothing of it written
-        mid-send        half of its first result's message written
-        after-send      its first result written whole
-    fail:loading[@K]    its load raises an error
-    swap:TARGET:REPLACEMENT
-                        helper 1, before it loads, replaces the file TARGET by a copy
-                        of REPLACEMENT (atomically, as training does)
+Fault tests (tests/faults/test_fault_workers.py) break a helper at the moments of its
+life named `helper-*` through the library's one hook point (`mtkit.core.faults`). Where
+a fault is asked, the engine's process also waits until every helper has loaded before
+it takes a batch: a spawned helper loads for seconds, and on a loaded machine the
+engine's process could take every batch first, so that a helper's batch moments never
+came.
 """
 
 from __future__ import annotations
@@ -73,13 +57,8 @@ import functools
 import itertools
 import logging
 import multiprocessing
-import os
-import pickle
-import queue
 import resource
-import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
@@ -91,17 +70,16 @@ import torch
 from mtkit.core.atomic import reason
 from mtkit.core.device import torch_threads
 from mtkit.core.errors import UserError, first_line
+from mtkit.core.faults import fault_point, faults_asked
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.signals import held_while_starting_workers, ignore_in_worker
+from mtkit.engines.helper_pipes import Channel, Outbox, frame, send, write
 
 log = logging.getLogger(__name__)
 
 LIVENESS_S = 0.5  # how often a process that waits checks that the others are alive
 STOP_WAIT_S = 5.0  # how long helpers that are told to stop may finish their batches
-HEADER = 8  # bytes of a message's length, before its pickled body
-READ_BYTES = 1 << 20  # the most the engine reads from a pipe at once
-FAULT_ENV = "MTKIT_FAULT_HELPER"
 
 
 class BatchJob(NamedTuple):
@@ -140,8 +118,8 @@ class BatchWorkers:
         # end of an earlier one sees another call and takes nothing of this one)
         self.taken = context.Array("q", [0, 0])  # [call, next batch]
         self.helpers: list[Any] = []  # the processes started
-        self.inboxes: list[_Outbox] = []  # each one's (call, jobs, opts), then None
-        self.channels: list[_Channel] = []  # what each one sends back
+        self.inboxes: list[Outbox] = []  # each one's (call, jobs, opts), then None
+        self.channels: list[Channel] = []  # what each one sends back
         self.loaded: list[bool] = []  # each one's engine is ready
         # Stopped when the pool is let go, and at the process's end before
         # multiprocessing's own end joins them (they ignore its SIGTERM): registered
@@ -204,8 +182,8 @@ class BatchWorkers:
         inbox.close()  # the helper's ends are the helper's alone now: the pipes end with it
         outbox.close()
         self.helpers.append(helper)
-        self.inboxes.append(_Outbox(to_helper, f"mtkit-inbox-{k}"))
-        self.channels.append(_Channel(from_helper))
+        self.inboxes.append(Outbox(to_helper, f"mtkit-inbox-{k}"))
+        self.channels.append(Channel(from_helper))
         self.loaded.append(False)
 
     def run(
@@ -228,10 +206,10 @@ class BatchWorkers:
             self.taken[0], self.taken[1] = call, 0
             lock.release()
             self._check_alive()
-            message = _frame((call, jobs, opts))  # (pickled once for all)
+            message = frame((call, jobs, opts))  # (pickled once for all)
             for inbox in self.inboxes:
                 inbox.put(message)
-            if os.environ.get(FAULT_ENV):  # a fault test: every helper loads before this
+            if faults_asked():  # a fault test: every helper loads before this
                 self._settle()  # process takes a batch, so that its batch moments come
             with torch_threads(self.threads):  # this process's share, beside the helpers
                 while (i := _take(self.taken, call, len(jobs), self._check_alive)) is not None:
@@ -340,76 +318,7 @@ class BatchWorkers:
         self._stop()
 
 
-class _Channel:
-    """The engine's end of one helper's pipe, read without ever waiting (non-blocking):
-    whole messages only, the bytes of one not yet whole kept for the next read."""
-
-    def __init__(self, conn: Any):
-        self.conn = conn
-        os.set_blocking(conn.fileno(), False)
-        self.pending = bytearray()
-        self.ended = False  # the helper's end is closed: it has exited
-
-    def read(self) -> list[tuple]:
-        """The whole messages among the bytes there now."""
-        while not self.ended:
-            try:
-                chunk = os.read(self.conn.fileno(), READ_BYTES)
-            except BlockingIOError:
-                break
-            self.ended = not chunk
-            self.pending += chunk
-        messages, start = [], 0
-        view = memoryview(self.pending)
-        while len(view) - start >= HEADER:
-            end = start + HEADER + int.from_bytes(view[start : start + HEADER], "big")
-            if end > len(view):
-                break
-            messages.append(pickle.loads(view[start + HEADER : end]))
-            start = end
-        view.release()
-        del self.pending[:start]
-        return messages
-
-
-class _Outbox:
-    """The engine's end of one helper's inbox: what is put (`_frame`d) is written by a
-    thread of its own, started at the first put (after every helper has been forked),
-    so that the engine never waits for the helper. A write to a helper that has ended
-    fails (EPIPE): the thread then ends, as it does once `close` is put; it closes the
-    pipe."""
-
-    def __init__(self, conn: Any, name: str):
-        self.conn = conn
-        self.name = name
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-
-    def put(self, data: bytes) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._feed, name=self.name, daemon=True)
-            self.thread.start()
-        self.queue.put(data)
-
-    def close(self) -> None:
-        if self.thread is None:
-            self.conn.close()
-        else:
-            self.queue.put(None)
-
-    def _feed(self) -> None:
-        try:
-            while (data := self.queue.get()) is not None:
-                _write(self.conn.fileno(), memoryview(data))
-        except OSError:  # the helper has ended
-            pass
-        finally:
-            self.conn.close()
-
-
-def _stop(
-    helpers: list[Any], inboxes: list[_Outbox], channels: list[_Channel], loaded: list
-) -> None:
+def _stop(helpers: list[Any], inboxes: list[Outbox], channels: list[Channel], loaded: list) -> None:
     """Each helper ends after its batch (a None in its inbox), or is killed once
     `STOP_WAIT_S` have passed; one still loading is killed at once (nothing of it to
     finish). Then the engine's ends of their inboxes and pipes are closed."""
@@ -417,7 +326,7 @@ def _stop(
         if helper.is_alive() and not ready:
             helper.kill()
         elif helper.is_alive():
-            inbox.put(_frame(None))
+            inbox.put(frame(None))
     deadline = time.monotonic() + STOP_WAIT_S
     for helper in helpers:
         helper.join(timeout=max(deadline - time.monotonic(), 0))
@@ -487,43 +396,6 @@ class _Orphaned(Exception):
     """The engine's process is gone: a helper has no one to translate for."""
 
 
-class _Fault(NamedTuple):
-    """The fault `MTKIT_FAULT_HELPER` asks of this helper (the module's docstring);
-    action "" where it asks none, or of another helper."""
-
-    action: str  # kill, fail or swap
-    moment: str  # start, loading, taking, before-send, mid-send, after-send
-    files: list[str]  # swap's target and replacement
-
-    @classmethod
-    def of_helper(cls, k: int) -> _Fault:
-        value = os.environ.get(FAULT_ENV, "")
-        head, at, which = value.rpartition("@")
-        if at and which.isdigit():
-            value, helper = head, int(which)
-        else:
-            helper = 1
-        action, _, rest = value.partition(":")
-        if helper != k or action not in ("kill", "fail", "swap"):
-            return cls("", "", [])
-        if action == "swap":
-            return cls(action, "loading", rest.split(os.pathsep, 1))
-        return cls(action, rest, [])
-
-    def at(self, moment: str) -> None:
-        """Fail now if this is the moment asked."""
-        if moment != self.moment:
-            return
-        if self.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif self.action == "fail":
-            raise RuntimeError(f"a load failure ({FAULT_ENV})")
-        elif self.action == "swap" and len(self.files) == 2:
-            target, replacement = self.files
-            shutil.copyfile(replacement, target + ".swap")
-            os.replace(target + ".swap", target)
-
-
 def _helper(
     k: int,
     start: Any,
@@ -543,14 +415,13 @@ def _helper(
     ignore_in_worker()  # stop signals are the engine's process's to answer
     for end in inherited:
         end.close()
-    fault = _Fault.of_helper(k)
-    fault.at("start")
+    fault_point("helper-start", helper=k)
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(threads)  # its share
     out = outbox.fileno()
     parent = multiprocessing.parent_process()
     watched = [inbox] + ([parent.sentinel] if parent is not None else [])
-    calls = _Channel(inbox)
+    calls = Channel(inbox)
 
     def waiting() -> None:
         if parent is not None and not parent.is_alive():
@@ -558,13 +429,13 @@ def _helper(
 
     try:
         try:
-            fault.at("loading")
+            fault_point("helper-loading", helper=k)
             engine = start if forked else start()
         except Exception as e:  # told to the engine's process, in one line
-            _send(out, ("error", None, f"could not load the model: {_told(e)}"))
+            send(out, ("error", None, f"could not load the model: {_told(e)}"))
             return
-        _send(out, ("loaded",))
-        holding = functools.partial(fault.at, "taking")
+        send(out, ("loaded",))
+        holding = functools.partial(fault_point, "helper-taking", helper=k)
         while not calls.ended:  # (the engine's process is gone)
             if parent is not None and parent.sentinel in wait(watched, LIVENESS_S):
                 return  # (likewise)
@@ -577,33 +448,12 @@ def _helper(
                         reply = ("result", call, i, engine.translate_batch(jobs[i], opts))
                     except Exception as e:  # told to the engine's process, in one line
                         reply = ("error", call, f"{type(e).__name__}: {first_line(e)}")
-                    _send(out, reply, fault)
+                    data = frame(reply)
+                    fault_point("helper-sending", helper=k, out=out, data=data)
+                    write(out, data)
+                    fault_point("helper-sent", helper=k)
     except (_Orphaned, BrokenPipeError):  # the engine's process is gone
         return
-
-
-def _frame(message: Any) -> bytes:
-    """`message` as it goes through a pipe: its pickled body's length, then the body."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return len(body).to_bytes(HEADER, "big") + body
-
-
-def _send(out: int, message: tuple, fault: _Fault | None = None) -> None:
-    """Write `message` whole to the pipe `out` (`_frame`)."""
-    data = memoryview(_frame(message))
-    if fault is not None:
-        fault.at("before-send")
-        if fault.moment == "mid-send":
-            _write(out, data[: HEADER + (len(data) - HEADER) // 2])
-            fault.at("mid-send")
-    _write(out, data)
-    if fault is not None:
-        fault.at("after-send")
-
-
-def _write(out: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(out, data) :]
 
 
 def _told(e: Exception) -> str:

@@ -3,12 +3,12 @@ at any moment: the command ends within seconds with one line
 naming the helper and its exit code (or what it failed at), exit code 2, and no output
 file, temporary or process left.
 
-The faults are injected deterministically: MTKIT_FAULT_HELPER makes helper 1 kill itself
-(SIGKILL) at a chosen moment, fail to load, or replace the model file just before it
-loads it (the module docstring of `mtkit.engines.workers`); a start that fails half-way
-meets a real open-file limit. Each command is a process of its own, run under a timeout
-(a hang fails the test) and marked by an environment variable that its helpers inherit,
-so that any process it leaves is found (/proc/PID/environ).
+The faults are injected deterministically, through the library's one hook point
+(`mtkit.core.faults`): helper_faults.py makes helper 1 kill itself (SIGKILL) at a chosen
+moment, fail to load, or replace the model file just before it loads it; a start that
+fails half-way meets a real open-file limit. Each command is a process of its own, run
+under a timeout (a hang fails the test) and marked by an environment variable that its
+helpers inherit, so that any process it leaves is found (/proc/PID/environ).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from pathlib import Path
 import pytest
 
 from mtkit.core.checkpoint import CheckpointError
+from mtkit.engines.helper_pipes import HEADER, Channel
 from mtkit.engines.pytorch_loading import helper_engine
-from mtkit.engines.workers import FAULT_ENV, HEADER, _Channel
 
 from faultkit import ROOT, wait_for
+from helper_faults import asked
 
 # `python -m mtkit` with torch's threads set first: with --workers 2, one thread each
 # makes the helper a fork of the command's process, two a spawned process that loads the
@@ -50,8 +51,7 @@ def translate(
     """`mtkit -q translate` of `source` into `out` with `workers` on `threads`, the fault
     `fault`; the result and the mark its processes carry."""
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-    env.update({"MTKIT_CACHE_DIR": "", MARK: mark} | ({FAULT_ENV: fault} if fault else {}))
+    env = asked(fault, os.environ) | {"MTKIT_CACHE_DIR": "", MARK: mark}
     args = ["-q", "translate", "-m", model, "-i", source, "-o", out, "--workers", workers]
     args += ["--batch-tokens", 40, "--max-len-a", 0, "--max-len-b", 10]  # many short batches
     proc = subprocess.run(
@@ -186,8 +186,7 @@ def test_helpers_end_when_the_command_is_killed_while_they_write(model, corpus, 
     copy of the engine's end of its own pipe, so its write never failed, and a helper
     read the rest of a half-written inbox message: both waited forever."""
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-    env.update({"MTKIT_CACHE_DIR": "", MARK: mark})
+    env = asked("", os.environ) | {"MTKIT_CACHE_DIR": "", MARK: mark}
     args = ["-q", "translate", "-m", model, "-i", corpus["train.en"], "-o", tmp_path / "out"]
     args += ["--workers", 3, "--beam", 4, "--nbest", 4, "--alignments"]  # large results
     args += ["--batch-tokens", 2000, "--max-len-a", 0, "--max-len-b", 40]
@@ -241,6 +240,26 @@ def test_no_fault_no_line(model, corpus, tmp_path):
     assert not marked(mark)
 
 
+def test_a_fault_point_does_nothing_unless_a_test_names_a_fault():
+    """`mtkit.core.faults.fault_point` is a no-op where no fault is asked; asked, it acts
+    at its own moment of its own helper only."""
+    code = (
+        "from mtkit.core.faults import fault_point as at;"
+        " at('helper-start', helper=1); at('helper-loading', helper=2); print('up');"
+        " at('helper-start', helper=2); print('still up')"
+    )
+    for fault, code_wanted, said in (("", 0, "up\nstill up\n"), ("kill:start@2", -9, "up\n")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=asked(fault, os.environ),
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+        assert (proc.returncode, proc.stdout) == (code_wanted, said), proc.stderr
+
+
 def test_a_half_written_message_is_never_waited_for():
     """The engine's end of a helper's pipe takes whole messages only: half of one (its
     helper killed while writing it) is kept, and reading never blocks on the rest."""
@@ -248,7 +267,7 @@ def test_a_half_written_message_is_never_waited_for():
     import pickle
 
     reader, writer = multiprocessing.Pipe(duplex=False)
-    channel = _Channel(reader)
+    channel = Channel(reader)
     whole = pickle.dumps(("result", 1, 0, ["a"]))
     message = len(whole).to_bytes(HEADER, "big") + whole
     os.write(writer.fileno(), message + message[: len(message) // 2])
