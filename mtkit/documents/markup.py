@@ -435,20 +435,17 @@ def place(text: str, marks: list[Mark], translation: Translation) -> str:
     earlier siblings; around all of its parent's target words where it held all of its
     parent's source words), each atom before the target word of the source word it
     preceded."""
-    placement = _Placement(text, marks, translation)
-    end = len(placement.target)
-    placement.render(placement.layout(marks, 0, end, placement.every_word), 0, end)
-    return "".join(placement.pieces)
+    return _Placement(text, marks, translation).restore(marks)
 
 
 class _Placement:
-    """One run's marks put back around its translation, in two steps over what this holds:
-    `layout` (each mark's target words, outermost first) and `render` (the target words
-    written out with the tags between them, into `pieces`). It holds the source words
-    (spans of the run's text, kept words cut where a mark cuts them), the target words and
-    the links between them, and lookups made once over them, so that each question a
-    step asks of the words (which a mark covers, the nearest linked word, where the
-    letters are) takes constant or logarithmic time however long the run is."""
+    """One run's marks put back around its translation (`restore`), in two steps over what
+    this holds: `layout` (each mark's target words, outermost first) and `render` (the
+    target words written out with the tags between them, into `pieces`). It holds the
+    source words (spans of the run's text, a kept word cut where a mark cuts it), the
+    target words and the links between them, and lookups made once over them, so that
+    each question a step asks of the words (which a mark covers, the nearest linked word,
+    where the letters are) takes constant or logarithmic time however long the run is."""
 
     def __init__(self, text: str, marks: list[Mark], translation: Translation):
         target = translation.text.split()
@@ -457,11 +454,10 @@ class _Placement:
         self.src_words, self.target, self.joined, links = _cut_kept_words(
             text, marks, target, links
         )
-        self.every_word = range(len(self.src_words))
         self.partners: dict[int, set[int]] = {}
         for s, t in links:
             self.partners.setdefault(s, set()).add(t)
-        self.nearest = {s: (min(ts), max(ts)) for s, ts in self.partners.items()}
+        self.bounds = {s: (min(ts), max(ts)) for s, ts in self.partners.items()}
         self.starts = [a for a, _ in self.src_words]
         self.ends = [b for _, b in self.src_words]
         self.starting_at = {a: s for s, a in enumerate(self.starts)}
@@ -476,9 +472,14 @@ class _Placement:
             linked = w - 1 in self.partners
             self.linked_before[w] = w - 1 if linked else self.linked_before[w - 1]
         self.letters = [m.start() for m in LETTER.finditer(text)]  # all in words
-        self.runs: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self.densest_of: dict[tuple[int, int], tuple[int, int] | None] = {}
         self.pieces: list[str] = []
         self.spaced = False  # a word was written and no space since
+
+    def restore(self, marks: list[Mark]) -> str:
+        end = len(self.target)
+        self.render(self.layout(marks, 0, end, range(len(self.src_words))), 0, end)
+        return "".join(self.pieces)
 
     # -- layout: each mark's target words ---------------------------------------------------
 
@@ -532,19 +533,19 @@ class _Placement:
         None where none is linked; worked out once for each range of words (the marks
         inside one word all cover that word)."""
         key = (words.start, words.stop)
-        if key not in self.runs:
+        if key not in self.densest_of:
             aligned = sorted({t for s in words for t in self.partners.get(s, ())})
-            self.runs[key] = _densest(aligned) if aligned else None
-        return self.runs[key]
+            self.densest_of[key] = _densest(aligned) if aligned else None
+        return self.densest_of[key]
 
     def anchor(self, word: int) -> int:
         """Where the gap before source word `word` falls in the target."""
         at = min(word, len(self.src_words))
         after, before = self.linked_from[at], self.linked_before[at]
         if after is not None:
-            return self.nearest[after][0]
+            return self.bounds[after][0]
         if before is not None:
-            return self.nearest[before][1] + 1
+            return self.bounds[before][1] + 1
         return 0 if word == 0 else len(self.target)
 
     def holds_all(self, mark: Mark, words: range) -> bool:
