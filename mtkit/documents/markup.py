@@ -23,6 +23,7 @@ from __future__ import annotations
 import html
 import logging
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
@@ -356,25 +357,35 @@ XML_LINES = re.compile(r"\r\n|\r|\n")  # what ends a line in XML
 # ---- runs: a block's text with its inline tags taken out ---------------------------------
 
 
-def _inline(node, xml: bool) -> bool:
-    """Whether `node` belongs in the run of text around it."""
+def _inline(node, xml: bool, known: dict[int, bool]) -> bool:
+    """Whether `node` belongs in the run of text around it. `known`: the elements judged
+    so far, by id, so that each is judged once however many elements it lies in."""
     if not isinstance(node, Element):
         return True
-    if xml:
-        return all(_inline(c, xml) for c in node.children)
-    if node.name in VOID or node.kept:
-        return node.name in VOID or node.name in INLINE or node.name == "code"
-    return (node.name in INLINE or "-" in node.name) and all(_inline(c, xml) for c in node.children)
+    if id(node) not in known:
+        if xml:
+            inline = all(_inline(c, xml, known) for c in node.children)
+        elif node.name in VOID or node.kept:
+            inline = node.name in VOID or node.name in INLINE or node.name == "code"
+        else:
+            inline = (node.name in INLINE or "-" in node.name) and all(
+                _inline(c, xml, known) for c in node.children
+            )
+        known[id(node)] = inline
+    return known[id(node)]
 
 
-def _has_words(node) -> bool:
+def _has_words(node, known: dict[int, bool]) -> bool:
     """Whether `node` holds text worth translating: a letter or a digit (punctuation, a
-    symbol, a zero-width space alone are kept as they are)."""
+    symbol, a zero-width space alone are kept as they are). `known`: the elements asked
+    about so far, by id, so that each is asked once however many elements it lies in."""
     if isinstance(node, Text):
         return any(c.isalnum() for c in node.text)
-    if isinstance(node, Element) and not node.kept:
-        return any(_has_words(c) for c in node.children)
-    return False
+    if not isinstance(node, Element) or node.kept:
+        return False
+    if id(node) not in known:
+        known[id(node)] = any(_has_words(c, known) for c in node.children)
+    return known[id(node)]
 
 
 @dataclass
@@ -392,37 +403,49 @@ class Mark:
 
 def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
     """The text of a run of inline nodes (entities decoded) and its marks, outermost first."""
-    parts: list[str] = []
+    flat = _Flattener()
+    marks = flat.walk(nodes)
+    text = "".join(flat.parts)
+    _glue(marks, text)
+    return text, marks
 
-    def walk(children: list) -> list[Mark]:
+
+class _Flattener:
+    """A run's text as it is written out (`parts`, `length` characters so far), and the
+    elements known to hold words or not (`worded`, by id)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.length = 0
+        self.worded: dict[int, bool] = {}
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+        self.length += len(text)
+
+    def walk(self, children: list) -> list[Mark]:
         marks: list[Mark] = []
         for node in children:
-            at = _len(parts)
+            at = self.length
             if isinstance(node, Text):
                 text = node.text
                 last = 0
                 for m in PLACEHOLDER.finditer(text):  # a placeholder is an atom
-                    parts.append(text[last : m.start()])
-                    marks.append(
-                        Mark(Raw(html.escape(m.group(), quote=False)), *[_len(parts)] * 2, True)
-                    )
+                    self.write(text[last : m.start()])
+                    placeholder = Raw(html.escape(m.group(), quote=False))
+                    marks.append(Mark(placeholder, self.length, self.length, True))
                     last = m.end()
-                parts.append(text[last:])
-            elif isinstance(node, Element) and _has_words(node):
-                inner = walk(node.children)
-                marks.append(Mark(node, at, _len(parts), False, inner))
+                self.write(text[last:])
+            elif isinstance(node, Element) and _has_words(node, self.worded):
+                inner = self.walk(node.children)
+                marks.append(Mark(node, at, self.length, False, inner))
             else:
                 if isinstance(node, Element) and node.name in BREAKS:
                     # the words either side are two; the mark holds this space, and
                     # the characters beyond it say whether the break touched them
-                    parts.append(" ")
-                marks.append(Mark(node, at, _len(parts), True))
+                    self.write(" ")
+                marks.append(Mark(node, at, self.length, True))
         return marks
-
-    marks = walk(nodes)
-    text = "".join(parts)
-    _glue(marks, text)
-    return text, marks
 
 
 def _glue(marks: list[Mark], text: str) -> None:
@@ -432,40 +455,46 @@ def _glue(marks: list[Mark], text: str) -> None:
     def touches(i: int) -> bool:
         return 0 <= i < len(text) and not text[i].isspace()
 
-    for m in _every(marks):
+    every = _every(marks)
+    for m in every:
         m.glued = (touches(m.start - 1), touches(m.end))
-    atoms = [m for m in _every(marks) if m.atom]
+    atoms = [m for m in every if m.atom]
     for a, b in pairwise(atoms):
         if a.end == b.start:
             a.glued, b.glued = (a.glued[0], True), (True, b.glued[1])
 
 
-def _every(marks: list[Mark]):
+def _every(marks: list[Mark]) -> list[Mark]:
     """`marks` and the marks inside them, in document order."""
-    for m in marks:
-        yield m
-        yield from _every(m.inner)
-
-
-def _len(parts: list[str]) -> int:
-    return sum(map(len, parts))
+    out: list[Mark] = []
+    stack = [iter(marks)]
+    while stack:
+        mark = next(stack[-1], None)
+        if mark is None:
+            stack.pop()
+        else:
+            out.append(mark)
+            stack.append(iter(mark.inner))
+    return out
 
 
 def runs(tree: Element, xml: bool) -> list[list]:
     """The runs of the tree to translate, in document order: lists of sibling nodes."""
     found: list[list] = []
+    inline: dict[int, bool] = {}
+    worded: dict[int, bool] = {}
 
     def visit(element: Element) -> None:
         if element.kept:
             return
-        if xml and not any(isinstance(c, Text) and _has_words(c) for c in element.children):
+        if xml and not any(isinstance(c, Text) and _has_words(c, worded) for c in element.children):
             for c in element.children:  # an element without text of its own holds blocks
                 if isinstance(c, Element):
                     visit(c)
             return
         run: list = []
         for child in element.children:
-            if _inline(child, xml):
+            if _inline(child, xml, inline):
                 run.append(child)
                 continue
             if run:
@@ -477,7 +506,7 @@ def runs(tree: Element, xml: bool) -> list[list]:
             found.append(run)
 
     visit(tree)
-    return [r for r in found if any(_has_words(n) for n in r)]
+    return [r for r in found if any(_has_words(n, worded) for n in r)]
 
 
 # ---- placing tags around the target words ------------------------------------------------
@@ -487,137 +516,212 @@ def _words(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in WORD.finditer(text)]
 
 
+LETTER = re.compile(r"[^\W_]")  # a character that str.isalnum() holds true of
+
+
 def place(text: str, marks: list[Mark], translation: Translation) -> str:
     """The translation of a run with its marks put back: each element around the target
     words aligned to the source words it covered (clamped into its parent, kept off its
     earlier siblings; around all of its parent's target words where it held all of its
     parent's source words), each atom before the target word of the source word it
     preceded."""
-    target = translation.text.split()
-    links = [(s, t) for s, t in translation.alignment or () if t < len(target)]
-    src_words, target, joined, links = _cut_kept_words(text, marks, target, links)
-    partners: dict[int, list[int]] = {}
-    for s, t in links:
-        partners.setdefault(s, []).append(t)
+    return _Placement(text, marks, translation).restore(marks)
 
-    def anchor(word: int) -> int:
-        """Where the gap before source word `word` falls in the target."""
-        for s in range(word, len(src_words)):
-            if s in partners:
-                return min(partners[s])
-        for s in range(min(word, len(src_words)) - 1, -1, -1):
-            if s in partners:
-                return max(partners[s]) + 1
-        return 0 if word == 0 else len(target)
 
-    def covered(mark: Mark) -> list[int]:
-        return [i for i, (a, b) in enumerate(src_words) if a < mark.end and b > mark.start]
+class _Placement:
+    """One run's marks put back around its translation (`restore`), in two steps over what
+    this holds: `layout` (each mark's target words, outermost first) and `render` (the
+    target words written out with the tags between them, into `pieces`). It holds the
+    source words (spans of the run's text, a kept word cut where a mark cuts it), the
+    target words and the links between them, and lookups made once over them, so that
+    each question a step asks of the words (which a mark covers, the nearest linked word,
+    where the letters are) takes constant or logarithmic time however long the run is."""
 
-    def span(mark: Mark, lo: int, hi: int) -> tuple[int, int]:
-        """Target words [start, stop) for `mark`, inside [lo, hi)."""
-        words = covered(mark)
-        aligned = sorted({t for s in words for t in partners.get(s, [])})
-        if mark.atom or not aligned:
-            first = next((i for i, (a, _) in enumerate(src_words) if a >= mark.start), None)
-            at = anchor(len(src_words) if first is None else first)
-            at = min(max(at, lo), hi)
-            return at, at
-        first, last = _densest(aligned)
-        start, stop = max(first, lo), min(last + 1, hi)
-        return (start, stop) if start < stop else (min(start, hi), min(start, hi))
+    def __init__(self, text: str, marks: list[Mark], translation: Translation):
+        target = translation.text.split()
+        links = [(s, t) for s, t in translation.alignment or () if t < len(target)]
+        self.text = text
+        self.src_words, self.target, self.joined, links = _cut_kept_words(
+            text, marks, target, links
+        )
+        self.partners: dict[int, set[int]] = {}
+        for s, t in links:
+            self.partners.setdefault(s, set()).add(t)
+        self.bounds = {s: (min(ts), max(ts)) for s, ts in self.partners.items()}
+        self.starts = [a for a, _ in self.src_words]
+        self.ends = [b for _, b in self.src_words]
+        self.starting_at = {a: s for s, a in enumerate(self.starts)}
+        self.ending_at = {b: s for s, b in enumerate(self.ends)}
+        # the first linked source word at or after each word, and the last one before it
+        n = len(self.src_words)
+        self.linked_from: list[int | None] = [None] * (n + 1)
+        self.linked_before: list[int | None] = [None] * (n + 1)
+        for w in range(n - 1, -1, -1):
+            self.linked_from[w] = w if w in self.partners else self.linked_from[w + 1]
+        for w in range(1, n + 1):
+            linked = w - 1 in self.partners
+            self.linked_before[w] = w - 1 if linked else self.linked_before[w - 1]
+        self.letters = [m.start() for m in LETTER.finditer(text)]  # all in words
+        self.densest_of: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self.pieces: list[str] = []
+        self.spaced = False  # a word was written and no space since
 
-    def holds_all(mark: Mark, words: list[int]) -> bool:
-        """Whether `mark` holds every letter and digit of source `words` (its parent's)."""
-        letters = [i for w in words for i in range(*src_words[w]) if text[i].isalnum()]
-        return bool(letters) and mark.start <= letters[0] and letters[-1] < mark.end
+    def restore(self, marks: list[Mark]) -> str:
+        end = len(self.target)
+        self.render(self.layout(marks, 0, end, range(len(self.src_words))), 0, end)
+        return "".join(self.pieces)
+
+    # -- layout: each mark's target words ---------------------------------------------------
 
     def layout(
-        children: list[Mark], lo: int, hi: int, words: list[int]
+        self, children: list[Mark], lo: int, hi: int, words: range
     ) -> list[tuple[Mark, int, int, list]]:
         """Each child's target words, in target order, none overlapping the one before. A
         child that holds all its parent's source `words` holds all the parent's target
         words (alignments miss words, and a model adds some): its siblings go to the edge
         on their side of it."""
-        whole = next((m for m in children if not m.atom and holds_all(m, words)), None)
-
-        def where(mark: Mark) -> tuple[int, int]:
-            if whole is None:
-                return span(mark, lo, hi)
-            if mark is whole:
-                return lo, hi
-            edge = lo if mark.end <= whole.start else hi
-            return edge, edge
-
+        whole = next((m for m in children if not m.atom and self.holds_all(m, words)), None)
         spans = sorted(
-            ((where(m), k, m) for k, m in enumerate(children)),
+            ((self.where(m, whole, lo, hi), k, m) for k, m in enumerate(children)),
             key=lambda x: (x[0][0], x[0][1] > x[0][0], x[1]),
         )
         out, floor = [], lo
         for (start, stop), _, mark in spans:
             start = max(start, floor)
             stop = max(stop, start)
-            out.append((mark, start, stop, layout(mark.inner, start, stop, covered(mark))))
+            out.append(
+                (mark, start, stop, self.layout(mark.inner, start, stop, self.covered(mark)))
+            )
             floor = stop
         return out
 
-    def glue(mark: Mark, at: int) -> tuple[bool, bool]:
+    def where(self, mark: Mark, whole: Mark | None, lo: int, hi: int) -> tuple[int, int]:
+        if whole is None:
+            return self.span(mark, lo, hi)
+        if mark is whole:
+            return lo, hi
+        edge = lo if mark.end <= whole.start else hi
+        return edge, edge
+
+    def span(self, mark: Mark, lo: int, hi: int) -> tuple[int, int]:
+        """Target words [start, stop) for `mark`, inside [lo, hi)."""
+        run = None if mark.atom else self.densest(self.covered(mark))
+        if run is None:
+            at = self.anchor(bisect_left(self.starts, mark.start))
+            at = min(max(at, lo), hi)
+            return at, at
+        first, last = run
+        start, stop = max(first, lo), min(last + 1, hi)
+        return (start, stop) if start < stop else (min(start, hi), min(start, hi))
+
+    def covered(self, mark: Mark) -> range:
+        """The source words `mark` covers a character of."""
+        return range(bisect_right(self.ends, mark.start), bisect_left(self.starts, mark.end))
+
+    def densest(self, words: range) -> tuple[int, int] | None:
+        """The densest run of the target words linked to source `words` (`_densest`), or
+        None where none is linked; worked out once for each range of words (the marks
+        inside one word all cover that word)."""
+        key = (words.start, words.stop)
+        if key not in self.densest_of:
+            aligned = sorted({t for s in words for t in self.partners.get(s, ())})
+            self.densest_of[key] = _densest(aligned) if aligned else None
+        return self.densest_of[key]
+
+    def anchor(self, word: int) -> int:
+        """Where the gap before source word `word` falls in the target."""
+        at = min(word, len(self.src_words))
+        after, before = self.linked_from[at], self.linked_before[at]
+        if after is not None:
+            return self.bounds[after][0]
+        if before is not None:
+            return self.bounds[before][1] + 1
+        return 0 if word == 0 else len(self.target)
+
+    def holds_all(self, mark: Mark, words: range) -> bool:
+        """Whether `mark` holds every letter and digit of source `words` (its parent's)."""
+        if not words:
+            return False
+        first = bisect_left(self.letters, self.starts[words.start])
+        stop = bisect_left(self.letters, self.ends[words.stop - 1])
+        return (
+            first < stop and mark.start <= self.letters[first] and self.letters[stop - 1] < mark.end
+        )
+
+    # -- render: the target words with the tags between them -------------------------------
+
+    def render(self, laid: list, lo: int, hi: int) -> None:
+        at = lo
+        for mark, start, stop, inner in laid:
+            for t in range(at, start):
+                self.word(t)
+            at = max(at, start)
+            node = mark.node
+            left, right = self.glue(mark, start) if start == stop else (False, False)
+            if mark.atom:
+                self.opening(node.raw(), left)
+                self.spaced = not right
+                continue
+            self.opening(node.start, left or (start < stop and self.joined[start]))
+            self.render(inner, start, stop)
+            self.close(mark)
+            if start == stop:  # no words: it keeps the source's spacing, as an atom does
+                self.spaced = not right
+            at = max(at, stop)
+        for t in range(at, hi):
+            self.word(t)
+
+    def word(self, t: int) -> None:
+        if self.spaced and not self.joined[t]:
+            self.pieces.append(" ")
+        self.pieces.append(html.escape(self.target[t], quote=False))
+        self.spaced = True
+
+    def opening(self, raw: str, glued: bool = False) -> None:
+        if self.spaced and not glued:
+            self.pieces.append(" ")
+        self.spaced = False
+        self.pieces.append(raw)
+
+    def close(self, mark: Mark) -> None:
+        """Close an element: punctuation that ends its target words but not its source
+        text goes after the end tag."""
+        moved = ""
+        if self.pieces and not self.ends_in_punctuation(mark):
+            last = self.pieces[-1]
+            stripped = last.rstrip(PUNCT)
+            if stripped and stripped != last:
+                self.pieces[-1], moved = stripped, last[len(stripped) :]
+        self.pieces.append(mark.node.end + moved)
+
+    def ends_in_punctuation(self, mark: Mark) -> bool:
+        """Whether the source text `mark` covers ends, spaces aside, in punctuation: its
+        last character that is not a space is the last one of the last word (or piece)
+        that starts inside it."""
+        w = bisect_left(self.starts, mark.end) - 1
+        if w < 0:
+            return False
+        last = min(self.ends[w], mark.end) - 1
+        return last >= mark.start and self.text[last] in PUNCT
+
+    def glue(self, mark: Mark, at: int) -> tuple[bool, bool]:
         """Whether `mark`, with no target words of its own, touches the target words
         before and after `at` as it touched the source's: only a partner of the source
         word it touched, ending (before it) or starting (after it) as that word did, with
         a letter or digit or not (`{x}.` is not glued to "den" of "den Händen.")."""
-
-        def alike(s: int, t: int, side: int) -> bool:
-            a, b = src_words[s]
-            return t in partners.get(s, ()) and (
-                text[a:b][side].isalnum() == target[t][side].isalnum()
-            )
-
         left, right = mark.glued
-        for s, (a, b) in enumerate(src_words):
-            if b == mark.start:
-                left = left and alike(s, at - 1, -1)
-            if a == mark.end:
-                right = right and alike(s, at, 0)
+        before, after = self.ending_at.get(mark.start), self.starting_at.get(mark.end)
+        if before is not None:
+            left = left and self.alike(before, at - 1, -1)
+        if after is not None:
+            right = right and self.alike(after, at, 0)
         return left, right
 
-    pieces: list[str] = []
-    spaced = [False]  # a word was written and no space since
-
-    def word(t: int) -> None:
-        if spaced[0] and not joined[t]:
-            pieces.append(" ")
-        pieces.append(html.escape(target[t], quote=False))
-        spaced[0] = True
-
-    def opening(raw: str, glued: bool = False) -> None:
-        if spaced[0] and not glued:
-            pieces.append(" ")
-        spaced[0] = False
-        pieces.append(raw)
-
-    def render(laid: list, lo: int, hi: int) -> None:
-        at = lo
-        for mark, start, stop, inner in laid:
-            for t in range(at, start):
-                word(t)
-            at = max(at, start)
-            node = mark.node
-            left, right = glue(mark, start) if start == stop else (False, False)
-            if mark.atom:
-                opening(node.raw(), left)
-                spaced[0] = not right
-                continue
-            opening(node.start, left or (start < stop and joined[start]))
-            render(inner, start, stop)
-            _close(pieces, node.end, text[mark.start : mark.end])
-            if start == stop:  # no words: it keeps the source's spacing, as an atom does
-                spaced[0] = not right
-            at = max(at, stop)
-        for t in range(at, hi):
-            word(t)
-
-    render(layout(marks, 0, len(target), list(range(len(src_words)))), 0, len(target))
-    return "".join(pieces)
+    def alike(self, s: int, t: int, side: int) -> bool:
+        a, b = self.src_words[s]
+        return t in self.partners.get(s, ()) and (
+            self.text[a:b][side].isalnum() == self.target[t][side].isalnum()
+        )
 
 
 def _cut_kept_words(
@@ -630,7 +734,7 @@ def _cut_kept_words(
     that a tag inside such a word lands on the same characters (`H<sub>2</sub>O`)."""
     words = _words(text)
     links = [(s, t) for s, t in links if s < len(words) and t < len(target)]
-    cuts = {x for m in _every(marks) for x in (m.start, m.end)}
+    cuts = sorted({x for m in _every(marks) for x in (m.start, m.end)})
     partners: dict[int, list[int]] = {}
     sources: dict[int, list[int]] = {}
     for s, t in links:
@@ -640,7 +744,7 @@ def _cut_kept_words(
     first_src: list[int] = []  # each source word's first piece
     cut: dict[int, list[tuple[int, int]]] = {}  # a kept target word: its pieces' spans
     for s, (a, b) in enumerate(words):
-        inside = [x for x in sorted(cuts) if a < x < b]
+        inside = cuts[bisect_right(cuts, a) : bisect_left(cuts, b)]
         ts = partners.get(s, [])
         if inside and len(ts) == 1 and sources[ts[0]] == [s] and target[ts[0]] == text[a:b]:
             bounds = [a, *inside, b]
@@ -675,18 +779,6 @@ def _densest(words: list[int], gap: int = 1) -> tuple[int, int]:
             start = k
     _, _, first, last = max(runs)
     return first, last
-
-
-def _close(pieces: list[str], end: str, source: str) -> None:
-    """Close an element: punctuation that ends its target words but not its source text
-    goes after the end tag."""
-    moved = ""
-    if pieces and not source.rstrip().endswith(tuple(PUNCT)):
-        last = pieces[-1]
-        stripped = last.rstrip(PUNCT)
-        if stripped and stripped != last:
-            pieces[-1], moved = stripped, last[len(stripped) :]
-    pieces.append(end + moved)
 
 
 # ---- the whole document --------------------------------------------------------------------
@@ -810,14 +902,28 @@ def _cdata(text: str) -> str:
     )
 
 
-def _render_tree(node, replaced: dict[int, str]) -> str:
+def _render_tree(tree: Element, replaced: dict[int, str]) -> str:
+    """The document again, each node in `replaced` (by id) as written there."""
+    out: list[str] = []
+    _write_tree(tree, replaced, out)
+    return "".join(out)
+
+
+def _write_tree(node, replaced: dict[int, str], out: list[str]) -> None:
+    """`node` written into `out` (one list: each character copied once, however deep)."""
     if id(node) in replaced:
-        return replaced[id(node)]
-    if isinstance(node, Cdata):
-        return _cdata(html.unescape(_render_tree(node.children[0], replaced)))
-    if isinstance(node, Element):
-        return node.start + "".join(_render_tree(c, replaced) for c in node.children) + node.end
-    return node.raw()
+        out.append(replaced[id(node)])
+    elif isinstance(node, Cdata):  # its text, written as CDATA again
+        text: list[str] = []
+        _write_tree(node.children[0], replaced, text)
+        out.append(_cdata(html.unescape("".join(text))))
+    elif isinstance(node, Element):
+        out.append(node.start)
+        for c in node.children:
+            _write_tree(c, replaced, out)
+        out.append(node.end)
+    else:
+        out.append(node.raw())
 
 
 def tags(document: str, format: str = "html") -> list[str]:

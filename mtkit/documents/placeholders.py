@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 
 from mtkit.core.translation import Translation
 
@@ -48,29 +49,40 @@ def restore_numbers(translation: Translation) -> Translation:
 
     src_words, tgt_words = translation.source.split(), translation.text.split()
     wanted = [_digits(n) for n in NUMBER.findall(translation.source)]
-    have = [_digits(n) for n in NUMBER.findall(translation.text)]
+    have = {_digits(n) for n in NUMBER.findall(translation.text)}
     missing = [n for n in wanted if n not in have]
     if not missing:
         return translation
-    links = translation.alignment or ()
-    changed = False
+    known = set(wanted)
+    left = Counter(missing)  # how many of each number are still to be put back
+    partners: dict[int, list[int]] = {}
+    for s, t in translation.alignment or ():
+        if t < len(tgt_words):
+            partners.setdefault(s, []).append(t)
     for s, word in enumerate(src_words):
         for number in NUMBER.findall(word):
-            if _digits(number) not in missing:
+            if not left[_digits(number)]:
                 continue
-            for t in sorted(t for x, t in links if x == s and t < len(tgt_words)):
+            for t in sorted(partners.get(s, ())):
                 found = NUMBER.search(tgt_words[t])
-                if found and _digits(found.group()) not in wanted:
+                if found and _digits(found.group()) not in known:
                     tgt_words[t] = (
                         tgt_words[t][: found.start()] + number + tgt_words[t][found.end() :]
                     )
-                    missing.remove(_digits(number))
-                    changed = True
+                    left[_digits(number)] -= 1
                     break
-    if missing:
+    put_back = Counter(missing) - left  # (only what is above zero)
+    changed = bool(put_back)
+    if any(left.values()):
+        still = []  # in the source's order: a number put back was the first of its kind
+        for n in missing:
+            if put_back[n]:
+                put_back[n] -= 1
+            else:
+                still.append(n)
         log.warning(
             "a number of the source is not in its translation: %s (in %r)",
-            ", ".join(missing),
+            ", ".join(still),
             translation.source[:80],
         )
     return replace(translation, text=" ".join(tgt_words)) if changed else translation

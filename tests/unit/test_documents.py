@@ -192,6 +192,41 @@ def test_a_tag_inside_a_word_kept_as_it_was_stays_on_its_characters():
     )
 
 
+def _tagged(k: int, word: Callable[[str], str] = str) -> str:
+    """A piece of a long block: four tags (a link, a break, one element in another) and a
+    placeholder around numbered words (each as `word` gives it)."""
+    w, x, y, z, v = (word(f"{c}{k}") for c in "wxyzv")
+    return f'<a href="/{k}">{w}</a> {x}<br>{y} <i>{z} <b>{v}</b></i>{{n{k}}}'
+
+
+def _nested(k: int) -> str:
+    """A chain of 100 spans, each inside the one before, each with a word of its own."""
+    return "".join(f"<span>w{k}.{d} " for d in range(100)) + f"w{k}" + "</span>" * 100
+
+
+@pytest.mark.parametrize(
+    "document, translate, expected",
+    [
+        (  # each tag follows its word to the other end of the block
+            "<p>" + " ".join(f"<b>w{k}</b> x{k}" for k in range(20_000)) + "</p>",
+            reverse,
+            "<p>" + " ".join(f"x{k} <b>w{k}</b>" for k in reversed(range(20_000))) + "</p>",
+        ),
+        (
+            "<p>" + " ".join(_tagged(k) for k in range(5_000)) + "</p>",
+            upper,
+            "<p>" + " ".join(_tagged(k, str.upper) for k in range(5_000)) + "</p>",
+        ),
+        ("<p>" + " ".join(_nested(k) for k in range(200)) + "</p>", same, None),
+    ],
+    ids=["20000 tags reversed", "20000 tags and atoms", "20000 spans nested 100 deep"],
+)
+def test_a_block_of_20000_tags_comes_back_exactly(document, translate, expected):
+    # Correctness at scale, which also keeps placement linear without timing anything:
+    # placement that went over every word for every tag took minutes at this size.
+    assert translate_document(document, "html", translate).text == (expected or document)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_any_alignment_gives_well_formed_output_with_exactly_the_input_tags(seed):
     doc = (
