@@ -79,6 +79,10 @@ def atoms(n: int) -> str:
     return "<p>" + "".join(f"a{kinds[k % 4]}" + (" " if k % 3 else "") for k in range(n)) + "</p>"
 
 
+def entities(n: int) -> str:
+    return "<p>" + "a &amp; " * n + "</p>"
+
+
 SHAPES = {
     "inline": inline,
     "numbered": numbered,
@@ -87,6 +91,7 @@ SHAPES = {
     "wide-tag": wide_tag,
     "blocks": blocks,
     "atoms": atoms,
+    "entities": entities,
 }
 
 

@@ -136,6 +136,8 @@ class _Reader(HTMLParser):
         self.open = [self.root]
         self.problems: list[str] = []
         self._exact: Callable[[str], None] | None = None
+        self._run_node: Text | None = None  # the text being read, and its pieces so far
+        self._run: list[str] = []
 
     def updatepos(self, i: int, j: int) -> int:
         if self._exact is not None and j > i:
@@ -187,21 +189,32 @@ class _Reader(HTMLParser):
             super().set_cdata_mode(elem, **kwargs)
 
     def _add(self, node):
-        """Add `node` to the open element; a text next to a text joins it. Returns the
+        """Add `node` to the open element; a text next to a text joins it (entities arrive
+        as pieces of one text: the pieces are kept in a list, `_run`, and joined once by
+        `_end_run`, so a text of n entities is read in time linear in n). Returns the
         node that holds it."""
         children = self.open[-1].children
-        if isinstance(node, Text) and children and isinstance(children[-1], Text):
-            children[-1].source += node.source  # entities arrive as pieces of one text
-            return children[-1]
+        if isinstance(node, Text) and children and children[-1] is self._run_node:
+            self._run.append(node.source)
+            return self._run_node
+        self._end_run()
         children.append(node)
+        if isinstance(node, Text):
+            self._run_node, self._run = node, [node.source]
         return node
 
+    def _end_run(self) -> None:
+        """The text being read gets its pieces, joined."""
+        if self._run_node is not None:
+            self._run_node.source = "".join(self._run)
+            self._run_node, self._run = None, []
+
     def _text(self, guess: str) -> None:
-        node = self._add(Text(guess))
-        start = len(node.source) - len(guess)
+        self._add(Text(guess))
+        run, at = self._run, len(self._run) - 1
 
         def exact(raw: str) -> None:
-            node.source = node.source[:start] + raw
+            run[at] = raw
 
         self._exact = exact
 
@@ -314,6 +327,7 @@ def parse(document: str, format: str) -> Element:
             f"the {format.upper()} ends inside an unterminated tag or comment: {start[:40]!r}"
         )
     reader.close()
+    reader._end_run()
     left = [e.name for e in reader.open[1:]]
     if format == "xml" and (reader.problems or left):
         why = reader.problems[0] if reader.problems else f"<{left[-1]}> is never closed"
