@@ -52,6 +52,8 @@ def test_libretranslatepy_translates_detects_and_lists(server, expected):
         {"code": "de", "name": "German", "targets": []},
         {"code": "en", "name": "English", "targets": ["de"]},
     ]
+    status, settings = server.get("/frontend/settings")  # (libretranslatepy reads none)
+    assert status == 200 and settings["keyRequired"] is True and settings["charLimit"] == 20_000
     (found,) = lt.detect("A man is riding a bike and the dogs are playing.")
     assert found["language"] == "en" and 0 < found["confidence"] <= 100
     wrong = libretranslatepy.LibreTranslateAPI(f"http://127.0.0.1:{server.port}", api_key="x")
