@@ -455,6 +455,14 @@ def serve(
     max_chars: Annotated[
         int, typer.Option(help="Characters per request.", rich_help_panel=SERVER)
     ] = 20_000,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a request's body may take to arrive, then 408 (above 0, at most "
+            "3,600); at shutdown, 2 more at most, then 503.",
+            rich_help_panel=SERVER,
+        ),
+    ] = 30.0,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -505,7 +513,9 @@ def serve(
 
     with reported():
         api_key = _api_key(api_key)
-        limits = checked_limits(port, max_batch_tokens, max_wait_ms, max_lines, max_chars)
+        limits = checked_limits(
+            port, max_batch_tokens, max_wait_ms, max_lines, max_chars, body_timeout
+        )
         origins = checked_origins(cors_origin or ())
         terms = _glossary(glossary)
         # one batch at a time on all the threads: a server's batches are its requests',

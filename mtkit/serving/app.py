@@ -32,7 +32,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
 from mtkit.api import Translator as Api
 from mtkit.core.errors import OptionError, UserError, plural
@@ -55,11 +54,12 @@ from mtkit.core.translation import Translation
 from mtkit.engines.base import Translator
 from mtkit.engines.session import check_constraint_options, constraint_errors
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
-from mtkit.serving.scheduler import Batcher, Limits, Queued, ServeError
+from mtkit.serving.scheduler import SHUTTING_DOWN, Batcher, Limits, Queued, ServeError
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+DRAIN_BODY_S = 2.0  # how long a body still arriving at shutdown may take before a 503
 # Requests whose sessions run at once, each in a thread that mostly waits for the batcher.
 # asyncio's default pool has min(32, cores + 4) threads: 6 on two cores, so the batcher
 # saw at most 6 requests to batch together and the rest waited unseen, whatever the device.
@@ -155,29 +155,111 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read
-    (by its Content-Length) or while it is read (a chunked body)."""
+class BodyReader:
+    """ASGI middleware: a request's body is read whole before any route sees it, so that
+    every way a body can fail to arrive is answered here, once for every route and every
+    kind of body (JSON, a form), in the shape of the API asked (`refusal`):
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    - over `limits.max_body_bytes`: 413, by its Content-Length before it is read, or
+      while a chunked one is read;
+    - not all there `limits.body_timeout_s` after the request began: 408 (a client that
+      trickles its body holds its connection no longer);
+    - still arriving while the server shuts down (`draining`): DRAIN_BODY_S more at
+      most, then 503, so that shutdown waits for no slow client;
+    - the client leaves mid-body: no one to answer, and nothing to log.
+
+    A refusal before the body is whole closes the connection (what is left of the body
+    would be read as the next request). Routes then read the body from memory:
+    `request.body()` never raises ClientDisconnect."""
+
+    def __init__(self, app, limits: Limits, draining: Callable[[], bool]):
+        self.app, self.limits, self.draining = app, limits, draining
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers", [])).get(b"content-length", b"0")
-        too_large = refusal(scope["path"], 413, f"the request body is over {self.limit} bytes")
-        if not length.isdigit() or int(length) > self.limit:
-            return await too_large(scope, receive, send)
-        seen, started = 0, False
+        try:
+            body = await self._read(scope, receive)
+        except _Unread as e:
+            close = {"Connection": "close"}
+            return await refusal(scope["path"], e.status, str(e), close)(scope, receive, send)
+        except _ClientLeft:
+            return None
+        replayed = False
 
-        async def counted_receive():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
+        async def replay():
+            nonlocal replayed
+            if replayed:  # the body was read: what comes now is the client leaving
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, scope, receive) -> bytes:
+        """The request's body; `_Unread` (a status and why) or `_ClientLeft`."""
+        limit = self.limits.max_body_bytes
+        length = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > limit:
+            raise _Unread(413, f"the request body is over {limit} bytes")
+        deadline = time.monotonic() + self.limits.body_timeout_s
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            arriving = asyncio.ensure_future(receive())
+            try:  # waited for in slices: shutdown may bring the deadline nearer
+                while True:
+                    if self.draining():
+                        deadline = min(deadline, time.monotonic() + DRAIN_BODY_S)
+                    left = deadline - time.monotonic()
+                    if left <= 0:  # (a trickled body is late however often its bytes come)
+                        raise self._late()
+                    if (await asyncio.wait({arriving}, timeout=min(left, DISCONNECT_POLL_S)))[0]:
+                        break
+            finally:
+                arriving.cancel()  # (a no-op once it is done)
+            message = arriving.result()
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > limit:
+                raise _Unread(413, f"the request body is over {limit} bytes")
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _late(self) -> _Unread:
+        if self.draining():
+            return _Unread(503, SHUTTING_DOWN)
+        seconds = f"{self.limits.body_timeout_s:g}"
+        return _Unread(408, f"the request body did not arrive within {seconds} s (--body-timeout)")
+
+
+class _Unread(Exception):
+    """A body refused before it was read whole: its status, and why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class _ClientLeft(Exception):
+    pass
+
+
+class Answered:
+    """ASGI middleware: whatever fails inside a route is answered in the shape of the API
+    asked (`refusal`), never with a bare "Internal Server Error": an unexpected exception
+    is a bug, logged once with its traceback and answered 500. (A mistake in the request,
+    a `UserError`, is a 4xx: `_guard`'s handlers.)"""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
 
         async def tracked_send(message):
             nonlocal started
@@ -185,14 +267,13 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracked_send)
-        except _TooLarge:
-            if not started:
-                await too_large(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
+            await self.app(scope, receive, tracked_send)
+        except Exception:
+            if started:  # too late to answer: the server logs it and closes the connection
+                raise
+            log.exception("%s %s failed (a bug in mtkit)", scope["method"], scope["path"])
+            why = "internal error: the request failed in the server (a bug; its log says more)"
+            await refusal(scope["path"], 500, why)(scope, receive, send)
 
 
 @dataclass
@@ -370,8 +451,12 @@ def create_app(
         service.sessions.shutdown(wait=False)
 
     app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     _guard(app, api_key)
+    # (each added outside the last:) a body is read whole, or refused, before the key is
+    # asked for, as LibreTranslate's key may come inside it; and whatever fails in any of
+    # it is answered in the API's shape
+    app.add_middleware(BodyReader, limits=limits, draining=lambda: _draining(service))
+    app.add_middleware(Answered)
     if cors_origins:  # outermost: a preflight is answered before the key is asked for
         app.add_middleware(
             CORSMiddleware,
@@ -383,6 +468,11 @@ def create_app(
     _routes(app, service)
     add_routes(app, service, api_key)
     return app
+
+
+def _draining(service: Service) -> bool:
+    """Whether the server is shutting down (its batcher closed)."""
+    return service.batcher is not None and service.batcher.stopping
 
 
 def _guard(app: FastAPI, api_key: str | None) -> None:
@@ -404,11 +494,25 @@ def _guard(app: FastAPI, api_key: str | None) -> None:
 
     @app.exception_handler(ServeError)
     async def refused(request: Request, e: ServeError) -> JSONResponse:
-        return _error(e.status, str(e), e.field)
+        return _refused(request.url.path, e)
+
+    @app.exception_handler(UserError)
+    async def mistaken(request: Request, e: UserError) -> JSONResponse:
+        """A mistake in the request that a route did not turn into a ServeError itself."""
+        return _refused(request.url.path, ServeError(422, e.line(), getattr(e, "option", None)))
 
     @app.exception_handler(HTTPException)
     async def not_routed(request: Request, e: HTTPException) -> JSONResponse:
         return refusal(request.url.path, e.status_code, str(e.detail), e.headers)
+
+
+def _refused(path: str, e: ServeError) -> JSONResponse:
+    """A `ServeError` answered in the shape of the API that `path` is on: /v1's
+    {"error", "field"} with its status; LibreTranslate's and DeepL's (`refusal`) with 400
+    for 422, which they do not use."""
+    if path.startswith("/v1/"):
+        return _error(e.status, str(e), e.field)
+    return refusal(path, 400 if e.status == 422 else e.status, str(e))
 
 
 def _routes(app: FastAPI, service: Service) -> None:
@@ -420,11 +524,7 @@ def _routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/translate", openapi_extra={"requestBody": schema})
     async def translate(request: Request) -> dict:
         """Translate sentences; the answer keeps their order."""
-        try:
-            raw = await request.body()
-        except ClientDisconnect:  # the client left mid-body: no one to answer or log for
-            return Response(status_code=400)
-        body = parse_body(raw)
+        body = parse_body(await request.body())  # (read whole by `BodyReader`)
         service.check_size(body)
         opts = service.options(body)
         start = time.perf_counter()
@@ -494,10 +594,16 @@ def _entry(found: Translation, opts: SearchOptions) -> dict:
 
 
 MAX_WAIT_MS = 60_000  # serve --max-wait-ms: a minute is already far past any batching gain
+MAX_BODY_TIMEOUT_S = 3_600  # serve --body-timeout: an hour for 1 MB is a client that stalled
 
 
 def checked_limits(
-    port: int, max_batch_tokens: int | None, max_wait_ms: float, max_lines: int, max_chars: int
+    port: int,
+    max_batch_tokens: int | None,
+    max_wait_ms: float,
+    max_lines: int,
+    max_chars: int,
+    body_timeout: float = Limits.body_timeout_s,
 ):
     """The server's limits, each checked as `serve`'s options (max_batch_tokens None: 0,
     the engine's)."""
@@ -505,6 +611,10 @@ def checked_limits(
         raise OptionError(f"--port must be from 1 to 65535, got {port}")
     if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
         raise OptionError(f"--max-wait-ms must be from 0 to {MAX_WAIT_MS:,}, got {max_wait_ms}")
+    if not 0 < body_timeout <= MAX_BODY_TIMEOUT_S:  # nan fails too
+        raise OptionError(
+            f"--body-timeout must be above 0 and at most {MAX_BODY_TIMEOUT_S:,}, got {body_timeout}"
+        )
     for option, value in (
         ("max_batch_tokens", max_batch_tokens),
         ("max_lines", max_lines),
@@ -512,7 +622,9 @@ def checked_limits(
     ):
         if value is not None and value <= 0:
             raise OptionError(f"--{option.replace('_', '-')} must be above 0, got {value}")
-    return Limits(max_batch_tokens or 0, max_wait_ms, max_lines, max_chars)
+    return Limits(
+        max_batch_tokens or 0, max_wait_ms, max_lines, max_chars, body_timeout_s=body_timeout
+    )
 
 
 def checked_origins(origins: Sequence[str]) -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
     POST /translate        LibreTranslate: q (text or list), source (or auto), target,
                            format (text | html), alternatives, api_key
-    GET|POST /languages    LibreTranslate: [{code, name, targets}]
+    GET|POST /languages    LibreTranslate: [{code, name, targets}], every language the model
+                           reads or writes (one it only writes: the targets it has, often none)
+    GET /frontend/settings LibreTranslate: its web page's and clients' settings
     POST /detect           LibreTranslate: [{confidence, language}]
     POST /v2/translate     DeepL: text (list), target_lang, source_lang, tag_handling
                            (html | xml), split_sentences; header Authorization:
@@ -46,6 +48,9 @@ NAMES = {
     "sl": "Slovenian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }  # fmt: skip
 MAX_ALTERNATIVES = 16
+# LibreTranslate's default frontendTimeout: how long its web page waits after a keystroke
+# before it translates (ms). mtkit's own page translates on a button, so it has none.
+FRONTEND_TIMEOUT_MS = 500
 
 
 @dataclass
@@ -63,6 +68,10 @@ class Protocols:
 
     def sources(self) -> list[str]:
         return sorted({s for s, _ in self.pairs})
+
+    def languages(self) -> list[str]:
+        """Every language the model reads or writes."""
+        return sorted({lang for pair in self.pairs for lang in pair})
 
     def targets(self, source: str | None = None) -> list[str]:
         return sorted({t for s, t in self.pairs if source is None or s == source})
@@ -287,11 +296,36 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
 
     @_get_and_post(app, "/languages", "LibreTranslate")
     async def languages() -> list:
-        """LibreTranslate's languages: each source language and what it translates into."""
+        """LibreTranslate's languages: every language the model reads or writes, each with
+        what it translates into (none for one the model only writes), as LibreTranslate
+        lists every language it has loaded."""
         return [
-            {"code": s, "name": NAMES.get(s, s), "targets": protocols.targets(s)}
-            for s in protocols.sources()
+            {"code": lang, "name": NAMES.get(lang, lang), "targets": protocols.targets(lang)}
+            for lang in protocols.languages()
         ]
+
+    @app.get("/frontend/settings", tags=["LibreTranslate"])
+    async def frontend_settings() -> dict:
+        """LibreTranslate's settings for its web page and its clients: the characters a
+        request may hold, whether a key is needed, no files or suggestions (mtkit
+        translates text and markup in the request itself), and the languages a page
+        starts with (the model's first source language and its first target)."""
+        source = protocols.sources()[0]
+        target = protocols.targets(source)[0]
+        keyed = protocols.api_key is not None
+        return {
+            "charLimit": protocols.service.limits.max_chars,
+            "frontendTimeout": FRONTEND_TIMEOUT_MS,
+            "apiKeys": keyed,
+            "keyRequired": keyed,
+            "suggestions": False,
+            "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {
+                "source": {"code": source, "name": NAMES.get(source, source)},
+                "target": {"code": target, "name": NAMES.get(target, target)},
+            },
+        }
 
     @app.post("/detect", tags=["LibreTranslate"])
     async def detect(request: Request):

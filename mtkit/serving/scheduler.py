@@ -36,6 +36,7 @@ class Limits:
     max_lines: int = 64  # sentences per request
     max_chars: int = 20_000  # characters per request, all sentences together
     max_body_bytes: int = 1 << 20  # request body
+    body_timeout_s: float = 30.0  # how long a request's body may take to arrive (then 408)
     max_queued_lines: int = 20_000  # sentences waiting; beyond this requests get 503
 
 
@@ -166,6 +167,11 @@ class Batcher:
         job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
         self._queue.put(job)
         return job.future
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `close` was called: the server is shutting down."""
+        return self._stopping
 
     @property
     def waiting_lines(self) -> int:

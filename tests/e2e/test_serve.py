@@ -509,3 +509,15 @@ def test_every_waiting_request_reaches_the_batcher_at_once(translator):
 
     assert asyncio.run(forty()) == 40
     service.sessions.shutdown()
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "nan", "3601"])
+def test_a_body_timeout_out_of_range_is_refused_in_one_line(trained, given):
+    result = CliRunner().invoke(
+        cli_app,
+        ["serve", "-m", str(trained / "run" / "checkpoints" / "best.pt"), "--body-timeout", given],
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: --body-timeout must be above 0 and at most 3,600, got {float(given)}"
+    )

@@ -4,6 +4,7 @@ answered with a status that says what happened."""
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
@@ -54,16 +55,114 @@ def test_sigterm_under_a_backlog_finishes_a_round_answers_the_rest_503_and_exits
     assert 503 in statuses and 200 in statuses
 
 
+JSON, FORM = "application/json", "application/x-www-form-urlencoded"
+HALF_BODIES = [  # every route that reads a body, and both kinds the protocols take
+    ("/v1/translate", JSON, b'{"text": ['),
+    ("/translate", JSON, b'{"q": "A dog'),
+    ("/translate", FORM, b"q=A+dog&sour"),
+    ("/detect", FORM, b"q=A+d"),
+    ("/v2/translate", JSON, b'{"text": ["A'),
+    ("/v2/translate", FORM, b"text=A+dog&target_l"),
+    ("/v2/languages", FORM, b"type=tar"),
+]
+
+
+def half_request(path: str, kind: str, part: bytes, length: int = 1000) -> bytes:
+    """A POST's headers, announcing `length` bytes of body, and the `part` of it sent."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode() + part
+
+
 def test_a_client_that_leaves_mid_body_is_no_traceback(trained):
+    """On every route, JSON or a form: the client that leaves mid-body is no one to answer
+    and no error to log (LibreTranslate's and DeepL's logged a ClientDisconnect)."""
     server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
-    with socket.create_connection(("127.0.0.1", server.port)) as half:
-        half.sendall(
-            b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
-            b'application/json\r\nContent-Length: 1000\r\n\r\n{"text": ['
-        )
+    for path, kind, part in HALF_BODIES:
+        with socket.create_connection(("127.0.0.1", server.port)) as half:
+            half.sendall(half_request(path, kind, part))
     assert server.translate(["A dog."])[0]  # served on
     code, err = server.stop()
     assert code == 0 and "Traceback" not in err and "ClientDisconnect" not in err, err[-2000:]
+    assert "Exception" not in err and "ERROR" not in err, err[-2000:]
+
+
+def trickle(port: int, path: str, kind: str, body: bytes, answers: list) -> None:
+    """Send a request's body a byte every 0.2 s (a slowloris) until the server answers or
+    closes, and put what came back in `answers`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as c:
+        c.sendall(half_request(path, kind, b"", len(body)))
+        try:
+            for byte in body:
+                if select.select([c], [], [], 0.2)[0]:  # answered before the body ended
+                    break
+                c.sendall(bytes([byte]))
+        except OSError:  # closed as it answered: the answer is still there to read
+            pass
+        got = b""
+        try:
+            while chunk := c.recv(4096):
+                got += chunk
+        except OSError as e:
+            got = got or repr(e).encode()
+        answers.append(got)
+
+
+LT_BODY = b'{"q": "' + b"A dog runs. " * 12 + b'", "source": "en", "target": "de"}'
+DEEPL_BODY = b'{"text": ["' + b"A dog runs. " * 12 + b'"], "target_lang": "DE"}'
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_in_the_apis_shape(trained):
+    """With --body-timeout 1, a body trickled over half a minute gets 408 after about a second (in
+    each API's shape), and the connection is closed; others are served meanwhile."""
+    server = LocalServer(
+        trained / "run" / "checkpoints" / "best.pt", "--device", "cpu", "--body-timeout", "1"
+    )
+    answers: list = []
+    slow = [
+        threading.Thread(target=trickle, args=(server.port, path, JSON, body, answers))
+        for path, body in (("/translate", LT_BODY), ("/v2/translate", DEEPL_BODY))
+    ]
+    start = time.monotonic()
+    for t in slow:
+        t.start()
+    assert server.translate(["A dog."])[0]
+    for t in slow:
+        t.join(timeout=60)
+    assert time.monotonic() - start < 20  # (1 s and a poll; each body would take 37 s)
+    lt, deepl = sorted(answers, key=lambda a: b"message" in a)
+    for answer, key in ((lt, "error"), (deepl, "message")):
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+        assert (
+            body
+            == (
+                f'{{"{key}":"the request body did not arrive within 1 s (--body-timeout)"}}'
+            ).encode()
+        )
+    code, err = server.stop()
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+
+
+def test_sigterm_while_a_client_trickles_its_body_exits_within_seconds(trained):
+    """Shutdown waits for no slow client: a body still arriving at SIGTERM (the default
+    --body-timeout, 30 s) gets 503 two seconds later, and the server exits 0 (it waited
+    out uvicorn's 60 s graceful timeout, or the whole body)."""
+    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
+    answers: list = []
+    slow = threading.Thread(
+        target=trickle, args=(server.port, "/translate", JSON, LT_BODY, answers)
+    )
+    slow.start()
+    time.sleep(1)  # the body is arriving (for 37 s)
+    start = time.monotonic()
+    code, err = server.stop()
+    assert time.monotonic() - start < 15, "shutdown waited for the slow client"
+    slow.join(timeout=60)
+    assert code == 0 and "Traceback" not in err and "ERROR" not in err, err[-2000:]
+    assert answers and answers[0].startswith(b"HTTP/1.1 503 "), answers
+    assert answers[0].endswith(b'{"error":"the server is shutting down; retry shortly"}')
 
 
 def test_a_stop_signal_delivered_to_another_thread_still_stops_the_model_thread(trained):
