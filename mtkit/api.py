@@ -23,7 +23,6 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
 
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.languages import check_target
@@ -35,8 +34,6 @@ from mtkit.engines.base import Translator as Engine
 from mtkit.engines.session import into_language, translate_requests
 
 Error = UserError  # the base of every error mtkit raises for its caller's input
-Format = Literal["text", "html", "xml", "srt", "po"]
-FORMATS = ("text", "html", "xml", "srt", "po")
 
 
 class Translator:
@@ -126,7 +123,7 @@ class Translator:
         constraints: Sequence[Sequence[str | Sequence[str]]] | None = None,
         glossary: Glossary | None = None,
         tgt_lang: str | None = None,
-        format: Format = "text",
+        format: str = "text",
         split: bool | None = None,
         alignments: bool = False,
         align_layer: int | None = None,
@@ -137,9 +134,9 @@ class Translator:
         must contain (each a phrase or a list of alternative phrases); a `glossary`
         (`mtkit.core.terms.Glossary.read`) adds its terms' wherever a text holds one.
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
-        or a document's: html / xml, whose tags are carried through
-        (`mtkit.documents.markup`; a text is a document or a fragment of one), srt
-        subtitles, a gettext po catalogue (`mtkit.documents`). `split` (None: the checkpoint's
+        or a document format's name (`mtkit.documents.formats.FORMATS`): html / xml, whose
+        tags are carried through (`mtkit.documents.markup`; a text is a document or a
+        fragment of one), srt subtitles, a gettext po catalogue. `split` (None: the checkpoint's
         decode.split): a text of several sentences is translated sentence by sentence.
         `alignments`: word links in each result, from the cross-attention of decoder
         layer `align_layer` (None: the last; a model trained with guided alignment: its
@@ -185,14 +182,18 @@ class Translator:
         constraints: list[list[tuple[str, ...]]] | None = None,
         glossary: Glossary | None = None,
         tgt_lang: str | None = None,
-        format: Format = "text",
+        format: str = "text",
         split: bool | None = None,
         batch_tokens: int | None = None,
     ) -> list[Translation]:
         """`translate`, with the search given as `SearchOptions` already checked (the
         CLI's, whose errors name its flags) and constraints as the session takes them."""
-        if format not in FORMATS:
-            raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        from mtkit.documents.formats import FORMATS, translate_documents
+
+        if format not in ("text", *FORMATS):
+            raise OptionError(
+                f"format must be one of {', '.join(('text', *FORMATS))}, got {format!r}"
+            )
         if format != "text" and opts.nbest > 1:  # (as `translate --nbest --format html`)
             raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
         settings = _Settings(
@@ -206,24 +207,9 @@ class Translator:
             return self._text(_texts("texts", texts), settings, constraints)
         if constraints is not None:
             raise OptionError("constraints are for text; a document's terms go in a glossary")
-        documents = _texts("texts", texts)
-        if format in ("html", "xml"):  # every run of every document in one batch
-            from mtkit.documents.markup import finish, prepare, summary
-
-            prepared = [prepare(d, format) for d in documents]
-            runs = self._text([t for p in prepared for t in p.texts], settings, None)
-            out, at = [], 0
-            for document, p in zip(documents, prepared, strict=True):
-                mine = runs[at : at + len(p.texts)]
-                out.append(summary(document, finish(p, mine), mine))
-                at += len(p.texts)
-            return out
-        from mtkit.documents.formats import translate_document
-
-        return [
-            translate_document(d, format, lambda runs: self._text(runs, settings, None))
-            for d in documents
-        ]
+        return translate_documents(  # every text of every document in a round in one batch
+            _texts("texts", texts), format, lambda runs: self._text(runs, settings, None)
+        )
 
     def translate_iter(
         self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options
@@ -458,10 +444,12 @@ def translate_file(
 
     if written.document:
         from mtkit.core.atomic import write_atomic
-        from mtkit.core.textio import document_encoding, read_document, write_document
+        from mtkit.core.textio import read_document
+        from mtkit.documents.formats import FORMATS
 
+        document = FORMATS[written.kind]
         data = input.read_bytes() if input else sys.stdin.buffer.read()
-        encoding = document_encoding(data, written.kind)
+        encoding = document.encoding(data)
         text = read_document(data, encoding)
         (result,) = Translator(engine).translate_with(
             [text],
@@ -472,7 +460,7 @@ def translate_file(
             split=split,
             batch_tokens=batch_tokens,
         )
-        payload = write_document(result.text, encoding, written.kind)
+        payload = document.written(result.text, encoding)
         if output:
             write_atomic(output, payload)
         else:

@@ -25,6 +25,7 @@ from mtkit.core.terms import (
     Glossary,
     read_constraints,
 )
+from mtkit.documents.formats import FORMATS, listed, output_format
 from mtkit.engines.base import Translator
 
 # The headings `--help` groups the options under (Typer's rich help panels).
@@ -108,7 +109,7 @@ OutputOpt = Annotated[
 FormatOpt = Annotated[
     Opt[str],
     typer.Option(
-        help="text or jsonl (a line in, a line out), or a document's: html, xml, srt or po "
+        help=f"text or jsonl (a line in, a line out), or a document's: {listed([*FORMATS])} "
         "(default: -i's suffix says, else text).",
         rich_help_panel=IO,
     ),
@@ -224,11 +225,11 @@ def translate(
     With -o the output file is replaced only when every line is translated."""
     from mtkit.api import translate_file
     from mtkit.core.languages import check_target
-    from mtkit.core.textio import OutputFormat, read_lines
+    from mtkit.core.textio import read_lines
 
     input, output = dash(input), dash(output)
     with reported():
-        written = OutputFormat(format or _suffix_format(input), scores)
+        written = output_format(format or None, input, scores)
         _refuse_overwriting_inputs(
             output,
             {
@@ -298,13 +299,6 @@ def translate(
             tgt_lang=tgt_lang,
             split=split,
         )
-
-
-def _suffix_format(input: Path | None) -> str:
-    """A document's format from its file's suffix (`textio.DOCUMENTS`), else text."""
-    from mtkit.core.textio import DOCUMENTS
-
-    return DOCUMENTS.get(input.suffix.lower(), "text") if input else "text"
 
 
 def _refuse_overwriting_inputs(

@@ -21,7 +21,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 from mtkit.core.errors import OptionError, nearest, plural
 from mtkit.core.hypothesis import pharaoh
@@ -57,7 +57,10 @@ BINARY = (
     (b"GIF89a", "a GIF image"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office file (a .doc, .xls, .ppt...?)"),
 )
-TRANSLATED = "mtkit translates text, html, xml, srt and po"  # (what a refusal says)
+# What a refusal says mtkit translates: text, and the document formats of
+# `mtkit.documents.formats`, which this layer is below (tests/unit/test_documents.py holds
+# the two together)
+TRANSLATED = "mtkit translates text, html, xml, srt and po"
 
 
 def line_count(stream: BinaryIO) -> int:
@@ -71,15 +74,7 @@ def line_count(stream: BinaryIO) -> int:
     return lines + (last != b"\n")
 
 
-DOCUMENTS = {
-    ".html": "html",
-    ".htm": "html",
-    ".xhtml": "xml",
-    ".xml": "xml",
-    ".srt": "srt",
-    ".po": "po",
-    ".pot": "po",
-}  # a document's format, by its file's suffix
+LINES = ("text", "jsonl")  # the formats read line by line (every other is a document's)
 
 
 @dataclass(frozen=True)
@@ -87,21 +82,16 @@ class OutputFormat:
     """How input is read and results are written: `text` (a line in, a line out: the
     translation, then with `scores` a tab and the confidence, with alignments a tab and
     the links; n-best as 'i ||| text ||| score'), `jsonl` (one record per input line),
-    or a document's format (html, xml, srt, po: the whole input is one document,
-    translated by `mtkit.documents`)."""
+    or a document format's name (the whole input is one document, translated by
+    `mtkit.documents`; the names, and the check of one, are
+    `mtkit.documents.formats`')."""
 
-    kind: Literal["text", "jsonl", "html", "xml", "srt", "po"] = "text"
+    kind: str = "text"
     scores: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("text", "jsonl", *sorted(set(DOCUMENTS.values()))):
-            raise OptionError(
-                f"--format must be text, jsonl, html, xml, srt or po, got {self.kind!r}"
-            )
 
     @property
     def document(self) -> bool:
-        return self.kind not in ("text", "jsonl")
+        return self.kind not in LINES
 
 
 TEXT = OutputFormat()
@@ -160,17 +150,6 @@ def read_chunks(
         yield [_decode(bounded(bytes(pending)))]
 
 
-# Where a document says what encoding it is in, in its first bytes: an XML declaration
-# (xml, and XHTML read as html), an HTML <meta> tag, a gettext header's Content-Type.
-DECLARED = {
-    "xml": re.compile(rb"\A\s*<\?xml[^>]*?\bencoding\s*=\s*[\"']([\w.:-]+)"),
-    "html": re.compile(
-        rb"\A\s*<\?xml[^>]*?\bencoding\s*=\s*[\"']([\w.:-]+)"
-        rb"|<meta\b[^>]*?\bcharset\s*=\s*[\"']?([\w.:-]+)",
-        re.IGNORECASE,
-    ),
-    "po": re.compile(rb"\"Content-Type:[^\"]*?charset=([\w.:-]+)", re.IGNORECASE),
-}
 DECLARED_WITHIN = 4096  # bytes of a document searched for its declaration
 
 
@@ -196,22 +175,23 @@ def _holds_nul(where: str, encoding: str) -> str:
     )
 
 
-def document_encoding(data: bytes, format: str) -> str:
-    """The encoding a `format` document in `data` is read and written in: the one it
-    declares (a template's "CHARSET" is none), else UTF-8; where it starts with a
-    byte-order mark, the encoding that mark names (UTF-8's as "utf-8-sig"; UTF-16's and
-    UTF-32's with their byte order), so that the translation starts with one too. A
-    declaration is read from ASCII bytes, so one of UTF-16 or UTF-32 (without a mark)
-    is read as UTF-8, as the HTML standard reads it. A declared encoding Python does not
-    know, or a codec that is not a text encoding (hex, base64, rot13, zlib), is one
-    line; so is binary input (`refuse_binary`)."""
+def document_encoding(data: bytes, declared: re.Pattern[bytes] | None) -> str:
+    """The encoding a document in `data` is read and written in: the one it declares
+    where its format's `declared` (`mtkit.documents.formats`) finds it in its first
+    `DECLARED_WITHIN` bytes (a template's "CHARSET" is none), else UTF-8; where it
+    starts with a byte-order mark, the encoding that mark names (UTF-8's as
+    "utf-8-sig"; UTF-16's and UTF-32's with their byte order), so that the translation
+    starts with one too. A declaration is read from ASCII bytes, so one of UTF-16 or
+    UTF-32 (without a mark) is read as UTF-8, as the HTML standard reads it. A declared
+    encoding Python does not know, or a codec that is not a text encoding (hex, base64,
+    rot13, zlib), is one line; so is binary input (`refuse_binary`)."""
     refuse_binary(data)
     if data.startswith(BOM):
         return "utf-8-sig"
     for mark, name in WIDE_BOMS.items():
         if data.startswith(mark):
             return name
-    found = DECLARED.get(format, re.compile(b"(?!)")).search(data[:DECLARED_WITHIN])
+    found = declared.search(data[:DECLARED_WITHIN]) if declared else None
     name = next((g for g in found.groups() if g), b"").decode("ascii") if found else ""
     if not name or name.upper() == "CHARSET":
         return "utf-8"
@@ -239,16 +219,15 @@ def read_document(data: bytes, encoding: str = "utf-8") -> str:
     return text
 
 
-def write_document(text: str, encoding: str, format: str) -> bytes:
-    """A translated `format` document's bytes, in the encoding its source was read in
+def write_document(text: str, encoding: str, references: bool) -> bytes:
+    """A translated document's bytes, in the encoding its source was read in
     (`document_encoding`); in UTF-16 or UTF-32, after the byte-order mark it was read
-    with. A character that encoding cannot hold is a character reference in markup
-    (html, xml), else one line."""
-    markup = format in ("html", "xml")
+    with. A character that encoding cannot hold is a character reference where the
+    format has them (`references`: markup), else one line."""
     if encoding in WIDE_BOMS.values():
         text = "\ufeff" + text
     try:
-        return text.encode(encoding, errors="xmlcharrefreplace" if markup else "strict")
+        return text.encode(encoding, errors="xmlcharrefreplace" if references else "strict")
     except UnicodeEncodeError as e:
         raise OptionError(
             f"the translation holds {text[e.start]!r}, which the document's encoding "

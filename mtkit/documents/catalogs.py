@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 from mtkit.core.errors import UserError
-from mtkit.documents.messages import Translate, translate_messages
+from mtkit.documents import messages
+from mtkit.documents.rounds import Rounds
 
 NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
 MOST_FORMS = 8  # the most plural forms of any language gettext knows is 6
@@ -27,8 +28,9 @@ class CatalogError(UserError, ValueError):
     """A .po file that cannot be read (one line)."""
 
 
-def translate_po(document: str, translate: Translate) -> str:
-    """The .po `document` with its untranslated messages translated with `translate`."""
+def rounds(document: str) -> Rounds[str]:
+    """The .po `document` with its untranslated messages translated
+    (`mtkit.documents.rounds.Rounds`, one round)."""
     import polib
 
     lines = document.splitlines(keepends=True)
@@ -59,7 +61,7 @@ def translate_po(document: str, translate: Translate) -> str:
     if not todo:  # (a header, comments or nothing at all: the file as it was)
         return document
     texts = [x for e in todo for x in ([e.msgid, e.msgid_plural] if e.msgid_plural else [e.msgid])]
-    translated = iter(_translate_lines(texts, translate))
+    translated = iter((yield from _translate_lines(texts)))
     for e in todo:
         if e.msgid_plural:
             one, many = next(translated), next(translated)
@@ -69,12 +71,12 @@ def translate_po(document: str, translate: Translate) -> str:
     return "".join(_with_msgstrs(lines, todo))
 
 
-def _translate_lines(messages: list[str], translate: Translate) -> list[str]:
-    """`translate_messages`, each line of a message (and each column of a line, between
-    tabs) a text of its own: a message's layout (a usage text's blank lines, a leading or
-    trailing newline, a tab before a value) is kept exactly."""
-    pieces = [SEPARATOR.split(m) for m in messages]  # text, separator, text, ...
-    translated = iter(translate_messages([t for p in pieces for t in p[::2]], translate))
+def _translate_lines(texts: list[str]) -> Rounds[list[str]]:
+    """`mtkit.documents.messages.rounds`, each line of a message (and each column of a
+    line, between tabs) a text of its own: a message's layout (a usage text's blank
+    lines, a leading or trailing newline, a tab before a value) is kept exactly."""
+    pieces = [SEPARATOR.split(m) for m in texts]  # text, separator, text, ...
+    translated = iter((yield from messages.rounds([t for p in pieces for t in p[::2]])))
     return ["".join(x if k % 2 else next(translated) for k, x in enumerate(p)) for p in pieces]
 
 

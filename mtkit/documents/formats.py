@@ -1,48 +1,144 @@
-"""A document in one of the formats people send, translated: the one entry to
-`mtkit.documents` for the API and the CLI."""
+"""The one table of document formats (`FORMATS`): a record per format, knowing its own
+facts (its name, its files' suffixes, the package that reads it and the extra that
+installs it, where a document declares its encoding, how it is translated), and the
+one dispatch (`translate_documents`: documents of a format in, their translations
+out) that the API, the CLI and the server take. Nothing else names the formats: each
+reads them here (the names `--format` and `format=` take, a file's format by its suffix,
+the help and the errors that list them).
+
+This table lives here, above `mtkit.core`, because a record holds how its documents are
+translated (this package's code); what `mtkit.core.textio` does with a document's bytes
+(its encoding, written back) is given the record's facts as arguments."""
 
 from __future__ import annotations
 
-from mtkit.core.errors import UserError
-from mtkit.core.translation import Translation
-from mtkit.documents.messages import Translate
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
-FORMATS = ("html", "xml", "srt", "po")
-PACKAGES = {"srt": "srt", "po": "polib"}  # what reads each format, from mtkit[documents]
+from mtkit.core.errors import OptionError, UserError
+from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
+from mtkit.core.translation import Translation
+from mtkit.documents import catalogs, markup, subtitles
+from mtkit.documents.rounds import Rounds, Translate, translate_rounds
+
+# An XML declaration's encoding (an XML document's, and an XHTML page's read as html)
+XML_DECLARED = rb"\A\s*<\?xml[^>]*?\bencoding\s*=\s*[\"']([\w.:-]+)"
 
 
 class MissingExtra(UserError, ImportError):
     """A format whose package is not installed (one line: what to install)."""
 
 
-def translate_document(document: str, format: str, translate: Translate) -> Translation:
-    """`document` translated with `translate` (texts in, `Translation`s with word
-    alignments out, in order; called once with every text the document holds)."""
-    from mtkit.documents.markup import summary, translate_markup
+@dataclass(frozen=True)
+class DocumentFormat:
+    """One document format: its `name` (`--format`, `format=`), the `suffixes` of its
+    files (lower case), how a document of it is translated (`rounds`: a document's text
+    in, `mtkit.documents.rounds.Rounds` out), the `package` that reads it and the
+    `extra` that installs it (None: mtkit's own reader), where its first bytes declare
+    their encoding (`declared`, None: nowhere), and whether a character its encoding
+    cannot hold is written as a character reference (`references`: markup)."""
 
-    if format in ("html", "xml"):
-        return translate_markup(document, format, translate)
-    if format in PACKAGES:
+    name: str
+    suffixes: tuple[str, ...]
+    rounds: Callable[[str], Rounds[str]]
+    package: str | None = None
+    extra: str | None = None
+    declared: re.Pattern[bytes] | None = None
+    references: bool = False
+
+    def check_installed(self) -> None:
+        """One line (`MissingExtra`) where the package that reads the format is missing."""
+        if self.package is None:
+            return
         try:
-            __import__(PACKAGES[format])
+            __import__(self.package)
         except ImportError:
             raise MissingExtra(
-                f"--format {format} needs the {PACKAGES[format]} package: "
-                "pip install 'mtkit[documents]'"
+                f"--format {self.name} needs the {self.package} package: "
+                f"pip install 'mtkit[{self.extra}]'"
             ) from None
-    done: list[Translation] = []
 
-    def kept(texts: list[str]) -> list[Translation]:
-        found = translate(texts)
-        done.extend(found)
-        return found
+    def encoding(self, data: bytes) -> str:
+        """The encoding a document of this format in `data` is read and written in."""
+        return document_encoding(data, self.declared)
 
-    if format == "srt":
-        from mtkit.documents.subtitles import translate_srt
+    def written(self, text: str, encoding: str) -> bytes:
+        """A translated document's bytes, in the `encoding` its source was read in."""
+        return write_document(text, encoding, self.references)
 
-        return summary(document, translate_srt(document, kept), done)
-    if format == "po":
-        from mtkit.documents.catalogs import translate_po
 
-        return summary(document, translate_po(document, kept), done)
-    raise ValueError(f"unknown document format {format!r}")
+FORMATS = {
+    f.name: f
+    for f in (
+        DocumentFormat(
+            "html",
+            (".html", ".htm"),
+            partial(markup.rounds, format="html"),
+            declared=re.compile(
+                XML_DECLARED + rb"|<meta\b[^>]*?\bcharset\s*=\s*[\"']?([\w.:-]+)", re.I
+            ),
+            references=True,
+        ),
+        DocumentFormat(
+            "xml",
+            (".xhtml", ".xml"),
+            partial(markup.rounds, format="xml"),
+            declared=re.compile(XML_DECLARED),
+            references=True,
+        ),
+        DocumentFormat("srt", (".srt",), subtitles.rounds, package="srt", extra="documents"),
+        DocumentFormat(
+            "po",
+            (".po", ".pot"),
+            catalogs.rounds,
+            package="polib",
+            extra="documents",
+            declared=re.compile(rb"\"Content-Type:[^\"]*?charset=([\w.:-]+)", re.I),
+        ),
+    )
+}
+
+
+def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
+    """Names as a sentence lists them: "html, xml, srt or po"."""
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def output_format(
+    name: str | None, input: Path | None = None, scores: bool = False
+) -> OutputFormat:
+    """`translate --format NAME` (None: the format of `input`'s suffix, else text) as
+    an `OutputFormat`; one line where NAME is no format."""
+    if name is None:
+        name = next(
+            (f.name for f in FORMATS.values() if input and input.suffix.lower() in f.suffixes),
+            "text",
+        )
+    if name not in (*LINES, *FORMATS):
+        raise OptionError(f"--format must be {listed([*LINES, *FORMATS])}, got {name!r}")
+    return OutputFormat(name, scores)
+
+
+def translate_documents(
+    documents: list[str], format: str, translate: Translate
+) -> list[Translation]:
+    """Each of `documents` (of `format`) translated with `translate` (texts in,
+    `Translation`s with word alignments out, in order): the texts every document wants
+    in a round go to one call (`translate_rounds`). Each result's `sentences` are the
+    translations of its texts, its scores theirs, weighted by tokens (`markup.summary`)."""
+    known = FORMATS[format]
+    known.check_installed()
+    done = translate_rounds([known.rounds(d) for d in documents], translate)
+    return [
+        markup.summary(document, text, parts)
+        for document, (text, parts) in zip(documents, done, strict=True)
+    ]
+
+
+def translate_document(document: str, format: str, translate: Translate) -> Translation:
+    """One document translated (`translate_documents`)."""
+    (translated,) = translate_documents([document], format, translate)
+    return translated

@@ -24,7 +24,7 @@ import html
 import logging
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from itertools import pairwise
@@ -837,15 +837,12 @@ def finish(prepared: Prepared, translated: list[Translation]) -> str:
     return _render_tree(prepared.tree, replaced)
 
 
-def translate_markup(
-    document: str, format: str, translate: Callable[[list[str]], list[Translation]]
-) -> Translation:
-    """`document` (html or xml) translated run by run with `translate` (texts in,
-    `Translation`s with word alignments out, in order; all the runs in one call), its
-    tags carried through. The result's `sentences` are the runs' translations."""
+def rounds(document: str, format: str) -> Generator[list[str], list[Translation], str]:
+    """`document` (html or xml) translated run by run, its tags carried through
+    (`mtkit.documents.rounds.Rounds`: every run in one round)."""
     prepared = prepare(document, format)
-    translated = translate(prepared.texts) if prepared.texts else []
-    return summary(document, finish(prepared, translated), translated)
+    translated = yield prepared.texts
+    return finish(prepared, translated)
 
 
 def summary(source: str, text: str, parts: list[Translation]) -> Translation:

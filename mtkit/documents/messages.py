@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from mtkit.core.translation import Translation
 from mtkit.documents.markup import Prepared, finish, prepare
+from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
 TAGGED = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>")  # a tag in a message
-Translate = Callable[[list[str]], list[Translation]]
 
 
 def _outside_tags(text: str, change: Callable[[str], str]) -> str:
@@ -43,15 +43,21 @@ class Message:
         return _outside_tags(finish(self.prepared, translated), html.unescape)
 
 
-def translate_messages(messages: list[str], translate: Translate) -> list[str]:
+def rounds(messages: list[str]) -> Rounds[list[str]]:
     """Each message translated, its tags and placeholders carried through; all in one
-    call of `translate` (texts in, `Translation`s with word alignments out)."""
+    round."""
     read = [Message.read(m) for m in messages]
-    texts = [t for m in read for t in m.prepared.texts]
-    translated = translate(texts) if texts else []
+    translated = yield [t for m in read for t in m.prepared.texts]
     out, at = [], 0
     for m in read:
         n = len(m.prepared.texts)
         out.append(m.written(translated[at : at + n]))
         at += n
+    return out
+
+
+def translate_messages(messages: list[str], translate: Translate) -> list[str]:
+    """Each message translated (`rounds`) with `translate` (texts in, `Translation`s
+    with word alignments out), in one call."""
+    ((out, _),) = translate_rounds([rounds(messages)], translate)
     return out

@@ -16,8 +16,10 @@ import re
 
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
-from mtkit.documents.messages import TAGGED, Translate, translate_messages
+from mtkit.documents import messages
+from mtkit.documents.messages import TAGGED
 from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
+from mtkit.documents.rounds import Rounds
 
 SENTENCE_END = re.compile(r"[.!?…。！？][\"'»”’)\]]*$")
 MOST_CUES = 4  # a sentence spreads over at most this many cues before it is cut
@@ -29,9 +31,9 @@ class SubtitleError(UserError, ValueError):
     """A subtitle file that cannot be read (one line)."""
 
 
-def translate_srt(document: str, translate: Translate) -> str:
-    """The .srt `document` translated with `translate` (texts in, `Translation`s with
-    word alignments out): the same cues, numbers and timings, their text translated."""
+def rounds(document: str) -> Rounds[str]:
+    """The .srt `document` translated (`mtkit.documents.rounds.Rounds`, three rounds):
+    the same cues, numbers and timings, their text translated."""
     import srt
 
     try:
@@ -43,21 +45,19 @@ def translate_srt(document: str, translate: Translate) -> str:
     groups = _groups(texts)
     plain = [g for g in groups if len(g) > 1 or not _marked(texts[g[0]])]
     tagged = [g[0] for g in groups if g not in plain]
-    short = _put_back(texts, plain, translate)
+    short = yield from _put_back(texts, plain)
     # A sentence whose translation has fewer words than it has cues ("Yes, / yes, / yes, /
     # yes." as "Ja."), or whose words the alignment and the lengths leave a cue without,
     # would show a blank cue while its words are spoken: its cues are translated one by
     # one instead, each its own text in its own time.
-    _put_back(texts, [[i] for g in short for i in g], translate)
+    yield from _put_back(texts, [[i] for g in short for i in g])
     # A speaker's lines are one text to translate (a line break is no sentence's end);
     # the translation is broken into as many lines again, after the speaker's dash.
     turns = {i: _turns(texts[i]) for i in tagged}
-    messages = iter(
-        translate_messages([" ".join(t) for i in tagged for _, t in turns[i]], translate)
-    )
+    said = iter((yield from messages.rounds([" ".join(t) for i in tagged for _, t in turns[i]])))
     for i in tagged:
         texts[i] = "\n".join(
-            dash + _lines(TOKEN.findall(next(messages)), len(lines)) for dash, lines in turns[i]
+            dash + _lines(TOKEN.findall(next(said)), len(lines)) for dash, lines in turns[i]
         )
     eol = "\r\n" if "\r\n" in document else "\n"
     out, at = [], 0
@@ -68,12 +68,12 @@ def translate_srt(document: str, translate: Translate) -> str:
     return "".join(out) + document[at:]
 
 
-def _put_back(texts: list[str], groups: list[list[int]], translate: Translate) -> list[list[int]]:
-    """Each group of cues (indices into `texts`) translated as one text, and its words
-    handed back to its cues (`_share`) in `texts`; the groups where that would leave a cue
-    that had words without any are left as they were, and returned."""
+def _put_back(texts: list[str], groups: list[list[int]]) -> Rounds[list[list[int]]]:
+    """Each group of cues (indices into `texts`) translated as one text (a round), and
+    its words handed back to its cues (`_share`) in `texts`; the groups where that would
+    leave a cue that had words without any are left as they were, and returned."""
     joined = [" ".join(w for i in g for w in texts[i].split()) for g in groups]
-    translated = translate(joined) if joined else []
+    translated = yield joined
     short = []
     for group, t in zip(groups, translated, strict=True):
         counts = [len(texts[i].split()) for i in group]

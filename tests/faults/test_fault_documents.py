@@ -17,7 +17,7 @@ import pytest
 import mtkit
 from mtkit.api import translate_file
 from mtkit.core.search_options import SearchOptions
-from mtkit.core.textio import OutputFormat, read_chunks
+from mtkit.core.textio import read_chunks
 
 from faultkit import assert_one_line, cli
 
@@ -124,10 +124,10 @@ def test_a_declared_codec_that_is_no_text_encoding_is_one_line(
 @pytest.fixture(scope="module")
 def engine_translate_file(translator):
     """The API's `translate_file`, its format by the input's suffix, as the CLI calls it."""
-    from mtkit.core.textio import DOCUMENTS
+    from mtkit.documents.formats import output_format
 
     def run(path: Path, out: Path, kind: str | None = None) -> None:
-        written = OutputFormat(kind or DOCUMENTS.get(path.suffix, "text"))
+        written = output_format(kind, path)
         translate_file(translator.engine, path, out, SearchOptions(beam=2), written, 4000)
 
     return run

@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from mtkit.core.errors import OptionError
 from mtkit.core.translation import Translation
 from mtkit.documents.catalogs import CatalogError
 from mtkit.documents.formats import translate_document
@@ -724,3 +726,47 @@ def test_each_speaker_of_a_cue_is_a_text_of_their_own_after_their_dash(cue, text
     subs = "1\n00:00:03,000 --> 00:00:04,000\n{}\n\n"
     assert translate_document(subs.format(cue), "srt", translate).text == subs.format(expected)
     assert seen == texts
+
+
+def test_the_one_table_names_every_format_its_suffixes_and_what_refusals_say():
+    """The formats are listed once (`FORMATS`): the CLI's `--format` and a file's suffix,
+    the API's `format=`, and the line that refuses binary input all read them there."""
+    from mtkit.core.textio import TRANSLATED
+    from mtkit.documents.formats import FORMATS, listed, output_format
+
+    assert list(FORMATS) == ["html", "xml", "srt", "po"]
+    assert TRANSLATED == f"mtkit translates {listed(['text', *FORMATS], 'and')}"
+    for known in FORMATS.values():
+        for suffix in known.suffixes:
+            assert output_format(None, Path(f"page{suffix.upper()}")).kind == known.name
+    assert output_format(None, Path("notes.txt")).kind == "text"
+    assert output_format(None, None).kind == "text"
+    with pytest.raises(OptionError, match="must be text, jsonl, html, xml, srt or po, got 'x'"):
+        output_format("x")
+
+
+def test_documents_of_one_call_are_translated_together_round_by_round():
+    """Every document's texts of a round go to one call of `translate` (html's runs, the
+    srt cues' rounds, po's messages), and each document comes out as it does alone."""
+    from mtkit.documents.formats import translate_documents
+
+    calls: list[list[str]] = []
+
+    def counted(texts: list[str]) -> list[Translation]:
+        calls.append(texts)
+        return upper(texts)
+
+    for format, documents in (
+        ("html", ["<p>A <b>dog</b> runs.</p>", "<p>Two cats.</p>", "<p></p>"]),
+        ("srt", [SRT, "1\n00:00:01,000 --> 00:00:02,000\n<i>A man</i> walks.\n", SRT]),
+        ("po", [PO, 'msgid "A dog"\nmsgstr ""\n', "# nothing\n"]),
+    ):
+        alone = [translate_document(d, format, upper).text for d in documents]
+        calls.clear()
+        together = [t.text for t in translate_documents(documents, format, counted)]
+        assert together == alone
+        rounds = len(calls)
+        calls.clear()
+        for d in documents:
+            translate_document(d, format, counted)
+        assert rounds < len(calls)

@@ -15,14 +15,13 @@ from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import (
     OutputFormat,
     Request,
-    document_encoding,
     format_lines,
     parse_line,
     read_chunks,
     read_document,
-    write_document,
 )
 from mtkit.core.translation import Translation
+from mtkit.documents.formats import FORMATS
 from mtkit.engines.session import translate_stream
 
 
@@ -111,36 +110,36 @@ def test_a_document_is_read_and_written_in_the_encoding_it_declares():
     written as UTF-8 under a declaration of ISO-8859-1."""
     po = b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n'
     po += b'\nmsgid "caf\xe9"\n'
-    assert document_encoding(po, "po") == "iso8859-1"
+    assert FORMATS["po"].encoding(po) == "iso8859-1"
     assert "café" in read_document(po, "iso8859-1")
     xml = b'<?xml version="1.0" encoding="latin-1"?>\n<p>gr\xfcn</p>'
-    assert document_encoding(xml, "xml") == "iso8859-1"
+    assert FORMATS["xml"].encoding(xml) == "iso8859-1"
     html = b'<html><head><meta charset="windows-1252"></head><body>\x80</body></html>'
-    assert document_encoding(html, "html") == "cp1252"
+    assert FORMATS["html"].encoding(html) == "cp1252"
     assert read_document(html, "cp1252").endswith("<body>€</body></html>")
     # undeclared, a template's placeholder, a byte-order mark (given back on writing)
-    assert document_encoding(b"<p>x</p>", "html") == "utf-8"
-    assert document_encoding(b'"Content-Type: text/plain; charset=CHARSET\\n"', "po") == "utf-8"
-    assert document_encoding(b"\xef\xbb\xbf1\n", "srt") == "utf-8-sig"
-    assert write_document("1\n", "utf-8-sig", "srt") == b"\xef\xbb\xbf1\n"
+    assert FORMATS["html"].encoding(b"<p>x</p>") == "utf-8"
+    assert FORMATS["po"].encoding(b'"Content-Type: text/plain; charset=CHARSET\\n"') == "utf-8"
+    assert FORMATS["srt"].encoding(b"\xef\xbb\xbf1\n") == "utf-8-sig"
+    assert FORMATS["srt"].written("1\n", "utf-8-sig") == b"\xef\xbb\xbf1\n"
     # UTF-16 and UTF-32, known by their marks (the declaration inside is not ASCII),
     # written back in their byte order after their mark (big-endian came back little)
     wide = '<?xml version="1.0" encoding="UTF-16"?><p>ü</p>'
     for name in ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"):
         data = "\ufeff".encode(name) + wide.encode(name)
-        assert document_encoding(data, "xml") == name
+        assert FORMATS["xml"].encoding(data) == name
         assert read_document(data, name) == wide
-        assert write_document(wide, name, "xml") == data
+        assert FORMATS["xml"].written(wide, name) == data
     with pytest.raises(OptionError, match="declares an unknown encoding: foo"):
-        document_encoding(b'<?xml version="1.0" encoding="foo"?><a/>', "xml")
+        FORMATS["xml"].encoding(b'<?xml version="1.0" encoding="foo"?><a/>')
 
     # declared in ASCII bytes, UTF-16 or UTF-32 is UTF-8 (the HTML standard's rule):
     # read as UTF-16, an ASCII page lost every tag
     for name in ("utf-16", "UTF-16BE", "utf-16le", "utf-32"):
         page = f'<html><head><meta charset="{name}"></head><p>A dog.</p></html>'.encode()
-        assert document_encoding(page, "html") == "utf-8"
+        assert FORMATS["html"].encoding(page) == "utf-8"
         declared = f'<?xml version="1.0" encoding="{name}"?><p>A dog.</p>'.encode()
-        assert document_encoding(declared, "xml") == "utf-8"
+        assert FORMATS["xml"].encoding(declared) == "utf-8"
 
 
 @pytest.mark.parametrize("name", ["hex", "base64", "rot13", "zlib", "uu", "bz2", "quopri"])
@@ -152,11 +151,11 @@ def test_a_declared_codec_that_is_no_text_encoding_is_one_line(name):
         (f'"Content-Type: text/plain; charset={name}\\n"'.encode(), "po"),
     ):
         with pytest.raises(OptionError, match=f"not a text encoding: {name}$"):
-            document_encoding(data, format)
+            FORMATS[format].encoding(data)
 
 
 def test_a_character_the_encoding_cannot_hold_is_a_reference_in_markup_else_one_line():
-    assert write_document("<p>grün</p>", "ascii", "xml") == b"<p>gr&#252;n</p>"
-    assert write_document("grün", "iso8859-1", "po") == b"gr\xfcn"
+    assert FORMATS["xml"].written("<p>grün</p>", "ascii") == b"<p>gr&#252;n</p>"
+    assert FORMATS["po"].written("grün", "iso8859-1") == b"gr\xfcn"
     with pytest.raises(OptionError, match="holds 'ü', which the document's encoding"):
-        write_document('msgstr "grün"', "ascii", "po")
+        FORMATS["po"].written('msgstr "grün"', "ascii")
