@@ -18,6 +18,7 @@ import mtkit
 from mtkit.api import translate_file
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import OutputFormat, read_chunks
+from mtkit.engines.session import Session
 
 from faultkit import assert_one_line, cli
 
@@ -128,7 +129,8 @@ def engine_translate_file(translator):
 
     def run(path: Path, out: Path, kind: str | None = None) -> None:
         written = OutputFormat(kind or DOCUMENTS.get(path.suffix, "text"))
-        translate_file(translator.engine, path, out, SearchOptions(beam=2), written, 4000)
+        session = Session(translator.engine, SearchOptions(beam=2), split=True, batch_tokens=4000)
+        translate_file(session, path, out, written)
 
     return run
 
