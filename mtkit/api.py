@@ -174,7 +174,7 @@ class Translator:
             split=split,
             batch_tokens=batch_tokens,
         )
-        return _translated(session, texts, format, _constraints(constraints, len(texts)))
+        return self._translate_in(session, texts, format, _constraints(constraints, len(texts)))
 
     def translate_with(
         self,
@@ -199,7 +199,48 @@ class Translator:
             batch_tokens or self.engine.batch_tokens,
             _keyword,
         )
-        return _translated(session, texts, format, constraints)
+        return self._translate_in(session, texts, format, constraints)
+
+    def _translate_in(
+        self,
+        session: Session,
+        texts: Iterable[str],
+        format: Format,
+        constraints: list[list[tuple[str, ...]]] | None,
+    ) -> list[Translation]:
+        """One `Translation` per text (a line of text, or a document in `format`, whose
+        runs go through `session` together), in order; `constraints`: each text's."""
+        if format not in FORMATS:
+            raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        if format != "text" and session.opts.nbest > 1:  # (as `translate --nbest --format html`)
+            raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
+        settings = (
+            replace(session, opts=replace(session.opts, alignments=True))
+            if format != "text"
+            else session
+        )
+        if format == "text":
+            return self._text(_texts("texts", texts), settings, constraints)
+        if constraints is not None:
+            raise OptionError("constraints are for text; a document's terms go in a glossary")
+        documents = _texts("texts", texts)
+        if format in ("html", "xml"):  # every run of every document in one batch
+            from mtkit.documents.markup import finish, prepare, summary
+
+            prepared = [prepare(d, format) for d in documents]
+            runs = self._text([t for p in prepared for t in p.texts], settings, None)
+            out, at = [], 0
+            for document, p in zip(documents, prepared, strict=True):
+                mine = runs[at : at + len(p.texts)]
+                out.append(summary(document, finish(p, mine), mine))
+                at += len(p.texts)
+            return out
+        from mtkit.documents.formats import translate_document
+
+        return [
+            translate_document(d, format, lambda runs: self._text(runs, settings, None))
+            for d in documents
+        ]
 
     def translate_iter(
         self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options
@@ -230,6 +271,19 @@ class Translator:
 
         return translated()
 
+    def _text(
+        self,
+        texts: list[str],
+        settings: Session,
+        constraints: list[list[tuple[str, ...]]] | None,
+    ) -> list[Translation]:
+        requests = [settings.request(t) for t in texts]
+        found = settings.translate(requests, constraints=constraints)
+        return [
+            _with_alternatives(ts) if ts else _empty(r.src)
+            for r, ts in zip(requests, found, strict=True)
+        ]
+
     def close(self) -> None:
         """Stop the helper processes (if any); the translator stays usable."""
         self.engine.close()
@@ -239,54 +293,6 @@ class Translator:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _translated(
-    session: Session,
-    texts: Iterable[str],
-    format: Format,
-    constraints: list[list[tuple[str, ...]]] | None,
-) -> list[Translation]:
-    """One `Translation` per text (a line of text, or a document in `format`, whose runs
-    go through the session together), in order; `constraints`: each text's."""
-    if format not in FORMATS:
-        raise OptionError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if format != "text" and session.opts.nbest > 1:  # (as `translate --nbest --format html`)
-        raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
-    if format == "text":
-        return _text(session, _texts("texts", texts), constraints)
-    if constraints is not None:
-        raise OptionError("constraints are for text; a document's terms go in a glossary")
-    session = replace(session, opts=replace(session.opts, alignments=True))
-    documents = _texts("texts", texts)
-    if format in ("html", "xml"):  # every run of every document in one batch
-        from mtkit.documents.markup import finish, prepare, summary
-
-        prepared = [prepare(d, format) for d in documents]
-        runs = _text(session, [t for p in prepared for t in p.texts], None)
-        out, at = [], 0
-        for document, p in zip(documents, prepared, strict=True):
-            mine = runs[at : at + len(p.texts)]
-            out.append(summary(document, finish(p, mine), mine))
-            at += len(p.texts)
-        return out
-    from mtkit.documents.formats import translate_document
-
-    return [
-        translate_document(d, format, lambda runs: _text(session, runs, None)) for d in documents
-    ]
-
-
-def _text(
-    session: Session, texts: list[str], constraints: list[list[tuple[str, ...]]] | None
-) -> list[Translation]:
-    """Each text's translation, its n-best in `alternatives` (a blank one: empty)."""
-    requests = [session.request(t) for t in texts]
-    found = session.translate(requests, constraints=constraints)
-    return [
-        _with_alternatives(ts) if ts else _empty(r.src)
-        for r, ts in zip(requests, found, strict=True)
-    ]
 
 
 _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
@@ -448,7 +454,7 @@ def translate_file(
         data = input.read_bytes() if input else sys.stdin.buffer.read()
         encoding = document_encoding(data, written.kind)
         text = read_document(data, encoding)
-        (result,) = _translated(session, [text], written.kind, None)
+        (result,) = Translator(session.engine)._translate_in(session, [text], written.kind, None)
         payload = write_document(result.text, encoding, written.kind)
         if output:
             write_atomic(output, payload)
