@@ -25,13 +25,12 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from mtkit.core.errors import OptionError, UserError
-from mtkit.core.languages import check_target
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import Glossary
-from mtkit.core.textio import CHUNK_LINES, OutputFormat, Request, lone_surrogate
+from mtkit.core.textio import CHUNK_LINES, OutputFormat, lone_surrogate
 from mtkit.core.translation import Translation
 from mtkit.engines.base import Translator as Engine
-from mtkit.engines.session import into_language, translate_requests
+from mtkit.engines.session import Session
 
 Error = UserError  # the base of every error mtkit raises for its caller's input
 
@@ -91,6 +90,13 @@ class Translator:
     def options(self, **given) -> SearchOptions:
         """The checkpoint's decoding defaults with `given` ones (None: the default)
         instead, each checked (`SearchOptions.from_config`); n_best is nbest."""
+        return self._session(given).opts
+
+    def _session(self, given: dict, **settings) -> Session:
+        """A session (`Session.open`) with the search options `given` as keyword
+        arguments (n_best is nbest; each checked to be of its kind, `_argument`) and
+        `settings` (glossary, tgt_lang, split, batch_tokens), its errors naming the
+        keywords."""
         if "n_best" in given:
             given["nbest"] = given.pop("n_best")
         known = [f.name for f in fields(SearchOptions)]
@@ -102,9 +108,7 @@ class Translator:
                     name,
                 )
         given = {name: _argument(name, value) for name, value in given.items()}
-        opts = SearchOptions.from_config(self.engine.config.decode, _keyword, **given)
-        self.engine.check(opts, _keyword)
-        return opts
+        return Session.open(self.engine, given, spell=_keyword, target=False, **settings)
 
     def translate(
         self,
@@ -145,34 +149,29 @@ class Translator:
         if glossary is not None and not isinstance(glossary, Glossary):
             raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
         tgt_lang = _argument("tgt_lang", tgt_lang, str)
-        if tgt_lang is not None:  # (at the call, whatever the texts: blank ones too)
-            check_target(self.engine.config.data, tgt_lang, "tgt_lang")
         split = _argument("split", split, bool)
         batch_tokens = _argument("batch_tokens", batch_tokens)
-        opts = self.options(
-            beam=beam,
-            lenpen=lenpen,
-            n_best=n_best,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            sampling=sampling or None,
-            temperature=temperature,
-            topk=topk,
-            topp=topp,
-            seed=seed,
-            alignments=alignments or format != "text" or None,
-            align_layer=align_layer,
-        )
-        return self.translate_with(
-            texts,
-            opts,
-            constraints=_constraints(constraints, len(texts)),
+        session = self._session(
+            dict(
+                beam=beam,
+                lenpen=lenpen,
+                n_best=n_best,
+                max_len_a=max_len_a,
+                max_len_b=max_len_b,
+                sampling=sampling or None,
+                temperature=temperature,
+                topk=topk,
+                topp=topp,
+                seed=seed,
+                alignments=alignments or format != "text" or None,
+                align_layer=align_layer,
+            ),
             glossary=glossary,
-            tgt_lang=tgt_lang,
-            format=format,
+            tgt_lang=tgt_lang,  # (at the call, whatever the texts: blank ones too)
             split=split,
             batch_tokens=batch_tokens,
         )
+        return self._translate_in(session, texts, format, _constraints(constraints, len(texts)))
 
     def translate_with(
         self,
@@ -187,21 +186,39 @@ class Translator:
         batch_tokens: int | None = None,
     ) -> list[Translation]:
         """`translate`, with the search given as `SearchOptions` already checked (the
-        CLI's, whose errors name its flags) and constraints as the session takes them."""
+        server's, whose errors name its fields) and constraints as the session takes them."""
+        session = Session(
+            self.engine,
+            opts,
+            glossary,
+            self.engine.config.decode.split if split is None else split,
+            tgt_lang,
+            batch_tokens or self.engine.batch_tokens,
+            _keyword,
+        )
+        return self._translate_in(session, texts, format, constraints)
+
+    def _translate_in(
+        self,
+        session: Session,
+        texts: Iterable[str],
+        format: str,
+        constraints: list[list[tuple[str, ...]]] | None,
+    ) -> list[Translation]:
+        """One `Translation` per text (a line of text, or a document in `format`, whose
+        runs go through `session` together), in order; `constraints`: each text's."""
         from mtkit.documents.formats import FORMATS, translate_documents
 
         if format not in ("text", *FORMATS):
             raise OptionError(
                 f"format must be one of {', '.join(('text', *FORMATS))}, got {format!r}"
             )
-        if format != "text" and opts.nbest > 1:  # (as `translate --nbest --format html`)
+        if format != "text" and session.opts.nbest > 1:  # (as `translate --nbest --format html`)
             raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
-        settings = _Settings(
-            replace(opts, alignments=True) if format != "text" else opts,
-            glossary,
-            tgt_lang,
-            self.engine.config.decode.split if split is None else split,
-            batch_tokens or self.engine.batch_tokens,
+        settings = (
+            replace(session, opts=replace(session.opts, alignments=True))
+            if format != "text"
+            else session
         )
         if format == "text":
             return self._text(_texts("texts", texts), settings, constraints)
@@ -243,22 +260,11 @@ class Translator:
     def _text(
         self,
         texts: list[str],
-        settings: _Settings,
+        settings: Session,
         constraints: list[list[tuple[str, ...]]] | None,
     ) -> list[Translation]:
-        requests = [
-            into_language(Request(t), self.engine, settings.tgt_lang, flag="tgt_lang")
-            for t in texts
-        ]
-        found = translate_requests(
-            self.engine,
-            requests,
-            settings.opts,
-            constraints=constraints,
-            glossary=settings.glossary,
-            split=settings.split,
-            batch_tokens=settings.batch_tokens,
-        )
+        requests = [settings.request(t) for t in texts]
+        found = settings.translate(requests, constraints=constraints)
         return [
             _with_alternatives(ts) if ts else _empty(r.src)
             for r, ts in zip(requests, found, strict=True)
@@ -273,15 +279,6 @@ class Translator:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class _Settings:
-    opts: SearchOptions
-    glossary: Glossary | None
-    tgt_lang: str | None
-    split: bool
-    batch_tokens: int
 
 
 _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
@@ -416,27 +413,21 @@ def _empty(source: str) -> Translation:
 
 
 def translate_file(
-    engine: Engine,
+    session: Session,
     input: Path | None,
     output: Path | None,
-    opts: SearchOptions,
     written: OutputFormat,
-    batch_tokens: int,
     prefixes: list[str] | None = None,
     prefix_file: Path | None = None,
     *,
     constraints: list | None = None,
     constraints_file: Path | None = None,
-    glossary: Glossary | None = None,
-    tgt_lang: str | None = None,
-    split: bool = True,
 ) -> None:
-    """`mtkit translate`: `input` (None: stdin) translated to `output` (None: stdout; a
-    file is replaced only once complete), with a progress bar on a terminal. Text and
-    jsonl go line by line (`mtkit.engines.session.translate_stream`), with each line's
-    target prefix and constraints (read from `prefix_file`, `constraints_file`), a
-    glossary, the language to translate into, and whether lines are split into sentences;
-    a document's format (`written.document`) reads the input as one document."""
+    """`mtkit translate`: `input` (None: stdin) translated through `session` to `output`
+    (None: stdout; a file is replaced only once complete), with a progress bar on a
+    terminal. Text and jsonl go line by line (`Session.stream`), with each line's target
+    prefix and constraints (read from `prefix_file`, `constraints_file`); a document's
+    format (`written.document`) reads the input as one document."""
     import sys
     from contextlib import nullcontext
 
@@ -451,15 +442,7 @@ def translate_file(
         data = input.read_bytes() if input else sys.stdin.buffer.read()
         encoding = document.encoding(data)
         text = read_document(data, encoding)
-        (result,) = Translator(engine).translate_with(
-            [text],
-            opts,
-            glossary=glossary,
-            tgt_lang=tgt_lang,
-            format=written.kind,
-            split=split,
-            batch_tokens=batch_tokens,
-        )
+        (result,) = Translator(session.engine)._translate_in(session, [text], written.kind, None)
         payload = document.written(result.text, encoding)
         if output:
             write_atomic(output, payload)
@@ -469,7 +452,6 @@ def translate_file(
         return
     from mtkit.core.progress import progress_bar
     from mtkit.core.textio import read_all_lines
-    from mtkit.engines.session import check_constraint_lines, translate_stream
 
     with (
         open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
@@ -481,21 +463,7 @@ def translate_file(
             source = read_all_lines(source, len(prefixes), f"--prefix-file {prefix_file}")
         if constraints is not None:
             source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
-            check_constraint_lines(engine, source, constraints, opts)
-        translate_stream(
-            engine,
-            source,
-            sink,
-            opts,
-            done,
-            prefixes,
-            output=written,
-            batch_tokens=batch_tokens,
-            constraints=constraints,
-            glossary=glossary,
-            tgt_lang=tgt_lang,
-            split=split,
-        )
+        session.stream(source, sink, done, prefixes, output=written, constraints=constraints)
 
 
 def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = ()):

@@ -20,7 +20,7 @@ from mtkit.cli.app import (
     tune_runtime,
 )
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import OPTIONS, SearchOptions, check_value
+from mtkit.core.search_options import OPTIONS, SearchOptions
 from mtkit.core.terms import (
     Glossary,
     read_constraints,
@@ -178,15 +178,6 @@ def _engine(
     return load_engine(model, device, "--device", precision, cuda_graphs, workers)
 
 
-def _batch_tokens(engine: Translator, given: int | None) -> int:
-    """--batch-tokens, or the engine's (the checkpoint's decode.batch_tokens, or on a GPU
-    what its memory holds)."""
-    if given is None:
-        return engine.batch_tokens
-    check_value("batch_tokens", given)
-    return given
-
-
 @app.command()
 def translate(
     model: ModelsOpt,
@@ -224,8 +215,8 @@ def translate(
 
     With -o the output file is replaced only when every line is translated."""
     from mtkit.api import translate_file
-    from mtkit.core.languages import check_target
     from mtkit.core.textio import read_lines
+    from mtkit.engines.session import Session
 
     input, output = dash(input), dash(output)
     with reported():
@@ -261,43 +252,45 @@ def translate(
         constraints = read_constraints(constraints_file) if constraints_file else None
         terms = _glossary(glossary)
         engine = _engine(model, device, precision, cuda_graphs, workers)
-        opts = SearchOptions.from_config(
-            engine.config.decode,
-            beam=beam,
-            lenpen=lenpen,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            nbest=nbest,
-            no_repeat_ngram=no_repeat_ngram,
-            sampling=sampling,
-            temperature=temperature,
-            topk=topk,
-            topp=topp,
-            seed=seed,
-            alignments=alignments,
-            align_layer=align_layer,
-            lang_vocab=lang_vocab,
-            shortlist=shortlist,
-        )
-        engine.check(opts)
-        _check_constraints(engine, opts, constraints_file, glossary)
-        if written.kind != "jsonl" or tgt_lang is not None:  # (jsonl records may name
-            check_target(engine.config.data, tgt_lang)  # their own where it is not given)
-        split = engine.config.decode.split if split is None else split
-        translate_file(
+        session = Session.open(
             engine,
+            dict(
+                beam=beam,
+                lenpen=lenpen,
+                max_len_a=max_len_a,
+                max_len_b=max_len_b,
+                nbest=nbest,
+                no_repeat_ngram=no_repeat_ngram,
+                sampling=sampling,
+                temperature=temperature,
+                topk=topk,
+                topp=topp,
+                seed=seed,
+                alignments=alignments,
+                align_layer=align_layer,
+                lang_vocab=lang_vocab,
+                shortlist=shortlist,
+            ),
+            glossary=terms,
+            constrained_by=[
+                name
+                for name, path in (("--constraints", constraints_file), ("--glossary", glossary))
+                if path
+            ],
+            tgt_lang=tgt_lang,
+            target=written.kind != "jsonl",  # (jsonl records may name their own)
+            split=split,
+            batch_tokens=batch_tokens,
+        )
+        translate_file(
+            session,
             input,
             output,
-            opts,
             written,
-            _batch_tokens(engine, batch_tokens),
             prefixes,
             prefix_file,
             constraints=constraints,
             constraints_file=constraints_file,
-            glossary=terms,
-            tgt_lang=tgt_lang,
-            split=split,
         )
 
 

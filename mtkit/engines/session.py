@@ -1,11 +1,18 @@
 """A translation session: lines (or jsonl requests) in, `Translation`s out, in order.
 
-`translate_requests` is the one path every surface takes (the Python API, `translate`,
-`eval -m`, `mtkit run`'s test set): each request gets its target language's tag, a line of
-several sentences is split into them (`mtkit.documents.sentences`) and joined back, each line's
-constraints (its own, a file's, a glossary's) are checked against what the engine can
-search for, the lines go to the engine (`mtkit.engines.base.Translator`, which sorts
-and batches them) and come back as `mtkit.core.translation.Translation`s.
+`Session` is what every surface builds once and translates through (the Python API,
+`translate`, `eval -m`, `mtkit run`'s test set): the engine, the search options (the
+checkpoint's decode section with the caller's overrides), a glossary, whether lines are split
+into sentences, the language to translate into and the batch budget, checked once when it is
+opened (`Session.open`), each error naming an option the caller's way (the CLI's --beam, the
+API's beam).
+
+`translate_requests` is the one path a session's texts take: each request gets its target
+language's tag, a line of several sentences is split into them (`mtkit.documents.sentences`)
+and joined back, each line's constraints (its own, a file's, a glossary's) are checked
+against what the engine can search for, the lines go to the engine
+(`mtkit.engines.base.Translator`, which sorts and batches them) and come back as
+`mtkit.core.translation.Translation`s.
 
 `translate_stream` drives it over a byte stream: whatever lines are available (so it works
 interactively and in a pipe), exactly one output line per input line (n lines with
@@ -23,16 +30,17 @@ dropped from that line with a warning (`searchable`, with `constraint_errors` sa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import replace
-from typing import BinaryIO, TextIO
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO, TextIO
 
 from mtkit.core.errors import OptionError
-from mtkit.core.languages import tag_ids, tagging, untagged
+from mtkit.core.languages import check_target, tag_ids, tagging, untagged
 from mtkit.core.search_options import (
     BATCH_TOKENS,
     SearchOptions,
     check_constraints,
+    check_value,
     constraints_need,
     flag,
 )
@@ -52,6 +60,116 @@ from mtkit.documents import sentences
 from mtkit.engines.base import Translator
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Session:
+    """One caller's way of translating with one engine: its search options, a glossary
+    whose terms constrain the lines holding them, whether a line of several sentences is
+    translated sentence by sentence, the language a multilingual model translates into
+    (None: a bilingual model's, or each jsonl record's own) and the batch budget.
+    `spell` names an option in an error as the caller gave it (`flag`: --beam; the API's
+    keyword: beam). Built checked by `open`; the constructor takes values already checked
+    (the server's)."""
+
+    engine: Translator
+    opts: SearchOptions
+    glossary: Glossary | None = None
+    split: bool = False
+    tgt_lang: str | None = None
+    batch_tokens: int = BATCH_TOKENS
+    spell: Callable[[str], str] = flag
+
+    @classmethod
+    def open(
+        cls,
+        engine: Translator,
+        given: Mapping[str, Any] | None = None,
+        *,
+        spell: Callable[[str], str] = flag,
+        decode: Any = None,
+        glossary: Glossary | None = None,
+        constrained_by: Iterable[str] = (),
+        tgt_lang: str | None = None,
+        target: bool = True,
+        split: bool | None = None,
+        batch_tokens: int | None = None,
+    ) -> Session:
+        """A session whose every setting is checked, once, each error one line naming the
+        option by `spell`: the search options are `decode`'s (a `DecodeConfig`; None: the
+        checkpoint's) with the `given` ones (None: not given) instead
+        (`SearchOptions.from_config`), which the engine must be able to honour; each of
+        `constrained_by` (what gives every line constraints: --constraints, --glossary)
+        must find options that can search for constraints (`check_constraint_options`);
+        `tgt_lang` must be a language the model translates into (checked where given, and
+        where not given when `target`: a jsonl stream's records may name their own).
+        `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget."""
+        decode = engine.config.decode if decode is None else decode
+        opts = SearchOptions.from_config(decode, spell, **(given or {}))
+        engine.check(opts, spell)
+        check_constraint_options(engine, opts, constrained_by, spell)
+        if tgt_lang is not None or target:
+            check_target(engine.config.data, tgt_lang, spell("tgt_lang"))
+        if batch_tokens is None:
+            batch_tokens = engine.batch_tokens
+        else:
+            check_value("batch_tokens", batch_tokens, spell)
+        split = decode.split if split is None else split
+        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell)
+
+    def request(self, text: str) -> Request:
+        """`text` as a request into the session's language (`into_language`)."""
+        return into_language(Request(text), self.engine, self.tgt_lang, flag=self.spell("tgt_lang"))
+
+    def translate(
+        self,
+        requests: list[Request],
+        *,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[list[Translation]]:
+        """The translations of each request, in order (`translate_requests`, with the
+        session's options, glossary, split and budget); `constraints`: each request's
+        besides its own."""
+        return translate_requests(
+            self.engine,
+            requests,
+            self.opts,
+            constraints=constraints,
+            glossary=self.glossary,
+            split=self.split,
+            batch_tokens=self.batch_tokens,
+        )
+
+    def stream(
+        self,
+        source: BinaryIO,
+        sink: TextIO,
+        done: Callable[[int], None] | None = None,
+        prefixes: list[str] | None = None,
+        *,
+        output: OutputFormat = TEXT,
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> int:
+        """Every line of `source` translated to `sink` (`translate_stream`); returns the
+        number of input lines. Each line's `constraints` (one list per line of `source`,
+        which is then seekable) are checked before anything is written
+        (`check_constraint_lines`)."""
+        if constraints is not None:
+            check_constraint_lines(self.engine, source, constraints, self.opts)
+        return translate_stream(
+            self.engine,
+            source,
+            sink,
+            self.opts,
+            done,
+            prefixes,
+            output=output,
+            batch_tokens=self.batch_tokens,
+            constraints=constraints,
+            glossary=self.glossary,
+            tgt_lang=self.tgt_lang,
+            split=self.split,
+        )
 
 
 def translate_requests(

@@ -13,7 +13,6 @@ from mtkit.core.config import ConfigError
 from mtkit.core.errors import OptionError, plural
 from mtkit.core.langid import OffTarget, off_target
 from mtkit.core.scoring import ConfidenceRank, Score, confidence_rank, parse_metrics, score
-from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import (
     Constraint,
     Glossary,
@@ -253,31 +252,29 @@ def _translated(
     split: bool | None = None,
 ) -> list[Translation]:
     """`sources` translated by `engine` as `mtkit translate` translates them, through the
-    same session (`translate_requests`): into the language of `tag` (a
+    same session (`mtkit.engines.session.Session`): into the language of `tag` (a
     `languages.Tagging`), with the checkpoint's decoding defaults, a line of several
     sentences split into them where `split` says (None: the checkpoint's decode.split),
     and the --terms and --glossary terms as constraints: a term of --terms that cannot be
     searched for is one line, a glossary's is left out of its line with a warning."""
     from mtkit.core.textio import Request
-    from mtkit.engines.session import check_constraint_options, translate_requests
+    from mtkit.engines.session import Session
 
-    opts = SearchOptions.from_config(engine.config.decode)
+    constrained = (terms is not None and any(terms)) or (
+        glossary is not None and any(glossary.constraints(x) for x in sources)
+    )  # the terms constrain the search
+    session = Session.open(
+        engine,
+        glossary=glossary,
+        constrained_by=[("--glossary" if terms is None else "--terms") + " with -m"]
+        if constrained
+        else [],
+        target=False,  # (`tag` is checked)
+        split=split,
+    )
     requests = [
         Request(x, tag=tag.source, target_tag=tag.target) if x.strip() else Request(x)
         for x in sources
     ]
-    if (terms is not None and any(terms)) or (
-        glossary is not None and any(glossary.constraints(x) for x in sources)
-    ):  # the terms constrain the search
-        given = "--glossary with -m" if terms is None else "--terms with -m"
-        check_constraint_options(engine, opts, [given])
-    found = translate_requests(
-        engine,
-        requests,
-        opts,
-        constraints=terms,
-        glossary=glossary,
-        split=engine.config.decode.split if split is None else split,
-        batch_tokens=engine.batch_tokens,
-    )
+    found = session.translate(requests, constraints=terms)
     return [nbest[0] for nbest in found]

@@ -31,14 +31,13 @@ from mtkit.core.errors import UserError
 from mtkit.core.languages import direction, tag, tags, without_tag
 from mtkit.core.rundir import run_lock
 from mtkit.core.scoring import Score, score
-from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import Request
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.alignments import align_shard, aligned
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
-from mtkit.engines.session import translate_requests
+from mtkit.engines.session import Session
 from mtkit.stages.distill import (
     DistillError,
     distill,
@@ -129,16 +128,10 @@ def _run_all(cfg: Config) -> RunResult:
     else:
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
         engine = load_engine(checkpoint, cfg.train.device)
-        hypotheses = [
-            nbest[0].text
-            for nbest in translate_requests(
-                engine,
-                _test_requests(sources, target_tags),
-                SearchOptions.from_config(cfg.decode),
-                split=cfg.decode.split,
-                batch_tokens=engine.batch_tokens,
-            )
-        ]
+        # the run's decode section (not the checkpoint's); the tags are the test set's
+        session = Session.open(engine, decode=cfg.decode, target=False)
+        found = session.translate(_test_requests(sources, target_tags))
+        hypotheses = [nbest[0].text for nbest in found]
         write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
     scores = score(hypotheses, references, METRICS)
     by_direction = (

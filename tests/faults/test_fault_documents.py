@@ -18,6 +18,7 @@ import mtkit
 from mtkit.api import translate_file
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import read_chunks
+from mtkit.engines.session import Session
 
 from faultkit import assert_one_line, cli
 
@@ -128,7 +129,8 @@ def engine_translate_file(translator):
 
     def run(path: Path, out: Path, kind: str | None = None) -> None:
         written = output_format(kind, path)
-        translate_file(translator.engine, path, out, SearchOptions(beam=2), written, 4000)
+        session = Session(translator.engine, SearchOptions(beam=2), split=True, batch_tokens=4000)
+        translate_file(session, path, out, written)
 
     return run
 
@@ -152,7 +154,7 @@ BINARY = [
 
 
 @pytest.mark.parametrize("kind", ["text", "jsonl", "html", "xml", "srt", "po"])
-@pytest.mark.parametrize("name, data, looks", BINARY)
+@pytest.mark.parametrize("name, data, looks", BINARY, ids=[name for name, _, _ in BINARY])
 def test_a_binary_file_given_as_text_is_one_line_naming_what_it_looks_like(
     model, tmp_path, engine_translate_file, name, data, looks, kind
 ):
