@@ -29,7 +29,7 @@ from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import CHUNK_LINES, OutputFormat, lone_surrogate
 from mtkit.core.translation import Translation
-from mtkit.engines.base import Translator as Engine
+from mtkit.engines.base import Engine
 from mtkit.engines.session import Session
 
 Error = UserError  # the base of every error mtkit raises for its caller's input

@@ -26,7 +26,7 @@ from mtkit.core.terms import (
     read_constraints,
 )
 from mtkit.documents.formats import FORMATS, listed, output_format
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 
 # The headings `--help` groups the options under (Typer's rich help panels).
 MODEL = "Model"
@@ -168,7 +168,7 @@ def _engine(
     precision: str | None = None,
     cuda_graphs: str | None = None,
     workers: int | None = None,
-) -> Translator:
+) -> Engine:
     """The engine `-m` names (`mtkit.engines.loader`)."""
     from mtkit.engines.loader import load_engine, wants_ctranslate2
 
@@ -305,7 +305,7 @@ def _refuse_overwriting_inputs(
 
 
 def _check_constraints(
-    engine: Translator, opts: SearchOptions, constraints: Path | None, glossary: Path | None
+    engine: Engine, opts: SearchOptions, constraints: Path | None, glossary: Path | None
 ) -> None:
     """One line if the engine or the options cannot search with constraints."""
     from mtkit.engines.session import check_constraint_options

@@ -7,7 +7,7 @@
                     n-best, no-repeat n-grams, word alignments.
     Capabilities    what an engine can honour; `check` refuses the rest in one line.
 
-The protocol every engine follows (`Translator`) is `mtkit.engines.base`'s.
+The protocol every engine follows (`Engine`) is `mtkit.engines.base`'s.
 
 Batching (`batch_tokens`: source tokens x beam, the rows a search carries, per batch)
 and output formats (`mtkit.core.textio`) are not search options: they change how lines are
@@ -169,7 +169,7 @@ class SearchOptions:
     seed: int = OPTIONS["seed"].default
     alignments: bool = OPTIONS["alignments"].default
     align_layer: int | None = OPTIONS["align_layer"].default  # None: second-to-last
-    lang_vocab: bool = OPTIONS["lang_vocab"].default  # `Engine.output_groups`
+    lang_vocab: bool = OPTIONS["lang_vocab"].default  # `EngineBase.output_groups`
     shortlist: bool = OPTIONS["shortlist"].default  # `mtkit.search.shortlist`
 
     @classmethod

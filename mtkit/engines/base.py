@@ -1,5 +1,5 @@
 """What every engine is: the protocol the session and the server translate through
-(`Translator`), and its shared half (`Engine`), what every engine does to its input before
+(`Engine`), and its shared half (`EngineBase`), what every engine does to its input before
 the search: set empty lines aside, encode and truncate the others, encode target prefixes
 and constraints, refuse the options (and the constraints) it cannot honour."""
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]*>|>>[^<\s]*<<")  # a target-language tag as one piece
 
 
-class Translator(Protocol):
+class Engine(Protocol):
     """What every engine does: source lines in, hypotheses out, in input order."""
 
     src_vocab: Vocab
@@ -78,8 +78,8 @@ class Translator(Protocol):
         parameters (None where unknown), device."""
 
 
-class Engine:
-    """The shared half of an engine (`Translator`). Subclasses set
+class EngineBase:
+    """The shared half of an engine (`Engine`). Subclasses set
     `src_vocab`, `tgt_vocab`, `max_positions`, `capabilities`, `config`, `steps`, and
     search in `translate`."""
 

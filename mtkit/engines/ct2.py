@@ -37,7 +37,7 @@ from mtkit.core.search_options import (
     flag,
 )
 from mtkit.core.vocab import BOS, PAD, Vocab
-from mtkit.engines.base import Engine
+from mtkit.engines.base import EngineBase
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def looks_exported(path: str | os.PathLike) -> bool:
     return Path(path, MANIFEST).is_file() and Path(path, "model.bin").is_file()
 
 
-class CT2Engine(Engine):
+class CT2Engine(EngineBase):
     """An exported folder behind `Translator`'s interface: same input handling (empty
     lines, truncation, prefixes), same `Hypothesis` results, through
     `ctranslate2.Translator`.

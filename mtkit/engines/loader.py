@@ -15,7 +15,7 @@ from mtkit.core.search_options import (
     check_precision,
     check_workers,
 )
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 
 
 def wants_ctranslate2(paths: Sequence[str | os.PathLike]) -> bool:
@@ -43,7 +43,7 @@ def load_engine(
     precision: str | None = None,
     cuda_graphs: str | None = None,
     workers: int | None = None,
-) -> Translator:
+) -> Engine:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
     the option `device` came from, for the error when it cannot be used. `precision`
     (None: the checkpoint's decode.precision) is the PyTorch engine's; an exported

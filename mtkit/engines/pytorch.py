@@ -1,6 +1,6 @@
 """The PyTorch engine: checkpoints' models behind `mtkit.search.beam`.
 
-`TorchEngine.translate` takes lines, sets empty ones aside (`Engine.prepare`), sorts the
+`TorchEngine.translate` takes lines, sets empty ones aside (`EngineBase.prepare`), sorts the
 rest by length, and runs each batch of at most `batch_tokens` source tokens x beam (the
 rows the search carries) through greedy decoding, beam search or sampling;
 `mtkit.engines.pytorch_loading` builds one from checkpoint files (several make an
@@ -43,7 +43,7 @@ from mtkit.core.search_options import (
     flag,
 )
 from mtkit.core.vocab import EOS, Vocab
-from mtkit.engines.base import Engine
+from mtkit.engines.base import EngineBase
 from mtkit.engines.workers import BatchJob, BatchWorkers
 from mtkit.model.transformer import Transformer, count_parameters
 from mtkit.search.alignment import align, check_layer
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class TorchEngine(Engine):
+class TorchEngine(EngineBase):
     """One model, or an ensemble of models that share their vocabularies."""
 
     models: list[Transformer]
@@ -106,7 +106,7 @@ class TorchEngine(Engine):
     )
 
     def __post_init__(self) -> None:
-        Engine.__init__(self)
+        EngineBase.__init__(self)
         self.steppers = [CapturedDecoder(m) if self.graphs else m for m in self.models]
 
     @property

@@ -11,7 +11,7 @@ API's beam).
 language's tag, a line of several sentences is split into them (`mtkit.documents.sentences`)
 and joined back, each line's constraints (its own, a file's, a glossary's) are checked
 against what the engine can search for, the lines go to the engine
-(`mtkit.engines.base.Translator`, which sorts and batches them) and come back as
+(`mtkit.engines.base.Engine`, which sorts and batches them) and come back as
 `mtkit.core.translation.Translation`s.
 
 `translate_stream` drives it over a byte stream: whatever lines are available (so it works
@@ -57,7 +57,7 @@ from mtkit.core.textio import (
 )
 from mtkit.core.translation import Translation, joined
 from mtkit.documents import sentences
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Session:
     keyword: beam). Built checked by `open`; the constructor takes values already checked
     (the server's)."""
 
-    engine: Translator
+    engine: Engine
     opts: SearchOptions
     glossary: Glossary | None = None
     split: bool = False
@@ -83,7 +83,7 @@ class Session:
     @classmethod
     def open(
         cls,
-        engine: Translator,
+        engine: Engine,
         given: Mapping[str, Any] | None = None,
         *,
         spell: Callable[[str], str] = flag,
@@ -173,7 +173,7 @@ class Session:
 
 
 def translate_requests(
-    translator: Translator,
+    translator: Engine,
     requests: list[Request],
     opts: SearchOptions,
     *,
@@ -263,7 +263,7 @@ def translate_requests(
 
 
 def translate_stream(
-    translator: Translator,
+    translator: Engine,
     source: BinaryIO,
     sink: TextIO,
     opts: SearchOptions,
@@ -311,7 +311,7 @@ def translate_stream(
     return count
 
 
-def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
+def _tag_ids(translator: Engine, request: Request) -> frozenset[int]:
     """The tag ids an output starting with a forced tag is cut after (none without)."""
     return (
         tag_ids(translator.tgt_vocab, translator.config.data) if request.target_tag else frozenset()
@@ -320,7 +320,7 @@ def _tag_ids(translator: Translator, request: Request) -> frozenset[int]:
 
 def into_language(
     request: Request,
-    translator: Translator,
+    translator: Engine,
     tgt_lang: str | None,
     jsonl: bool = False,
     flag: str = "--tgt-lang",
@@ -362,7 +362,7 @@ def line_constraints(
 
 
 def searchable(
-    translator: Translator,
+    translator: Engine,
     requests: list[Request],
     given: list[list[tuple[str, ...]]] | None,
     glossary: Glossary | None,
@@ -404,7 +404,7 @@ def searchable(
 
 
 def check_constraint_options(
-    translator: Translator,
+    translator: Engine,
     opts: SearchOptions,
     given: Iterable[str],
     spell: Callable[[str], str] = flag,
@@ -418,7 +418,7 @@ def check_constraint_options(
 
 
 def constraint_errors(
-    translator: Translator,
+    translator: Engine,
     texts: list[str],
     constraints: list[list[tuple[str, ...]]],
     opts: SearchOptions,
@@ -426,7 +426,7 @@ def constraint_errors(
     """For each line (the text the model reads), why its constraints cannot be searched
     for ("" where they can, or it has none): by these options on this engine
     (`constraints_need`: beam search with a beam of two or more, on an engine that has
-    it), or on this line (`Translator.constraint_errors`: too many, a phrase the target
+    it), or on this line (`Engine.constraint_errors`: too many, a phrase the target
     vocabulary cannot spell, one longer than the line's output limit)."""
     need = constraints_need(opts, translator.capabilities)
     if need:  # no line's constraints can be searched for
@@ -435,7 +435,7 @@ def constraint_errors(
 
 
 def check_constraint_lines(
-    translator: Translator,
+    translator: Engine,
     source: BinaryIO,
     constraints: list[list[tuple[str, ...]]],
     opts: SearchOptions,
@@ -453,7 +453,7 @@ def check_constraint_lines(
 
 
 def translate_texts(
-    translator: Translator,
+    translator: Engine,
     lines: list[str],
     opts: SearchOptions,
     batch_tokens: int = BATCH_TOKENS,

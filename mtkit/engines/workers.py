@@ -90,7 +90,7 @@ class BatchJob(NamedTuple):
     forced: list[list[int]] | None  # each sentence's target prefix, or None
     seeds: list[int]  # each sentence's sampling seed (sampling only)
     wanted: list | None  # each sentence's constraints' ids, or None
-    banned: list[int]  # target ids this batch never outputs (`Engine.output_groups`)
+    banned: list[int]  # target ids this batch never outputs (`EngineBase.output_groups`)
 
 
 class WorkerError(UserError):

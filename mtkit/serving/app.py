@@ -33,7 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from mtkit.api import Translator as Api
+from mtkit.api import Translator
 from mtkit.core.errors import OptionError, UserError, plural
 from mtkit.core.hypothesis import pharaoh
 from mtkit.core.languages import (
@@ -51,7 +51,7 @@ from mtkit.core.search_options import (
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 from mtkit.engines.session import check_constraint_options, constraint_errors
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
 from mtkit.serving.scheduler import SHUTTING_DOWN, Batcher, Limits, Queued, ServeError
@@ -283,7 +283,7 @@ class Service:
     checkpoint's weights are (a training step, or a description such as "the average
     of steps 800-1000"); `batcher`: the worker, once running."""
 
-    translator: Translator
+    translator: Engine
     defaults: SearchOptions
     limits: Limits
     model_name: str
@@ -359,7 +359,7 @@ class Service:
         work = asyncio.get_running_loop().run_in_executor(
             self.sessions,
             functools.partial(
-                Api(queued).translate_with, texts, opts, glossary=self.glossary, **session
+                Translator(queued).translate_with, texts, opts, glossary=self.glossary, **session
             ),
         )
         while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_S))[0]:
@@ -426,7 +426,7 @@ class Service:
 
 
 def create_app(
-    translator: Translator,
+    translator: Engine,
     defaults: SearchOptions,
     limits: Limits,
     model_name: str,
@@ -640,7 +640,7 @@ def checked_origins(origins: Sequence[str]) -> tuple[str, ...]:
 
 
 def run_service(
-    engine: Translator,
+    engine: Engine,
     defaults: SearchOptions,
     limits,
     model: list,

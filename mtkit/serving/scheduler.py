@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 from mtkit.serving.stream import LineStream, open_stream
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Queued:
     `cancel` drops the searches it queued that have not begun (the client left), and
     makes any later one fail."""
 
-    def __init__(self, engine: Translator, batcher: Batcher):
+    def __init__(self, engine: Engine, batcher: Batcher):
         self._engine, self._batcher = engine, batcher
         self._futures: list[Future] = []
         self._cancelled = False
@@ -125,7 +125,7 @@ class Batcher:
     `mtkit serve` runs the model on the main thread (and HTTP on another): the same
     search ran slower in a second thread."""
 
-    def __init__(self, translator: Translator, limits: Limits, continuous: bool = True):
+    def __init__(self, translator: Engine, limits: Limits, continuous: bool = True):
         self.translator, self.limits, self.continuous = translator, limits, continuous
         self._queue: queue.Queue[_Job | None] = queue.Queue()  # None: stop
         self._queued_lines = 0

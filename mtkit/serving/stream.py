@@ -24,7 +24,7 @@ from torch import Tensor
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import DEFAULTS, SearchOptions
 from mtkit.core.vocab import BOS, EOS, PAD
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 from mtkit.engines.pytorch import TorchEngine
 from mtkit.model.cache import resize
 from mtkit.search.beam import as_hypotheses, max_lengths, padded, step_log_probs, step_shapes
@@ -260,10 +260,10 @@ class GreedyStream:
             self.keys[j], self.keys[i] = self.keys[i], None
 
 
-def open_stream(engine: Translator, opts: SearchOptions) -> LineStream | None:
+def open_stream(engine: Engine, opts: SearchOptions) -> LineStream | None:
     """A stream for requests with these options, or None where the engine has none for
     them (then they are translated in rounds): also where a multilingual model keeps
-    each language's outputs to its pieces (`Engine.output_groups`), which a stream's
+    each language's outputs to its pieces (`EngineBase.output_groups`), which a stream's
     rows, of any language, do not."""
     if not (engine.capabilities.streaming and LineStream.can_take(opts)) or (
         opts.lang_vocab and engine.tgt_vocab.languages

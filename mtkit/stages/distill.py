@@ -59,7 +59,7 @@ from mtkit.core.rundir import run_lock
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import load_vocabs, vocab_paths
 from mtkit.data.sources import clean, open_split
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,7 @@ def _write_state(folder: Path, state: dict) -> None:
 
 def _translate_chunks(
     cfg: Config,
-    engine: Translator,
+    engine: Engine,
     opts: SearchOptions,
     corpora: list,
     chunks: Path,

@@ -24,7 +24,7 @@ from mtkit.core.terms import (
 )
 from mtkit.core.textio import read_lines
 from mtkit.core.translation import Translation
-from mtkit.engines.base import Translator
+from mtkit.engines.base import Engine
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def evaluate(
     )
 
 
-def _engine(model: Path, device: str) -> Translator:
+def _engine(model: Path, device: str) -> Engine:
     from mtkit.core.device import tune_cpu_runtime
     from mtkit.engines.loader import load_engine, wants_ctranslate2
 
@@ -157,7 +157,7 @@ def _check_languages(
 
 
 def _eval_languages(
-    engine: Translator | None, lang: str | None, among: list[str], tgt_lang: str | None
+    engine: Engine | None, lang: str | None, among: list[str], tgt_lang: str | None
 ):
     """Where the tag of the language `engine` (None: no -m) translates into goes
     (`languages.Tagging`: --tgt-lang's, else --lang's for a multilingual model), and the
@@ -244,7 +244,7 @@ def _terms_json(accuracy: TermScore) -> dict:
 
 
 def _translated(
-    engine: Translator,
+    engine: Engine,
     sources: list[str],
     tag,
     terms: list | None,

@@ -88,10 +88,10 @@ def test_translate_health_info_page_and_docs(translator):
 
 
 def test_v1_splits_a_text_of_several_sentences_as_the_python_api_does(translator):
-    from mtkit.api import Translator as Api
+    from mtkit.api import Translator
 
     paragraph = "A dog runs in the park. Two men talk on a bench."
-    expected = Api(translator).translate([paragraph, SENTENCES[3]], alignments=True)
+    expected = Translator(translator).translate([paragraph, SENTENCES[3]], alignments=True)
     with client(translator) as api:
         answer = api.post(
             "/v1/translate", json={"text": [paragraph, SENTENCES[3]], "alignments": True}
