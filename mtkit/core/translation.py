@@ -79,16 +79,27 @@ def joined(source: str, parts: Sequence[Translation], separator: str = " ") -> T
             links.extend((s + src_at, t + tgt_at) for s, t in p.alignment or ())
         src_at += len(p.source.split())
         tgt_at += len(p.text.split())
-    weights = [len(p.tokens) + 1 for p in parts]
-    total = sum(weights)
     met = [p.constraints_met for p in parts if p.constraints_met is not None]
+    score, confidence = weighted(parts)
     return Translation(
         source=source,
         text=separator.join(p.text for p in parts if p.text),
-        score=sum(p.score * w for p, w in zip(parts, weights, strict=True)) / total,
-        confidence=sum(p.confidence * w for p, w in zip(parts, weights, strict=True)) / total,
+        score=score,
+        confidence=confidence,
         tokens=tuple(t for p in parts for t in p.tokens),
         alignment=tuple(links) if aligned else None,
         constraints_met=all(met) if met else None,
         sentences=tuple(parts),
+    )
+
+
+def weighted(parts: Sequence[Translation]) -> tuple[float, float]:
+    """The score and the confidence of a translation made of `parts` (a line's sentences,
+    a document's texts): theirs, each part weighted by the tokens it scored, eos included
+    (0 and 0 for no parts)."""
+    weights = [len(p.tokens) + 1 for p in parts]
+    total = sum(weights) or 1
+    return (
+        sum(p.score * w for p, w in zip(parts, weights, strict=True)) / total,
+        sum(p.confidence * w for p, w in zip(parts, weights, strict=True)) / total,
     )

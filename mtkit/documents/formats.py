@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
-from mtkit.core.translation import Translation
+from mtkit.core.translation import Translation, weighted
 from mtkit.documents import catalogs, markup, subtitles
 from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
@@ -128,12 +128,12 @@ def translate_documents(
     """Each of `documents` (of `format`) translated with `translate` (texts in,
     `Translation`s with word alignments out, in order): the texts every document wants
     in a round go to one call (`translate_rounds`). Each result's `sentences` are the
-    translations of its texts, its scores theirs, weighted by tokens (`markup.summary`)."""
+    translations of its texts, its scores theirs, weighted by tokens (`translation.weighted`)."""
     known = FORMATS[format]
     known.check_installed()
     done = translate_rounds([known.rounds(d) for d in documents], translate)
     return [
-        markup.summary(document, text, parts)
+        Translation(document, text, *weighted(parts), sentences=tuple(parts))
         for document, (text, parts) in zip(documents, done, strict=True)
     ]
 

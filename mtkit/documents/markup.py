@@ -845,20 +845,6 @@ def rounds(document: str, format: str) -> Generator[list[str], list[Translation]
     return finish(prepared, translated)
 
 
-def summary(source: str, text: str, parts: list[Translation]) -> Translation:
-    """A document's translation: its text, and its parts' scores weighted by the
-    tokens each scored."""
-    weights = [len(t.tokens) + 1 for t in parts]
-    total = sum(weights) or 1
-    return Translation(
-        source=source,
-        text=text,
-        score=sum(t.score * w for t, w in zip(parts, weights, strict=True)) / total,
-        confidence=sum(t.confidence * w for t, w in zip(parts, weights, strict=True)) / total,
-        sentences=tuple(parts),
-    )
-
-
 def _shift(marks: list[Mark], by: int) -> list[Mark]:
     return [
         Mark(m.node, max(m.start + by, 0), max(m.end + by, 0), m.atom, _shift(m.inner, by), m.glued)
