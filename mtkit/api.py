@@ -243,7 +243,9 @@ class Translator:
                 raise OptionError(
                     f"unknown option {name!r}; the options are chunk, {', '.join(known)}", name
                 )
-        self.translate([], **options)  # no texts: only the options, checked as translate's
+        # No texts: only the options, checked as translate's; constraints (one list per
+        # text) are checked with the texts they go with, in `translate`.
+        self.translate([], **{k: v for k, v in options.items() if k != "constraints"})
 
         def translated() -> Iterator[Translation]:
             batch: list[str] = []

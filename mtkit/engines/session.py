@@ -457,11 +457,9 @@ def translate_texts(
     lines: list[str],
     opts: SearchOptions,
     batch_tokens: int = BATCH_TOKENS,
-    split: bool = False,
 ) -> list[str]:
-    """The best translation of each line, in order (`translate_requests`, each line
-    whole unless `split`)."""
+    """The best translation of each line, each line whole, in order (`translate_requests`)."""
     found = translate_requests(
-        translator, [Request(x) for x in lines], opts, split=split, batch_tokens=batch_tokens
+        translator, [Request(x) for x in lines], opts, batch_tokens=batch_tokens
     )
     return [nbest[0].text for nbest in found]

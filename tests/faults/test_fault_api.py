@@ -98,6 +98,14 @@ def test_translate_iter_with_good_options_still_streams_as_translate(translator)
     assert [t.text for t in translator.translate_iter(iter(texts), chunk=2, beam=2)] == want
 
 
+def test_translate_iter_takes_constraints_for_a_stream_of_one_chunk(translator):
+    """Constraints are one list per text: the check at the call leaves them to the chunk
+    they go with (checked at the call with no texts, one list was always one too many)."""
+    want = [t.text for t in translator.translate(["A dog."], beam=4, constraints=[["Hund"]])]
+    got = translator.translate_iter(["A dog."], beam=4, constraints=[["Hund"]])
+    assert [t.text for t in got] == want
+
+
 @pytest.mark.parametrize(
     "texts, says",
     [
