@@ -100,7 +100,12 @@ class LocalServer:
         """SIGTERM, then the exit code and stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=120)
+        try:
+            _, err = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # never left running past the test
+            self.proc.kill()
+            self.proc.communicate()
+            raise
         return self.proc.returncode, err
 
     def __enter__(self) -> LocalServer:

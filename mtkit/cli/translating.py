@@ -20,7 +20,7 @@ from mtkit.cli.app import (
     tune_runtime,
 )
 from mtkit.core.errors import OptionError
-from mtkit.core.search_options import OPTIONS, SearchOptions
+from mtkit.core.search_options import OPTIONS
 from mtkit.core.terms import (
     Glossary,
     read_constraints,
@@ -304,16 +304,6 @@ def _refuse_overwriting_inputs(
         refuse_same_file(output, {**inputs, **model_files(model)})
 
 
-def _check_constraints(
-    engine: Engine, opts: SearchOptions, constraints: Path | None, glossary: Path | None
-) -> None:
-    """One line if the engine or the options cannot search with constraints."""
-    from mtkit.engines.session import check_constraint_options
-
-    given = (("--constraints", constraints), ("--glossary", glossary))
-    check_constraint_options(engine, opts, [name for name, path in given if path])
-
-
 @app.command(name="eval")
 def eval_(
     model: Annotated[
@@ -496,6 +486,7 @@ def serve(
     Concurrent requests are batched together. SIGTERM or Ctrl-C finishes the requests in
     flight and one last round of the waiting ones, answers the rest 503, then exits."""
     _need_serve_extra()
+    from mtkit.engines.session import Session
     from mtkit.serving.app import checked_limits, checked_origins, run_service
 
     with reported():
@@ -508,25 +499,27 @@ def serve(
         # one batch at a time on all the threads: a server's batches are its requests',
         # each waited for (no helper processes beside a service's threads)
         engine = _engine(model, device, precision, workers=1)
-        defaults = SearchOptions.from_config(
-            engine.config.decode,
-            beam=beam,
-            lenpen=lenpen,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            no_repeat_ngram=no_repeat_ngram,
-            sampling=sampling,
-            temperature=temperature,
-            topk=topk,
-            topp=topp,
-            seed=seed,
-            align_layer=align_layer,
-            alignments=align_layer is not None,
-            lang_vocab=lang_vocab,
-            shortlist=shortlist,
-        )
-        engine.check(defaults)  # refused now, not in every request
-        _check_constraints(engine, defaults, None, glossary)
+        defaults = Session.open(  # refused now, not in every request
+            engine,
+            dict(
+                beam=beam,
+                lenpen=lenpen,
+                max_len_a=max_len_a,
+                max_len_b=max_len_b,
+                no_repeat_ngram=no_repeat_ngram,
+                sampling=sampling,
+                temperature=temperature,
+                topk=topk,
+                topp=topp,
+                seed=seed,
+                align_layer=align_layer,
+                alignments=align_layer is not None,
+                lang_vocab=lang_vocab,
+                shortlist=shortlist,
+            ),
+            constrained_by=["--glossary"] if glossary else [],
+            target=False,  # (each request names its own)
+        ).opts
         stopped_by = run_service(
             engine,
             replace(defaults, alignments=False),

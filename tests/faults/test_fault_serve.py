@@ -78,26 +78,36 @@ def half_request(path: str, kind: str, part: bytes, length: int = 1000) -> bytes
 def test_a_client_that_leaves_mid_body_is_no_traceback(trained):
     """On every route, JSON or a form: the client that leaves mid-body is no one to answer
     and no error to log (LibreTranslate's and DeepL's logged a ClientDisconnect)."""
-    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
-    for path, kind, part in HALF_BODIES:
-        with socket.create_connection(("127.0.0.1", server.port)) as half:
-            half.sendall(half_request(path, kind, part))
-    assert server.translate(["A dog."])[0]  # served on
-    code, err = server.stop()
+    with LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu") as server:
+        for path, kind, part in HALF_BODIES:
+            with socket.create_connection(("127.0.0.1", server.port)) as half:
+                half.sendall(half_request(path, kind, part))
+        assert server.translate(["A dog."])[0]  # served on
+        code, err = server.stop()
     assert code == 0 and "Traceback" not in err and "ClientDisconnect" not in err, err[-2000:]
     assert "Exception" not in err and "ERROR" not in err, err[-2000:]
 
 
-def trickle(port: int, path: str, kind: str, body: bytes, answers: list) -> None:
+def trickle(
+    port: int,
+    path: str,
+    kind: str,
+    body: bytes,
+    answers: list,
+    arriving: threading.Event | None = None,
+) -> None:
     """Send a request's body a byte every 0.2 s (a slowloris) until the server answers or
-    closes, and put what came back in `answers`."""
+    closes, and put what came back in `answers`; `arriving` is set once the headers and
+    the first bytes of the body are sent."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as c:
         c.sendall(half_request(path, kind, b"", len(body)))
         try:
-            for byte in body:
+            for sent, byte in enumerate(body):
                 if select.select([c], [], [], 0.2)[0]:  # answered before the body ended
                     break
                 c.sendall(bytes([byte]))
+                if arriving is not None and sent == 2:
+                    arriving.set()
         except OSError:  # closed as it answered: the answer is still there to read
             pass
         got = b""
@@ -119,46 +129,52 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_in_the_apis_shape(trained)
     server = LocalServer(
         trained / "run" / "checkpoints" / "best.pt", "--device", "cpu", "--body-timeout", "1"
     )
-    answers: list = []
-    slow = [
-        threading.Thread(target=trickle, args=(server.port, path, JSON, body, answers))
-        for path, body in (("/translate", LT_BODY), ("/v2/translate", DEEPL_BODY))
-    ]
-    start = time.monotonic()
-    for t in slow:
-        t.start()
-    assert server.translate(["A dog."])[0]
-    for t in slow:
-        t.join(timeout=60)
-    assert time.monotonic() - start < 20  # (1 s and a poll; each body would take 37 s)
-    lt, deepl = sorted(answers, key=lambda a: b"message" in a)
-    for answer, key in ((lt, "error"), (deepl, "message")):
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
-        assert (
-            body
-            == (
-                f'{{"{key}":"the request body did not arrive within 1 s (--body-timeout)"}}'
-            ).encode()
-        )
-    code, err = server.stop()
-    assert code == 0 and "Traceback" not in err, err[-2000:]
+    with server:
+        answers: list = []
+        slow = [
+            threading.Thread(
+                target=trickle, args=(server.port, path, JSON, body, answers), daemon=True
+            )
+            for path, body in (("/translate", LT_BODY), ("/v2/translate", DEEPL_BODY))
+        ]
+        start = time.monotonic()
+        for t in slow:
+            t.start()
+        assert server.translate(["A dog."])[0]
+        for t in slow:
+            t.join(timeout=60)
+        assert time.monotonic() - start < 30  # (1 s and a poll; each body would take 37 s)
+        lt, deepl = sorted(answers, key=lambda a: b"message" in a)
+        for answer, key in ((lt, "error"), (deepl, "message")):
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+            assert (
+                body
+                == (
+                    f'{{"{key}":"the request body did not arrive within 1 s (--body-timeout)"}}'
+                ).encode()
+            )
+        code, err = server.stop()
+        assert code == 0 and "Traceback" not in err, err[-2000:]
 
 
 def test_sigterm_while_a_client_trickles_its_body_exits_within_seconds(trained):
     """Shutdown waits for no slow client: a body still arriving at SIGTERM (the default
     --body-timeout, 30 s) gets 503 two seconds later, and the server exits 0 (it waited
     out uvicorn's 60 s graceful timeout, or the whole body)."""
-    server = LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu")
-    answers: list = []
-    slow = threading.Thread(
-        target=trickle, args=(server.port, "/translate", JSON, LT_BODY, answers)
-    )
-    slow.start()
-    time.sleep(1)  # the body is arriving (for 37 s)
-    start = time.monotonic()
-    code, err = server.stop()
-    assert time.monotonic() - start < 15, "shutdown waited for the slow client"
+    with LocalServer(trained / "run" / "checkpoints" / "best.pt", "--device", "cpu") as server:
+        answers: list = []
+        arriving = threading.Event()
+        slow = threading.Thread(
+            target=trickle,
+            args=(server.port, "/translate", JSON, LT_BODY, answers, arriving),
+            daemon=True,
+        )
+        slow.start()
+        assert arriving.wait(timeout=60)  # the body is arriving (for 37 s)
+        start = time.monotonic()
+        code, err = server.stop()
+        assert time.monotonic() - start < 30, "shutdown waited for the slow client"
     slow.join(timeout=60)
     assert code == 0 and "Traceback" not in err and "ERROR" not in err, err[-2000:]
     assert answers and answers[0].startswith(b"HTTP/1.1 503 "), answers
