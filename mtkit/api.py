@@ -21,7 +21,7 @@ import numbers
 import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from mtkit.core.errors import OptionError, UserError
@@ -146,87 +146,56 @@ class Translator:
         layer `align_layer` (None: the last; a model trained with guided alignment: its
         trained head)."""
         texts = _texts("texts", texts)
-        if glossary is not None and not isinstance(glossary, Glossary):
-            raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
-        tgt_lang = _argument("tgt_lang", tgt_lang, str)
-        split = _argument("split", split, bool)
-        batch_tokens = _argument("batch_tokens", batch_tokens)
-        session = self._session(
+        session, format = self._open(
             dict(
                 beam=beam,
                 lenpen=lenpen,
                 n_best=n_best,
                 max_len_a=max_len_a,
                 max_len_b=max_len_b,
-                sampling=sampling or None,
+                sampling=sampling,
                 temperature=temperature,
                 topk=topk,
                 topp=topp,
                 seed=seed,
-                alignments=alignments or format != "text" or None,
+                glossary=glossary,
+                tgt_lang=tgt_lang,
+                format=format,
+                split=split,
+                alignments=alignments,
                 align_layer=align_layer,
+                batch_tokens=batch_tokens,
+            )
+        )
+        return session.translate_texts(texts, format, _constraints(constraints, len(texts)))
+
+    def _open(self, options: Mapping) -> tuple[Session, str]:
+        """The session `translate`'s keyword `options` (those not given: their defaults)
+        open, each checked, and the format they name: once a call, whatever its texts
+        (blank ones too), once for all of `translate_iter`'s."""
+        glossary = options.get("glossary")
+        if glossary is not None and not isinstance(glossary, Glossary):
+            raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
+        format = options.get("format", "text")
+        search = dict(
+            (name, options.get(name))
+            for name in ("beam", "lenpen", "max_len_a", "max_len_b", "temperature", "topk")
+            + ("topp", "seed", "align_layer")
+        )
+        session = self._session(
+            dict(
+                search,
+                n_best=options.get("n_best", 1),
+                sampling=options.get("sampling") or None,
+                alignments=options.get("alignments") or format != "text" or None,
             ),
             glossary=glossary,
-            tgt_lang=tgt_lang,  # (at the call, whatever the texts: blank ones too)
-            split=split,
-            batch_tokens=batch_tokens,
+            tgt_lang=_argument("tgt_lang", options.get("tgt_lang"), str),
+            split=_argument("split", options.get("split"), bool),
+            batch_tokens=_argument("batch_tokens", options.get("batch_tokens")),
         )
-        return self._translate_in(session, texts, format, _constraints(constraints, len(texts)))
-
-    def translate_with(
-        self,
-        texts: Iterable[str],
-        opts: SearchOptions,
-        *,
-        constraints: list[list[tuple[str, ...]]] | None = None,
-        glossary: Glossary | None = None,
-        tgt_lang: str | None = None,
-        format: str = "text",
-        split: bool | None = None,
-        batch_tokens: int | None = None,
-    ) -> list[Translation]:
-        """`translate`, with the search given as `SearchOptions` already checked (the
-        server's, whose errors name its fields) and constraints as the session takes them."""
-        session = Session(
-            self.engine,
-            opts,
-            glossary,
-            self.engine.config.decode.split if split is None else split,
-            tgt_lang,
-            batch_tokens or self.engine.batch_tokens,
-            _keyword,
-        )
-        return self._translate_in(session, texts, format, constraints)
-
-    def _translate_in(
-        self,
-        session: Session,
-        texts: Iterable[str],
-        format: str,
-        constraints: list[list[tuple[str, ...]]] | None,
-    ) -> list[Translation]:
-        """One `Translation` per text (a line of text, or a document in `format`, whose
-        runs go through `session` together), in order; `constraints`: each text's."""
-        from mtkit.documents.formats import FORMATS, translate_documents
-
-        if format not in ("text", *FORMATS):
-            raise OptionError(
-                f"format must be one of {', '.join(('text', *FORMATS))}, got {format!r}"
-            )
-        if format != "text" and session.opts.nbest > 1:  # (as `translate --nbest --format html`)
-            raise OptionError(f"n_best is for text; format {format} writes a document", "nbest")
-        settings = (
-            replace(session, opts=replace(session.opts, alignments=True))
-            if format != "text"
-            else session
-        )
-        if format == "text":
-            return self._text(_texts("texts", texts), settings, constraints)
-        if constraints is not None:
-            raise OptionError("constraints are for text; a document's terms go in a glossary")
-        return translate_documents(  # every text of every document in a round in one batch
-            _texts("texts", texts), format, lambda runs: self._text(runs, settings, None)
-        )
+        session.translate_texts([], format)  # (the format and what it allows, checked)
+        return session, format
 
     def translate_iter(
         self, texts: Iterable[str], *, chunk: int = CHUNK_LINES, **options
@@ -243,34 +212,29 @@ class Translator:
                 raise OptionError(
                     f"unknown option {name!r}; the options are chunk, {', '.join(known)}", name
                 )
-        # No texts: only the options, checked as translate's; constraints (one list per
-        # text) are checked with the texts they go with, in `translate`.
-        self.translate([], **{k: v for k, v in options.items() if k != "constraints"})
+        session, format = self._open(options)
+        given = options.get("constraints")
+        if given is not None and not isinstance(given, (list, tuple)):
+            _constraints(given, 0)  # (one line: not a list)
 
         def translated() -> Iterator[Translation]:
             batch: list[str] = []
             for text in texts:
                 batch.append(text)
                 if len(batch) == chunk:
-                    yield from self.translate(batch, **options)
+                    yield from chunk_done(batch)
                     batch = []
             if batch:
-                yield from self.translate(batch, **options)
+                yield from chunk_done(batch)
+
+        def chunk_done(batch: list[str]) -> list[Translation]:
+            nonlocal given
+            mine = None
+            if given is not None:
+                mine, given = _constraints(given[: len(batch)], len(batch)), given[len(batch) :]
+            return session.translate_texts(_texts("texts", batch), format, mine)
 
         return translated()
-
-    def _text(
-        self,
-        texts: list[str],
-        settings: Session,
-        constraints: list[list[tuple[str, ...]]] | None,
-    ) -> list[Translation]:
-        requests = [settings.request(t) for t in texts]
-        found = settings.translate(requests, constraints=constraints)
-        return [
-            _with_alternatives(ts) if ts else _empty(r.src)
-            for r, ts in zip(requests, found, strict=True)
-        ]
 
     def close(self) -> None:
         """Stop the helper processes (if any); the translator stays usable."""
@@ -406,30 +370,63 @@ def _constraints(given, count: int) -> list[list[tuple[str, ...]]] | None:
     return out
 
 
-def _with_alternatives(found: list[Translation]) -> Translation:
-    return replace(found[0], alternatives=tuple(found[1:])) if len(found) > 1 else found[0]
-
-
-def _empty(source: str) -> Translation:
-    return Translation(source, "", 0.0, 0.0)
+def check_file_options(written: OutputFormat, given: Mapping[str, bool]) -> None:
+    """The rules of what goes with a file's format, each once, one line naming the flag:
+    `given` says which of --prefix-file, --constraints (a text file's lines'), --scores and
+    --alignments (text and jsonl output) were given. (--nbest with a document: the
+    session's rule, `Session.translate_texts`.)"""
+    for name, field in (("--prefix-file", "prefix"), ("--constraints", "constraints")):
+        if given.get(name) and written.kind == "jsonl":
+            raise OptionError(f'{name} is for text input; in jsonl give each line "{field}"')
+        if given.get(name) and written.document:
+            raise OptionError(f"{name} is for text input, not a {written.kind} document")
+    for name in ("--scores", "--alignments"):
+        if given.get(name) and written.document:
+            raise OptionError(
+                f"{name} is for text and jsonl; --format {written.kind} writes a document"
+            )
 
 
 def translate_file(
-    session: Session,
+    engine: Engine,
     input: Path | None,
     output: Path | None,
     written: OutputFormat,
-    prefixes: list[str] | None = None,
-    prefix_file: Path | None = None,
+    search: Mapping[str, object],
     *,
-    constraints: list | None = None,
+    prefix_file: Path | None = None,
     constraints_file: Path | None = None,
+    glossary_file: Path | None = None,
+    tgt_lang: str | None = None,
+    split: bool | None = None,
+    batch_tokens: int | None = None,
 ) -> None:
-    """`mtkit translate`: `input` (None: stdin) translated through `session` to `output`
+    """`mtkit translate`: the session `engine` and the command line's options open
+    (`Session.open`, each error naming its flag: the `search` options, a glossary read
+    from `glossary_file`), then `input` (None: stdin) translated through it to `output`
     (None: stdout; a file is replaced only once complete), with a progress bar on a
     terminal. Text and jsonl go line by line (`Session.stream`), with each line's target
     prefix and constraints (read from `prefix_file`, `constraints_file`); a document's
     format (`written.document`) reads the input as one document."""
+    from mtkit.core.terms import read_constraints
+    from mtkit.core.textio import read_lines
+
+    prefixes = read_lines(prefix_file) if prefix_file else None
+    constraints = read_constraints(constraints_file) if constraints_file else None
+    session = Session.open(
+        engine,
+        search,
+        glossary=Glossary.read(glossary_file) if glossary_file else None,
+        constrained_by=[
+            name
+            for name, path in (("--constraints", constraints_file), ("--glossary", glossary_file))
+            if path
+        ],
+        tgt_lang=tgt_lang,
+        target=written.kind != "jsonl",  # (jsonl records may name their own)
+        split=split,
+        batch_tokens=batch_tokens,
+    )
     import sys
     from contextlib import nullcontext
 
@@ -444,7 +441,7 @@ def translate_file(
         data = input.read_bytes() if input else sys.stdin.buffer.read()
         encoding = document.encoding(data)
         text = read_document(data, encoding)
-        (result,) = Translator(session.engine)._translate_in(session, [text], written.kind, None)
+        (result,) = session.translate_texts([text], written.kind)
         payload = document.written(result.text, encoding)
         if output:
             write_atomic(output, payload)

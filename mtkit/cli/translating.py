@@ -23,7 +23,6 @@ from mtkit.core.errors import OptionError
 from mtkit.core.search_options import OPTIONS
 from mtkit.core.terms import (
     Glossary,
-    read_constraints,
 )
 from mtkit.documents.formats import FORMATS, listed, output_format
 from mtkit.engines.base import Engine
@@ -214,9 +213,7 @@ def translate(
     """Translate text from a file or stdin, one output line per input line, in order.
 
     With -o the output file is replaced only when every line is translated."""
-    from mtkit.api import translate_file
-    from mtkit.core.textio import read_lines
-    from mtkit.engines.session import Session
+    from mtkit.api import check_file_options, translate_file
 
     input, output = dash(input), dash(output)
     with reported():
@@ -231,66 +228,44 @@ def translate(
             },
             model,
         )
-        for name, given, field in (
-            ("--prefix-file", prefix_file, "prefix"),
-            ("--constraints", constraints_file, "constraints"),
-        ):
-            if given and written.kind == "jsonl":
-                raise OptionError(f'{name} is for text input; in jsonl give each line "{field}"')
-            if given and written.document:
-                raise OptionError(f"{name} is for text input, not a {written.kind} document")
-        for name, given in (
-            ("--nbest", nbest > 1),
-            ("--scores", scores),
-            ("--alignments", alignments),
-        ):
-            if given and written.document:
-                raise OptionError(
-                    f"{name} is for text and jsonl; --format {written.kind} writes a document"
-                )
-        prefixes = read_lines(prefix_file) if prefix_file else None
-        constraints = read_constraints(constraints_file) if constraints_file else None
-        terms = _glossary(glossary)
-        engine = _engine(model, device, precision, cuda_graphs, workers)
-        session = Session.open(
-            engine,
-            dict(
-                beam=beam,
-                lenpen=lenpen,
-                max_len_a=max_len_a,
-                max_len_b=max_len_b,
-                nbest=nbest,
-                no_repeat_ngram=no_repeat_ngram,
-                sampling=sampling,
-                temperature=temperature,
-                topk=topk,
-                topp=topp,
-                seed=seed,
-                alignments=alignments,
-                align_layer=align_layer,
-                lang_vocab=lang_vocab,
-                shortlist=shortlist,
-            ),
-            glossary=terms,
-            constrained_by=[
-                name
-                for name, path in (("--constraints", constraints_file), ("--glossary", glossary))
-                if path
-            ],
-            tgt_lang=tgt_lang,
-            target=written.kind != "jsonl",  # (jsonl records may name their own)
-            split=split,
-            batch_tokens=batch_tokens,
+        check_file_options(
+            written,
+            {
+                "--prefix-file": bool(prefix_file),
+                "--constraints": bool(constraints_file),
+                "--scores": scores,
+                "--alignments": alignments,
+            },
+        )
+        search = dict(
+            beam=beam,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            nbest=nbest,
+            no_repeat_ngram=no_repeat_ngram,
+            sampling=sampling,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            seed=seed,
+            alignments=alignments,
+            align_layer=align_layer,
+            lang_vocab=lang_vocab,
+            shortlist=shortlist,
         )
         translate_file(
-            session,
+            _engine(model, device, precision, cuda_graphs, workers),
             input,
             output,
             written,
-            prefixes,
-            prefix_file,
-            constraints=constraints,
+            search,
+            prefix_file=prefix_file,
             constraints_file=constraints_file,
+            glossary_file=glossary,
+            tgt_lang=tgt_lang,
+            split=split,
+            batch_tokens=batch_tokens,
         )
 
 

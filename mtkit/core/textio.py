@@ -57,10 +57,9 @@ BINARY = (
     (b"GIF89a", "a GIF image"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office file (a .doc, .xls, .ppt...?)"),
 )
-# What a refusal says mtkit translates: text, and the document formats of
-# `mtkit.documents.formats`, which this layer is below (tests/unit/test_documents.py holds
-# the two together)
-TRANSLATED = "mtkit translates text, html, xml, srt and po"
+# What a refusal says mtkit translates, pointing at the one list of document formats
+# (`mtkit.documents.formats`, above this layer) rather than naming them
+TRANSLATED = "mtkit translates text and the document formats --format lists"
 
 
 def line_count(stream: BinaryIO) -> int:

@@ -1,11 +1,13 @@
 """A translation session: lines (or jsonl requests) in, `Translation`s out, in order.
 
 `Session` is what every surface builds once and translates through (the Python API,
-`translate`, `eval -m`, `mtkit run`'s test set): the engine, the search options (the
-checkpoint's decode section with the caller's overrides), a glossary, whether lines are split
-into sentences, the language to translate into and the batch budget, checked once when it is
-opened (`Session.open`), each error naming an option the caller's way (the CLI's --beam, the
-API's beam).
+`translate`, `eval -m`, `mtkit run`'s test set, every route of `mtkit serve`): the engine,
+the search options (the checkpoint's decode section with the caller's overrides), a
+glossary, whether lines are split into sentences, the language to translate into and the
+batch budget, checked once when it is opened (`Session.open`), each error naming an
+option the caller's way (the CLI's --beam, the API's beam, the server's fields).
+`Session.translate_texts` translates texts or documents of a format, as each surface
+asks.
 
 `translate_requests` is the one path a session's texts take: each request gets its target
 language's tag, a line of several sentences is split into them (`mtkit.documents.sentences`)
@@ -18,6 +20,12 @@ against what the engine can search for, the lines go to the engine
 interactively and in a pipe), exactly one output line per input line (n lines with
 `nbest` n), in input order, flushed after each chunk. Empty lines give empty lines
 without running the model.
+
+Three callers search with the engine itself, each for what a session's output does not
+hold: `mtkit distill` (a teacher's translation of training sentences, already one
+sentence each and cleaned, recorded with each hypothesis's pieces and log-probability
+cost, with `distill.beam`), training's validation (greedy, on token ids, for the
+checkpoint's BLEU) and `mtkit explain` (the model's attention, step by step).
 
 The constraint rule, here once for every surface (the API, `translate`, `eval -m`,
 `mtkit serve`): options that cannot search for constraints at all (sampling, a beam of
@@ -79,6 +87,8 @@ class Session:
     tgt_lang: str | None = None
     batch_tokens: int = BATCH_TOKENS
     spell: Callable[[str], str] = flag
+    name_line: Callable[[int], str] = line_name  # a text in an error: "line 3" (the server's
+    # "constraints.2": the field its constraints came in)
 
     @classmethod
     def open(
@@ -138,7 +148,48 @@ class Session:
             glossary=self.glossary,
             split=self.split,
             batch_tokens=self.batch_tokens,
+            name_line=self.name_line,
         )
+
+    def translate_texts(
+        self,
+        texts: list[str],
+        format: str = "text",
+        constraints: list[list[tuple[str, ...]]] | None = None,
+    ) -> list[Translation]:
+        """One `Translation` per text, in order: a line of text (its n-best after the
+        first in `alternatives`), or a document in `format` (a name in
+        `mtkit.documents.formats.FORMATS`), whose texts of every document go through the
+        session together, round by round (`translate_documents`), with word alignments
+        to carry its tags by. `constraints`: each text's, for text alone (a document's
+        terms go in a glossary). What every surface calls: the API, `translate`, the
+        server's routes."""
+        from mtkit.documents.formats import FORMATS, translate_documents
+
+        if format not in ("text", *FORMATS):
+            raise OptionError(
+                f"{self.spell('format')} must be one of {', '.join(('text', *FORMATS))}, "
+                f"got {format!r}",
+                "format",
+            )
+        if format == "text":
+            requests = [self.request(t) for t in texts]
+            found = self.translate(requests, constraints=constraints)
+            return [
+                _with_alternatives(ts) if ts else Translation(r.src, "", 0.0, 0.0)
+                for r, ts in zip(requests, found, strict=True)
+            ]
+        if self.opts.nbest > 1:  # (as `translate --nbest --format html`)
+            raise OptionError(
+                f"{self.spell('nbest')} is for text; format {format} writes a document", "nbest"
+            )
+        if constraints is not None:
+            raise OptionError(
+                f"{self.spell('constraints')} are for text; a document's terms go in a glossary",
+                "constraints",
+            )
+        aligned = replace(self, opts=replace(self.opts, alignments=True))
+        return translate_documents(texts, format, aligned.translate_texts)
 
     def stream(
         self,
@@ -185,6 +236,7 @@ def translate_requests(
     done: Callable[[int], None] | None = None,
     count: int = 0,
     jsonl: bool = False,
+    name_line: Callable[[int], str] = line_name,
 ) -> list[list[Translation]]:
     """The translations of each request (`nbest` of them; none for a request with an
     error), in order; a jsonl request whose own constraints cannot be searched for gets
@@ -193,8 +245,8 @@ def translate_requests(
     source terms require, found per sentence. With `split`, a request with no prefix and
     no constraints of its own is translated sentence by sentence
     (`mtkit.documents.sentences`) and joined back.
-    `count`: the lines before these (how messages number them); `jsonl`: a request's
-    own constraints that cannot be searched for are its error, not one line."""
+    `count`: the lines before these (how messages number them, by `name_line`); `jsonl`:
+    a request's own constraints that cannot be searched for are its error, not one line."""
     rows, line_of, row_given = [], [], []
     src_lang = translator.config.data.src_lang
     for i, request in enumerate(requests):
@@ -217,6 +269,7 @@ def translate_requests(
         count,
         jsonl,
         line_of,
+        name_line,
     )
     for row, line in zip(rows, line_of, strict=True):
         if row.error:  # (a line whose own constraints cannot be: never split) its error
@@ -370,6 +423,7 @@ def searchable(
     count: int = 0,
     jsonl: bool = False,
     lines: list[int] | None = None,
+    name_line: Callable[[int], str] = line_name,
 ) -> tuple[list[Request], list[list[tuple[str, ...]]] | None]:
     """The requests and each one's constraints, with those that cannot be searched for
     (`constraint_errors`) dealt with by the rule: a line's own constraints (a file's, its
@@ -378,7 +432,7 @@ def searchable(
     written: `check_constraint_lines`); a glossary's are dropped from that line with a
     warning, so a stream never stops on a term. `lines`: the input line each request is
     part of (a sentence of a split line is one request), counted from the chunk's start
-    (None: one request a line)."""
+    (None: one request a line); `name_line`: how the one line names it."""
     at = [count + (lines[i] if lines is not None else i) for i in range(len(requests))]
     own = line_constraints(requests, given)
     wanted = line_constraints(requests, given, glossary)
@@ -392,7 +446,7 @@ def searchable(
         )
         for i, why in zip(bad, mine, strict=True):
             if why and not jsonl:
-                raise OptionError(f"{line_name(at[i])}: {why}", "constraints")
+                raise OptionError(f"{name_line(at[i])}: {why}", "constraints")
             if why:
                 requests[i] = replace(requests[i], src="", error=f"constraints: {why}")
                 wanted[i] = []
@@ -452,14 +506,6 @@ def check_constraint_lines(
             raise OptionError(f"line {i + 1}: {why}", "constraints")
 
 
-def translate_texts(
-    translator: Engine,
-    lines: list[str],
-    opts: SearchOptions,
-    batch_tokens: int = BATCH_TOKENS,
-) -> list[str]:
-    """The best translation of each line, each line whole, in order (`translate_requests`)."""
-    found = translate_requests(
-        translator, [Request(x) for x in lines], opts, batch_tokens=batch_tokens
-    )
-    return [nbest[0].text for nbest in found]
+def _with_alternatives(found: list[Translation]) -> Translation:
+    """The best translation, the next best in its `alternatives`."""
+    return replace(found[0], alternatives=tuple(found[1:])) if len(found) > 1 else found[0]

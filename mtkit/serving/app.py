@@ -33,15 +33,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from mtkit.api import Translator
 from mtkit.core.errors import OptionError, UserError, plural
 from mtkit.core.hypothesis import pharaoh
 from mtkit.core.languages import (
-    Tagging,
     bilingual_pair,
     directions,
     name,
-    tagging,
     target_languages,
 )
 from mtkit.core.search_options import (
@@ -52,9 +49,16 @@ from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
 from mtkit.engines.base import Engine
-from mtkit.engines.session import check_constraint_options, constraint_errors
+from mtkit.engines.session import Session, check_constraint_options
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
-from mtkit.serving.scheduler import SHUTTING_DOWN, Batcher, Limits, Queued, ServeError
+from mtkit.serving.scheduler import (
+    SHUTTING_DOWN,
+    Batcher,
+    Limits,
+    QueuedEngine,
+    ServeError,
+    Ticket,
+)
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
@@ -290,6 +294,7 @@ class Service:
     step: int | str | None = None
     batcher: Batcher | None = None
     glossary: Glossary | None = None  # `serve --glossary`: terms every request gets
+    session: Session | None = None  # what each request translates with (`start`)
     sessions: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(SESSION_THREADS, "mtkit-session")
     )  # where each request's session runs (`translated`)
@@ -319,83 +324,79 @@ class Service:
         self.translator.check(opts, spell=str)
         return opts
 
-    def constraints(
-        self, body: TranslateRequest, lines: list[str], opts: SearchOptions
-    ) -> list[list[tuple[str, ...]]] | None:
-        """The request's own constraints, one list per sentence (None if it has none),
-        checked: 422 where they cannot be searched for, and for options that cannot
-        search with the server's glossary (a beam of 1), as `translate --glossary`
-        refuses them. The glossary's terms are the session's to add, sentence by sentence
-        (`mtkit.engines.session.searchable`: those that cannot be searched for in a
-        sentence are left out of it, logged)."""
-        if self.glossary:  # as `translate --glossary`: options it cannot search with are
-            # refused, in every request, whether or not its sentences hold a term
+    def constraints(self, body: TranslateRequest, opts: SearchOptions):
+        """The request's own constraints, one list per text (None if it has none), where
+        `opts` can search for them (422 naming the field), and options that cannot search
+        with the server's glossary (a beam of 1) refused, as `translate --glossary`
+        refuses them, in every request whether or not its texts hold a term. Each text's
+        own constraints are checked by the session, which names it "constraints.N"; the
+        glossary's terms are the session's to add, sentence by sentence
+        (`mtkit.engines.session.searchable`)."""
+        if self.glossary:
             glossary = "this server's glossary (serve --glossary)"
             try:
                 check_constraint_options(self.translator, opts, [glossary], spell=str)
             except OptionError as e:
                 raise ServeError(422, str(e), "beam") from None
-        own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(lines)]
+        own = [list(read_constraints_field(c)) for c in body.constraints or [[]] * len(body.text)]
         if not any(own):
             return None
         try:
             check_constraint_options(self.translator, opts, ["constraints"], spell=str)
         except OptionError as e:
             raise ServeError(422, str(e), "constraints") from None
-        for i, why in enumerate(constraint_errors(self.translator, lines, own, opts)):
-            if why:
-                raise ServeError(422, f"constraints.{i}: {why}", f"constraints.{i}")
         return own
 
+    def start(self, batcher: Batcher) -> None:
+        """Serve through `batcher`: the engine every request's session translates with
+        (`QueuedEngine`, its searches queued in the batcher) and the session with the
+        server's defaults, made once."""
+        self.batcher = batcher
+        engine = QueuedEngine(self.translator, batcher)
+        self.session = Session(
+            engine,
+            self.defaults,
+            self.glossary,
+            split=self.translator.config.decode.split,
+            batch_tokens=engine.batch_tokens,
+            spell=field_name,
+            name_line=lambda i: f"constraints.{i}",
+        )
+
     async def translated(
-        self, request: Request, texts: list[str], opts: SearchOptions, **session
+        self,
+        request: Request,
+        texts: list[str],
+        opts: SearchOptions,
+        *,
+        format: str = "text",
+        constraints: list[list[tuple[str, ...]]] | None = None,
+        tgt_lang: str | None = None,
+        split: bool | None = None,
     ) -> list[Translation] | None:
-        """`texts` translated by the one session every surface takes
-        (`mtkit.api.Translator.translate_with`: sentences split and joined, markup
-        carried through, the server's glossary), its searches queued in the batcher
-        (`Queued`); None when the client disconnects first (its searches not yet begun
-        are dropped). A mistake in the request is a 422 `ServeError` naming its field."""
-        queued = Queued(self.translator, self.batcher)
+        """`texts` translated by the server's session (`Session.translate_texts`:
+        sentences split and joined, markup carried through, the server's glossary) with
+        this request's options, language and split, in a thread of `sessions`, its
+        searches queued in the batcher under the request's `Ticket`; None when the client
+        disconnects first (its searches not yet begun are dropped). A mistake in the
+        request is a `UserError`, answered by the app's handler (4xx, naming its field)."""
+        session = replace(
+            self.session,
+            opts=opts,
+            tgt_lang=tgt_lang,
+            split=self.session.split if split is None else split,
+        )
+        ticket = Ticket()
         work = asyncio.get_running_loop().run_in_executor(
             self.sessions,
-            functools.partial(
-                Translator(queued).translate_with, texts, opts, glossary=self.glossary, **session
-            ),
+            functools.partial(ticket.run, session.translate_texts, texts, format, constraints),
         )
         while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_S))[0]:
             if await request.is_disconnected():
-                queued.cancel()
+                ticket.cancel()
                 work.add_done_callback(lambda w: w.cancelled() or w.exception())  # heard
                 return None
-        try:
-            return work.result()
-        except UserError as e:
-            raise ServeError(422, e.line(), getattr(e, "option", None)) from None
-
-    def tag(self, body: TranslateRequest) -> Tagging:
-        """Where a multilingual model's tag for the request's target_lang goes (nowhere
-        for a bilingual model); 422 for none, or one it lacks."""
-        try:
-            return tagging(self.translator.config, body.target_lang, "target_lang")
-        except OptionError as e:
-            raise ServeError(422, str(e), "target_lang") from None
-
-    def check_size(self, body: TranslateRequest) -> None:
-        """413 for a request over the per-request limits."""
-        if len(body.text) > self.limits.max_lines:
-            raise ServeError(
-                413,
-                f"at most {plural(self.limits.max_lines, 'sentence')} per "
-                f"request, got {len(body.text)}",
-                "text",
-            )
-        chars = sum(len(x) for x in body.text)
-        if chars > self.limits.max_chars:
-            raise ServeError(
-                413,
-                f"at most {plural(self.limits.max_chars, 'character')} per request, got {chars}",
-                "text",
-            )
+        return work.result()
 
     def info(self) -> dict:
         """What /v1/info says: languages, engine, decoding defaults, limits, load."""
@@ -425,6 +426,11 @@ class Service:
         }
 
 
+def field_name(option: str) -> str:
+    """How an answer names an option: as the /v1 body's field (target_lang)."""
+    return "target_lang" if option == "tgt_lang" else option
+
+
 def create_app(
     translator: Engine,
     defaults: SearchOptions,
@@ -445,7 +451,7 @@ def create_app(
     service = Service(translator, defaults, limits, model_name, step, glossary=glossary)
 
     async def lifespan(app: FastAPI):
-        service.batcher = batcher or Batcher(translator, limits).start()
+        service.start(batcher or Batcher(translator, limits).start())
         yield
         await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
         service.sessions.shutdown(wait=False)
@@ -525,14 +531,16 @@ def _routes(app: FastAPI, service: Service) -> None:
     async def translate(request: Request) -> dict:
         """Translate sentences; the answer keeps their order."""
         body = parse_body(await request.body())  # (read whole by `BodyReader`)
-        service.check_size(body)
+        service.limits.check(body.text)
         opts = service.options(body)
         start = time.perf_counter()
-        tag = service.tag(body)
-        texts = [" ".join(x.split()) for x in body.text]
-        own = service.constraints(body, [tag.source + x if x else "" for x in texts], opts)
         found = await service.translated(
-            request, texts, opts, constraints=own, tgt_lang=body.target_lang, split=body.split
+            request,
+            [" ".join(x.split()) for x in body.text],
+            opts,
+            constraints=service.constraints(body, opts),
+            tgt_lang=body.target_lang,
+            split=body.split,
         )
         if found is None:  # the client left while its request waited: dropped
             return Response(status_code=400)

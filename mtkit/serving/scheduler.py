@@ -18,11 +18,15 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from mtkit.core.errors import plural
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import SearchOptions
+from mtkit.core.search_options import SearchOptions, flag
 from mtkit.engines.base import Engine
 from mtkit.serving.stream import LineStream, open_stream
 
@@ -39,6 +43,23 @@ class Limits:
     body_timeout_s: float = 30.0  # how long a request's body may take to arrive (then 408)
     max_queued_lines: int = 20_000  # sentences waiting; beyond this requests get 503
 
+    def check(self, texts: list[str]) -> None:
+        """413 (naming the field "text") for a request over the per-request limits: the
+        one size check of every route."""
+        if len(texts) > self.max_lines:
+            raise ServeError(
+                413,
+                f"at most {plural(self.max_lines, 'text')} per request, got {len(texts)}",
+                "text",
+            )
+        chars = sum(map(len, texts))
+        if chars > self.max_chars:
+            raise ServeError(
+                413,
+                f"at most {plural(self.max_chars, 'character')} per request, got {chars}",
+                "text",
+            )
+
 
 # When waiting greedy requests join the running stream (`Batcher._join_stream`): each
 # join runs the encoder, which costs nearly as much for a few sentences as for dozens, so
@@ -49,35 +70,78 @@ JOIN_SHARE = 0.5
 JOIN_AFTER_STEPS = 3
 
 
-class Queued:
-    """The served engine with its searches going through the server's `Batcher`: what the
-    translation session (`mtkit.engines.session`) translates with inside one request.
-    `cancel` drops the searches it queued that have not begun (the client left), and
-    makes any later one fail."""
+T = TypeVar("T")
+
+
+class QueuedEngine:
+    """The served engine as every request's session sees it (`mtkit.engines.base.Engine`),
+    made once when the server starts: its searches are queued in the server's `Batcher`,
+    whose one thread runs the engine it wraps; what describes the model and checks a
+    request is the wrapped engine's. A search belongs to the `Ticket` of the request
+    whose session asks for it (the one its thread runs under), so that a client who
+    leaves drops its searches not yet begun."""
 
     def __init__(self, engine: Engine, batcher: Batcher):
-        self._engine, self._batcher = engine, batcher
-        self._futures: list[Future] = []
-        self._cancelled = False
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
+        self.engine, self.batcher = engine, batcher
+        self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
+        self.capabilities, self.config = engine.capabilities, engine.config
+        self.steps, self.weights = engine.steps, engine.weights
+        self.batch_tokens = engine.batch_tokens
 
     def translate(
         self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
     ) -> list[list[Hypothesis]]:
+        """The hypotheses of `lines`, searched by the batcher with whatever other
+        requests' lines it runs them with (`batch_tokens` is the server's `Limits`)."""
         if not lines:
             return []
-        if self._cancelled:
+        ticket = _TICKET.get(None)
+        if ticket is not None and ticket.cancelled:
             raise CancelledError
-        future = self._batcher.submit(lines, options, constraints, prefixes)
-        self._futures.append(future)
+        future = self.batcher.submit(lines, options, constraints, prefixes)
+        if ticket is not None:
+            ticket.futures.append(future)
         return future.result()
 
+    def check(self, options: SearchOptions, spell: Callable[[str], str] = flag) -> None:
+        self.engine.check(options, spell)
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        return self.engine.encode(lines)
+
+    def constraint_errors(self, texts, constraints, opts: SearchOptions) -> list[str]:
+        return self.engine.constraint_errors(texts, constraints, opts)
+
+    def describe(self) -> dict:
+        return self.engine.describe()
+
+    def close(self) -> None:
+        """Nothing: the server closes the engine it serves when it stops."""
+
+
+class Ticket:
+    """One request's searches in the batcher. `run` calls its session's work in the
+    thread that runs it; `cancel` drops the searches queued under it that have not begun
+    (the client left) and fails any it asks for later."""
+
+    def __init__(self) -> None:
+        self.futures: list[Future] = []
+        self.cancelled = False
+
+    def run(self, work: Callable[..., T], *args) -> T:
+        held = _TICKET.set(self)
+        try:
+            return work(*args)
+        finally:
+            _TICKET.reset(held)
+
     def cancel(self) -> None:
-        self._cancelled = True
-        for future in self._futures:
+        self.cancelled = True
+        for future in self.futures:
             future.cancel()
+
+
+_TICKET: ContextVar[Ticket] = ContextVar("mtkit_serve_ticket")  # the running session's
 
 
 SHUTTING_DOWN = "the server is shutting down; retry shortly"

@@ -12,7 +12,7 @@ from mtkit.core.config import load_config
 from mtkit.core.search_options import SearchOptions
 from mtkit.data.shards import ShardDataset
 from mtkit.engines.loader import load_engine
-from mtkit.engines.session import translate_texts
+from mtkit.engines.session import Session
 from mtkit.model import int8
 from mtkit.stages.preprocess import preprocess
 from mtkit.stages.tokenizer import build_tokenizer
@@ -66,9 +66,12 @@ def copy_run(copy_checkpoint):
 def test_trained_copy_model_copies_held_out_sequences(copy_run, beam):
     translator, sources = copy_run
     short = [s for s in sources if len(s.split()) <= 12][:100]
-    outputs = translate_texts(
-        translator, short, SearchOptions(beam=beam, max_len_a=1.0, max_len_b=5)
-    )
+    outputs = [
+        t.text
+        for t in Session(
+            translator, SearchOptions(beam=beam, max_len_a=1.0, max_len_b=5)
+        ).translate_texts(short)
+    ]
     exact = sum(o == s for o, s in zip(outputs, short))
     # All but at most one. The model is trained in fp32, but each CPU's kernels sum in
     # their own order, so each trains its own model: on one CPU it made 'v e e' of 'v e'
@@ -111,9 +114,12 @@ def test_the_copy_model_copies_with_bf16_weights_too(copy_checkpoint, copy_run):
     assert engine.describe()["precision"] == "bf16" and engine.autocast_dtype is None
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
     for beam in (1, 4):
-        outputs = translate_texts(
-            engine, short, SearchOptions(beam=beam, max_len_a=1.0, max_len_b=5)
-        )
+        outputs = [
+            t.text
+            for t in Session(
+                engine, SearchOptions(beam=beam, max_len_a=1.0, max_len_b=5)
+            ).translate_texts(short)
+        ]
         exact = sum(o == s for o, s in zip(outputs, short, strict=True))
         assert exact >= len(short) - 2, [(s, o) for s, o in zip(short, outputs) if s != o][:3]
 

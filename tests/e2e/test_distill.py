@@ -15,7 +15,7 @@ from mtkit.core.checkpoint import load_checkpoint, trained_model
 from mtkit.core.config import config_from_dict
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
-from mtkit.engines.session import translate_texts
+from mtkit.engines.session import Session
 from mtkit.stages.distill import distill
 
 from conftest import cli, one_line_error, read_lines, tiny_config_dict, write_lines
@@ -71,7 +71,8 @@ def test_a_student_run_trains_on_the_teachers_beam_search_translations(student, 
     state = json.loads((run / "distill" / "state.json").read_text())
     engine = load_engine(teacher, "cpu", precision="fp32")
     engine.use_attention(state["attention"])
-    given = translate_texts(engine, sources[:20], SearchOptions.from_config(engine.config.decode))
+    opts = SearchOptions.from_config(engine.config.decode)
+    given = [t.text for t in Session(engine, opts).translate_texts(sources[:20])]
     assert given == targets[:20]
     shards = json.loads((run / "data" / "train" / "manifest.json").read_text())
     assert shards["distilled"] == manifest["corpus_sha256"]

@@ -73,7 +73,7 @@ def test_document_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
     (tmp_path / "a.html").write_text("<p>A dog.</p>")
     one_line_error(
         cli("translate", "-m", _model(trained), "-i", str(tmp_path / "a.html"), "--nbest", "2"),
-        "--nbest is for text and jsonl",
+        "--nbest is for text; format html writes a document",
     )
     one_line_error(
         cli("translate", "-m", _model(trained), "--format", "pdf", input="x"),

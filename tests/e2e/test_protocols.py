@@ -404,15 +404,13 @@ def test_a_mistake_found_anywhere_is_a_4xx_and_a_bug_a_500_in_the_apis_shape(
     the API's shape; any other exception is a bug: logged once with its traceback, 500 in
     the API's shape, never a text/plain "Internal Server Error"."""
     from mtkit.core.errors import UserError
-    from mtkit.serving import app as serving_app
-    from mtkit.serving import protocols
+    from mtkit.serving import scheduler
 
     def raising(error: Exception):
-        def check_size(*args) -> None:
+        def check(*args) -> None:
             raise error
 
-        monkeypatch.setattr(serving_app.Service, "check_size", check_size)
-        monkeypatch.setattr(protocols, "check_size", check_size)
+        monkeypatch.setattr(scheduler.Limits, "check", check)  # (every route's size check)
 
     with app_client(model) as c:
         raising(UserError("a mistake\nof two lines"))

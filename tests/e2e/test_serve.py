@@ -136,7 +136,7 @@ def test_an_api_key_guards_everything_but_health(translator):
         (b'{"text": ["A dog."], "beam": 2, "nbest": 3}', 422, "nbest 3 must not exceed", "nbest"),
         (b'{"text": ["A dog."], "colour": 1}', 422, "colour: Extra inputs", "colour"),
         (b'{"text": [', 422, "not JSON", None),
-        (json.dumps({"text": ["A dog."] * 5}).encode(), 413, "at most 4 sentences", "text"),
+        (json.dumps({"text": ["A dog."] * 5}).encode(), 413, "at most 4 texts", "text"),
         (json.dumps({"text": ["x" * 300]}).encode(), 413, "at most 200 characters", "text"),
         (b'{"text": ["' + b"a" * (10 << 20) + b'"]}', 413, "body is over", None),
     ],
@@ -292,7 +292,9 @@ def waiting_service(translator):
         return submitted[-1]
 
     batcher.submit = submit
-    return Service(translator, defaults(translator), Limits(), "m", batcher=batcher), submitted
+    service = Service(translator, defaults(translator), Limits(), "m")
+    service.start(batcher)
+    return service, submitted
 
 
 def test_a_waiting_handler_whose_client_left_cancels_its_request(translator):

@@ -18,11 +18,10 @@ import mtkit
 from mtkit.api import translate_file
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.textio import read_chunks
-from mtkit.engines.session import Session
 
 from faultkit import assert_one_line, cli
 
-NOT_TEXT = "not text: mtkit translates text, html, xml, srt and po"
+NOT_TEXT = "not text: mtkit translates text and the document formats --format lists"
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +128,9 @@ def engine_translate_file(translator):
 
     def run(path: Path, out: Path, kind: str | None = None) -> None:
         written = output_format(kind, path)
-        session = Session(translator.engine, SearchOptions(beam=2), split=True, batch_tokens=4000)
-        translate_file(session, path, out, written)
+        translate_file(
+            translator.engine, path, out, written, {"beam": 2}, split=True, batch_tokens=4000
+        )
 
     return run
 
@@ -185,7 +185,7 @@ def test_nul_bytes_in_a_utf8_text_are_binary_data_refused_in_one_line(
     says = "error: the input holds a NUL character (at "
     result = cli("translate", "-m", model, "-i", path, "-o", out, "--format", kind)
     assert_one_line(result, says=says).endswith(
-        "binary data? mtkit translates text, html, xml, srt and po"
+        "binary data? mtkit translates text and the document formats --format lists"
     )
     assert not out.exists()
     with pytest.raises(mtkit.Error, match="holds a NUL character"):

@@ -14,7 +14,7 @@ from mtkit.core.device import resolve_device
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import EOS
 from mtkit.engines.loader import load_engine
-from mtkit.engines.session import translate_texts
+from mtkit.engines.session import Session
 from mtkit.model.transformer import build_model
 from mtkit.search.beam import greedy_hypotheses
 from mtkit.stages.preprocess import preprocess
@@ -92,7 +92,7 @@ def test_translation_on_cuda_gives_one_line_per_input(cuda_run):
     assert translator.device.type == "cuda"
     assert translator.precision["attention"] == {"kernel": "matmul"}  # not cuDNN's plans
     lines = ["A dog runs in the park.", "", "Two men are talking."]
-    out = translate_texts(translator, lines, SearchOptions(beam=3))
+    out = [t.text for t in Session(translator, SearchOptions(beam=3)).translate_texts(lines)]
     assert len(out) == 3 and out[1] == "" and out[0]
 
 
