@@ -292,6 +292,9 @@ _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 _NATIVE_CODES = frozenset({"bpt", "ept", "it", "ph", "ut", "sub"})
 _LANGUAGES_NAMED = 8  # languages an error lists
 _SCAN_BLOCK = 1 << 20  # bytes per read of the quick count
+# A unit's start tag, or the start of markup a "<tu" could hide in (comment, CDATA,
+# DOCTYPE, processing instruction)
+_UNIT_OR_HIDING = re.compile(rb"<(?:tu[\s/>]|[!?])")
 
 
 def _lxml_etree():
@@ -352,7 +355,7 @@ def _seg_markup(seg: etree._Element) -> str:
 
 
 def _quick_unit_count(f: BinaryIO) -> int | None:
-    """The units of a TMX file, counted as its `<tu` start tags in the bytes (about 20
+    """The units of a TMX file, counted as its `<tu` start tags in the bytes (about 10
     times faster than parsing). Exact where no `<tu` can hide outside an element: a file
     in an ASCII-compatible encoding whose only markup besides elements is the XML
     declaration and a DOCTYPE without an internal subset. Any other file (a comment, a
@@ -376,10 +379,11 @@ def _quick_unit_count(f: BinaryIO) -> int | None:
         return None  # not a TMX file, or the root is not in the first block: lxml tells
     units, tail, block = 0, b"", head
     while block:
-        scan = tail + block  # a tag across two blocks is counted once, here
-        if b"<!" in scan or b"<?" in scan:
+        scan = tail + block  # a tag across two blocks is found once, here
+        found = _UNIT_OR_HIDING.findall(scan)
+        if b"<!" in found or b"<?" in found:
             return None
-        units += sum(scan.count(b"<tu" + c) for c in (b" ", b">", b"/", b"\n", b"\t", b"\r"))
+        units += len(found)
         tail, block = scan[-3:], f.read(_SCAN_BLOCK)
     return units
 

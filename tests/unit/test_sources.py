@@ -399,6 +399,11 @@ def test_tmx_malformed_or_damaged_is_one_line_naming_the_file_and_the_line(tmp_p
     not_tmx.write_text("<xliff><file/></xliff>")
     with pytest.raises(DataError, match=r"x.tmx: not a TMX file \(its root element is <xliff>"):
         open_corpus(CorpusConfig(path=str(not_tmx)), "en", "de")
+    deep = tmx(tmp_path / "deep.tmx", tu(en="<hi>" * 300 + "x" + "</hi>" * 300, de="y"))
+    with pytest.raises(
+        DataError, match=r"deep.tmx: malformed XML at line 3: Excessive depth in document: 256"
+    ):
+        load_pairs(CorpusConfig(path=str(deep)), "en", "de")  # libxml2's bound holds
     empty = tmp_path / "empty.tmx"
     empty.write_bytes(b"")
     with pytest.raises(DataError, match=r"empty.tmx: malformed XML at line 1"):
