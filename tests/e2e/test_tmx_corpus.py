@@ -48,3 +48,21 @@ def test_preprocess_on_a_tmx_writes_the_shards_of_the_same_pairs_as_text_files(t
     assert by_tm["pairs"] == by_text["pairs"] > 1900
     assert by_tm["corpora"][0]["read"] == by_text["corpora"][0]["read"] + 8 == 2008
     assert by_tm["dropped"] == {**by_text["dropped"], "empty": by_text["dropped"]["empty"] + 8}
+
+
+def test_a_malformed_tmx_is_one_line_and_exit_2(tmp_path, corpus):
+    memory = tmp_path / "train.tmx"
+    memory.write_text(
+        '<?xml version="1.0"?>\n<tmx version="1.4"><header/><body>\n'
+        '<tu><tuv xml:lang="en"><seg>a</seg></tuv><tuv xml:lang="de"><seg>b</seg></tuv></tu>\n'
+        '<tu><tuv xml:lang="en"><seg>a</tuv></tu>\n'
+        "</body></tmx>\n"
+    )
+    config = write_config(tmp_path, corpus, data={"train": {"path": str(memory)}})
+    result = runner.invoke(app, ["tokenizer", "-c", str(config)])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"error: {memory}: malformed XML at line 4: Opening and ending tag mismatch: "
+        f"seg line 4 and tuv\n"
+    )
+    assert not (tmp_path / "run" / "spm.model").exists()
