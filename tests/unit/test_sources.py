@@ -275,7 +275,7 @@ def test_tmx_written_by_translate_toolkit_reads_as_the_toolkit_reads_it(tmp_path
     assert list(zip(*pairs)) == theirs
     packed = toolkit_tmx(tmp_path / "tm.tmx.gz", TRICKY)
     assert load_pairs(CorpusConfig(path=str(packed)), "en", "de") == pairs
-    # a language's region matches it either way round of case; the other language does not
+    # the codes in any case, with _ for -: the same tuvs; a language the file lacks: one line
     assert load_pairs(CorpusConfig(path=str(path)), "EN-us", "de_de") == pairs
     with pytest.raises(
         DataError,
