@@ -43,8 +43,10 @@ def _option(name: str):
 class CorpusConfig:
     """One split of parallel data. Give exactly one of: `src`+`tgt` (two line-aligned
     text files, plain or .gz), `path` (TSV, JSONL or Parquet with columns `src_col` and
-    `tgt_col`, or a `translation` dict column), or `hub` (a dataset name or a local
-    dataset folder for `datasets.load_dataset`, with `hub_config` and `split`).
+    `tgt_col`, or a `translation` dict column; or a TMX translation memory, .tmx or
+    .tmx.gz, whose tuvs in `src_lang` and `tgt_lang` give the pairs), or `hub` (a
+    dataset name or a local dataset folder for `datasets.load_dataset`, with
+    `hub_config` and `split`).
 
     A split may list several corpora; `weight` k repeats a corpus's pairs k times in the
     split (upsampling a small in-domain corpus, as WMT recipes do)."""
@@ -61,10 +63,19 @@ class CorpusConfig:
     # Its languages ("": the data section's); several targets: multilingual (`languages`)
     src_lang: str = ""
     tgt_lang: str = ""
+    # A TMX file's inline codes (bpt, ept, it, ph, ut, sub, hi): taken out of the text,
+    # hi's text kept ("strip"), or kept as the file writes them, its text XML-escaped
+    # ("keep": for a model trained to carry tags)
+    tmx_inline: Literal["strip", "keep"] = "strip"
 
     @property
     def given(self) -> bool:
         return bool(self.src or self.tgt or self.path or self.hub)
+
+    @property
+    def tmx(self) -> bool:
+        """Whether `path` names a TMX file (.tmx or .tmx.gz, in any case)."""
+        return self.path.lower().removesuffix(".gz").endswith(".tmx")
 
 
 Corpora = tuple[CorpusConfig, ...]  # in YAML: one mapping, or a list of them
@@ -337,6 +348,8 @@ def _check_consistency(cfg: Config, where: str) -> None:
                 raise ConfigError(f"{where}{name} must give only one of src/tgt, path, hub")
             if bool(c.src) != bool(c.tgt):
                 raise ConfigError(f"{where}{name} needs both src and tgt files")
+            if c.tmx_inline != "strip" and not c.tmx:
+                raise ConfigError(f"{where}{name}.tmx_inline applies to a .tmx path only")
             if len(corpora) > 1 and not c.given:
                 raise ConfigError(f"{where}{name}: no data given (src/tgt, path or hub)")
             if c.weight != 1 and split != "train":

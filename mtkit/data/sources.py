@@ -4,9 +4,11 @@ Every source is opened as a `Corpus`: its size is known before a pair is read (s
 line counts are checked before anything is written), and it yields chunks of aligned
 source and target strings, so that no stage holds a whole corpus in memory. Supported
 sources (see `CorpusConfig`): two line-aligned text files (plain or .gz), streamed line
-by line; a TSV / JSONL / Parquet file with source and target columns or a `translation`
-dict column, or a hub dataset (name or local dataset folder) with a config and split,
-both read through Hugging Face `datasets`, whose Arrow files are memory-mapped.
+by line; a TMX translation memory (plain or .gz), streamed unit by unit through lxml with
+entities, DTDs and the network left alone; a TSV / JSONL / Parquet file with source and
+target columns or a `translation` dict column, or a hub dataset (name or local dataset
+folder) with a config and split, both read through Hugging Face `datasets`, whose Arrow
+files are memory-mapped.
 
 Cleaning is per chunk (`clean`); exact duplicates are found by a 64-bit hash of the
 cleaned pair (`pair_hashes`, `SeenHashes`), so dedup keeps 8 bytes per pair, not the text.
@@ -18,7 +20,9 @@ import csv
 import dataclasses
 import gzip
 import hashlib
+import html
 import logging
+import re
 import socket
 import zlib
 from collections.abc import Callable, Iterator
@@ -39,6 +43,7 @@ from mtkit.core.textio import line_count
 
 if TYPE_CHECKING:
     import datasets
+    from lxml import etree
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +284,254 @@ def _open_text_pair(corpus: CorpusConfig) -> Corpus:
     return Corpus(f"{corpus.src} + {corpus.tgt}", n_src, corpus.weight, read)
 
 
+# --- TMX translation memories, streamed unit by unit ----------------------------------
+
+_XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+# Inline codes whose content is the original format's code (or, for sub, a text of its
+# own, such as an attribute's): left out of the sentence; hi's content is the sentence's.
+_NATIVE_CODES = frozenset({"bpt", "ept", "it", "ph", "ut", "sub"})
+_LANGUAGES_NAMED = 8  # languages an error lists
+_SCAN_BLOCK = 1 << 20  # bytes per read of the quick count
+# A unit's start tag, or the start of markup a "<tu" could hide in (comment, CDATA,
+# DOCTYPE, processing instruction)
+_UNIT_OR_HIDING = re.compile(rb"<(?:tu[\s/>]|[!?])")
+
+
+def _lxml_etree():
+    """lxml's etree, imported on first use; missing, one line naming the extra."""
+    try:
+        from lxml import etree
+    except ImportError:
+        raise DataError("reading a TMX file needs lxml: pip install 'mtkit[tmx]'") from None
+    return etree
+
+
+class _LanguageMatch:
+    """How well a tuv's language (xml:lang, or TMX 1.1's lang) matches the corpus's source
+    and target codes: 2 the same code, 1 a region of it (`en` for `en-US`), 0 neither;
+    case does not matter and `_` counts as `-`. Remembered per distinct language (a
+    bounded number of them: a file that names more is matched afresh)."""
+
+    REMEMBERED = 1024
+
+    def __init__(self, src_lang: str, tgt_lang: str):
+        self.codes = (self._normal(src_lang), self._normal(tgt_lang))
+        self._known: dict[str, tuple[int, int]] = {}
+
+    @staticmethod
+    def _normal(code: str) -> str:
+        return code.lower().replace("_", "-")
+
+    def __call__(self, lang: str) -> tuple[int, int]:
+        ranks = self._known.get(lang)
+        if ranks is None:
+            normal = self._normal(lang)
+            ranks = tuple(
+                2 if normal == code else int(normal.startswith(code + "-")) for code in self.codes
+            )
+            if len(self._known) < self.REMEMBERED:
+                self._known[lang] = ranks
+        return ranks
+
+
+def _seg_text(seg: etree._Element) -> str:
+    """A seg's sentence: its text and hi's, without the inline codes' native code (nor
+    an entity the file declares itself, which is never expanded)."""
+    if not len(seg):
+        return seg.text or ""
+    parts = [seg.text or ""]
+    for child in seg:
+        if isinstance(child.tag, str) and child.tag not in _NATIVE_CODES:
+            parts.append(_seg_text(child))  # hi, or an element TMX does not name
+        parts.append(child.tail or "")
+    return "".join(parts)
+
+
+def _seg_markup(seg: etree._Element) -> str:
+    """A seg as the file writes it: text XML-escaped, inline codes as their elements."""
+    etree = _lxml_etree()
+    text = html.escape(seg.text or "", quote=False)
+    return text + "".join(etree.tostring(c, encoding="unicode", with_tail=True) for c in seg)
+
+
+def _quick_unit_count(f: BinaryIO) -> int | None:
+    """The units of a TMX file, counted as its `<tu` start tags in the bytes (about 10
+    times faster than parsing). Exact where no `<tu` can hide outside an element: a file
+    in an ASCII-compatible encoding whose only markup besides elements is the XML
+    declaration and a DOCTYPE without an internal subset. Any other file (a comment, a
+    CDATA section, a processing instruction, an internal subset, UTF-16, a root that is not
+    <tmx>): None."""
+    head = f.read(_SCAN_BLOCK).removeprefix(b"\xef\xbb\xbf")
+    if not head.startswith(b"<"):
+        return None  # not ASCII-compatible (UTF-16), or not XML at all: lxml tells
+    if head.startswith(b"<?xml"):
+        end = head.find(b"?>")
+        if end < 0:
+            return None
+        head = head[end + 2 :]
+    doctype = head.find(b"<!DOCTYPE")
+    if doctype >= 0:
+        end = head.find(b">", doctype)
+        if end < 0 or b"[" in head[doctype:end]:
+            return None
+        head = head[:doctype] + head[end + 1 :]
+    if not re.match(rb"\s*<tmx[\s/>]", head):
+        return None  # not a TMX file, or the root is not in the first block: lxml tells
+    units, tail, block = 0, b"", head
+    while block:
+        scan = tail + block  # a tag across two blocks is found once, here
+        found = _UNIT_OR_HIDING.findall(scan)
+        if b"<!" in found or b"<?" in found:
+            return None
+        units += len(found)
+        tail, block = scan[-3:], f.read(_SCAN_BLOCK)
+    return units
+
+
+class TmxReader:
+    """One TMX file read as a stream of its units (`tu`): each unit is parsed, used and
+    cleared, and the units before it dropped, so memory stays flat at any size.
+
+    The file is a stranger's: lxml reads it with no entity expanded (`resolve_entities`
+    off: a DOCTYPE's entities, external or not, are neither fetched nor expanded), no DTD
+    loaded, no network, and libxml2's default bounds on depth and text size (no
+    `huge_tree`). A unit gives one pair: for each side, the tuv whose language is the
+    corpus's (`_LanguageMatch`: the same code before a region of it, then the first);
+    a side it lacks is "" (cleaning then drops and counts the pair, as any empty side).
+    `inline`: "strip" or "keep" the inline codes (`CorpusConfig.tmx_inline`)."""
+
+    def __init__(self, path: str, src_lang: str, tgt_lang: str, inline: str = "strip"):
+        self.path = path
+        self.langs = (src_lang, tgt_lang)
+        self.match = _LanguageMatch(src_lang, tgt_lang)
+        self.text = _seg_markup if inline == "keep" else _seg_text
+
+    def count(self) -> int:
+        """The units in the file: their start tags counted in the bytes where that is
+        exact (`_quick_unit_count`), else the file parsed."""
+        try:
+            with _open_bytes(self.path) as f:
+                units = _quick_unit_count(f)
+        except _GZIP_ERRORS:
+            units = None  # parsed below, which names the line
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot read ({reason(e)})") from None
+        return sum(1 for _ in self.units()) if units is None else units
+
+    def units(self) -> Iterator[etree._Element]:
+        """Every `tu`, whole, in order; a unit is cleared once the next one is asked for.
+        Malformed XML and damaged gzip data are one line naming the file and the line."""
+        etree = _lxml_etree()
+        line = 0  # where the last unit started
+        with _open_bytes(self.path) as f:
+            parsed = etree.iterparse(
+                f,
+                events=("end",),
+                tag="tu",
+                resolve_entities=False,
+                no_network=True,
+                load_dtd=False,
+                huge_tree=False,
+                remove_comments=True,
+                remove_pis=True,
+            )
+            try:
+                for _, tu in parsed:
+                    line = tu.sourceline or line
+                    yield tu
+                    tu.clear()
+                    while tu.getprevious() is not None:
+                        del tu.getparent()[0]
+                root = parsed.root
+            except etree.XMLSyntaxError as e:
+                raise DataError(
+                    f"{self.path}: malformed XML at {_first_error(parsed, e)}"
+                ) from None
+            except _GZIP_ERRORS as e:
+                raise DataError(
+                    f"{self.path}: corrupt or truncated gzip data after line {line} "
+                    f"({str(e) or type(e).__name__})"
+                ) from None
+            except OSError as e:
+                raise DataError(
+                    f"{self.path}: cannot read after line {line} ({reason(e)})"
+                ) from None
+        if root is None or root.tag != "tmx":
+            name = root.tag if root is not None and isinstance(root.tag, str) else "?"
+            raise DataError(
+                f"{self.path}: not a TMX file (its root element is <{name}>, not <tmx>)"
+            )
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(source, target) for each unit, "" for a side it lacks. Once every unit is
+        read, a file with no text at all in one of the two languages is a `DataError`
+        naming the languages it has."""
+        match, text = self.match, self.text
+        found = [False, False]
+        named: list[str] = []
+        for tu in self.units():
+            src = tgt = None
+            src_rank = tgt_rank = 0
+            for tuv in tu:
+                if tuv.tag != "tuv":
+                    continue  # a prop or note of the unit
+                lang = tuv.get(_XML_LANG) or tuv.get("lang") or ""
+                a, b = match(lang)
+                if a > src_rank:
+                    src, src_rank = tuv, a
+                if b > tgt_rank:
+                    tgt, tgt_rank = tuv, b
+                if len(named) < _LANGUAGES_NAMED and lang not in named:
+                    named.append(lang)
+            src, tgt = _seg(src), _seg(tgt)
+            found[0] = found[0] or src is not None
+            found[1] = found[1] or tgt is not None
+            yield "" if src is None else text(src), "" if tgt is None else text(tgt)
+        for key, code, seen in zip(("src_lang", "tgt_lang"), self.langs, found, strict=True):
+            if named and not seen:
+                raise DataError(
+                    f"{self.path}: no unit has a text in {code!r} (data.{key}); its "
+                    f"languages: {', '.join(named)}"
+                )
+
+
+def _first_error(parsed: etree.iterparse, e: etree.XMLSyntaxError) -> str:
+    """ "line N: what" of the parser's first error (the exception iterparse raises may
+    only say "no element found")."""
+    first = next(iter(parsed.error_log.filter_from_errors()), None)
+    line, what = (first.line, first.message) if first else (e.lineno, e.msg or "syntax error")
+    return f"line {max(line, 1)}: {what.splitlines()[0] if what else 'syntax error'}"
+
+
+def _seg(tuv: etree._Element | None) -> etree._Element | None:
+    """A tuv's seg (its last child, after any notes and props), or None."""
+    if tuv is None or not len(tuv):
+        return None
+    last = tuv[-1]
+    return last if last.tag == "seg" else next(tuv.iterchildren("seg"), None)
+
+
+def _open_tmx(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> Corpus:
+    reader = TmxReader(corpus.path, src_lang, tgt_lang, corpus.tmx_inline)
+    units = reader.count()
+
+    def read(size: int) -> Iterator[Chunk]:
+        pairs, done = reader.pairs(), 0
+        while batch := list(islice(pairs, size)):
+            done += len(batch)
+            if done > units:
+                break
+            src, tgt = zip(*batch, strict=True)
+            yield list(src), list(tgt)
+        if done != units:
+            raise DataError(
+                f"{corpus.path}: {plural(units, 'unit')} counted, {done} read "
+                f"(the file changed while being read?)"
+            )
+
+    return Corpus(corpus.path, units, corpus.weight, read)
+
+
 # --- tables (TSV, JSONL, Parquet, hub datasets), through memory-mapped Arrow ----------
 
 
@@ -333,8 +586,8 @@ def _open_table(
         builder = _FILE_BUILDERS.get(suffix)
         if builder is None:
             raise DataError(
-                f"{origin}: unknown file type {suffix!r}; use .tsv, .jsonl "
-                f"or .parquet (or src/tgt for two text files)"
+                f"{origin}: unknown file type {suffix!r}; use .tsv, .jsonl, "
+                f".parquet or .tmx (or src/tgt for two text files)"
             )
         extra = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if builder == "csv" else {}
         ds = _load(builder, corpus.path, cache_dir, **extra)
@@ -374,6 +627,8 @@ def open_corpus(
         _refuse_a_pipe(path)
     if corpus.src:
         return _open_text_pair(corpus)
+    if corpus.tmx:
+        return _open_tmx(corpus, src_lang, tgt_lang)
     if corpus.path or corpus.hub:
         return _open_table(corpus, src_lang, tgt_lang, cache_dir)
     raise DataError("no data given for this split")

@@ -8,6 +8,7 @@ import yaml
 from mtkit.core.config import (
     Config,
     ConfigError,
+    CorpusConfig,
     config_from_dict,
     config_to_dict,
     dump_config,
@@ -142,6 +143,18 @@ def test_corpus_needs_both_sides_and_one_kind_of_source():
         config_from_dict({"data": {"train": {"src": "a"}}})
     with pytest.raises(ConfigError, match=r"only one of src/tgt, path, hub"):
         config_from_dict({"data": {"train": {"src": "a", "tgt": "b", "hub": "wmt14"}}})
+
+
+def test_tmx_inline_is_strip_or_keep_and_only_for_a_tmx_path():
+    cfg = config_from_dict({"data": {"train": {"path": "tm.TMX.gz", "tmx_inline": "keep"}}})
+    assert cfg.data.train[0].tmx and cfg.data.train[0].tmx_inline == "keep"
+    assert not CorpusConfig(path="tm.tsv").tmx and CorpusConfig().tmx_inline == "strip"
+    with pytest.raises(
+        ConfigError, match=r"data.train.tmx_inline must be one of 'strip', 'keep', got 'tags'"
+    ):
+        config_from_dict({"data": {"train": {"path": "tm.tmx", "tmx_inline": "tags"}}})
+    with pytest.raises(ConfigError, match=r"^data.train.tmx_inline applies to a .tmx path only$"):
+        config_from_dict({"data": {"train": {"src": "a", "tgt": "b", "tmx_inline": "keep"}}})
 
 
 def test_missing_and_malformed_files_give_one_line(tmp_path):
