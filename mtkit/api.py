@@ -140,8 +140,10 @@ class Translator:
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
         or a document format's name (`mtkit.documents.formats.FORMATS`): html / xml, whose
         tags are carried through (`mtkit.documents.markup`; a text is a document or a
-        fragment of one), srt subtitles, a gettext po catalogue. `split` (None: the checkpoint's
-        decode.split): a text of several sentences is translated sentence by sentence.
+        fragment of one), srt subtitles, a gettext po catalogue, XLIFF 1.2 or 2.x
+        (`mtkit.documents.xliff`: each untranslated unit gets its target). `split` (None:
+        the checkpoint's decode.split): a text of several sentences is translated sentence
+        by sentence.
         `alignments`: word links in each result, from the cross-attention of decoder
         layer `align_layer` (None: the last; a model trained with guided alignment: its
         trained head)."""
@@ -225,7 +227,10 @@ class Translator:
         if constraints is not None:
             raise OptionError("constraints are for text; a document's terms go in a glossary")
         return translate_documents(  # every text of every document in a round in one batch
-            _texts("texts", texts), format, lambda runs: self._text(runs, settings, None)
+            _texts("texts", texts),
+            format,
+            lambda runs: self._text(runs, settings, None),
+            session.tgt_lang or self.engine.config.data.tgt_lang or None,
         )
 
     def translate_iter(
