@@ -4,8 +4,11 @@ unit by unit.
 Each translatable unit's source is translated into its target with its inline codes
 carried through as tags, by `mtkit.documents.markup`'s placement (a source is one run:
 paired codes, 1.2's `g` and `mrk`, 2.x's `pc` and `mrk`, go around the target words
-aligned to the words they held; standalone ones, 1.2's `x`, `bx`, `ex`, 2.x's `ph`,
-`sc`, `ec`, `sm`, `em`, `cp`, beside their neighbouring word). The codes whose content is
+aligned to the words they held; standalone ones, 1.2's `x`, 2.x's `ph` and `cp`,
+beside their neighbouring word; the codes that open and close a span, 1.2's `bpt`/`ept`
+and `bx`/`ex`, 2.x's `sc`/`ec` and `sm`/`em`, as one paired element where both stand in
+the same element, so that the closing one stays after the opening one, around the words
+they held; apart, each beside its word). The codes whose content is
 the original format's own code (1.2's `bpt`, `ept`, `ph`, `it`, with any `sub` inside
 them) and text marked not to be translated (1.2's `mrk mtype="protected"`, 2.x's
 `mrk translate="no"`) are atoms: kept whole, verbatim. A CDATA section in a source is
@@ -85,7 +88,7 @@ class Run:
 
     @classmethod
     def of(cls, nodes: list, version: int) -> Run:
-        coded = [_coded(n, version) for n in nodes]
+        coded = _coded(nodes, version)
         prepared = markup.Prepared(
             markup.Element("", "", "", coded), [coded], [markup.flatten(coded, True)]
         )
@@ -100,21 +103,62 @@ class Run:
         return markup.finish(self.prepared, [next(translations)])
 
 
-def _coded(node, version: int):
-    """`node` as its run holds it: a code holding native code (1.2's `bpt`, `ept`, `ph`,
-    `it`) and text not to be translated (1.2's `mrk mtype="protected"`; `translate="no"`
-    is markup's own rule) as one atom, written as it stands; an element holding others,
-    its children so judged."""
-    if not isinstance(node, markup.Element) or isinstance(node, markup.Cdata):
-        return node
-    name = _local(node.start)
-    if (version == 1 and name in NATIVE) or (name == "mrk" and PROTECTED.search(node.start)):
-        return markup.Raw(node.raw())
-    return markup.Element(
-        node.name, node.start, node.end, [_coded(c, version) for c in node.children]
-    )
+def _coded(nodes: list, version: int) -> list:
+    """`nodes` (a source's content) as its run holds them: a code holding native code
+    (1.2's `bpt`, `ept`, `ph`, `it`) and text not to be translated (1.2's
+    `mrk mtype="protected"`; `translate="no"` is markup's own rule) as one atom, written
+    as it stands; an element's children so judged; and each pair of codes that open and
+    close (1.2's `bpt`/`ept`, 2.x's `sc`/`ec` and `sm`/`em`) as one element around what
+    lies between them (`_paired`), so that placement keeps the closing one after the
+    opening one, around the words they held."""
+    out = []
+    for node in nodes:
+        if not isinstance(node, markup.Element) or isinstance(node, markup.Cdata):
+            out.append(node)
+            continue
+        name = _local(node.start)
+        if (version == 1 and name in NATIVE) or (name == "mrk" and PROTECTED.search(node.start)):
+            out.append(markup.Raw(node.raw()))
+        else:
+            children = _coded(node.children, version)
+            out.append(markup.Element(node.name, node.start, node.end, children))
+    return _paired(out, version)
 
 
+# An opening code: its closing one, and what names the pair on each (1.2: `rid` where
+# both have one, else `id`; 2.x: the opening one's `id`, the closing one's `startRef`)
+PAIRS = {
+    1: {"bpt": ("ept", "id", "id"), "bx": ("ex", "id", "id")},
+    2: {"sc": ("ec", "id", "startRef"), "sm": ("em", "id", "startRef")},
+}
+
+
+def _paired(nodes: list, version: int) -> list:
+    """`nodes` with each opening code and the closing one that matches it among its
+    later siblings (`PAIRS`) made one element (`PAIRED`: its tags are the two codes as
+    written) holding the nodes between them; pairs nest as elements do (a closing code
+    that would cross another pair, or has no opening one, stays an atom)."""
+    out: list = []
+    open_: list[tuple[str, str, str, int]] = []  # (closing name, its attribute, id, where)
+    for node in nodes:
+        raw = node.raw()
+        name = _local(raw) if raw.startswith("<") and raw[1:2] not in "!?" else ""
+        attributes = _attributes(raw) if name else {}
+        if name in PAIRS[version] and attributes.get("isolated") != "yes":
+            closing, mine, theirs = PAIRS[version][name]
+            if "rid" in attributes:
+                mine = theirs = "rid"
+            if mine in attributes:
+                open_.append((closing, theirs, attributes[mine], len(out)))
+        elif open_ and name == open_[-1][0] and attributes.get(open_[-1][1]) == open_[-1][2]:
+            at = open_.pop()[3]
+            out[at:] = [markup.Element(PAIRED, out[at].raw(), raw, out[at + 1 :])]
+            continue
+        out.append(node)
+    return out
+
+
+PAIRED = "#paired"  # (the name of an element made of two codes: no element's name)
 PROTECTED = re.compile(r"""\smtype\s*=\s*["']protected["']""")
 
 
@@ -379,6 +423,12 @@ def _local(tag: str) -> str:
 def _primary(language: str) -> str:
     """A language code's language: "de-DE" -> "de"."""
     return re.split(r"[-_]", language.strip().lower())[0]
+
+
+def _attributes(start: str) -> dict[str, str]:
+    """A start tag's attributes, as written (entities and all)."""
+    at = len(markup._name(start)) + 1
+    return {m.group(2): m.group(4)[1:-1] for m in ATTRIBUTE.finditer(start, at)}
 
 
 # An attribute of a start tag, its value whole (a quoted value holds no attribute)

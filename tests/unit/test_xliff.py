@@ -123,6 +123,7 @@ def read_back_1(output: str) -> list:
         source = seg if seg is not None else element.find(f"{{{ns}}}source")
         target = element.find(f"{{{ns}}}target")
         assert sorted(codes(source), key=str) == sorted(codes(target), key=str)
+        assert in_order(target, 1)
     return store.units
 
 
@@ -139,7 +140,29 @@ def read_back_2(output: str) -> list:
         assert unit.target, etree.tostring(segment)
         source, target = segment.find(f"{{{X2}}}source"), segment.find(f"{{{X2}}}target")
         assert sorted(codes(source), key=str) == sorted(codes(target), key=str)
+        assert in_order(target, 2)
     return store.units
+
+
+PAIRS = {1: {"ept": "bpt", "ex": "bx"}, 2: {"ec": "sc", "em": "sm"}}  # closing: opening
+
+
+def in_order(target, version: int) -> bool:
+    """Whether each closing code in `target` (lxml) comes after the opening one it
+    closes, where it has one (1.2: the same rid, else id; 2.x: startRef naming its id)."""
+    seen, opening = set(), set()
+    for e in target.iterdescendants():
+        name = etree.QName(e).localname if isinstance(e.tag, str) else ""
+        if name in PAIRS[version].values():
+            opening.add((name, e.get("rid") or e.get("id")))
+    for e in target.iterdescendants():
+        name = etree.QName(e).localname if isinstance(e.tag, str) else ""
+        key = e.get("rid") or e.get("id" if version == 1 else "startRef")
+        if name in PAIRS[version].values():
+            seen.add((name, e.get("rid") or e.get("id")))
+        elif name in PAIRS[version] and (PAIRS[version][name], key) in opening - seen:
+            return False
+    return True
 
 
 # ---- files made by translate-toolkit -------------------------------------------------------
