@@ -60,7 +60,7 @@ BINARY = (
 # What a refusal says mtkit translates: text, and the document formats of
 # `mtkit.documents.formats`, which this layer is below (tests/unit/test_documents.py holds
 # the two together)
-TRANSLATED = "mtkit translates text, html, xml, srt and po"
+TRANSLATED = "mtkit translates text, html, xml, srt, po and xliff"
 
 
 def line_count(stream: BinaryIO) -> int:

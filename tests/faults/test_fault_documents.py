@@ -22,7 +22,7 @@ from mtkit.engines.session import Session
 
 from faultkit import assert_one_line, cli
 
-NOT_TEXT = "not text: mtkit translates text, html, xml, srt and po"
+NOT_TEXT = "not text: mtkit translates text, html, xml, srt, po and xliff"
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_nul_bytes_in_a_utf8_text_are_binary_data_refused_in_one_line(
     says = "error: the input holds a NUL character (at "
     result = cli("translate", "-m", model, "-i", path, "-o", out, "--format", kind)
     assert_one_line(result, says=says).endswith(
-        "binary data? mtkit translates text, html, xml, srt and po"
+        "binary data? mtkit translates text, html, xml, srt, po and xliff"
     )
     assert not out.exists()
     with pytest.raises(mtkit.Error, match="holds a NUL character"):

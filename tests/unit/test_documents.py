@@ -734,14 +734,16 @@ def test_the_one_table_names_every_format_its_suffixes_and_what_refusals_say():
     from mtkit.core.textio import TRANSLATED
     from mtkit.documents.formats import FORMATS, listed, output_format
 
-    assert list(FORMATS) == ["html", "xml", "srt", "po"]
+    assert list(FORMATS) == ["html", "xml", "srt", "po", "xliff"]
     assert TRANSLATED == f"mtkit translates {listed(['text', *FORMATS], 'and')}"
     for known in FORMATS.values():
         for suffix in known.suffixes:
             assert output_format(None, Path(f"page{suffix.upper()}")).kind == known.name
     assert output_format(None, Path("notes.txt")).kind == "text"
     assert output_format(None, None).kind == "text"
-    with pytest.raises(OptionError, match="must be text, jsonl, html, xml, srt or po, got 'x'"):
+    with pytest.raises(
+        OptionError, match="must be text, jsonl, html, xml, srt, po or xliff, got 'x'"
+    ):
         output_format("x")
 
 
