@@ -15,7 +15,8 @@ them) and text marked not to be translated (1.2's `mrk mtype="protected"`, 2.x's
 translated as text and written as CDATA.
 
 What is translated: in 1.2, each `trans-unit` (not `translate="no"`, by itself or by the
-`group` around it) whose `target` is missing or empty; where it has a `seg-source` with
+`group` around it) whose `target` is missing or empty (no text: `<target/>`, or only
+empty segments, as Trados prepares them); where it has a `seg-source` with
 `mrk mtype="seg"` segments, each segment is translated on its own and the target is
 the `seg-source` with each segment's content translated (its `mrk`s, same `mid`s, as
 Okapi and Trados write them). In 2.x, each `segment` of each `unit` (not
@@ -338,13 +339,18 @@ class Xliff:
     def add(self, unit, after, pieces: list, attributes: dict | None, marked) -> None:
         """A target for `unit` (lxml), written after its `after` element (its source or
         seg-source), from `pieces` (`Run`s, and what is written between them): a new
-        one, or the empty one it has; none where it has a target with content (a
-        translator's) or its source is empty. `attributes`: the target's marks (1.2);
-        `marked`: the element that gets 2.x's (the segment)."""
+        one, or the empty one it has. An empty target is one without text: none at all
+        (`<target/>`), or only codes or empty segments (`<target><mrk mtype="seg"
+        mid="1"/></target>`, as Trados prepares one), which is filled where the source
+        has words to translate. None where its target has text (a translator's) or its
+        source is empty. `attributes`: the target's marks (1.2); `marked`: the element
+        that gets 2.x's (the segment)."""
         target = unit.find(self._tag("target"))
-        if target is not None and (len(target) or (target.text or "").strip()):
-            return
         runs = [p for p in pieces if isinstance(p, Run)]
+        if target is not None and (
+            "".join(target.itertext()).strip() or (len(target) and not any(r.text for r in runs))
+        ):
+            return
         if not any(run.text or run.source.strip() for run in runs):
             return
         if target is not None:

@@ -117,7 +117,7 @@ def read_back_1(output: str) -> list:
         element = unit.xmlelement
         if not translatable(element):
             continue
-        assert unit.target, etree.tostring(element)
+        assert unit.target or not unit.source, etree.tostring(element)
         ns = etree.QName(element).namespace
         seg = element.find(f"{{{ns}}}seg-source")
         source = seg if seg is not None else element.find(f"{{{ns}}}source")
@@ -137,7 +137,7 @@ def read_back_2(output: str) -> list:
         segment = unit.xmlelement
         if not translatable(segment):
             continue
-        assert unit.target, etree.tostring(segment)
+        assert unit.target or not unit.source, etree.tostring(segment)
         source, target = segment.find(f"{{{X2}}}source"), segment.find(f"{{{X2}}}target")
         assert sorted(codes(source), key=str) == sorted(codes(target), key=str)
         assert in_order(target, 2)
@@ -355,6 +355,28 @@ def test_a_prefixed_and_crlf_file_gets_its_targets_on_their_own_lines_with_its_p
         'state-qualifier="leveraged-mt">HI THERE</x:target>\r\n\t</x:trans-unit>' in output
     )
     assert 'target-language="de-AT"' in output  # (the file's own, of the same language)
+    read_back_1(output)
+
+
+def test_a_target_of_empty_segments_is_filled_and_one_of_codes_alone_is_kept():
+    """A target prepared with empty segments (Trados' SDLXLIFF) has no text: it is filled
+    segment by segment; a target of codes alone for a source of codes alone is kept."""
+    document = (
+        f'<xliff version="1.2" xmlns="{X1}" xmlns:sdl="http://sdl.com/FileTypes/SdlXliff/1.0">'
+        '<file original="o" source-language="en" target-language="de-DE" datatype="x"><body>\n'
+        '  <trans-unit id="a"><source>Hello there. Bye.</source><seg-source><mrk mtype="seg" '
+        'mid="1">Hello there.</mrk> <mrk mtype="seg" mid="2">Bye.</mrk></seg-source>'
+        '<target><mrk mtype="seg" mid="1"/> <mrk mtype="seg" mid="2"></mrk></target>'
+        '<sdl:seg-defs><sdl:seg id="1"/></sdl:seg-defs></trans-unit>\n'
+        '  <trans-unit id="b"><source><x id="1"/></source><target><x id="1"/></target>'
+        "</trans-unit>\n</body></file></xliff>"
+    )
+    output = translate_document(document, "xliff", upper, "de").text
+    assert output == document.replace(
+        '<target><mrk mtype="seg" mid="1"/> <mrk mtype="seg" mid="2"></mrk></target>',
+        '<target state="needs-review-translation" state-qualifier="leveraged-mt"><mrk '
+        'mtype="seg" mid="1">HELLO THERE.</mrk> <mrk mtype="seg" mid="2">BYE.</mrk></target>',
+    )
     read_back_1(output)
 
 
