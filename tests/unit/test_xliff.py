@@ -184,6 +184,32 @@ def test_a_translate_toolkit_xliff_1_file_gets_every_target_and_keeps_the_rest()
     assert all(u.isfuzzy() or u.target == "Schon fertig" for u in units)  # (needs review)
 
 
+def test_translate_toolkits_inline_codes_come_back_as_it_reads_them():
+    """A file whose sources translate-toolkit wrote from its placeables (g, x, bx, ex,
+    bpt, ept, ph, it): its reading of each target holds the same placeables, same ids."""
+    from translate.storage.placeables import StringElem
+    from translate.storage.placeables.xliff import Bpt, Bx, Ept, Ex, G, It, Ph, X
+
+    store = xliff1.xlifffile(sourcelanguage="en")
+    sources = [
+        ["Click ", G(["the button"], id="1"), " now", X(id="2"), " and "]
+        + [Bpt(["<b>"], id="3"), "see", Ept(["</b>"], id="3"), " more", Ph(["{0}"], id="4"), "."],
+        [Bx(id="5"), "Opened", Ex(id="6"), " here ", It(["<i>"], id="7", pos="open"), "ok"],
+    ]
+    for parts in sources:
+        store.addsourceunit("").rich_source = [StringElem(parts)]
+    document = bytes(store).decode("utf-8")
+    for translate in (upper, reverse):
+        output = translate_document(document, "xliff", translate, "de").text
+        assert without_targets(output, 1) == document
+        for unit in read_back_1(output):
+            ids = [
+                sorted((type(e).__name__, e.id) for e in rich[0].depth_first() if e.id)
+                for rich in (unit.rich_source, unit.rich_target)
+            ]
+            assert ids[0] == ids[1] and len(ids[0]) in (5, 3)
+
+
 def test_a_translate_toolkit_xliff_2_file_gets_every_target_and_keeps_the_rest():
     xliff2 = pytest.importorskip("translate.storage.xliff2")
     store = xliff2.Xliff2File(sourcelanguage="en")
