@@ -456,6 +456,16 @@ def test_bad_or_hostile_files_are_refused_in_one_line(document, says):
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_file_over_the_size_bound_is_refused_before_it_is_parsed(monkeypatch):
+    from mtkit.documents import xliff
+
+    monkeypatch.setattr(xliff, "MAX_CHARS", len(FILE_1) - 1)
+    with pytest.raises(XliffError, match=f"holds {len(FILE_1)} characters; mtkit reads files"):
+        translate_document(FILE_1, "xliff", upper, "de")
+    monkeypatch.setattr(xliff, "MAX_CHARS", len(FILE_1))
+    assert "THE BIG BUTTON" in translate_document(FILE_1, "xliff", upper, "de").text
+
+
 def test_an_external_dtd_is_never_read_and_its_entities_are_kept_as_written():
     document = (
         '<!DOCTYPE xliff SYSTEM "http://127.0.0.1:9/x.dtd"><xliff version="1.2" '
