@@ -383,7 +383,7 @@ def _filled(node: markup.Element, attributes: dict | None) -> Callable[[str], No
         start = _with_attributes(node.start, attributes or {})
         if not node.end:  # <target/>
             start = re.sub(r"\s*/>$", ">", start)
-            node.end = f"</{markup._name(node.start)}>"
+            node.end = f"</{_name(node.start)}>"
         node.start, node.children = start, [markup.Raw(content)]
 
     return write
@@ -400,7 +400,7 @@ def _inserted(
     space = before.source if isinstance(before, markup.Text) and not before.source.strip() else ""
     if "\n" in space:
         space = ("\r\n" if "\r\n" in space else "\n") + space.rpartition("\n")[2]
-    prefix = markup._name(after.start).rpartition(":")[0]
+    prefix = _name(after.start).rpartition(":")[0]
     name = f"{prefix}:target" if prefix else "target"
     marks = "".join(f' {k}="{v}"' for k, v in (attributes or {}).items())
 
@@ -421,9 +421,17 @@ def _elements(node) -> list:
     return out
 
 
+def _name(tag: str) -> str:
+    """A tag's name as written: "<xlf:g id='1'>" -> "xlf:g"."""
+    return NAME.match(tag).group(1)
+
+
+NAME = re.compile(r"</?\s*([^\s/>]*)")
+
+
 def _local(tag: str) -> str:
     """A start tag's element name without its prefix: "<xlf:g id='1'>" -> "g"."""
-    return markup._name(tag).rpartition(":")[2]
+    return _name(tag).rpartition(":")[2]
 
 
 def _primary(language: str) -> str:
@@ -433,7 +441,7 @@ def _primary(language: str) -> str:
 
 def _attributes(start: str) -> dict[str, str]:
     """A start tag's attributes, as written (entities and all)."""
-    at = len(markup._name(start)) + 1
+    at = len(_name(start)) + 1
     return {m.group(2): m.group(4)[1:-1] for m in ATTRIBUTE.finditer(start, at)}
 
 
@@ -447,7 +455,7 @@ def _with_attributes(start: str, values: dict[str, str], after: str | None = Non
     (where it has one), else after its last attribute. Every other character as written."""
     for name, value in values.items():
         value = html.escape(value)
-        found = {m.group(2): m for m in ATTRIBUTE.finditer(start, len(markup._name(start)) + 1)}
+        found = {m.group(2): m for m in ATTRIBUTE.finditer(start, len(_name(start)) + 1)}
         if name in found:
             quoted = found[name].span(4)
             start = start[: quoted[0] + 1] + value + start[quoted[1] - 1 :]
