@@ -8,9 +8,9 @@ aligned to the words they held; standalone ones, 1.2's `x`, 2.x's `ph` and `cp`,
 beside their neighbouring word; the codes that open and close a span, 1.2's `bpt`/`ept`
 and `bx`/`ex`, 2.x's `sc`/`ec` and `sm`/`em`, as one paired element where both stand in
 the same element, so that the closing one stays after the opening one, around the words
-they held; apart, each beside its word). The codes whose content is
-the original format's own code (1.2's `bpt`, `ept`, `ph`, `it`, with any `sub` inside
-them) and text marked not to be translated (1.2's `mrk mtype="protected"`, 2.x's
+they held; apart, each beside its word). The codes whose content is the original
+format's own code (1.2's `bpt`, `ept`, `ph`, `it`, with any `sub` inside them: a `sub`'s
+text is not translated) and text marked not to be translated (1.2's `mrk mtype="protected"`, 2.x's
 `mrk translate="no"`) are atoms: kept whole, verbatim. A CDATA section in a source is
 translated as text and written as CDATA.
 
@@ -22,7 +22,8 @@ the `seg-source` with each segment's content translated (its `mrk`s, same `mid`s
 Okapi and Trados write them). In 2.x, each `segment` of each `unit` (not
 `translate="no"`, by itself or by its group or file) whose `target` is missing or
 empty; an `ignorable` is kept. A unit (1.2) or segment (2.x) with a target already
-written is kept as it is: its target is a translator's.
+written is kept as it is: its target is a translator's (there is no option yet to
+translate such units again).
 
 A new target goes right after its source (after `seg-source` in 1.2), indented as the
 source is, with the source's namespace prefix; 1.2's is marked
@@ -32,7 +33,8 @@ segment gets `state="translated" subState="mtkit:mt"`. An empty target already i
 file is filled (and given those attributes, the others kept). The target language is
 written where the file names none (1.2: each `file`'s `target-language`, after its
 `source-language`; 2.x: the root's `trgLang`, after `srcLang`): the language the call
-translates into; a file that names another language is refused, in one line.
+translates into; a file that names another language is refused, in one line (one that
+names the same language with a region, `de-AT` for `de`, keeps its own).
 
 Everything else is kept as written, character for character: the file is read into
 markup's tree (`markup.parse`, which keeps every tag, comment, declaration and space as
