@@ -140,8 +140,10 @@ class Translator:
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
         or a document format's name (`mtkit.documents.formats.FORMATS`): html / xml, whose
         tags are carried through (`mtkit.documents.markup`; a text is a document or a
-        fragment of one), srt subtitles, a gettext po catalogue. `split` (None: the checkpoint's
-        decode.split): a text of several sentences is translated sentence by sentence.
+        fragment of one), srt subtitles, a gettext po catalogue, XLIFF 1.2 or 2.x
+        (`mtkit.documents.xliff`: each untranslated unit gets its target). `split` (None:
+        the checkpoint's decode.split): a text of several sentences is translated sentence
+        by sentence.
         `alignments`: word links in each result, from the cross-attention of decoder
         layer `align_layer` (None: the last; a model trained with guided alignment: its
         trained head)."""
@@ -434,15 +436,10 @@ def translate_file(
 
     if written.document:
         from mtkit.core.atomic import write_atomic
-        from mtkit.core.textio import read_document
-        from mtkit.documents.formats import FORMATS
 
-        document = FORMATS[written.kind]
-        data = input.read_bytes() if input else sys.stdin.buffer.read()
-        encoding = document.encoding(data)
-        text = read_document(data, encoding)
-        (result,) = session.translate_texts([text], written.kind)
-        payload = document.written(result.text, encoding)
+        payload = session.translate_data(
+            input.read_bytes() if input else sys.stdin.buffer.read(), written.kind
+        )
         if output:
             write_atomic(output, payload)
         else:

@@ -21,7 +21,7 @@ from pathlib import Path
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
 from mtkit.core.translation import Translation, weighted
-from mtkit.documents import catalogs, markup, subtitles
+from mtkit.documents import catalogs, markup, subtitles, xliff
 from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
 # An XML declaration's encoding (an XML document's, and an XHTML page's read as html)
@@ -39,7 +39,9 @@ class DocumentFormat:
     in, `mtkit.documents.rounds.Rounds` out), the `package` that reads it and the
     `extra` that installs it (None: mtkit's own reader), where its first bytes declare
     their encoding (`declared`, None: nowhere), and whether a character its encoding
-    cannot hold is written as a character reference (`references`: markup)."""
+    cannot hold is written as a character reference (`references`: markup), and
+    whether its `rounds` are given the language translated into (`targeted`: as
+    `target=`, the language code or None; XLIFF names it in the file)."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -48,6 +50,7 @@ class DocumentFormat:
     extra: str | None = None
     declared: re.Pattern[bytes] | None = None
     references: bool = False
+    targeted: bool = False
 
     def check_installed(self) -> None:
         """One line (`MissingExtra`) where the package that reads the format is missing."""
@@ -98,6 +101,16 @@ FORMATS = {
             extra="documents",
             declared=re.compile(rb"\"Content-Type:[^\"]*?charset=([\w.:-]+)", re.I),
         ),
+        DocumentFormat(
+            "xliff",
+            (".xlf", ".xliff"),
+            xliff.rounds,
+            package="lxml",
+            extra="documents",
+            declared=re.compile(XML_DECLARED),
+            references=True,
+            targeted=True,
+        ),
     )
 }
 
@@ -123,22 +136,27 @@ def output_format(
 
 
 def translate_documents(
-    documents: list[str], format: str, translate: Translate
+    documents: list[str], format: str, translate: Translate, target: str | None = None
 ) -> list[Translation]:
     """Each of `documents` (of `format`) translated with `translate` (texts in,
-    `Translation`s with word alignments out, in order): the texts every document wants
-    in a round go to one call (`translate_rounds`). Each result's `sentences` are the
-    translations of its texts, its scores theirs, weighted by tokens (`translation.weighted`)."""
+    `Translation`s with word alignments out, in order) into the language `target` (None:
+    not known; a format that names it, `targeted`, is told): the texts every document
+    wants in a round go to one call (`translate_rounds`). Each result's `sentences` are
+    the translations of its texts, its scores theirs, weighted by tokens
+    (`translation.weighted`)."""
     known = FORMATS[format]
     known.check_installed()
-    done = translate_rounds([known.rounds(d) for d in documents], translate)
+    read = partial(known.rounds, target=target) if known.targeted else known.rounds
+    done = translate_rounds([read(d) for d in documents], translate)
     return [
         Translation(document, text, *weighted(parts), sentences=tuple(parts))
         for document, (text, parts) in zip(documents, done, strict=True)
     ]
 
 
-def translate_document(document: str, format: str, translate: Translate) -> Translation:
+def translate_document(
+    document: str, format: str, translate: Translate, target: str | None = None
+) -> Translation:
     """One document translated (`translate_documents`)."""
-    (translated,) = translate_documents([document], format, translate)
+    (translated,) = translate_documents([document], format, translate, target)
     return translated

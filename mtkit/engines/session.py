@@ -189,7 +189,22 @@ class Session:
                 "constraints",
             )
         aligned = replace(self, opts=replace(self.opts, alignments=True))
-        return translate_documents(texts, format, aligned.translate_texts)
+        target = self.tgt_lang or self.engine.config.data.tgt_lang or None  # (xliff names it)
+        return translate_documents(texts, format, aligned.translate_texts, target)
+
+    def translate_data(self, data: bytes, format: str) -> bytes:
+        """A document file's bytes (of `format`, a name in
+        `mtkit.documents.formats.FORMATS`) translated: read in the encoding it declares
+        (or by its byte-order mark; UTF-8 else), its texts translated (`translate_texts`),
+        written back in that encoding. What `translate -i FILE` and the document routes
+        call."""
+        from mtkit.core.textio import read_document
+        from mtkit.documents.formats import FORMATS
+
+        document = FORMATS[format]
+        encoding = document.encoding(data)
+        (result,) = self.translate_texts([read_document(data, encoding)], format)
+        return document.written(result.text, encoding)
 
     def stream(
         self,

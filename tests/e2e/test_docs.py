@@ -707,6 +707,11 @@ def doc_folder(trained, tmp_path_factory) -> Path:
     (root / "doc.xml").write_text("<doc><para>A <term>dog</term> runs.</para></doc>\n")
     (root / "subs.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\nA man runs.\n")
     (root / "messages.po").write_text('msgid "A dog and %s."\nmsgstr ""\n')
+    (root / "strings.xlf").write_text(
+        '<xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2"><file '
+        'original="a" source-language="en" datatype="plaintext"><body><trans-unit id="1">'
+        '<source>A <g id="1">dog</g> runs.</source></trans-unit></body></file></xliff>\n'
+    )
     return root
 
 

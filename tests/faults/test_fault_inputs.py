@@ -32,7 +32,10 @@ from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_f
         (["--max-len-a", "-0.5"], "--max-len-a must be at least 0, got -0.5"),
         (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
         (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
-        (["--format", "pdf"], "--format must be text, jsonl, html, xml, srt or po, got 'pdf'"),
+        (
+            ["--format", "pdf"],
+            "--format must be text, jsonl, html, xml, srt, po or xliff, got 'pdf'",
+        ),
         (["--device", "tpu"], "--device must be auto, cpu or cuda, got 'tpu'"),
     ],
 )
