@@ -70,3 +70,32 @@ def test_an_ensemble_runs_each_model_and_one_model_twice_changes_nothing(trained
     pair = translate("-m", best, "-m", early, "--scores", "--alignments")
     assert len(pair) == 3 and pair[1] == "\t0.0000\t"
     assert pair != translate("-m", early, "--scores", "--alignments")
+
+
+def test_a_translate_call_opens_one_session_and_translates_through_it(trained, monkeypatch):
+    """The CLI is an adapter: its options are checked once, by the session it opens
+    (`Session.open`), and every line goes through that session's `translate_requests`."""
+    from mtkit.engines import session as session_module
+
+    opened, requests = [], []
+    real_open, real_requests = (
+        session_module.Session.open.__func__,
+        session_module.translate_requests,
+    )
+
+    def counted_open(cls, *args, **kwargs):
+        opened.append(kwargs.get("spell"))
+        return real_open(cls, *args, **kwargs)
+
+    def counted_requests(translator, rows, *args, **kwargs):
+        requests.append(len(rows))
+        return real_requests(translator, rows, *args, **kwargs)
+
+    monkeypatch.setattr(session_module.Session, "open", classmethod(counted_open))
+    monkeypatch.setattr(session_module, "translate_requests", counted_requests)
+    best = trained / "run" / "checkpoints" / "best.pt"
+    out = translate("-m", best, "--beam", "2")
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+    assert len(opened) == 1 and sum(requests) == 3
+    result = runner.invoke(app, ["translate", "-m", str(best), "--beam", "0"], input=LINES)
+    assert result.exit_code == 2 and "--beam" in result.stderr and len(opened) == 2
