@@ -29,6 +29,7 @@ from mtkit.core.search_options import SearchOptions
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import CHUNK_LINES, OutputFormat, lone_surrogate
 from mtkit.core.translation import Translation
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 from mtkit.engines.session import Session
 
@@ -132,6 +133,11 @@ class Translator:
         alignments: bool = False,
         align_layer: int | None = None,
         batch_tokens: int | None = None,
+        ignore_tags: str | Sequence[str] | None = None,
+        non_splitting_tags: str | Sequence[str] | None = None,
+        splitting_tags: str | Sequence[str] | None = None,
+        outline_detection: bool | None = None,
+        its_rules: str | Path | None = None,
     ) -> list[Translation]:
         """One `Translation` per text, in order; `n_best` > 1 puts the next best in each
         one's `alternatives`. `constraints`: for each text, the phrases its translation
@@ -140,11 +146,16 @@ class Translator:
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
         or a document format's name (`mtkit.documents.formats.FORMATS`): html / xml, whose
         tags are carried through (`mtkit.documents.markup`; a text is a document or a
-        fragment of one), srt subtitles, a gettext po catalogue. `split` (None: the checkpoint's
-        decode.split): a text of several sentences is translated sentence by sentence.
-        `alignments`: word links in each result, from the cross-attention of decoder
-        layer `align_layer` (None: the last; a model trained with guided alignment: its
-        trained head)."""
+        fragment of one: a segment, text and elements side by side), srt subtitles, a gettext
+        po catalogue. `split` (None: the checkpoint's decode.split): a text of several
+        sentences is translated sentence by sentence. `alignments`: word links in each
+        result, from the cross-attention of decoder layer `align_layer` (None: the last; a
+        model trained with guided alignment: its trained head). For html and xml, as
+        DeepL's options: `ignore_tags` (their content kept untranslated),
+        `non_splitting_tags` (inline), `splitting_tags` (blocks), each names comma-separated
+        or a list, `outline_detection` (False: only `splitting_tags` are blocks); and
+        `its_rules`, the path of a W3C ITS 2.0 rules file (withinText and translate rules,
+        above the document's own) (`mtkit.documents.elements`)."""
         texts = _texts("texts", texts)
         if glossary is not None and not isinstance(glossary, Glossary):
             raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
@@ -170,6 +181,13 @@ class Translator:
             tgt_lang=tgt_lang,  # (at the call, whatever the texts: blank ones too)
             split=split,
             batch_tokens=batch_tokens,
+            markup=dict(
+                ignore_tags=ignore_tags,
+                non_splitting_tags=non_splitting_tags,
+                splitting_tags=splitting_tags,
+                outline_detection=outline_detection,
+                its_rules=its_rules,
+            ),
         )
         return self._translate_in(session, texts, format, _constraints(constraints, len(texts)))
 
@@ -184,9 +202,11 @@ class Translator:
         format: str = "text",
         split: bool | None = None,
         batch_tokens: int | None = None,
+        markup: MarkupRules = PLAIN,
     ) -> list[Translation]:
         """`translate`, with the search given as `SearchOptions` already checked (the
-        server's, whose errors name its fields) and constraints as the session takes them."""
+        server's, whose errors name its fields), constraints as the session takes them and
+        the `markup` rules checked (`MarkupRules.checked`)."""
         session = Session(
             self.engine,
             opts,
@@ -195,6 +215,7 @@ class Translator:
             tgt_lang,
             batch_tokens or self.engine.batch_tokens,
             _keyword,
+            markup,
         )
         return self._translate_in(session, texts, format, constraints)
 
@@ -207,7 +228,7 @@ class Translator:
     ) -> list[Translation]:
         """One `Translation` per text (a line of text, or a document in `format`, whose
         runs go through `session` together), in order; `constraints`: each text's."""
-        from mtkit.documents.formats import FORMATS, translate_documents
+        from mtkit.documents.formats import FORMATS, check_rules, translate_documents
 
         if format not in ("text", *FORMATS):
             raise OptionError(
@@ -221,11 +242,15 @@ class Translator:
             else session
         )
         if format == "text":
+            check_rules(format, session.markup)
             return self._text(_texts("texts", texts), settings, constraints)
         if constraints is not None:
             raise OptionError("constraints are for text; a document's terms go in a glossary")
         return translate_documents(  # every text of every document in a round in one batch
-            _texts("texts", texts), format, lambda runs: self._text(runs, settings, None)
+            _texts("texts", texts),
+            format,
+            lambda runs: self._text(runs, settings, None),
+            session.markup,
         )
 
     def translate_iter(
@@ -429,12 +454,25 @@ def translate_file(
     (None: stdout; a file is replaced only once complete), with a progress bar on a
     terminal. Text and jsonl go line by line (`Session.stream`), with each line's target
     prefix and constraints (read from `prefix_file`, `constraints_file`); a document's
-    format (`written.document`) reads the input as one document."""
+    format (`written.document`) reads the input as one document, or with
+    `written.segments` each line as one (`_translate_segments`)."""
     import sys
     from contextlib import nullcontext
 
     from mtkit.core.atomic import atomic_text
+    from mtkit.documents.formats import check_rules
 
+    check_rules(written.kind, session.markup)
+    if written.segments:
+        from mtkit.core.progress import progress_bar
+
+        with (
+            open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
+            atomic_text(output) if output else nullcontext(sys.stdout) as sink,
+            progress_bar(input) as done,
+        ):
+            _translate_segments(session, source, sink, written.kind, done)
+        return
     if written.document:
         from mtkit.core.atomic import write_atomic
         from mtkit.core.textio import read_document
@@ -466,6 +504,31 @@ def translate_file(
         if constraints is not None:
             source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
         session.stream(source, sink, done, prefixes, output=written, constraints=constraints)
+
+
+def _translate_segments(session: Session, source, sink, format: str, done) -> None:
+    """Each line of `source` translated as one document of `format` (a segment), a line
+    for each in `sink`, in order, a chunk of lines in one batch (`Translator._translate_in`);
+    a line that cannot be read is named in its one-line error."""
+    from mtkit.core.textio import read_chunks
+    from mtkit.documents.formats import FORMATS
+
+    translator, count = Translator(session.engine), 0
+    for lines in read_chunks(source):
+        try:
+            found = translator._translate_in(session, lines, format, None)
+        except UserError as e:
+            for k, line in enumerate(lines):  # which line: each read on its own
+                try:
+                    next(FORMATS[format].rounds(line))
+                except UserError as mine:
+                    raise type(mine)(f"line {count + k + 1}: {mine.line()}") from None
+            raise e
+        sink.write("".join(t.text + "\n" for t in found))
+        sink.flush()
+        count += len(lines)
+        if done is not None:
+            done(len(lines))
 
 
 def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = ()):

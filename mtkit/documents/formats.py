@@ -22,6 +22,7 @@ from mtkit.core.errors import OptionError, UserError
 from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
 from mtkit.core.translation import Translation, weighted
 from mtkit.documents import catalogs, markup, subtitles
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
 # An XML declaration's encoding (an XML document's, and an XHTML page's read as html)
@@ -38,8 +39,10 @@ class DocumentFormat:
     files (lower case), how a document of it is translated (`rounds`: a document's text
     in, `mtkit.documents.rounds.Rounds` out), the `package` that reads it and the
     `extra` that installs it (None: mtkit's own reader), where its first bytes declare
-    their encoding (`declared`, None: nowhere), and whether a character its encoding
-    cannot hold is written as a character reference (`references`: markup)."""
+    their encoding (`declared`, None: nowhere), whether a character its encoding
+    cannot hold is written as a character reference (`references`: markup), and whether
+    its `rounds` take the caller's `mtkit.documents.elements.MarkupRules` (`markup`:
+    which elements are inline, blocks or kept, as DeepL's tag options and ITS rules say)."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -48,6 +51,7 @@ class DocumentFormat:
     extra: str | None = None
     declared: re.Pattern[bytes] | None = None
     references: bool = False
+    markup: bool = False
 
     def check_installed(self) -> None:
         """One line (`MissingExtra`) where the package that reads the format is missing."""
@@ -81,6 +85,7 @@ FORMATS = {
                 XML_DECLARED + rb"|<meta\b[^>]*?\bcharset\s*=\s*[\"']?([\w.:-]+)", re.I
             ),
             references=True,
+            markup=True,
         ),
         DocumentFormat(
             "xml",
@@ -88,6 +93,7 @@ FORMATS = {
             partial(markup.rounds, format="xml"),
             declared=re.compile(XML_DECLARED),
             references=True,
+            markup=True,
         ),
         DocumentFormat("srt", (".srt",), subtitles.rounds, package="srt", extra="documents"),
         DocumentFormat(
@@ -108,10 +114,11 @@ def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
 
 
 def output_format(
-    name: str | None, input: Path | None = None, scores: bool = False
+    name: str | None, input: Path | None = None, scores: bool = False, segments: bool = False
 ) -> OutputFormat:
     """`translate --format NAME` (None: the format of `input`'s suffix, else text) as
-    an `OutputFormat`; one line where NAME is no format."""
+    an `OutputFormat`, with `segments` (--segments: each line one document) for a markup
+    format; one line where NAME is no format, or --segments no markup format's."""
     if name is None:
         name = next(
             (f.name for f in FORMATS.values() if input and input.suffix.lower() in f.suffixes),
@@ -119,26 +126,43 @@ def output_format(
         )
     if name not in (*LINES, *FORMATS):
         raise OptionError(f"--format must be {listed([*LINES, *FORMATS])}, got {name!r}")
-    return OutputFormat(name, scores)
+    if segments and not (name in FORMATS and FORMATS[name].markup):
+        markup = listed([f"--format {f.name}" for f in FORMATS.values() if f.markup])
+        raise OptionError(f"--segments reads each line as a segment of {markup}, not {name}")
+    return OutputFormat(name, scores, segments)
 
 
 def translate_documents(
-    documents: list[str], format: str, translate: Translate
+    documents: list[str], format: str, translate: Translate, rules: MarkupRules = PLAIN
 ) -> list[Translation]:
     """Each of `documents` (of `format`) translated with `translate` (texts in,
     `Translation`s with word alignments out, in order): the texts every document wants
     in a round go to one call (`translate_rounds`). Each result's `sentences` are the
-    translations of its texts, its scores theirs, weighted by tokens (`translation.weighted`)."""
+    translations of its texts, its scores theirs, weighted by tokens (`translation.weighted`).
+    `rules`: the caller's say on a markup format's elements (one line for another format's
+    documents, which have none to say it of)."""
     known = FORMATS[format]
     known.check_installed()
-    done = translate_rounds([known.rounds(d) for d in documents], translate)
+    check_rules(format, rules)
+    rounds = partial(known.rounds, rules=rules) if known.markup else known.rounds
+    done = translate_rounds([rounds(d) for d in documents], translate)
     return [
         Translation(document, text, *weighted(parts), sentences=tuple(parts))
         for document, (text, parts) in zip(documents, done, strict=True)
     ]
 
 
-def translate_document(document: str, format: str, translate: Translate) -> Translation:
+def check_rules(format: str, rules: MarkupRules) -> None:
+    """One line where the caller's markup `rules` are given for a `format` (text, jsonl,
+    a document's) that has no elements to say them of."""
+    if rules != PLAIN and not (format in FORMATS and FORMATS[format].markup):
+        markup = listed([f.name for f in FORMATS.values() if f.markup])
+        raise OptionError(f"{rules.option} is for {markup} documents, not {format}", rules.option)
+
+
+def translate_document(
+    document: str, format: str, translate: Translate, rules: MarkupRules = PLAIN
+) -> Translation:
     """One document translated (`translate_documents`)."""
-    (translated,) = translate_documents([document], format, translate)
+    (translated,) = translate_documents([document], format, translate, rules)
     return translated

@@ -57,6 +57,7 @@ from mtkit.core.textio import (
 )
 from mtkit.core.translation import Translation, joined
 from mtkit.documents import sentences
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,11 @@ class Session:
     """One caller's way of translating with one engine: its search options, a glossary
     whose terms constrain the lines holding them, whether a line of several sentences is
     translated sentence by sentence, the language a multilingual model translates into
-    (None: a bilingual model's, or each jsonl record's own) and the batch budget.
-    `spell` names an option in an error as the caller gave it (`flag`: --beam; the API's
-    keyword: beam). Built checked by `open`; the constructor takes values already checked
-    (the server's)."""
+    (None: a bilingual model's, or each jsonl record's own), the batch budget, and what
+    the caller says of a markup document's elements (`markup`: DeepL's tag options, an
+    ITS rules file; `mtkit.documents.elements.MarkupRules`). `spell` names an option in
+    an error as the caller gave it (`flag`: --beam; the API's keyword: beam). Built
+    checked by `open`; the constructor takes values already checked (the server's)."""
 
     engine: Engine
     opts: SearchOptions
@@ -79,6 +81,7 @@ class Session:
     tgt_lang: str | None = None
     batch_tokens: int = BATCH_TOKENS
     spell: Callable[[str], str] = flag
+    markup: MarkupRules = PLAIN
 
     @classmethod
     def open(
@@ -94,6 +97,7 @@ class Session:
         target: bool = True,
         split: bool | None = None,
         batch_tokens: int | None = None,
+        markup: Mapping[str, Any] | None = None,
     ) -> Session:
         """A session whose every setting is checked, once, each error one line naming the
         option by `spell`: the search options are `decode`'s (a `DecodeConfig`; None: the
@@ -103,7 +107,10 @@ class Session:
         must find options that can search for constraints (`check_constraint_options`);
         `tgt_lang` must be a language the model translates into (checked where given, and
         where not given when `target`: a jsonl stream's records may name their own).
-        `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget."""
+        `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget.
+        `markup`: the markup options given (ignore_tags, non_splitting_tags,
+        splitting_tags, outline_detection, its_rules; None: not given), checked by
+        `MarkupRules.checked`."""
         decode = engine.config.decode if decode is None else decode
         opts = SearchOptions.from_config(decode, spell, **(given or {}))
         engine.check(opts, spell)
@@ -115,7 +122,8 @@ class Session:
         else:
             check_value("batch_tokens", batch_tokens, spell)
         split = decode.split if split is None else split
-        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell)
+        rules = MarkupRules.checked(**(markup or {}), spell=spell)
+        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell, rules)
 
     def request(self, text: str) -> Request:
         """`text` as a request into the session's language (`into_language`)."""
