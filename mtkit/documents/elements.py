@@ -210,6 +210,18 @@ class ItsRule:
         return tuple(out)
 
 
+# A document's own rules come from whoever wrote it, and an XPath can cost as much as its
+# writer likes (`//*[count(//*) > 0]`): a document's selectors are only paths of names
+# (`//ph`, `//d:ph`, `/doc/p/*`), each step with at most an attribute test (`//*[@code]`,
+# `//ph[@type='x']`), joined by `|`; a rules file's (the user's own) are any XPath.
+_STEP = (
+    r"/{1,2}(?:[\w.-]+:)?(?:[\w.-]+|\*)"  # a name (with its prefix) or *
+    r"""(?:\[@(?:[\w.-]+:)?[\w.-]+(?:\s*=\s*(?:'[^']*'|"[^"]*"))?\])?"""  # [@a] or [@a='v']
+)
+PLAIN_SELECTOR = re.compile(rf"\s*(?:{_STEP})+(?:\s*\|\s*(?:{_STEP})+)*\s*")
+MAX_DOCUMENT_RULES = 256
+
+
 def lxml_etree():
     """lxml's etree, or one line saying how to install it (ITS rules are read with it)."""
     try:

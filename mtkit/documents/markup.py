@@ -462,6 +462,15 @@ class _Roles:
             own = elements.ItsRule.read(root, "the document's its:rules")
         except ValueError as e:
             raise MarkupError(str(e)) from None
+        plain = [r for r in own if elements.PLAIN_SELECTOR.fullmatch(r.selector)]
+        if len(plain) < len(own) or len(plain) > elements.MAX_DOCUMENT_RULES:
+            log.warning(
+                "the document's ITS rules are read up to %d whose selectors are paths of "
+                "names (//ph, //*[@code]); %d left out",
+                elements.MAX_DOCUMENT_RULES,
+                len(own) - len(plain[: elements.MAX_DOCUMENT_RULES]),
+            )
+        own = tuple(plain[: elements.MAX_DOCUMENT_RULES])
         within: dict[int, str] = {}
         translate: dict[int, str] = {}
         for rule in (*own, *self.rules.its_rules):
