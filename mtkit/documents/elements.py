@@ -279,14 +279,15 @@ class MarkupRules:
     `splitting_tags` (blocks), `outline_detection` (False: every element but the
     splitting ones is inline, as DeepL's outline_detection=0) and `its_rules` (a rules
     file's ITS 2.0 rules, above the document's own). Built checked by `checked`, which
-    keeps the options given as the caller spells them (`named`: for an error)."""
+    keeps the options given as the caller spells them (`named`: each option's name and
+    its spelling, for an error)."""
 
     ignore_tags: frozenset[str] = frozenset()
     non_splitting_tags: frozenset[str] = frozenset()
     splitting_tags: frozenset[str] = frozenset()
     outline_detection: bool = True
     its_rules: tuple[ItsRule, ...] = ()
-    named: tuple[str, ...] = field(default=(), compare=False)
+    named: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @classmethod
     def checked(
@@ -316,13 +317,19 @@ class MarkupRules:
             _tag_names(splitting_tags, spell("splitting_tags")),
             outline_detection is None or _yes_no(outline_detection, spell("outline_detection")),
             () if its_rules is None else read_rules_file(its_rules, spell("its_rules")),
-            tuple(spell(name) for name, value in given.items() if value not in (None, "", [])),
+            tuple(
+                (name, spell(name)) for name, value in given.items() if value not in (None, "", [])
+            ),
         )
 
     @property
     def option(self) -> str:
         """The first option given, as the caller spells it (an error names it)."""
-        return self.named[0] if self.named else "markup rules"
+        return self.named[0][1] if self.named else "markup rules"
+
+    def spelled(self, name: str) -> str:
+        """Option `name` as the caller spells it."""
+        return dict(self.named).get(name, name)
 
     def role(self, name: str) -> str | None:
         """The role the caller's tag lists give an element `name` (its name as written, or

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from itertools import pairwise
 
-from mtkit.core.errors import UserError
+from mtkit.core.errors import OptionError, UserError
 from mtkit.core.translation import Translation
 from mtkit.documents import elements
 from mtkit.documents.elements import BLOCK, INLINE, NESTED, PLAIN, MarkupRules
@@ -419,6 +419,12 @@ class _Roles:
         self.kept_ids: set[int] = set()
         self.worded: dict[int, bool] = {}
         self.inlined: dict[int, bool] = {}
+        if rules.its_rules and not xml:
+            option = rules.spelled("its_rules")
+            raise OptionError(
+                f"{option} is for xml documents (HTML's elements are judged by its content model)",
+                option,
+            )
         order = [(e, parent) for e, parent in _elements(tree) if not isinstance(e, Cdata)]
         within, translate = self._its(tree, [e for e, _ in order]) if xml else ({}, {})
         vocabulary = self._vocabulary(tree) if xml else None

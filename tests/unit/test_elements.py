@@ -261,3 +261,10 @@ def test_a_document_s_costly_selector_is_left_out_with_a_warning(caplog):
     )
     assert sent(document)[0] == ["A", "dog", "and a cat run."]
     assert "1 left out" in caplog.text
+
+
+def test_a_rules_file_is_for_xml(tmp_path):
+    rules = tmp_path / "rules.xml"
+    rules.write_text(RULES.format('<its:withinTextRule withinText="no" selector="//b"/>'))
+    with pytest.raises(OptionError, match="--its-rules is for xml documents"):
+        sent("A <b>dog</b>.", "html", its_rules=rules)
