@@ -233,12 +233,18 @@ def lxml_etree():
     return etree
 
 
-def safe_parser():
+def safe_parser(encoding: str | None = None):
     """lxml's parser for documents from strangers: no entity expansion beyond XML's own,
-    no DTD loaded, nothing fetched, no huge trees."""
+    no DTD loaded, nothing fetched, no huge trees; `encoding`: the bytes' own, whatever
+    the document declares (None: as it declares)."""
     etree = lxml_etree()
     return etree.XMLParser(
-        resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False, recover=False
+        resolve_entities=False,
+        no_network=True,
+        load_dtd=False,
+        huge_tree=False,
+        recover=False,
+        encoding=encoding,
     )
 
 

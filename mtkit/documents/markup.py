@@ -453,7 +453,8 @@ class _Roles:
         fragment = not _is_document(tree)
         text = FRAGMENT_OPEN + document + FRAGMENT_CLOSE if fragment else document
         try:
-            root = etree.fromstring(text.encode("utf-8"), elements.safe_parser())
+            # (the text's UTF-8, whatever encoding its declaration names: it was read already)
+            root = etree.fromstring(text.encode("utf-8"), elements.safe_parser("utf-8"))
         except etree.XMLSyntaxError as e:  # (well-formed, but its namespaces are not)
             log.warning("the XML's ITS rules are left out: %s", e)
             root = None

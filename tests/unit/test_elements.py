@@ -39,7 +39,7 @@ def sent(document: str, format: str = "xml", **rules) -> tuple[list[str], str]:
     out = translate_document(document, format, translate, MarkupRules.checked(**rules)).text
     assert tags(out, format) == tags(document, format)
     if format == "xml" and out.startswith("<?xml"):  # well-formed, as a document
-        etree.fromstring(out.encode())
+        etree.fromstring(out.encode(), etree.XMLParser(encoding="utf-8"))
     elif format == "xml":  # or as a fragment is: inside an implied element
         etree.fromstring(f'<r xmlns:its="{ITS}">{out}</r>'.encode())
     return texts, out
@@ -268,3 +268,14 @@ def test_a_rules_file_is_for_xml(tmp_path):
     rules.write_text(RULES.format('<its:withinTextRule withinText="no" selector="//b"/>'))
     with pytest.raises(OptionError, match="--its-rules is for xml documents"):
         sent("A <b>dog</b>.", "html", its_rules=rules)
+
+
+@pytest.mark.parametrize("encoding", ["iso-8859-1", "utf-16"])
+def test_its_rules_are_read_whatever_encoding_the_declaration_names(encoding):
+    """The document is text by then (read in its encoding): its rules are read from it."""
+    document = (
+        f'<?xml version="1.0" encoding="{encoding}"?><d>'
+        + RULES.format('<its:withinTextRule withinText="no" selector="//b"/>')
+        + "<p>A <b>dog</b> runs é.</p></d>"
+    )
+    assert sent(document)[0] == ["A", "dog", "runs é."]
