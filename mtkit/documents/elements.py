@@ -177,7 +177,7 @@ class ItsRule:
         """The withinText and translate rules of every `its:rules` element in the lxml tree
         `root`, in document order (a later rule wins: ITS' order); a `ValueError` naming
         `where` for one whose value or selector is wrong."""
-        from lxml import etree
+        etree = lxml_etree()
 
         out = []
         for rules in root.iter(f"{{{ITS}}}rules"):
