@@ -1078,19 +1078,20 @@ def _cdata_marked(marks: list[Mark]) -> list[Mark]:
 
 
 def _nested_written(marks: list[Mark], replaced: dict[int, str]) -> list[Mark]:
-    """`marks` with each atom that is an element written as it now reads: a nested
-    element (a footnote) holds its own runs' translations, in `replaced` already
-    (`runs` finds them first); any other reads as it was."""
-    return [
-        replace(
-            m,
-            node=Raw(_render_tree(m.node, replaced))
-            if m.atom and isinstance(m.node, Element)
-            else m.node,
-            inner=_nested_written(m.inner, replaced),
-        )
-        for m in marks
-    ]
+    """`marks` with each atom that is an element holding nodes written as it now reads: a
+    nested element (a footnote) holds its own runs' translations, in `replaced` already
+    (`runs` finds them first); any other reads as it was. (A mark with nothing to change
+    is kept as it is.)"""
+    out = []
+    for m in marks:
+        if m.atom and isinstance(m.node, Element) and m.node.children:
+            m = replace(m, node=Raw(_render_tree(m.node, replaced)))
+        elif m.inner:
+            inner = _nested_written(m.inner, replaced)
+            if any(a is not b for a, b in zip(inner, m.inner, strict=True)):
+                m = replace(m, inner=inner)
+        out.append(m)
+    return out
 
 
 CDATA_MARKED = ("\x00<![CDATA[", "]]>\x00")  # (no XML holds a NUL)
