@@ -270,9 +270,9 @@ TAG_NAME = re.compile(r"[^\W\d][\w.:-]*")
 
 
 def _yes_no(value, name: str) -> bool:
-    """A boolean as DeepL's clients send it: true/false, or "1"/"0" in a form."""
-    if isinstance(value, bool):
-        return value
+    """A boolean as DeepL's clients send it: true/false, 1/0, or "1"/"0" in a form."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
         return value.strip().lower() in ("1", "true")
     raise OptionError(f"{name} must be true or false (1 or 0), got {value!r}", name)

@@ -193,6 +193,9 @@ def test_deepl_options(format):
     assert sent(segment, format, outline_detection=False)[0] == [
         "Open the menu and a new page right away."
     ]
+    assert sent(segment, format, outline_detection=0)[0] == [  # (JSON's 0 too)
+        "Open the menu and a new page right away."
+    ]
     assert sent(segment, format, outline_detection="0", splitting_tags=["kk"])[0] == [
         "Open the menu and a new page",
         "right away",
@@ -206,6 +209,7 @@ def test_deepl_options(format):
         (dict(ignore_tags="a,<b>"), "--ignore-tags: '<b>' is not a tag name"),
         (dict(splitting_tags=3), "--splitting-tags must be tag names, comma-separated or"),
         (dict(outline_detection="maybe"), "--outline-detection must be true or false"),
+        (dict(outline_detection=2), "--outline-detection must be true or false"),
         (dict(its_rules="/no/such/rules.xml"), "--its-rules /no/such/rules.xml: No such file"),
     ],
 )
