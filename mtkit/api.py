@@ -520,7 +520,7 @@ def _translate_segments(session: Session, source, sink, format: str, done) -> No
         except UserError as e:
             for k, line in enumerate(lines):  # which line: each read on its own
                 try:
-                    next(FORMATS[format].rounds(line))
+                    next(FORMATS[format].rounds(line, rules=session.markup))
                 except UserError as mine:
                     raise type(mine)(f"line {count + k + 1}: {mine.line()}") from None
             raise e
