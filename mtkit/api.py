@@ -132,6 +132,11 @@ class Translator:
         alignments: bool = False,
         align_layer: int | None = None,
         batch_tokens: int | None = None,
+        ignore_tags: str | Sequence[str] | None = None,
+        non_splitting_tags: str | Sequence[str] | None = None,
+        splitting_tags: str | Sequence[str] | None = None,
+        outline_detection: bool | None = None,
+        its_rules: str | Path | None = None,
     ) -> list[Translation]:
         """One `Translation` per text, in order; `n_best` > 1 puts the next best in each
         one's `alternatives`. `constraints`: for each text, the phrases its translation
@@ -140,13 +145,17 @@ class Translator:
         `tgt_lang`: the language a multilingual model translates into. `format`: text,
         or a document format's name (`mtkit.documents.formats.FORMATS`): html / xml, whose
         tags are carried through (`mtkit.documents.markup`; a text is a document or a
-        fragment of one), srt subtitles, a gettext po catalogue, XLIFF 1.2 or 2.x
-        (`mtkit.documents.xliff`: each untranslated unit gets its target). `split` (None:
-        the checkpoint's decode.split): a text of several sentences is translated sentence
-        by sentence.
-        `alignments`: word links in each result, from the cross-attention of decoder
-        layer `align_layer` (None: the last; a model trained with guided alignment: its
-        trained head)."""
+        fragment of one: a segment, text and elements side by side), srt subtitles, a gettext
+        po catalogue, XLIFF 1.2 or 2.x (`mtkit.documents.xliff`: each untranslated unit gets
+        its target). `split` (None: the checkpoint's decode.split): a text of several
+        sentences is translated sentence by sentence. `alignments`: word links in each
+        result, from the cross-attention of decoder layer `align_layer` (None: the last; a
+        model trained with guided alignment: its trained head). For html and xml, as
+        DeepL's options: `ignore_tags` (their content kept untranslated),
+        `non_splitting_tags` (inline), `splitting_tags` (blocks), each names comma-separated
+        or a list, `outline_detection` (False: only `splitting_tags` are blocks); and
+        `its_rules`, the path of a W3C ITS 2.0 rules file (withinText and translate rules,
+        above the document's own) (`mtkit.documents.elements`)."""
         texts = _texts("texts", texts)
         session, format = self._open(
             dict(
@@ -167,6 +176,11 @@ class Translator:
                 alignments=alignments,
                 align_layer=align_layer,
                 batch_tokens=batch_tokens,
+                ignore_tags=ignore_tags,
+                non_splitting_tags=non_splitting_tags,
+                splitting_tags=splitting_tags,
+                outline_detection=outline_detection,
+                its_rules=its_rules,
             )
         )
         return session.translate_texts(texts, format, _constraints(constraints, len(texts)))
@@ -195,6 +209,11 @@ class Translator:
             tgt_lang=_argument("tgt_lang", options.get("tgt_lang"), str),
             split=_argument("split", options.get("split"), bool),
             batch_tokens=_argument("batch_tokens", options.get("batch_tokens")),
+            markup={
+                name: options.get(name)
+                for name in ("ignore_tags", "non_splitting_tags", "splitting_tags")
+                + ("outline_detection", "its_rules")
+            },
         )
         session.translate_texts([], format)  # (the format and what it allows, checked)
         return session, format
@@ -402,6 +421,7 @@ def translate_file(
     tgt_lang: str | None = None,
     split: bool | None = None,
     batch_tokens: int | None = None,
+    markup: Mapping[str, object] | None = None,
 ) -> None:
     """`mtkit translate`: the session `engine` and the command line's options open
     (`Session.open`, each error naming its flag: the `search` options, a glossary read
@@ -409,7 +429,9 @@ def translate_file(
     (None: stdout; a file is replaced only once complete), with a progress bar on a
     terminal. Text and jsonl go line by line (`Session.stream`), with each line's target
     prefix and constraints (read from `prefix_file`, `constraints_file`); a document's
-    format (`written.document`) reads the input as one document."""
+    format (`written.document`) reads the input as one document, or with
+    `written.segments` each line as one (`_translate_segments`). `markup`: the --ignore-tags,
+    --its-rules... options (`mtkit.documents.elements.MarkupRules`)."""
     from mtkit.core.terms import read_constraints
     from mtkit.core.textio import read_lines
 
@@ -428,12 +450,25 @@ def translate_file(
         target=written.kind != "jsonl",  # (jsonl records may name their own)
         split=split,
         batch_tokens=batch_tokens,
+        markup=markup,
     )
     import sys
     from contextlib import nullcontext
 
     from mtkit.core.atomic import atomic_text
+    from mtkit.documents.formats import check_rules
 
+    check_rules(written.kind, session.markup)
+    if written.segments:
+        from mtkit.core.progress import progress_bar
+
+        with (
+            open(input, "rb") if input else nullcontext(sys.stdin.buffer) as source,
+            atomic_text(output) if output else nullcontext(sys.stdout) as sink,
+            progress_bar(input) as done,
+        ):
+            _translate_segments(session, source, sink, written.kind, done)
+        return
     if written.document:
         from mtkit.core.atomic import write_atomic
 
@@ -460,6 +495,31 @@ def translate_file(
         if constraints is not None:
             source = read_all_lines(source, len(constraints), f"--constraints {constraints_file}")
         session.stream(source, sink, done, prefixes, output=written, constraints=constraints)
+
+
+def _translate_segments(session: Session, source, sink, format: str, done) -> None:
+    """Each line of `source` translated as one document of `format` (a segment), a line
+    for each in `sink`, in order, a chunk of lines in one batch (`Session.translate_texts`);
+    a line that cannot be read is named in its one-line error."""
+    from mtkit.core.textio import read_chunks
+    from mtkit.documents.formats import FORMATS
+
+    count = 0
+    for lines in read_chunks(source):
+        try:
+            found = session.translate_texts(lines, format)
+        except UserError as e:
+            for k, line in enumerate(lines):  # which line: each read on its own
+                try:
+                    next(FORMATS[format].rounds(line, rules=session.markup))
+                except UserError as mine:
+                    raise type(mine)(f"line {count + k + 1}: {mine.line()}") from None
+            raise e
+        sink.write("".join(t.text + "\n" for t in found))
+        sink.flush()
+        count += len(lines)
+        if done is not None:
+            done(len(lines))
 
 
 def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = ()):

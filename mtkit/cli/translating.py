@@ -120,6 +120,15 @@ ScoresOpt = Annotated[
         rich_help_panel=IO,
     ),
 ]
+SegmentsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--segments",
+        help="With --format html or xml: each input line is one segment (a fragment: text "
+        "and elements side by side), translated to one output line.",
+        rich_help_panel=IO,
+    ),
+]
 SplitOpt = Annotated[
     Opt[bool],
     typer.Option(
@@ -149,6 +158,36 @@ TgtLangOpt = Annotated[
     typer.Option(
         help="The language a multilingual model translates into (its <2xx> tag).",
         rich_help_panel=LANGUAGES,
+    ),
+]
+MARKUP = "Markup (html, xml)"
+
+
+def _tags(help: str) -> typer.models.OptionInfo:
+    """A tag list's typer.Option (DeepL's names, comma-separated), under MARKUP."""
+    return typer.Option(
+        help=f"{help}: tag names, comma-separated (as DeepL's).", rich_help_panel=MARKUP
+    )
+
+
+IgnoreTagsOpt = Annotated[Opt[str], _tags("Elements whose content is kept untranslated")]
+NonSplittingTagsOpt = Annotated[Opt[str], _tags("Elements inside a sentence (inline)")]
+SplittingTagsOpt = Annotated[Opt[str], _tags("Elements that end a sentence (blocks)")]
+OutlineDetectionOpt = Annotated[
+    Opt[bool],
+    typer.Option(
+        "--outline-detection/--no-outline-detection",
+        help="With --no-outline-detection only --splitting-tags end a sentence: every other "
+        "element is inline (DeepL's outline_detection=0).",
+        rich_help_panel=MARKUP,
+    ),
+]
+ItsRulesOpt = Annotated[
+    Opt[Path],
+    typer.Option(
+        help="A W3C ITS 2.0 rules file (its:withinTextRule, its:translateRule) for xml: above "
+        "the document's own rules.",
+        rich_help_panel=MARKUP,
     ),
 ]
 GlossaryOpt = Annotated[
@@ -183,6 +222,7 @@ def translate(
     input: InputOpt = None,
     output: OutputOpt = None,
     format: FormatOpt = None,
+    segments: SegmentsOpt = False,
     scores: ScoresOpt = False,
     split: SplitOpt = None,
     alignments: AlignmentsOpt = False,
@@ -209,6 +249,11 @@ def translate(
     cuda_graphs: CudaGraphsOpt = None,
     workers: WorkersOpt = None,
     batch_tokens: BatchTokensOpt = None,
+    ignore_tags: IgnoreTagsOpt = None,
+    non_splitting_tags: NonSplittingTagsOpt = None,
+    splitting_tags: SplittingTagsOpt = None,
+    outline_detection: OutlineDetectionOpt = None,
+    its_rules: ItsRulesOpt = None,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -217,7 +262,7 @@ def translate(
 
     input, output = dash(input), dash(output)
     with reported():
-        written = output_format(format or None, input, scores)
+        written = output_format(format or None, input, scores, segments)
         _refuse_overwriting_inputs(
             output,
             {
@@ -266,6 +311,13 @@ def translate(
             tgt_lang=tgt_lang,
             split=split,
             batch_tokens=batch_tokens,
+            markup=dict(
+                ignore_tags=ignore_tags,
+                non_splitting_tags=non_splitting_tags,
+                splitting_tags=splitting_tags,
+                outline_detection=outline_detection,
+                its_rules=its_rules,
+            ),
         )
 
 

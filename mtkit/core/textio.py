@@ -83,10 +83,13 @@ class OutputFormat:
     the links; n-best as 'i ||| text ||| score'), `jsonl` (one record per input line),
     or a document format's name (the whole input is one document, translated by
     `mtkit.documents`; the names, and the check of one, are
-    `mtkit.documents.formats`')."""
+    `mtkit.documents.formats`'); with `segments`, a markup format's input is read a
+    line at a time, each line one document (a segment: an html or xml fragment), and
+    written a line for each."""
 
     kind: str = "text"
     scores: bool = False
+    segments: bool = False
 
     @property
     def document(self) -> bool:

@@ -22,6 +22,7 @@ from mtkit.core.errors import OptionError, UserError
 from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
 from mtkit.core.translation import Translation, weighted
 from mtkit.documents import catalogs, markup, subtitles, xliff
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
 # An XML declaration's encoding (an XML document's, and an XHTML page's read as html)
@@ -38,10 +39,12 @@ class DocumentFormat:
     files (lower case), how a document of it is translated (`rounds`: a document's text
     in, `mtkit.documents.rounds.Rounds` out), the `package` that reads it and the
     `extra` that installs it (None: mtkit's own reader), where its first bytes declare
-    their encoding (`declared`, None: nowhere), and whether a character its encoding
-    cannot hold is written as a character reference (`references`: markup), and
-    whether its `rounds` are given the language translated into (`targeted`: as
-    `target=`, the language code or None; XLIFF names it in the file)."""
+    their encoding (`declared`, None: nowhere), whether a character its encoding
+    cannot hold is written as a character reference (`references`: markup), whether
+    its `rounds` are given the language translated into (`targeted`: as `target=`, the
+    language code or None; XLIFF names it in the file), and whether they take the
+    caller's `mtkit.documents.elements.MarkupRules` (`markup`: which elements are
+    inline, blocks or kept, as DeepL's tag options and ITS rules say)."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -51,6 +54,7 @@ class DocumentFormat:
     declared: re.Pattern[bytes] | None = None
     references: bool = False
     targeted: bool = False
+    markup: bool = False
 
     def check_installed(self) -> None:
         """One line (`MissingExtra`) where the package that reads the format is missing."""
@@ -84,6 +88,7 @@ FORMATS = {
                 XML_DECLARED + rb"|<meta\b[^>]*?\bcharset\s*=\s*[\"']?([\w.:-]+)", re.I
             ),
             references=True,
+            markup=True,
         ),
         DocumentFormat(
             "xml",
@@ -91,6 +96,7 @@ FORMATS = {
             partial(markup.rounds, format="xml"),
             declared=re.compile(XML_DECLARED),
             references=True,
+            markup=True,
         ),
         DocumentFormat("srt", (".srt",), subtitles.rounds, package="srt", extra="documents"),
         DocumentFormat(
@@ -121,10 +127,11 @@ def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
 
 
 def output_format(
-    name: str | None, input: Path | None = None, scores: bool = False
+    name: str | None, input: Path | None = None, scores: bool = False, segments: bool = False
 ) -> OutputFormat:
     """`translate --format NAME` (None: the format of `input`'s suffix, else text) as
-    an `OutputFormat`; one line where NAME is no format."""
+    an `OutputFormat`, with `segments` (--segments: each line one document) for a markup
+    format; one line where NAME is no format, or --segments no markup format's."""
     if name is None:
         name = next(
             (f.name for f in FORMATS.values() if input and input.suffix.lower() in f.suffixes),
@@ -132,31 +139,54 @@ def output_format(
         )
     if name not in (*LINES, *FORMATS):
         raise OptionError(f"--format must be {listed([*LINES, *FORMATS])}, got {name!r}")
-    return OutputFormat(name, scores)
+    if segments and not (name in FORMATS and FORMATS[name].markup):
+        markup = listed([f"--format {f.name}" for f in FORMATS.values() if f.markup])
+        raise OptionError(f"--segments reads each line as a segment of {markup}, not {name}")
+    return OutputFormat(name, scores, segments)
 
 
 def translate_documents(
-    documents: list[str], format: str, translate: Translate, target: str | None = None
+    documents: list[str],
+    format: str,
+    translate: Translate,
+    target: str | None = None,
+    rules: MarkupRules = PLAIN,
 ) -> list[Translation]:
     """Each of `documents` (of `format`) translated with `translate` (texts in,
     `Translation`s with word alignments out, in order) into the language `target` (None:
     not known; a format that names it, `targeted`, is told): the texts every document
     wants in a round go to one call (`translate_rounds`). Each result's `sentences` are
     the translations of its texts, its scores theirs, weighted by tokens
-    (`translation.weighted`)."""
+    (`translation.weighted`). `rules`: the caller's say on a markup format's elements
+    (one line for another format's documents, which have none to say it of)."""
     known = FORMATS[format]
     known.check_installed()
-    read = partial(known.rounds, target=target) if known.targeted else known.rounds
-    done = translate_rounds([read(d) for d in documents], translate)
+    check_rules(format, rules)
+    told = {"target": target} if known.targeted else {}
+    if known.markup:
+        told["rules"] = rules
+    done = translate_rounds([known.rounds(d, **told) for d in documents], translate)
     return [
         Translation(document, text, *weighted(parts), sentences=tuple(parts))
         for document, (text, parts) in zip(documents, done, strict=True)
     ]
 
 
+def check_rules(format: str, rules: MarkupRules) -> None:
+    """One line where the caller's markup `rules` are given for a `format` (text, jsonl,
+    a document's) that has no elements to say them of."""
+    if rules != PLAIN and not (format in FORMATS and FORMATS[format].markup):
+        markup = listed([f.name for f in FORMATS.values() if f.markup])
+        raise OptionError(f"{rules.option} is for {markup} documents, not {format}", rules.option)
+
+
 def translate_document(
-    document: str, format: str, translate: Translate, target: str | None = None
+    document: str,
+    format: str,
+    translate: Translate,
+    target: str | None = None,
+    rules: MarkupRules = PLAIN,
 ) -> Translation:
     """One document translated (`translate_documents`)."""
-    (translated,) = translate_documents([document], format, translate, target)
+    (translated,) = translate_documents([document], format, translate, target, rules)
     return translated

@@ -4,18 +4,23 @@ A document is read into a tree (`parse`) with Python's own HTML parser, which ha
 each tag exactly as written (attribute quotes and order, entities), so the output holds
 exactly the input's tags, byte for byte. Text to translate comes in runs: the text of a
 block (a paragraph, a list item, a cell) with its inline tags (`<b>`, `<a href>`,
-`<span>`...) taken out. Each run is translated as one line (sentence by sentence) with
-word alignments, and each inline element is put back around the target words aligned to
-its source words (`place`), nested as it was; an element whose words found no partner,
-and anything without words (`<br>`, `<img>`, a comment, `<code>` inside a sentence),
-goes where its neighbouring word went. `<code>`, `<pre>`, `<script>`, `<style>`,
-`translate="no"` (and ITS' `its:translate="no"`), comments, declarations (a DOCTYPE with
-its internal subset) and processing instructions are kept untouched, each whole whatever
-`>` it holds. In XML every element inside text is inline, a CDATA section's text is
-translated as text (inline, as `<b>` is) and written back as CDATA, and the document
-must be well-formed (one line where it is not; one without an element, nothing to
-translate, comes back as it was); in HTML a misnested or stray tag is kept as it stands,
-with a warning that the parse is a best effort.
+`<ph>`...) taken out; which elements are inline, blocks, nested or kept is
+`mtkit.documents.elements`' (HTML's content model, ITS 2.0 rules, vocabularies' defaults,
+the caller's `MarkupRules`), judged once per tree (`_Roles`). Each run is translated as
+one line (sentence by sentence) with word alignments, and each inline element is put back
+around the target words aligned to its source words (`place`), nested as it was; an
+element whose words found no partner, and anything without words (`<br>`, `<img>`, a
+comment, `<code>` inside a sentence, a nested element such as a footnote, its own text
+translated on its own), goes where its neighbouring word went. `<code>`, `<pre>`,
+`<script>`, `<style>`, `translate="no"` (and ITS' `its:translate="no"` and translate
+rules), comments, declarations (a DOCTYPE with its internal subset) and processing
+instructions are kept untouched, each whole whatever `>` it holds. XML is a document (an
+XML declaration or a DOCTYPE, one root) or a fragment (a segment: the content of an
+implied element, text and elements side by side, no declaration); either must be
+well-formed (one line where it is not, its line and column the text's own). A CDATA
+section's text is translated as text (inline, as `<b>` is) and written back as CDATA; in
+HTML a misnested or stray tag is kept as it stands, with a warning that the parse is a
+best effort.
 """
 
 from __future__ import annotations
@@ -29,16 +34,14 @@ from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from itertools import pairwise
 
-from mtkit.core.errors import UserError
+from mtkit.core.errors import OptionError, UserError
 from mtkit.core.translation import Translation
+from mtkit.documents import elements
+from mtkit.documents.elements import BLOCK, INLINE, NESTED, PLAIN, MarkupRules
 from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
 
 log = logging.getLogger(__name__)
 
-INLINE = frozenset(
-    "a abbr b bdi bdo big cite data del dfn em font i ins kbd label mark q s samp small span "
-    "strike strong sub sup time tt u var".split()
-)
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 KEPT = frozenset("code pre script style textarea kbd samp var".split())  # never translated
 BREAKS = frozenset({"br", "hr"})  # words on either side are two words
@@ -72,17 +75,14 @@ class Element:
     end: str = ""  # the end tag as written ("" for a void or self-closed element, or none)
     children: list = field(default_factory=list)  # Element | Text | Raw
 
-    @property
-    def kept(self) -> bool:
-        """Never translated: code, pre, scripts and styles (in XML too: XHTML's, by their
-        local name, `h:pre` as `pre`), and translate="no"."""
-        return self.name.rpartition(":")[2] in KEPT or bool(NO_TRANSLATE.search(self.start))
-
     def raw(self) -> str:
         return self.start + "".join(c.raw() for c in self.children) + self.end
 
 
-NO_TRANSLATE = re.compile(r"""\s(?:its:)?translate\s*=\s*["']?no\b""", re.I)
+# An element's own say: translate="no" (HTML's, XHTML's), its:translate="no"/"yes" and
+# its:withinText="yes"/"no"/"nested" (ITS 2.0's local markup).
+TRANSLATE = re.compile(r"""\s(?:its:)?translate\s*=\s*["']?(yes|no)\b""", re.I)
+WITHIN_TEXT = re.compile(r"""\sits:withinText\s*=\s*["'](yes|no|nested)["']""")
 
 
 @dataclass
@@ -347,22 +347,53 @@ def parse(document: str, format: str) -> Element:
 
 def _check_xml(document: str, tree: Element) -> None:
     """A `MarkupError` where `document` (read as `tree`) is not well-formed XML, by an
-    XML parser's rules (expat's): one root, entities declared, attributes unique, `&`
-    and `<` escaped in text. The tree is read by Python's HTML parser, which keeps every
-    character as written but judges none of these. A document without an element (empty,
-    or only a declaration, comments, whitespace) has nothing to translate: it is kept as
-    it is, as an empty text in a batch is."""
+    XML parser's rules (expat's): entities declared (in a fragment, XML's five and
+    character references), attributes unique, `&` and `<` escaped in text, and, in a
+    document (`_is_document`: an XML declaration or a DOCTYPE), one root. The tree is
+    read by Python's HTML parser, which keeps every character as written but judges none
+    of these. A document without an element (only a declaration, comments, whitespace)
+    has nothing to translate: it is kept as it is, as an empty text in a batch is."""
     from xml.parsers import expat
 
+    fragment = not _is_document(tree)
+    parser = expat.ParserCreate()
     try:
-        expat.ParserCreate().Parse(document, True)
+        if fragment:  # the content of an implied element, which the error's place leaves out
+            parser.Parse(FRAGMENT_OPEN, False)
+        parser.Parse(document, not fragment)
+        if fragment:
+            parser.Parse(FRAGMENT_CLOSE, True)
     except expat.ExpatError as e:
         no_element = expat.errors.codes[expat.errors.XML_ERROR_NO_ELEMENTS]
         if e.code == no_element and not any(isinstance(c, Element) for c in tree.children):
             return
         lines = XML_LINES.split(document)  # (as expat counts them: \u2028 ends none)
-        line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""
-        raise MarkupError(f"the XML is not well-formed: {e} ({line.strip()[:40]!r})") from None
+        number, column = e.lineno, e.offset
+        if fragment and number == 1:
+            column -= len(FRAGMENT_OPEN)
+        if number > len(lines):  # (in the implied element's end: at the text's end)
+            number, column = len(lines), len(lines[-1])
+        line = lines[number - 1] if number > 0 else ""
+        raise MarkupError(
+            f"the XML is not well-formed: {expat.ErrorString(e.code)}: line {number}, "
+            f"column {max(column, 0)} ({line.strip()[:40]!r})"
+        ) from None
+
+
+# The implied element a fragment is the content of (ITS' prefix declared in it, as
+# segments use it undeclared); checked inside it, and read so by lxml (`_Roles`).
+FRAGMENT_OPEN = f'<mtkit-fragment xmlns:its="{elements.ITS}">'
+FRAGMENT_CLOSE = "</mtkit-fragment>"
+XML_DECLARATION = re.compile(r"<\?xml[\s?]")
+
+
+def _is_document(tree: Element) -> bool:
+    """Whether XML read as `tree` is a document, not a fragment: it starts with an XML
+    declaration or holds a DOCTYPE (neither can stand inside an element)."""
+    return any(
+        isinstance(c, Raw) and (XML_DECLARATION.match(c.source) or c.source.startswith("<!DOCTYPE"))
+        for c in tree.children
+    )
 
 
 XML_LINES = re.compile(r"\r\n|\r|\n")  # what ends a line in XML
@@ -371,35 +402,185 @@ XML_LINES = re.compile(r"\r\n|\r|\n")  # what ends a line in XML
 # ---- runs: a block's text with its inline tags taken out ---------------------------------
 
 
-def _inline(node, xml: bool, known: dict[int, bool]) -> bool:
-    """Whether `node` belongs in the run of text around it. `known`: the elements judged
-    so far, by id, so that each is judged once however many elements it lies in."""
-    if not isinstance(node, Element):
-        return True
-    if id(node) not in known:
-        if xml:
-            inline = all(_inline(c, xml, known) for c in node.children)
-        elif node.name in VOID or node.kept:
-            inline = node.name in VOID or node.name in INLINE or node.name == "code"
-        else:
-            inline = (node.name in INLINE or "-" in node.name) and all(
-                _inline(c, xml, known) for c in node.children
+class _Roles:
+    """Each element of one tree judged once (`mtkit.documents.elements`): whether it is
+    kept untranslated, and its role, inline, block or nested, by the first that names it
+    of: its own ITS attribute (XML), the caller's tag lists (DeepL's), the caller's ITS
+    rules file, the document's `its:rules` (XML), the caller's outline_detection=False
+    (inline), the vocabulary's defaults (HTML's content model; in XML DITA's, DocBook's
+    or XHTML's), and in XML whether it stands in running text. And, by id, the elements
+    found to hold words or to sit whole inside a run, so that each is asked once however
+    many elements it lies in."""
+
+    def __init__(self, tree: Element, xml: bool, rules: MarkupRules = PLAIN):
+        self.xml = xml
+        self.rules = rules
+        self.roles: dict[int, str] = {}
+        self.kept_ids: set[int] = set()
+        self.worded: dict[int, bool] = {}
+        self.inlined: dict[int, bool] = {}
+        if rules.its_rules and not xml:
+            option = rules.spelled("its_rules")
+            raise OptionError(
+                f"{option} is for xml documents (HTML's elements are judged by its content model)",
+                option,
             )
-        known[id(node)] = inline
-    return known[id(node)]
+        order = [(e, parent) for e, parent in _elements(tree) if not isinstance(e, Cdata)]
+        within, translate = self._its(tree, [e for e, _ in order]) if xml else ({}, {})
+        vocabulary = self._vocabulary(tree) if xml else None
+        for at, (element, parent) in enumerate(order):
+            role = self._role(element, within.get(at), vocabulary)
+            if role is None:  # nothing names it: inline where it stands in running text
+                role = INLINE if _in_running_text(parent) else BLOCK
+            self.roles[id(element)] = role
+            if self._kept(element, translate.get(at), vocabulary):
+                self.kept_ids.add(id(element))
+
+    def _vocabulary(self, tree: Element) -> elements.Vocabulary | None:
+        first = next((c.start for c in tree.children if isinstance(c, Element)), "")
+        top = [c.source for c in tree.children if isinstance(c, Raw)]
+        doctype = next((x for x in top if x.startswith("<!DOCTYPE")), "")
+        return elements.vocabulary(first, doctype)
+
+    def _its(self, tree: Element, order: list[Element]) -> tuple[dict, dict]:
+        """The withinText and translate values ITS rules give elements (by their place in
+        `order`): the document's own `its:rules`, then the caller's (a later rule wins)."""
+        document = tree.raw()
+        if not self.rules.its_rules and elements.ITS not in document:
+            return {}, {}
+        etree = elements.lxml_etree()
+
+        fragment = not _is_document(tree)
+        text = FRAGMENT_OPEN + document + FRAGMENT_CLOSE if fragment else document
+        try:
+            # (the text's UTF-8, whatever encoding its declaration names: it was read already)
+            root = etree.fromstring(text.encode("utf-8"), elements.safe_parser("utf-8"))
+        except etree.XMLSyntaxError as e:  # (well-formed, but its namespaces are not)
+            log.warning("the XML's ITS rules are left out: %s", e)
+            root = None
+        if root is None:
+            return {}, {}
+        found = [e for e in root.iter() if isinstance(e.tag, str)][1 if fragment else 0 :]
+        if len(found) != len(order):
+            log.warning("the XML's ITS rules are left out: its elements could not be matched")
+            return {}, {}
+        place = {e: k for k, e in enumerate(found)}
+        try:
+            own = elements.ItsRule.read(root, "the document's its:rules")
+        except ValueError as e:
+            raise MarkupError(str(e)) from None
+        plain = [r for r in own if elements.PLAIN_SELECTOR.fullmatch(r.selector)]
+        if len(plain) < len(own) or len(plain) > elements.MAX_DOCUMENT_RULES:
+            log.warning(
+                "the document's ITS rules are read up to %d whose selectors are paths of "
+                "names (//ph, //*[@code]); %d left out",
+                elements.MAX_DOCUMENT_RULES,
+                len(own) - len(plain[: elements.MAX_DOCUMENT_RULES]),
+            )
+        own = tuple(plain[: elements.MAX_DOCUMENT_RULES])
+        within: dict[int, str] = {}
+        translate: dict[int, str] = {}
+        for rule in (*own, *self.rules.its_rules):
+            try:
+                matched = root.xpath(rule.selector, namespaces=dict(rule.namespaces))
+            except etree.XPathError as e:  # (a prefix the document does not declare)
+                log.warning("the ITS rule %r is left out: %s", rule.selector, e)
+                continue
+            values = within if rule.kind == "withinText" else translate
+            for e in matched if isinstance(matched, list) else ():
+                if e in place:
+                    values[place[e]] = rule.value
+        return within, translate
+
+    def _name(self, element: Element) -> str:
+        """`element`'s name: in XML as written (its case is its own), in HTML in lower case."""
+        return _name(element.start) if self.xml else element.name
+
+    def _role(self, element: Element, its: str | None, vocabulary) -> str | None:
+        own = WITHIN_TEXT.search(element.start) if self.xml else None
+        if own:
+            return elements.WITHIN_TEXT[own.group(1)]
+        named = self.rules.role(self._name(element))
+        if named:
+            return named
+        if its:
+            return elements.WITHIN_TEXT[its]
+        if not self.rules.outline_detection:
+            return INLINE
+        local = self._name(element).rpartition(":")[2]
+        if not self.xml or vocabulary is None:  # HTML's content model (XHTML's too)
+            return BLOCK if local in elements.HTML_BLOCKS else INLINE
+        return vocabulary.role(local)
+
+    def _kept(self, element: Element, its: str | None, vocabulary) -> bool:
+        own = TRANSLATE.search(element.start)
+        if own:
+            return own.group(1).lower() == "no"
+        name = self._name(element)
+        if self.rules.ignored(name):
+            return True
+        if its:
+            return its == "no"
+        local = name.rpartition(":")[2]
+        if self.xml and name.startswith("its:") and local == "rules":
+            return True  # (ITS' rules are about the document, not in it)
+        return local in KEPT or (vocabulary is not None and local in vocabulary.kept)
+
+    def kept(self, node) -> bool:
+        return id(node) in self.kept_ids
+
+    def role(self, node) -> str:
+        return self.roles.get(id(node), INLINE)  # (CDATA's text is text, inline)
+
+    def inline(self, node) -> bool:
+        """Whether `node` belongs in the run of text around it: not a block, and holding
+        no block (a nested element's own text is a run of its own; kept code is whole)."""
+        if not isinstance(node, Element):
+            return True
+        if id(node) not in self.inlined:
+            role = self.role(node)
+            self.inlined[id(node)] = role != BLOCK and (
+                role == NESTED
+                or node.name in VOID
+                or self.kept(node)
+                or all(self.inline(c) for c in node.children)
+            )
+        return self.inlined[id(node)]
+
+    def has_words(self, node) -> bool:
+        """Whether `node` holds text of its run worth translating: a letter or a digit
+        (punctuation, a symbol, a zero-width space alone are kept as they are); a kept or
+        nested element holds none of its run's."""
+        if isinstance(node, Text):
+            return any(c.isalnum() for c in node.text)
+        if not isinstance(node, Element) or self.kept(node) or self.role(node) == NESTED:
+            return False
+        if id(node) not in self.worded:
+            self.worded[id(node)] = any(self.has_words(c) for c in node.children)
+        return self.worded[id(node)]
 
 
-def _has_words(node, known: dict[int, bool]) -> bool:
-    """Whether `node` holds text worth translating: a letter or a digit (punctuation, a
-    symbol, a zero-width space alone are kept as they are). `known`: the elements asked
-    about so far, by id, so that each is asked once however many elements it lies in."""
-    if isinstance(node, Text):
-        return any(c.isalnum() for c in node.text)
-    if not isinstance(node, Element) or node.kept:
-        return False
-    if id(node) not in known:
-        known[id(node)] = any(_has_words(c, known) for c in node.children)
-    return known[id(node)]
+def _elements(tree: Element) -> list[tuple[Element, Element]]:
+    """Every element under `tree` with its parent, in document order."""
+    out: list[tuple[Element, Element]] = []
+    stack = [(c, tree) for c in reversed(tree.children)]
+    while stack:
+        node, parent = stack.pop()
+        if isinstance(node, Element):
+            out.append((node, parent))
+            stack.extend((c, node) for c in reversed(node.children))
+    return out
+
+
+def _in_running_text(parent: Element) -> bool:
+    """Whether `parent` holds text of its own (not blank) beside its elements: an element
+    there stands in running text."""
+    return any(
+        (isinstance(c, Text) and c.text.strip())
+        or (isinstance(c, Cdata) and c.children[0].text.strip())
+        or (isinstance(c, Raw) and c.source.startswith("&"))
+        for c in parent.children
+    )
 
 
 @dataclass
@@ -415,9 +596,10 @@ class Mark:
     glued: tuple[bool, bool] = (False, False)  # no space before it, after it
 
 
-def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
-    """The text of a run of inline nodes (entities decoded) and its marks, outermost first."""
-    flat = _Flattener()
+def flatten(nodes: list, roles: _Roles) -> tuple[str, list[Mark]]:
+    """The text of a run of inline nodes (entities decoded) and its marks, outermost first
+    (an element holding none of the run's words, as kept code or a footnote, an atom)."""
+    flat = _Flattener(roles)
     marks = flat.walk(nodes)
     text = "".join(flat.parts)
     _glue(marks, text)
@@ -426,12 +608,12 @@ def flatten(nodes: list, xml: bool) -> tuple[str, list[Mark]]:
 
 class _Flattener:
     """A run's text as it is written out (`parts`, `length` characters so far), and the
-    elements known to hold words or not (`worded`, by id)."""
+    tree's `roles` (which elements hold words of the run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, roles: _Roles) -> None:
         self.parts: list[str] = []
         self.length = 0
-        self.worded: dict[int, bool] = {}
+        self.roles = roles
 
     def write(self, text: str) -> None:
         self.parts.append(text)
@@ -450,7 +632,7 @@ class _Flattener:
                     marks.append(Mark(placeholder, self.length, self.length, True))
                     last = m.end()
                 self.write(text[last:])
-            elif isinstance(node, Element) and _has_words(node, self.worded):
+            elif isinstance(node, Element) and self.roles.has_words(node):
                 inner = self.walk(node.children)
                 marks.append(Mark(node, at, self.length, False, inner))
             else:
@@ -492,35 +674,44 @@ def _every(marks: list[Mark]) -> list[Mark]:
     return out
 
 
-def runs(tree: Element, xml: bool) -> list[list]:
-    """The runs of the tree to translate, in document order: lists of sibling nodes."""
+def runs(tree: Element, roles: _Roles) -> list[list]:
+    """The runs of the tree to translate, in document order (a nested element's own
+    before the run it stands in, which is written with them: `_nested_written`): lists
+    of sibling nodes."""
     found: list[list] = []
-    inline: dict[int, bool] = {}
-    worded: dict[int, bool] = {}
 
     def visit(element: Element) -> None:
-        if element.kept:
-            return
-        if xml and not any(isinstance(c, Text) and _has_words(c, worded) for c in element.children):
-            for c in element.children:  # an element without text of its own holds blocks
-                if isinstance(c, Element):
-                    visit(c)
+        if roles.kept(element):
             return
         run: list = []
         for child in element.children:
-            if _inline(child, xml, inline):
+            if roles.inline(child):
                 run.append(child)
                 continue
-            if run:
-                found.append(run)
-                run = []
+            flush(run)
+            run = []
             if isinstance(child, Element):
                 visit(child)
+        flush(run)
+
+    def flush(run: list) -> None:
+        for node in run:
+            for nested in _nested_in(node, roles):
+                visit(nested)
         if run:
             found.append(run)
 
     visit(tree)
-    return [r for r in found if any(_has_words(n, worded) for n in r)]
+    return [r for r in found if any(roles.has_words(n) for n in r)]
+
+
+def _nested_in(node, roles: _Roles) -> list[Element]:
+    """The nested elements (a footnote: a text of its own) in inline `node`, outermost."""
+    if not isinstance(node, Element) or roles.kept(node):
+        return []
+    if roles.role(node) == NESTED:
+        return [node]
+    return [n for c in node.children for n in _nested_in(c, roles)]
 
 
 # ---- placing tags around the target words ------------------------------------------------
@@ -815,11 +1006,22 @@ class Prepared:
         ]
 
 
-def prepare(document: str, format: str) -> Prepared:
-    """`document` (html or xml) read, and the runs of text it holds to translate."""
+ALL_INLINE = MarkupRules(outline_detection=False)  # no element splits a sentence
+
+
+def inline_roles(tree: Element) -> _Roles:
+    """The roles of an XML `tree` whose every element is inline but those its own ITS
+    attributes say otherwise (a format's inline codes: XLIFF's), for `flatten`."""
+    return _Roles(tree, True, ALL_INLINE)
+
+
+def prepare(document: str, format: str, rules: MarkupRules = PLAIN) -> Prepared:
+    """`document` (html or xml) read, and the runs of text it holds to translate, its
+    elements judged by the standards and the caller's `rules` (`_Roles`)."""
     tree = parse(document, format)
-    found = runs(tree, format == "xml")
-    return Prepared(tree, found, [flatten(run, format == "xml") for run in found])
+    roles = _Roles(tree, format == "xml", rules)
+    found = runs(tree, roles)
+    return Prepared(tree, found, [flatten(run, roles) for run in found])
 
 
 def finish(prepared: Prepared, translated: list[Translation]) -> str:
@@ -830,17 +1032,21 @@ def finish(prepared: Prepared, translated: list[Translation]) -> str:
     for run, (text, marks), t in zip(prepared.runs, prepared.flat, translated, strict=True):
         lead, trail, start = _edges(text, marks)
         inner = text[start:trail].strip()
-        body = place(inner, _cdata_marked(_shift(marks, -start)), restore_numbers(t))
+        marks = _nested_written(_cdata_marked(_shift(marks, -start)), replaced)
+        body = place(inner, marks, restore_numbers(t))
         replaced[id(run[0])] = text[:lead] + _cdata_written(body) + text[trail:]
         for node in run[1:]:
             replaced[id(node)] = ""
     return _render_tree(prepared.tree, replaced)
 
 
-def rounds(document: str, format: str) -> Generator[list[str], list[Translation], str]:
-    """`document` (html or xml) translated run by run, its tags carried through
-    (`mtkit.documents.rounds.Rounds`: every run in one round)."""
-    prepared = prepare(document, format)
+def rounds(
+    document: str, format: str, rules: MarkupRules = PLAIN
+) -> Generator[list[str], list[Translation], str]:
+    """`document` (html or xml) translated run by run, its tags carried through, its
+    elements judged with the caller's `rules` (`mtkit.documents.rounds.Rounds`: every
+    run in one round)."""
+    prepared = prepare(document, format, rules)
     translated = yield prepared.texts
     return finish(prepared, translated)
 
@@ -878,6 +1084,23 @@ def _cdata_marked(marks: list[Mark]) -> list[Mark]:
         )
         for m in marks
     ]
+
+
+def _nested_written(marks: list[Mark], replaced: dict[int, str]) -> list[Mark]:
+    """`marks` with each atom that is an element holding nodes written as it now reads: a
+    nested element (a footnote) holds its own runs' translations, in `replaced` already
+    (`runs` finds them first); any other reads as it was. (A mark with nothing to change
+    is kept as it is.)"""
+    out = []
+    for m in marks:
+        if m.atom and isinstance(m.node, Element) and m.node.children:
+            m = replace(m, node=Raw(_render_tree(m.node, replaced)))
+        elif m.inner:
+            inner = _nested_written(m.inner, replaced)
+            if any(a is not b for a, b in zip(inner, m.inner, strict=True)):
+                m = replace(m, inner=inner)
+        out.append(m)
+    return out
 
 
 CDATA_MARKED = ("\x00<![CDATA[", "]]>\x00")  # (no XML holds a NUL)

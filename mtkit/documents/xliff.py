@@ -92,8 +92,9 @@ class Run:
     @classmethod
     def of(cls, nodes: list, version: int) -> Run:
         coded = _coded(nodes, version)
+        root = markup.Element("", "", "", coded)
         prepared = markup.Prepared(
-            markup.Element("", "", "", coded), [coded], [markup.flatten(coded, True)]
+            root, [coded], [markup.flatten(coded, markup.inline_roles(root))]
         )
         text = prepared.texts[0] if coded else ""
         source = "".join(n.raw() for n in nodes)

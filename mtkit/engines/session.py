@@ -65,6 +65,7 @@ from mtkit.core.textio import (
 )
 from mtkit.core.translation import Translation, joined
 from mtkit.documents import sentences
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,11 @@ class Session:
     """One caller's way of translating with one engine: its search options, a glossary
     whose terms constrain the lines holding them, whether a line of several sentences is
     translated sentence by sentence, the language a multilingual model translates into
-    (None: a bilingual model's, or each jsonl record's own) and the batch budget.
-    `spell` names an option in an error as the caller gave it (`flag`: --beam; the API's
-    keyword: beam). Built checked by `open`; the constructor takes values already checked
-    (the server's)."""
+    (None: a bilingual model's, or each jsonl record's own), the batch budget, and what
+    the caller says of a markup document's elements (`markup`: DeepL's tag options, an
+    ITS rules file; `mtkit.documents.elements.MarkupRules`). `spell` names an option in
+    an error as the caller gave it (`flag`: --beam; the API's keyword: beam). Built
+    checked by `open`; the constructor takes values already checked (the server's)."""
 
     engine: Engine
     opts: SearchOptions
@@ -89,6 +91,7 @@ class Session:
     spell: Callable[[str], str] = flag
     name_line: Callable[[int], str] = line_name  # a text in an error: "line 3" (the server's
     # "constraints.2": the field its constraints came in)
+    markup: MarkupRules = PLAIN
 
     @classmethod
     def open(
@@ -104,6 +107,7 @@ class Session:
         target: bool = True,
         split: bool | None = None,
         batch_tokens: int | None = None,
+        markup: Mapping[str, Any] | None = None,
     ) -> Session:
         """A session whose every setting is checked, once, each error one line naming the
         option by `spell`: the search options are `decode`'s (a `DecodeConfig`; None: the
@@ -113,7 +117,10 @@ class Session:
         must find options that can search for constraints (`check_constraint_options`);
         `tgt_lang` must be a language the model translates into (checked where given, and
         where not given when `target`: a jsonl stream's records may name their own).
-        `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget."""
+        `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget.
+        `markup`: the markup options given (ignore_tags, non_splitting_tags,
+        splitting_tags, outline_detection, its_rules; None: not given), checked by
+        `MarkupRules.checked`."""
         decode = engine.config.decode if decode is None else decode
         opts = SearchOptions.from_config(decode, spell, **(given or {}))
         engine.check(opts, spell)
@@ -125,7 +132,8 @@ class Session:
         else:
             check_value("batch_tokens", batch_tokens, spell)
         split = decode.split if split is None else split
-        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell)
+        rules = MarkupRules.checked(**(markup or {}), spell=spell)
+        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell, markup=rules)
 
     def request(self, text: str) -> Request:
         """`text` as a request into the session's language (`into_language`)."""
@@ -164,7 +172,7 @@ class Session:
         to carry its tags by. `constraints`: each text's, for text alone (a document's
         terms go in a glossary). What every surface calls: the API, `translate`, the
         server's routes."""
-        from mtkit.documents.formats import FORMATS, translate_documents
+        from mtkit.documents.formats import FORMATS, check_rules, translate_documents
 
         if format not in ("text", *FORMATS):
             raise OptionError(
@@ -172,6 +180,7 @@ class Session:
                 f"got {format!r}",
                 "format",
             )
+        check_rules(format, self.markup)
         if format == "text":
             requests = [self.request(t) for t in texts]
             found = self.translate(requests, constraints=constraints)
@@ -188,9 +197,9 @@ class Session:
                 f"{self.spell('constraints')} are for text; a document's terms go in a glossary",
                 "constraints",
             )
-        aligned = replace(self, opts=replace(self.opts, alignments=True))
+        aligned = replace(self, opts=replace(self.opts, alignments=True), markup=PLAIN)
         target = self.tgt_lang or self.engine.config.data.tgt_lang or None  # (xliff names it)
-        return translate_documents(texts, format, aligned.translate_texts, target)
+        return translate_documents(texts, format, aligned.translate_texts, target, self.markup)
 
     def translate_data(self, data: bytes, format: str) -> bytes:
         """A document file's bytes (of `format`, a name in

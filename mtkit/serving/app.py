@@ -48,6 +48,7 @@ from mtkit.core.search_options import (
 from mtkit.core.terms import Glossary
 from mtkit.core.textio import lone_surrogate, read_constraints_field, read_json
 from mtkit.core.translation import Translation
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 from mtkit.engines.session import Session, check_constraint_options
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
@@ -373,10 +374,11 @@ class Service:
         constraints: list[list[tuple[str, ...]]] | None = None,
         tgt_lang: str | None = None,
         split: bool | None = None,
+        markup: MarkupRules = PLAIN,
     ) -> list[Translation] | None:
         """`texts` translated by the server's session (`Session.translate_texts`:
         sentences split and joined, markup carried through, the server's glossary) with
-        this request's options, language and split, in a thread of `sessions`, its
+        this request's options, language, split and markup rules, in a thread of `sessions`, its
         searches queued in the batcher under the request's `Ticket`; None when the client
         disconnects first (its searches not yet begun are dropped). A mistake in the
         request is a `UserError`, answered by the app's handler (4xx, naming its field)."""
@@ -385,6 +387,7 @@ class Service:
             opts=opts,
             tgt_lang=tgt_lang,
             split=self.session.split if split is None else split,
+            markup=markup,
         )
         ticket = Ticket()
         work = asyncio.get_running_loop().run_in_executor(

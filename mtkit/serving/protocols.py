@@ -7,15 +7,17 @@
     GET /frontend/settings LibreTranslate: its web page's and clients' settings
     POST /detect           LibreTranslate: [{confidence, language}]
     POST /v2/translate     DeepL: text (list), target_lang, source_lang, tag_handling
-                           (html | xml), split_sentences; header Authorization:
-                           DeepL-Auth-Key KEY
+                           (html | xml: a document or a fragment), split_sentences,
+                           ignore_tags, non_splitting_tags, splitting_tags (names,
+                           comma-separated or a list), outline_detection (0 | 1, a
+                           boolean in JSON); header Authorization: DeepL-Auth-Key KEY
     GET|POST /v2/languages DeepL: ?type=source | target
     GET|POST /v2/usage     DeepL: characters translated since the server started
 
 Each takes JSON or a form (application/x-www-form-urlencoded, as libretranslatepy sends
 it), answers in its protocol's shapes and status codes, and translates through the same
 path as /v1/translate: the server's batcher (`mtkit.serving.scheduler.Batcher`) under the
-session every surface uses (`mtkit.api.Translator`: sentences split and joined, markup
+session every surface uses (`mtkit.engines.session.Session`: sentences split and joined, markup
 carried through), with the same limits and the same API key (`serve --api-key`: the
 LibreTranslate routes take it as `api_key` or a Bearer header, DeepL's as its
 `DeepL-Auth-Key` header).
@@ -31,10 +33,12 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from mtkit.core.errors import UserError
 from mtkit.core.langid import LangIdError, base, detect_scored
 from mtkit.core.languages import bilingual_pair, directions
 from mtkit.core.textio import lone_surrogate, read_json
 from mtkit.core.translation import Translation
+from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.serving.scheduler import ServeError
 
 NAMES = {
@@ -76,10 +80,18 @@ class Protocols:
         return sorted({t for s, t in self.pairs if source is None or s == source})
 
     async def translate(
-        self, request: Request, texts: list[str], format: str, split: bool, target: str, nbest: int
+        self,
+        request: Request,
+        texts: list[str],
+        format: str,
+        split: bool,
+        target: str,
+        nbest: int,
+        markup: MarkupRules = PLAIN,
     ) -> list[Translation]:
-        """`texts` translated as every route translates (`Service.translated`); a
-        ServeError (status and message) for what cannot be (options, markup, limits)."""
+        """`texts` translated as every route translates (`Service.translated`), a markup
+        format's elements judged with `markup` too; a ServeError (status and message)
+        for what cannot be (options, markup, limits)."""
         service = self.service
         service.limits.check(texts)
         multilingual = len(self.targets()) > 1
@@ -91,6 +103,7 @@ class Protocols:
             tgt_lang=target if multilingual else None,
             format=format,
             split=split,
+            markup=markup,
         )
         if found is None:  # the client left while it waited: no one to answer
             raise ServeError(400, "the client disconnected")
@@ -353,11 +366,26 @@ def _deepl_key(protocols: Protocols, request: Request) -> None:
         raise ServeError(403, "Authorization failure, check auth_key")
 
 
+def _deepl_markup(given: dict) -> MarkupRules:
+    """DeepL's tag options of a request (`MarkupRules.checked`); 400 naming the field
+    whose value is wrong."""
+    try:
+        return MarkupRules.checked(**{name: given.get(name) for name in DEEPL_MARKUP}, spell=str)
+    except UserError as e:
+        field = getattr(e, "option", "")
+        raise ServeError(400, f"Value for '{field}' not supported: {e.line()}") from None
+
+
+DEEPL_MARKUP = ("ignore_tags", "non_splitting_tags", "splitting_tags", "outline_detection")
+
+
 def _deepl(app: FastAPI, protocols: Protocols) -> None:
     @app.post("/v2/translate", tags=["DeepL"])
     async def translate(request: Request):
         """DeepL's translate: text (a list), target_lang, source_lang, tag_handling
-        (html or xml), split_sentences (0, 1 or nonewlines)."""
+        (html or xml: each text a document or a fragment of one), split_sentences (0, 1
+        or nonewlines), and for tag_handling, ignore_tags, non_splitting_tags,
+        splitting_tags and outline_detection (`mtkit.documents.elements.MarkupRules`)."""
         try:
             _deepl_key(protocols, request)
             given = await fields(request)
@@ -378,8 +406,9 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
             split = str(given.get("split_sentences", "1"))
             if split not in ("0", "1", "nonewlines"):
                 raise ServeError(400, "Value for 'split_sentences' not supported.")
+            markup = _deepl_markup(given) if tags else PLAIN  # (without: DeepL ignores them)
             found = await protocols.translate(
-                request, texts, tags or "text", split != "0", target, 1
+                request, texts, tags or "text", split != "0", target, 1, markup
             )
         except ServeError as e:
             return _deepl_error(e)

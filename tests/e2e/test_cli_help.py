@@ -61,6 +61,7 @@ def test_mtkit_version_prints_the_installed_version():
                 "Terminology",
                 "Languages",
                 "Device and speed",
+                "Markup (html, xml)",
             ],
         ),
         ("eval", ["Model", "Input and output", "Terminology", "Languages", "Device and speed"]),

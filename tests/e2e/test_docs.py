@@ -705,6 +705,9 @@ def doc_folder(trained, tmp_path_factory) -> Path:
     # documents (docs/documents.md)
     (root / "page.html").write_text("<p>A man is <b>riding</b> a bike. Two dogs play.</p>\n")
     (root / "doc.xml").write_text("<doc><para>A <term>dog</term> runs.</para></doc>\n")
+    (root / "segments.txt").write_text(
+        "Select <parmname>Multiple Languages</parmname> and add them.\nTap <ph>OK</ph>.\n"
+    )
     (root / "subs.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\nA man runs.\n")
     (root / "messages.po").write_text('msgid "A dog and %s."\nmsgstr ""\n')
     (root / "strings.xlf").write_text(

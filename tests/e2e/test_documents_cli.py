@@ -134,3 +134,81 @@ def test_a_big_endian_document_comes_back_big_endian_after_its_mark(trained, tmp
         data = out.read_bytes()
         assert data.startswith("\ufeff".encode(name))
         assert tags(data.decode(name).removeprefix("\ufeff"), "xml") == tags(document, "xml")
+
+
+SEGMENTS = [
+    "Select <parmname>Multiple Languages</parmname> and add the languages you want.",
+    "Tap <uicontrol>OK</uicontrol>.",
+    "",
+    "Run <codeph>ls -l</codeph> &amp; <ph>wait</ph> for <zz>the dog</zz>.",
+    "<p>A dog.</p><p>A cat.</p>",
+]
+
+
+def test_a_file_of_segments_is_translated_a_line_for_each(trained, tmp_path):
+    """--segments: each line one xml fragment, one output line each, as the API
+    translates each segment; DeepL's options and an ITS rules file from the command line."""
+    import mtkit
+
+    path = tmp_path / "segments.txt"
+    path.write_text("".join(x + "\n" for x in SEGMENTS))
+    rules = tmp_path / "rules.xml"
+    rules.write_text(
+        '<its:rules xmlns:its="http://www.w3.org/2005/11/its" version="2.0">'
+        '<its:translateRule translate="no" selector="//ph"/></its:rules>'
+    )
+    flags = ["--ignore-tags", "zz", "--splitting-tags", "uicontrol", "--its-rules", str(rules)]
+    out = tmp_path / "out.txt"
+    model = _model(trained)
+    result = cli("translate", "-m", model, "--format", "xml", "--segments", "-i", path, "-o", out)
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().split("\n")
+    assert lines[-1] == "" and len(lines) == len(SEGMENTS) + 1
+    with mtkit.Translator.load(model, device="cpu") as t:
+        assert lines[:-1] == [x.text for x in t.translate(SEGMENTS, format="xml")]
+        assert [tags(x, "xml") for x in lines[:-1]] == [tags(x, "xml") for x in SEGMENTS]
+        assert lines[2] == "" and "<codeph>ls -l</codeph>" in lines[3]
+        result = cli(
+            "translate",
+            "-m",
+            model,
+            "--format",
+            "xml",
+            "--segments",
+            *flags,
+            input=path.read_text(),
+        )
+        assert result.exit_code == 0, result.output
+        ruled = t.translate(
+            SEGMENTS, format="xml", ignore_tags="zz", splitting_tags=["uicontrol"], its_rules=rules
+        )
+        assert result.stdout.split("\n")[:-1] == [x.text for x in ruled]
+    assert "<zz>the dog</zz>" in result.stdout and "<ph>wait</ph>" in result.stdout
+
+
+def test_segments_and_markup_options_mistakes_are_one_line(trained, tmp_path):
+    model = _model(trained)
+    bad = cli(
+        "translate",
+        "-m",
+        model,
+        "--format",
+        "xml",
+        "--segments",
+        input="A dog.\nA <b>cat & dog</b>.\n",
+    )
+    one_line_error(
+        bad,
+        "line 2: the XML is not well-formed: not well-formed (invalid token): line 1, column 10",
+    )
+    for args, says in (
+        (
+            ["--format", "srt", "--segments"],
+            "--segments reads each line as a segment of --format html or --format xml, not srt",
+        ),
+        (["--segments"], "not text"),
+        (["--format", "xml", "--ignore-tags", "a,<b>"], "--ignore-tags: '<b>' is not a tag name"),
+        (["--ignore-tags", "b"], "--ignore-tags is for html or xml documents, not text"),
+        (["--format", "xml", "--its-rules", str(tmp_path / "none.xml")], "--its-rules"),
+    ):
+        one_line_error(cli("translate", "-m", model, *args, input="A dog.\n"), says)

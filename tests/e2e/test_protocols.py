@@ -4,6 +4,7 @@ errors through FastAPI's test client. Uses the tiny trained run of tests/conftes
 
 from __future__ import annotations
 
+import re
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import mtkit  # noqa: E402
 from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.documents.markup import tags  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.scheduler import Limits  # noqa: E402
@@ -80,6 +82,92 @@ def test_the_deepl_client_translates_and_lists(server, expected):
         )
     with pytest.raises(deepl.DeepLException, match="target_lang"):
         client.translate_text("A dog.", target_lang="FR")
+
+
+SEGMENT = (
+    "Select <parmname>Multiple Languages</parmname> and <uicontrol>add</uicontrol> the "
+    "<zz>languages</zz> you <kk>want</kk>."
+)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"ignore_tags": ["zz", "parmname"]},
+        {"non_splitting_tags": "zz,kk"},
+        {"splitting_tags": ["parmname", "uicontrol"]},
+        {"outline_detection": False, "splitting_tags": "kk"},
+    ],
+    ids=["none", "ignore", "non-splitting", "splitting", "no-outline"],
+)
+def test_the_deepl_client_s_xml_options_translate_as_the_api_does(server, model, options):
+    """A segment (no root) with tag_handling=xml and each of DeepL's XML options, sent by
+    the real client (as it sends them: lists, and outline_detection a JSON boolean): what
+    the Python API gives with the same options, exactly the segment's tags, and an
+    ignored element's content as it was."""
+    client = deepl.Translator(KEY, server_url=f"http://127.0.0.1:{server.port}")
+    got = client.translate_text(SEGMENT, target_lang="DE", tag_handling="xml", **options).text
+    with mtkit.Translator.load(model, device="cpu") as t:
+        (want,) = t.translate([SEGMENT], format="xml", split=True, **options)
+    assert got == want.text
+    assert tags(got, "xml") == tags(SEGMENT, "xml")
+    if "ignore_tags" in options:
+        assert "<zz>languages</zz>" in got and "<parmname>Multiple Languages</parmname>" in got
+
+
+def test_the_deepl_client_s_bad_xml_option_is_a_400_naming_it(server):
+    client = deepl.Translator(KEY, server_url=f"http://127.0.0.1:{server.port}")
+    with pytest.raises(deepl.DeepLException, match="Value for 'splitting_tags' not supported"):
+        client.translate_text(SEGMENT, target_lang="DE", tag_handling="xml", splitting_tags="<p>")
+
+
+def test_deepl_s_xml_options_as_a_form(api, model):
+    """A form sends each option as text: names comma-separated, outline_detection 0."""
+    fields = {
+        "text": SEGMENT,
+        "target_lang": "DE",
+        "tag_handling": "html",
+        "ignore_tags": "zz,parmname",
+        "outline_detection": "0",
+        "splitting_tags": "kk",
+    }
+    r = api.post("/v2/translate", data=fields)
+    assert r.status_code == 200, r.text
+    with mtkit.Translator.load(model, device="cpu") as t:
+        (want,) = t.translate(
+            [SEGMENT],
+            format="html",
+            split=True,
+            ignore_tags="zz,parmname",
+            outline_detection=False,
+            splitting_tags=["kk"],
+        )
+    assert r.json()["translations"][0]["text"] == want.text
+    r = api.post("/v2/translate", data={**fields, "outline_detection": "maybe"})
+    assert r.status_code == 400
+    assert r.json()["message"] == (
+        "Value for 'outline_detection' not supported: outline_detection must be true or "
+        "false (1 or 0), got 'maybe'"
+    )
+
+
+def test_libretranslate_html_keeps_a_sentence_of_unknown_elements_whole(server, model):
+    """LibreTranslate's #806: parmname, uicontrol are inline (HTML's unknown elements), so
+    the segment is one sentence, translated as its text without tags is, and exactly its
+    tags come back."""
+    segment = "Select <parmname>Multiple Languages</parmname> and <uicontrol>add</uicontrol> them."
+    status, body = server.request(  # (libretranslatepy sends no format: by hand)
+        "POST",
+        "/translate",
+        {"q": segment, "source": "en", "target": "de", "format": "html", "api_key": KEY},
+    )
+    assert status == 200, body
+    got = body["translatedText"]
+    assert tags(got, "html") == tags(segment, "html")
+    with mtkit.Translator.load(model, device="cpu") as t:
+        (plain,) = t.translate(["Select Multiple Languages and add them."], split=True)
+    assert re.sub(r"<[^>]+>", "", got).split() == plain.text.split()
 
 
 def test_clients_of_three_protocols_at_once_get_what_they_get_alone(server, expected):

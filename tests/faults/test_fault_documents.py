@@ -63,13 +63,19 @@ def test_an_empty_text_in_a_batch_of_xml_is_empty_and_the_rest_translated(transl
     assert empty.text == "" and page.text == alone.text and page.text.startswith("<p>")
 
 
-def test_bare_text_given_as_xml_is_still_one_line(model, translator, tmp_path):
+def test_bare_text_in_a_declared_xml_document_is_one_line_and_alone_a_fragment(
+    model, translator, tmp_path
+):
+    """A document (its declaration says so) needs a root; a segment is the content of an
+    implied element, where text alone is well-formed."""
     path = tmp_path / "t.xml"
     path.write_text('<?xml version="1.0"?>\nA dog runs.\n')
     result = cli("translate", "-m", model, "-i", path)
     assert_one_line(result, says="the XML is not well-formed: syntax error: line 2")
-    with pytest.raises(mtkit.Error, match="not well-formed"):
-        translator.translate(["A dog runs."], format="xml")
+    with pytest.raises(mtkit.Error, match="not well-formed: syntax error: line 2, column 0"):
+        translator.translate(['<?xml version="1.0"?>\nA dog runs.'], format="xml")
+    (fragment,) = translator.translate(["A dog runs."], format="xml")
+    assert fragment.text == translator.translate(["A dog runs."])[0].text
 
 
 def test_the_deepl_route_translates_an_empty_text_among_xml_ones(model):
@@ -89,9 +95,13 @@ def test_the_deepl_route_translates_an_empty_text_among_xml_ones(model):
         assert r.status_code == 200, r.text
         empty, page = r.json()["translations"]
         assert empty["text"] == "" and page["text"].startswith("<p>")
-        fields["text"] = ["A dog runs."]  # bare text is no XML: 400 in DeepL's shape
-        r = c.post("/v2/translate", json=fields)
-        assert r.status_code == 400 and "not well-formed" in r.json()["message"]
+        fields["text"] = ["A dog & a cat."]  # a fragment that is not well-formed: 400 in
+        r = c.post("/v2/translate", json=fields)  # DeepL's shape, its place the text's own
+        assert r.status_code == 400, r.text
+        assert r.json()["message"] == (
+            "the XML is not well-formed: not well-formed (invalid token): line 1, column 7 "
+            "('A dog & a cat.')"
+        )
 
 
 @pytest.mark.parametrize(

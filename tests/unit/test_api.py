@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mtkit
+from mtkit.documents.markup import tags
 
 from conftest import cli
 
@@ -104,6 +105,21 @@ def test_constraints_and_glossaries_reach_the_search(translator):
             lambda t: t.translate(["<p>A dog <b>runs</b>.</p>"], format="html", n_best=2),
             "n_best is for text; format html writes a document",
         ),
+        (lambda t: t.translate(["a"], ignore_tags="b"), "ignore_tags is for html or xml documents"),
+        (
+            lambda t: t.translate(["a"], format="xml", splitting_tags=["<p>"]),
+            "splitting_tags: '<p>' is not a tag name",
+        ),
+        (
+            lambda t: t.translate(["a"], format="xml", outline_detection="no"),
+            "outline_detection must be true or false",
+        ),
+        (lambda t: t.translate(["a"], format="xml", its_rules=5), "its_rules must be the path"),
+        (
+            lambda t: t.translate(["A <b>dog</b> &amp; a cat"], format="srt", ignore_tags="b"),
+            "ignore_tags is for html or xml documents, not srt",
+        ),
+        (lambda t: t.translate(["A dog & a cat."], format="xml"), "line 1, column 7"),
         (lambda t: t.translate(["a"], batch_tokens="5"), "batch_tokens must be a whole number"),
         (lambda t: t.translate(["a"], batch_tokens=-5), "batch_tokens must be from 1 to"),
         (lambda t: t.translate(["a"], split="no"), "split must be True or False, got 'no'"),
@@ -242,6 +258,19 @@ def test_documents_in_one_call_are_translated_as_one_by_one(translator):
     assert [t.text for t in together] == [t.text for t in alone]
     assert together[0].text.startswith("<p>") and together[0].text.count("<b>") == 1
     assert len(together[1].sentences) == 2 and together[1].confidence <= 0
+
+
+def test_segments_are_fragments_and_the_markup_options_reach_them(translator):
+    """The issue's segment, refused once (no root), and DeepL's options as keywords."""
+    segment = "Select <parmname>Multiple Languages</parmname> and add the languages you want."
+    (out,) = translator.translate([segment], format="xml")
+    assert tags(out.text, "xml") == tags(segment, "xml")
+    (kept,) = translator.translate([segment], format="xml", ignore_tags="parmname")
+    assert "<parmname>Multiple Languages</parmname>" in kept.text
+    (html_out,) = translator.translate([segment], format="html")
+    assert len(html_out.sentences) == 1  # one sentence, not three
+    (plain,) = translator.translate(["Select Multiple Languages and add the languages you want."])
+    assert re.sub(r"<[^>]+>", "", html_out.text).split() == plain.text.split()
 
 
 def test_the_stages_are_functions(work):

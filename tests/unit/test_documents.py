@@ -382,15 +382,19 @@ def test_po_catalogues_get_every_plural_form_with_placeholders_kept():
         ("<b>" * 3000 + "x", "xml", "nests elements more than 128 deep"),
         # what only an XML parser judges (once each was translated as if well-formed)
         ("<doc><p>A dog & a cat.</p></doc>", "xml", r"not well-formed \(invalid token\)"),
-        ("<doc/><extra/>", "xml", "junk after document element"),
+        # a document (a declaration, a DOCTYPE) has one root; a fragment may have several
+        ('<?xml version="1.0"?><doc/><extra/>', "xml", "junk after document element"),
         ('<doc a="1" a="2">A dog.</doc>', "xml", "duplicate attribute"),
-        ("A dog runs.", "xml", "syntax error"),
+        # in a fragment, the line and column are the text's own (not the implied element's)
+        ("A dog & a cat.", "xml", r"invalid token\): line 1, column 7 \('A dog & a cat.'\)"),
+        ("<b>A</b> dog\n<i>x & y</i>", "xml", r"line 2, column 6 \('<i>x & y</i>'\)"),
+        ("A&nbsp;dog.", "xml", "undefined entity: line 1, column 1"),
         ("<doc>A&nbsp;dog.</doc>", "xml", "undefined entity"),
         # the line quoted is the one expat counts (a U+2028 ends none in XML)
         (
-            "<a>\u2028x</a>\n<b/>",
+            '<?xml version="1.0"?>\n<a>\u2028x</a>\n<b/>',
             "xml",
-            r"junk after document element: line 2, column 0 \('<b/>'\)",
+            r"junk after document element: line 3, column 0 \('<b/>'\)",
         ),
         # a "<![" that opens no section (an AssertionError inside Python's parser)
         ("<doc><![foo[x]]></doc>", "xml", "'<!\\[foo\\[x]]></doc>' is no CDATA section"),
@@ -526,6 +530,41 @@ def test_cdata_text_is_translated_as_text_and_stays_cdata(document, translate, e
     out = translate_document(document, "xml", translate).text
     assert out == expected
     assert _cdata_text(out) == _cdata_text(expected)
+
+
+@pytest.mark.parametrize(
+    "fragment, expected",
+    [
+        (  # the segment: no root
+            "Select <parmname>Multiple Languages</parmname> and add the languages you want.",
+            "SELECT <parmname>MULTIPLE LANGUAGES</parmname> AND ADD THE LANGUAGES YOU WANT.",
+        ),
+        ("<p>A dog.</p>\n<p>A cat.</p>", "<p>A DOG.</p>\n<p>A CAT.</p>"),  # several roots
+        ("First <b>one</b> then <i>two</i> end", "FIRST <b>ONE</b> THEN <i>TWO</i> END"),
+        # XML's own entities and character references: read as text, written escaped
+        ("Tom &amp; Jerry caf&#233; &lt;3 <ph>x</ph>", "TOM &amp; JERRY CAFÉ &lt;3 <ph>X</ph>"),
+        ("A dog runs.", "A DOG RUNS."),  # text alone
+        ("", ""),
+        ("<!-- c --><?pi x?>A <b>dog</b>.", "<!-- c --><?pi x?>A <b>DOG</b>."),
+    ],
+)
+def test_an_xml_fragment_is_translated_as_the_content_of_an_element(fragment, expected):
+    from xml.etree import ElementTree
+
+    out = translate_document(fragment, "xml", upper).text
+    assert out == expected
+    assert tags(out, "xml") == tags(fragment, "xml")
+    ElementTree.fromstring(f"<r>{out}</r>")  # well-formed, as the content of an element
+
+
+def test_a_full_xml_document_is_kept_byte_for_byte_outside_its_text():
+    document = (
+        '<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE doc [<!ENTITY e "x">]>\n'
+        "<!-- head -->\n<doc a='1'  b=\"2\">\n  <p>A dog &e; &amp; <b>a cat</b>.</p>\n</doc>\n"
+    )
+    assert translate_document(document, "xml", upper).text == document.replace(
+        "A dog &e; &amp; <b>a cat</b>.", "A DOG &e; &amp; <b>A CAT</b>."
+    )
 
 
 def test_cdata_in_html_is_kept_as_html_reads_it():
