@@ -234,11 +234,7 @@ def make_pptx() -> bytes:
     slide = deck.slides.add_slide(deck.slide_layouts[1])
     slide.shapes.title.text = "Hello world"
     paragraph = slide.placeholders[1].text_frame.paragraphs[0]
-    for text, bold, url in (
-        ("A man is ", None, None),
-        ("riding", True, None),
-        (" a bike", None, None),
-    ):
+    for text, bold in (("A man is ", None), ("riding", True), (" a bike", None)):
         run = paragraph.add_run()
         run.text = text
         run.font.bold = bold
