@@ -476,24 +476,41 @@ class Paragraph:
         return etree.tostring(props, method="c14n")
 
     def plain(self, element, content: list) -> Plain:
-        """The formatting most letters of `content` (runs, directly) carry."""
+        """The plain formatting of `content` (runs, directly): the least formatted
+        run's (the fewest formatting elements and attributes; of those, the one most
+        letters carry), so that each run formatted otherwise is a tag around its words,
+        and stays one run wherever the translation puts them."""
         d = self.dialect
         if d.bare:
             return Plain()
-        counts: dict[bytes, int] = {}
+        rank: dict[bytes, tuple[int, int]] = {}  # key -> (-formatting, letters)
         props_of: dict[bytes, object] = {}
         for child in content:
             if child.tag == d.run:
                 props = child.find(d.props)
-                key = self.key(props)
-                counts[key] = counts.get(key, 0) + sum(
-                    len(t.text or "") for t in child.iter(d.text)
-                )
-                props_of.setdefault(key, props)
-        if not counts:
-            return Plain(None, plain_t=any(c.tag == d.text for c in content))
-        key = max(counts, key=lambda k: counts[k])
+                letters = sum(len(t.text or "") for t in child.iter(d.text))
+            elif child.tag == d.text:  # xlsx: a string's text outside its runs
+                props, letters = None, len(child.text or "")
+            else:
+                continue
+            key = self.key(props)
+            formatted, had = self.formatting(props), rank.get(key, (0, 0))[1]
+            rank[key] = (-formatted, had + letters)
+            props_of.setdefault(key, props)
+        if not rank or not any(child.tag == d.run for child in content):
+            return Plain(None, plain_t=bool(rank))
+        key = max(rank, key=lambda k: rank[k])
         return Plain(props_of[key])
+
+    def formatting(self, props) -> int:
+        """How much formatting `props` holds: its elements and attributes, but for the
+        language and spell-check marks."""
+        if props is None:
+            return 0
+        ignored = self.dialect.unformatted | {"lang"}
+        attributes = sum(1 for a in props.attrib if a.rpartition("}")[2] not in ignored)
+        elements = sum(1 for e in props.iter() if e is not props and "lang" not in str(e.tag))
+        return attributes + elements
 
     def tag(self, piece: Piece, name: str = "r") -> tuple[str, str]:
         self.pieces.append(piece)
@@ -609,7 +626,9 @@ class Paragraph:
                     element.tail = None
                     parent.append(element)
             elif piece.kind == "run":
-                self.write(parent, "".join(tag.itertext()), Plain(piece.props))
+                # (a run none of whose words the translation has a partner for is
+                # kept empty, as markup keeps such an element: the runs stay as many)
+                self.write(parent, "".join(tag.itertext()), Plain(piece.props), empty=True)
             else:
                 shell = piece.shell
                 kept_text = shell.text if not self.dialect.bare else None
@@ -620,11 +639,13 @@ class Paragraph:
                 self.fill(shell, tag, piece.base)
             self.write(parent, tag.tail, base)
 
-    def write(self, parent, text: str | None, base: Plain) -> None:
-        """`text` written at the end of `parent`, with `base`'s formatting."""
+    def write(self, parent, text: str | None, base: Plain, empty: bool = False) -> None:
+        """`text` written at the end of `parent`, with `base`'s formatting (nothing where
+        it is empty, unless `empty`: an empty run)."""
         from lxml import etree
 
-        if not text:
+        text = text or ""
+        if not text and not (empty and not self.dialect.bare):
             return
         d = self.dialect
         if d.bare:
