@@ -12,6 +12,12 @@ import io
 import zipfile
 
 import pytest
+
+from mtkit.core.errors import OptionError, UserError
+from mtkit.core.translation import Translation
+from mtkit.documents import office
+from mtkit.documents.formats import FORMATS, output_format, translate_documents, translate_files
+
 from officefiles import (
     assert_rest_kept,
     make_docx,
@@ -23,11 +29,6 @@ from officefiles import (
     members,
     saved,
 )
-
-from mtkit.core.errors import OptionError, UserError
-from mtkit.core.translation import Translation
-from mtkit.documents import office
-from mtkit.documents.formats import FORMATS, output_format, translate_documents, translate_files
 
 docx = pytest.importorskip("docx")
 pptx = pytest.importorskip("pptx")
