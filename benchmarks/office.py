@@ -8,13 +8,13 @@ Each document is generated with python-docx (seeded): `--per-page` paragraphs a 
 two sentences of test2016 words each, a bold run and an italic run in every paragraph, a
 heading every page, a page break after each. Each measurement runs in a process of its
 own, so that its peak RSS is its own: the model loaded (`mtkit.Translator`) and warmed
-up on two sentences, then the file's bytes translated (`Translator.translate_document`), or the same paragraphs as
-plain text (`Translator.translate`, one text a paragraph, split into sentences as the
-document's are). With `-m` that model translates; without it a fake translation (each
-word in capitals, word i linked to word i) stands in for the model, which measures the
-documents layer alone. Prints one row per run (paragraphs, seconds, paragraphs/s, peak
-RSS, RSS after loading) and the document's throughput as a share of plain text's.
-"""
+up on two sentences, then the file's bytes translated (`Translator.translate_document`),
+or the same paragraphs as plain text (`Translator.translate`, one text a paragraph,
+split into sentences as the document's are). With `-m` that model translates; without it
+a fake translation (each word in capitals, word i linked to word i) stands in for the
+model, which measures the documents layer alone. Prints one row per run (paragraphs,
+seconds, paragraphs/s, peak RSS, RSS after loading) and the document's throughput as a
+share of plain text's."""
 
 from __future__ import annotations
 

@@ -9,14 +9,15 @@ there, so that each run's formatting lands on the target words aligned to its so
 words (`markup.finish`), and back into runs after. Runs whose formatting is the same
 (Word's `w:rPr`, DrawingML's `a:rPr` without its spell-check marks, a spreadsheet's
 `rPr`) are one: those split by spell-check or revision marks (`w:proofErr`, dropped: the
-program marks spelling again) are merged first, and the formatting most of a paragraph's
-letters carry is its plain text (`Container.base`: text the placement puts outside every
-other run gets it). A hyperlink (`w:hyperlink`, `text:a`), an insertion (`w:ins`), an ODF
-`text:span` is an element around its runs, placed as markup places `<a>`; a field (a
-complex field's runs from its `begin` to its `end`, `w:fldSimple`, `a:fld`, ODF's fields),
-a bookmark, a comment's marks, a drawing, a footnote's reference (its text is a
-paragraph of its own), a tab and a break are kept as they are, as tags without words
-(tabs and breaks part the words either side). Placeholders and numbers as in markup.
+program marks spelling again) are merged first, and the least formatted run's formatting
+is the paragraph's plain text (`Paragraph.plain`: text the placement puts outside every
+other run gets it; each run formatted otherwise is a tag, and comes back one run). A
+hyperlink (`w:hyperlink`, `text:a`), an insertion (`w:ins`), an ODF `text:span` is an
+element around its runs, placed as markup places `<a>`; a field (a complex field's runs
+from its `begin` to its `end`, `w:fldSimple`, `a:fld`, ODF's fields), a bookmark, a
+comment's marks, a drawing, a footnote's reference (its text is a paragraph of its own),
+a tab and a break are kept as they are, as tags without words (tabs and breaks part the
+words either side). Placeholders and numbers as in markup.
 
 Which parts hold text: in Office Open XML, those `[Content_Types].xml` names (Word's
 document, headers, footers, footnotes, endnotes, comments; slides and their notes; the
@@ -348,8 +349,10 @@ class Dialect:
     wrap runs (`wraps`: placed around their words), those that part words (`breaks`), the
     ones dropped (`dropped`: spell-check marks), where a complex field begins and ends
     (`field`: its element, the attribute that says which), the props' attributes that
-    are no formatting (`unformatted`: spell-check marks), and whether text stands in a
-    paragraph or a wrap by itself (`bare`: ODF's)."""
+    are no formatting (`unformatted`: spell-check marks), whether text stands in a
+    paragraph or a wrap by itself (`bare`: ODF's), and whether a text element whose
+    spaces matter says so (`spaces_marked`: `xml:space="preserve"`; DrawingML keeps
+    every `a:t`'s spaces)."""
 
     run: str = ""
     props: str = ""
@@ -362,6 +365,7 @@ class Dialect:
     field: tuple[str, str] = ("", "")
     unformatted: frozenset[str] = frozenset()
     bare: bool = False
+    spaces_marked: bool = True
 
 
 DIALECTS = {
@@ -384,6 +388,7 @@ DIALECTS = {
         tail=frozenset(_q(A, "endParaRPr")),
         breaks=frozenset(_q(A, "br")),
         unformatted=frozenset({"err", "dirty", "noProof", "smtClean"}),
+        spaces_marked=False,
     ),
     "xlsx": Dialect(
         run=f"{{{S}}}r",
@@ -662,7 +667,7 @@ class Paragraph:
                 run.append(deepcopy(base.props))
             holder = etree.SubElement(run, d.text)
         holder.text = text
-        if text != text.strip() or "  " in text:
+        if d.spaces_marked and (text != text.strip() or "  " in text):
             holder.set(XML_SPACE, "preserve")
 
 
