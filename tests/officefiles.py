@@ -168,13 +168,20 @@ SHARED = (
 
 def make_odt() -> bytes:
     from odf.opendocument import OpenDocumentText
-    from odf.style import Style, TextProperties
-    from odf.text import A, H, P, S, Span
+    from odf.style import Header, MasterPage, PageLayout, Style, TextProperties
+    from odf.text import A, H, Note, NoteBody, NoteCitation, P, S, Span
 
     document = OpenDocumentText()
     bold = Style(name="B", family="text")
     bold.addElement(TextProperties(fontweight="bold"))
     document.automaticstyles.addElement(bold)
+    layout = PageLayout(name="L")
+    document.automaticstyles.addElement(layout)
+    master = MasterPage(name="Standard", pagelayoutname=layout)
+    header = Header()
+    header.addElement(P(text="The running header"))
+    master.addElement(header)
+    document.masterstyles.addElement(master)
     document.text.addElement(H(outlinelevel=1, text="A short title"))
     p = P(text="Some ")
     p.addElement(Span(stylename=bold, text="bold words"))
@@ -182,6 +189,12 @@ def make_odt() -> bytes:
     p.addElement(S(c=2))
     p.addElement(A(href="https://example.org/", text="a link"))
     p.addText(" here.")
+    note = Note(id="n1", noteclass="footnote")
+    note.addElement(NoteCitation(text="1"))
+    body = NoteBody()
+    body.addElement(P(text="A footnote text"))
+    note.addElement(body)
+    p.addElement(note)
     document.text.addElement(p)
     return saved(document)
 

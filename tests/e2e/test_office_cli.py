@@ -37,7 +37,7 @@ MADE = {
     "docx": (make_docx, {"word/document.xml", "word/header1.xml", "word/footer1.xml"}),
     "pptx": (make_pptx, {"ppt/slides/slide1.xml", "ppt/notesSlides/notesSlide1.xml"}),
     "xlsx": (make_xlsx, {"xl/sharedStrings.xml", "xl/worksheets/sheet1.xml"}),
-    "odt": (make_odt, {"content.xml"}),
+    "odt": (make_odt, {"content.xml", "styles.xml"}),
     "odp": (make_odp, {"content.xml"}),
     "epub": (make_epub, {"OEBPS/text/one.xhtml"}),
 }

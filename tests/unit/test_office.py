@@ -213,10 +213,16 @@ def test_odt_headings_spans_and_links_are_translated_in_place():
     (output,) = translate_files([source], "odt", upper)
     (h, heading, _), (p, text, element) = _odf_paragraphs(output)
     assert (h, heading) == ("h", "A SHORT TITLE")
-    assert p == "p" and text.split() == "SOME BOLD WORDS AND A LINK HERE.".split()
+    assert p == "p" and text.split() == "SOME BOLD WORDS AND A LINK HERE.1A FOOTNOTE TEXT".split()
     children = [(c.qname[1], str(c)) for c in element.childNodes if c.nodeType == 1]
-    assert children == [("span", "BOLD WORDS"), ("s", ""), ("a", "A LINK")]
-    assert_rest_kept(source, output, {"content.xml"})
+    assert children[:3] == [("span", "BOLD WORDS"), ("s", ""), ("a", "A LINK")]
+    assert children[3][0] == "note" and str(children[3][1]).endswith("A FOOTNOTE TEXT")
+    from odf.opendocument import load
+    from odf.style import Header
+
+    (header,) = load(io.BytesIO(output)).getElementsByType(Header)
+    assert str(header) == "THE RUNNING HEADER"
+    assert_rest_kept(source, output, {"content.xml", "styles.xml"})
     assert list(members(output))[0] == "mimetype"
 
 
@@ -355,3 +361,30 @@ def test_a_member_whose_bytes_disagree_with_its_checksum_is_one_line():
     central = data.index(b"PK\x01\x02")
     data[central + 16] ^= 0xFF  # its CRC-32, in the central directory
     refused(bytes(data), "odt", "is damaged")
+
+
+def test_pptx_a_line_break_and_a_field_stay_between_their_words():
+    from lxml import etree
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])
+    slide.shapes.title.text = "First line\vsecond line"  # (\v: python-pptx's a:br)
+    source = saved(deck)
+    with zipfile.ZipFile(io.BytesIO(source)) as z:
+        xml = z.read("ppt/slides/slide1.xml")
+    field = (
+        b'<a:fld id="{B6F15528-21DE-4FAA-801E-634DDDAF4B2B}" type="slidenum"><a:t>1</a:t></a:fld>'
+    )
+    xml = xml.replace(b"<a:t>second line</a:t></a:r>", b"<a:t>second line</a:t></a:r>" + field)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(source)) as z, zipfile.ZipFile(out, "w") as w:
+        for info in z.infolist():
+            w.writestr(info, xml if info.filename == "ppt/slides/slide1.xml" else z.read(info))
+    (output,) = translate_files([out.getvalue()], "pptx", upper)
+    title = pptx.Presentation(io.BytesIO(output)).slides[0].shapes.title
+    assert title.text == "FIRST LINE\vSECOND LINE1"
+    a = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+    root = etree.fromstring(members(output)["ppt/slides/slide1.xml"][0])
+    (p,) = [p for p in root.iter(a + "p") if p.find(a + "r") is not None]
+    kinds = [etree.QName(c).localname for c in p if etree.QName(c).localname != "pPr"]
+    assert kinds[:4] == ["r", "br", "r", "fld"] and p.find(a + "fld").get("type") == "slidenum"
