@@ -388,3 +388,25 @@ def test_pptx_a_line_break_and_a_field_stay_between_their_words():
     (p,) = [p for p in root.iter(a + "p") if p.find(a + "r") is not None]
     kinds = [etree.QName(c).localname for c in p if etree.QName(c).localname != "pPr"]
     assert kinds[:4] == ["r", "br", "r", "fld"] and p.find(a + "fld").get("type") == "slidenum"
+
+
+def test_docx_a_text_box_inside_a_run_is_translated_where_it_stands():
+    from docx.oxml import parse_xml
+
+    document = docx.Document()
+    p = document.add_paragraph("Outer words ")
+    namespaces = (
+        'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+        'xmlns:v="urn:schemas-microsoft-com:vml"'
+    )
+    p._p.append(
+        parse_xml(
+            f"<w:r {namespaces}><w:pict><v:shape><v:textbox><w:txbxContent><w:p><w:r>"
+            "<w:t>Box words</w:t></w:r></w:p></w:txbxContent></v:textbox></v:shape></w:pict></w:r>"
+        )
+    )
+    p.add_run(" end here")
+    (output,) = translate_files([saved(document)], "docx", upper)
+    body = members(output)["word/document.xml"][0].decode()
+    assert "<w:txbxContent><w:p><w:r><w:t>BOX WORDS</w:t></w:r></w:p></w:txbxContent>" in body
+    assert body.index("OUTER WORDS") < body.index("BOX WORDS") < body.index("END HERE")
