@@ -43,6 +43,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ def rounds(data: bytes, format: str) -> Rounds[bytes]:
     """The file `data` (docx, pptx, xlsx, odt, odp or epub: `format`) translated
     (`mtkit.documents.rounds.Rounds`, one round: every paragraph of every part)."""
     container = Container.read(data, format)
-    parts = [Part.of(name, container.members[name], format) for name in container.text_parts()]
+    parts = [Part.of(name, container.members[name], format) for name in container.texts]
     translated = yield [text for part in parts for text in part.texts]
     done = iter(translated)
     return container.written({part.name: part.written(done) for part in parts})
@@ -84,24 +85,37 @@ def rounds(data: bytes, format: str) -> Rounds[bytes]:
 
 # ---- the container: a zip checked whole, its members, written back -----------------------
 
+# What reading a damaged zip raises (zlib's error for a broken deflate stream, a
+# NotImplementedError for a method or version zipfile does not read)
+UNREADABLE = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    EOFError,
+    ValueError,
+    RuntimeError,
+    NotImplementedError,
+)
+
 
 @dataclass
 class Container:
     """A zip's members (`infos`, in order; `members`, name -> bytes), read after every
-    check (`read`), and which of them hold text for `format` (`text_parts`)."""
+    check (`read`), and which of them hold text for `format` (`texts`: `text_parts`)."""
 
     format: str
     infos: list[zipfile.ZipInfo]
     members: dict[str, bytes]
     comment: bytes = b""
+    texts: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, data: bytes, format: str) -> Container:
         try:
             archive = zipfile.ZipFile(io.BytesIO(data))
-        except (zipfile.BadZipFile, OSError):
+        except UNREADABLE:
             raise OfficeError(
-                f"the input is not a {format} file: it is not a zip archive"
+                f"the input is not {_a(format)} file: it is not a zip archive"
             ) from None
         with archive:
             infos = archive.infolist()
@@ -111,16 +125,17 @@ class Container:
                 try:
                     with archive.open(info) as member:
                         content = member.read(info.file_size + 1)
-                except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as e:
+                except UNREADABLE as e:
                     raise OfficeError(
-                        f"the {format} file's member {info.filename} is damaged: {e}"
+                        f"the {format} file's member {info.filename!r} is damaged: "
+                        + " ".join(str(e).split())
                     ) from None
                 if len(content) != info.file_size:
-                    raise OfficeError(f"the {format} file's member {info.filename} is damaged")
+                    raise OfficeError(f"the {format} file's member {info.filename!r} is damaged")
                 members[info.filename] = content
             comment = archive.comment
         container = cls(format, infos, members, comment)
-        container.text_parts()  # (its required parts, checked)
+        container.texts = container.text_parts()  # (its required parts, checked)
         return container
 
     def text_parts(self) -> list[str]:
@@ -128,15 +143,17 @@ class Container:
         format requires is missing."""
         if self.format in ("docx", "pptx", "xlsx"):
             if "[Content_Types].xml" not in self.members:
-                raise OfficeError(f"not a {self.format} file: it has no [Content_Types].xml")
+                raise OfficeError(f"not {_a(self.format)} file: it has no [Content_Types].xml")
             types = _content_types(self.members["[Content_Types].xml"])
             main = MAIN_PART[self.format]
             if not any(t.endswith(main) for t in types.values()):
-                raise OfficeError(f"not a {self.format} file: it has no {main.split('.')[0]} part")
+                raise OfficeError(
+                    f"not {_a(self.format)} file: it has no {main.split('.')[0]} part"
+                )
             wanted = {n for n, t in types.items() if TEXT_TYPES[self.format].search(t)}
         elif self.format in ("odt", "odp"):
             if "content.xml" not in self.members:
-                raise OfficeError(f"not an {self.format} file: it has no content.xml")
+                raise OfficeError(f"not {_a(self.format)} file: it has no content.xml")
             wanted = {"content.xml", "styles.xml"}
         else:
             wanted = set(self._chapters())
@@ -150,7 +167,9 @@ class Container:
         found = root.find(f".//{{{CONTAINER}}}rootfile")
         package = found.get("full-path", "") if found is not None else ""
         if package not in self.members:
-            raise OfficeError(f"the epub's package document {package or '(none named)'} is missing")
+            raise OfficeError(
+                f"the epub's package document {package or '(none named)'!r} is missing"
+            )
         opf = _xml(self.members[package], package)
         items = []
         for item in opf.iter(f"{{{OPF}}}item"):
@@ -173,6 +192,11 @@ class Container:
                 archive.writestr(copy, replaced.get(info.filename, self.members[info.filename]))
             archive.comment = self.comment
         return out.getvalue()
+
+
+def _a(format: str) -> str:
+    """A format's name with its article: "a docx", "an epub"."""
+    return f"an {format}" if format[0] in "aeiox" else f"a {format}"
 
 
 def _check_members(infos: list[zipfile.ZipInfo], format: str) -> None:
@@ -199,7 +223,7 @@ def _check_members(infos: list[zipfile.ZipInfo], format: str) -> None:
             raise OfficeError(f"the {format} file holds two members named {name!r}")
         seen.add(name)
         if info.flag_bits & 0x1:
-            raise OfficeError(f"the {format} file's member {name} is encrypted")
+            raise OfficeError(f"the {format} file's member {name!r} is encrypted")
         total += info.file_size
         if total > MAX_UNPACKED:
             raise OfficeError(
@@ -245,16 +269,18 @@ def _xml(data: bytes, name: str):
     from lxml import etree
 
     if len(data) > MAX_PART:
-        raise OfficeError(f"the part {name} is too large: {len(data)} bytes, at most {MAX_PART}")
+        raise OfficeError(f"the part {name!r} is too large: {len(data)} bytes, at most {MAX_PART}")
     parser = etree.XMLParser(
         resolve_entities=False, no_network=True, load_dtd=False, remove_comments=False
     )
     try:
         root = etree.fromstring(data, parser)
     except etree.XMLSyntaxError as e:
-        raise OfficeError(f"the part {name} is not well-formed XML: {e.msg}") from None
+        raise OfficeError(
+            f"the part {name!r} is not well-formed XML: {' '.join(str(e.msg).split())}"
+        ) from None
     if root.getroottree().docinfo.doctype:
-        raise OfficeError(f"the part {name} declares a DOCTYPE, which no office part has")
+        raise OfficeError(f"the part {name!r} declares a DOCTYPE, which no office part has")
     return root
 
 
@@ -291,7 +317,7 @@ class Part:
         try:
             prepared = markup.prepare(read_document(data, encoding), "xml")
         except markup.MarkupError as e:
-            raise OfficeError(f"the epub's {name}: {e}") from None
+            raise OfficeError(f"the epub's {name!r}: {e}") from None
         return cls(name, data, chapter=prepared, encoding=encoding)
 
     @property

@@ -410,3 +410,24 @@ def test_docx_a_text_box_inside_a_run_is_translated_where_it_stands():
     body = members(output)["word/document.xml"][0].decode()
     assert "<w:txbxContent><w:p><w:r><w:t>BOX WORDS</w:t></w:r></w:p></w:txbxContent>" in body
     assert body.index("OUTER WORDS") < body.index("BOX WORDS") < body.index("END HERE")
+
+
+@pytest.mark.parametrize("format", ["docx", "pptx", "odt", "epub"])
+def test_a_file_with_bytes_damaged_anywhere_is_translated_or_refused_in_one_line(format):
+    """Seeded corruption (a few bytes changed anywhere: names, sizes, deflate streams,
+    XML): each either translates or is one line (`UserError`), never another error."""
+    import random
+
+    source = {"docx": make_docx, "pptx": make_pptx, "odt": make_odt, "epub": make_epub}[format]()
+    rng = random.Random(7)
+    refusals = 0
+    for _ in range(60):
+        damaged = bytearray(source)
+        for _ in range(rng.randint(1, 8)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        try:
+            translate_files([bytes(damaged)], format, upper)
+        except UserError as e:
+            assert "\n" not in str(e), str(e)
+            refusals += 1
+    assert refusals > 30
