@@ -257,6 +257,68 @@ class Translator:
 
         return translated()
 
+    def translate_document(
+        self,
+        data: bytes,
+        format: str,
+        *,
+        beam: int | None = None,
+        lenpen: float | None = None,
+        glossary: Glossary | None = None,
+        tgt_lang: str | None = None,
+        split: bool | None = None,
+        batch_tokens: int | None = None,
+    ) -> bytes:
+        """A document file's bytes translated (`Session.translate_data`, as `mtkit
+        translate -i FILE` does): an office document or an e-book (`format` docx, pptx,
+        xlsx, odt, odp, epub: the same kind of file back), or a text document's (html,
+        xml, srt, po, xliff: read and written in the encoding it declares). The keywords
+        as `translate`'s."""
+        from mtkit.documents.formats import FORMATS, listed
+
+        if not isinstance(data, BYTES):
+            raise OptionError("data: give the document's bytes (Path(...).read_bytes())", "data")
+        if format not in FORMATS:
+            raise OptionError(f"format must be {listed([*FORMATS])}, got {format!r}", "format")
+        if glossary is not None and not isinstance(glossary, Glossary):
+            raise OptionError("glossary: give a Glossary (Glossary.read(path)), or None")
+        session = self._session(
+            dict(beam=beam, lenpen=lenpen, alignments=True),
+            glossary=glossary,
+            tgt_lang=_argument("tgt_lang", tgt_lang, str),
+            split=_argument("split", split, bool),
+            batch_tokens=_argument("batch_tokens", batch_tokens),
+        )
+        return session.translate_data(bytes(data), format)
+
+    def translate_file(
+        self,
+        path: str | os.PathLike,
+        output: str | os.PathLike,
+        *,
+        format: str | None = None,
+        **options,
+    ) -> None:
+        """The document file at `path` translated into the file `output` (written whole,
+        then moved into place), in `format` (None: its suffix's: report.docx is docx);
+        `options` as `translate_document`'s."""
+        from mtkit.core.atomic import refuse_same_file, write_atomic
+        from mtkit.documents.formats import FORMATS, output_format
+
+        path = Path(path)
+        refuse_same_file(Path(output), {"path": path})  # (the input is never written over)
+        kind = output_format(format, path).kind
+        if kind not in FORMATS:
+            raise OptionError(
+                f"{path.name}: no document format has its suffix; name one with format=",
+                "format",
+            )
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise OptionError(f"cannot read {path}: {e.strerror}") from None
+        write_atomic(Path(output), self.translate_document(data, kind, **options))
+
     def close(self) -> None:
         """Stop the helper processes (if any); the translator stays usable."""
         self.engine.close()

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from mtkit.core.errors import OptionError, UserError
 from mtkit.core.textio import LINES, OutputFormat, document_encoding, write_document
 from mtkit.core.translation import Translation, weighted
-from mtkit.documents import catalogs, markup, subtitles, xliff
+from mtkit.documents import catalogs, markup, office, subtitles, xliff
 from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.documents.rounds import Rounds, Translate, translate_rounds
 
@@ -42,19 +43,23 @@ class DocumentFormat:
     their encoding (`declared`, None: nowhere), whether a character its encoding
     cannot hold is written as a character reference (`references`: markup), whether
     its `rounds` are given the language translated into (`targeted`: as `target=`, the
-    language code or None; XLIFF names it in the file), and whether they take the
-    caller's `mtkit.documents.elements.MarkupRules` (`markup`: which elements are
-    inline, blocks or kept, as DeepL's tag options and ITS rules say)."""
+    language code or None; XLIFF names it in the file), whether they take the caller's
+    `mtkit.documents.elements.MarkupRules` (`markup`: which elements are inline, blocks
+    or kept, as DeepL's tag options and ITS rules say), and whether a document of it is
+    a file's bytes, not text (`binary`: a zip of XML parts, an office document or an
+    e-book; its `rounds` take the bytes and return the translated file's:
+    `translate_files`)."""
 
     name: str
     suffixes: tuple[str, ...]
-    rounds: Callable[[str], Rounds[str]]
+    rounds: Callable[[Any], Rounds[Any]]
     package: str | None = None
     extra: str | None = None
     declared: re.Pattern[bytes] | None = None
     references: bool = False
     targeted: bool = False
     markup: bool = False
+    binary: bool = False
 
     def check_installed(self) -> None:
         """One line (`MissingExtra`) where the package that reads the format is missing."""
@@ -117,6 +122,17 @@ FORMATS = {
             references=True,
             targeted=True,
         ),
+        *(
+            DocumentFormat(
+                name,
+                (f".{name}",),
+                partial(office.rounds, format=name),
+                package="lxml",
+                extra="documents",
+                binary=True,
+            )
+            for name in ("docx", "pptx", "xlsx", "odt", "odp", "epub")
+        ),
     )
 }
 
@@ -160,6 +176,8 @@ def translate_documents(
     (`translation.weighted`). `rules`: the caller's say on a markup format's elements
     (one line for another format's documents, which have none to say it of)."""
     known = FORMATS[format]
+    if known.binary:
+        raise OptionError(binary_refused(format), "format")
     known.check_installed()
     check_rules(format, rules)
     told = {"target": target} if known.targeted else {}
@@ -190,3 +208,22 @@ def translate_document(
     """One document translated (`translate_documents`)."""
     (translated,) = translate_documents([document], format, translate, target, rules)
     return translated
+
+
+def binary_refused(format: str) -> str:
+    """The one line that says a file format's document is bytes, not text."""
+    return (
+        f"format {format} is a file, not text: translate its bytes "
+        f"(Translator.translate_document, mtkit translate -i FILE.{format})"
+    )
+
+
+def translate_files(files: list[bytes], format: str, translate: Translate) -> list[bytes]:
+    """Each of `files` (the bytes of a `binary` format's documents: docx, pptx, xlsx, odt,
+    odp, epub) translated with `translate`, the texts every file wants in a round in one
+    call (`translate_rounds`): each translated file's bytes."""
+    known = FORMATS[format]
+    if not known.binary:
+        raise OptionError(f"format {format} is text, not a file's bytes", "format")
+    known.check_installed()
+    return [out for out, _ in translate_rounds([known.rounds(f) for f in files], translate)]

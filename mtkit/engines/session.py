@@ -172,7 +172,12 @@ class Session:
         to carry its tags by. `constraints`: each text's, for text alone (a document's
         terms go in a glossary). What every surface calls: the API, `translate`, the
         server's routes."""
-        from mtkit.documents.formats import FORMATS, check_rules, translate_documents
+        from mtkit.documents.formats import (
+            FORMATS,
+            binary_refused,
+            check_rules,
+            translate_documents,
+        )
 
         if format not in ("text", *FORMATS):
             raise OptionError(
@@ -181,6 +186,8 @@ class Session:
                 "format",
             )
         check_rules(format, self.markup)
+        if format != "text" and FORMATS[format].binary:
+            raise OptionError(binary_refused(format), "format")
         if format == "text":
             requests = [self.request(t) for t in texts]
             found = self.translate(requests, constraints=constraints)
@@ -188,10 +195,7 @@ class Session:
                 _with_alternatives(ts) if ts else Translation(r.src, "", 0.0, 0.0)
                 for r, ts in zip(requests, found, strict=True)
             ]
-        if self.opts.nbest > 1:  # (as `translate --nbest --format html`)
-            raise OptionError(
-                f"{self.spell('nbest')} is for text; format {format} writes a document", "nbest"
-            )
+        self.check_document_options(format)
         if constraints is not None:
             raise OptionError(
                 f"{self.spell('constraints')} are for text; a document's terms go in a glossary",
@@ -201,16 +205,30 @@ class Session:
         target = self.tgt_lang or self.engine.config.data.tgt_lang or None  # (xliff names it)
         return translate_documents(texts, format, aligned.translate_texts, target, self.markup)
 
+    def check_document_options(self, format: str) -> None:
+        """One line where the session's options are for text alone (n-best)."""
+        if self.opts.nbest > 1:  # (as `translate --nbest --format html`)
+            raise OptionError(
+                f"{self.spell('nbest')} is for text; format {format} writes a document", "nbest"
+            )
+
     def translate_data(self, data: bytes, format: str) -> bytes:
         """A document file's bytes (of `format`, a name in
         `mtkit.documents.formats.FORMATS`) translated: read in the encoding it declares
         (or by its byte-order mark; UTF-8 else), its texts translated (`translate_texts`),
         written back in that encoding. What `translate -i FILE` and the document routes
-        call."""
+        call. A file format's (`binary`: docx, pptx, xlsx, odt, odp, epub) bytes are the
+        zip they are, translated part by part (`translate_files`)."""
         from mtkit.core.textio import read_document
-        from mtkit.documents.formats import FORMATS
+        from mtkit.documents.formats import FORMATS, check_rules, translate_files
 
         document = FORMATS[format]
+        if document.binary:
+            check_rules(format, self.markup)
+            self.check_document_options(format)
+            aligned = replace(self, opts=replace(self.opts, alignments=True), markup=PLAIN)
+            (translated,) = translate_files([data], format, aligned.translate_texts)
+            return translated
         encoding = document.encoding(data)
         (result,) = self.translate_texts([read_document(data, encoding)], format)
         return document.written(result.text, encoding)

@@ -715,6 +715,10 @@ def doc_folder(trained, tmp_path_factory) -> Path:
         'original="a" source-language="en" datatype="plaintext"><body><trans-unit id="1">'
         '<source>A <g id="1">dog</g> runs.</source></trans-unit></body></file></xliff>\n'
     )
+    if importlib.util.find_spec("docx"):  # (python-docx: the dev extra)
+        from officefiles import make_docx
+
+        (root / "report.docx").write_bytes(make_docx())
     return root
 
 

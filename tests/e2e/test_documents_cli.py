@@ -77,7 +77,8 @@ def test_document_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
     )
     one_line_error(
         cli("translate", "-m", _model(trained), "--format", "pdf", input="x"),
-        "--format must be text, jsonl, html, xml, srt, po or xliff",
+        "--format must be text, jsonl, html, xml, srt, po, xliff, docx, pptx, xlsx, odt, odp "
+        "or epub",
     )
 
 

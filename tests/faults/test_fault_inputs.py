@@ -34,7 +34,8 @@ from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_f
         (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
         (
             ["--format", "pdf"],
-            "--format must be text, jsonl, html, xml, srt, po or xliff, got 'pdf'",
+            "--format must be text, jsonl, html, xml, srt, po, xliff, docx, pptx, xlsx, odt, "
+            "odp or epub, got 'pdf'",
         ),
         (["--device", "tpu"], "--device must be auto, cpu or cuda, got 'tpu'"),
     ],

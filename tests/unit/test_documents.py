@@ -772,14 +772,19 @@ def test_the_one_table_names_every_format_its_suffixes_and_what_refusals_say():
     the API's `format=` read them there; the line that refuses binary input points there."""
     from mtkit.documents.formats import FORMATS, output_format
 
-    assert list(FORMATS) == ["html", "xml", "srt", "po", "xliff"]
+    assert (
+        list(FORMATS)
+        == ["html", "xml", "srt", "po", "xliff"] + "docx pptx xlsx odt odp epub".split()
+    )
     for known in FORMATS.values():
         for suffix in known.suffixes:
             assert output_format(None, Path(f"page{suffix.upper()}")).kind == known.name
     assert output_format(None, Path("notes.txt")).kind == "text"
     assert output_format(None, None).kind == "text"
     with pytest.raises(
-        OptionError, match="must be text, jsonl, html, xml, srt, po or xliff, got 'x'"
+        OptionError,
+        match="must be text, jsonl, html, xml, srt, po, xliff, docx, pptx, xlsx, odt, odp or "
+        "epub, got 'x'",
     ):
         output_format("x")
 

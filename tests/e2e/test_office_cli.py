@@ -1,0 +1,145 @@
+"""Office documents and e-books with a trained model: `mtkit translate -i FILE` by the
+file's suffix or `--format`, and the API's `Translator.translate_document` and
+`translate_file`; each output read back by its own library (and, where LibreOffice is
+installed, converted by it headless), its text parts translated, its runs as many as the
+source's, its other members byte for byte; mistakes in one line, nothing written."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import zipfile
+
+import pytest
+
+import mtkit
+
+from conftest import cli, one_line_error
+from officefiles import (
+    assert_rest_kept,
+    make_docx,
+    make_epub,
+    make_odp,
+    make_odt,
+    make_pptx,
+    make_xlsx,
+    members,
+)
+
+docx = pytest.importorskip("docx")
+pptx = pytest.importorskip("pptx")
+openpyxl = pytest.importorskip("openpyxl")
+pytest.importorskip("odf")
+
+# Each format's file and the members that hold its text
+MADE = {
+    "docx": (make_docx, {"word/document.xml", "word/header1.xml", "word/footer1.xml"}),
+    "pptx": (make_pptx, {"ppt/slides/slide1.xml", "ppt/notesSlides/notesSlide1.xml"}),
+    "xlsx": (make_xlsx, {"xl/sharedStrings.xml", "xl/worksheets/sheet1.xml"}),
+    "odt": (make_odt, {"content.xml", "styles.xml"}),
+    "odp": (make_odp, {"content.xml"}),
+    "epub": (make_epub, {"OEBPS/text/one.xhtml"}),
+}
+
+
+def _model(trained):
+    return str(trained / "run" / "checkpoints" / "best.pt")
+
+
+def _bold_runs(document) -> int:
+    return sum(bool(r.bold) for p in document.paragraphs for r in p.runs)
+
+
+def test_a_docx_by_its_suffix_is_translated_with_its_runs(trained, tmp_path):
+    source = make_docx()
+    (tmp_path / "report.docx").write_bytes(source)
+    out = tmp_path / "out.docx"
+    result = cli("translate", "-m", _model(trained), "-i", tmp_path / "report.docx", "-o", out)
+    assert result.exit_code == 0, result.output
+    before, after = docx.Document(io.BytesIO(source)), docx.Document(out)
+    texts = [(a.text, b.text) for a, b in zip(before.paragraphs, after.paragraphs, strict=True)]
+    assert all(b and b != a for a, b in texts if a.strip()), texts
+    assert (_bold_runs(before), _bold_runs(after)) == (3, 2)  # (two merged: one proofErr)
+    assert sum(r.italic is True for p in after.paragraphs for r in p.runs) == 1
+    assert len(after.paragraphs[0].hyperlinks) == 1
+    assert_rest_kept(source, out.read_bytes(), MADE["docx"][1] & set(members(source)))
+    # --format on stdin, the same bytes out on stdout
+    piped = cli("translate", "-m", _model(trained), "--format", "docx", input=source)
+    assert piped.exit_code == 0 and piped.stdout_bytes == out.read_bytes()
+
+
+@pytest.mark.parametrize("format", ["pptx", "xlsx", "odt", "odp", "epub"])
+def test_each_file_format_through_the_api_translates_every_text_part(trained, tmp_path, format):
+    make, changed = MADE[format]
+    source = make()
+    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        output = translator.translate_document(source, format)
+        (tmp_path / f"a.{format}").write_bytes(source)
+        translator.translate_file(tmp_path / f"a.{format}", tmp_path / f"b.{format}")
+    assert (tmp_path / f"b.{format}").read_bytes() == output
+    assert_rest_kept(source, output, changed)
+    if format == "pptx":
+        deck = pptx.Presentation(io.BytesIO(output))
+        runs = [r for s in deck.slides[0].shapes for p in s.text_frame.paragraphs for r in p.runs]
+        assert sum(bool(r.font.bold) for r in runs) == 1
+        assert sum(r.hyperlink.address is not None for r in runs) == 1
+    elif format == "xlsx":
+        sheet = openpyxl.load_workbook(io.BytesIO(output)).active
+        assert sheet["A1"].value != "A man rides" and sheet["A2"].value == 3.25
+        assert sheet["A3"].value == "=SUM(A2:A2)"
+
+
+def test_file_format_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
+    out = tmp_path / "out.docx"
+    bad = io.BytesIO()
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("../../evil", b"x")
+    (tmp_path / "evil.docx").write_bytes(bad.getvalue())
+    one_line_error(
+        cli("translate", "-m", _model(trained), "-i", tmp_path / "evil.docx", "-o", out),
+        "outside its folder",
+    )
+    (tmp_path / "plain.docx").write_text("just text")
+    one_line_error(
+        cli("translate", "-m", _model(trained), "-i", tmp_path / "plain.docx", "-o", out),
+        "is not a docx file: it is not a zip archive",
+    )
+    # a zip on stdin without --format is refused as binary, not translated as text
+    one_line_error(
+        cli("translate", "-m", _model(trained), input=make_docx()), "looks like a zip archive"
+    )
+    assert not out.exists()
+    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        with pytest.raises(mtkit.Error, match=r"^format docx is a file, not text"):
+            translator.translate(["A dog."], format="docx")
+        with pytest.raises(mtkit.Error, match="give the document's bytes"):
+            translator.translate_document("text", "docx")
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed")
+@pytest.mark.parametrize("format", ["docx", "odt"])
+def test_libreoffice_opens_the_translated_file(trained, tmp_path, format):
+    make, _ = MADE[format]
+    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        output = translator.translate_document(make(), format)
+    (tmp_path / f"out.{format}").write_bytes(output)
+    subprocess.run(
+        ["soffice", f"-env:UserInstallation=file://{tmp_path}/profile", "--headless"]
+        + ["--convert-to", "txt:Text", "--outdir", str(tmp_path), str(tmp_path / f"out.{format}")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    text = (tmp_path / "out.txt").read_text(encoding="utf-8-sig")
+    paragraphs = [line for line in text.splitlines() if line.strip()]
+    assert len(paragraphs) >= 2 and "A man is" not in text
+
+
+def test_translate_file_never_writes_over_its_input(trained, tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text("<p>A dog runs.</p>")
+    with mtkit.Translator.load(trained / "run" / "checkpoints" / "best.pt") as translator:
+        with pytest.raises(mtkit.Error, match="same file"):
+            translator.translate_file(page, page)
+    assert page.read_text() == "<p>A dog runs.</p>"
