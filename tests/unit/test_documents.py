@@ -6,7 +6,6 @@ a well-formed document with exactly the input's tags)."""
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,15 +20,7 @@ from mtkit.documents.messages import translate_messages
 from mtkit.documents.placeholders import placeholders, restore_numbers
 from mtkit.documents.subtitles import SubtitleError
 
-
-def upper(texts: list[str]) -> list[Translation]:
-    """Each word in capitals, in place: word i is linked to word i."""
-    out = []
-    for text in texts:
-        words = text.split()
-        links = tuple((i, i) for i in range(len(words)))
-        out.append(Translation(text, " ".join(w.upper() for w in words), -1.0, -0.5, (), links))
-    return out
+from fake_translations import reverse, scrambled, upper
 
 
 def same(texts: list[str]) -> list[Translation]:
@@ -43,17 +34,6 @@ def same(texts: list[str]) -> list[Translation]:
 def first_word(texts: list[str]) -> list[Translation]:
     """Only the first word of each text, linked to it."""
     return [Translation(t, " ".join(t.split()[:1]), -1.0, -0.5, (), ((0, 0),)) for t in texts]
-
-
-def reverse(texts: list[str]) -> list[Translation]:
-    """The words in reverse order: word i is linked to word n - 1 - i."""
-    out = []
-    for text in texts:
-        words = text.split()
-        n = len(words)
-        links = tuple((i, n - 1 - i) for i in range(n))
-        out.append(Translation(text, " ".join(reversed(words)), -1.0, -0.5, (), links))
-    return out
 
 
 def padded(texts: list[str]) -> list[Translation]:
@@ -71,29 +51,6 @@ def padded(texts: list[str]) -> list[Translation]:
 def fixed(target: str, links: tuple) -> Callable[[list[str]], list[Translation]]:
     """`target` for any text, with `links`: a model's translation, as it came."""
     return lambda texts: [Translation(t, target, -1.0, -0.5, (), links) for t in texts]
-
-
-def scrambled(seed: int):
-    """Any number of target words, any links at all (some words linked to none)."""
-    rng = random.Random(seed)
-
-    def translate(texts: list[str]) -> list[Translation]:
-        out = []
-        for text in texts:
-            n, m = len(text.split()), rng.randint(0, 8)
-            links = {
-                (rng.randrange(n), rng.randrange(m))
-                for _ in range(rng.randint(0, 6) if n and m else 0)
-            }
-            words = [f"w{k}" for k in range(m)]
-            out.append(
-                Translation(
-                    text, " ".join(words), -1.0, -0.5, (), tuple(sorted(links)) if n and m else ()
-                )
-            )
-        return out
-
-    return translate
 
 
 PAGE = (

@@ -17,15 +17,7 @@ from mtkit.documents.elements import ITS, MarkupRules
 from mtkit.documents.formats import translate_document
 from mtkit.documents.markup import MarkupError, tags
 
-
-def upper(texts: list[str]) -> list[Translation]:
-    """Each word in capitals, in place: word i is linked to word i."""
-    out = []
-    for text in texts:
-        words = text.split()
-        links = tuple((i, i) for i in range(len(words)))
-        out.append(Translation(text, " ".join(w.upper() for w in words), -1.0, -0.5, (), links))
-    return out
+from fake_translations import upper
 
 
 def sent(document: str, format: str = "xml", **rules) -> tuple[list[str], str]:

@@ -14,10 +14,11 @@ import zipfile
 import pytest
 
 from mtkit.core.errors import OptionError, UserError
-from mtkit.core.translation import Translation
 from mtkit.documents import office
 from mtkit.documents.formats import FORMATS, output_format, translate_documents, translate_files
 
+from fake_translations import reverse_upper as reverse
+from fake_translations import upper
 from officefiles import (
     assert_rest_kept,
     make_docx,
@@ -34,28 +35,6 @@ docx = pytest.importorskip("docx")
 pptx = pytest.importorskip("pptx")
 openpyxl = pytest.importorskip("openpyxl")
 pytest.importorskip("odf")
-
-
-def upper(texts: list[str]) -> list[Translation]:
-    """Each word in capitals, word k aligned to word k."""
-    out = []
-    for text in texts:
-        words = text.split()
-        links = tuple((k, k) for k in range(len(words)))
-        out.append(Translation(text, " ".join(w.upper() for w in words), -1.0, -0.5, (), links))
-    return out
-
-
-def reverse(texts: list[str]) -> list[Translation]:
-    """The words in reverse order, capitals, each aligned to its source word."""
-    out = []
-    for text in texts:
-        words = text.split()
-        n = len(words)
-        links = tuple((k, n - 1 - k) for k in range(n))
-        target = " ".join(w.upper() for w in reversed(words))
-        out.append(Translation(text, target, -1.0, -0.5, (), links))
-    return out
 
 
 # ---- docx ------------------------------------------------------------------------------
