@@ -315,3 +315,37 @@ def test_more_documents_than_the_queue_holds_are_429(api):
             _status(api, r.json())
             api.post(f"/v2/document/{r.json()['document_id']}/result", json=r.json())
     assert _upload(api).status_code == 200
+
+
+def test_sigterm_ends_queued_and_running_documents_cleanly(model):
+    """Documents queued and translating when the server is stopped: a waiting
+    /translate_file is answered (its file, or 503), the process exits 0 with no
+    traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    page = "<p>" + " ".join(["A man is riding a bike on the street."] * 40) + "</p>\n"
+    with LocalServer(model) as server, ThreadPoolExecutor(1) as pool:
+        for _ in range(6):
+            r = httpx.post(
+                f"{server.url}/v2/document",
+                data={"target_lang": "DE"},
+                files={"file": ("a.html", (page * 10).encode())},
+            )
+            assert r.status_code == 200, r.text
+        waiting = pool.submit(
+            httpx.post,
+            f"{server.url}/translate_file",
+            data={"source": "en", "target": "de"},
+            files={"file": ("b.html", (page * 10).encode())},
+            timeout=120,
+        )
+        time.sleep(0.5)  # (its upload most likely in; either way it must be answered)
+        code, err = server.stop()
+        answer = waiting.result()
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    assert answer.status_code in (200, 503), answer.text
+    if answer.status_code == 503:
+        assert answer.json()["error"] in (
+            "the server shut down before translating the document",
+            "the server is shutting down; retry shortly",
+        )
