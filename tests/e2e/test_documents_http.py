@@ -349,3 +349,29 @@ def test_sigterm_ends_queued_and_running_documents_cleanly(model):
             "the server shut down before translating the document",
             "the server is shutting down; retry shortly",
         )
+
+
+def test_results_nobody_downloads_are_deleted_after_their_expiry(model):
+    """With an expiry of 0 s, a result is gone at the next look: its status is 404 once
+    done, and LibreTranslate's URL answers 404."""
+    engine = load_engine(model, "cpu")
+    limits = Limits(documents=DocumentLimits(expiry_s=0))
+    app = create_app(engine, SearchOptions.from_config(engine.config.decode), limits, "m")
+    with TestClient(app) as api:
+        job = _upload(api).json()
+        seen = []
+        for _ in range(1200):
+            r = api.post(f"/v2/document/{job['document_id']}", json=job)
+            seen.append(r.json().get("status", r.status_code))
+            if r.status_code == 404:
+                break
+            time.sleep(0.05)
+        assert seen[-1] == 404 and set(seen[:-1]) <= {"queued", "translating"}, seen
+        r = api.post(
+            "/translate_file",
+            data={"source": "en", "target": "de"},
+            files={"file": ("a.html", PAGE.encode())},
+        )
+        assert r.status_code == 200
+        url = r.json()["translatedFileUrl"]
+        assert api.get(url).status_code == 404
