@@ -7,6 +7,7 @@
     GET  /              a page: translate text and see each sentence's word alignment
     GET  /docs          the OpenAPI documentation
     and LibreTranslate's and DeepL's routes (`mtkit.serving.protocols`)
+    and their document routes (`mtkit.serving.documents`)
 
 The event loop only parses and answers; the model runs in the worker
 (`mtkit.serving.scheduler.Batcher`), so a slow client never holds up others.
@@ -51,6 +52,7 @@ from mtkit.core.translation import Translation
 from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 from mtkit.engines.session import Session, check_constraint_options
+from mtkit.serving.documents import DocumentQueue, add_document_routes, body_limit
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
 from mtkit.serving.scheduler import (
     SHUTTING_DOWN,
@@ -203,7 +205,7 @@ class BodyReader:
 
     async def _read(self, scope, receive) -> bytes:
         """The request's body; `_Unread` (a status and why) or `_ClientLeft`."""
-        limit = self.limits.max_body_bytes
+        limit = body_limit(scope["path"], self.limits)
         length = dict(scope.get("headers", [])).get(b"content-length", b"0")
         if not length.isdigit() or int(length) > limit:
             raise _Unread(413, f"the request body is over {limit} bytes")
@@ -296,6 +298,7 @@ class Service:
     batcher: Batcher | None = None
     glossary: Glossary | None = None  # `serve --glossary`: terms every request gets
     session: Session | None = None  # what each request translates with (`start`)
+    documents: DocumentQueue | None = None  # the document routes' jobs
     sessions: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(SESSION_THREADS, "mtkit-session")
     )  # where each request's session runs (`translated`)
@@ -456,7 +459,9 @@ def create_app(
     async def lifespan(app: FastAPI):
         service.start(batcher or Batcher(translator, limits).start())
         yield
+        service.documents.close()  # queued documents end; running ones as the batcher closes
         await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
+        await asyncio.to_thread(service.documents.stop)
         service.sessions.shutdown(wait=False)
 
     app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
@@ -475,7 +480,7 @@ def create_app(
             max_age=CORS_MAX_AGE_S,
         )
     _routes(app, service)
-    add_routes(app, service, api_key)
+    service.documents = add_document_routes(app, add_routes(app, service, api_key))
     return app
 
 

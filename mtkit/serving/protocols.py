@@ -303,8 +303,8 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
     @app.get("/frontend/settings", tags=["LibreTranslate"])
     async def frontend_settings() -> dict:
         """LibreTranslate's settings for its web page and its clients: the characters a
-        request may hold, whether a key is needed, no files or suggestions (mtkit
-        translates text and markup in the request itself), and the languages a page
+        request may hold, whether a key is needed, the suffixes of the files it
+        translates (`mtkit.serving.documents`), no suggestions, and the languages a page
         starts with (the model's first source language and its first target)."""
         source = protocols.sources()[0]
         target = protocols.targets(source)[0]
@@ -315,8 +315,8 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
             "apiKeys": keyed,
             "keyRequired": keyed,
             "suggestions": False,
-            "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "filesTranslation": True,
+            "supportedFilesFormat": protocols.service.documents.suffixes(),
             "language": {
                 "source": {"code": source, "name": NAMES.get(source, source)},
                 "target": {"code": target, "name": NAMES.get(target, target)},

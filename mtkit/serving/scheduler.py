@@ -34,6 +34,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class DocumentLimits:
+    """What the document routes take (`mtkit.serving.documents`)."""
+
+    max_jobs: int = 16  # documents queued, translating or awaiting download; beyond: 429
+    max_bytes: int = 10 << 20  # a document's file
+    max_chars: int = 1_000_000  # characters of one document's text translated
+    expiry_s: float = 3_600.0  # how long a result (or an error) waits for its download
+    workers: int = 2  # documents translated at once
+    chunk_lines: int = 16  # sentences a document has in the batcher at a time
+
+
+@dataclass(frozen=True)
 class Limits:
     max_batch_tokens: int = 4000  # source tokens the worker takes into one search
     max_wait_ms: float = 5.0  # how long the oldest waiting sentence may wait for company
@@ -42,6 +54,7 @@ class Limits:
     max_body_bytes: int = 1 << 20  # request body
     body_timeout_s: float = 30.0  # how long a request's body may take to arrive (then 408)
     max_queued_lines: int = 20_000  # sentences waiting; beyond this requests get 503
+    documents: DocumentLimits = DocumentLimits()  # the document routes' own
 
     def check(self, texts: list[str]) -> None:
         """413 (naming the field "text") for a request over the per-request limits: the
