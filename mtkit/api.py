@@ -137,6 +137,7 @@ class Translator:
         splitting_tags: str | Sequence[str] | None = None,
         outline_detection: bool | None = None,
         its_rules: str | Path | None = None,
+        retranslate: bool = False,
     ) -> list[Translation]:
         """One `Translation` per text, in order; `n_best` > 1 puts the next best in each
         one's `alternatives`. `constraints`: for each text, the phrases its translation
@@ -155,7 +156,8 @@ class Translator:
         `non_splitting_tags` (inline), `splitting_tags` (blocks), each names comma-separated
         or a list, `outline_detection` (False: only `splitting_tags` are blocks); and
         `its_rules`, the path of a W3C ITS 2.0 rules file (withinText and translate rules,
-        above the document's own) (`mtkit.documents.elements`)."""
+        above the document's own) (`mtkit.documents.elements`). `retranslate`: an XLIFF
+        file's units whose target a translator filled are translated too (else kept)."""
         texts = _texts("texts", texts)
         session, format = self._open(
             dict(
@@ -181,6 +183,7 @@ class Translator:
                 splitting_tags=splitting_tags,
                 outline_detection=outline_detection,
                 its_rules=its_rules,
+                retranslate=retranslate,
             )
         )
         return session.translate_texts(texts, format, _constraints(constraints, len(texts)))
@@ -214,6 +217,7 @@ class Translator:
                 for name in ("ignore_tags", "non_splitting_tags", "splitting_tags")
                 + ("outline_detection", "its_rules")
             },
+            retranslate=_argument("retranslate", options.get("retranslate", False), bool),
         )
         session.translate_texts([], format)  # (the format and what it allows, checked)
         return session, format
@@ -268,6 +272,7 @@ class Translator:
         tgt_lang: str | None = None,
         split: bool | None = None,
         batch_tokens: int | None = None,
+        retranslate: bool = False,
     ) -> bytes:
         """A document file's bytes translated (`Session.translate_data`, as `mtkit
         translate -i FILE` does): an office document or an e-book (`format` docx, pptx,
@@ -288,6 +293,7 @@ class Translator:
             tgt_lang=_argument("tgt_lang", tgt_lang, str),
             split=_argument("split", split, bool),
             batch_tokens=_argument("batch_tokens", batch_tokens),
+            retranslate=_argument("retranslate", retranslate, bool),
         )
         return session.translate_data(bytes(data), format)
 
@@ -484,6 +490,7 @@ def translate_file(
     split: bool | None = None,
     batch_tokens: int | None = None,
     markup: Mapping[str, object] | None = None,
+    retranslate: bool = False,
 ) -> None:
     """`mtkit translate`: the session `engine` and the command line's options open
     (`Session.open`, each error naming its flag: the `search` options, a glossary read
@@ -513,6 +520,7 @@ def translate_file(
         split=split,
         batch_tokens=batch_tokens,
         markup=markup,
+        retranslate=retranslate,
     )
     import sys
     from contextlib import nullcontext

@@ -190,6 +190,15 @@ ItsRulesOpt = Annotated[
         rich_help_panel=MARKUP,
     ),
 ]
+RetranslateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--retranslate",
+        help="In an XLIFF file, translate the units whose target a translator filled too "
+        "(by default they are kept as written).",
+        rich_help_panel=IO,
+    ),
+]
 GlossaryOpt = Annotated[
     Opt[Path],
     typer.Option(
@@ -254,6 +263,7 @@ def translate(
     splitting_tags: SplittingTagsOpt = None,
     outline_detection: OutlineDetectionOpt = None,
     its_rules: ItsRulesOpt = None,
+    retranslate: RetranslateOpt = False,
 ) -> None:
     """Translate text from a file or stdin, one output line per input line, in order.
 
@@ -318,6 +328,7 @@ def translate(
                 outline_detection=outline_detection,
                 its_rules=its_rules,
             ),
+            retranslate=retranslate,
         )
 
 

@@ -42,8 +42,9 @@ class DocumentFormat:
     `extra` that installs it (None: mtkit's own reader), where its first bytes declare
     their encoding (`declared`, None: nowhere), whether a character its encoding
     cannot hold is written as a character reference (`references`: markup), whether
-    its `rounds` are given the language translated into (`targeted`: as `target=`, the
-    language code or None; XLIFF names it in the file), whether they take the caller's
+    it is a bilingual file whose `rounds` are given the language translated into and
+    whether targets a translator filled are translated again (`bilingual`: as `target=`,
+    the language code or None, and `retranslate=`; XLIFF), whether they take the caller's
     `mtkit.documents.elements.MarkupRules` (`markup`: which elements are inline, blocks
     or kept, as DeepL's tag options and ITS rules say), and whether a document of it is
     a file's bytes, not text (`binary`: a zip of XML parts, an office document or an
@@ -57,7 +58,7 @@ class DocumentFormat:
     extra: str | None = None
     declared: re.Pattern[bytes] | None = None
     references: bool = False
-    targeted: bool = False
+    bilingual: bool = False
     markup: bool = False
     binary: bool = False
 
@@ -120,7 +121,7 @@ FORMATS = {
             extra="documents",
             declared=re.compile(XML_DECLARED),
             references=True,
-            targeted=True,
+            bilingual=True,
         ),
         *(
             DocumentFormat(
@@ -135,6 +136,9 @@ FORMATS = {
         ),
     )
 }
+
+
+BILINGUAL = [f.name for f in FORMATS.values() if f.bilingual]  # files that hold a target
 
 
 def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
@@ -167,10 +171,12 @@ def translate_documents(
     translate: Translate,
     target: str | None = None,
     rules: MarkupRules = PLAIN,
+    retranslate: bool = False,
 ) -> list[Translation]:
     """Each of `documents` (of `format`) translated with `translate` (texts in,
     `Translation`s with word alignments out, in order) into the language `target` (None:
-    not known; a format that names it, `targeted`, is told): the texts every document
+    not known; a bilingual format, which names it, is told it, and `retranslate`: whether
+    its targets a translator filled are translated again): the texts every document
     wants in a round go to one call (`translate_rounds`). Each result's `sentences` are
     the translations of its texts, its scores theirs, weighted by tokens
     (`translation.weighted`). `rules`: the caller's say on a markup format's elements
@@ -180,7 +186,8 @@ def translate_documents(
         raise OptionError(binary_refused(format), "format")
     known.check_installed()
     check_rules(format, rules)
-    told = {"target": target} if known.targeted else {}
+    check_retranslate(format, retranslate)
+    told = {"target": target, "retranslate": retranslate} if known.bilingual else {}
     if known.markup:
         told["rules"] = rules
     done = translate_rounds([known.rounds(d, **told) for d in documents], translate)
@@ -188,6 +195,15 @@ def translate_documents(
         Translation(document, text, *weighted(parts), sentences=tuple(parts))
         for document, (text, parts) in zip(documents, done, strict=True)
     ]
+
+
+def check_retranslate(format: str, retranslate: bool, option: str = "retranslate") -> None:
+    """One line (naming `option`) where targets are to be translated again in a format
+    that holds none: only a bilingual file (XLIFF) has a translator's targets."""
+    if retranslate and not (format in FORMATS and FORMATS[format].bilingual):
+        raise OptionError(
+            f"{option} is for bilingual files ({listed(BILINGUAL)}), not {format}", option
+        )
 
 
 def check_rules(format: str, rules: MarkupRules) -> None:
@@ -204,9 +220,10 @@ def translate_document(
     translate: Translate,
     target: str | None = None,
     rules: MarkupRules = PLAIN,
+    retranslate: bool = False,
 ) -> Translation:
     """One document translated (`translate_documents`)."""
-    (translated,) = translate_documents([document], format, translate, target, rules)
+    (translated,) = translate_documents([document], format, translate, target, rules, retranslate)
     return translated
 
 

@@ -22,8 +22,8 @@ the `seg-source` with each segment's content translated (its `mrk`s, same `mid`s
 Okapi and Trados write them). In 2.x, each `segment` of each `unit` (not
 `translate="no"`, by itself or by its group or file) whose `target` is missing or
 empty; an `ignorable` is kept. A unit (1.2) or segment (2.x) with a target already
-written is kept as it is: its target is a translator's (there is no option yet to
-translate such units again).
+written is kept as it is: its target is a translator's (asked, `retranslate`, it is
+translated again and marked as the others are).
 
 A new target goes right after its source (after `seg-source` in 1.2), indented as the
 source is, with the source's namespace prefix; 1.2's is marked
@@ -71,10 +71,12 @@ class XliffError(UserError, ValueError):
     """An XLIFF file that cannot be read or translated as asked (one line)."""
 
 
-def rounds(document: str, target: str | None = None) -> Rounds[str]:
+def rounds(document: str, target: str | None = None, retranslate: bool = False) -> Rounds[str]:
     """The XLIFF `document` with its untranslated units translated into `target` (a
-    language code; None: the file's own) (`mtkit.documents.rounds.Rounds`, one round)."""
-    xliff = Xliff.read(document, target)
+    language code; None: the file's own) (`mtkit.documents.rounds.Rounds`, one round);
+    with `retranslate`, the units whose target a translator filled too (marked as
+    machine translations like the others)."""
+    xliff = Xliff.read(document, target, retranslate)
     translated = yield [run.text for run in xliff.runs if run.text]
     return xliff.written(iter(translated))
 
@@ -182,9 +184,10 @@ class Xliff:
     to translate), then `written` (each run's translation placed, each target written
     into the tree, the tree written out again)."""
 
-    def __init__(self, document: str, target: str | None):
+    def __init__(self, document: str, target: str | None, retranslate: bool = False):
         self.document = document
         self.target = target
+        self.retranslate = retranslate  # filled targets are translated again
         self.root = None  # lxml's root element
         self.namespace = ""  # the root's
         self.version = 1  # 1 or 2
@@ -194,8 +197,8 @@ class Xliff:
         self.jobs: list[Job] = []
 
     @classmethod
-    def read(cls, document: str, target: str | None) -> Xliff:
-        xliff = cls(document, target)
+    def read(cls, document: str, target: str | None, retranslate: bool = False) -> Xliff:
+        xliff = cls(document, target, retranslate)
         xliff.check()
         xliff.pair()
         xliff.set_language()
@@ -345,13 +348,18 @@ class Xliff:
         one, or the empty one it has. An empty target is one without text: none at all
         (`<target/>`), or only codes or empty segments (`<target><mrk mtype="seg"
         mid="1"/></target>`, as Trados prepares one), which is filled where the source
-        has words to translate. None where its target has text (a translator's) or its
-        source is empty. `attributes`: the target's marks (1.2); `marked`: the element
-        that gets 2.x's (the segment)."""
+        has words to translate. None where its target has text (a translator's; with
+        `retranslate` it is replaced too) or its source is empty. `attributes`: the
+        target's marks (1.2); `marked`: the element that gets 2.x's (the segment)."""
         target = unit.find(self._tag("target"))
         runs = [p for p in pieces if isinstance(p, Run)]
-        if target is not None and (
-            "".join(target.itertext()).strip() or (len(target) and not any(r.text for r in runs))
+        if (
+            target is not None
+            and not self.retranslate
+            and (
+                "".join(target.itertext()).strip()
+                or (len(target) and not any(r.text for r in runs))
+            )
         ):
             return
         if not any(run.text or run.source.strip() for run in runs):
@@ -380,7 +388,8 @@ class Xliff:
 
 
 def _filled(node: markup.Element, attributes: dict | None) -> Callable[[str], None]:
-    """How the empty target `node` gets its content (and `attributes`, its others kept)."""
+    """How the target `node` (empty, or a translator's to replace) gets its content (and
+    `attributes`, its others kept)."""
 
     def write(content: str) -> None:
         start = _with_attributes(node.start, attributes or {})

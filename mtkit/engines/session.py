@@ -92,6 +92,7 @@ class Session:
     name_line: Callable[[int], str] = line_name  # a text in an error: "line 3" (the server's
     # "constraints.2": the field its constraints came in)
     markup: MarkupRules = PLAIN
+    retranslate: bool = False  # a bilingual file's filled targets translated again (XLIFF)
 
     @classmethod
     def open(
@@ -108,6 +109,7 @@ class Session:
         split: bool | None = None,
         batch_tokens: int | None = None,
         markup: Mapping[str, Any] | None = None,
+        retranslate: bool = False,
     ) -> Session:
         """A session whose every setting is checked, once, each error one line naming the
         option by `spell`: the search options are `decode`'s (a `DecodeConfig`; None: the
@@ -120,7 +122,9 @@ class Session:
         `split` and `batch_tokens`: None takes `decode`'s split and the engine's budget.
         `markup`: the markup options given (ignore_tags, non_splitting_tags,
         splitting_tags, outline_detection, its_rules; None: not given), checked by
-        `MarkupRules.checked`."""
+        `MarkupRules.checked`. `retranslate`: a bilingual file's (XLIFF) targets that a
+        translator filled are translated again (checked against the format when it is
+        known, `formats.check_retranslate`)."""
         decode = engine.config.decode if decode is None else decode
         opts = SearchOptions.from_config(decode, spell, **(given or {}))
         engine.check(opts, spell)
@@ -133,7 +137,17 @@ class Session:
             check_value("batch_tokens", batch_tokens, spell)
         split = decode.split if split is None else split
         rules = MarkupRules.checked(**(markup or {}), spell=spell)
-        return cls(engine, opts, glossary, split, tgt_lang, batch_tokens, spell, markup=rules)
+        return cls(
+            engine,
+            opts,
+            glossary,
+            split,
+            tgt_lang,
+            batch_tokens,
+            spell,
+            markup=rules,
+            retranslate=retranslate,
+        )
 
     def request(self, text: str) -> Request:
         """`text` as a request into the session's language (`into_language`)."""
@@ -175,6 +189,7 @@ class Session:
         from mtkit.documents.formats import (
             FORMATS,
             binary_refused,
+            check_retranslate,
             check_rules,
             translate_documents,
         )
@@ -186,6 +201,7 @@ class Session:
                 "format",
             )
         check_rules(format, self.markup)
+        check_retranslate(format, self.retranslate, self.spell("retranslate"))
         if format != "text" and FORMATS[format].binary:
             raise OptionError(binary_refused(format), "format")
         if format == "text":
@@ -201,9 +217,13 @@ class Session:
                 f"{self.spell('constraints')} are for text; a document's terms go in a glossary",
                 "constraints",
             )
-        aligned = replace(self, opts=replace(self.opts, alignments=True), markup=PLAIN)
+        aligned = replace(
+            self, opts=replace(self.opts, alignments=True), markup=PLAIN, retranslate=False
+        )
         target = self.tgt_lang or self.engine.config.data.tgt_lang or None  # (xliff names it)
-        return translate_documents(texts, format, aligned.translate_texts, target, self.markup)
+        return translate_documents(
+            texts, format, aligned.translate_texts, target, self.markup, self.retranslate
+        )
 
     def check_document_options(self, format: str) -> None:
         """One line where the session's options are for text alone (n-best)."""
@@ -220,11 +240,17 @@ class Session:
         call. A file format's (`binary`: docx, pptx, xlsx, odt, odp, epub) bytes are the
         zip they are, translated part by part (`translate_files`)."""
         from mtkit.core.textio import read_document
-        from mtkit.documents.formats import FORMATS, check_rules, translate_files
+        from mtkit.documents.formats import (
+            FORMATS,
+            check_retranslate,
+            check_rules,
+            translate_files,
+        )
 
         document = FORMATS[format]
         if document.binary:
             check_rules(format, self.markup)
+            check_retranslate(format, self.retranslate, self.spell("retranslate"))
             self.check_document_options(format)
             aligned = replace(self, opts=replace(self.opts, alignments=True), markup=PLAIN)
             (translated,) = translate_files([data], format, aligned.translate_texts)

@@ -112,3 +112,34 @@ def test_xliff_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
         "the XLIFF's trgLang is fr, but this translates into de",
     )
     assert not out.exists()
+
+
+def test_retranslate_from_the_cli_and_the_api_replaces_a_translators_target(trained, tmp_path):
+    (tmp_path / "a.xlf").write_bytes(FILE_1.encode("latin-1"))
+    out = tmp_path / "out.xlf"
+    result = cli(
+        "translate", "-m", _model(trained), "-i", tmp_path / "a.xlf", "-o", out, "--retranslate"
+    )
+    assert result.exit_code == 0, result.output
+    units = {
+        u.xmlelement.get("id"): u for u in xliff1.xlifffile.parsestring(out.read_bytes()).units
+    }
+    assert units["3"].target and units["3"].target != "Eine Frau singt."
+    assert units["2"].target is None  # translate="no" stays as it was
+    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        (again,) = translator.translate([FILE_2], format="xliff", retranslate=True)
+        assert "Ein Mädchen." not in again.text
+        with pytest.raises(mtkit.Error, match="retranslate is for bilingual files"):
+            translator.translate(["<p>A dog.</p>"], format="html", retranslate=True)
+    one_line_error(
+        cli(
+            "translate",
+            "-m",
+            _model(trained),
+            "--format",
+            "html",
+            "--retranslate",
+            input="<p>A dog.</p>",
+        ),
+        "--retranslate is for bilingual files (xliff), not html",
+    )

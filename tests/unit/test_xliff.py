@@ -13,7 +13,7 @@ import re
 import pytest
 from lxml import etree
 
-from mtkit.core.errors import UserError
+from mtkit.core.errors import OptionError, UserError
 from mtkit.documents.formats import FORMATS, output_format, translate_document
 from mtkit.documents.xliff import XliffError
 
@@ -526,3 +526,27 @@ def test_a_file_of_hundreds_of_units_with_mixed_codes_is_filled_whole(version):
     units = read_back_1(output) if version == 1 else read_back_2(output)
     assert len(units) == 300 and all(u.target for u in units)
     assert without_targets(output, version) == document
+
+
+def test_retranslate_replaces_a_translators_targets_and_marks_them_machine_translated():
+    """Asked (`retranslate`), the units whose target a translator filled are translated
+    again and marked as machine translations; translate="no" units stay as they were."""
+    kept = translate_document(FILE_1, "xliff", upper, "de").text
+    again = translate_document(FILE_1, "xliff", upper, "de", retranslate=True).text
+    assert '<target state="final">Fertig</target>' in kept
+    assert (
+        '<target state="needs-review-translation" state-qualifier="leveraged-mt">DONE</target>'
+        in again
+    )
+    units = {u.xmlelement.get("id"): u for u in read_back_1(again)}
+    assert units["2"].xmlelement.find(f"{{{X1}}}target") is None  # translate="no"
+    output_2 = translate_document(FILE_2, "xliff", upper, "de", retranslate=True).text
+    assert "<target>SCHON</target>" not in output_2 and "<target>TRANSLATED</target>" in output_2
+    assert '<segment id="s3" state="translated" subState="mtkit:mt">' in output_2
+
+
+def test_retranslate_is_for_bilingual_files_alone():
+    with pytest.raises(
+        OptionError, match="retranslate is for bilingual files \\(xliff\\), not html"
+    ):
+        translate_document("<p>A dog.</p>", "html", upper, retranslate=True)
