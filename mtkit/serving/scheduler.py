@@ -177,6 +177,7 @@ class _Job:
     seen_at_step: int = 0  # the stream's step count when the worker took the request
     results: list[list[Hypothesis] | None] = field(default_factory=list)  # streamed lines
     left: int = 0  # streamed lines not yet ended
+    counted: bool = True  # in `received` and `waiting_lines` (the warm-up is not)
 
 
 class Batcher:
@@ -223,7 +224,7 @@ class Batcher:
     ) -> Future:
         """Queue a request's sentences (and each one's constraints and target prefix,
         when given); the future gets one hypothesis list per line. `counted`: whether it
-        counts in `received` (the server's own warm-up does not)."""
+        counts in `received` and `waiting_lines` (the server's own warm-up does not)."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
             if self._stopping:
@@ -232,9 +233,10 @@ class Batcher:
                 raise ServeError(
                     503, "the server is busy: too many sentences are waiting; retry shortly"
                 )
-            self._queued_lines += len(lines)
+            self._queued_lines += len(lines) * counted
             self.received += counted
         job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
+        job.counted = counted
         self._queue.put(job)
         return job.future
 
@@ -349,7 +351,7 @@ class Batcher:
         taken = {id(j) for j in jobs}
         self._backlog = [j for j in self._backlog if id(j) not in taken]
         with self._lock:
-            self._queued_lines -= sum(len(j.lines) for j in jobs)
+            self._queued_lines -= sum(len(j.lines) for j in jobs if j.counted)
         return [j for j in jobs if j.future.set_running_or_notify_cancel()]
 
     def _run_round(self) -> None:
