@@ -148,6 +148,7 @@ class Balancer:
         text = text.replace(check, check + servers)
         config = folder / "haproxy.cfg"
         config.write_text(text)
+        self.log = ""  # what haproxy wrote (a line per request), once stopped
         self.proc = subprocess.Popen(
             ["haproxy", "-db", "-f", str(config)],
             stdout=subprocess.PIPE,
@@ -199,7 +200,7 @@ class Balancer:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-        self.proc.communicate(timeout=30)
+        self.log = self.proc.communicate(timeout=30)[0]
 
     def __enter__(self) -> Balancer:
         return self

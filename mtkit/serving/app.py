@@ -73,6 +73,7 @@ DRAIN_BODY_S = 2.0  # how long a body still arriving at shutdown may take before
 # saw at most 6 requests to batch together and the rest waited unseen, whatever the device.
 SESSION_THREADS = 256
 CORS_MAX_AGE_S = 86_400  # how long a browser may keep a preflight's answer
+GRACEFUL_SHUTDOWN_S = 60  # after a stop signal, the longest the requests in flight may take
 WARM_UP_TEXT = "warm up"  # the one short search run at start, before /v1/ready says 200
 OPEN_PATHS = ("/v1/health", "/v1/ready")  # probes: open without the API key, as /metrics
 
@@ -795,7 +796,7 @@ def serve_forever(
             port=port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=60,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
     stopped_by: list[int] = []
