@@ -11,7 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -88,6 +91,10 @@ class LocalServer:
         finally:
             conn.close()
 
+    def post(self, path: str, body: dict, timeout: float = 120) -> tuple[int, bytes]:
+        """POST `body` as JSON: the status and the raw answer."""
+        return _post(self.port, path, body, timeout)
+
     def get(self, path: str) -> tuple[int, dict]:
         return self.request("GET", path, timeout=2)
 
@@ -114,6 +121,18 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _post(port: int, path: str, body: dict, timeout: float) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(
+            "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
 
 
 def wait_ready(server: LocalServer, timeout: float = 120) -> None:
@@ -187,15 +206,8 @@ class Balancer:
             time.sleep(0.05)
 
     def post(self, path: str, body: dict, timeout: float = 120) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(
-                "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
+        """POST `body` as JSON through haproxy: the status and the raw answer."""
+        return _post(self.port, path, body, timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -207,3 +219,50 @@ class Balancer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def send_load(
+    server: LocalServer | Balancer,
+    requests: list[list[str]],
+    clients: int,
+    midway_after: int = 0,
+    midway: Callable[[], object] | None = None,
+) -> Counter:
+    """`requests` (each a list of texts) sent to POST /v1/translate of `server` by
+    `clients` threads, each sending the next as soon as its last is answered; `midway()`
+    runs once `midway_after` are answered. Returns the outcomes: "200" (a translation
+    per text), "503 clean" (in /v1's JSON error shape), "503 other", any other status,
+    or the exception a client met (a request lost: no answer at all)."""
+    outcomes: Counter = Counter()
+    lock = threading.Lock()
+    todo = iter(requests)
+
+    def client() -> None:
+        while True:
+            with lock:
+                texts = next(todo, None)
+            if texts is None:
+                return
+            try:
+                status, body = server.post("/v1/translate", {"text": texts})
+                if status == 200:
+                    found = len(json.loads(body)["translations"]) == len(texts)
+                    outcome = "200" if found else "200 wrong"
+                elif status == 503:
+                    clean = body.startswith(b"{") and "error" in json.loads(body)
+                    outcome = "503 clean" if clean else "503 other"
+                else:
+                    outcome = str(status)
+            except Exception as e:
+                outcome = type(e).__name__
+            with lock:
+                outcomes[outcome] += 1
+                if midway and sum(outcomes.values()) == midway_after:
+                    threading.Thread(target=midway).start()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes

@@ -390,7 +390,8 @@ def serve(
             envvar="MTKIT_API_KEY",
             show_envvar=True,
             rich_help_panel=SERVER,
-            help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).",
+            help="Require 'Authorization: Bearer KEY' on /v1/* (but the probes /v1/health "
+            "and /v1/ready).",
         ),
     ] = None,
     cors_origin: Annotated[

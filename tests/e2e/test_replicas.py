@@ -6,12 +6,9 @@ Uses the tiny trained run of tests/conftest.py."""
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import shutil
 import signal
-import threading
-from collections import Counter
 
 import pytest
 
@@ -19,7 +16,7 @@ pytest.importorskip("fastapi")
 if shutil.which("haproxy") is None:
     pytest.skip("needs haproxy (apt-get install haproxy)", allow_module_level=True)
 
-from serverkit import Balancer, LocalServer, wait_ready  # noqa: E402
+from serverkit import Balancer, LocalServer, send_load, wait_ready  # noqa: E402
 
 CLIENTS = 32
 REQUESTS = 240
@@ -37,46 +34,6 @@ def served(replica: LocalServer, route: str = "/v1/translate") -> float:
         conn.close()
     pattern = rf'^mtkit_requests_total\{{route="{re.escape(route)}",status="\dxx"\}} (\S+)$'
     return sum(float(v) for v in re.findall(pattern, text, re.M))
-
-
-def load(balancer: Balancer, clients: int, requests: int, midway) -> Counter:
-    """`requests` POST /v1/translate sent through `balancer` by `clients` threads, each
-    sending its next as soon as its last is answered; `midway()` runs once `KILL_AFTER`
-    are answered. Returns the outcomes: "200", "503 clean" (/v1's JSON error),
-    "503 other", any other status, or the exception a client met (a lost request)."""
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
-    sent = 0
-
-    def client() -> None:
-        nonlocal sent
-        while True:
-            with lock:
-                if sent == requests:
-                    return
-                sent += 1
-            try:
-                status, body = balancer.post("/v1/translate", {"text": TEXTS})
-                if status == 200:
-                    outcome = "200" if len(json.loads(body)["translations"]) == 3 else "200 bad"
-                elif status == 503:
-                    clean = body.startswith(b"{") and "error" in json.loads(body)
-                    outcome = "503 clean" if clean else "503 other"
-                else:
-                    outcome = str(status)
-            except Exception as e:  # a request lost: no answer at all
-                outcome = type(e).__name__
-            with lock:
-                outcomes[outcome] += 1
-                if sum(outcomes.values()) == KILL_AFTER:
-                    threading.Thread(target=midway).start()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outcomes
 
 
 @pytest.fixture
@@ -124,7 +81,9 @@ def test_a_replica_stopped_mid_load_loses_no_request(replicas, tmp_path, stop):
     first, second = replicas(drain_delay=1)
     with Balancer([first, second], tmp_path) as balancer:
         balancer.wait_states({"r0": "UP", "r1": "UP"})
-        outcomes = load(balancer, CLIENTS, REQUESTS, lambda: second.proc.send_signal(stop))
+        outcomes = send_load(
+            balancer, [TEXTS] * REQUESTS, CLIENTS, KILL_AFTER, lambda: second.proc.send_signal(stop)
+        )
         second.proc.wait(timeout=120)
         balancer.wait_states({"r0": "UP", "r1": "DOWN"})
         after = balancer.post("/v1/translate", {"text": TEXTS})
