@@ -77,6 +77,38 @@ def throughput(server: LocalServer, requests: list[list[str]], clients: int, scr
     return sum(map(len, requests)) / seconds, len(scrapes)
 
 
+def cpu_per_scrape_and_request() -> dict:
+    """The CPU time (this thread's) of one scrape of a registry holding every route's
+    series, and of what `Recorded` does per request: the figures that a loaded, shared
+    machine's throughput noise cannot hide."""
+    from mtkit.serving.metrics import open_metrics
+
+    metrics = open_metrics(lambda: 0, lambda: True)
+    routes = ["/v1/translate", "/v1/health", "/v1/ready", "/v1/info", "/metrics", "other"]
+    routes += ["/translate", "/languages", "/v2/translate", "/v2/usage", "/v2/languages"]
+    for route in routes:
+        for status in ("2xx", "4xx", "5xx"):
+            metrics.requests.labels(route, status).inc()
+        metrics.latency.labels(route).observe(0.1)
+    n = 2000
+    start = time.thread_time()
+    for _ in range(n // 10):
+        metrics.scrape()
+    scrape_ms = 1000 * (time.thread_time() - start) / (n // 10)
+    start = time.thread_time()
+    for i in range(n):
+        metrics.requests.labels("/v1/translate", "2xx").inc()
+        metrics.latency.labels("/v1/translate").observe(i / n)
+        metrics.batch_ran(4, 60)
+        metrics.translated(4, 80)
+    request_us = 1e6 * (time.thread_time() - start) / n
+    return {
+        "scrape_cpu_ms": round(scrape_ms, 3),
+        "scraped_every_second_share_of_one_core_percent": round(scrape_ms / 10, 3),
+        "per_request_recording_cpu_us": round(request_us, 1),
+    }
+
+
 def metrics_cost(args, requests: list[list[str]]) -> dict:
     with LocalServer(args.model) as server:
         wait_ready(server)
@@ -86,6 +118,7 @@ def metrics_cost(args, requests: list[list[str]]) -> dict:
         for pair in range(args.pairs):
             for scraped in (False, True) if pair % 2 == 0 else (True, False):
                 rate, n = throughput(server, requests, args.clients, scraped)
+                print(f"scraped={scraped}: {rate:.1f} sentences/s", file=sys.stderr, flush=True)
                 runs[scraped].append(rate)
                 scrapes += n
     without, with_ = statistics.median(runs[False]), statistics.median(runs[True])
@@ -115,6 +148,7 @@ def replicas_killed(args, requests: list[list[str]]) -> dict:
                         functools.partial(servers[1].proc.send_signal, stop),
                     )
             counts[signal.Signals(stop).name] = dict(outcomes)
+            print(f"{signal.Signals(stop).name}: {dict(outcomes)}", file=sys.stderr, flush=True)
         finally:
             for server in servers:
                 server.stop()
@@ -132,7 +166,8 @@ def main() -> None:
     parser.add_argument("--replica-requests", type=int, default=800)
     args = parser.parse_args()
     requests = make_requests(args.src, args.requests)
-    result = {"cpu": cpu_name(), "model": args.model, "clients": args.clients}
+    result = {"cpu_name": cpu_name(), "model": args.model, "clients": args.clients}
+    result["cpu"] = cpu_per_scrape_and_request()
     result["metrics_scraped_every_second"] = metrics_cost(args, requests)
     if shutil.which("haproxy"):
         result["two_replicas_one_stopped"] = replicas_killed(

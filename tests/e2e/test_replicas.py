@@ -59,7 +59,7 @@ def replicas(trained):
 
 
 def test_readiness_gates_traffic(replicas, tmp_path):
-    first, second = replicas(drain_delay=60)  # draining outlasts the test
+    first, second = replicas(drain_delay=600)  # draining outlasts the test
     with Balancer([first, second], tmp_path) as balancer:
         balancer.wait_states({"r0": "UP", "r1": "UP"})
         for _ in range(4):
@@ -74,6 +74,8 @@ def test_readiness_gates_traffic(replicas, tmp_path):
             assert balancer.post("/v1/translate", {"text": TEXTS})[0] == 200
         assert served(second) == before  # not ready: none of them
         assert served(first) == 2 + 6
+    second.proc.send_signal(signal.SIGTERM)  # a second signal ends the drain delay
+    assert second.proc.wait(timeout=120) == 0
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
