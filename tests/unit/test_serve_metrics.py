@@ -19,6 +19,8 @@ from mtkit.serving import metrics as metrics_module  # noqa: E402
 from mtkit.serving.app import WARM_UP_TEXT, create_app  # noqa: E402
 from mtkit.serving.scheduler import SHUTTING_DOWN, Batcher, Limits  # noqa: E402
 
+from conftest import cli, one_line_error  # noqa: E402
+
 SECRET_TEXT = "Ein geheimer Satz über Kühe."
 KEY = "s3cret-key"
 
@@ -162,3 +164,9 @@ def test_without_prometheus_client_metrics_says_what_to_install_and_the_rest_ser
         )
         wait_ready(api)
         assert api.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
+
+
+@pytest.mark.parametrize("seconds", ["-1", "601", "nan"])
+def test_a_drain_delay_out_of_range_is_one_line(tmp_path, seconds):
+    result = cli("serve", "-m", tmp_path / "none.pt", "--drain-delay", seconds)
+    one_line_error(result, f"--drain-delay must be from 0 to 600, got {float(seconds)}")
