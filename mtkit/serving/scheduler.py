@@ -235,8 +235,15 @@ class Batcher:
                 )
             self._queued_lines += len(lines) * counted
             self.received += counted
-        job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
-        job.counted = counted
+        job = _Job(
+            lines,
+            opts,
+            sum(lengths),
+            max(lengths, default=0),
+            constraints,
+            prefixes,
+            counted=counted,
+        )
         self._queue.put(job)
         return job.future
 

@@ -9,6 +9,7 @@ import http.client
 import re
 import shutil
 import signal
+import threading
 
 import pytest
 
@@ -54,8 +55,21 @@ def replicas(trained):
     yield start
     for server in started:
         if server.proc.poll() is None:
-            server.proc.send_signal(signal.SIGTERM)  # (a second one ends the drain delay)
+            server.proc.send_signal(signal.SIGTERM)
+            # the second SIGTERM (`stop`'s) ends the drain delay once the first was
+            # handled: two at once would be one to the kernel
+            wait_unready(server)
         server.stop()
+
+
+def wait_unready(server: LocalServer) -> None:
+    for _ in range(1200):
+        try:
+            if server.get("/v1/ready")[0] != 200:
+                return
+        except OSError:  # already closed
+            return
+        threading.Event().wait(0.05)
 
 
 def test_readiness_gates_traffic(replicas, tmp_path):
