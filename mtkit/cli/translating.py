@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -452,7 +453,8 @@ def serve(
             envvar="MTKIT_API_KEY",
             show_envvar=True,
             rich_help_panel=SERVER,
-            help="Require 'Authorization: Bearer KEY' on /v1/* (but /v1/health).",
+            help="Require 'Authorization: Bearer KEY' on /v1/* (but the probes /v1/health "
+            "and /v1/ready).",
         ),
     ] = None,
     cors_origin: Annotated[
@@ -478,6 +480,14 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 30.0,
+    drain_delay: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to go on serving after SIGTERM with /v1/ready at 503, so that a load "
+            "balancer stops sending requests before the port closes (0 to 600).",
+            rich_help_panel=SERVER,
+        ),
+    ] = 0.0,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -525,7 +535,7 @@ def serve(
     flight and one last round of the waiting ones, answers the rest 503, then exits."""
     _need_serve_extra()
     from mtkit.engines.session import Session
-    from mtkit.serving.app import checked_limits, checked_origins, run_service
+    from mtkit.serving.app import checked_drain_delay, checked_limits, checked_origins, run_service
 
     with reported():
         api_key = _api_key(api_key)
@@ -533,10 +543,13 @@ def serve(
             port, max_batch_tokens, max_wait_ms, max_lines, max_chars, body_timeout
         )
         origins = checked_origins(cors_origin or ())
+        drain_delay = checked_drain_delay(drain_delay)
         terms = _glossary(glossary)
+        loading = time.perf_counter()
         # one batch at a time on all the threads: a server's batches are its requests',
         # each waited for (no helper processes beside a service's threads)
         engine = _engine(model, device, precision, workers=1)
+        load_seconds = time.perf_counter() - loading
         defaults = Session.open(  # refused now, not in every request
             engine,
             dict(
@@ -569,6 +582,8 @@ def serve(
             api_key,
             terms,
             origins,
+            load_seconds,
+            drain_delay,
         )
     if stopped_by == signal.SIGINT:  # Ctrl-C: "interrupted", as everywhere; SIGTERM: 0
         typer.echo("interrupted", err=True)

@@ -3,6 +3,9 @@
     POST /v1/translate  {"text": [...], "beam"?, "nbest"?, "alignments"?, "constraints"?,
                          "target_lang"?, "lang_vocab"?}
     GET  /v1/health     liveness, and whether the model is loaded
+    GET  /v1/ready      readiness: 200 once the model is loaded and warmed up, 503 before
+                        and while the server drains (what a load balancer routes by)
+    GET  /metrics       the Prometheus text format (`mtkit.serving.metrics`)
     GET  /v1/info       languages, model size, decoding defaults, the checkpoint's step
     GET  /              a page: translate text and see each sentence's word alignment
     GET  /docs          the OpenAPI documentation
@@ -53,6 +56,7 @@ from mtkit.documents.elements import PLAIN, MarkupRules
 from mtkit.engines.base import Engine
 from mtkit.engines.session import Session, check_constraint_options
 from mtkit.serving.documents import DocumentQueue, add_document_routes, body_limit
+from mtkit.serving.metrics import NOT_INSTALLED, Metrics, Recorded, open_metrics
 from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
 from mtkit.serving.scheduler import (
     SHUTTING_DOWN,
@@ -72,6 +76,9 @@ DRAIN_BODY_S = 2.0  # how long a body still arriving at shutdown may take before
 # saw at most 6 requests to batch together and the rest waited unseen, whatever the device.
 SESSION_THREADS = 256
 CORS_MAX_AGE_S = 86_400  # how long a browser may keep a preflight's answer
+GRACEFUL_SHUTDOWN_S = 60  # after a stop signal, the longest the requests in flight may take
+WARM_UP_TEXT = "warm up"  # the one short search run at start, before /v1/ready says 200
+OPEN_PATHS = ("/v1/health", "/v1/ready")  # probes: open without the API key, as /metrics
 
 
 class TranslateRequest(BaseModel):
@@ -302,6 +309,35 @@ class Service:
     sessions: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(SESSION_THREADS, "mtkit-session")
     )  # where each request's session runs (`translated`)
+    metrics: Metrics | None = None  # None without prometheus-client
+    warmed: bool = False  # the warm-up search has run (`warm_up`)
+    draining: bool = False  # a stop signal came: /v1/ready says 503 (`serve_forever`)
+
+    def unready(self) -> str | None:
+        """Why /v1/ready says 503, or None when the server takes traffic."""
+        if self.draining or _draining(self):
+            return SHUTTING_DOWN
+        if not self.warmed:
+            return "not ready: the model is loading and warming up; retry shortly"
+        return None
+
+    def warm_up(self) -> None:
+        """One short search through the batcher, as a request's, so that the first
+        clients do not pay for the first run's allocations; then the server is ready. A
+        search that fails is logged and leaves the server unready (it would fail every
+        request too); a shutdown meanwhile only ends it."""
+        start = time.perf_counter()
+        opts = replace(self.defaults, nbest=1, alignments=False)
+        try:
+            self.batcher.submit([WARM_UP_TEXT], opts, counted=False).result()
+        except ServeError:  # the server is shutting down
+            return
+        except Exception:
+            log.exception("the warm-up search failed: /v1/ready stays 503")
+            return
+        if self.metrics:
+            self.metrics.warmup_seconds.set(time.perf_counter() - start)
+        self.warmed = True
 
     def options(self, body: TranslateRequest) -> SearchOptions:
         """A request's search options: the defaults with its own beam, n-best,
@@ -356,6 +392,7 @@ class Service:
         (`QueuedEngine`, its searches queued in the batcher) and the session with the
         server's defaults, made once."""
         self.batcher = batcher
+        batcher.metrics = self.metrics
         engine = QueuedEngine(self.translator, batcher)
         self.session = Session(
             engine,
@@ -447,21 +484,31 @@ def create_app(
     batcher: Batcher | None = None,
     glossary: Glossary | None = None,
     cors_origins: Sequence[str] = (),
+    load_seconds: float | None = None,
 ) -> FastAPI:
     """The service for one loaded model (or ensemble). `defaults`: the decoding options
     of requests that do not set them. `batcher`: a worker that the caller runs (see
     `serve_forever`); without one, the app starts its own thread. `glossary`: terms
     whose targets every request's translations must contain. `cors_origins`: the web
     pages' origins whose scripts may call every route ("*": any; none: only the page
-    at /, the server's own origin)."""
+    at /, the server's own origin). `load_seconds`: how long the model took to load
+    (for /metrics). The app's `state.service` is its `Service`."""
     service = Service(translator, defaults, limits, model_name, step, glossary=glossary)
+    service.metrics = open_metrics(
+        lambda: service.batcher.waiting_lines if service.batcher else 0,
+        lambda: service.unready() is None,
+    )
+    if service.metrics and load_seconds is not None:
+        service.metrics.load_seconds.set(load_seconds)
 
     async def lifespan(app: FastAPI):
         service.start(batcher or Batcher(translator, limits).start())
+        warming = asyncio.get_running_loop().run_in_executor(service.sessions, service.warm_up)
         yield
         service.documents.close()  # queued documents end; running ones as the batcher closes
         await asyncio.to_thread(service.batcher.stop)  # in-flight requests are answered first
         await asyncio.to_thread(service.documents.stop)
+        await warming
         service.sessions.shutdown(wait=False)
 
     app = FastAPI(title="mtkit", summary="Transformer machine translation", lifespan=lifespan)
@@ -479,8 +526,11 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
             max_age=CORS_MAX_AGE_S,
         )
+    if service.metrics:  # outermost: every answer is counted, refusals too
+        app.add_middleware(Recorded, metrics=service.metrics)
     _routes(app, service)
     service.documents = add_document_routes(app, add_routes(app, service, api_key))
+    app.state.service = service
     return app
 
 
@@ -495,9 +545,10 @@ def _guard(app: FastAPI, api_key: str | None) -> None:
 
     @app.middleware("http")
     async def authorize(request: Request, call_next: Callable[[Request], Awaitable]):
-        """With an API key, /v1/* (but /v1/health) needs `Authorization: Bearer KEY`."""
+        """With an API key, /v1/* (but the probes, /v1/health and /v1/ready) needs
+        `Authorization: Bearer KEY`."""
         path = request.url.path
-        if path.startswith("/v1/") and path != "/v1/health":
+        if path.startswith("/v1/") and path not in OPEN_PATHS:
             if not key_ok(credentials(request, ("bearer",)), api_key):
                 return _error(
                     401,
@@ -562,6 +613,24 @@ def _routes(app: FastAPI, service: Service) -> None:
     async def health() -> dict:
         """Liveness; `model_loaded` once the model worker runs."""
         return {"status": "ok", "model_loaded": service.batcher is not None}
+
+    @app.get("/v1/ready", responses={503: {"description": "Not ready: warming up or draining"}})
+    async def ready() -> dict:
+        """Readiness: 200 once the model is loaded and its warm-up search has run; 503
+        (in /v1's error shape) before, and from the moment a stop signal comes."""
+        why = service.unready()
+        if why:
+            raise ServeError(503, why)
+        return {"status": "ready"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """The Prometheus text format; 501 and what to install without
+        prometheus-client."""
+        if service.metrics is None:
+            return Response(NOT_INSTALLED + "\n", status_code=501, media_type="text/plain")
+        body, content_type = service.metrics.scrape()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/info")
     async def info() -> dict:
@@ -643,6 +712,16 @@ def checked_limits(
     )
 
 
+MAX_DRAIN_DELAY_S = 600  # serve --drain-delay: past ten minutes a balancer is not looking
+
+
+def checked_drain_delay(seconds: float) -> float:
+    """`serve --drain-delay`, checked."""
+    if not 0 <= seconds <= MAX_DRAIN_DELAY_S:  # nan fails too
+        raise OptionError(f"--drain-delay must be from 0 to {MAX_DRAIN_DELAY_S}, got {seconds}")
+    return seconds
+
+
 def checked_origins(origins: Sequence[str]) -> tuple[str, ...]:
     """`serve --cors-origin`'s origins, each "*" or a scheme and a host (with a port or
     not): what a browser sends in its Origin header, to which it is compared as given."""
@@ -666,30 +745,50 @@ def run_service(
     api_key: str | None,
     glossary=None,
     cors_origins: Sequence[str] = (),
+    load_seconds: float | None = None,
+    drain_delay: float = 0.0,
 ) -> int | None:
-    """Serve `engine` (loaded from `model`) on host:port until a signal; returns the
-    signal."""
+    """Serve `engine` (loaded from `model` in `load_seconds`) on host:port until a
+    signal; returns the signal. `drain_delay`: see `serve_forever`."""
     if not limits.max_batch_tokens:
         limits = replace(limits, max_batch_tokens=engine.batch_tokens)
     served = " + ".join(m.name for m in model)
     batcher = Batcher(engine, limits, continuous)
     app_ = create_app(
-        engine, defaults, limits, served, engine.steps[0], api_key, batcher, glossary, cors_origins
+        engine,
+        defaults,
+        limits,
+        served,
+        engine.steps[0],
+        api_key,
+        batcher,
+        glossary,
+        cors_origins,
+        load_seconds,
     )
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     ready = f"serving {served} on {url} (page at /, API docs at /docs)" + (
         "; API key required" if api_key else ""
     )
-    return serve_forever(app_, batcher, host, port, ready)
+    return serve_forever(app_, batcher, host, port, ready, drain_delay)
 
 
 def serve_forever(
-    app: FastAPI, batcher: Batcher, host: str, port: int, ready: str = ""
+    app: FastAPI,
+    batcher: Batcher,
+    host: str,
+    port: int,
+    ready: str = "",
+    drain_delay: float = 0.0,
 ) -> int | None:
     """Serve `app` (made with `batcher`) until SIGTERM or Ctrl-C; then stop accepting,
     answer what is in flight, and return the signal that stopped it. HTTP runs in a
     thread; the model runs here, on the calling (main) thread. `ready` is logged once the
-    port is open."""
+    port is open.
+
+    A stop signal first turns /v1/ready to 503; the server then goes on serving for
+    `drain_delay` seconds, so that a load balancer's health check sees it is leaving
+    and sends it nothing new before its port closes (a second signal ends the wait)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -705,18 +804,28 @@ def serve_forever(
             port=port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=60,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
     stopped_by: list[int] = []
 
+    signalled = threading.Event()
+
+    def close() -> None:
+        signalled.wait(drain_delay)  # (returns at once on a second signal)
+        # The batcher first, so that waiting requests get 503 now and uvicorn's graceful
+        # shutdown waits only for the last round.
+        batcher.close()
+        server.should_exit = True  # uvicorn's own graceful shutdown
+
     def stop(sig: int, frame) -> None:
         stopped_by.append(sig)
-        # The batcher first, so that waiting requests get 503 now and uvicorn's graceful
-        # shutdown waits only for the last round; from a thread, as the main thread may
-        # hold the lock that `close` takes.
-        threading.Thread(target=batcher.close, name="mtkit-close", daemon=True).start()
-        server.should_exit = True  # uvicorn's own graceful shutdown
+        app.state.service.draining = True  # /v1/ready: 503 from now on
+        if len(stopped_by) > 1:
+            signalled.set()
+            return
+        # from a thread, as the main thread may hold the lock that `close` takes
+        threading.Thread(target=close, name="mtkit-close", daemon=True).start()
 
     sock = _listen(host, port)
 

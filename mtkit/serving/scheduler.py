@@ -22,13 +22,16 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mtkit.core.errors import plural
 from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.search_options import SearchOptions, flag
 from mtkit.engines.base import Engine
 from mtkit.serving.stream import LineStream, open_stream
+
+if TYPE_CHECKING:
+    from mtkit.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +190,7 @@ class _Job:
     seen_at_step: int = 0  # the stream's step count when the worker took the request
     results: list[list[Hypothesis] | None] = field(default_factory=list)  # streamed lines
     left: int = 0  # streamed lines not yet ended
+    counted: bool = True  # in `received` and `waiting_lines` (the warm-up is not)
 
 
 class Batcher:
@@ -216,6 +220,7 @@ class Batcher:
         self._steps = 0  # steps the stream has run
         self._round_end = 0.0  # time.monotonic() when answers last went out
         self._thread: threading.Thread | None = None
+        self.metrics: Metrics | None = None  # told of each batch and answer (`/metrics`)
 
     def start(self) -> Batcher:
         self._thread = threading.Thread(target=self.run, name="mtkit-model", daemon=True)
@@ -228,9 +233,11 @@ class Batcher:
         opts: SearchOptions,
         constraints: list[list[tuple[str, ...]]] | None = None,
         prefixes: list[str] | None = None,
+        counted: bool = True,
     ) -> Future:
         """Queue a request's sentences (and each one's constraints and target prefix,
-        when given); the future gets one hypothesis list per line."""
+        when given); the future gets one hypothesis list per line. `counted`: whether it
+        counts in `received` and `waiting_lines` (the server's own warm-up does not)."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
             if self._stopping:
@@ -239,9 +246,17 @@ class Batcher:
                 raise ServeError(
                     503, "the server is busy: too many sentences are waiting; retry shortly"
                 )
-            self._queued_lines += len(lines)
-            self.received += 1
-        job = _Job(lines, opts, sum(lengths), max(lengths, default=0), constraints, prefixes)
+            self._queued_lines += len(lines) * counted
+            self.received += counted
+        job = _Job(
+            lines,
+            opts,
+            sum(lengths),
+            max(lengths, default=0),
+            constraints,
+            prefixes,
+            counted=counted,
+        )
         self._queue.put(job)
         return job.future
 
@@ -356,7 +371,7 @@ class Batcher:
         taken = {id(j) for j in jobs}
         self._backlog = [j for j in self._backlog if id(j) not in taken]
         with self._lock:
-            self._queued_lines -= sum(len(j.lines) for j in jobs)
+            self._queued_lines -= sum(len(j.lines) for j in jobs if j.counted)
         return [j for j in jobs if j.future.set_running_or_notify_cancel()]
 
     def _run_round(self) -> None:
@@ -382,6 +397,8 @@ class Batcher:
         lines = [line for job in jobs for line in job.lines]
         constraints = [c for job in jobs for c in job.constraints or [[]] * len(job.lines)]
         prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
+        if self.metrics:
+            self.metrics.batch_ran(len(lines), sum(job.tokens for job in jobs))
         try:
             hyps = self.translator.translate(
                 lines,
@@ -400,6 +417,8 @@ class Batcher:
         for job in jobs:
             job.future.set_result(hyps[start : start + len(job.lines)])
             start += len(job.lines)
+        if self.metrics:
+            self.metrics.translated(len(hyps), sum(len(h[0].tokens) for h in hyps if h))
 
     def _join_stream(self, eager: bool = False) -> None:
         """Waiting greedy requests join the stream when the join policy lets them
@@ -409,7 +428,12 @@ class Batcher:
         joining = join_policy(
             waiting, self._streaming, decoding, self._steps, self.limits.max_batch_tokens, eager
         )
-        for job in self._taken(joining):
+        joining = self._taken(joining)
+        if joining and self.metrics:
+            self.metrics.batch_ran(
+                sum(len(j.lines) for j in joining), sum(j.tokens for j in joining)
+            )
+        for job in joining:
             job.results, job.left = [None] * len(job.lines), len(job.lines)
             try:
                 self._stream.add(job.lines, [(id(job), i) for i in range(len(job.lines))], job.opts)
@@ -438,6 +462,8 @@ class Batcher:
             job.left -= 1
             if not job.left:
                 job.future.set_result(job.results)
+        if self.metrics:
+            self.metrics.translated(len(ended), sum(len(h[0].tokens) for _, h in ended if h))
         self._streaming = [j for j in self._streaming if j.left]
         self._round_end = time.monotonic()
 
