@@ -18,6 +18,7 @@ or not (a block). DeepL's options (`ignore_tags`, `non_splitting_tags`, `splitti
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,19 +234,29 @@ def lxml_etree():
     return etree
 
 
+_PARSERS = threading.local()  # each thread's safe parsers, by encoding (lxml's parsers
+# are not to be shared between threads: the server's sessions run in several)
+
+
 def safe_parser(encoding: str | None = None):
-    """lxml's parser for documents from strangers: no entity expansion beyond XML's own,
-    no DTD loaded, nothing fetched, no huge trees; `encoding`: the bytes' own, whatever
-    the document declares (None: as it declares)."""
-    etree = lxml_etree()
-    return etree.XMLParser(
-        resolve_entities=False,
-        no_network=True,
-        load_dtd=False,
-        huge_tree=False,
-        recover=False,
-        encoding=encoding,
-    )
+    """lxml's parser for documents from strangers, made once per thread and encoding: no
+    entity expansion beyond XML's own, no DTD loaded, nothing fetched, no huge trees;
+    `encoding`: the bytes' own, whatever the document declares (None: as it declares).
+    Every reader of XML in mtkit's documents parses with it."""
+    made = getattr(_PARSERS, "made", None)
+    if made is None:
+        made = _PARSERS.made = {}
+    if encoding not in made:
+        etree = lxml_etree()
+        made[encoding] = etree.XMLParser(
+            resolve_entities=False,
+            no_network=True,
+            load_dtd=False,
+            huge_tree=False,
+            recover=False,
+            encoding=encoding,
+        )
+    return made[encoding]
 
 
 def _tag_names(value, name: str) -> frozenset[str]:

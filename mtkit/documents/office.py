@@ -53,6 +53,7 @@ from posixpath import dirname, join, normpath
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
 from mtkit.documents import markup
+from mtkit.documents.elements import safe_parser
 from mtkit.documents.rounds import Rounds
 
 MAX_MEMBERS = 10_000  # members of one file
@@ -270,11 +271,8 @@ def _xml(data: bytes, name: str):
 
     if len(data) > MAX_PART:
         raise OfficeError(f"the part {name!r} is too large: {len(data)} bytes, at most {MAX_PART}")
-    parser = etree.XMLParser(
-        resolve_entities=False, no_network=True, load_dtd=False, remove_comments=False
-    )
     try:
-        root = etree.fromstring(data, parser)
+        root = etree.fromstring(data, safe_parser())
     except etree.XMLSyntaxError as e:
         raise OfficeError(
             f"the part {name!r} is not well-formed XML: {' '.join(str(e.msg).split())}"
@@ -633,9 +631,7 @@ class Paragraph:
         from lxml import etree
 
         placed = markup.finish(self.prepared, [translation])
-        tree = etree.fromstring(
-            f"<p>{placed}</p>".encode(), etree.XMLParser(resolve_entities=False)
-        )
+        tree = etree.fromstring(f"<p>{placed}</p>".encode(), safe_parser("utf-8"))
         element = self.element
         keep_text = element.text if not self.dialect.bare else None
         for child in list(element):

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from mtkit.core.errors import UserError
 from mtkit.core.translation import Translation
 from mtkit.documents import markup
+from mtkit.documents.elements import safe_parser
 from mtkit.documents.rounds import Rounds
 
 NAMESPACE = "urn:oasis:names:tc:xliff:document:"  # + 1.2, 2.0 (2.1's too), 2.2
@@ -215,11 +216,8 @@ class Xliff:
                 f"the XLIFF file holds {len(self.document)} characters; mtkit reads files of "
                 f"up to {MAX_CHARS}"
             )
-        parser = etree.XMLParser(
-            resolve_entities=False, no_network=True, load_dtd=False, encoding="utf-8"
-        )
         try:
-            root = etree.fromstring(self.document.encode("utf-8"), parser)
+            root = etree.fromstring(self.document.encode("utf-8"), safe_parser("utf-8"))
         except etree.XMLSyntaxError as e:
             line, column = e.position
             raise XliffError(

@@ -275,3 +275,27 @@ def test_its_rules_are_read_whatever_encoding_the_declaration_names(encoding):
         + "<p>A <b>dog</b> runs é.</p></d>"
     )
     assert sent(document)[0] == ["A", "dog", "runs é."]
+
+
+def test_the_safe_parser_is_made_once_per_thread_and_expands_no_entity(tmp_path):
+    """One parser per thread and encoding (lxml's parsers are not shared between
+    threads), which neither expands a declared entity nor reads an external one."""
+    import threading
+
+    from mtkit.documents.elements import safe_parser
+
+    mine = safe_parser("utf-8")
+    assert safe_parser("utf-8") is mine and safe_parser() is not mine
+    theirs = []
+    thread = threading.Thread(target=lambda: theirs.append(safe_parser("utf-8")))
+    thread.start()
+    thread.join()
+    assert theirs[0] is not mine
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET")
+    document = (
+        f'<!DOCTYPE d [<!ENTITY a "expanded"><!ENTITY s SYSTEM "{secret.as_uri()}">]><d>&a; &s;</d>'
+    ).encode()
+    root = etree.fromstring(document, safe_parser("utf-8"))
+    assert "expanded" not in etree.tostring(root, encoding="unicode")
+    assert "SECRET" not in etree.tostring(root, encoding="unicode")
