@@ -20,6 +20,25 @@ from mtkit.core.vocab import Vocab
 Links = tuple[tuple[int, int], ...]  # (source word, target word)
 
 
+class Anchored(str):
+    """A text to translate whose word links are wanted only around its `anchors`: the
+    character spans (start, end) whose words a document places something by (its tags,
+    its numbers: `mtkit.documents.markup`). A sentence of it that no anchor touches is
+    searched without the links' pass (`mtkit.engines.session.translate_requests`), and
+    its part of the line's links is empty; a plain str wants links for every word."""
+
+    anchors: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, anchors: Sequence[tuple[int, int]]) -> Anchored:
+        made = super().__new__(cls, text)
+        made.anchors = tuple(anchors)
+        return made
+
+    def touched(self, lo: int, hi: int) -> bool:
+        """Whether an anchor touches characters lo..hi (both ends included)."""
+        return any(start <= hi and end >= lo for start, end in self.anchors)
+
+
 @dataclass(frozen=True)
 class Translation:
     """One translation of one input.
@@ -67,13 +86,14 @@ def confidence(hyp: Hypothesis) -> float:
 def joined(source: str, parts: Sequence[Translation], separator: str = " ") -> Translation:
     """The translation of `source` whose sentences were translated one by one (`parts`,
     in order): their texts joined by `separator`, their tokens in a row, their links moved
-    to count words over the whole line, their scores and confidences weighted by the
+    to count words over the whole line (a part searched without links, `Anchored`, adds
+    none; the line has none where no part has them), their scores and confidences weighted by the
     tokens each scored (eos included), and constraints met where every part met its own."""
     if len(parts) == 1:
         return parts[0]
     src_at = tgt_at = 0
     links: list[tuple[int, int]] = []
-    aligned = all(p.alignment is not None for p in parts)
+    aligned = any(p.alignment is not None for p in parts)
     for p in parts:
         if aligned:
             links.extend((s + src_at, t + tgt_at) for s, t in p.alignment or ())

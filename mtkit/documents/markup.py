@@ -29,16 +29,16 @@ import html
 import logging
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from itertools import pairwise
 
 from mtkit.core.errors import OptionError, UserError
-from mtkit.core.translation import Translation
+from mtkit.core.translation import Anchored, Translation
 from mtkit.documents import elements
 from mtkit.documents.elements import BLOCK, INLINE, NESTED, PLAIN, MarkupRules
-from mtkit.documents.placeholders import PLACEHOLDER, restore_numbers
+from mtkit.documents.placeholders import NUMBER, PLACEHOLDER, restore_numbers
 
 log = logging.getLogger(__name__)
 
@@ -792,6 +792,16 @@ class _Placement:
         )
         out, floor = [], lo
         for (start, stop), _, mark in spans:
+            if out and self.yields(out[-1], mark, start, stop, floor):
+                # the sibling before ends with this one's only words: it gives them up
+                last, first = out[-1][0], out[-1][1]
+                out[-1] = (
+                    last,
+                    first,
+                    start,
+                    self.layout(last.inner, first, start, self.covered(last)),
+                )
+                floor = start
             start = max(start, floor)
             stop = max(stop, start)
             out.append(
@@ -799,6 +809,15 @@ class _Placement:
             )
             floor = stop
         return out
+
+    @staticmethod
+    def yields(before: tuple, mark: Mark, start: int, stop: int, floor: int) -> bool:
+        """Whether the sibling laid out `before` gives its last target words up to
+        `mark`, whose words are [start, stop): where they are the end of the sibling's
+        (the two source words linked to the same target word), which keeps words of its
+        own before them, and `mark` would be left without any otherwise."""
+        last, first = before[0], before[1]
+        return not mark.atom and not last.atom and first < start < stop == floor == before[2]
 
     def where(self, mark: Mark, whole: Mark | None, lo: int, hi: int) -> tuple[int, int]:
         if whole is None:
@@ -999,11 +1018,24 @@ class Prepared:
     flat: list[tuple[str, list[Mark]]]
 
     @property
-    def texts(self) -> list[str]:
-        return [
-            text[_edges(text, marks)[2] : _edges(text, marks)[1]].strip()
-            for text, marks in self.flat
-        ]
+    def texts(self) -> list[Anchored]:
+        """Each run's text the model reads, anchored (`Anchored`) where its marks and its
+        numbers are: placing a mark, or putting a number back, reads the links of the
+        words around it; a sentence away from them needs none."""
+        out = []
+        for text, marks in self.flat:
+            _, trail, start = _edges(text, marks)
+            inner = text[start:trail].strip()
+            anchors = [(m.start - start, m.end - start) for m in _all_marks(marks)]
+            anchors += [m.span() for m in NUMBER.finditer(inner)]
+            out.append(Anchored(inner, anchors))
+        return out
+
+
+def _all_marks(marks: list[Mark]) -> Iterator[Mark]:
+    for m in marks:
+        yield m
+        yield from _all_marks(m.inner)
 
 
 ALL_INLINE = MarkupRules(outline_detection=False)  # no element splits a sentence

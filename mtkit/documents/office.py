@@ -12,8 +12,9 @@ words (`markup.finish`), and back into runs after. Runs whose formatting is the 
 program marks spelling again) are merged first, and the least formatted run's formatting
 is the paragraph's plain text (`Paragraph.plain`: text the placement puts outside every
 other run gets it; each run formatted otherwise is a tag, and comes back one run). A
-hyperlink (`w:hyperlink`, `text:a`), an insertion (`w:ins`), an ODF `text:span` is an
-element around its runs, placed as markup places `<a>`; a field (a complex field's runs
+hyperlink (`w:hyperlink`, `text:a`), an insertion (`w:ins`), a content control
+(`w:sdt`: its runs in its `w:sdtContent`), an ODF `text:span` is an element around its
+runs, placed as markup places `<a>`; a field (a complex field's runs
 from its `begin` to its `end`, `w:fldSimple`, `a:fld`, ODF's fields), a bookmark, a
 comment's marks, a drawing, a footnote's reference (its text is a paragraph of its own),
 a tab and a break are kept as they are, as tags without words (tabs and breaks part the
@@ -372,7 +373,9 @@ class Dialect:
     paragraph starts and ends with that stays there (`head`, `tail`), the elements that
     wrap runs (`wraps`: placed around their words), those that part words (`breaks`), the
     ones dropped (`dropped`: spell-check marks), where a complex field begins and ends
-    (`field`: its element, the attribute that says which), the props' attributes that
+    (`field`: its element, the attribute that says which), the wraps whose runs stand in
+    a child of theirs (`held`: Word's content control, `w:sdt`, holds its runs in its
+    `w:sdtContent`, beside its properties, kept), the props' attributes that
     are no formatting (`unformatted`: spell-check marks), whether text stands in a
     paragraph or a wrap by itself (`bare`: ODF's), and whether a text element whose
     spaces matter says so (`spaces_marked`: `xml:space="preserve"`; DrawingML keeps
@@ -387,6 +390,7 @@ class Dialect:
     breaks: frozenset[str] = frozenset()
     dropped: frozenset[str] = frozenset()
     field: tuple[str, str] = ("", "")
+    held: tuple[tuple[str, str], ...] = ()  # (wrap, the child holding its runs)
     unformatted: frozenset[str] = frozenset()
     bare: bool = False
     spaces_marked: bool = True
@@ -398,10 +402,11 @@ DIALECTS = {
         props=f"{{{W}}}rPr",
         text=f"{{{W}}}t",
         head=frozenset(_q(W, "pPr")),
-        wraps=frozenset(_q(W, "hyperlink", "ins", "smartTag")),
+        wraps=frozenset(_q(W, "hyperlink", "ins", "smartTag", "sdt")),
         breaks=frozenset(_q(W, "tab", "br", "cr")),
         dropped=frozenset(_q(W, "proofErr", "lastRenderedPageBreak")),
         field=(f"{{{W}}}fldChar", f"{{{W}}}fldCharType"),
+        held=((f"{{{W}}}sdt", f"{{{W}}}sdtContent"),),
         unformatted=frozenset(),
     ),
     "pptx": Dialect(
@@ -610,11 +615,12 @@ class Paragraph:
                         kept(_in_run(child, props, c), c.tag in d.breaks)
             elif child.tag == d.text:  # xlsx: a string's plain text
                 text_of(None, child.text or "")
-            elif child.tag in d.wraps:
+            elif child.tag in d.wraps and _holder(child, d) is not None:
                 flush()
-                inner = self.plain(child, list(child))
+                holder = _holder(child, d)
+                inner = self.plain(holder, list(holder))
                 start, end = self.tag(Piece("wrap", shell=child, base=inner), "w")
-                children = self.nodes(child.text if d.bare else None, list(child), inner)
+                children = self.nodes(holder.text if d.bare else None, list(holder), inner)
                 out.append(markup.Element("w", start, end, children))
             else:
                 kept(_same(child), child.tag in d.breaks)
@@ -646,10 +652,23 @@ class Paragraph:
 
     def fill(self, parent, placed, base: Plain) -> None:
         """`placed`'s content (text and the tags `pieces` name) written into `parent`:
-        its text with `base`'s formatting."""
+        its text with `base`'s formatting. A run or wrap left without words keeps the
+        source's spaces on both sides (markup's rule for an element, which a browser
+        collapses); in a paragraph's runs two spaces in a row are text, and one goes."""
         self.write(parent, placed.text, base)
+        before = placed.text or ""
         for tag in placed:
             piece = self.pieces[int(tag.get("n"))]
+            words = "".join(tag.itertext())
+            if (
+                piece.kind != "atom"
+                and not words
+                and before.endswith(" ")
+                and (tag.tail or "").startswith(" ")
+            ):
+                tag.tail = tag.tail[1:]
+            if tag.tail or words or piece.kind == "atom":  # (an atom is no space)
+                before = tag.tail or words or "\N{OBJECT REPLACEMENT CHARACTER}"
             if piece.kind == "atom":
                 for element in piece.make():
                     element.tail = None
@@ -660,12 +679,13 @@ class Paragraph:
                 self.write(parent, "".join(tag.itertext()), Plain(piece.props), empty=True)
             else:
                 shell = piece.shell
-                kept_text = shell.text if not self.dialect.bare else None
-                for child in list(shell):
-                    shell.remove(child)
-                shell.text, shell.tail = kept_text, None
+                holder = _holder(shell, self.dialect)
+                kept_text = holder.text if not self.dialect.bare else None
+                for child in list(holder):
+                    holder.remove(child)
+                holder.text, shell.tail = kept_text, None
                 parent.append(shell)
-                self.fill(shell, tag, piece.base)
+                self.fill(holder, tag, piece.base)
             self.write(parent, tag.tail, base)
 
     def write(self, parent, text: str | None, base: Plain, empty: bool = False) -> None:
@@ -696,6 +716,15 @@ class Paragraph:
 
 
 _BARE = object()  # (ODF's text, by itself in a paragraph)
+
+
+def _holder(wrap, d: Dialect):
+    """The element that holds a wrap's runs: the wrap, or its child that `d.held` names
+    (None where it has none: the wrap is kept as it is)."""
+    for tag, held in d.held:
+        if wrap.tag == tag:
+            return wrap.find(held)
+    return wrap
 
 
 def _field(run, d: Dialect) -> str:

@@ -303,10 +303,12 @@ class TorchEngine(EngineBase):
         )
         if job.banned:
             model = OutputVocabulary(model, job.banned, len(self.tgt_vocab), self.device)
+        if opts.alignments:
+            model = _Encoding(model)
         with self.searching():
             hyps = self.search(src, opts, job.forced, job.seeds, job.wanted, model)
             if opts.alignments:
-                hyps = self.with_alignments(job.rows, hyps, opts.align_layer)
+                hyps = self.with_alignments(job.rows, hyps, opts.align_layer, model.encoded)
         return hyps
 
     def shortlisted(self, src: torch.Tensor, compact: bool = False) -> StepModel:
@@ -392,9 +394,15 @@ class TorchEngine(EngineBase):
             yield
 
     def with_alignments(
-        self, sources: list[list[int]], hyps: list[list[Hypothesis]], layer: int | None
+        self,
+        sources: list[list[int]],
+        hyps: list[list[Hypothesis]],
+        layer: int | None,
+        encoded: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Each hypothesis with its word links to its source (`mtkit.search.alignment`)."""
+        """Each hypothesis with its word links to its source (`mtkit.search.alignment`);
+        `encoded`: the sources' memory and mask as the search made them (one per source:
+        an n-best's hypotheses are read against their source's own encoding again)."""
         pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True) for h in nbest]
         links = iter(
             align(
@@ -406,9 +414,29 @@ class TorchEngine(EngineBase):
                 layer,
                 self.device,
                 guided=bool(self.config.train.guided_alignment),
+                encoded=encoded if all(len(nbest) == 1 for nbest in hyps) else None,
             )
         )
         return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
+
+
+class _Encoding:
+    """A step model that keeps the encoding (memory, mask) of the first source its search
+    encodes, so that the links' pass after it reads that memory instead of running the
+    encoder again (the same tensors: the same links)."""
+
+    def __init__(self, model: StepModel):
+        self.model = model
+        self.encoded: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.model.encode(src)
+        if self.encoded is None:  # (a constrained search's fallback encodes a part again)
+            self.encoded = encoded
+        return encoded
 
 
 class OutputVocabulary:

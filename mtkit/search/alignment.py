@@ -54,13 +54,16 @@ def teacher_forced_attention(
     tgt_in: Tensor,
     watched: Sequence[MultiHeadAttention],
     decoder_layers: int | None = None,
+    encoded: tuple[Tensor, Tensor] | None = None,
 ) -> list[Tensor]:
     """One teacher-forced pass over src (B, S) and tgt_in (B, T), and the attention
     weights of each `watched` attention of the model, in the order given: (B, H, S, S)
     for an encoder self-attention, (B, H, T, T) for a decoder self-attention, (B, H, T, S)
     for a cross-attention; row t of the decoder's is the attention while predicting the
     token after tgt_in[:, t]. Only the first `decoder_layers` decoder layers run (None:
-    all of them); the output projection never does."""
+    all of them); the output projection never does. `encoded`: src's memory and mask as
+    the search that found the outputs made them (then the encoder does not run again;
+    none of its attentions can be watched)."""
     weights: dict[int, Tensor] = {}
 
     def recorder(i: int) -> Observer:
@@ -73,7 +76,7 @@ def teacher_forced_attention(
     # watched by this pass alone: a model shared by threads is watched by each of them
     # for itself (`watching`), never through state of the model
     with watching({attn: recorder(i) for i, attn in enumerate(watched)}):
-        memory, src_mask = model.encode(src)  # (B, S, D), (B, S)
+        memory, src_mask = encoded or model.encode(src)  # (B, S, D), (B, S)
         y = model.tgt_embed(tgt_in)  # (B, T, D)
         for block in model.decoder_layers[:decoder_layers]:
             y, _ = block(y, block.cross_attn.project_kv(memory), src_mask[:, None, None, :])
@@ -81,14 +84,19 @@ def teacher_forced_attention(
 
 
 def cross_attention(
-    model: Transformer, src: Tensor, tgt_in: Tensor, layer: int, head: int | None = None
+    model: Transformer,
+    src: Tensor,
+    tgt_in: Tensor,
+    layer: int,
+    head: int | None = None,
+    encoded: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Teacher-forced cross-attention weights of decoder `layer`, mean over heads (or of
     one `head`): src (B, S), tgt_in (B, T) -> (B, T, S); row t is the attention while
     predicting the token after tgt_in[:, t]. The layers above `layer` and the output
-    projection are not run."""
+    projection are not run; nor is the encoder, where src comes `encoded`."""
     attn = model.decoder_layers[layer].cross_attn
-    weights = teacher_forced_attention(model, src, tgt_in, [attn], layer + 1)[0]
+    weights = teacher_forced_attention(model, src, tgt_in, [attn], layer + 1, encoded)[0]
     if head is not None:
         return weights[:, head].float()  # (B, H, T, S) -> (B, T, S)
     return weights.float().mean(dim=1)  # (B, H, T, S) -> (B, T, S)
@@ -152,14 +160,19 @@ def align(
     layer: int | None,
     device: torch.device,
     guided: bool = False,
+    encoded: tuple[Tensor, Tensor] | None = None,
 ) -> list[tuple[tuple[int, int], ...]]:
     """Word links for each (source ids, output ids) pair, from the cross-attention of
     `layer` (None: each model's `default_layer`), averaged over the models. A model
     trained with guided alignment (`guided`) links through the head that learned the
-    alignments (head 0 of `alignment_layer`), unless another layer is asked for."""
+    alignments (head 0 of `alignment_layer`), unless another layer is asked for.
+    `encoded`: one model's memory and mask of the sources, as its search made them
+    (taken where their shape is the batch's)."""
     if not sources:
         return []
     batch = collate(list(zip(sources, outputs, strict=True))).to(device)  # (src + eos, bos + out)
+    if encoded is not None and (len(models) > 1 or encoded[1].shape != batch.src.shape):
+        encoded = None
     attention = (
         torch.stack(
             [
@@ -169,6 +182,7 @@ def align(
                     batch.tgt_in,
                     default_layer(m, guided) if layer is None else layer,
                     0 if guided and layer is None else None,
+                    encoded,
                 )
                 for m in models
             ]

@@ -120,3 +120,29 @@ def test_align_gives_word_links_within_each_pair():
     )
     assert links[1] == ()
     assert links[0] and {t for _, t in links[0]} <= {0, 1} and {s for s, _ in links[0]} <= {0, 1}
+
+
+def test_links_read_the_searchs_own_encoding_and_the_encoder_runs_once(tiny_engine, monkeypatch):
+    """With links asked for, the search's memory of a batch is the links' pass's: the
+    encoder runs once per batch, and the links are those a pass of its own finds."""
+    from dataclasses import replace
+
+    from mtkit.core.search_options import SearchOptions
+
+    opts = SearchOptions(beam=2, alignments=True)
+    lines = ["A dog runs in the park.", "Two men sit.", "A girl."]
+    model = tiny_engine.models[0]
+    encode, calls = type(model).encode, []
+
+    def counted(self, src):
+        calls.append(src.shape)
+        return encode(self, src)
+
+    monkeypatch.setattr(type(model), "encode", counted)
+    reused = tiny_engine.translate(lines, opts)
+    assert len(calls) == 1
+    calls.clear()
+    apart = tiny_engine.translate(lines, replace(opts, nbest=2))  # (n-best: encoded again)
+    assert len(calls) == 2
+    assert [h[0].alignment for h in reused] == [h[0].alignment for h in apart]
+    assert all(h[0].alignment for h in reused)

@@ -139,6 +139,19 @@ def test_what_has_no_words_keeps_the_spaces_it_had_on_either_side(document, tran
     assert translate_document(document, "html", translate).text == expected
 
 
+def test_a_tag_whose_only_words_end_its_neighbours_takes_them_from_it():
+    """ "handstand" links to "einen Handstand auf", and "top" to "auf" alone: the bold
+    run gives "auf" up to the italic one, which would have no word otherwise."""
+    translate = fixed(
+        "Ein Mann macht einen Handstand auf einer Statue.",
+        ((0, 0), (1, 1), (2, 2), (3, 3), (3, 4), (3, 5), (5, 5), (7, 6), (8, 7)),
+    )
+    document = "<p>A man doing <b>handstand</b> on <i>top</i> of a statue.</p>"
+    assert translate_document(document, "html", translate).text == (
+        "<p>Ein Mann macht <b>einen Handstand</b> <i>auf</i> einer Statue.</p>"
+    )
+
+
 def test_a_tag_inside_a_word_kept_as_it_was_stays_on_its_characters():
     doc = "<p><b>W</b>ater is H<sub>2</sub>O, <i>NA</i>SA{x}'s.</p>"
     assert translate_document(doc, "html", same).text == doc
@@ -249,6 +262,20 @@ def test_a_number_the_model_changed_is_put_back_through_the_alignment():
         ((0, 0), (1, 1), (2, 2), (3, 3), (5, 5), (6, 6)),
     )
     assert restore_numbers(t).text == "Ich habe 3 Hunde und 2,5 Katzen."  # 2,5 is 2.5
+
+
+def test_a_number_the_model_wrote_as_a_word_gets_its_digits_back():
+    """ "2 men" as "Zwei Männer": the word linked to the source's 2 that is two becomes
+    2; a number word linked to another number, or to no number, stays a word."""
+    t = Translation(
+        "2 men and 3 dogs, one cat.",
+        "Zwei Männer und vier Hunde, eine Katze.",
+        -1,
+        -1,
+        (),
+        ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)),
+    )
+    assert restore_numbers(t).text == "2 Männer und vier Hunde, eine Katze."
 
 
 SRT = """1
@@ -771,3 +798,50 @@ def test_documents_of_one_call_are_translated_together_round_by_round():
         for d in documents:
             translate_document(d, format, counted)
         assert rounds < len(calls)
+
+
+def test_a_runs_text_is_anchored_at_its_tags_and_its_numbers():
+    """What markup sends to translate names where placing reads links: each mark's span
+    (nested ones too, and atoms) and each number, in the text the model reads."""
+    from mtkit.documents.markup import prepare
+
+    (text,) = prepare(
+        "<p>  Plain words. A <b>bold <i>x</i></b> and 42 here.<br/></p>", "html"
+    ).texts
+    assert text == "Plain words. A bold x and 42 here."
+    assert sorted(text.anchors) == sorted(
+        [(15, 21), (20, 21), (26, 28), (len(text), len(text) + 1)]  # (<br> holds a space)
+    )
+    assert not text.touched(0, 12) and text.touched(12, len(text))
+
+
+def test_a_sentence_away_from_tags_and_numbers_is_searched_without_the_links_pass(
+    tiny_engine, monkeypatch
+):
+    """A document's sentences that no tag or number touches skip the teacher-forced
+    links' pass (a sixth of a document's time on the main job's model); the document
+    comes out exactly as when every sentence is linked."""
+    from mtkit.core.search_options import SearchOptions
+    from mtkit.engines import session as session_module
+    from mtkit.engines.session import Session
+
+    aligned: list[int] = []
+    with_alignments = type(tiny_engine).with_alignments
+
+    def counted(self, sources, hyps, layer, encoded=None):
+        aligned.append(len(sources))
+        return with_alignments(self, sources, hyps, layer, encoded)
+
+    monkeypatch.setattr(type(tiny_engine), "with_alignments", counted)
+    document = (
+        "<p>The dog runs. A man <b>walks</b> home. Two girls sit.</p>"
+        "<p>A cat sleeps. It has 3 toys.</p><h1>No tags at all here.</h1>"
+    )
+    session = Session(tiny_engine, SearchOptions(beam=2), split=True)
+    (partly,) = session.translate_texts([document], "html")
+    assert sum(aligned) == 2  # "A man walks home." and "It has 3 toys."
+    aligned.clear()
+    monkeypatch.setattr(session_module, "_wants_links", lambda *a: True)
+    (fully,) = session.translate_texts([document], "html")
+    assert sum(aligned) == 6
+    assert partly.text == fully.text

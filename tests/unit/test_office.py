@@ -93,6 +93,30 @@ def test_docx_a_runs_formatting_follows_its_words_where_the_translation_moves_th
     assert [(r.text, r.bold) for r in paragraph.runs] == [("THREE", True), (" TWO ONE", None)]
 
 
+def test_docx_a_run_whose_words_were_dropped_leaves_one_space_not_two():
+    """The model dropped "shorts": its bold run stays (the runs as many), empty, and the
+    words either side are one space apart, as a browser would show the HTML."""
+    from mtkit.core.translation import Translation
+
+    document = docx.Document()
+    p = document.add_paragraph("A man in ")
+    p.add_run("shorts").bold = True
+    p.add_run(" is fishing.")
+
+    def dropped(texts):
+        links = ((0, 0), (1, 1), (5, 2))
+        return [Translation(t, "Ein Mann angelt.", -1.0, -0.5, (), links) for t in texts]
+
+    (output,) = translate_files([saved(document)], "docx", dropped)
+    (paragraph,) = docx.Document(io.BytesIO(output)).paragraphs
+    assert paragraph.text == "Ein Mann angelt."
+    assert [(r.text, r.bold) for r in paragraph.runs] == [
+        ("Ein Mann ", None),
+        ("", True),
+        ("angelt.", None),
+    ]
+
+
 def test_docx_comments_footnotes_and_complex_fields():
     """Comments are translated; a complex field (begin, instruction, result, end) is kept
     whole, where it stood."""
@@ -389,6 +413,30 @@ def test_docx_a_text_box_inside_a_run_is_translated_where_it_stands():
     body = members(output)["word/document.xml"][0].decode()
     assert "<w:txbxContent><w:p><w:r><w:t>BOX WORDS</w:t></w:r></w:p></w:txbxContent>" in body
     assert body.index("OUTER WORDS") < body.index("BOX WORDS") < body.index("END HERE")
+
+
+def test_docx_a_content_control_inside_a_paragraph_holds_its_translated_words():
+    """An inline content control (`w:sdt`) is an element around its runs: its properties
+    kept, its `w:sdtContent` holding the target words of its source words."""
+    from docx.oxml import parse_xml
+
+    document = docx.Document()
+    p = document.add_paragraph("one two ")
+    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    p._p.append(
+        parse_xml(
+            f'<w:sdt {w}><w:sdtPr><w:alias w:val="Name"/><w:id w:val="7"/></w:sdtPr>'
+            "<w:sdtContent><w:r><w:t>three four</w:t></w:r></w:sdtContent></w:sdt>"
+        )
+    )
+    p.add_run(" five")
+    (output,) = translate_files([saved(document)], "docx", reverse)
+    body = members(output)["word/document.xml"][0].decode()
+    assert (
+        '<w:p><w:r><w:t xml:space="preserve">FIVE </w:t></w:r><w:sdt><w:sdtPr><w:alias '
+        'w:val="Name"/><w:id w:val="7"/></w:sdtPr><w:sdtContent><w:r><w:t>FOUR THREE</w:t>'
+        '</w:r></w:sdtContent></w:sdt><w:r><w:t xml:space="preserve"> TWO ONE</w:t></w:r></w:p>'
+    ) in body
 
 
 @pytest.mark.parametrize("format", ["docx", "pptx", "odt", "epub"])
