@@ -34,11 +34,14 @@ bold, italic and link runs with text, source against output: docx runs whose `bo
 `italic` is True and `w:hyperlink`s with an address, pptx runs' `font.bold` / `font.italic`
 and `hyperlink.address`, xlsx rich text's blocks of `b` / `i` (shared and inline) and cells'
 hyperlinks, odt / odp `text:span`s whose automatic style has `fo:font-weight="bold"` /
-`fo:font-style="italic"` and `text:a`s, epub `b`, `i` and `a href` (formatted runs left
-empty are counted apart); (c) numbers: each paragraph whose source holds numbers
-("3", "2016") holding every one of them in its output, and xlsx's number, formula and date
-cells equal; (d) the zip's members: the same names in the same order, and the ones whose
-bytes or compression changed, which must all be parts that hold text; (e) the output
+`fo:font-style="italic"` and `text:a`s, epub `b`, `i` and `a href` (formatted runs and
+links left without text are counted apart, "empty", and the paragraphs where that left two
+spaces in a row); (c) numbers: each paragraph whose source holds numbers ("3", "2016")
+holding every one of them in digits in its output (and of those that do not, with a model
+into German, those whose missing numbers are there as count words: "2" as "zwei"), and
+xlsx's number, formula and date cells equal; (d) the zip's members: the same names in
+the same order, and the ones whose bytes or compression changed, which must all be parts
+that hold text; (e) the output
 opened by its library without an error (the epub: every XML member parsed by lxml, its
 `mimetype` first and stored, every manifest item present), and where
 `/usr/bin/soffice` is installed with the component that opens the format, LibreOffice's
@@ -78,6 +81,8 @@ URL = "https://example.org/{}"
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 COUNT_WORDS = "two three four five six seven eight nine ten".split()
 COUNTS = {w: str(k) for k, w in enumerate(COUNT_WORDS, 2)}
+# the count words of a target language: a number the translation spells out
+SPELLED = {"de": "zwei drei vier fünf sechs sieben acht neun zehn".split()}
 
 # ---- the text: test2016's sentences, with runs marked inside them ------------------------
 
@@ -717,7 +722,7 @@ def members(data: bytes) -> list[tuple[str, bytes, int]]:
         return [(i.filename, z.read(i), i.compress_type) for i in z.infolist()]
 
 
-def judged(format: str, source: bytes, output: bytes) -> dict:
+def judged(format: str, source: bytes, output: bytes, spelled: list[str] | None) -> dict:
     before, after = read(format, source), read(format, output)
     if before.error:
         raise SystemExit(f"{format}: the source does not read back: {before.error}")
@@ -760,10 +765,23 @@ def judged(format: str, source: bytes, output: bytes) -> dict:
     row["with_numbers"] = len(numbered)
     row["numbers_kept"] = len(numbered) - len(lost)
     row["numbers_lost"] = lost
+    row["numbers_spelled"] = sum(1 for s, o in lost if spelled and _spelled(s, o, spelled))
+    row["double_spaces"] = sum(1 for s, o in pairs if "  " in o.text and "  " not in s.text)
     row["cells"] = len(before.cells)
     row["cells_kept"] = sum(1 for k, v in before.cells.items() if after.cells.get(k) == v)
     row["cells_same_set"] = set(before.cells) == set(after.cells)
     return row
+
+
+def _spelled(source: str, output: str, words: list[str]) -> bool:
+    """Whether every number of `source` missing from `output` (two to ten) is there as a
+    word of the target language (`SPELLED`)."""
+    missing = Counter(NUMBER.findall(source)) - Counter(NUMBER.findall(output))
+    found = Counter(w.strip(".,;:!?\"'„“").lower() for w in output.split())
+    return all(
+        n.isdigit() and 2 <= int(n) <= 10 and found[words[int(n) - 2]] >= k
+        for n, k in missing.items()
+    )
 
 
 def _differences(s: Para, o: Para) -> dict:
@@ -866,7 +884,8 @@ def main() -> None:
         else:
             output = translate_files([source], format, fake)[0]
         seconds = time.perf_counter() - start
-        row = judged(format, source, output)
+        target = translator.target_language if translator is not None else None
+        row = judged(format, source, output, SPELLED.get(target or ""))
         row["seconds"] = round(seconds, 2)
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -892,8 +911,8 @@ def main() -> None:
 
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'format':<6} {'translated':>10} {'bold':>7} {'italic':>7} {'links':>7} "
-        f"{'numbers':>13} {'members':>8} {'opened':>6} {'s':>5}  LibreOffice (source, output)"
+        f"{'format':<6} {'translated':>10} {'bold':>7} {'italic':>7} {'links':>7} {'empty':>5} "
+        f"{'numbers':>16} {'members':>8} {'opened':>6} {'s':>5}  LibreOffice (source, output)"
     )
     print(head)
     for r in rows:
@@ -901,24 +920,29 @@ def print_table(rows: list[dict]) -> None:
             print(f"{r['format']:<6} output not opened: {r['opened']}")
             continue
         numbers = f"{r['numbers_kept']}/{r['with_numbers']}"
+        if r["numbers_spelled"]:
+            numbers += f" ({r['numbers_spelled']}w)"
         if r["cells"]:
             numbers += f" +{r['cells_kept']}/{r['cells']}c"
         print(
             f"{r['format']:<6} {r['translated']:>4}/{r['paragraphs']:<5} "
             f"{r['bold_in']:>3}/{r['bold_out']:<3} {r['italic_in']:>3}/{r['italic_out']:<3} "
-            f"{r['links_in']:>3}/{r['links_out']:<3} {numbers:>13} "
+            f"{r['links_in']:>3}/{r['links_out']:<3} {r['empty_out']:>5} {numbers:>16} "
             f"{r['kept_not_text']:>3}/{r['not_text']:<4} {'yes':>6} {r['seconds']:>5.1f}  "
             f"{r['libreoffice']}"
         )
     print(
         "(translated: paragraphs whose output differs / all; bold, italic, links: runs with "
-        "text in / out; numbers: paragraphs with numbers keeping them all (+ xlsx's number, "
-        "formula and date cells equal); members: not holding text, kept byte for byte / all)"
+        "text in / out; empty: formatted runs and links left without text in the output; "
+        "numbers: paragraphs with numbers keeping them all in digits / all ((Nw): of those "
+        "not, N with each missing number spelled out as a word of the target language; +c: "
+        "xlsx's number, formula and date cells equal / all); members: not holding text, kept "
+        "byte for byte / all)"
     )
     for r in rows:
         extra = []
-        if r.get("empty_out"):
-            extra.append(f"{r['empty_out']} formatted runs left empty (source {r['empty_in']})")
+        if r.get("double_spaces"):
+            extra.append(f"{r['double_spaces']} paragraphs with two spaces in a row")
         if r["changed_not_text"]:
             extra.append(f"changed members not holding text: {r['changed_not_text']}")
         if not r["same_names_in_order"]:
