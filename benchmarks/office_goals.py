@@ -41,12 +41,11 @@ holding every one of them in digits in its output (and of those that do not, wit
 into German, those whose missing numbers are there as count words: "2" as "zwei"), and
 xlsx's number, formula and date cells equal; (d) the zip's members: the same names in
 the same order, and the ones whose bytes or compression changed, which must all be parts
-that hold text; (e) the output
-opened by its library without an error (the epub: every XML member parsed by lxml, its
-`mimetype` first and stored, every manifest item present), and where
-`/usr/bin/soffice` is installed with the component that opens the format, LibreOffice's
-`--convert-to pdf` of the source and of the output (its exit status and whether each PDF
-was written).
+that hold text; (e) the output opened by its library without an error (the epub: every
+XML member parsed by lxml, its `mimetype` first and stored, every manifest item present),
+and where `/usr/bin/soffice` is installed with the component that opens the format,
+LibreOffice's `--convert-to pdf` of the source and of the output (its exit status and
+whether each PDF was written; LibreOffice imports no epub, the source's neither).
 
 Prints a table, one row per format, the members that changed under it; with `--json` one
 JSON object after. Exits 1 where a figure falls short of the goal.
