@@ -73,6 +73,8 @@ from pathlib import Path
 
 from lxml import etree
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # officefiles
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "multi30k" / "test2016.en.gz"
 FORMATS = ("docx", "pptx", "xlsx", "odt", "odp", "epub")
@@ -193,31 +195,15 @@ def make_docx(paras: list[list[Piece]]) -> bytes:
 
 
 def _docx_fill(paragraph, pieces: list[Piece]) -> None:
-    from docx.opc.constants import RELATIONSHIP_TYPE
-    from docx.oxml import OxmlElement
-    from docx.oxml.ns import qn
+    from officefiles import hyperlink
 
     for k, (text, kind) in enumerate(pieces):
-        if kind != "a":
-            run = paragraph.add_run(text)
-            run.bold = True if kind == "b" else None
-            run.italic = True if kind == "i" else None
+        if kind == "a":
+            hyperlink(paragraph, text, URL.format(k))
             continue
-        url = URL.format(k)
-        rid = paragraph.part.relate_to(url, RELATIONSHIP_TYPE.HYPERLINK, is_external=True)
-        link = OxmlElement("w:hyperlink")
-        link.set(qn("r:id"), rid)
-        run = OxmlElement("w:r")
-        props = OxmlElement("w:rPr")
-        style = OxmlElement("w:rStyle")
-        style.set(qn("w:val"), "Hyperlink")
-        props.append(style)
-        run.append(props)
-        t = OxmlElement("w:t")
-        t.text = text
-        run.append(t)
-        link.append(run)
-        paragraph._p.append(link)
+        run = paragraph.add_run(text)
+        run.bold = True if kind == "b" else None
+        run.italic = True if kind == "i" else None
 
 
 def make_pptx(paras: list[list[Piece]]) -> bytes:

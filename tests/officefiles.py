@@ -32,7 +32,8 @@ def saved(document) -> bytes:
     return out.getvalue()
 
 
-def _hyperlink(paragraph, text: str, url: str) -> None:
+def hyperlink(paragraph, text: str, url: str) -> None:
+    """A Word hyperlink to `url` around one run of `text`, at the end of `paragraph`."""
     from docx.opc.constants import RELATIONSHIP_TYPE
     from docx.oxml import OxmlElement
     from docx.oxml.ns import qn
@@ -64,7 +65,7 @@ def make_docx() -> bytes:
     p.add_run(" a ")
     p.add_run("red").italic = True
     p.add_run(" bike, see ")
-    _hyperlink(p, "the site", "https://example.org/")
+    hyperlink(p, "the site", "https://example.org/")
     p.add_run(" now.")
     # a word split by a spell-check mark, in two runs of the same formatting
     q = document.add_paragraph()
