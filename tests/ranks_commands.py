@@ -35,13 +35,18 @@ def launch(
             __file__,
             json.dumps([[str(a) for a in args] for args in commands]),
         ],
-        env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": _path(env)},
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
     )
+
+
+def _path(env: dict[str, str]) -> str:
+    """PYTHONPATH: this checkout's mtkit first, then `env`'s (a fault module's folder)."""
+    return os.pathsep.join([str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
 
 
 if __name__ == "__main__":
