@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file
 CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
+READ_BYTES = 1 << 20  # what `read_chunks` reads at a time (its first read is checked)
 # Longest input line kept, in bytes. A subword is at least one byte, so this is far more
 # than any model's positions (1,024 by default); it only bounds memory on a runaway line.
 MAX_LINE_BYTES = 1 << 20
@@ -131,7 +132,7 @@ def read_chunks(
         return line[:max_line_bytes]
 
     while True:
-        data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
+        data = os.read(fd, READ_BYTES) if fd is not None else stream.read(READ_BYTES)
         if not data:
             break
         if at_start:

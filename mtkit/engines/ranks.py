@@ -55,7 +55,7 @@ from mtkit.core.checksum import file_sha256
 from mtkit.core.device import join_ranks
 from mtkit.core.errors import UserError
 from mtkit.core.faults import fault_point
-from mtkit.core.textio import check_text_start
+from mtkit.core.textio import READ_BYTES, check_text_start
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ def scan_file(path: Path, world: int) -> Scanned:
     blocks: list[np.ndarray] = []
     with open(path, "rb") as f:
         while block := f.read(BLOCK):
-            if not size:
-                check_text_start(block)
+            if not size:  # (as one process reads it: its first read)
+                check_text_start(block[:READ_BYTES])
             digest.update(block)
             ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             if world > 1:
@@ -291,7 +291,9 @@ class RankPart:
 
     @contextmanager
     def writing(self) -> Iterator[TextIO]:
-        """The part (UTF-8 text), written atomically, then its record."""
+        """The part (UTF-8 text), written atomically, then its record (an earlier one
+        removed first: a part never passes for finished by another's record)."""
+        self.record_path.unlink(missing_ok=True)
         with atomic_text(self.path) as f:
             yield f
         record = {

@@ -44,7 +44,9 @@ def _texts(tmp_path, model) -> dict[str, tuple[list, str]]:
     ]
     records[20] = "{not json"  # an error record, its "line" counted from the input's start
     write_lines(tmp_path / "records.jsonl", records)
-    write_lines(tmp_path / "two.en", lines[:2])
+    # 2 lines: the second starts a share, and starts as a PDF does (one process reads it
+    # as text: only an input's start is checked)
+    write_lines(tmp_path / "two.en", [lines[0], "%PDF-1.4 is a version of a format."])
     return {
         "mixed": (["--batch-tokens", "120"], "mixed.en"),
         "jsonl": (["--format", "jsonl"], "records.jsonl"),
@@ -106,7 +108,8 @@ def _distill_files(run) -> dict[str, bytes]:
 def test_ranks_write_the_bytes_one_process_writes(ranks, trained, corpus, tmp_path, cache):
     """Text (a very long line among short ones, an empty line, a line that starts as a
     PDF does, no newline at the end, small batches), jsonl (an error record numbered from
-    the input's start; prefixes) and 2 lines: the same bytes from the ranks as from one
+    the input's start; prefixes) and 2 lines (on 3 ranks, one gets none; the second line
+    starts a share, as a PDF starts): the same bytes from the ranks as from one
     process, no part left beside the outputs. With 2 ranks `mtkit run` distils (each
     chunk shared), trains a student over DDP and scores it; with 3 `mtkit distill`: the
     chunks and the corpus are one process's."""

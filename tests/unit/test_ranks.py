@@ -114,3 +114,27 @@ def test_a_part_damaged_before_it_is_put_together_is_one_line(tmp_path, damage):
     with pytest.raises(ranks_module.RanksError, match="missing or damaged before it was put"):
         part.assemble()
     assert not output.exists()
+
+
+def test_a_share_is_read_as_the_rest_of_its_input(tmp_path):
+    """A share that starts with a line one process reads as text (as a PDF starts, with a
+    byte-order mark) is read so, and no further than its end; the input's own start is
+    checked as one process checks it."""
+    from mtkit.core.errors import OptionError
+    from mtkit.core.textio import read_chunks
+    from mtkit.engines.ranks import ShareReader
+
+    path = tmp_path / "in.txt"
+    path.write_bytes("A dog.\n%PDF-1.4 is a format.\n\ufeffA cat.\nLast.\n".encode())
+    first, second = scan_file(path, 2).shares
+    assert (first.first, second.first) == (0, 2)  # (the nearest line start to the middle)
+    middle = ranks_module.Share(1, 3, 7, first.stop + len("\ufeffA cat.\n".encode()))
+    with ShareReader(path, middle) as source:
+        assert list(read_chunks(source, continued=True)) == [
+            ["%PDF-1.4 is a format.", "\ufeffA cat."]
+        ]
+    with ShareReader(path, middle) as source, pytest.raises(OptionError, match="a PDF"):
+        list(read_chunks(source))
+    path.write_bytes(b"%PDF-1.4\n" + b"text\n" * 10)
+    with pytest.raises(OptionError, match="a PDF"):
+        scan_file(path, 2)
