@@ -9,6 +9,8 @@ translated):
                     rank lost half-way through its share while the others are done
     refuse@R,S...   those ranks may translate nothing (their parts must be kept): the
                     first batch they translate raises an error
+    refuse@R,S...:NAME
+                    the same, for the output named NAME only (a chunk of `mtkit distill`)
 
 Imported only where a test names it: nothing here runs in a command a user starts.
 """
@@ -38,12 +40,15 @@ def asked(fault: str, env: Mapping[str, str]) -> dict[str, str]:
 def hook(fault: str) -> Callable[..., None]:
     """What the library's fault points do in this rank, for `fault`."""
     action, _, which = fault.partition("@")
+    which, _, name = which.partition(":")
     chosen = {int(r) for r in which.split(",")}
     if action not in ("kill", "refuse"):
         raise ValueError(f"{ENV}: no such rank fault: {fault!r}")
 
     def act(moment: str, **at: Any) -> None:
         if moment != "rank-translated" or at["rank"] not in chosen:
+            return
+        if name and Path(at["output"]).name != name:
             return
         if action == "refuse":
             raise RuntimeError(f"rank {at['rank']} translated lines of a kept part ({ENV})")
