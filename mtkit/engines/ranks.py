@@ -1,5 +1,7 @@
 """Lines translated by the ranks of a `torchrun` job, each rank its own share, put
-together in input order: the same bytes one process writes.
+together in input order: the translations one process writes, byte for byte (a score
+can differ in its last decimal: a rank batches its own lines, and a sentence's float
+sums then run in another order, as between batched and alone).
 
 Under `torchrun` (WORLD_SIZE above 1: one node or several, meeting through torchrun's
 env:// rendezvous; Gloo on a CPU, NCCL on GPUs, `mtkit.core.device.join_ranks` as

@@ -47,8 +47,11 @@ def _texts(tmp_path, model) -> dict[str, tuple[list, str]]:
     # 2 lines: the second starts a share, and starts as a PDF does (one process reads it
     # as text: only an input's start is checked)
     write_lines(tmp_path / "two.en", [lines[0], "%PDF-1.4 is a version of a format."])
+    fragments = [f"<p>{line} <b>{line.split()[0]}</b></p>" for line in lines[50:80]]
+    write_lines(tmp_path / "fragments.html", fragments)
     return {
         "mixed": (["--batch-tokens", "120"], "mixed.en"),
+        "segments": (["--format", "html", "--segments"], "fragments.html"),
         "jsonl": (["--format", "jsonl"], "records.jsonl"),
         "two": ([], "two.en"),
     }
@@ -104,15 +107,53 @@ def _distill_files(run) -> dict[str, bytes]:
     }
 
 
+def _assert_same_records(path, expected: bytes) -> None:
+    """The JSON lines at `path` are `expected`'s: the same texts and ids exactly, the
+    scores (rounded to 4 places) within one place's rounding. A rank batches its own
+    share's lines, one process all of them: the float sums of a sentence's score run in
+    another order, as between batched and alone (the translations are the same)."""
+    got = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    want = [json.loads(line) for line in expected.decode().splitlines()]
+    assert len(got) == len(want)
+    for mine, theirs in zip(got, want, strict=True):
+        assert _texts_of(mine) == _texts_of(theirs)
+        for key, value in _numbers_of(theirs).items():
+            assert abs(_numbers_of(mine)[key] - value) <= 2e-4, (key, mine, theirs)
+
+
+def _texts_of(record):
+    """`record` with its float numbers left out."""
+    if isinstance(record, dict):
+        return {k: _texts_of(v) for k, v in record.items() if not isinstance(v, float)}
+    if isinstance(record, list):
+        return [_texts_of(v) for v in record if not isinstance(v, float)]
+    return record
+
+
+def _numbers_of(record, at: str = "") -> dict[str, float]:
+    """`record`'s float numbers by where they are."""
+    if isinstance(record, float):
+        return {at: record}
+    if not isinstance(record, dict | list):
+        return {}
+    items = record.items() if isinstance(record, dict) else enumerate(record)
+    out = {}
+    for key, value in items:
+        out.update(_numbers_of(value, f"{at}.{key}"))
+    return out
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_ranks_write_the_bytes_one_process_writes(ranks, trained, corpus, tmp_path, cache):
     """Text (a very long line among short ones, an empty line, a line that starts as a
-    PDF does, no newline at the end, small batches), jsonl (an error record numbered from
-    the input's start; prefixes) and 2 lines (on 3 ranks, one gets none; the second line
-    starts a share, as a PDF starts): the same bytes from the ranks as from one
-    process, no part left beside the outputs. With 2 ranks `mtkit run` distils (each
+    PDF does, no newline at the end, small batches), html segments (a fragment a line)
+    and 2 lines (on 3 ranks, one gets none; the second line starts a share, as a PDF
+    starts): the same bytes from the ranks as from one process, no part left beside the
+    outputs; jsonl (an error record numbered from the input's start; prefixes): the same
+    records, scores equal to their rounding. With 2 ranks `mtkit run` distils (each
     chunk shared), trains a student over DDP and scores it; with 3 `mtkit distill`: the
-    chunks and the corpus are one process's."""
+    corpus is one process's, and the chunks' records (their costs equal to their
+    rounding)."""
     model = trained / "run" / "checkpoints" / "best.pt"
     inputs = _texts(tmp_path, model)
     expected = _one_process(tmp_path, model, inputs)
@@ -133,9 +174,18 @@ def test_ranks_write_the_bytes_one_process_writes(ranks, trained, corpus, tmp_pa
     assert job.returncode == 0, job.stdout[-3000:]
     assert {p.name for p in outputs.iterdir()} == set(inputs)  # (no part, no record)
     for name in inputs:
-        assert (outputs / name).read_bytes() == expected[name], name
+        if name == "jsonl":  # scores of other batches: equal to their rounding
+            _assert_same_records(outputs / name, expected[name])
+        else:
+            assert (outputs / name).read_bytes() == expected[name], name
     run = tmp_path / "ranks" / "student"
-    assert _distill_files(run) == distilled
+    mine = _distill_files(run)
+    assert sorted(mine) == sorted(distilled)
+    for name, data in distilled.items():
+        if name.startswith("chunks/"):
+            _assert_same_records(run / "distill" / name, data)
+        else:
+            assert mine[name] == data, name
     assert not list((run / "distill" / "chunks").glob("*.rank-*"))
     if ranks == 2:
         scores = json.loads((run / "test.scores.json").read_text())
