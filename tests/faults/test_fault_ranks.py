@@ -68,8 +68,8 @@ def _student(folder, trained, corpus):
 
 def test_a_distillation_goes_on_from_the_killed_ranks_share(trained, corpus, tmp_path):
     """Rank 1 killed in the first chunk once rank 0's part of it is done: the rerun keeps
-    that part (rank 0 translates none of the first chunk again), and the chunks and the
-    corpus are one process's."""
+    that part (rank 0 translates none of the first chunk again); the corpus is one
+    process's, and so are the chunks' records (their costs to their rounding)."""
     env = {"MTKIT_CACHE_DIR": str(tmp_path / "measured")}
     (tmp_path / "alone").mkdir()
     _, alone = _student(tmp_path / "alone", trained, corpus)
@@ -89,7 +89,14 @@ def test_a_distillation_goes_on_from_the_killed_ranks_share(trained, corpus, tmp
     assert "rank 0: lines 1 to " in again.stdout and "of 000000.jsonl already translated" in (
         again.stdout
     )
-    for name in ("chunks/000000.jsonl", "chunks/000001.jsonl", "train.en", "train.de"):
+    for name in ("train.en", "train.de"):
         mine = (cfg.run_path / "distill" / name).read_bytes()
         assert mine == (alone.run_path / "distill" / name).read_bytes(), name
+    for name in ("000000.jsonl", "000001.jsonl"):  # the costs: to their rounding
+        mine, theirs = (
+            [json.loads(x) for x in (run / "distill" / "chunks" / name).read_text().splitlines()]
+            for run in (cfg.run_path, alone.run_path)
+        )
+        assert [{**r, "cost": 0} for r in mine] == [{**r, "cost": 0} for r in theirs]
+        assert all(abs(a["cost"] - b["cost"]) <= 2e-4 for a, b in zip(mine, theirs, strict=True))
     assert sorted(p.name for p in chunks.iterdir()) == ["000000.jsonl", "000001.jsonl"]
