@@ -1,5 +1,5 @@
 """`mtkit` commands under torchrun for the tests of `mtkit.engines.ranks`
-(tests/e2e/test_ranks.py, tests/faults/test_fault_ranks.py).
+(tests/e2e/test_ranks_cli.py, tests/faults/test_fault_ranks.py).
 
 `launch(ranks, commands, env)` starts `python -m torch.distributed.run --standalone
 --nproc_per_node=RANKS` on this file, which runs the commands one after another in each

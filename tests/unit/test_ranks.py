@@ -1,5 +1,5 @@
 """`mtkit.engines.ranks` in one process: how lines are shared among ranks, and when a
-rank's part is kept (the torchrun jobs: tests/e2e/test_ranks.py)."""
+rank's part is kept (the torchrun jobs: tests/e2e/test_ranks_cli.py)."""
 
 from __future__ import annotations
 
