@@ -276,7 +276,7 @@ class Session:
         (`check_constraint_lines`). `first_line`: the input's lines before `source`'s (a
         rank's share of a file, `mtkit.engines.ranks`): how lines are numbered."""
         if constraints is not None:
-            check_constraint_lines(self.engine, source, constraints, self.opts)
+            check_constraint_lines(self.engine, source, constraints, self.opts, first_line)
         return translate_stream(
             self.engine,
             source,
@@ -567,17 +567,18 @@ def check_constraint_lines(
     source: BinaryIO,
     constraints: list[list[tuple[str, ...]]],
     opts: SearchOptions,
+    first_line: int = 0,
 ) -> None:
     """One line for the first input line (of `source`, which is read and rewound) whose
     constraints (one list per line) cannot be searched for (`constraint_errors`): checked
     before anything is written. (A glossary's terms never stop a translation:
-    `searchable`.)"""
-    lines = [line for chunk in read_chunks(source) for line in chunk]
+    `searchable`.) `first_line`: the input's lines before `source`'s."""
+    lines = [line for chunk in read_chunks(source, continued=first_line > 0) for line in chunk]
     source.seek(0)
     wanted = line_constraints([Request(x) for x in lines], constraints) or []
     for i, why in enumerate(constraint_errors(translator, lines, wanted, opts) if wanted else []):
         if why:
-            raise OptionError(f"line {i + 1}: {why}", "constraints")
+            raise OptionError(f"line {first_line + i + 1}: {why}", "constraints")
 
 
 def _with_alternatives(found: list[Translation]) -> Translation:

@@ -47,11 +47,18 @@ def _texts(tmp_path, model) -> dict[str, tuple[list, str]]:
     # 2 lines: the second starts a share, and starts as a PDF does (one process reads it
     # as text: only an input's start is checked)
     write_lines(tmp_path / "two.en", [lines[0], "%PDF-1.4 is a version of a format."])
+    write_lines(tmp_path / "guided.en", lines[:30])  # each line's prefix and constraints
+    write_lines(tmp_path / "prefixes.de", ["Ein" if i % 4 == 0 else "" for i in range(30)])
+    write_lines(tmp_path / "terms.tsv", ["Hund\tMann" if i % 3 == 0 else "" for i in range(30)])
     fragments = [f"<p>{line} <b>{line.split()[0]}</b></p>" for line in lines[50:80]]
     write_lines(tmp_path / "fragments.html", fragments)
     return {
         "mixed": (["--batch-tokens", "120"], "mixed.en"),
         "segments": (["--format", "html", "--segments"], "fragments.html"),
+        "guided": (
+            ["--prefix-file", tmp_path / "prefixes.de", "--constraints", tmp_path / "terms.tsv"],
+            "guided.en",
+        ),
         "jsonl": (["--format", "jsonl"], "records.jsonl"),
         "two": ([], "two.en"),
     }
@@ -146,14 +153,14 @@ def _numbers_of(record, at: str = "") -> dict[str, float]:
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_ranks_write_the_bytes_one_process_writes(ranks, trained, corpus, tmp_path, cache):
     """Text (a very long line among short ones, an empty line, a line that starts as a
-    PDF does, no newline at the end, small batches), html segments (a fragment a line)
-    and 2 lines (on 3 ranks, one gets none; the second line starts a share, as a PDF
-    starts): the same bytes from the ranks as from one process, no part left beside the
-    outputs; jsonl (an error record numbered from the input's start; prefixes): the same
-    records, scores equal to their rounding. With 2 ranks `mtkit run` distils (each
-    chunk shared), trains a student over DDP and scores it; with 3 `mtkit distill`: the
-    corpus is one process's, and the chunks' records (their costs equal to their
-    rounding)."""
+    PDF does, no newline at the end, small batches), html segments (a fragment a line),
+    lines with their prefixes and constraints (a file each: sliced per share) and 2
+    lines (on 3 ranks, one gets none; the second line starts a share, as a PDF starts):
+    the same bytes from the ranks as from one process, no part left beside the outputs;
+    jsonl (an error record numbered from the input's start; prefixes): the same records,
+    scores equal to their rounding. With 2 ranks `mtkit run` distils (each chunk
+    shared), trains a student over DDP and scores it; with 3 `mtkit distill`: the corpus
+    is one process's, and the chunks' records (their costs equal to their rounding)."""
     model = trained / "run" / "checkpoints" / "best.pt"
     inputs = _texts(tmp_path, model)
     expected = _one_process(tmp_path, model, inputs)
