@@ -529,6 +529,29 @@ def translate_file(
     from mtkit.documents.formats import check_rules
 
     check_rules(written.kind, session.markup)
+    if "WORLD_SIZE" in os.environ:  # torchrun's (`ranks_launched` imports torch: only then)
+        from mtkit.core.device import ranks_launched
+
+        if ranks_launched():
+            files = {
+                "prefix": prefix_file,
+                "constraints": constraints_file,
+                "glossary": glossary_file,
+                "its_rules": (markup or {}).get("its_rules"),
+            }
+            _translate_by_ranks(
+                session,
+                input,
+                output,
+                written,
+                prefixes,
+                constraints,
+                {
+                    "markup": {k: str(v) for k, v in (markup or {}).items()},
+                    "files": {k: str(v) for k, v in files.items() if v},
+                },
+            )
+            return
     if written.segments:
         from mtkit.core.progress import progress_bar
 
@@ -567,15 +590,86 @@ def translate_file(
         session.stream(source, sink, done, prefixes, output=written, constraints=constraints)
 
 
-def _translate_segments(session: Session, source, sink, format: str, done) -> None:
+def _translate_by_ranks(
+    session: Session,
+    input: Path | None,
+    output: Path | None,
+    written: OutputFormat,
+    prefixes: list[str] | None,
+    constraints: list | None,
+    given: dict,
+) -> None:
+    """`translate_file` under torchrun: each rank translates its share of the input's
+    lines into its part of the output, and rank 0 puts the parts together
+    (`mtkit.engines.ranks`). A document is one process's (lines: text, jsonl, or
+    --segments). `given`: the options and files (by their SHA-256) the output depends on,
+    beside the session's search."""
+    import io
+    from dataclasses import asdict
+
+    from mtkit.core.checksum import file_sha256
+    from mtkit.engines.ranks import RanksError, translate_file_by_ranks
+
+    if written.document and not written.segments:
+        raise RanksError(
+            f"a {written.kind} document is translated whole, by one process: run it "
+            f"without torchrun (under torchrun: text, jsonl, or --segments)"
+        )
+    engine = session.engine
+    options = {
+        "model": getattr(engine, "digests", None) or engine.weights,
+        "search": asdict(session.opts),
+        "written": asdict(written),
+        "session": [session.split, session.tgt_lang, session.batch_tokens, session.retranslate],
+        "markup": given["markup"],
+        "files": {name: file_sha256(Path(path)) for name, path in given["files"].items()},
+    }
+
+    def translate(share, source, sink, done) -> None:
+        def mine(per_line: list | None) -> list | None:
+            return None if per_line is None else per_line[share.first : share.end]
+
+        if written.segments:
+            _translate_segments(session, source, sink, written.kind, done, share.first)
+            return
+        if constraints is not None:  # (checked before a line is written: read twice)
+            source = io.BytesIO(source.read())
+        session.stream(
+            source,
+            sink,
+            done,
+            mine(prefixes),
+            output=written,
+            constraints=mine(constraints),
+            first_line=share.first,
+        )
+
+    counts = {
+        f"--prefix-file {given['files'].get('prefix')}": prefixes,
+        f"--constraints {given['files'].get('constraints')}": constraints,
+    }
+    translate_file_by_ranks(
+        engine,
+        input,
+        output,
+        options,
+        translate,
+        {what: len(lines) for what, lines in counts.items() if lines is not None},
+    )
+
+
+def _translate_segments(
+    session: Session, source, sink, format: str, done, first_line: int = 0
+) -> None:
     """Each line of `source` translated as one document of `format` (a segment), a line
     for each in `sink`, in order, a chunk of lines in one batch (`Session.translate_texts`);
-    a line that cannot be read is named in its one-line error."""
+    a line that cannot be read is named in its one-line error. `first_line`: the input's
+    lines before `source`'s (a rank's share, `mtkit.engines.ranks`)."""
     from mtkit.core.textio import read_chunks
     from mtkit.documents.formats import FORMATS
 
-    count = 0
-    for lines in read_chunks(source):
+    count = first_line
+    for lines in read_chunks(source, continued=first_line > 0):
         try:
             found = session.translate_texts(lines, format)
         except UserError as e:

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from mtkit.core.errors import UserError
 
@@ -47,6 +48,24 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def ranks_launched() -> bool:
+    """Whether this process is one of several ranks that `torchrun` started (WORLD_SIZE
+    above 1): training, translation and distillation then share the work."""
+    return int(os.environ.get("WORLD_SIZE", 1)) > 1
+
+
+def join_ranks(device: torch.device | str) -> tuple[int, int]:
+    """This process's rank and the number of ranks, (0, 1) alone. Under `torchrun` the
+    process group is started here unless it is (once per process): NCCL where `device`
+    is CUDA, Gloo on a CPU, the ranks meeting through torchrun's env:// rendezvous
+    (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), on one node or several."""
+    if not ranks_launched():
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def autocast(device: torch.device | str, dtype: torch.dtype | None) -> AbstractContextManager:

@@ -22,6 +22,9 @@ The moments, with the arguments each passes:
                     pipe's file descriptor), data (the framed bytes,
                     `mtkit.engines.helper_pipes`)
     helper-sent     that result written whole: helper=K
+    rank-translated a rank of a torchrun job translated a batch of its share
+                    (`mtkit.engines.ranks`): rank=R (from 0), world=N, output (the file its
+                    part is beside), lines (of its share, translated so far)
 
 Where a fault is asked (`faults_asked`), the translation pool also lets every helper load
 before its own process takes a batch, so that a helper's batch moments come whatever the

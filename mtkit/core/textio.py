@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file
 CHUNK_LINES = 2000  # most lines translated (and sorted by length) together
+READ_BYTES = 1 << 20  # what `read_chunks` reads at a time (its first read is checked)
 # Longest input line kept, in bytes. A subword is at least one byte, so this is far more
 # than any model's positions (1,024 by default); it only bounds memory on a runaway line.
 MAX_LINE_BYTES = 1 << 20
@@ -100,7 +101,11 @@ TEXT = OutputFormat()
 
 
 def read_chunks(
-    stream: BinaryIO, max_lines: int = CHUNK_LINES, max_line_bytes: int = MAX_LINE_BYTES
+    stream: BinaryIO,
+    max_lines: int = CHUNK_LINES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    *,
+    continued: bool = False,
 ) -> Iterator[list[str]]:
     """Lines as they become available: each chunk holds the complete lines that one read
     returned (at most `max_lines`), so an interactive user gets each line translated at
@@ -109,10 +114,12 @@ def read_chunks(
     text, and translated as garbage); a line keeps at most its first `max_line_bytes`
     bytes, cut while reading, so a huge line without newlines never sits whole in
     memory. Binary input (an archive, a PDF, an image, NUL bytes) is refused in one line
-    by its first chunk (`refuse_binary`)."""
+    by its first chunk (`refuse_binary`). `continued`: the stream goes on from an input
+    whose start was read and checked elsewhere (a rank's share of a file,
+    `mtkit.engines.ranks`): its first bytes are neither checked nor stripped of a mark."""
     fd = _fileno(stream)
     pending = bytearray()  # the start of a line whose end has not been read yet
-    at_start, warned = True, False
+    at_start, warned = not continued, False
 
     def bounded(line: bytes) -> bytes:
         nonlocal warned
@@ -125,21 +132,11 @@ def read_chunks(
         return line[:max_line_bytes]
 
     while True:
-        data = os.read(fd, 1 << 20) if fd is not None else stream.read(1 << 20)
+        data = os.read(fd, READ_BYTES) if fd is not None else stream.read(READ_BYTES)
         if not data:
             break
         if at_start:
-            refuse_binary(data, "(zcat FILE.gz | mtkit translate ...)")
-            wide = next((n for m, n in WIDE_BOMS.items() if data.startswith(m)), "")
-            if wide:  # (its NUL bytes would say "binary")
-                raise OptionError(
-                    f"the input is {wide[:6].upper()} text (it starts with its byte-order "
-                    f"mark), and lines are read as UTF-8: convert it first "
-                    f"(iconv -f {wide[:6].upper()} -t UTF-8 FILE)"
-                )
-            if b"\x00" in data:
-                raise OptionError(_holds_nul(f"byte {data.index(0)}", "UTF-8"))
-            data, at_start = data.removeprefix(BOM), False
+            data, at_start = check_text_start(data), False
         *lines, rest = data.split(b"\n")
         if lines:
             lines[0] = bytes(pending) + lines[0]
@@ -150,6 +147,23 @@ def read_chunks(
             yield [_decode(x) for x in lines[start : start + max_lines]]
     if pending:
         yield [_decode(bounded(bytes(pending)))]
+
+
+def check_text_start(data: bytes) -> bytes:
+    """The first read of a line input (`read_chunks`), refused in one line where it is
+    not UTF-8 text (binary, gzip, UTF-16 or UTF-32, NUL bytes), without its byte-order
+    mark."""
+    refuse_binary(data, "(zcat FILE.gz | mtkit translate ...)")
+    wide = next((n for m, n in WIDE_BOMS.items() if data.startswith(m)), "")
+    if wide:  # (its NUL bytes would say "binary")
+        raise OptionError(
+            f"the input is {wide[:6].upper()} text (it starts with its byte-order "
+            f"mark), and lines are read as UTF-8: convert it first "
+            f"(iconv -f {wide[:6].upper()} -t UTF-8 FILE)"
+        )
+    if b"\x00" in data:
+        raise OptionError(_holds_nul(f"byte {data.index(0)}", "UTF-8"))
+    return data.removeprefix(BOM)
 
 
 DECLARED_WITHIN = 4096  # bytes of a document searched for its declaration
@@ -531,10 +545,15 @@ def read_all_lines(source: BinaryIO, expected: int, what: str) -> BinaryIO:
     """All of `source` in memory, after checking that it has `expected` lines (as
     `read_chunks` counts them); `what` names the file it must match in the error."""
     data = source.read()
-    lines = line_count(io.BytesIO(data))
+    check_line_count(line_count(io.BytesIO(data)), expected, what)
+    return io.BytesIO(data)
+
+
+def check_line_count(lines: int, expected: int, what: str) -> None:
+    """One line where the input's `lines` are not the `expected` lines of `what` (a file
+    with a line for each input line: --prefix-file, --constraints)."""
     if lines != expected:
         raise OptionError(f"{what} has {plural(expected, 'line')}, the input has {lines}")
-    return io.BytesIO(data)
 
 
 def line_name(index: int, jsonl: bool = False) -> str:

@@ -269,13 +269,15 @@ class Session:
         *,
         output: OutputFormat = TEXT,
         constraints: list[list[tuple[str, ...]]] | None = None,
+        first_line: int = 0,
     ) -> int:
         """Every line of `source` translated to `sink` (`translate_stream`); returns the
         number of input lines. Each line's `constraints` (one list per line of `source`,
         which is then seekable) are checked before anything is written
-        (`check_constraint_lines`)."""
+        (`check_constraint_lines`). `first_line`: the input's lines before `source`'s (a
+        rank's share of a file, `mtkit.engines.ranks`): how lines are numbered."""
         if constraints is not None:
-            check_constraint_lines(self.engine, source, constraints, self.opts)
+            check_constraint_lines(self.engine, source, constraints, self.opts, first_line)
         return translate_stream(
             self.engine,
             source,
@@ -289,6 +291,7 @@ class Session:
             glossary=self.glossary,
             tgt_lang=self.tgt_lang,
             split=self.split,
+            first_line=first_line,
         )
 
 
@@ -447,6 +450,7 @@ def translate_stream(
     glossary: Glossary | None = None,
     tgt_lang: str | None = None,
     split: bool = False,
+    first_line: int = 0,
 ) -> int:
     """Translate every line of `source` to `sink`; returns the number of input lines.
     In jsonl format the input lines are JSON records too (`parse_line`). `prefixes`
@@ -454,9 +458,10 @@ def translate_stream(
     format); a `glossary` adds the constraints its source terms require. `tgt_lang`:
     the language a multilingual model translates into (a jsonl record's own first).
     `split`: a line of several sentences is translated sentence by sentence
-    (`translate_requests`). `done(n)` is called as lines are finished (a progress bar)."""
+    (`translate_requests`). `done(n)` is called as lines are finished (a progress bar).
+    `first_line`: the lines before `source`'s, as messages and jsonl records number them."""
     count, jsonl = 0, output.kind == "jsonl"
-    for lines in read_chunks(source):
+    for lines in read_chunks(source, continued=first_line > 0):
         requests = [into_language(parse_line(x, jsonl), translator, tgt_lang, jsonl) for x in lines]
         results = translate_requests(
             translator,
@@ -470,12 +475,13 @@ def translate_stream(
             split=split,
             batch_tokens=batch_tokens,
             done=done,
-            count=count,
+            count=first_line + count,
             jsonl=jsonl,
         )
         out = []
         for offset, (request, translations) in enumerate(zip(requests, results, strict=True)):
-            out.extend(format_lines(count + offset, request, translations, opts, output))
+            index = first_line + count + offset
+            out.extend(format_lines(index, request, translations, opts, output))
         sink.write("".join(x + "\n" for x in out))
         sink.flush()
         count += len(lines)
@@ -611,17 +617,18 @@ def check_constraint_lines(
     source: BinaryIO,
     constraints: list[list[tuple[str, ...]]],
     opts: SearchOptions,
+    first_line: int = 0,
 ) -> None:
     """One line for the first input line (of `source`, which is read and rewound) whose
     constraints (one list per line) cannot be searched for (`constraint_errors`): checked
     before anything is written. (A glossary's terms never stop a translation:
-    `searchable`.)"""
-    lines = [line for chunk in read_chunks(source) for line in chunk]
+    `searchable`.) `first_line`: the input's lines before `source`'s."""
+    lines = [line for chunk in read_chunks(source, continued=first_line > 0) for line in chunk]
     source.seek(0)
     wanted = line_constraints([Request(x) for x in lines], constraints) or []
     for i, why in enumerate(constraint_errors(translator, lines, wanted, opts) if wanted else []):
         if why:
-            raise OptionError(f"line {i + 1}: {why}", "constraints")
+            raise OptionError(f"line {first_line + i + 1}: {why}", "constraints")
 
 
 def _with_alternatives(found: list[Translation]) -> Translation:

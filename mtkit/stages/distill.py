@@ -43,7 +43,8 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,71 +274,63 @@ def distill(cfg: Config, teacher: Teacher | None = None) -> dict:
             f"{run} has no tokenizer yet: run `mtkit tokenizer` first (with tokenizer.from "
             f"naming the teacher, the student shares its pieces)"
         )
-    teacher = teacher or resolve_teacher(cfg)  # (given: resolved, and hashed, already)
-    with run_lock(run, "distill"):
-        return _distill(cfg, teacher)
+    with joined_ranks(cfg) as ranks:
+        if teacher is None:  # (given: resolved, and hashed, already)
+            teacher = ranks.first_says(resolve_teacher(cfg) if ranks.main else None)
+        with run_lock(run, "distill") if ranks.main else nullcontext():
+            manifest = _distill(cfg, teacher, ranks)
+        ranks.barrier()  # (the manifest is written)
+    return manifest if ranks.main else distilled_manifest(cfg)
 
 
-def _distill(cfg: Config, teacher: Teacher) -> dict:
-    from mtkit.engines.loader import load_engine  # torch: only when translating
+def joined_ranks(cfg: Config):
+    """This process's place among the ranks of a torchrun job, alone rank 0 of 1, the
+    process group started on the teacher's device (`mtkit.engines.ranks.Ranks.joined`,
+    a context manager)."""
+    from mtkit.core.device import resolve_device
+    from mtkit.engines.ranks import Ranks
 
+    return Ranks.joined(resolve_device(cfg.train.device, "train.device"))
+
+
+def _distill(cfg: Config, teacher: Teacher, ranks) -> dict | None:
+    """The distillation (`distill`); under torchrun, every rank translates its share of
+    each chunk (`mtkit.engines.ranks`) and rank 0 keeps the books (RUN/distill's state,
+    the chunks' checks, the corpus and its manifest, which it returns; None elsewhere)."""
     folder = cfg.run_path / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
     chunks = folder / "chunks"
-    for leftovers in (folder, chunks):  # of atomic writes a kill cut short
-        remove_leftovers(leftovers, ("*",))
     wanted = settings(cfg, teacher)
-    stored = _stored_state(folder / STATE, wanted)
-    resumed = stored if stored and _changed(stored["settings"], wanted) <= {"corpus"} else None
-    # The teacher is loaded and checked, and the corpus opened, before anything an
-    # earlier distillation made is removed: a refused teacher deletes nothing.
-    engine = load_engine(
-        teacher.checkpoints,
-        cfg.train.device,
-        "train.device",
-        (resumed and resumed["precision"]) or cfg.distill.precision,
-    )
+    engine = None
     try:
-        _check_vocabularies(cfg, engine, teacher)
-        corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
-        state = _start(cfg, wanted, stored, resumed, folder, chunks)
-        # The measured choices (precision under auto, the attention kernel) are made at
-        # the first start and kept, so that a resumed distillation translates as it began.
-        if state["precision"] is None or state["attention"] is None:
-            state["precision"] = engine.precision["precision"]
-            state["attention"] = engine.precision["attention"]["kernel"]
-            _write_state(folder, state)
+        if ranks.main:
+            engine, corpora, state, stored = _start_main(cfg, teacher, folder, chunks, wanted)
+        # The other ranks load the teacher as rank 0 chose to run it (measured once)
+        state = ranks.first_says(state if ranks.main else None)
+        if not ranks.main:
+            engine = _load_teacher(teacher, cfg, state["precision"])
+            corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
         engine.use_attention(state["attention"])
         opts = dataclasses.replace(
             SearchOptions.from_config(engine.config.decode), beam=cfg.distill.beam, nbest=1
         )
-        compare = state["settings"] != wanted  # the corpus changed: check each chunk
+        compare = ranks.main and state["settings"] != wanted  # the corpus changed: check each
         translated = seconds = 0
         for attempt in (1, 2):
-            now, count, took = _translate_chunks(cfg, engine, opts, corpora, chunks, compare)
+            now, count, took = _translate_chunks(
+                cfg, engine, opts, corpora, chunks, compare, ranks, _part_options(state)
+            )
             translated, seconds = translated + now, seconds + took
-            if compare:  # every chunk now holds this corpus's lines
-                state["settings"], compare = wanted, False
-                _write_state(folder, state)
-            _remove_chunks_from(chunks, count)
-            try:
-                pairs = _write_pairs(cfg, chunks, count)
+            pairs = None
+            if ranks.main:
+                if compare:  # every chunk now holds this corpus's lines
+                    state["settings"], compare = wanted, False
+                    _write_state(folder, state)
+                pairs = _pairs_or_damaged(cfg, chunks, count, attempt)
+            if not ranks.first_says(ranks.main and pairs is None):  # (damaged: again)
                 break
-            except _DamagedChunks as e:
-                if attempt == 2:
-                    raise DistillError(
-                        f"{e.paths[0]}: unreadable again right after it was written; "
-                        f"check the disk of {chunks}"
-                    ) from None
-                for path in e.paths:  # translated again on the next turn
-                    log.warning(
-                        "distill: %s is damaged (cut short or not JSON lines): "
-                        "translating its lines again",
-                        path,
-                    )
-                    path.unlink()
     finally:
-        engine.close()  # its helper processes: not kept through the student's training
+        if engine is not None:
+            engine.close()  # its helper processes: not kept through the student's training
     if translated:
         log.info(
             "distill: the teacher translated %d sentences in %.0f s (%.1f sentences/s)",
@@ -345,7 +338,73 @@ def _distill(cfg: Config, teacher: Teacher) -> dict:
             seconds,
             translated / max(seconds, 1e-9),
         )
-    return _write_manifest(cfg, state, count, pairs)
+    return _write_manifest(cfg, state, count, pairs) if ranks.main else None
+
+
+def _load_teacher(teacher: Teacher, cfg: Config, precision: str):
+    from mtkit.engines.loader import load_engine  # torch: only when translating
+
+    return load_engine(teacher.checkpoints, cfg.train.device, "train.device", precision)
+
+
+def _start_main(cfg: Config, teacher: Teacher, folder: Path, chunks: Path, wanted: dict):
+    """Rank 0's (or one process's) start: the teacher loaded and checked, the corpus
+    opened, RUN/distill's state kept or started over (`_start`) with the measured
+    choices; returns the engine, the corpora, the state and the stored one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for leftovers in (folder, chunks):  # of atomic writes a kill cut short
+        remove_leftovers(leftovers, ("*",))
+    stored = _stored_state(folder / STATE, wanted)
+    resumed = stored if stored and _changed(stored["settings"], wanted) <= {"corpus"} else None
+    # The teacher is loaded and checked, and the corpus opened, before anything an
+    # earlier distillation made is removed: a refused teacher deletes nothing.
+    engine = _load_teacher(
+        teacher, cfg, (resumed and resumed["precision"]) or cfg.distill.precision
+    )
+    try:
+        _check_vocabularies(cfg, engine, teacher)
+        corpora = open_split(cfg.data, "train", cfg.run_path / "cache")
+        state = _start(cfg, wanted, stored, resumed, folder, chunks)
+    except BaseException:
+        engine.close()
+        raise
+    # The measured choices (precision under auto, the attention kernel) are made at
+    # the first start and kept, so that a resumed distillation translates as it began.
+    if state["precision"] is None or state["attention"] is None:
+        state["precision"] = engine.precision["precision"]
+        state["attention"] = engine.precision["attention"]["kernel"]
+        _write_state(folder, state)
+    return engine, corpora, state, stored
+
+
+def _part_options(state: dict) -> str:
+    """What a rank's part of a chunk depends on beside the chunk's lines
+    (`mtkit.engines.ranks.fingerprint`): the settings and the measured choices."""
+    from mtkit.engines.ranks import fingerprint
+
+    return fingerprint({k: state[k] for k in ("settings", "precision", "attention")})
+
+
+def _pairs_or_damaged(cfg: Config, chunks: Path, count: int, attempt: int) -> _Pairs | None:
+    """The filtered corpus written from the chunks (`_write_pairs`), after removing those
+    of a longer corpus; None where some chunk files were damaged (removed: translated
+    again on the next turn), one line when that happens again (`attempt` 2)."""
+    _remove_chunks_from(chunks, count)
+    try:
+        return _write_pairs(cfg, chunks, count)
+    except _DamagedChunks as e:
+        if attempt == 2:
+            raise DistillError(
+                f"{e.paths[0]}: unreadable again right after it was written; "
+                f"check the disk of {chunks}"
+            ) from None
+        for path in e.paths:  # translated again on the next turn
+            log.warning(
+                "distill: %s is damaged (cut short or not JSON lines): translating its lines again",
+                path,
+            )
+            path.unlink()
+        return None
 
 
 def _changed(stored: dict, wanted: dict) -> set[str]:
@@ -379,13 +438,18 @@ def _translate_chunks(
     opts: SearchOptions,
     corpora: list,
     chunks: Path,
-    compare: bool = False,
+    compare: bool,
+    ranks,
+    options: str,
 ) -> tuple[int, int, float]:
     """The teacher's translations of every chunk not yet translated, each chunk a file
-    of its own (written atomically); returns the sentences translated now, the chunks
-    in all, and the seconds it took. `compare`: a chunk file is kept only where its
-    source lines are the corpus's (data.train changed since it was written), else
-    translated again."""
+    of its own (written atomically); returns the sentences translated now (by this
+    rank), the chunks in all, and the seconds it took. `compare`: a chunk file is kept
+    only where its source lines are the corpus's (data.train changed since it was
+    written), else translated again. Under torchrun (`ranks`) rank 0 checks the chunk
+    files and says which are to translate; each rank translates its share of such a
+    chunk into its part, kept where an earlier run finished it (`options`: what a part
+    depends on), and rank 0 puts the parts together (`mtkit.engines.ranks`)."""
     progress = ProgressLog(sum(c.size for c in corpora), stage="distill")
     start, translated, index = time.perf_counter(), 0, 0
     for corpus in corpora:
@@ -393,7 +457,9 @@ def _translate_chunks(
             path = chunks / f"{index:06d}.jsonl"
             index += 1
             lines = None
-            if compare and path.exists():
+            if not ranks.main:
+                pass  # (rank 0 checks the chunk files)
+            elif compare and path.exists():
                 src, _, keep = clean(raw_src, raw_tgt)
                 lines = [x for x, k in zip(src, keep, strict=True) if k]
                 if _chunk_sources(path) != lines:
@@ -401,25 +467,58 @@ def _translate_chunks(
             elif path.exists() and not _whole(path, raw_src, raw_tgt):
                 log.warning("distill: %s is damaged (cut short): translating its lines again", path)
                 path.unlink()
-            if not path.exists():
+            if ranks.first_says(not path.exists()):
                 if lines is None:
                     src, _, keep = clean(raw_src, raw_tgt)
                     lines = [x for x, k in zip(src, keep, strict=True) if k]
-                hyps = engine.translate(lines, opts, batch_tokens=engine.batch_tokens)
-                pieces = engine.encode(lines)
-                with atomic_text(path) as f:
-                    for line, ids, (best,) in zip(lines, pieces, hyps, strict=True):
-                        record = {
-                            "src": line,
-                            "tgt": engine.tgt_vocab.decode(best.tokens),
-                            "src_pieces": len(ids),
-                            "tgt_pieces": len(best.tokens),
-                            "cost": round(-best.log_prob / (len(best.tokens) + 1), 4),
-                        }
-                        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                translated += len(lines)
-            progress.advance(len(raw_src))
+                if ranks.world == 1:
+                    with atomic_text(path) as f:
+                        _write_records(engine, opts, lines, f)
+                    translated += len(lines)
+                else:
+                    translated += _translate_share(engine, opts, lines, path, ranks, options)
+            if ranks.main:
+                progress.advance(len(raw_src))
     return translated, index, time.perf_counter() - start
+
+
+def _write_records(
+    engine: Engine,
+    opts: SearchOptions,
+    lines: list[str],
+    f,
+    done: Callable[[int], None] | None = None,
+) -> None:
+    """The teacher's translation of each line, one JSON record a line (`RECORD`), to the
+    text file `f`; `done(n)` told as lines are translated."""
+    hyps = engine.translate(lines, opts, done, batch_tokens=engine.batch_tokens)
+    pieces = engine.encode(lines)
+    for line, ids, (best,) in zip(lines, pieces, hyps, strict=True):
+        record = {
+            "src": line,
+            "tgt": engine.tgt_vocab.decode(best.tokens),
+            "src_pieces": len(ids),
+            "tgt_pieces": len(best.tokens),
+            "cost": round(-best.log_prob / (len(best.tokens) + 1), 4),
+        }
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _translate_share(
+    engine: Engine, opts: SearchOptions, lines: list[str], path: Path, ranks, options: str
+) -> int:
+    """This rank's share of a chunk's `lines` translated into its part of the chunk file
+    `path` (kept where finished), the parts put together by rank 0; returns the lines
+    this rank translated now."""
+    from mtkit.engines.ranks import RankPart, scan_texts, translated
+
+    part = RankPart(ranks, path, scan_texts(lines, ranks.world), options)
+
+    def write(share, sink) -> None:
+        mine = lines[share.first : share.end]
+        _write_records(engine, opts, mine, sink, translated(ranks, path))
+
+    return 0 if part.translate(write) else part.share.lines
 
 
 RECORD = {"src": str, "tgt": str, "src_pieces": int, "tgt_pieces": int, "cost": (int, float)}

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +38,14 @@ from mtkit.data.alignments import align_shard, aligned
 from mtkit.data.shards import ShardDataset
 from mtkit.data.sources import DataError
 from mtkit.engines.loader import load_engine
+from mtkit.engines.ranks import Ranks
 from mtkit.engines.session import Session
 from mtkit.stages.distill import (
     DistillError,
     distill,
     distilled_manifest,
     is_distilled,
+    joined_ranks,
     resolve_teacher,
     teacher_configs,
 )
@@ -85,31 +88,37 @@ def run_all(cfg: Config) -> RunResult:
             "scoring the test set; set data.test, or run the tokenizer, "
             "preprocess and train commands on their own"
         )
-    with run_lock(cfg.run_path, "run"):
-        return _run_all(cfg)
+    with joined_ranks(cfg) as ranks:
+        with run_lock(cfg.run_path, "run") if ranks.main else nullcontext():
+            return _run_all(cfg, ranks)
 
 
-def _run_all(cfg: Config) -> RunResult:
+def _run_all(cfg: Config, ranks: Ranks) -> RunResult:
+    """The stages; under torchrun (`ranks`) every rank distils its shares
+    (`mtkit.engines.ranks`) and trains (DDP), rank 0 alone runs the others (deciding
+    which are due, for every rank) while the others wait."""
     run = cfg.run_path
     for teacher in teacher_configs(cfg):
         log.info("stage teacher: %s", teacher)
         run_all(load_config(teacher))
-    if not vocab_paths(run, cfg.tokenizer.joint)[1].exists():
+    if ranks.first_says(not vocab_paths(run, cfg.tokenizer.joint)[1].exists()):
         log.info("stage tokenizer")
-        build_tokenizer(cfg)
+        _on_rank_0(ranks, build_tokenizer, cfg)
     shards = run / "data"
-    if cfg.distill.teacher and _distill_stage(cfg):
+    if cfg.distill.teacher and _distill_stage(cfg, ranks):
         if (shards / "train" / "manifest.json").exists():  # from another distillation
             log.info("the distilled corpus is new: preprocessing again")
-            preprocess(cfg)
-    if not all((shards / split / "manifest.json").exists() for split in ("train", "test")):
+            _on_rank_0(ranks, preprocess, cfg)
+    due = not all((shards / split / "manifest.json").exists() for split in ("train", "test"))
+    if ranks.first_says(due):
         log.info("stage preprocess")  # (data.test added since: its shards are still to do)
-        preprocess(cfg)
+        _on_rank_0(ranks, preprocess, cfg)
     else:  # skipped: the shards must still come from the current tokenizer
         ShardDataset(run / "data" / "train").check_tokenizer(*load_vocabs(run, cfg.tokenizer.joint))
-        if cfg.train.guided_alignment and not aligned(run / "data" / "train"):
+        due = cfg.train.guided_alignment and not aligned(run / "data" / "train")
+        if ranks.first_says(due):
             log.info("stage align (train.guided_alignment)")
-            align_shard(run / "data" / "train")
+            _on_rank_0(ranks, align_shard, run / "data" / "train")
     log.info("stage train")
     result = train(cfg, resume=True)
     release_freed_memory()  # the trained model is gone: translation starts from less
@@ -123,16 +132,10 @@ def _run_all(cfg: Config) -> RunResult:
     sources, references, target_tags = _test_texts(cfg, test)
     groups = test.directions()
     hyp_path = run / "test.hyp"
-    if newer(hyp_path, checkpoint):
-        hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
-    else:
+    if ranks.first_says(not newer(hyp_path, checkpoint)):
         log.info("stage translate: %d test sentences with %s", len(sources), checkpoint.name)
-        engine = load_engine(checkpoint, cfg.train.device)
-        # the run's decode section (not the checkpoint's); the tags are the test set's
-        session = Session.open(engine, decode=cfg.decode, target=False)
-        found = session.translate(_test_requests(sources, target_tags))
-        hypotheses = [nbest[0].text for nbest in found]
-        write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
+        _on_rank_0(ranks, _translate_test, cfg, checkpoint, sources, target_tags, hyp_path)
+    hypotheses = hyp_path.read_text("utf-8").split("\n")[:-1]
     scores = score(hypotheses, references, METRICS)
     by_direction = (
         {}
@@ -146,17 +149,44 @@ def _run_all(cfg: Config) -> RunResult:
     if by_direction:
         report["directions"] = {d: _report(s) for d, s in by_direction.items()}
     report["checkpoint"] = str(checkpoint)
-    write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
+    if ranks.main:
+        write_atomic(run / "test.scores.json", (json.dumps(report, indent=2) + "\n").encode())
     return RunResult(checkpoint, hyp_path, scores, result, by_direction)
 
 
-def _distill_stage(cfg: Config) -> bool:
+def _on_rank_0(ranks: Ranks, stage: Callable[..., object], *args: object) -> None:
+    """`stage(*args)` run by rank 0 alone (one process: by it), the other ranks waiting
+    until it is done."""
+    if ranks.main:
+        stage(*args)
+    ranks.barrier()
+
+
+def _translate_test(
+    cfg: Config,
+    checkpoint: Path,
+    sources: list[str],
+    target_tags: list[str] | None,
+    hyp_path: Path,
+) -> None:
+    """RUN/test.hyp: the test sources translated with the final checkpoint."""
+    engine = load_engine(checkpoint, cfg.train.device)
+    # the run's decode section (not the checkpoint's); the tags are the test set's
+    session = Session.open(engine, decode=cfg.decode, target=False)
+    found = session.translate(_test_requests(sources, target_tags))
+    hypotheses = [nbest[0].text for nbest in found]
+    write_atomic(hyp_path, "".join(h + "\n" for h in hypotheses).encode("utf-8"))
+
+
+def _distill_stage(cfg: Config, ranks: Ranks) -> bool:
     """Distil unless RUN/distill holds this teacher's finished corpus of data.train (as it
     is now: `distill.corpus_identity`); whether the corpus
     differs from the one the shards were made from. A student already trained on another
-    corpus is refused rather than resumed on this one."""
-    teacher = resolve_teacher(cfg)  # hashes the teacher's files: once
-    if not is_distilled(cfg, teacher):
+    corpus is refused rather than resumed on this one. Under torchrun every rank
+    translates its shares (`mtkit.stages.distill`)."""
+    # hashes the teacher's files: once, on rank 0
+    teacher = ranks.first_says(resolve_teacher(cfg) if ranks.main else None)
+    if not ranks.first_says(ranks.main and is_distilled(cfg, teacher)):
         log.info("stage distill")
         distill(cfg, teacher)
     manifest = cfg.run_path / "data" / "train" / "manifest.json"

@@ -11,7 +11,6 @@ attention kernel, batch shapes, CUDA graphs). Fine-tuning's start is
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from mtkit.core.checkpoint import (
     load_tensors,
 )
 from mtkit.core.config import Config, save_config
-from mtkit.core.device import resolve_device
+from mtkit.core.device import join_ranks, resolve_device
 from mtkit.core.errors import TrainError
 from mtkit.core.languages import epoch_counts, output_vocabularies, tag_ids
 from mtkit.core.signals import held_while_starting_workers
@@ -111,12 +110,9 @@ def setup(cfg: Config, resume: bool) -> TrainState:
     source = init_checkpoint(cfg.train.init_from) if cfg.train.init_from else None
     cfg = init_model_config(cfg, source)
     tc, run = cfg.train, cfg.run_path
-    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = resolve_device(tc.device)
-    if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = dist.get_rank() if distributed else 0
-    world = dist.get_world_size() if distributed else 1
+    rank, world = join_ranks(device)
+    distributed = world > 1
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
