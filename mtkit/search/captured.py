@@ -30,16 +30,21 @@ most `MAX_SLOTS` shapes are kept, the least recently used let go.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from mtkit.core.errors import first_line
-from mtkit.core.vocab import BOS
+from mtkit.core.search_options import SearchOptions
+from mtkit.core.vocab import BOS, EOS
 from mtkit.model.cache import PreallocatedCache, SlotCache, preallocated_capacity
+from mtkit.search.beam import greedy_search
 from mtkit.tuning.capture import CAPTURES, Capture
+from mtkit.tuning.timing import fastest_interleaved, on_one_thread
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +206,45 @@ class CapturedDecoder:
             "shapes": sum(s is not None for s in self.slots.values()),
             "failed": len(self.failures),
         }
+
+
+def compiled_step_timer(
+    model: Any,
+    capture: Capture,
+    src_vocab_size: int,
+    sentences: int = 8,
+    source_len: int = 12,
+    steps: int = 8,
+    repeats: int = 5,
+) -> Callable[[], tuple[float, float, float]]:
+    """What times `model`'s real decoder steps, eager against captured by `capture` (on a
+    CPU, Inductor's compilation: `tuning.compile.compile_choice`'s measure): a greedy
+    search of `sentences` seeded sources of `source_len` tokens (ids past the special
+    ones, below `src_vocab_size`), at most `steps` tokens
+    out, the model's own and through a `CapturedDecoder`, each the fastest of `repeats`
+    interleaved runs on one thread. Returns (eager, captured) seconds per step and the
+    seconds the first captured search took beyond a replayed one (compiling)."""
+
+    def measure() -> tuple[float, float, float]:
+        device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(0)
+        low = min(EOS + 1, src_vocab_size - 1)  # past the special ids
+        shape = (sentences, source_len)
+        src = torch.randint(low, src_vocab_size, shape, generator=generator).to(device)
+        options = SearchOptions(beam=1, max_len_a=0.0, max_len_b=steps)
+        stepper = CapturedDecoder(model, capture=capture)
+        steppers = {"eager": model, "captured": stepper}
+
+        def once(kind: str) -> float:
+            start = time.perf_counter()
+            greedy_search(steppers[kind], src, options)
+            return time.perf_counter() - start
+
+        first = once("captured")  # compiles each shape it meets
+        once("eager")  # warmed up
+        best = fastest_interleaved(once, ("eager", "captured"), repeats)
+        if stepper.failures:
+            raise RuntimeError(next(iter(stepper.failures.values())))
+        return best["eager"] / steps, best["captured"] / steps, first - best["captured"]
+
+    return lambda: on_one_thread(measure)

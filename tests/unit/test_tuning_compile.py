@@ -1,0 +1,109 @@
+"""Whether a translation's decoder steps are compiled on a CPU
+(`mtkit.tuning.compile.compile_choice`): what rules them out, the measured choice with
+faked timings, kept in measured.json, and a failed compilation; one real compiled search
+of a tiny model where a C++ compiler is present."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from scripted import random_model, random_src
+
+from mtkit.core.config import DecodeConfig
+from mtkit.core.errors import OptionError
+from mtkit.engines.loader import load_engine
+from mtkit.search.beam import greedy_search
+from mtkit.search.captured import CapturedDecoder
+from mtkit.tuning import compile as compiling
+from mtkit.tuning.compile import compile_choice, compiler_missing, inductor_capture
+
+CPU = torch.device("cpu")
+KEY = {"model": [1, 16, 2, 32, 120, 120], "precision": "fp32", "attention": "sdpa"}
+
+
+def never():
+    raise AssertionError("measured")
+
+
+@pytest.fixture
+def kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "measured.json"
+
+
+def test_compiled_steps_need_a_cpu_one_process_and_a_compiler(monkeypatch, caplog):
+    assert compile_choice("off", CPU, KEY, never) == {"compile": "off", "asked": "off"}
+    assert "on a CPU" in compile_choice("on", torch.device("cuda"), KEY, never)["why"]
+    assert "--workers 2" in compile_choice("auto", CPU, KEY, never, workers=2)["why"]
+    assert compile_choice("on", CPU, KEY, never) in (
+        {"compile": "on", "asked": "on"},
+        {"compile": "off", "asked": "on", "why": compiler_missing()},
+    )
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CXX", raising=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+        record = compile_choice("on", CPU, KEY, never)
+    assert record == {
+        "compile": "off",
+        "asked": "on",
+        "why": "no C++ compiler (g++, c++, clang++) on the PATH, which Inductor needs",
+    }
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"--compile on: decoder steps run eagerly: {record['why']}")
+    ]
+
+
+def test_compile_must_be_auto_on_or_off():
+    with pytest.raises(OptionError, match="--compile must be auto, on or off, got 'yes'"):
+        load_engine("never-read.pt", compile="yes")
+    assert DecodeConfig().compile == "off"  # slower than eager on the developers' CPU
+
+
+def test_auto_compiles_where_a_step_is_clearly_faster_and_keeps_the_choice(kept, caplog):
+    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+        record = compile_choice("auto", CPU, KEY, lambda: (0.010, 0.004, 12.5))
+    assert record == {
+        "compile": "on",
+        "asked": "auto",
+        "eager_ms": 10.0,
+        "compiled_ms": 4.0,
+        "compile_s": 12.5,
+    }
+    assert "10.00 ms eagerly and 4.00 ms compiled (compiling took 12.5 s): compiled" in caplog.text
+    assert compile_choice("auto", CPU, KEY, never) == record  # kept: never measured again
+    other = {**KEY, "precision": "bf16"}  # another key is measured for itself
+    slower = compile_choice("auto", CPU, other, lambda: (0.010, 0.0095, 3.0))
+    assert slower["compile"] == "off" and slower["compiled_ms"] == 9.5
+    assert kept.is_file()
+
+
+def test_a_failed_compilation_means_eager_steps_with_one_log_line(kept, caplog):
+    def failing():
+        raise RuntimeError("C++ compile error\ncc1plus: fatal error: Python.h: no such file")
+
+    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+        record = compile_choice("auto", CPU, KEY, failing)
+    assert record == {"compile": "off", "asked": "auto", "why": "C++ compile error"}
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "WARNING",
+            "--compile auto: compiling a decoder step failed (C++ compile error); eager steps",
+        )
+    ]
+    assert compile_choice("auto", CPU, KEY, never) == record  # kept like a measured one
+
+
+@pytest.mark.skipif(compiler_missing() is not None, reason="Inductor needs a C++ compiler")
+def test_compiled_steps_give_eager_outputs():
+    model, src = random_model(3), random_src(2, 2)  # few shapes: few compilations
+    stepper = CapturedDecoder(model, inductor_capture)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = greedy_search(model, src)
+        compiled = greedy_search(stepper, src)
+    assert compiled == eager
+    assert stepper.record()["replayed_steps"] > 0 and stepper.record()["failed"] == 0
+    assert compiling.COMPILED_SHAPES <= torch._dynamo.config.recompile_limit
