@@ -154,8 +154,11 @@ def load_torch_engine(
             "model": compiled_shape(models[0], len(src_vocab)),
             "precision": record["precision"],
             "attention": record["attention"]["kernel"],
+            "batch": [cfg.decode.batch_tokens, cfg.decode.beam],
         },
-        compiled_step_timer(models[0], inductor_capture, len(src_vocab)),
+        compiled_step_timer(
+            models[0], inductor_capture, len(src_vocab), cfg.decode.batch_tokens, cfg.decode.beam
+        ),
         workers if dev.type == "cpu" else 1,
     )
     budget = gpu_batch_budget(cfg, dev, len(tgt_vocab), 2 if dtype is not None else 4, len(models))

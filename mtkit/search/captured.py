@@ -22,7 +22,7 @@ its slot cache (`SlotCache` with `fixed`: all slots, all columns) the same way: 
 a replay, until its capacities change.
 
 A step that cannot be captured (its capture failed) runs eagerly on the cache it was
-given and is counted (`eager_steps`); each failing shape is logged once. A cache not in
+given and is counted (`eager_steps`); each reason for failing is logged once. A cache not in
 fixed shapes (a `BeamCache`, a `SlotCache` that is not fixed) always steps eagerly. At
 most `MAX_SLOTS` shapes are kept, the least recently used let go.
 """
@@ -42,7 +42,7 @@ from mtkit.core.errors import first_line
 from mtkit.core.search_options import SearchOptions
 from mtkit.core.vocab import BOS, EOS
 from mtkit.model.cache import PreallocatedCache, SlotCache, preallocated_capacity
-from mtkit.search.beam import greedy_search
+from mtkit.search.beam import beam_search, greedy_search
 from mtkit.tuning.capture import CAPTURES, Capture
 from mtkit.tuning.timing import fastest_interleaved, on_one_thread
 
@@ -140,6 +140,7 @@ class CapturedDecoder:
         self.replayed_steps = 0
         self.eager_steps = 0
         self.failures: dict[tuple, str] = {}
+        self.log_failures = True  # one warning per reason (a measurement raises its own)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
@@ -187,8 +188,9 @@ class CapturedDecoder:
         try:
             slot = Slot(self.model, token, src_mask, cache, capture)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: step eagerly
+            if self.log_failures and first_line(e) not in self.failures.values():
+                log.warning("decoder steps of shape %s run eagerly: %s", key[:4], first_line(e))
             self.failures[key] = first_line(e)
-            log.warning("decoder steps of shape %s run eagerly: %s", key[:4], first_line(e))
             slot = None
         self.slots[key] = slot
         return slot
@@ -212,32 +214,40 @@ def compiled_step_timer(
     model: Any,
     capture: Capture,
     src_vocab_size: int,
-    sentences: int = 8,
-    source_len: int = 12,
-    steps: int = 8,
-    repeats: int = 5,
+    batch_tokens: int,
+    beam: int,
+    source_len: int = 14,
+    steps: int = 24,
+    repeats: int = 2,
 ) -> Callable[[], tuple[float, float, float]]:
     """What times `model`'s real decoder steps, eager against captured by `capture` (on a
-    CPU, Inductor's compilation: `tuning.compile.compile_choice`'s measure): a greedy
-    search of `sentences` seeded sources of `source_len` tokens (ids past the special
-    ones, below `src_vocab_size`), at most `steps` tokens
-    out, the model's own and through a `CapturedDecoder`, each the fastest of `repeats`
-    interleaved runs on one thread. Returns (eager, captured) seconds per step and the
-    seconds the first captured search took beyond a replayed one (compiling)."""
+    CPU, Inductor's compilation: `tuning.compile.compile_choice`'s measure): a search of
+    one full batch, as translation makes them (`batch_tokens` source tokens times the
+    `beam`, greedy for 1), of seeded sources of `source_len` tokens (ids past the special
+    ones, below `src_vocab_size`), at most `steps` tokens out, by the model itself and
+    through a `CapturedDecoder`, each the fastest of `repeats` interleaved runs on one
+    thread. A full batch, not a few sentences: with few rows a step is mostly Python,
+    which compiling removes, with a batch's rows mostly products and copies, where fixed
+    shapes cost more (every position attended, the whole cache reordered). Returns
+    (eager, captured) seconds per step and the seconds the first captured search took
+    beyond a replayed one (compiling)."""
 
     def measure() -> tuple[float, float, float]:
         device = next(model.parameters()).device
         generator = torch.Generator().manual_seed(0)
         low = min(EOS + 1, src_vocab_size - 1)  # past the special ids
-        shape = (sentences, source_len)
+        shape = (max(1, batch_tokens // beam // (source_len + 1)), source_len)
         src = torch.randint(low, src_vocab_size, shape, generator=generator).to(device)
-        options = SearchOptions(beam=1, max_len_a=0.0, max_len_b=steps)
+        options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=steps)
+        search = greedy_search if beam == 1 else beam_search
         stepper = CapturedDecoder(model, capture=capture)
+        stepper.log_failures = False  # raised below, and logged once by the caller
         steppers = {"eager": model, "captured": stepper}
 
         def once(kind: str) -> float:
             start = time.perf_counter()
-            greedy_search(steppers[kind], src, options)
+            with torch.no_grad():
+                search(steppers[kind], src, options)
             return time.perf_counter() - start
 
         first = once("captured")  # compiles each shape it meets

@@ -80,9 +80,10 @@ def compile_choice(
     """The record of `--compile`: {"compile": "on" | "off", "asked", "why"?, "eager_ms"?,
     "compiled_ms"?, "compile_s"?}. Compiled steps need a CPU, a C++ compiler and batches
     translated in this process (`workers` 1; helper processes step eagerly): elsewhere
-    steps run eagerly and the record says why (one log line: a warning where asked on).
-    `on` takes them unmeasured; `auto` keeps in measured.json, under `key` (what was
-    measured: the model's shape, the precision), the first measurement on this machine
+    steps run eagerly and the record says why (one log line: a warning where asked on,
+    else a debug line, as `--precision auto` keeps stderr for errors). `on` takes them
+    unmeasured; `auto` keeps in measured.json, under `key` (what was measured: the
+    model's shape, the precision, the attention kernel), the first measurement on this machine
     (`measure`, `decide`)."""
     check_compile(asked, "compile")
     if asked == "off":
@@ -96,7 +97,7 @@ def compile_choice(
     )
     if why is not None:
         log.log(
-            logging.WARNING if asked == "on" else logging.INFO,
+            logging.WARNING if asked == "on" else logging.DEBUG,
             "--compile %s: decoder steps run eagerly: %s",
             asked,
             why,
@@ -120,7 +121,7 @@ def decide(measure: StepMeasure) -> dict:
         )
         return {"compile": "off", "asked": "auto", "why": first_line(e)}
     chosen = "on" if compiled <= COMPILE_MARGIN * eager else "off"
-    log.info(
+    log.debug(  # translation keeps stderr for errors, as precision's auto (shown with -v)
         "--compile auto: a decoder step took %.2f ms eagerly and %.2f ms compiled (compiling "
         "took %.1f s): %s",
         eager * 1e3,

@@ -15,7 +15,7 @@ from mtkit.core.config import DecodeConfig
 from mtkit.core.errors import OptionError
 from mtkit.engines.loader import load_engine
 from mtkit.search.beam import greedy_search
-from mtkit.search.captured import CapturedDecoder
+from mtkit.search.captured import CapturedDecoder, compiled_step_timer
 from mtkit.tuning import compile as compiling
 from mtkit.tuning.compile import compile_choice, compiler_missing, inductor_capture
 
@@ -29,7 +29,10 @@ def never():
 
 @pytest.fixture
 def kept(tmp_path, monkeypatch):
+    """measured.json in a folder of the test's, and a C++ compiler, as far as the choice
+    knows (the measurements are faked)."""
     monkeypatch.setenv("MTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiling, "compiler_missing", lambda: None)
     return tmp_path / "cache" / "measured.json"
 
 
@@ -44,7 +47,7 @@ def test_compiled_steps_need_a_cpu_one_process_and_a_compiler(monkeypatch, caplo
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("CXX", raising=False)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+    with caplog.at_level(logging.DEBUG, logger="mtkit.tuning.compile"):
         record = compile_choice("on", CPU, KEY, never)
     assert record == {
         "compile": "off",
@@ -63,7 +66,7 @@ def test_compile_must_be_auto_on_or_off():
 
 
 def test_auto_compiles_where_a_step_is_clearly_faster_and_keeps_the_choice(kept, caplog):
-    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+    with caplog.at_level(logging.DEBUG, logger="mtkit.tuning.compile"):
         record = compile_choice("auto", CPU, KEY, lambda: (0.010, 0.004, 12.5))
     assert record == {
         "compile": "on",
@@ -84,7 +87,7 @@ def test_a_failed_compilation_means_eager_steps_with_one_log_line(kept, caplog):
     def failing():
         raise RuntimeError("C++ compile error\ncc1plus: fatal error: Python.h: no such file")
 
-    with caplog.at_level(logging.INFO, logger="mtkit.tuning.compile"):
+    with caplog.at_level(logging.DEBUG, logger="mtkit.tuning.compile"):
         record = compile_choice("auto", CPU, KEY, failing)
     assert record == {"compile": "off", "asked": "auto", "why": "C++ compile error"}
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
@@ -107,3 +110,24 @@ def test_compiled_steps_give_eager_outputs():
     assert compiled == eager
     assert stepper.record()["replayed_steps"] > 0 and stepper.record()["failed"] == 0
     assert compiling.COMPILED_SHAPES <= torch._dynamo.config.recompile_limit
+
+
+def test_auto_times_a_full_batch_and_a_failed_capture_is_one_log_line(kept, caplog):
+    shapes = []
+
+    def counted(step):  # a capture that records nothing (`test_captured.stand_in`)
+        shapes.append(1)
+        return step
+
+    model = random_model(3)
+    eager, captured, _ = compiled_step_timer(model, counted, 40, batch_tokens=64, beam=2)()
+    assert eager > 0 and captured > 0 and shapes  # the captured search met its shapes
+
+    def broken(step):
+        raise RuntimeError("InductorError: C++ compile error")
+
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        record = compile_choice("auto", CPU, KEY, compiled_step_timer(model, broken, 40, 64, 2))
+    assert record == {"compile": "off", "asked": "auto", "why": "InductorError: C++ compile error"}
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
