@@ -11,6 +11,7 @@ import pytest
 import torch
 from scripted import random_model, random_src
 
+import mtkit
 from mtkit.core.config import DecodeConfig
 from mtkit.core.errors import OptionError
 from mtkit.engines.loader import load_engine
@@ -18,6 +19,8 @@ from mtkit.search.beam import greedy_search
 from mtkit.search.captured import CapturedDecoder, compiled_step_timer
 from mtkit.tuning import compile as compiling
 from mtkit.tuning.compile import compile_choice, compiler_missing, inductor_capture
+
+from conftest import cli, one_line_error
 
 CPU = torch.device("cpu")
 KEY = {"model": [1, 16, 2, 32, 120, 120], "precision": "fp32", "attention": "sdpa"}
@@ -59,9 +62,13 @@ def test_compiled_steps_need_a_cpu_one_process_and_a_compiler(monkeypatch, caplo
     ]
 
 
-def test_compile_must_be_auto_on_or_off():
+def test_compile_must_be_auto_on_or_off(tmp_path):
     with pytest.raises(OptionError, match="--compile must be auto, on or off, got 'yes'"):
         load_engine("never-read.pt", compile="yes")
+    with pytest.raises(mtkit.Error, match="compile must be auto, on or off, got 'yes'"):
+        mtkit.Translator.load(tmp_path / "never-read.pt", compile="yes")
+    result = cli("translate", "-m", tmp_path / "never-read.pt", "--compile", "yes")
+    one_line_error(result, "--compile must be auto, on or off, got 'yes'")
     assert DecodeConfig().compile == "off"  # slower than eager on the developers' CPU
 
 
