@@ -2,9 +2,11 @@
 time and the share of outputs identical to eager fp32, greedy and beam 5, on one thread.
 
     python benchmarks/compiled_steps.py -m runs/multi30k/checkpoints/average.pt \\
-        [--src data/multi30k/test2016.en.gz] [--limit 300] [--beams 1 5]
+        [--src data/multi30k/test2016.en.gz] [--limit 300] [--beams 1 5] [--precision bf16]
+        [--auto-only]
 
-For each beam it translates the lines three ways in this process, fp32: eager (the
+For each beam it translates the lines three ways in this process, in fp32 (or
+`--precision bf16`, eager's too: "identical" is then to eager bf16): eager (the
 default search, growing caches), in fixed shapes with eager steps (the captured decoder
 with a capture that records nothing: what the fixed shapes cost by themselves), and
 compiled (`tuning.compile.inductor_capture`), first cold (compiling each shape it meets),
@@ -49,17 +51,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--auto-only", action="store_true", help="only auto's measurement")
+    parser.add_argument("--precision", default="fp32", help="fp32 or bf16 (eager's too)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with gzip.open(args.src, "rt", encoding="utf-8") as f:
         lines = [line.strip() for line in f][: args.limit]
-    engine = load_engine(args.model, "cpu", precision="fp32", workers=1, compile="off")
+    engine = load_engine(args.model, "cpu", precision=args.precision, workers=1, compile="off")
     model, decode = engine.models[0], engine.config.decode
     report = {"cpu": cpu_description(), "lines": len(lines), "threads": 1}
+    report["precision"] = args.precision
     report["auto"] = compile_choice(
         "auto",
         torch.device("cpu"),
-        {"model": compiled_shape(model, len(engine.src_vocab))},
+        {"model": compiled_shape(model, len(engine.src_vocab)), "precision": args.precision},
         compiled_step_timer(
             model, inductor_capture, len(engine.src_vocab), decode.batch_tokens, decode.beam
         ),

@@ -17,6 +17,10 @@ each step one replay.
 Off by default (`decode.cuda_graphs: off`): no GPU has yet measured it against eager
 steps, and a search of a plain model never runs in fixed shapes.
 
+On a CPU the same fixed-shape steps are compiled by Inductor instead (`--compile`): the
+capture is `tuning.compile.inductor_capture`, each shape's step compiled once, and
+`compiled_step_timer` is what `--compile auto` times.
+
 `mtkit serve`'s stream of a model in fixed shapes (`serving.stream.GreedyStream`) steps
 its slot cache (`SlotCache` with `fixed`: all slots, all columns) the same way: each step
 a replay, until its capacities change.
