@@ -7,8 +7,12 @@ A compiled step is a capture (`tuning.capture.Capture`) like a CUDA graph: the
 replays it; here the recording is Inductor's compilation of that step (`inductor_capture`),
 for the shape's static sizes, and a replay runs the compiled code. Shapes are bounded as
 for graphs: a batch's cache is preallocated in capacities of `cache.CAPACITY_STEP`
-positions, rows leave only at halves, and at most `captured.MAX_SLOTS` shapes are kept
-(Dynamo's own cache of compiled code is raised to hold them, `COMPILED_SHAPES`).
+positions and rows leave only at halves (a batch of B sentences: about log2(B) shapes),
+and at most `captured.MAX_SLOTS` slots are kept. Compiled code is kept by Dynamo for the
+process, shared by slots of one shape: at most `COMPILED_SHAPES` shapes are compiled in
+a process; a shape beyond them runs eagerly (in fixed shapes), with one log line. Batches
+are not bucketed further: each batch's sentences and source width make its own shapes,
+so a long input of varied lengths meets more shapes than are compiled.
 
 Inductor on a CPU writes C++ and builds it with the machine's compiler: without one
 (`compiler_missing`) steps run eagerly, with one log line. Its compiled code is cached on
@@ -16,7 +20,7 @@ disk by PyTorch itself (`TORCHINDUCTOR_CACHE_DIR`, by default under /tmp), so a 
 process compiles the same step faster; Dynamo's tracing is paid again in each process.
 
 `auto` times real decoder steps of the model (`compile_choice` with a `StepMeasure`: a
-greedy search of a small batch, eager against compiled, fastest of interleaved runs, on one
+search of one full batch, eager against compiled, fastest of interleaved runs, on one
 thread; the compilation itself is timed apart, reported and never counted in the step
 time) and takes compiled steps where they need at most `COMPILE_MARGIN` of eager's time.
 Its record is kept in measured.json (`tuning.measured`), keyed by the CPU, torch's
@@ -41,7 +45,7 @@ from mtkit.tuning.timing import machine_key
 log = logging.getLogger(__name__)
 
 COMPILE_MARGIN = 0.9  # compiled steps are taken where they need at most 90% of eager's time
-COMPILED_SHAPES = 16  # compiled step shapes Dynamo keeps (`captured.MAX_SLOTS`)
+COMPILED_SHAPES = 16  # step shapes compiled in a process, at most (`captured.MAX_SLOTS`)
 COMPILERS = ("g++", "c++", "clang++")  # what Inductor's C++ may be built with ($CXX first)
 
 # Times real decoder steps of the model, eager and compiled:
@@ -60,13 +64,15 @@ def compiler_missing() -> str | None:
 def inductor_capture(work: Callable[[], None]) -> Callable[[], None]:
     """`work` (a step on tensors of its own) compiled by Inductor for its static shapes,
     and run once, so that compiling happens, and fails, here (`CapturedDecoder` then runs
-    that shape eagerly); returns what runs the compiled code. While an attention is
+    that shape eagerly, as it does past `COMPILED_SHAPES` shapes in this process);
+    returns what runs the compiled code. While an attention is
     watched (`mtkit.model.attention.watching`: alignments, `mtkit explain`), the step runs
     eagerly, so that its observers see it."""
-    dynamo = torch._dynamo.config  # one step function, compiled once per shape
-    dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_SHAPES)
-    compiled = torch.compile(work, dynamic=False)
-    compiled()
+    with torch._dynamo.config.patch(  # the step's code, compiled once per shape
+        recompile_limit=COMPILED_SHAPES, fail_on_recompile_limit_hit=True
+    ):
+        compiled = torch.compile(work, dynamic=False)
+        compiled()
 
     def replay() -> None:
         (work if watched() else compiled)()

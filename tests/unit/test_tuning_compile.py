@@ -107,16 +107,21 @@ def test_a_failed_compilation_means_eager_steps_with_one_log_line(kept, caplog):
 
 
 @pytest.mark.skipif(compiler_missing() is not None, reason="Inductor needs a C++ compiler")
-def test_compiled_steps_give_eager_outputs():
-    model, src = random_model(3), random_src(2, 2)  # few shapes: few compilations
-    stepper = CapturedDecoder(model, inductor_capture)
+def test_compiled_steps_give_eager_outputs_and_shapes_past_the_bound_run_eagerly(
+    monkeypatch, caplog
+):
+    model, src = random_model(3), random_src(2, 2)  # two shapes: 2 rows, then 1
+    monkeypatch.setattr(compiling, "COMPILED_SHAPES", 1)
     torch._dynamo.reset()
-    with torch.no_grad():
+    stepper = CapturedDecoder(model, inductor_capture)
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
         eager = greedy_search(model, src)
         compiled = greedy_search(stepper, src)
     assert compiled == eager
-    assert stepper.record()["replayed_steps"] > 0 and stepper.record()["failed"] == 0
-    assert compiling.COMPILED_SHAPES <= torch._dynamo.config.recompile_limit
+    assert stepper.record()["shapes"] == 1 and stepper.record()["failed"] == 1
+    assert stepper.record()["replayed_steps"] > 0 and stepper.record()["eager_steps"] > 1
+    assert len(caplog.records) == 1 and "run eagerly" in caplog.records[0].getMessage()
+    assert torch._dynamo.config.recompile_limit == 8  # its default: nothing else changed
 
 
 def test_auto_times_a_full_batch_and_a_failed_capture_is_one_log_line(kept, caplog):
