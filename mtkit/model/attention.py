@@ -86,7 +86,7 @@ def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
     sizes = [layer.out_features for layer in layers]
     if torch.is_grad_enabled() or not getattr(layers[0], "keep_stacked", False):
         return _stack(layers)(x).split(sizes, dim=-1)
-    if torch.compiler.is_compiling():  # a compiled step (`mtkit.search.compiled`): the
+    if torch.compiler.is_compiling():  # a compiled step (`mtkit.tuning.compile`): the
         kept = getattr(layers[0], "_stacked", None)  # weights are final, the stack unchecked
         return (kept.product if kept is not None else _stack(layers))(x).split(sizes, dim=-1)
     tensors = [t for layer in layers for t in (*layer.parameters(), *layer.buffers())]
@@ -240,7 +240,7 @@ class MultiHeadAttention(nn.Module):
     @property
     def observer(self) -> Observer | None:
         """What sees each stage of this attention in this thread (or task): the observer
-        `watching` gave it, or None. A compiled step (`mtkit.search.compiled`) sees none: it
+        `watching` gave it, or None. A compiled step (`mtkit.tuning.compile`) sees none: it
         runs only where nothing watches."""
         if torch.compiler.is_compiling():
             return None
