@@ -72,7 +72,12 @@ def inductor_capture(work: Callable[[], None]) -> Callable[[], None]:
         recompile_limit=COMPILED_SHAPES, fail_on_recompile_limit_hit=True
     ):
         compiled = torch.compile(work, dynamic=False)
-        compiled()
+        try:
+            compiled()
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            raise RuntimeError(
+                f"{COMPILED_SHAPES} step shapes are compiled in this process, the most"
+            ) from None
 
     def replay() -> None:
         (work if watched() else compiled)()
