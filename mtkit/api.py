@@ -58,13 +58,16 @@ class Translator:
         device: str = "auto",
         precision: str | None = None,
         workers: int | None = 1,
+        compile: str | None = None,
     ) -> Translator:
         """The model at `path` (several paths: an ensemble). `device`: auto, cpu or
         cuda; `precision`: auto, fp32, bf16 or int8 (None: the checkpoint's);
         `workers`: batches translated at once on a CPU (1: one at a time, on all
-        threads; 0: one per thread; None: the checkpoint's decode.workers)."""
+        threads; 0: one per thread; None: the checkpoint's decode.workers); `compile`:
+        auto, on or off, decoder steps compiled on a CPU (None: the checkpoint's
+        decode.compile; `mtkit.tuning.compile`)."""
         from mtkit.core.device import tune_cpu_runtime
-        from mtkit.core.search_options import check_precision, check_workers
+        from mtkit.core.search_options import check_compile, check_precision, check_workers
         from mtkit.engines.loader import load_engine, wants_ctranslate2
 
         paths = _paths(path)
@@ -75,9 +78,11 @@ class Translator:
         workers = _argument("workers", workers, int)
         if workers is not None:
             check_workers(workers, "workers")
+        if compile is not None:
+            check_compile(compile, "compile")
         if not wants_ctranslate2(paths):
             tune_cpu_runtime()
-        return cls(load_engine(paths, device, "device", precision, None, workers))
+        return cls(load_engine(paths, device, "device", precision, None, workers, compile))
 
     @property
     def source_language(self) -> str:

@@ -86,6 +86,15 @@ CudaGraphsOpt = Annotated[
         rich_help_panel=SPEED,
     ),
 ]
+CompileOpt = Annotated[
+    Opt[str],
+    typer.Option(
+        "--compile",
+        help="auto, on or off: decoder steps compiled by Inductor on a CPU; auto measures "
+        "once per machine (default: the checkpoint's decode.compile).",
+        rich_help_panel=SPEED,
+    ),
+]
 WorkersOpt = Annotated[
     Opt[int],
     typer.Option(
@@ -216,6 +225,7 @@ def _engine(
     precision: str | None = None,
     cuda_graphs: str | None = None,
     workers: int | None = None,
+    compile: str | None = None,
 ) -> Engine:
     """The engine `-m` names (`mtkit.engines.loader`)."""
     from mtkit.engines.loader import load_engine, wants_ctranslate2
@@ -223,7 +233,7 @@ def _engine(
     check_device(device)
     if not wants_ctranslate2(model):  # an exported folder runs without torch
         tune_runtime()
-    return load_engine(model, device, "--device", precision, cuda_graphs, workers)
+    return load_engine(model, device, "--device", precision, cuda_graphs, workers, compile)
 
 
 @app.command()
@@ -257,6 +267,7 @@ def translate(
     device: TranslateDeviceOpt = "auto",
     precision: PrecisionOpt = None,
     cuda_graphs: CudaGraphsOpt = None,
+    compile: CompileOpt = None,
     workers: WorkersOpt = None,
     batch_tokens: BatchTokensOpt = None,
     ignore_tags: IgnoreTagsOpt = None,
@@ -311,7 +322,7 @@ def translate(
             shortlist=shortlist,
         )
         translate_file(
-            _engine(model, device, precision, cuda_graphs, workers),
+            _engine(model, device, precision, cuda_graphs, workers, compile),
             input,
             output,
             written,

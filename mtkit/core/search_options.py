@@ -227,6 +227,16 @@ def check_cuda_graphs(value: str, option: str = "--cuda-graphs") -> None:
         raise OptionError(f"{option} must be auto, on or off, got {value!r}")
 
 
+COMPILE = ("auto", "on", "off")  # whether decoder steps are compiled (a CPU's, Inductor)
+
+
+def check_compile(value: str, option: str = "--compile") -> None:
+    """One line for a choice of compiled steps that is none of `COMPILE` (without torch,
+    as `check_precision`)."""
+    if value not in COMPILE:
+        raise OptionError(f"{option} must be auto, on or off, got {value!r}")
+
+
 MAX_WORKERS = 256  # batches translated at once on a CPU (decode.workers' range)
 AUTO_WORKERS = 8  # the most that auto takes: each holds a batch's activations
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mtkit.core.errors import OptionError
 from mtkit.core.search_options import (
+    check_compile,
     check_cuda_graphs,
     check_precision,
     check_workers,
@@ -43,6 +44,7 @@ def load_engine(
     precision: str | None = None,
     cuda_graphs: str | None = None,
     workers: int | None = None,
+    compile: str | None = None,
 ) -> Engine:
     """The engine of checkpoint file(s) or of an exported folder. `device_option` names
     the option `device` came from, for the error when it cannot be used. `precision`
@@ -50,7 +52,9 @@ def load_engine(
     folder runs in the compute type it was exported with, and refuses bf16.
     `cuda_graphs` (None: the checkpoint's decode.cuda_graphs) is the PyTorch engine's
     too; CTranslate2 has its own runtime. `workers` (None: the checkpoint's
-    decode.workers): batches translated at once on a CPU, by either engine."""
+    decode.workers): batches translated at once on a CPU, by either engine. `compile`
+    (None: the checkpoint's decode.compile): the PyTorch engine's decoder steps compiled
+    on a CPU (`mtkit.tuning.compile`)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if precision is not None:
         check_precision(precision)
@@ -58,10 +62,14 @@ def load_engine(
         check_cuda_graphs(cuda_graphs)
     if workers is not None:
         check_workers(workers)
+    if compile is not None:
+        check_compile(compile)
     if not wants_ctranslate2(paths):
         from mtkit.engines.pytorch_loading import load_torch_engine
 
-        return load_torch_engine(paths, device, device_option, precision, cuda_graphs, workers)
+        return load_torch_engine(
+            paths, device, device_option, precision, cuda_graphs, workers, compile
+        )
     from mtkit.engines.ct2 import CT2Engine, looks_exported
 
     folder = next(Path(p) for p in paths if Path(p).is_dir())

@@ -53,6 +53,7 @@ from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
 from mtkit.search.shortlist import Shortlist, Shortlisted
+from mtkit.tuning.compile import inductor_capture
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class TorchEngine(EngineBase):
     # `pytorch_loading.helper_engine`); None: no helper processes
     helper: Callable[..., TorchEngine] | None = None
     _pool: BatchWorkers | None = field(default=None, init=False, repr=False, compare=False)
+    # Decoder steps compiled by Inductor on a CPU (`tuning.compile.compile_choice`): each
+    # model's steps through a `CapturedDecoder` whose capture compiles (fixed shapes)
+    compiled: bool = False
     # What steps each model in a search: the model, or with graphs its `CapturedDecoder`
     # (kept: it holds the captured steps; made with the engine, so that threads that
     # share it never make two)
@@ -107,7 +111,14 @@ class TorchEngine(EngineBase):
 
     def __post_init__(self) -> None:
         EngineBase.__init__(self)
-        self.steppers = [CapturedDecoder(m) if self.graphs else m for m in self.models]
+        self.steppers = [
+            CapturedDecoder(m, inductor_capture)
+            if self.compiled
+            else CapturedDecoder(m)
+            if self.graphs
+            else m
+            for m in self.models
+        ]
 
     @property
     def model(self) -> Transformer:

@@ -29,10 +29,12 @@ from mtkit.engines.pytorch import TorchEngine
 from mtkit.engines.pytorch_precision import in_precision
 from mtkit.model.attention import keep_stacked_weights
 from mtkit.model.transformer import Transformer, build_model
+from mtkit.search.captured import compiled_step_timer
 from mtkit.search.shortlist import Shortlist
 from mtkit.tuning.attention import translation_attention
 from mtkit.tuning.budget import gpu_batch_budget
 from mtkit.tuning.capture import graph_choice
+from mtkit.tuning.compile import compile_choice, inductor_capture
 from mtkit.tuning.precision import inference_precision
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ def load_torch_engine(
     precision: str | None = None,
     cuda_graphs: str | None = None,
     workers: int | None = None,
+    compile: str | None = None,
 ) -> TorchEngine:
     """Everything translation needs comes from the checkpoint file(s); several files make
     an ensemble, whose models must share the source and the target vocabulary (decoding
@@ -118,9 +121,11 @@ def load_torch_engine(
     decode.precision): auto, fp32, bf16 or int8 (`tuning.precision.inference_precision`);
     `cuda_graphs` (None: the checkpoint's decode.cuda_graphs): auto, on or off
     (`tuning.capture.graph_choice`); `workers` (None: the checkpoint's decode.workers; 0:
-    auto, `cpu_workers`): batches translated at once on a CPU (`mtkit.engines.workers`).
-    The measured choices are made here, in this order: precision, attention kernel,
-    captured steps, the GPU batch budget (`mtkit.tuning`)."""
+    auto, `cpu_workers`): batches translated at once on a CPU (`mtkit.engines.workers`);
+    `compile` (None: the checkpoint's decode.compile): auto, on or off, decoder steps
+    compiled on a CPU (`tuning.compile.compile_choice`). The measured choices are made
+    here, in this order: precision, attention kernel, captured steps, compiled steps, the
+    GPU batch budget (`mtkit.tuning`)."""
     dev = resolve_device(device, device_option)
     loaded = [load_model(p) for p in paths]
     first, (_, src_vocab, tgt_vocab, cfg, _, shortlist) = paths[0], loaded[0]
@@ -140,6 +145,22 @@ def load_torch_engine(
         model.use_attention(record["attention"]["kernel"])
         keep_stacked_weights(model)  # its weights are final now
     record["graphs"] = graph_choice(cuda_graphs or cfg.decode.cuda_graphs, dev)
+    threads = torch.get_num_threads()
+    workers = cpu_workers(cfg.decode.workers if workers is None else workers, threads)
+    record["compile"] = compile_choice(
+        compile or cfg.decode.compile,
+        dev,
+        {
+            "model": compiled_shape(models[0], len(src_vocab)),
+            "precision": record["precision"],
+            "attention": record["attention"]["kernel"],
+            "batch": [cfg.decode.batch_tokens, cfg.decode.beam],
+        },
+        compiled_step_timer(
+            models[0], inductor_capture, len(src_vocab), cfg.decode.batch_tokens, cfg.decode.beam
+        ),
+        workers if dev.type == "cpu" else 1,
+    )
     budget = gpu_batch_budget(cfg, dev, len(tgt_vocab), 2 if dtype is not None else 4, len(models))
     if budget is not None:
         record["batch_tokens"] = budget
@@ -155,13 +176,27 @@ def load_torch_engine(
         record,
         shortlist,
         record["graphs"]["graphs"] == "on",
-        cpu_workers(cfg.decode.workers if workers is None else workers, torch.get_num_threads())
-        if dev.type == "cpu"
-        else 1,
+        workers if dev.type == "cpu" else 1,
         [str(p) for p in paths],
         [x.weights.digest for x in loaded],
         helper_engine,
+        compiled=record["compile"]["compile"] == "on",
     )
+
+
+def compiled_shape(model: Transformer, src_vocab_size: int) -> list[int]:
+    """What a compiled step's measurement depends on of the model (with the precision and
+    the attention kernel, its key in measured.json, `tuning.compile`): [decoder layers,
+    d_model, heads, ffn_dim, source vocabulary, target vocabulary]."""
+    cfg = model.cfg
+    return [
+        cfg.decoder_layers,
+        cfg.d_model,
+        cfg.heads,
+        cfg.ffn_dim,
+        src_vocab_size,
+        model.vocab_size,
+    ]
 
 
 def helper_engine(

@@ -86,6 +86,9 @@ def stacked_linear(x: Tensor, layers: list[nn.Linear]) -> tuple[Tensor, ...]:
     sizes = [layer.out_features for layer in layers]
     if torch.is_grad_enabled() or not getattr(layers[0], "keep_stacked", False):
         return _stack(layers)(x).split(sizes, dim=-1)
+    if torch.compiler.is_compiling():  # a compiled step (`mtkit.tuning.compile`): the
+        kept = getattr(layers[0], "_stacked", None)  # weights are final, the stack unchecked
+        return (kept.product if kept is not None else _stack(layers))(x).split(sizes, dim=-1)
     tensors = [t for layer in layers for t in (*layer.parameters(), *layer.buffers())]
     state = [(0 if t.is_inference() else t._version, t.data_ptr(), t.dtype) for t in tensors]
     kept: KeptStack | None = getattr(layers[0], "_stacked", None)
@@ -189,6 +192,11 @@ _WATCHERS: ContextVar[Mapping[nn.Module, Observer]] = ContextVar(
 )
 
 
+def watched() -> bool:
+    """Whether any attention is watched in this thread (or task): `watching`."""
+    return bool(_WATCHERS.get())
+
+
 @contextmanager
 def watching(observers: Mapping[MultiHeadAttention, Observer]) -> Iterator[None]:
     """Within the block, each attention of `observers` shows its stages to its observer
@@ -232,7 +240,10 @@ class MultiHeadAttention(nn.Module):
     @property
     def observer(self) -> Observer | None:
         """What sees each stage of this attention in this thread (or task): the observer
-        `watching` gave it, or None."""
+        `watching` gave it, or None. A compiled step (`mtkit.tuning.compile`) sees none: it
+        runs only where nothing watches."""
+        if torch.compiler.is_compiling():
+            return None
         return _WATCHERS.get().get(self)
 
     @observer.setter

@@ -8,8 +8,9 @@ What is measured (each where it depends on the hardware, and only where asked fo
   (`capture`: eager or replayed, timed by training's own update);
 - translation's precision (forward only, in bf16 weights; int8 only when asked, with the
   weight range this CPU multiplies exactly), attention kernel (one beam-search step),
-  whether decoder steps are captured (`capture.graph_choice`), and on a GPU the batch
-  budget (`budget`, from the memory free at load).
+  whether decoder steps are captured (`capture.graph_choice`), on a CPU whether they are
+  compiled (`compile`: eager or Inductor's, timed on a full batch of real steps), and on
+  a GPU the batch budget (`budget`, from the memory free at load).
 
 How it is timed (`timing`): each candidate warmed up first, then the fastest of runs that
 alternate between the candidates, on one thread on a CPU: load from another process
@@ -22,7 +23,7 @@ there without measuring again.
   which holds the others) and in metrics.jsonl's `start` record. A resume reuses the
   checkpoint's choices, never measures them again, and refuses a config that asks for
   another value (`auto` always agrees). Under DDP every rank takes rank 0's choice.
-- Translation's CPU choices under `auto` (precision, attention kernel) are kept per
+- Translation's CPU choices under `auto` (precision, attention kernel, compiled steps) are kept per
   machine in measured.json (`measured`: `$MTKIT_CACHE_DIR`, by default
   `~/.cache/mtkit/measured.json`), keyed by the CPU, torch's version, the threads and the
   shape measured: every later process on the same machine takes the first one's choice,
@@ -37,7 +38,9 @@ there without measuring again.
 
 Modules: `measured` (measured.json), `timing`, `precision`, `attention`, `shapes`,
 `capture` (the one definition of capturing CUDA work, `CAPTURES`, and whether updates and
-decoder steps are captured), `budget`, `run` (a training run's choices, `decided_once`).
+decoder steps are captured), `compile` (a CPU's decoder steps compiled by Inductor, a
+capture of its own, and whether they are), `budget`, `run` (a training run's choices,
+`decided_once`).
 This layer sits above `model/` and `data/`, whose kernels and batches it times, and below
 `search/`, `training/` and `engines/`, which use it.
 """

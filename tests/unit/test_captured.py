@@ -210,6 +210,7 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_is_recorded(monkeypatch
     record = decoder.record()
     assert record["replayed_steps"] == 0 and record["failed"] >= 1 and record["shapes"] == 0
     assert "run eagerly: operation not permitted" in caplog.text
+    assert record["failed"] > 1 and caplog.text.count("run eagerly") == 1  # once per reason
 
 
 @pytest.mark.parametrize("bound", [{"max_slots": 1}, {"max_bytes": 1}])
