@@ -63,7 +63,8 @@ def model(trained) -> Path:
 def expected(model) -> dict[str, bytes]:
     """Each file as the server's session translates it, called directly (the server's
     defaults; a document's sentences split)."""
-    from mtkit.serving.documents import format_of, translate_text_file
+    from mtkit.documents.formats import format_of
+    from mtkit.serving.documents import translate_text_file
 
     session = Session.open(load_engine(model, "cpu"), split=True)
     out = {}
