@@ -29,6 +29,7 @@ from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.documents import FORM_BYTES  # noqa: E402
 from mtkit.serving.scheduler import DocumentLimits, Limits  # noqa: E402
 
+from conftest import cli, one_line_error  # noqa: E402
 from serverkit import LocalServer  # noqa: E402
 
 KEY = "sesame"
@@ -426,3 +427,68 @@ def test_a_zip_bomb_over_http_is_an_error_and_413(model, monkeypatch):
         assert status["status"] == "error" and "too large" in status["error_message"]
         r = api.post(f"/v2/document/{job['document_id']}/result", json=job)
         assert (r.status_code, r.json()["message"]) == (413, status["error_message"])
+
+
+def test_serve_s_document_flags_set_the_limits_its_routes_keep(model):
+    """`mtkit serve --document-*`: the limits /v1/info lists and the routes keep; a file
+    the default 10 MiB takes is over --document-max-bytes 100, refused in each API's
+    shape (the real deepl client hears the 413 and its reason), and a smaller one is not."""
+    flags = {"max-bytes": 100, "max-chars": 5_000, "max-jobs": 5, "workers": 1, "expiry": 60}
+    args = [x for name, value in flags.items() for x in (f"--document-{name}", str(value))]
+    with LocalServer(model, *args) as server:
+        status, info = server.get("/v1/info")
+        assert status == 200 and info["limits"]["documents"] == {
+            "max_bytes": 100, "max_chars": 5_000, "max_jobs": 5, "workers": 1,
+            "expiry_s": 60.0, "chunk_lines": 16,
+        }  # fmt: skip
+        assert len(PAGE.encode()) > 100
+        r = httpx.post(
+            f"{server.url}/v2/document",
+            data={"target_lang": "DE"},
+            files={"file": ("page.html", PAGE.encode())},
+        )
+        assert (r.status_code, r.json()) == (
+            413,
+            {"message": "the document is too large: over 100 bytes"},
+        )
+        with pytest.raises(deepl.DeepLException, match="over 100 bytes") as refused:
+            deepl.Translator("any", server_url=server.url).translate_document_upload(
+                PAGE, filename="page.html", target_lang="DE"
+            )
+        assert refused.value.http_status_code == 413
+        r = httpx.post(
+            f"{server.url}/translate_file",
+            data={"source": "en", "target": "de"},
+            files={"file": ("page.html", PAGE.encode())},
+        )
+        assert (r.status_code, r.json()) == (
+            413,
+            {"error": "the document is too large: over 100 bytes"},
+        )
+        r = httpx.post(
+            f"{server.url}/v2/document",
+            data={"target_lang": "DE"},
+            files={"file": ("small.html", b"<p>A dog runs.</p>")},
+        )
+        assert r.status_code == 200 and set(r.json()) == {"document_id", "document_key"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--document-max-bytes", "0", "--document-max-bytes must be at least 1 and at most "
+         "1,073,741,824, got 0"),
+        ("--document-max-bytes", "2147483648", "--document-max-bytes must be at least 1 and "
+         "at most 1,073,741,824, got 2147483648"),
+        ("--document-max-chars", "-1", "--document-max-chars must be at least 1, got -1"),
+        ("--document-max-jobs", "0", "--document-max-jobs must be at least 1, got 0"),
+        ("--document-workers", "65", "--document-workers must be at least 1 and at most 64, "
+         "got 65"),
+        ("--document-expiry", "nan", "--document-expiry must be at least 0 and at most "
+         "604,800, got nan"),
+        ("--document-expiry", "-1", "--document-expiry must be at least 0 and at most "
+         "604,800, got -1.0"),
+    ],
+)  # fmt: skip
+def test_a_document_flag_out_of_range_is_one_line_at_start(model, flag, value, says):
+    one_line_error(cli("serve", "-m", model, flag, value), says)
