@@ -22,6 +22,7 @@ srt = pytest.importorskip("srt")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.documents.formats import REFUSED  # noqa: E402
 from mtkit.documents.markup import tags  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.engines.session import Session  # noqa: E402
@@ -122,7 +123,7 @@ def test_the_deepl_client_translates_files_as_the_session_does(
 def test_the_deepl_client_hears_every_refusal(server, tmp_path, quick_polls):
     client = deepl.Translator(KEY, server_url=server.url)
     (tmp_path / "a.pdf").write_bytes(b"%PDF-1.4")
-    with pytest.raises(deepl.DeepLException, match="Unsupported file format"):
+    with pytest.raises(deepl.DeepLException, match="Unsupported file format: PDF is not tr"):
         client.translate_document_from_filepath(
             tmp_path / "a.pdf", tmp_path / "o.pdf", target_lang="DE"
         )
@@ -259,10 +260,20 @@ def test_uploads_that_are_no_file_are_400_and_too_big_bodies_413_unread(api):
         400,
         {"error": "Invalid request: missing target parameter"},
     )
-    r = api.post(
-        "/translate_file", data={"source": "en", "target": "de"}, files={"file": ("a.pdf", b"x")}
-    )
-    assert r.status_code == 400 and r.json()["error"].startswith("Unsupported file format")
+    for name in ("a.pdf", "A.PDF"):  # refused by its name, saying why
+        r = api.post(
+            "/translate_file", data={"source": "en", "target": "de"}, files={"file": (name, b"x")}
+        )
+        assert (r.status_code, r.json()) == (
+            400,
+            {"error": f"Unsupported file format: {REFUSED['.pdf']}"},
+        )
+        assert "PDF is not translated" in r.json()["error"]
+        r = _upload(api, name=name, data=b"%PDF-1.4")
+        assert (r.status_code, r.json()) == (
+            400,
+            {"message": f"Unsupported file format: {REFUSED['.pdf']}"},
+        )
     r = api.post(  # a format mtkit reads, whose bytes are not one: its format's one line
         "/translate_file", data={"source": "en", "target": "de"}, files={"file": ("a.odt", b"x")}
     )

@@ -112,8 +112,22 @@ def test_file_format_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
     one_line_error(
         cli("translate", "-m", _model(trained), input=make_docx()), "looks like a zip archive"
     )
+    # a PDF is refused by its name, saying why, whatever its bytes hold
+    (tmp_path / "report.pdf").write_bytes(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n")
+    (tmp_path / "notes.pdf").write_text("A dog runs.\n")
+    for pdf in ("report.pdf", "notes.pdf"):
+        one_line_error(
+            cli("translate", "-m", _model(trained), "-i", tmp_path / pdf, "-o", out),
+            "error: PDF is not translated: a PDF holds glyphs placed on pages, not paragraphs",
+        )
+    one_line_error(
+        cli("translate", "-m", _model(trained), "--format", "pdf", input="A dog runs."),
+        "got 'pdf': PDF is not translated",
+    )
     assert not out.exists()
     with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        with pytest.raises(mtkit.Error, match=r"^PDF is not translated: .* convert it to docx"):
+            translator.translate_file(tmp_path / "notes.pdf", out)
         with pytest.raises(mtkit.Error, match=r"^format docx is a file, not text"):
             translator.translate(["A dog."], format="docx")
         with pytest.raises(mtkit.Error, match="give the document's bytes"):
