@@ -37,6 +37,7 @@ TERMINOLOGY = "Terminology"
 LANGUAGES = "Languages"
 SPEED = "Device and speed"
 SERVER = "Server"
+DOCUMENTS = "Documents (/v2/document, /translate_file)"
 
 
 def _help(name: str, panel: str, *flags: str) -> typer.models.OptionInfo:
@@ -499,6 +500,45 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 0.0,
+    document_max_bytes: Annotated[
+        Opt[int],
+        typer.Option(
+            help="Bytes of an uploaded file, then 413 (1 to 1,073,741,824; default: 10 MiB).",
+            rich_help_panel=DOCUMENTS,
+        ),
+    ] = None,
+    document_max_chars: Annotated[
+        Opt[int],
+        typer.Option(
+            help="Characters of one document's text; past them it ends in an error, 413 for "
+            "its result (default: 1,000,000).",
+            rich_help_panel=DOCUMENTS,
+        ),
+    ] = None,
+    document_max_jobs: Annotated[
+        Opt[int],
+        typer.Option(
+            help="Documents held at once: queued, translating or awaiting download; then 429 "
+            "(default: 16).",
+            rich_help_panel=DOCUMENTS,
+        ),
+    ] = None,
+    document_workers: Annotated[
+        Opt[int],
+        typer.Option(
+            help="Documents translated at once, their sentences batched with the text "
+            "requests' (1 to 64; default: 2).",
+            rich_help_panel=DOCUMENTS,
+        ),
+    ] = None,
+    document_expiry: Annotated[
+        Opt[float],
+        typer.Option(
+            help="Seconds a translated document (or its error) waits for its download, then "
+            "is deleted (0 to 604,800, a week; default: 3,600).",
+            rich_help_panel=DOCUMENTS,
+        ),
+    ] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     max_len_a: MaxLenAOpt = None,
@@ -546,12 +586,25 @@ def serve(
     flight and one last round of the waiting ones, answers the rest 503, then exits."""
     _need_serve_extra()
     from mtkit.engines.session import Session
-    from mtkit.serving.app import checked_drain_delay, checked_limits, checked_origins, run_service
+    from mtkit.serving.app import (
+        checked_document_limits,
+        checked_drain_delay,
+        checked_limits,
+        checked_origins,
+        run_service,
+    )
 
     with reported():
         api_key = _api_key(api_key)
+        documents = checked_document_limits(
+            document_max_bytes,
+            document_max_chars,
+            document_max_jobs,
+            document_workers,
+            document_expiry,
+        )
         limits = checked_limits(
-            port, max_batch_tokens, max_wait_ms, max_lines, max_chars, body_timeout
+            port, max_batch_tokens, max_wait_ms, max_lines, max_chars, body_timeout, documents
         )
         origins = checked_origins(cors_origin or ())
         drain_delay = checked_drain_delay(drain_delay)

@@ -12,11 +12,12 @@ translated (this package's code); what `mtkit.core.textio` does with a document'
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from mtkit.core.errors import OptionError, UserError
@@ -140,6 +141,36 @@ FORMATS = {
 
 BILINGUAL = [f.name for f in FORMATS.values() if f.bilingual]  # files that hold a target
 
+TEXT_SUFFIX = ".txt"  # a file of plain text: "text", each line a paragraph
+
+# Files that no format reads, by their suffix, each with the one line that refuses it.
+REFUSED = {
+    ".pdf": "PDF is not translated: a PDF holds glyphs placed on pages, not paragraphs and "
+    "runs, and no well-kept library writes one back with its layout; convert it to docx, "
+    "odt or html first",
+}
+
+
+def format_of(path: str | os.PathLike[str]) -> str | None:
+    """The format of a file by its name's suffix, in any case: a name in `FORMATS`, "text"
+    for `TEXT_SUFFIX`, None for a suffix no format has; one line (`OptionError`) for a
+    suffix `REFUSED` names (a PDF). The one lookup of the API's and the CLI's input file
+    and the server's uploads."""
+    suffix = PurePath(os.fspath(path)).suffix.lower()
+    if suffix in REFUSED:
+        raise OptionError(REFUSED[suffix], "format")
+    if suffix == TEXT_SUFFIX:
+        return "text"
+    return next((f.name for f in FORMATS.values() if suffix in f.suffixes), None)
+
+
+def suffixes(format: str | None = None) -> tuple[str, ...]:
+    """The suffixes of `format`'s files (a name in `FORMATS`, or "text": `TEXT_SUFFIX`);
+    None: every file's that `format_of` knows, plain text's first."""
+    if format is None:
+        return (TEXT_SUFFIX, *(s for f in FORMATS.values() for s in f.suffixes))
+    return (TEXT_SUFFIX,) if format == "text" else FORMATS[format].suffixes
+
 
 def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
     """Names as a sentence lists them: "html, xml, srt or po"."""
@@ -149,16 +180,15 @@ def listed(names: list[str] | tuple[str, ...], last: str = "or") -> str:
 def output_format(
     name: str | None, input: Path | None = None, scores: bool = False, segments: bool = False
 ) -> OutputFormat:
-    """`translate --format NAME` (None: the format of `input`'s suffix, else text) as
-    an `OutputFormat`, with `segments` (--segments: each line one document) for a markup
-    format; one line where NAME is no format, or --segments no markup format's."""
+    """`translate --format NAME` (None: the format of `input`'s suffix, `format_of`,
+    else text) as an `OutputFormat`, with `segments` (--segments: each line one document)
+    for a markup format; one line where NAME is no format (saying why for one `REFUSED`:
+    pdf), or --segments no markup format's."""
     if name is None:
-        name = next(
-            (f.name for f in FORMATS.values() if input and input.suffix.lower() in f.suffixes),
-            "text",
-        )
+        name = (format_of(input) if input else None) or "text"
     if name not in (*LINES, *FORMATS):
-        raise OptionError(f"--format must be {listed([*LINES, *FORMATS])}, got {name!r}")
+        why = f": {REFUSED[f'.{name}']}" if f".{name}" in REFUSED else ""
+        raise OptionError(f"--format must be {listed([*LINES, *FORMATS])}, got {name!r}{why}")
     if segments and not (name in FORMATS and FORMATS[name].markup):
         markup = listed([f"--format {f.name}" for f in FORMATS.values() if f.markup])
         raise OptionError(f"--segments reads each line as a segment of {markup}, not {name}")

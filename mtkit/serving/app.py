@@ -61,6 +61,7 @@ from mtkit.serving.protocols import add_routes, credentials, key_ok, refusal
 from mtkit.serving.scheduler import (
     SHUTTING_DOWN,
     Batcher,
+    DocumentLimits,
     Limits,
     QueuedEngine,
     ServeError,
@@ -689,9 +690,10 @@ def checked_limits(
     max_lines: int,
     max_chars: int,
     body_timeout: float = Limits.body_timeout_s,
+    documents: DocumentLimits = DocumentLimits(),
 ):
     """The server's limits, each checked as `serve`'s options (max_batch_tokens None: 0,
-    the engine's)."""
+    the engine's); `documents`: the document routes' (`checked_document_limits`)."""
     if not 1 <= port <= 65535:
         raise OptionError(f"--port must be from 1 to 65535, got {port}")
     if not 0 <= max_wait_ms <= MAX_WAIT_MS:  # nan fails too
@@ -708,8 +710,46 @@ def checked_limits(
         if value is not None and value <= 0:
             raise OptionError(f"--{option.replace('_', '-')} must be above 0, got {value}")
     return Limits(
-        max_batch_tokens or 0, max_wait_ms, max_lines, max_chars, body_timeout_s=body_timeout
+        max_batch_tokens or 0,
+        max_wait_ms,
+        max_lines,
+        max_chars,
+        body_timeout_s=body_timeout,
+        documents=documents,
     )
+
+
+MAX_DOCUMENT_BYTES = 1 << 30  # serve --document-max-bytes: an upload is held in memory
+MAX_DOCUMENT_WORKERS = 64  # serve --document-workers: threads that mostly wait on the batcher
+MAX_DOCUMENT_EXPIRY_S = 7 * 24 * 3600  # serve --document-expiry: a result held a week at most
+
+
+def checked_document_limits(
+    max_bytes: int | None = None,
+    max_chars: int | None = None,
+    max_jobs: int | None = None,
+    workers: int | None = None,
+    expiry: float | None = None,
+) -> DocumentLimits:
+    """The document routes' limits (`DocumentLimits`), each checked as `serve`'s
+    --document-* option; None: the default."""
+    given = dict(
+        max_bytes=_in_range("--document-max-bytes", max_bytes, 1, MAX_DOCUMENT_BYTES),
+        max_chars=_in_range("--document-max-chars", max_chars, 1),
+        max_jobs=_in_range("--document-max-jobs", max_jobs, 1),
+        workers=_in_range("--document-workers", workers, 1, MAX_DOCUMENT_WORKERS),
+        expiry_s=_in_range("--document-expiry", expiry, 0, MAX_DOCUMENT_EXPIRY_S),
+    )
+    return replace(DocumentLimits(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _in_range(option: str, value: float | None, low: float, high: float | None = None):
+    """`value` (None: not given), or one line naming `option` where it is below `low` or
+    above `high` (None: no bound), or not a number (nan)."""
+    if value is not None and not (low <= value and (high is None or value <= high)):
+        most = f" and at most {high:,}" if high is not None else ""
+        raise OptionError(f"{option} must be at least {low}{most}, got {value}")
+    return value
 
 
 MAX_DRAIN_DELAY_S = 600  # serve --drain-delay: past ten minutes a balancer is not looking

@@ -10,14 +10,16 @@ queue that translates their documents in the background (`DocumentQueue`).
                                     -> {translatedFileUrl}, once translated
     GET  /download_file/{name}      LibreTranslate: the translated file, until it expires
 
-A document's format is its file name's suffix: a format of `mtkit.documents.formats.FORMATS`
-(its suffixes), or `.txt`, plain text whose lines are paragraphs. An upload answers at once;
-`DocumentQueue`'s worker threads translate `DocumentLimits.workers` documents at a time
-through the server's session (`mtkit.engines.session.Session.translate_data`), so through
-the same batcher and scheduler as every text request, a document's sentences sent
-`chunk_lines` at a time (`_Metered`), so that text requests arriving meanwhile join the
-batcher's next round beside them instead of waiting behind a whole document. A job
-belongs to no connection: its client may leave and come back for the result. Results
+A document's format is its file name's suffix (`mtkit.documents.formats.format_of`: a
+format of `FORMATS`, or `.txt`, plain text whose lines are paragraphs; a PDF is refused
+in words that say why). An upload answers at once; `DocumentQueue`'s worker threads
+translate `DocumentLimits.workers` documents at a time through the server's session
+(`mtkit.engines.session.Session.translate_data`), so through the same batcher and
+scheduler as every text request, a document's sentences sent `chunk_lines` at a time
+(its session's engine metered by its job: `mtkit.serving.scheduler.QueuedEngine.metered`),
+so that text requests arriving meanwhile join the batcher's next round beside them
+instead of waiting behind a whole document. A job belongs to no connection: its client
+may leave and come back for the result. Results
 are held in memory, deleted once downloaded (DeepL) or `expiry_s` after they are ready;
 at shutdown the queued jobs end in an error, and the running ones as the batcher refuses
 their next sentences (503), so that nothing waits on a job.
@@ -43,29 +45,14 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from mtkit.core.errors import UserError
-from mtkit.core.langid import base
 from mtkit.core.textio import document_encoding, read_document, write_document
-from mtkit.documents.formats import FORMATS, listed
+from mtkit.documents.formats import format_of, listed, suffixes
 from mtkit.engines.session import Session
-from mtkit.serving.protocols import (
-    Protocols,
-    _deepl_error,
-    _deepl_key,
-    _lt_error,
-    _lt_key,
-    fields,
-)
-from mtkit.serving.scheduler import (
-    SHUTTING_DOWN,
-    DocumentLimits,
-    Limits,
-    QueuedEngine,
-    ServeError,
-)
+from mtkit.serving.protocols import Protocols, fields
+from mtkit.serving.scheduler import SHUTTING_DOWN, DocumentLimits, Limits, ServeError
 
 log = logging.getLogger(__name__)
 
-TEXT_SUFFIX = ".txt"  # plain text: each line a paragraph, translated sentence by sentence
 UPLOADS = ("/v2/document", "/translate_file")  # the routes whose bodies are a document
 FORM_BYTES = 64 << 10  # what a multipart body holds beside its file (boundaries, fields)
 WAIT_POLL_S = 0.1  # how often /translate_file looks whether its document is done
@@ -78,28 +65,22 @@ def body_limit(path: str, limits: Limits) -> int:
     return limits.documents.max_bytes + FORM_BYTES if path in UPLOADS else limits.max_body_bytes
 
 
-def suffixes() -> list[str]:
-    """Every suffix a document may have, each format's (`FORMATS`) and plain text's."""
-    return [TEXT_SUFFIX, *(s for f in FORMATS.values() for s in f.suffixes)]
-
-
-def _suffixes_of(format: str) -> tuple[str, ...]:
-    return (TEXT_SUFFIX,) if format == "text" else FORMATS[format].suffixes
-
-
-def format_of(filename: str) -> str:
-    """The format of a file by its name's suffix ("text" for .txt); 400 otherwise."""
-    suffix = PurePosixPath(filename.lower()).suffix
-    if suffix == TEXT_SUFFIX:
-        return "text"
-    for known in FORMATS.values():
-        if suffix in known.suffixes:
-            return known.name
-    given = f"{suffix!r}" if suffix else "none"
-    raise ServeError(
-        400, f"Unsupported file format: the file name's suffix is {given}; "
-        f"this server translates {listed(suffixes())}"
-    )  # fmt: skip
+def upload_format(filename: str) -> str:
+    """The format of an uploaded file by its name's suffix (`formats.format_of`: a name
+    in `FORMATS`, or "text" for .txt); 400 for one no format has, or one refused (a PDF),
+    saying why."""
+    try:
+        found = format_of(filename)
+    except UserError as e:
+        raise ServeError(400, f"Unsupported file format: {e.line()}") from None
+    if found is None:
+        suffix = PurePosixPath(filename.lower()).suffix
+        given = f"{suffix!r}" if suffix else "none"
+        raise ServeError(
+            400, f"Unsupported file format: the file name's suffix is {given}; "
+            f"this server translates {listed(suffixes())}"
+        )  # fmt: skip
+    return found
 
 
 def base_name(filename: str) -> str:
@@ -129,8 +110,11 @@ class DocumentTooLarge(UserError):
 class DocumentJob:
     """One uploaded document, from the queue until its result is downloaded or expires.
     `data`: the upload until it is translated, then the translation. `characters`: those
-    of its sentences sent to the batcher so far (DeepL's billed characters); `estimate`:
-    how many it will have, guessed from its size (for `seconds_remaining`)."""
+    of its sentences translated so far (DeepL's billed characters); `estimate`: how many
+    it will have, guessed from its size (for `seconds_remaining`). It meters its
+    session's engine (`mtkit.serving.scheduler.Meter`): its sentences go to the batcher
+    `chunk_lines` at a time, counted as they come back (`sent`), and a document whose
+    text passes `max_chars` is refused before they are sent (`admit`)."""
 
     id: str
     key: str
@@ -142,6 +126,8 @@ class DocumentJob:
     status: str = "queued"  # queued | translating | done | error
     error: str | None = None
     code: int = 0  # an error's HTTP status
+    max_chars: int = DocumentLimits.max_chars
+    chunk_lines: int = DocumentLimits.chunk_lines
     characters: int = 0
     started: float | None = None
     finished: float | None = None  # time.monotonic() when done or failed
@@ -160,39 +146,16 @@ class DocumentJob:
         self.finished = time.monotonic()
         self.ended.set()
 
-
-class _Metered(QueuedEngine):
-    """The server's queued engine as one document's session sees it: its sentences go to
-    the batcher `chunk_lines` at a time, each chunk once the last is back, counted in the
-    job's `characters`; a document whose sentences pass `max_chars` is refused before
-    they are sent (`DocumentTooLarge`)."""
-
-    def __init__(self, queued: QueuedEngine, job: DocumentJob, limits: DocumentLimits):
-        super().__init__(queued.engine, queued.batcher)
-        self.job, self.limits = job, limits
-
-    def translate(
-        self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
-    ):
-        chars = sum(map(len, lines))
-        if self.job.characters + chars > self.limits.max_chars:
+    def admit(self, lines: list[str]) -> None:
+        """`DocumentTooLarge` where `lines` would take its text past `max_chars`."""
+        if self.characters + sum(map(len, lines)) > self.max_chars:
             raise DocumentTooLarge(
-                f"the document is too large: over {self.limits.max_chars:,} characters of text"
+                f"the document is too large: over {self.max_chars:,} characters of text"
             )
-        found = []
-        step = self.limits.chunk_lines
-        for i in range(0, len(lines), step):
-            chunk = lines[i : i + step]
-            found += super().translate(
-                chunk,
-                options,
-                None,
-                prefixes[i : i + step] if prefixes else None,
-                batch_tokens=batch_tokens,
-                constraints=constraints[i : i + step] if constraints else None,
-            )
-            self.job.characters += sum(map(len, chunk))
-        return found
+
+    def sent(self, lines: list[str]) -> None:
+        """Count `lines`, translated."""
+        self.characters += sum(map(len, lines))
 
 
 class DocumentQueue:
@@ -222,7 +185,8 @@ class DocumentQueue:
                 )
             job = DocumentJob(
                 secrets.token_hex(16), secrets.token_hex(32), filename, format, target, data,
-                estimate=len(data),
+                estimate=len(data), max_chars=self.limits.max_chars,
+                chunk_lines=self.limits.chunk_lines,
             )  # fmt: skip
             self.jobs[job.id] = job
             if not self._workers:  # (the first document starts them: the session exists)
@@ -264,7 +228,7 @@ class DocumentQueue:
 
     def suffixes(self) -> list[str]:
         """The suffixes of the files it takes (LibreTranslate's supportedFilesFormat)."""
-        return suffixes()
+        return list(suffixes())
 
     def close(self) -> None:
         """Take no more documents: the queued ones end in an error (503) at once; the
@@ -303,7 +267,7 @@ class DocumentQueue:
         job.status, job.started = "translating", time.monotonic()
         session = replace(
             self.service.session,
-            engine=_Metered(self.service.session.engine, job, self.limits),
+            engine=self.service.session.engine.metered(job),
             tgt_lang=job.target,
             split=True,
         )
@@ -369,48 +333,29 @@ def add_document_routes(app: FastAPI, protocols: Protocols) -> DocumentQueue:
     return documents
 
 
-def _target(protocols: Protocols, target: str) -> str | None:
-    """The language a document's session translates into: a multilingual model's
-    `target`; None for a bilingual model (it has one)."""
-    return target if len(protocols.targets()) > 1 else None
-
-
 def _deepl(app: FastAPI, protocols: Protocols, documents: DocumentQueue) -> None:
     @app.post("/v2/document", tags=["DeepL"])
     async def upload(request: Request):
         """DeepL's document upload: multipart file, target_lang, source_lang, filename
         (the file's name, where the file part has none), output_format (the input's own
         only). Answers at once with the document's id and key."""
-        try:
-            _deepl_key(protocols, request)
-            form, data, name = await _upload(request, documents.limits)
-            name = base_name(str(form.get("filename") or "")) or name
-            fmt = format_of(name)
-            if not form.get("target_lang"):
-                raise ServeError(400, "Parameter 'target_lang' not specified.")
-            target = base(str(form["target_lang"]))
-            source = base(str(form["source_lang"])) if form.get("source_lang") else None
-            if source is not None and source not in protocols.sources():
-                raise ServeError(400, "Value for 'source_lang' not supported.")
-            if target not in protocols.targets(source):
-                raise ServeError(400, "Value for 'target_lang' not supported.")
-            wanted = str(form.get("output_format") or "").lower().lstrip(".")
-            if wanted and f".{wanted}" not in _suffixes_of(fmt):  # (no conversions)
-                raise ServeError(400, "Value for 'output_format' not supported.")
-            job = documents.submit(data, name, fmt, _target(protocols, target))
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
+        form, data, name = await _upload(request, documents.limits)
+        name = base_name(str(form.get("filename") or "")) or name
+        fmt = upload_format(name)
+        _, target = protocols.deepl_languages(form)
+        wanted = str(form.get("output_format") or "").lower().lstrip(".")
+        if wanted and f".{wanted}" not in suffixes(fmt):  # (no conversions)
+            raise ServeError(400, "Value for 'output_format' not supported.")
+        job = documents.submit(data, name, fmt, protocols.tgt_lang(target))
         return {"document_id": job.id, "document_key": job.key}
 
     @app.post("/v2/document/{document_id}", tags=["DeepL"])
     async def status(document_id: str, request: Request):
         """DeepL's document status: queued, translating (with seconds_remaining), done or
         error (with error_message); billed_characters so far."""
-        try:
-            _deepl_key(protocols, request)
-            job = documents.find(document_id, _document_key(await fields(request)))
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
+        job = documents.find(document_id, _document_key(await fields(request)))
         out: dict = {"document_id": job.id, "status": job.status}
         remaining = job.seconds_remaining()
         if remaining is not None:
@@ -425,12 +370,9 @@ def _deepl(app: FastAPI, protocols: Protocols, documents: DocumentQueue) -> None
     async def result(document_id: str, request: Request):
         """DeepL's document download: the translated file, deleted from the server once
         sent (503 before it is done)."""
-        try:
-            _deepl_key(protocols, request)
-            job = documents.find(document_id, _document_key(await fields(request)))
-            data = documents.result(job)
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
+        job = documents.find(document_id, _document_key(await fields(request)))
+        data = documents.result(job)
         return _attachment(data, job.filename)
 
 
@@ -447,26 +389,14 @@ def _libretranslate(app: FastAPI, protocols: Protocols, documents: DocumentQueue
         """LibreTranslate's file translation: multipart file, source (a code or auto),
         target, api_key. Answers once the file is translated, with the URL to download
         it from (until it expires); a client that leaves first leaves the job running."""
-        try:
-            form, data, name = await _upload(request, documents.limits)
-            _lt_key(protocols, request, {"api_key": form.get("api_key")})
-            for field_name in ("source", "target"):
-                if not form.get(field_name):
-                    raise ServeError(400, f"Invalid request: missing {field_name} parameter")
-            fmt = format_of(name)
-            source, target = base(str(form["source"])), base(str(form["target"]))
-            if source == "auto":  # (a file is read in the model's first source language)
-                source = protocols.sources()[0]
-            elif source not in protocols.sources():
-                raise ServeError(400, f"{source} is not supported")
-            if target not in protocols.targets(source):
-                raise ServeError(400, f"{target} is not supported")
-            job = documents.submit(data, name, fmt, _target(protocols, target))
-            while not job.ended.is_set():
-                await asyncio.sleep(WAIT_POLL_S)
-            documents.result(job, keep=True)  # (its error, where it failed)
-        except ServeError as e:
-            return _lt_error(e)
+        form, data, name = await _upload(request, documents.limits)
+        protocols.libretranslate_key(request, {"api_key": form.get("api_key")})
+        _, target, _ = protocols.libretranslate_languages(form)  # (auto: the first source)
+        fmt = upload_format(name)
+        job = documents.submit(data, name, fmt, protocols.tgt_lang(target))
+        while not job.ended.is_set():
+            await asyncio.sleep(WAIT_POLL_S)
+        documents.result(job, keep=True)  # (its error, where it failed)
         return {"translatedFileUrl": f"{request.base_url}download_file/{job.id}.{job.filename}"}
 
     @app.get("/download_file/{name}", tags=["LibreTranslate"])
@@ -474,11 +404,8 @@ def _libretranslate(app: FastAPI, protocols: Protocols, documents: DocumentQueue
         """LibreTranslate's download: a file /translate_file translated, named as its
         URL says (the document's id, a dot, the file's name), until it expires."""
         document_id, _, filename = name.partition(".")
-        try:
-            job = documents.find(document_id, None)
-            if filename != job.filename:
-                raise ServeError(404, "Document not found")
-            data = documents.result(job, keep=True)
-        except ServeError as e:
-            return _lt_error(e)
+        job = documents.find(document_id, None)
+        if filename != job.filename:
+            raise ServeError(404, "Document not found")
+        data = documents.result(job, keep=True)
         return _attachment(data, filename)

@@ -15,7 +15,10 @@
     GET|POST /v2/usage     DeepL: characters translated since the server started
 
 Each takes JSON or a form (application/x-www-form-urlencoded, as libretranslatepy sends
-it), answers in its protocol's shapes and status codes, and translates through the same
+it), answers in its protocol's shapes and status codes (a route raises `ServeError`, which
+the app answers in the shape of the API its path is on: `refusal`), checks its key and its
+languages as `Protocols` says (the document routes too: `mtkit.serving.documents`), and
+translates through the same
 path as /v1/translate: the server's batcher (`mtkit.serving.scheduler.Batcher`) under the
 session every surface uses (`mtkit.engines.session.Session`: sentences split and joined, markup
 carried through), with the same limits and the same API key (`serve --api-key`: the
@@ -79,6 +82,66 @@ class Protocols:
     def targets(self, source: str | None = None) -> list[str]:
         return sorted({t for s, t in self.pairs if source is None or s == source})
 
+    def tgt_lang(self, target: str) -> str | None:
+        """The language a session translates into for `target`: a multilingual model's
+        `target`; None for a bilingual model (it has one)."""
+        return target if len(self.targets()) > 1 else None
+
+    def libretranslate_key(self, request: Request, given: dict) -> None:
+        """403 unless the request's `api_key` field (in `given`) or Bearer header opens
+        the server (LibreTranslate's routes)."""
+        key = self.api_key
+        if not (
+            key_ok(given.get("api_key"), key) or key_ok(credentials(request, ("bearer",)), key)
+        ):
+            raise ServeError(403, "Invalid API key")
+
+    def libretranslate_languages(
+        self, given: dict, texts: list[str] | None = None
+    ) -> tuple[str, str, list | None]:
+        """LibreTranslate's `source` (a code, or auto) and `target` of a request's fields
+        (`given`), checked against the model's pairs (400 in LibreTranslate's words where
+        one is missing or not supported), and where `source` is auto, what was detected:
+        each of `texts`' languages and probabilities among the model's source languages,
+        the source the one found (the first source language where they differ). A file
+        (`texts` None) is read in the model's first source language, detected is None."""
+        for name in ("source", "target"):
+            if given.get(name) in (None, ""):
+                raise ServeError(400, f"Invalid request: missing {name} parameter")
+        source, target = base(str(given["source"])), base(str(given["target"]))
+        detected = None
+        if source == "auto" and texts is not None:
+            detected = _detect(texts, self.sources())
+            found = {lang for lang, _ in detected if lang}
+            source = found.pop() if len(found) == 1 else self.sources()[0]
+        elif source == "auto":
+            source = self.sources()[0]
+        elif source not in self.sources():
+            raise ServeError(400, f"{source} is not supported")
+        if target not in self.targets(source):
+            raise ServeError(400, f"{target} is not supported")
+        return source, target, detected
+
+    def deepl_key(self, request: Request) -> None:
+        """403 unless the request's `Authorization: DeepL-Auth-Key KEY` (or Bearer) header
+        opens the server (DeepL's routes)."""
+        if not key_ok(credentials(request, ("deepl-auth-key", "bearer")), self.api_key):
+            raise ServeError(403, "Authorization failure, check auth_key")
+
+    def deepl_languages(self, given: dict) -> tuple[str | None, str]:
+        """DeepL's `source_lang` (None where not given) and `target_lang` of a request's
+        fields (`given`), checked against the model's pairs (400 in DeepL's words where
+        target_lang is missing or either is not supported)."""
+        if not given.get("target_lang"):
+            raise ServeError(400, "Parameter 'target_lang' not specified.")
+        target = base(str(given["target_lang"]))
+        source = base(str(given["source_lang"])) if given.get("source_lang") else None
+        if source is not None and source not in self.sources():
+            raise ServeError(400, "Value for 'source_lang' not supported.")
+        if target not in self.targets(source):
+            raise ServeError(400, "Value for 'target_lang' not supported.")
+        return source, target
+
     async def translate(
         self,
         request: Request,
@@ -94,13 +157,12 @@ class Protocols:
         for what cannot be (options, markup, limits)."""
         service = self.service
         service.limits.check(texts)
-        multilingual = len(self.targets()) > 1
         opts = service.options_for(nbest)  # (a mistake: the app's handler answers it)
         found = await service.translated(
             request,
             texts,
             opts,
-            tgt_lang=target if multilingual else None,
+            tgt_lang=self.tgt_lang(target),
             format=format,
             split=split,
             markup=markup,
@@ -234,51 +296,27 @@ def add_routes(app: FastAPI, service, api_key: str | None) -> Protocols:
 # ---- LibreTranslate ------------------------------------------------------------------------
 
 
-def _lt_error(e: ServeError) -> JSONResponse:
-    status = 400 if e.status == 422 else e.status
-    return JSONResponse({"error": str(e)}, status_code=status)
-
-
-def _lt_key(protocols: Protocols, request: Request, given: dict) -> None:
-    key = protocols.api_key
-    if not (key_ok(given.get("api_key"), key) or key_ok(credentials(request, ("bearer",)), key)):
-        raise ServeError(403, "Invalid API key")
-
-
 def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
     @app.post("/translate", tags=["LibreTranslate"])
     async def translate(request: Request):
         """LibreTranslate's translate: q (text or a list), source (a code or auto),
         target, format (text or html), alternatives, api_key."""
-        try:
-            given = await fields(request)
-            _lt_key(protocols, request, given)
-            for name in ("q", "source", "target"):  # (an empty q is translated: as "")
-                if given.get(name) is None or (name != "q" and given[name] == ""):
-                    raise ServeError(400, f"Invalid request: missing {name} parameter")
-            texts, one = _texts(given["q"], "q")
-            source, target = base(str(given["source"])), base(str(given["target"]))
-            fmt = str(given.get("format", "text"))
-            if fmt not in ("text", "html"):
-                raise ServeError(400, "Invalid request: format must be text or html")
-            alternatives = _int(given.get("alternatives", 0), "alternatives", 0, MAX_ALTERNATIVES)
-            if alternatives and fmt != "text":  # (as `translate --nbest --format html`)
-                raise ServeError(
-                    400,
-                    f"Invalid request: alternatives are for text; format {fmt} writes a document",
-                )
-            detected = None
-            if source == "auto":
-                detected = _detect(texts, protocols.sources())
-                sources = {lang for lang, _ in detected if lang}
-                source = sources.pop() if len(sources) == 1 else protocols.sources()[0]
-            elif source not in protocols.sources():
-                raise ServeError(400, f"{source} is not supported")
-            if target not in protocols.targets(source):
-                raise ServeError(400, f"{target} is not supported")
-            found = await protocols.translate(request, texts, fmt, True, target, alternatives + 1)
-        except ServeError as e:
-            return _lt_error(e)
+        given = await fields(request)
+        protocols.libretranslate_key(request, given)
+        if given.get("q") is None:  # (an empty q is translated: as "")
+            raise ServeError(400, "Invalid request: missing q parameter")
+        texts, one = _texts(given["q"], "q")
+        fmt = str(given.get("format", "text"))
+        if fmt not in ("text", "html"):
+            raise ServeError(400, "Invalid request: format must be text or html")
+        alternatives = _int(given.get("alternatives", 0), "alternatives", 0, MAX_ALTERNATIVES)
+        if alternatives and fmt != "text":  # (as `translate --nbest --format html`)
+            raise ServeError(
+                400,
+                f"Invalid request: alternatives are for text; format {fmt} writes a document",
+            )
+        _, target, detected = protocols.libretranslate_languages(given, texts)
+        found = await protocols.translate(request, texts, fmt, True, target, alternatives + 1)
         out: dict = {"translatedText": [t.text for t in found]}
         if alternatives:
             out["alternatives"] = [[a.text for a in t.alternatives] for t in found]
@@ -326,16 +364,13 @@ def _libretranslate(app: FastAPI, protocols: Protocols) -> None:
     @app.post("/detect", tags=["LibreTranslate"])
     async def detect(request: Request):
         """LibreTranslate's detect: q's language and confidence (0-100), by py3langid."""
-        try:
-            given = await fields(request)
-            _lt_key(protocols, request, given)
-            if given.get("q") in (None, ""):
-                raise ServeError(400, "Invalid request: missing q parameter")
-            texts, _ = _texts(given["q"], "q")
-            protocols.service.limits.check(texts)
-            found = _detect([" ".join(texts)], None)
-        except ServeError as e:
-            return _lt_error(e)
+        given = await fields(request)
+        protocols.libretranslate_key(request, given)
+        if given.get("q") in (None, ""):
+            raise ServeError(400, "Invalid request: missing q parameter")
+        texts, _ = _texts(given["q"], "q")
+        protocols.service.limits.check(texts)
+        found = _detect([" ".join(texts)], None)
         return [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found]
 
 
@@ -354,16 +389,6 @@ def _detect(texts: list[str], among: list[str] | None) -> list:
 
 
 # ---- DeepL API v2 --------------------------------------------------------------------------
-
-
-def _deepl_error(e: ServeError) -> JSONResponse:
-    status = 400 if e.status == 422 else e.status
-    return JSONResponse({"message": str(e)}, status_code=status)
-
-
-def _deepl_key(protocols: Protocols, request: Request) -> None:
-    if not key_ok(credentials(request, ("deepl-auth-key", "bearer")), protocols.api_key):
-        raise ServeError(403, "Authorization failure, check auth_key")
 
 
 def _deepl_markup(given: dict) -> MarkupRules:
@@ -386,32 +411,22 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
         (html or xml: each text a document or a fragment of one), split_sentences (0, 1
         or nonewlines), and for tag_handling, ignore_tags, non_splitting_tags,
         splitting_tags and outline_detection (`mtkit.documents.elements.MarkupRules`)."""
-        try:
-            _deepl_key(protocols, request)
-            given = await fields(request)
-            if given.get("text") in (None, "", []):
-                raise ServeError(400, "Parameter 'text' not specified.")
-            if not given.get("target_lang"):
-                raise ServeError(400, "Parameter 'target_lang' not specified.")
-            texts, _ = _texts(given["text"], "text")
-            target = base(str(given["target_lang"]))
-            source = base(str(given["source_lang"])) if given.get("source_lang") else None
-            if source is not None and source not in protocols.sources():
-                raise ServeError(400, "Value for 'source_lang' not supported.")
-            if target not in protocols.targets(source):
-                raise ServeError(400, "Value for 'target_lang' not supported.")
-            tags = given.get("tag_handling")
-            if tags not in (None, "", "html", "xml"):
-                raise ServeError(400, "Value for 'tag_handling' not supported.")
-            split = str(given.get("split_sentences", "1"))
-            if split not in ("0", "1", "nonewlines"):
-                raise ServeError(400, "Value for 'split_sentences' not supported.")
-            markup = _deepl_markup(given) if tags else PLAIN  # (without: DeepL ignores them)
-            found = await protocols.translate(
-                request, texts, tags or "text", split != "0", target, 1, markup
-            )
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
+        given = await fields(request)
+        if given.get("text") in (None, "", []):
+            raise ServeError(400, "Parameter 'text' not specified.")
+        source, target = protocols.deepl_languages(given)
+        texts, _ = _texts(given["text"], "text")
+        tags = given.get("tag_handling")
+        if tags not in (None, "", "html", "xml"):
+            raise ServeError(400, "Value for 'tag_handling' not supported.")
+        split = str(given.get("split_sentences", "1"))
+        if split not in ("0", "1", "nonewlines"):
+            raise ServeError(400, "Value for 'split_sentences' not supported.")
+        markup = _deepl_markup(given) if tags else PLAIN  # (without: DeepL ignores them)
+        found = await protocols.translate(
+            request, texts, tags or "text", split != "0", target, 1, markup
+        )
         detected = (source or protocols.sources()[0]).upper()
         return {
             "translations": [
@@ -427,13 +442,10 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
     @_get_and_post(app, "/v2/languages", "DeepL")
     async def languages(request: Request):
         """DeepL's languages: ?type=source (the default) or target."""
-        try:
-            _deepl_key(protocols, request)
-            kind = (await fields(request)).get("type", "source")
-            if kind not in ("source", "target"):
-                raise ServeError(400, "Value for 'type' not supported.")
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
+        kind = (await fields(request)).get("type", "source")
+        if kind not in ("source", "target"):
+            raise ServeError(400, "Value for 'type' not supported.")
         if kind == "target":
             return [
                 {"language": t.upper(), "name": NAMES.get(t, t), "supports_formality": False}
@@ -444,8 +456,5 @@ def _deepl(app: FastAPI, protocols: Protocols) -> None:
     @_get_and_post(app, "/v2/usage", "DeepL")
     async def usage(request: Request):
         """DeepL's usage: the characters translated since the server started."""
-        try:
-            _deepl_key(protocols, request)
-        except ServeError as e:
-            return _deepl_error(e)
+        protocols.deepl_key(request)
         return {"character_count": protocols.characters, "character_limit": 10**12}

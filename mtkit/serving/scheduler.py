@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mtkit.core.errors import plural
 from mtkit.core.hypothesis import Hypothesis
@@ -89,26 +89,66 @@ JOIN_AFTER_STEPS = 3
 T = TypeVar("T")
 
 
+class Meter(Protocol):
+    """What a metered `QueuedEngine` (`QueuedEngine.metered`) tells as it sends one
+    caller's sentences to the batcher: a document's job
+    (`mtkit.serving.documents.DocumentJob`), its progress and its limit."""
+
+    chunk_lines: int  # sentences it has in the batcher at a time
+
+    def admit(self, lines: list[str]) -> None:
+        """Before `lines` are sent: raise where they may not be (over a limit)."""
+
+    def sent(self, lines: list[str]) -> None:
+        """Once the translations of `lines` are back."""
+
+
 class QueuedEngine:
     """The served engine as every request's session sees it (`mtkit.engines.base.Engine`),
     made once when the server starts: its searches are queued in the server's `Batcher`,
     whose one thread runs the engine it wraps; what describes the model and checks a
     request is the wrapped engine's. A search belongs to the `Ticket` of the request
     whose session asks for it (the one its thread runs under), so that a client who
-    leaves drops its searches not yet begun."""
+    leaves drops its searches not yet begun. With a `meter` (`metered`), its sentences
+    go to the batcher `meter.chunk_lines` at a time, each chunk once the last is back, so
+    that requests arriving meanwhile join the batcher's next round beside them instead
+    of waiting behind them all."""
 
-    def __init__(self, engine: Engine, batcher: Batcher):
-        self.engine, self.batcher = engine, batcher
+    def __init__(self, engine: Engine, batcher: Batcher, meter: Meter | None = None):
+        self.engine, self.batcher, self.meter = engine, batcher, meter
         self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
         self.capabilities, self.config = engine.capabilities, engine.config
         self.steps, self.weights = engine.steps, engine.weights
         self.batch_tokens = engine.batch_tokens
 
+    def metered(self, meter: Meter) -> QueuedEngine:
+        """The same engine and batcher, its sentences sent in chunks and told to `meter`."""
+        return QueuedEngine(self.engine, self.batcher, meter)
+
     def translate(
         self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
     ) -> list[list[Hypothesis]]:
         """The hypotheses of `lines`, searched by the batcher with whatever other
-        requests' lines it runs them with (`batch_tokens` is the server's `Limits`)."""
+        requests' lines it runs them with (`batch_tokens` is the server's `Limits`); with
+        a meter, `meter.chunk_lines` at a time, admitted by it first and each chunk told
+        to it once back."""
+        if self.meter is None:
+            return self._search(lines, options, prefixes, constraints)
+        self.meter.admit(lines)
+        step, found = self.meter.chunk_lines, []
+        for i in range(0, len(lines), step):
+            chunk = lines[i : i + step]
+            found += self._search(
+                chunk,
+                options,
+                prefixes[i : i + step] if prefixes else None,
+                constraints[i : i + step] if constraints else None,
+            )
+            self.meter.sent(chunk)
+        return found
+
+    def _search(self, lines, options, prefixes, constraints) -> list[list[Hypothesis]]:
+        """`lines` in one batcher job, under the running request's `Ticket`."""
         if not lines:
             return []
         ticket = _TICKET.get(None)

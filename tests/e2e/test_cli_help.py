@@ -70,6 +70,7 @@ def test_mtkit_version_prints_the_installed_version():
             [
                 "Model",
                 "Server",
+                "Documents (/v2/document, /translate_file)",
                 "Search",
                 "Sampling",
                 "Terminology",

@@ -22,6 +22,7 @@ srt = pytest.importorskip("srt")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.documents.formats import REFUSED  # noqa: E402
 from mtkit.documents.markup import tags  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.engines.session import Session  # noqa: E402
@@ -29,6 +30,7 @@ from mtkit.serving.app import create_app  # noqa: E402
 from mtkit.serving.documents import FORM_BYTES  # noqa: E402
 from mtkit.serving.scheduler import DocumentLimits, Limits  # noqa: E402
 
+from conftest import cli, one_line_error  # noqa: E402
 from serverkit import LocalServer  # noqa: E402
 
 KEY = "sesame"
@@ -63,7 +65,8 @@ def model(trained) -> Path:
 def expected(model) -> dict[str, bytes]:
     """Each file as the server's session translates it, called directly (the server's
     defaults; a document's sentences split)."""
-    from mtkit.serving.documents import format_of, translate_text_file
+    from mtkit.documents.formats import format_of
+    from mtkit.serving.documents import translate_text_file
 
     session = Session.open(load_engine(model, "cpu"), split=True)
     out = {}
@@ -120,7 +123,7 @@ def test_the_deepl_client_translates_files_as_the_session_does(
 def test_the_deepl_client_hears_every_refusal(server, tmp_path, quick_polls):
     client = deepl.Translator(KEY, server_url=server.url)
     (tmp_path / "a.pdf").write_bytes(b"%PDF-1.4")
-    with pytest.raises(deepl.DeepLException, match="Unsupported file format"):
+    with pytest.raises(deepl.DeepLException, match="Unsupported file format: PDF is not tr"):
         client.translate_document_from_filepath(
             tmp_path / "a.pdf", tmp_path / "o.pdf", target_lang="DE"
         )
@@ -257,10 +260,20 @@ def test_uploads_that_are_no_file_are_400_and_too_big_bodies_413_unread(api):
         400,
         {"error": "Invalid request: missing target parameter"},
     )
-    r = api.post(
-        "/translate_file", data={"source": "en", "target": "de"}, files={"file": ("a.pdf", b"x")}
-    )
-    assert r.status_code == 400 and r.json()["error"].startswith("Unsupported file format")
+    for name in ("a.pdf", "A.PDF"):  # refused by its name, saying why
+        r = api.post(
+            "/translate_file", data={"source": "en", "target": "de"}, files={"file": (name, b"x")}
+        )
+        assert (r.status_code, r.json()) == (
+            400,
+            {"error": f"Unsupported file format: {REFUSED['.pdf']}"},
+        )
+        assert "PDF is not translated" in r.json()["error"]
+        r = _upload(api, name=name, data=b"%PDF-1.4")
+        assert (r.status_code, r.json()) == (
+            400,
+            {"message": f"Unsupported file format: {REFUSED['.pdf']}"},
+        )
     r = api.post(  # a format mtkit reads, whose bytes are not one: its format's one line
         "/translate_file", data={"source": "en", "target": "de"}, files={"file": ("a.odt", b"x")}
     )
@@ -425,3 +438,68 @@ def test_a_zip_bomb_over_http_is_an_error_and_413(model, monkeypatch):
         assert status["status"] == "error" and "too large" in status["error_message"]
         r = api.post(f"/v2/document/{job['document_id']}/result", json=job)
         assert (r.status_code, r.json()["message"]) == (413, status["error_message"])
+
+
+def test_serve_s_document_flags_set_the_limits_its_routes_keep(model):
+    """`mtkit serve --document-*`: the limits /v1/info lists and the routes keep; a file
+    the default 10 MiB takes is over --document-max-bytes 100, refused in each API's
+    shape (the real deepl client hears the 413 and its reason), and a smaller one is not."""
+    flags = {"max-bytes": 100, "max-chars": 5_000, "max-jobs": 5, "workers": 1, "expiry": 60}
+    args = [x for name, value in flags.items() for x in (f"--document-{name}", str(value))]
+    with LocalServer(model, *args) as server:
+        status, info = server.get("/v1/info")
+        assert status == 200 and info["limits"]["documents"] == {
+            "max_bytes": 100, "max_chars": 5_000, "max_jobs": 5, "workers": 1,
+            "expiry_s": 60.0, "chunk_lines": 16,
+        }  # fmt: skip
+        assert len(PAGE.encode()) > 100
+        r = httpx.post(
+            f"{server.url}/v2/document",
+            data={"target_lang": "DE"},
+            files={"file": ("page.html", PAGE.encode())},
+        )
+        assert (r.status_code, r.json()) == (
+            413,
+            {"message": "the document is too large: over 100 bytes"},
+        )
+        with pytest.raises(deepl.DeepLException, match="over 100 bytes") as refused:
+            deepl.Translator("any", server_url=server.url).translate_document_upload(
+                PAGE, filename="page.html", target_lang="DE"
+            )
+        assert refused.value.http_status_code == 413
+        r = httpx.post(
+            f"{server.url}/translate_file",
+            data={"source": "en", "target": "de"},
+            files={"file": ("page.html", PAGE.encode())},
+        )
+        assert (r.status_code, r.json()) == (
+            413,
+            {"error": "the document is too large: over 100 bytes"},
+        )
+        r = httpx.post(
+            f"{server.url}/v2/document",
+            data={"target_lang": "DE"},
+            files={"file": ("small.html", b"<p>A dog runs.</p>")},
+        )
+        assert r.status_code == 200 and set(r.json()) == {"document_id", "document_key"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--document-max-bytes", "0", "--document-max-bytes must be at least 1 and at most "
+         "1,073,741,824, got 0"),
+        ("--document-max-bytes", "2147483648", "--document-max-bytes must be at least 1 and "
+         "at most 1,073,741,824, got 2147483648"),
+        ("--document-max-chars", "-1", "--document-max-chars must be at least 1, got -1"),
+        ("--document-max-jobs", "0", "--document-max-jobs must be at least 1, got 0"),
+        ("--document-workers", "65", "--document-workers must be at least 1 and at most 64, "
+         "got 65"),
+        ("--document-expiry", "nan", "--document-expiry must be at least 0 and at most "
+         "604,800, got nan"),
+        ("--document-expiry", "-1", "--document-expiry must be at least 0 and at most "
+         "604,800, got -1.0"),
+    ],
+)  # fmt: skip
+def test_a_document_flag_out_of_range_is_one_line_at_start(model, flag, value, says):
+    one_line_error(cli("serve", "-m", model, flag, value), says)

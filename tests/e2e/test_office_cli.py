@@ -1,15 +1,18 @@
 """Office documents and e-books with a trained model: `mtkit translate -i FILE` by the
 file's suffix or `--format`, and the API's `Translator.translate_document` and
-`translate_file`; each output read back by its own library (and, where LibreOffice is
-installed, converted by it headless), its text parts translated, its runs as many as the
-source's, its other members byte for byte; mistakes in one line, nothing written."""
+`translate_file`; each output read back by its own library (and, where LibreOffice's
+Writer, Calc and Impress are installed, converted by them headless), its text parts
+translated, its runs as many as the source's, its other members byte for byte; mistakes in
+one line, nothing written."""
 
 from __future__ import annotations
 
+import csv
 import io
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -109,31 +112,126 @@ def test_file_format_mistakes_are_one_line_and_write_nothing(trained, tmp_path):
     one_line_error(
         cli("translate", "-m", _model(trained), input=make_docx()), "looks like a zip archive"
     )
+    # a PDF is refused by its name, saying why, whatever its bytes hold
+    (tmp_path / "report.pdf").write_bytes(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n")
+    (tmp_path / "notes.pdf").write_text("A dog runs.\n")
+    for pdf in ("report.pdf", "notes.pdf"):
+        one_line_error(
+            cli("translate", "-m", _model(trained), "-i", tmp_path / pdf, "-o", out),
+            "error: PDF is not translated: a PDF holds glyphs placed on pages, not paragraphs",
+        )
+    one_line_error(
+        cli("translate", "-m", _model(trained), "--format", "pdf", input="A dog runs."),
+        "got 'pdf': PDF is not translated",
+    )
     assert not out.exists()
     with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        with pytest.raises(mtkit.Error, match=r"^PDF is not translated: .* convert it to docx"):
+            translator.translate_file(tmp_path / "notes.pdf", out)
         with pytest.raises(mtkit.Error, match=r"^format docx is a file, not text"):
             translator.translate(["A dog."], format="docx")
         with pytest.raises(mtkit.Error, match="give the document's bytes"):
             translator.translate_document("text", "docx")
 
 
-@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed")
-@pytest.mark.parametrize("format", ["docx", "odt"])
-def test_libreoffice_opens_the_translated_file(trained, tmp_path, format):
-    make, _ = MADE[format]
-    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
-        output = translator.translate_document(make(), format)
-    (tmp_path / f"out.{format}").write_bytes(output)
-    subprocess.run(
-        ["soffice", f"-env:UserInstallation=file://{tmp_path}/profile", "--headless"]
-        + ["--convert-to", "txt:Text", "--outdir", str(tmp_path), str(tmp_path / f"out.{format}")],
-        check=True,
+SOFFICE = shutil.which("soffice")
+ODF_TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
+# Each format: the LibreOffice component that opens it (its library, beside soffice), what
+# it is converted to (soffice --convert-to), and how the conversion is checked
+LIBREOFFICE = {
+    "docx": ("Writer", "swlo", "txt:Text"),
+    "odt": ("Writer", "swlo", "txt:Text"),
+    "xlsx": ("Calc", "sclo", "csv:Text - txt - csv (StarCalc):44,34,76"),  # (76: UTF-8)
+    "pptx": ("Impress", "sdlo", "odp"),
+    "odp": ("Impress", "sdlo", "pptx"),
+}
+
+
+def _libreoffice_has(library: str) -> bool:
+    """Whether LibreOffice is installed with the component whose library is `library`
+    (Debian packages Writer, Calc and Impress apart: libswlo.so, libsclo.so, libsdlo.so
+    beside the soffice they share)."""
+    if SOFFICE is None:
+        return False
+    program = Path(SOFFICE).resolve().parent
+    return any(program.glob(f"lib{library}.*")) or any(program.glob(f"{library}.*"))
+
+
+def _converted(tmp_path: Path, data: bytes, format: str) -> Path:
+    """`data` (a `format` file) converted by LibreOffice, headless, as LIBREOFFICE says:
+    the file it wrote (soffice answers 0 even where it could not load the file: the
+    file's absence says so)."""
+    (tmp_path / f"out.{format}").write_bytes(data)
+    target = LIBREOFFICE[format][2]
+    done = subprocess.run(
+        [SOFFICE, f"-env:UserInstallation=file://{tmp_path}/profile", "--headless"]
+        + ["--convert-to", target, "--outdir", str(tmp_path / "converted")]
+        + [str(tmp_path / f"out.{format}")],
         capture_output=True,
+        text=True,
         timeout=120,
     )
-    text = (tmp_path / "out.txt").read_text(encoding="utf-8-sig")
-    paragraphs = [line for line in text.splitlines() if line.strip()]
-    assert len(paragraphs) >= 2 and "A man is" not in text
+    written = tmp_path / "converted" / f"out.{target.split(':')[0]}"
+    assert done.returncode == 0 and written.is_file(), (done.stdout, done.stderr)
+    return written
+
+
+def _odf_paragraphs(data: bytes) -> list[str]:
+    """The text of each non-empty paragraph and heading of an ODF file's content.xml,
+    its whitespace left out (LibreOffice and the writer space runs their own way)."""
+    from lxml import etree
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        root = etree.fromstring(z.read("content.xml"))
+    found = ("".join(p.itertext()) for p in root.iter(f"{ODF_TEXT}p", f"{ODF_TEXT}h"))
+    return [t for t in ("".join(x.split()) for x in found) if t]
+
+
+def _pptx_paragraphs(data: bytes) -> list[str]:
+    """The text of each non-empty paragraph of a deck's slides and notes (python-pptx),
+    its whitespace left out."""
+    deck = pptx.Presentation(io.BytesIO(data))
+    frames = [s.text_frame for slide in deck.slides for s in slide.shapes if s.has_text_frame]
+    frames += [slide.notes_slide.notes_text_frame for slide in deck.slides if slide.has_notes_slide]
+    found = ("".join(p.text.split()) for frame in frames for p in frame.paragraphs)
+    return [t for t in found if t]
+
+
+@pytest.mark.parametrize("format", list(LIBREOFFICE))
+def test_libreoffice_opens_the_translated_file(trained, tmp_path, format):
+    """Each translated file opened by LibreOffice headless and converted: a text file's
+    paragraphs (docx, odt), a workbook's cells as CSV (its strings as openpyxl reads them,
+    translated; its number, formula and date as they were), a deck's paragraphs in the
+    other deck format (pptx to odp and back), as the format's own library reads them."""
+    component, library, _ = LIBREOFFICE[format]
+    if not _libreoffice_has(library):
+        pytest.skip(f"LibreOffice {component} is not installed")
+    make, _ = MADE[format]
+    source = make()
+    with mtkit.Translator.load(_model(trained), device="cpu") as translator:
+        output = translator.translate_document(source, format)
+    converted = _converted(tmp_path, output, format)
+    if format in ("docx", "odt"):
+        text = converted.read_text(encoding="utf-8-sig")
+        paragraphs = [line for line in text.splitlines() if line.strip()]
+        assert len(paragraphs) >= 2 and "A man is" not in text
+    elif format == "xlsx":
+        rows = list(csv.reader(converted.read_text(encoding="utf-8").splitlines()))
+        cells = [row[0] if row else "" for row in rows]
+        assert cells[1:4] == ["3.25", "3.25", "2024-01-02"]  # (the formula computed)
+        before = openpyxl.load_workbook(io.BytesIO(source)).active
+        after = openpyxl.load_workbook(io.BytesIO(output)).active
+        for i in (1, 5, 6, 7):  # A1, the inline rich text, the two shared strings
+            value = str(after[f"A{i}"].value)
+            assert cells[i - 1] == value and value and value != str(before[f"A{i}"].value)
+    elif format == "pptx":
+        translated = _pptx_paragraphs(output)
+        assert "Helloworld" not in translated and len(translated) >= 3
+        assert set(translated) <= set(_odf_paragraphs(converted.read_bytes()))
+    else:  # odp
+        translated = _odf_paragraphs(output)
+        assert translated and "Slidewordshere" not in translated
+        assert _pptx_paragraphs(converted.read_bytes()) == translated
 
 
 def test_translate_file_never_writes_over_its_input(trained, tmp_path):

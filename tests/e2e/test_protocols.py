@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import mtkit  # noqa: E402
 from mtkit.core.search_options import SearchOptions  # noqa: E402
+from mtkit.documents.formats import suffixes  # noqa: E402
 from mtkit.documents.markup import tags  # noqa: E402
 from mtkit.engines.loader import load_engine  # noqa: E402
 from mtkit.serving.app import create_app  # noqa: E402
-from mtkit.serving.documents import suffixes  # noqa: E402
 from mtkit.serving.scheduler import Limits  # noqa: E402
 
 from serverkit import LocalServer  # noqa: E402
@@ -459,7 +459,7 @@ def test_languages_lists_every_language_and_frontend_settings_say_what_is_served
                 "keyRequired": keyed,
                 "suggestions": False,
                 "filesTranslation": True,
-                "supportedFilesFormat": suffixes(),
+                "supportedFilesFormat": list(suffixes()),
                 "language": {
                     "source": {"code": "en", "name": "English"},
                     "target": {"code": "de", "name": "German"},

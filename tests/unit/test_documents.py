@@ -773,6 +773,25 @@ def test_the_one_table_names_every_format_its_suffixes_and_what_refusals_say():
         output_format("x")
 
 
+def test_a_file_s_format_is_looked_up_once_by_its_suffix():
+    """`format_of`: the API's and the CLI's input file and the server's uploads: a
+    format's suffix in any case, .txt as text, None for one no format has, and a PDF
+    refused in one line that says why; `suffixes` lists them (plain text's first)."""
+    from mtkit.documents.formats import FORMATS, REFUSED, format_of, suffixes
+
+    assert format_of("report.DOCX") == "docx" and format_of(Path("a/b.xliff")) == "xliff"
+    assert format_of("notes.txt") == "text" and suffixes("text") == (".txt",)
+    assert format_of("corpus.de") is None and format_of("noname") is None
+    assert format_of("a.docm") is None
+    for name in ("paper.pdf", "PAPER.PDF", Path("x/y.Pdf")):
+        with pytest.raises(OptionError, match=r"^PDF is not translated: ") as refused:
+            format_of(name)
+        assert str(refused.value) == REFUSED[".pdf"] and refused.value.option == "format"
+    assert suffixes()[0] == ".txt" and ".pdf" not in suffixes()
+    assert set(suffixes()) == {".txt", *(s for f in FORMATS.values() for s in f.suffixes)}
+    assert all(format_of(f"a{suffix}") is not None for suffix in suffixes())
+
+
 def test_documents_of_one_call_are_translated_together_round_by_round():
     """Every document's texts of a round go to one call of `translate` (html's runs, the
     srt cues' rounds, po's messages), and each document comes out as it does alone."""

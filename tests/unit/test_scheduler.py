@@ -1,14 +1,23 @@
 """The serve worker's join policy (`mtkit.serving.scheduler.join_policy`): when waiting
-greedy requests join the running stream, and how many fit."""
+greedy requests join the running stream, and how many fit; and a metered `QueuedEngine`
+(a document's): its sentences sent in chunks, admitted and counted by its meter."""
 
 from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("fastapi")
 
 from mtkit.core.search_options import SearchOptions  # noqa: E402
-from mtkit.serving.scheduler import JOIN_AFTER_STEPS, _Job, join_policy  # noqa: E402
+from mtkit.serving.scheduler import (  # noqa: E402
+    JOIN_AFTER_STEPS,
+    QueuedEngine,
+    _Job,
+    join_policy,
+)
 
 
 def job(lines: int, longest: int = 10, seen_at_step: int = 0) -> _Job:
@@ -41,3 +50,71 @@ def test_the_budget_counts_the_running_sentences_and_padding():
     # 12 rows x 10 = 120 fit; one more row at 40 wide makes 13 x 40 = 520
     assert join_policy(waiting, running, 6, steps=0, budget=200) == waiting[:1]
     assert join_policy(waiting, running, 6, steps=0, budget=520) == waiting
+
+
+class ScriptedBatcher:
+    """A batcher that answers each submitted job at once (each line's one hypothesis: the
+    line itself, upper-cased) and records what it was given, in order."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def submit(self, lines, options, constraints, prefixes) -> Future:
+        self.events.append(("submit", list(lines), prefixes, constraints))
+        future: Future = Future()
+        future.set_result([[line.upper()] for line in lines])
+        return future
+
+
+class Meter:
+    """A document's meter: `chunk_lines` at a time, refusing past `max_chars`."""
+
+    def __init__(self, events: list, chunk_lines: int, max_chars: int):
+        self.events, self.chunk_lines, self.max_chars = events, chunk_lines, max_chars
+
+    def admit(self, lines):
+        self.events.append(("admit", list(lines)))
+        if sum(map(len, lines)) > self.max_chars:
+            raise ValueError("too large")
+
+    def sent(self, lines):
+        self.events.append(("sent", list(lines)))
+
+
+def _queued(events: list) -> QueuedEngine:
+    engine = SimpleNamespace(
+        src_vocab=None, tgt_vocab=None, capabilities=None, config=None, steps=[1], weights=[],
+        batch_tokens=100,
+    )  # fmt: skip
+    return QueuedEngine(engine, ScriptedBatcher(events))
+
+
+def test_a_metered_engine_sends_its_lines_in_chunks_each_counted_once_back():
+    events: list = []
+    queued = _queued(events)
+    metered = queued.metered(Meter(events, chunk_lines=2, max_chars=100))
+    lines = ["a", "bb", "ccc", "d", "e"]
+    prefixes = ["1", "2", "3", "4", "5"]
+    options, upper = SearchOptions(beam=1), [["A"], ["BB"], ["CCC"], ["D"], ["E"]]
+    assert metered.translate(lines, options, prefixes=prefixes) == upper
+    assert events == [
+        ("admit", lines),
+        ("submit", ["a", "bb"], ["1", "2"], None),
+        ("sent", ["a", "bb"]),
+        ("submit", ["ccc", "d"], ["3", "4"], None),
+        ("sent", ["ccc", "d"]),
+        ("submit", ["e"], ["5"], None),
+        ("sent", ["e"]),
+    ]
+    events.clear()  # the server's own engine is not metered: one job, as it came
+    assert queued.translate(lines, options) == upper
+    assert events == [("submit", lines, None, None)]
+    assert metered.engine is queued.engine and metered.batcher is queued.batcher
+
+
+def test_a_metered_engine_sends_nothing_its_meter_does_not_admit():
+    events: list = []
+    metered = _queued(events).metered(Meter(events, chunk_lines=2, max_chars=5))
+    with pytest.raises(ValueError, match="too large"):
+        metered.translate(["abc", "def"], SearchOptions(beam=1))
+    assert events == [("admit", ["abc", "def"])]
