@@ -23,9 +23,10 @@ Links = tuple[tuple[int, int], ...]  # (source word, target word)
 class Anchored(str):
     """A text to translate whose word links are wanted only around its `anchors`: the
     character spans (start, end) whose words a document places something by (its tags,
-    its numbers: `mtkit.documents.markup`). A sentence of it that no anchor touches is
-    searched without the links' pass (`mtkit.engines.session.translate_requests`), and
-    its part of the line's links is empty; a plain str wants links for every word."""
+    its numbers: `mtkit.documents.markup`). A sentence of it that no anchor touches skips
+    the links' pass (`mtkit.engines.session.translate_requests` tells the engine's
+    `translate` which lines want `links`), and its part of the line's links is empty; a
+    plain str wants links for every word."""
 
     anchors: tuple[tuple[int, int], ...]
 

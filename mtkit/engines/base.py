@@ -61,11 +61,14 @@ class Engine(Protocol):
         *,
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
+        links: list[bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each line (`nbest`), in input order; an empty line gets empty
         hypotheses; a line's outputs start with its target prefix, when given, and
         contain one phrase of each of its `constraints` (`mtkit.core.terms`: alternatives),
-        when given; `done(n)` is told as lines finish."""
+        when given; `done(n)` is told as lines finish. With `options.alignments`, `links`
+        says which lines want their word links (None: every one); the others' hypotheses
+        have none."""
 
     def constraint_errors(
         self, lines: list[str], constraints: list[list[tuple[str, ...]]], options: SearchOptions

@@ -175,10 +175,12 @@ class CT2Engine(EngineBase):
         *,
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
+        links: list[bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order (`mtkit.engines.base.Translator`).
         CTranslate2 has no hard lexical constraints (only prefixes): constraints are
-        refused in one line."""
+        refused in one line; nor word links (`links` is never read: `check` refuses
+        alignments)."""
         self.check(opts)
         if constraints and any(constraints):
             check_constraints(opts, self.capabilities)

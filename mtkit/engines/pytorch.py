@@ -192,6 +192,7 @@ class TorchEngine(EngineBase):
         *,
         batch_tokens: int = BATCH_TOKENS,
         constraints: list[list[tuple[str, ...]]] | None = None,
+        links: list[bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each line, in input order (`mtkit.engines.base.Translator`). With
         sampling, each line draws from a seed made of `opts.seed` and its text, so its
@@ -226,6 +227,7 @@ class TorchEngine(EngineBase):
                 [line_seed(opts.seed, lines[todo[k]]) for k in batch] if opts.sampling else [],
                 [wanted[k] for k in batch] if wanted else None,
                 banned,
+                [links[todo[k]] for k in batch] if links is not None else None,
             )
             for banned, batch in batches
         ]
@@ -319,7 +321,9 @@ class TorchEngine(EngineBase):
         with self.searching():
             hyps = self.search(src, opts, job.forced, job.seeds, job.wanted, model)
             if opts.alignments:
-                hyps = self.with_alignments(job.rows, hyps, opts.align_layer, model.encoded)
+                hyps = self.with_alignments(
+                    job.rows, hyps, opts.align_layer, model.encoded, job.links
+                )
         return hyps
 
     def shortlisted(self, src: torch.Tensor, compact: bool = False) -> StepModel:
@@ -410,12 +414,21 @@ class TorchEngine(EngineBase):
         hyps: list[list[Hypothesis]],
         layer: int | None,
         encoded: tuple[torch.Tensor, torch.Tensor] | None = None,
+        wanted: list[bool] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Each hypothesis with its word links to its source (`mtkit.search.alignment`);
-        `encoded`: the sources' memory and mask as the search made them (one per source:
-        an n-best's hypotheses are read against their source's own encoding again)."""
-        pairs = [(src, h.tokens) for src, nbest in zip(sources, hyps, strict=True) for h in nbest]
-        links = iter(
+        """Each hypothesis with its word links to its source (`mtkit.search.alignment`),
+        of the sources `wanted` (None: all; the others' hypotheses keep none); `encoded`:
+        the sources' memory and mask as the search made them (one per source: an
+        n-best's hypotheses are read against their source's own encoding again)."""
+        rows = [i for i in range(len(sources)) if wanted is None or wanted[i]]
+        if not rows:
+            return hyps
+        if encoded is not None and len(rows) < len(sources):  # those rows, as wide as they are
+            index = torch.tensor(rows, device=encoded[0].device)
+            width = max(len(sources[i]) for i in rows) + 1  # (eos)
+            encoded = (encoded[0][index, :width], encoded[1][index, :width])
+        pairs = [(sources[i], h.tokens) for i in rows for h in hyps[i]]
+        found = iter(
             align(
                 self.models,
                 [src for src, _ in pairs],
@@ -425,10 +438,13 @@ class TorchEngine(EngineBase):
                 layer,
                 self.device,
                 guided=bool(self.config.train.guided_alignment),
-                encoded=encoded if all(len(nbest) == 1 for nbest in hyps) else None,
+                encoded=encoded if all(len(hyps[i]) == 1 for i in rows) else None,
             )
         )
-        return [[replace(h, alignment=next(links)) for h in nbest] for nbest in hyps]
+        out = list(hyps)
+        for i in rows:
+            out[i] = [replace(h, alignment=next(found)) for h in hyps[i]]
+        return out
 
 
 class _Encoding:

@@ -43,7 +43,6 @@ from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, TextIO
 
 from mtkit.core.errors import OptionError
-from mtkit.core.hypothesis import Hypothesis
 from mtkit.core.languages import check_target, tag_ids, tagging, untagged
 from mtkit.core.search_options import (
     BATCH_TOKENS,
@@ -349,15 +348,14 @@ def translate_requests(
         if row.error:  # (a line whose own constraints cannot be: never split) its error
             requests[line] = row
     forced = [r.target_tag + r.prefix for r in rows]
-    hyps = _searched(
-        translator,
+    hyps = translator.translate(
         [r.text for r in rows],
         opts,
         done if len(rows) == len(requests) else None,
         forced if any(forced) else None,
-        batch_tokens,
-        wanted,
-        linked if opts.alignments else None,
+        batch_tokens=batch_tokens,
+        constraints=wanted,
+        links=linked if opts.alignments and not all(linked) else None,
     )
     if done is not None and len(rows) != len(requests):
         done(len(requests))
@@ -399,41 +397,6 @@ def _wants_links(text: str, spans: list[tuple[int, int]], k: int) -> bool:
     lo = spans[k - 1][1] if k else 0
     hi = spans[k][1] if k + 1 < len(spans) else len(text)
     return text.touched(lo, hi)
-
-
-def _searched(
-    translator: Engine,
-    texts: list[str],
-    opts: SearchOptions,
-    done: Callable[[int], None] | None,
-    forced: list[str] | None,
-    batch_tokens: int,
-    wanted: list[list[tuple[str, ...]]] | None,
-    linked: list[bool] | None,
-) -> list[list[Hypothesis]]:
-    """The engine's hypotheses of each of `texts`; where some want no word links
-    (`linked`), those are searched apart, without the links' pass (a teacher-forced pass
-    over every output, a sixth of a document's time on the main job's model)."""
-    if linked is None or all(linked):
-        return translator.translate(
-            texts, opts, done, forced, batch_tokens=batch_tokens, constraints=wanted
-        )
-    hyps: list[list[Hypothesis]] = [[] for _ in texts]
-    for links in (True, False):
-        rows = [i for i, want in enumerate(linked) if want == links]
-        if not rows:
-            continue
-        found = translator.translate(
-            [texts[i] for i in rows],
-            replace(opts, alignments=links),
-            done,
-            [forced[i] for i in rows] if forced else None,
-            batch_tokens=batch_tokens,
-            constraints=[wanted[i] for i in rows] if wanted else None,
-        )
-        for i, h in zip(rows, found, strict=True):
-            hyps[i] = h
-    return hyps
 
 
 def translate_stream(

@@ -91,6 +91,7 @@ class BatchJob(NamedTuple):
     seeds: list[int]  # each sentence's sampling seed (sampling only)
     wanted: list | None  # each sentence's constraints' ids, or None
     banned: list[int]  # target ids this batch never outputs (`EngineBase.output_groups`)
+    links: list[bool] | None = None  # with alignments: which sentences want links (None: all)
 
 
 class WorkerError(UserError):

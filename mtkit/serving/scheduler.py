@@ -126,14 +126,22 @@ class QueuedEngine:
         return QueuedEngine(self.engine, self.batcher, meter)
 
     def translate(
-        self, lines, options, done=None, prefixes=None, *, batch_tokens=0, constraints=None
+        self,
+        lines,
+        options,
+        done=None,
+        prefixes=None,
+        *,
+        batch_tokens=0,
+        constraints=None,
+        links=None,
     ) -> list[list[Hypothesis]]:
         """The hypotheses of `lines`, searched by the batcher with whatever other
         requests' lines it runs them with (`batch_tokens` is the server's `Limits`); with
         a meter, `meter.chunk_lines` at a time, admitted by it first and each chunk told
         to it once back."""
         if self.meter is None:
-            return self._search(lines, options, prefixes, constraints)
+            return self._search(lines, options, prefixes, constraints, links)
         self.meter.admit(lines)
         step, found = self.meter.chunk_lines, []
         for i in range(0, len(lines), step):
@@ -143,18 +151,19 @@ class QueuedEngine:
                 options,
                 prefixes[i : i + step] if prefixes else None,
                 constraints[i : i + step] if constraints else None,
+                links[i : i + step] if links is not None else None,
             )
             self.meter.sent(chunk)
         return found
 
-    def _search(self, lines, options, prefixes, constraints) -> list[list[Hypothesis]]:
+    def _search(self, lines, options, prefixes, constraints, links) -> list[list[Hypothesis]]:
         """`lines` in one batcher job, under the running request's `Ticket`."""
         if not lines:
             return []
         ticket = _TICKET.get(None)
         if ticket is not None and ticket.cancelled:
             raise CancelledError
-        future = self.batcher.submit(lines, options, constraints, prefixes)
+        future = self.batcher.submit(lines, options, constraints, prefixes, links=links)
         if ticket is not None:
             ticket.futures.append(future)
         return future.result()
@@ -225,6 +234,7 @@ class _Job:
     longest: int  # tokens of its longest sentence
     constraints: list[list[tuple[str, ...]]] | None = None  # per line (`mtkit.core.terms`)
     prefixes: list[str] | None = None  # per line: the output's forced start
+    links: list[bool] | None = None  # per line, with alignments: whether it wants them
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
     seen_at_step: int = 0  # the stream's step count when the worker took the request
@@ -274,10 +284,12 @@ class Batcher:
         constraints: list[list[tuple[str, ...]]] | None = None,
         prefixes: list[str] | None = None,
         counted: bool = True,
+        links: list[bool] | None = None,
     ) -> Future:
-        """Queue a request's sentences (and each one's constraints and target prefix,
-        when given); the future gets one hypothesis list per line. `counted`: whether it
-        counts in `received` and `waiting_lines` (the server's own warm-up does not)."""
+        """Queue a request's sentences (and each one's constraints, target prefix and
+        whether it wants word links, when given); the future gets one hypothesis list per
+        line. `counted`: whether it counts in `received` and `waiting_lines` (the
+        server's own warm-up does not)."""
         lengths = [len(x) + 1 for x in self.translator.encode(lines)]
         with self._lock:
             if self._stopping:
@@ -295,6 +307,7 @@ class Batcher:
             max(lengths, default=0),
             constraints,
             prefixes,
+            links,
             counted=counted,
         )
         self._queue.put(job)
@@ -391,8 +404,9 @@ class Batcher:
 
     def _streams(self, job: _Job) -> bool:
         """Whether the job goes to the stream (made here for the first that can); one
-        with constraints never does (they need a beam), nor one with prefixes."""
-        if not self.continuous or job.constraints or job.prefixes:
+        with constraints never does (they need a beam), nor one with prefixes or with
+        word links for some lines only."""
+        if not self.continuous or job.constraints or job.prefixes or job.links is not None:
             return False
         if self._stream is not None and self._stream.accepts(job.opts):
             return True
@@ -437,6 +451,7 @@ class Batcher:
         lines = [line for job in jobs for line in job.lines]
         constraints = [c for job in jobs for c in job.constraints or [[]] * len(job.lines)]
         prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
+        links = [w for job in jobs for w in job.links or [True] * len(job.lines)]
         if self.metrics:
             self.metrics.batch_ran(len(lines), sum(job.tokens for job in jobs))
         try:
@@ -447,6 +462,7 @@ class Batcher:
                 prefixes if any(prefixes) else None,
                 batch_tokens=self.limits.max_batch_tokens,
                 constraints=constraints if any(constraints) else None,
+                links=None if all(links) else links,
             )
         except Exception as e:  # answer every waiting request, keep serving
             log.exception("translation failed")

@@ -33,9 +33,9 @@ from faultkit import ROOT, assert_one_line, cli, mtkit_process, snapshot, wait_f
         (["--max-len-b", "-1"], "--max-len-b must be at least 0, got -1"),
         (["--batch-tokens", "0"], "--batch-tokens must be from 1 to 2,147,483,647, got 0"),
         (
-            ["--format", "pdf"],
+            ["--format", "rtf"],
             "--format must be text, jsonl, html, xml, srt, po, xliff, docx, pptx, xlsx, odt, "
-            "odp or epub, got 'pdf'",
+            "odp or epub, got 'rtf'",
         ),
         (["--device", "tpu"], "--device must be auto, cpu or cuda, got 'tpu'"),
     ],

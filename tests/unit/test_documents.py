@@ -847,9 +847,9 @@ def test_a_sentence_away_from_tags_and_numbers_is_searched_without_the_links_pas
     aligned: list[int] = []
     with_alignments = type(tiny_engine).with_alignments
 
-    def counted(self, sources, hyps, layer, encoded=None):
-        aligned.append(len(sources))
-        return with_alignments(self, sources, hyps, layer, encoded)
+    def counted(self, sources, hyps, layer, encoded=None, wanted=None):
+        aligned.append(len(sources) if wanted is None else sum(wanted))
+        return with_alignments(self, sources, hyps, layer, encoded, wanted)
 
     monkeypatch.setattr(type(tiny_engine), "with_alignments", counted)
     document = (

@@ -59,7 +59,7 @@ class ScriptedBatcher:
     def __init__(self, events: list):
         self.events = events
 
-    def submit(self, lines, options, constraints, prefixes) -> Future:
+    def submit(self, lines, options, constraints, prefixes, links=None) -> Future:
         self.events.append(("submit", list(lines), prefixes, constraints))
         future: Future = Future()
         future.set_result([[line.upper()] for line in lines])

@@ -28,7 +28,8 @@ def test_the_config_decode_section_takes_its_defaults_and_ranges_from_the_option
     from mtkit.core.search_options import OPTIONS
 
     for f in fields(DecodeConfig):
-        if f.name not in ("precision", "cuda_graphs", "workers", "split"):  # not the search's
+        not_the_searchs = ("precision", "cuda_graphs", "compile", "workers", "split")
+        if f.name not in not_the_searchs:
             assert getattr(DecodeConfig(), f.name) == OPTIONS[f.name].default
     with pytest.raises(ConfigError, match=r"decode.beam must be in \[1, 256\], got 257"):
         config_from_dict({"decode": {"beam": 257}})
