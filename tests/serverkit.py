@@ -227,12 +227,16 @@ def send_load(
     clients: int,
     midway_after: int = 0,
     midway: Callable[[], object] | None = None,
+    retry_cut: bool = False,
 ) -> Counter:
     """`requests` (each a list of texts) sent to POST /v1/translate of `server` by
     `clients` threads, each sending the next as soon as its last is answered; `midway()`
     runs once `midway_after` are answered. Returns the outcomes: "200" (a translation
     per text), "503 clean" (in /v1's JSON error shape), "503 other", any other status,
-    or the exception a client met (a request lost: no answer at all)."""
+    or the exception a client met (a request lost: no answer at all). `retry_cut`: a
+    response cut short (a server killed after its headers went out: nothing can resend
+    it) is sent once more, as the deepl client does, and counted as "cut, then" its
+    outcome."""
     outcomes: Counter = Counter()
     lock = threading.Lock()
     todo = iter(requests)
@@ -243,18 +247,9 @@ def send_load(
                 texts = next(todo, None)
             if texts is None:
                 return
-            try:
-                status, body = server.post("/v1/translate", {"text": texts})
-                if status == 200:
-                    found = len(json.loads(body)["translations"]) == len(texts)
-                    outcome = "200" if found else "200 wrong"
-                elif status == 503:
-                    clean = body.startswith(b"{") and "error" in json.loads(body)
-                    outcome = "503 clean" if clean else "503 other"
-                else:
-                    outcome = str(status)
-            except Exception as e:
-                outcome = type(e).__name__
+            outcome = _sent(server, texts)
+            if retry_cut and outcome == "IncompleteRead":
+                outcome = "cut, then " + _sent(server, texts)
             with lock:
                 outcomes[outcome] += 1
                 if midway and sum(outcomes.values()) == midway_after:
@@ -266,3 +261,17 @@ def send_load(
     for t in threads:
         t.join()
     return outcomes
+
+
+def _sent(server: LocalServer | Balancer, texts: list[str]) -> str:
+    """One POST /v1/translate of `texts` and its outcome (`send_load`)."""
+    try:
+        status, body = server.post("/v1/translate", {"text": texts})
+    except Exception as e:
+        return type(e).__name__
+    if status == 200:
+        return "200" if len(json.loads(body)["translations"]) == len(texts) else "200 wrong"
+    if status == 503:
+        clean = body.startswith(b"{") and "error" in json.loads(body)
+        return "503 clean" if clean else "503 other"
+    return str(status)

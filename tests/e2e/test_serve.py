@@ -287,8 +287,8 @@ def waiting_service(translator):
     batcher, submitted = Batcher(translator, Limits()), []
     real_submit = batcher.submit
 
-    def submit(*args):
-        submitted.append(real_submit(*args))
+    def submit(*args, **kwargs):
+        submitted.append(real_submit(*args, **kwargs))
         return submitted[-1]
 
     batcher.submit = submit
