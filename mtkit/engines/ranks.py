@@ -216,7 +216,7 @@ def scan_texts(texts: Sequence[str], world: int) -> Scanned:
     return Scanned(len(texts), size, digest.hexdigest(), shares)
 
 
-def fingerprint(options: dict) -> str:
+def options_digest(options: dict) -> str:
     """The SHA-256 of what an output depends on beside its input (JSON values; others
     by their repr)."""
     return hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()
@@ -409,7 +409,7 @@ def translate_file_by_ranks(
         scanned = scan_file(Path(input), ranks.world)
         for what, count in (line_files or {}).items():
             check_line_count(scanned.lines, count, what)
-        part = RankPart(ranks, Path(output), scanned, fingerprint({**options, **choices}))
+        part = RankPart(ranks, Path(output), scanned, options_digest({**options, **choices}))
 
         def write(share: Share, sink: TextIO) -> None:
             with ShareReader(Path(input), share) as source:

@@ -379,10 +379,10 @@ def _start_main(cfg: Config, teacher: Teacher, folder: Path, chunks: Path, wante
 
 def _part_options(state: dict) -> str:
     """What a rank's part of a chunk depends on beside the chunk's lines
-    (`mtkit.engines.ranks.fingerprint`): the settings and the measured choices."""
-    from mtkit.engines.ranks import fingerprint
+    (`mtkit.engines.ranks.options_digest`): the settings and the measured choices."""
+    from mtkit.engines.ranks import options_digest
 
-    return fingerprint({k: state[k] for k in ("settings", "precision", "attention")})
+    return options_digest({k: state[k] for k in ("settings", "precision", "attention")})
 
 
 def _pairs_or_damaged(cfg: Config, chunks: Path, count: int, attempt: int) -> _Pairs | None:
