@@ -32,6 +32,7 @@ import torch
 from mtkit.core.config import Config
 from mtkit.core.device import (
     autocast,
+    torch_threads,
 )
 from mtkit.core.errors import OptionError
 from mtkit.core.hypothesis import Hypothesis
@@ -49,11 +50,11 @@ from mtkit.model.transformer import Transformer, count_parameters
 from mtkit.search.alignment import align, check_layer
 from mtkit.search.beam import StepModel, beam_search, greedy_hypotheses, padded
 from mtkit.search.captured import CapturedDecoder
+from mtkit.search.compiled import CompiledDecoder
 from mtkit.search.constraints import constrained_beam_search
 from mtkit.search.ensemble import Ensemble
 from mtkit.search.sampling import sample_search
 from mtkit.search.shortlist import Shortlist, Shortlisted
-from mtkit.tuning.compile import inductor_capture
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,14 @@ class TorchEngine(EngineBase):
     helper: Callable[..., TorchEngine] | None = None
     _pool: BatchWorkers | None = field(default=None, init=False, repr=False, compare=False)
     # Decoder steps compiled by Inductor on a CPU (`tuning.compile.compile_choice`): each
-    # model's steps through a `CapturedDecoder` whose capture compiles (fixed shapes)
+    # model's steps through a `CompiledDecoder` (`mtkit.search.compiled`)
     compiled: bool = False
-    # What steps each model in a search: the model, or with graphs its `CapturedDecoder`
-    # (kept: it holds the captured steps; made with the engine, so that threads that
-    # share it never make two)
-    steppers: list[Transformer | CapturedDecoder] = field(init=False, repr=False, compare=False)
+    # What steps each model in a search: the model, its `CompiledDecoder`, or with graphs
+    # its `CapturedDecoder` (kept: it holds the compiled or captured steps; made with the
+    # engine, so that threads that share it never make two)
+    steppers: list[Transformer | CompiledDecoder | CapturedDecoder] = field(
+        init=False, repr=False, compare=False
+    )
     # Held by the one call at a time that uses what threads must not share (`serial`)
     _serial: threading.RLock = field(
         default_factory=threading.RLock, init=False, repr=False, compare=False
@@ -112,11 +115,7 @@ class TorchEngine(EngineBase):
     def __post_init__(self) -> None:
         EngineBase.__init__(self)
         self.steppers = [
-            CapturedDecoder(m, inductor_capture)
-            if self.compiled
-            else CapturedDecoder(m)
-            if self.graphs
-            else m
+            CompiledDecoder(m) if self.compiled else CapturedDecoder(m) if self.graphs else m
             for m in self.models
         ]
 
@@ -244,7 +243,7 @@ class TorchEngine(EngineBase):
         after another, or spread over helper processes where the engine has them
         (`workers`, on a CPU: `mtkit.engines.workers`)."""
         with self.serial():
-            pool = self.worker_pool(len(jobs))
+            pool = self.worker_pool(len(jobs), opts)
             if pool is None:
                 for i, job in enumerate(jobs):
                     yield i, self.translate_batch(job, opts)
@@ -265,9 +264,11 @@ class TorchEngine(EngineBase):
         else:
             yield
 
-    def worker_pool(self, batches: int) -> BatchWorkers | None:
+    def worker_pool(self, batches: int, opts: SearchOptions) -> BatchWorkers | None:
         """The helper processes that translate batches beside this one: started at the
-        first input of several batches where `workers` > 1 on a CPU, then kept."""
+        first input of several batches where `workers` > 1 on a CPU, then kept. Compiled
+        steps are compiled first, as `opts` search, so that the forked helpers have them
+        (`CompiledDecoder.warm`)."""
         if (
             self.workers <= 1
             or batches < 2
@@ -279,6 +280,12 @@ class TorchEngine(EngineBase):
         if self._pool is not None and self._pool.broken:  # a helper failed: new ones
             self.close()
         if self._pool is None:
+            for stepper in self.steppers:  # compiled before the fork: helpers inherit it
+                if isinstance(stepper, CompiledDecoder):  # as a helper will step
+                    hidden = opts.shortlist and self.shortlist is not None
+                    share = max(torch.get_num_threads() // self.workers, 1)
+                    with torch_threads(share), self.searching():
+                        stepper.warm(len(self.src_vocab), opts.beam, hidden)
             self._pool = BatchWorkers(
                 self,
                 functools.partial(
@@ -287,6 +294,7 @@ class TorchEngine(EngineBase):
                     self.precision["precision"],
                     self.precision.get("attention", {}).get("kernel"),
                     self.digests,
+                    "on" if self.compiled else "off",
                 ),
                 self.workers,
             )

@@ -29,12 +29,12 @@ from mtkit.engines.pytorch import TorchEngine
 from mtkit.engines.pytorch_precision import in_precision
 from mtkit.model.attention import keep_stacked_weights
 from mtkit.model.transformer import Transformer, build_model
-from mtkit.search.captured import compiled_step_timer
+from mtkit.search.compiled import compiled_step_timer
 from mtkit.search.shortlist import Shortlist
 from mtkit.tuning.attention import translation_attention
 from mtkit.tuning.budget import gpu_batch_budget
 from mtkit.tuning.capture import graph_choice
-from mtkit.tuning.compile import compile_choice, inductor_capture
+from mtkit.tuning.compile import compile_choice
 from mtkit.tuning.precision import inference_precision
 
 log = logging.getLogger(__name__)
@@ -155,11 +155,15 @@ def load_torch_engine(
             "precision": record["precision"],
             "attention": record["attention"]["kernel"],
             "batch": [cfg.decode.batch_tokens, cfg.decode.beam],
+            "step_threads": max(1, threads // workers),
         },
         compiled_step_timer(
-            models[0], inductor_capture, len(src_vocab), cfg.decode.batch_tokens, cfg.decode.beam
+            models[0],
+            len(src_vocab),
+            cfg.decode.batch_tokens,
+            cfg.decode.beam,
+            threads=max(1, threads // workers),
         ),
-        workers if dev.type == "cpu" else 1,
     )
     budget = gpu_batch_budget(cfg, dev, len(tgt_vocab), 2 if dtype is not None else 4, len(models))
     if budget is not None:
@@ -200,15 +204,20 @@ def compiled_shape(model: Transformer, src_vocab_size: int) -> list[int]:
 
 
 def helper_engine(
-    paths: list[str], precision: str, attention: str | None, digests: list[str] | None = None
+    paths: list[str],
+    precision: str,
+    attention: str | None,
+    digests: list[str] | None = None,
+    compile: str = "off",
 ) -> TorchEngine:
     """The engine a spawned helper process loads (`mtkit.engines.workers`): the same
-    checkpoint files, precision and attention kernel as its engine's, on the CPU, one
-    batch at a time. `digests`: the engine's models' (`Weights.digest`); a file that
-    holds other weights now (replaced since the engine loaded it) is a `CheckpointError`:
-    one command translates with one model."""
+    checkpoint files, precision, attention kernel and compiled steps (`compile`: on or
+    off, the engine's choice) as its engine's, on the CPU, one batch at a time.
+    `digests`: the engine's models' (`Weights.digest`); a file that holds other weights
+    now (replaced since the engine loaded it) is a `CheckpointError`: one command
+    translates with one model."""
     tune_cpu_runtime()
-    engine = load_torch_engine(paths, "cpu", precision=precision, workers=1)
+    engine = load_torch_engine(paths, "cpu", precision=precision, workers=1, compile=compile)
     for path, loaded, wanted in zip(paths, engine.digests, digests or engine.digests, strict=True):
         if loaded != wanted:
             raise CheckpointError(

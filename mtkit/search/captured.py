@@ -17,9 +17,8 @@ each step one replay.
 Off by default (`decode.cuda_graphs: off`): no GPU has yet measured it against eager
 steps, and a search of a plain model never runs in fixed shapes.
 
-On a CPU the same fixed-shape steps are compiled by Inductor instead (`--compile`): the
-capture is `tuning.compile.inductor_capture`, each shape's step compiled once, and
-`compiled_step_timer` is what `--compile auto` times.
+On a CPU, a search's steps are compiled by Inductor in its own growing shapes instead
+(`mtkit.search.compiled`, `--compile`): fixed shapes cost a CPU more than compiling wins.
 
 `mtkit serve`'s stream of a model in fixed shapes (`serving.stream.GreedyStream`) steps
 its slot cache (`SlotCache` with `fixed`: all slots, all columns) the same way: each step
@@ -34,21 +33,16 @@ most `MAX_SLOTS` shapes are kept, the least recently used let go.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from mtkit.core.errors import first_line
-from mtkit.core.search_options import SearchOptions
-from mtkit.core.vocab import BOS, EOS
+from mtkit.core.vocab import BOS
 from mtkit.model.cache import PreallocatedCache, SlotCache, preallocated_capacity
-from mtkit.search.beam import beam_search, greedy_search
 from mtkit.tuning.capture import CAPTURES, Capture
-from mtkit.tuning.timing import fastest_interleaved, on_one_thread
 
 log = logging.getLogger(__name__)
 
@@ -212,53 +206,3 @@ class CapturedDecoder:
             "shapes": sum(s is not None for s in self.slots.values()),
             "failed": len(self.failures),
         }
-
-
-def compiled_step_timer(
-    model: Any,
-    capture: Capture,
-    src_vocab_size: int,
-    batch_tokens: int,
-    beam: int,
-    source_len: int = 14,
-    steps: int = 24,
-    repeats: int = 2,
-) -> Callable[[], tuple[float, float, float]]:
-    """What times `model`'s real decoder steps, eager against captured by `capture` (on a
-    CPU, Inductor's compilation: `tuning.compile.compile_choice`'s measure): a search of
-    one full batch, as translation makes them (`batch_tokens` source tokens times the
-    `beam`, greedy for 1), of seeded sources of `source_len` tokens (ids past the special
-    ones, below `src_vocab_size`), at most `steps` tokens out, by the model itself and
-    through a `CapturedDecoder`, each the fastest of `repeats` interleaved runs on one
-    thread. A full batch, not a few sentences: with few rows a step is mostly Python,
-    which compiling removes, with a batch's rows mostly products and copies, where fixed
-    shapes cost more (every position attended, the whole cache reordered). Returns
-    (eager, captured) seconds per step and the seconds the first captured search took
-    beyond a replayed one (compiling)."""
-
-    def measure() -> tuple[float, float, float]:
-        device = next(model.parameters()).device
-        generator = torch.Generator().manual_seed(0)
-        low = min(EOS + 1, src_vocab_size - 1)  # past the special ids
-        shape = (max(1, batch_tokens // beam // (source_len + 1)), source_len)
-        src = torch.randint(low, src_vocab_size, shape, generator=generator).to(device)
-        options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=steps)
-        search = greedy_search if beam == 1 else beam_search
-        stepper = CapturedDecoder(model, capture=capture)
-        stepper.log_failures = False  # raised below, and logged once by the caller
-        steppers = {"eager": model, "captured": stepper}
-
-        def once(kind: str) -> float:
-            start = time.perf_counter()
-            with torch.no_grad():
-                search(steppers[kind], src, options)
-            return time.perf_counter() - start
-
-        first = once("captured")  # compiles each shape it meets
-        once("eager")  # warmed up
-        best = fastest_interleaved(once, ("eager", "captured"), repeats)
-        if stepper.failures:
-            raise RuntimeError(next(iter(stepper.failures.values())))
-        return best["eager"] / steps, best["captured"] / steps, first - best["captured"]
-
-    return lambda: on_one_thread(measure)
