@@ -28,13 +28,20 @@ one warning per process names the file and what is wrong with it. That is:
 A file that cannot be written (a read-only folder) keeps nothing, with a debug log line.
 
 A write goes to a new temporary `.measured.json.<random>.tmp` beside the file, which then
-replaces it (a reader sees the old file or the new, never half). A temporary that a killed
-process left is removed by the next write once it is `STALE_S` seconds old.
+replaces it (a reader sees the old file or the new, never half). Processes that measure
+at once (the ranks of a torchrun job, each loading its model) take one choice, the first
+finished: after measuring, a process reads the file again, holding a lock of the folder
+(`_one_writer`), and takes an entry written meanwhile rather than replacing it. So what
+is kept is what each of them translates with, and a later process too (a rerun that keeps
+the parts of a torchrun job's ranks, `mtkit.engines.ranks`, compares their choices).
+A temporary that a killed process left is removed by the next write once it is
+`STALE_S` seconds old.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -43,7 +50,7 @@ import reprlib
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from mtkit.core.atomic import reason
@@ -55,6 +62,7 @@ FILE = "measured.json"
 TEMPORARIES = f".{FILE}.*.tmp"  # what writes leave while they run
 MAX_BYTES = 1 << 22  # thousands of entries (one is ~300 bytes); a larger file is not read
 STALE_S = 60.0  # a write takes milliseconds: a temporary this old was left by a killed one
+LOCK_WAIT_S = 10.0  # the longest a process waits for another's read and write (`_one_writer`)
 
 _warned: set[str] = set()  # the warnings given in this process
 
@@ -87,10 +95,53 @@ def remembered(
     if problem is not None:
         _warn_once(f"measured choices in {path} not used: {problem}; measuring again")
     record = measure()
-    kept, _ = _read(path)  # another process may have written meanwhile
-    kept[name] = record
-    _write(path, kept)
+    with _one_writer(folder):
+        kept, _ = _read(path)  # another process may have measured meanwhile
+        first = kept.get(name)
+        if isinstance(first, dict) and usable(first):
+            return first  # it finished first: its choice is the machine's, and ours
+        kept[name] = record
+        _write(path, kept)
     return record
+
+
+@contextlib.contextmanager
+def _one_writer(folder: Path) -> Iterator[None]:
+    """Within: no other process (nor thread) between its read of the file in `folder` and
+    its write: an exclusive `flock` of the folder itself (no file of its own), waited for
+    at most `LOCK_WAIT_S`. Held for the milliseconds of a read and a write; a process
+    forked meanwhile holds it until it exits, hence the bound: past it, or where the
+    folder cannot be made or locked, the read and write go on unlocked (a debug line)."""
+    fd = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        log.debug("measured choices in %s written unlocked: %s", folder, reason(e))
+    try:
+        if fd is not None:
+            _lock(fd, folder)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (closing releases the lock)
+
+
+def _lock(fd: int, folder: Path) -> None:
+    """`_one_writer`'s lock of `folder` (open as `fd`), or none past `LOCK_WAIT_S`."""
+    waited = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= waited:
+                log.debug("measured choices in %s written unlocked: still locked", folder)
+                return
+            time.sleep(0.01)
+        except OSError as e:  # (a file system without locks)
+            log.debug("measured choices in %s written unlocked: %s", folder, reason(e))
+            return
 
 
 def holds_timings(record: dict, names: Iterable[str]) -> bool:

@@ -1,11 +1,16 @@
 """A rank of a torchrun translation or distillation killed half-way through its share
 (`rank_faults`): the command run again keeps the other ranks' finished parts, translates
-that share only, and writes the bytes one process writes (`mtkit.engines.ranks`)."""
+that share only, and writes the bytes one process writes (`mtkit.engines.ranks`).
+
+The ranks and the one process they are compared with keep their measured choices in one
+folder (MTKIT_CACHE_DIR, `mtkit.tuning.measured`): a rerun's ranks, and that process,
+translate as the first run's ranks did."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from mtkit.core.config import config_from_dict
@@ -18,10 +23,20 @@ from rank_faults import asked
 from ranks_commands import launch
 
 
-def test_a_killed_ranks_share_is_translated_again_and_the_others_kept(work, tmp_path):
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> dict[str, str]:
+    """One folder of measured choices for this process and the ranks it launches."""
+    folder = tmp_path / "measured"
+    monkeypatch.setenv("MTKIT_CACHE_DIR", str(folder))
+    return {"MTKIT_CACHE_DIR": str(folder)}
+
+
+def test_a_killed_ranks_share_is_translated_again_and_the_others_kept(work, tmp_path, cache):
+    """The first run's ranks measure their choices at once (an empty cache): what they
+    keep is what rank 0 translated with, which its part's record holds."""
     model = work / "run" / "checkpoints" / "best.pt"
     source = write_lines(tmp_path / "in.en", read_lines("test2016.en.gz", 90))
-    env = {"MTKIT_CACHE_DIR": str(tmp_path / "measured")}
+    env = cache
     out = tmp_path / "out" / "in.de"
     command = ["translate", "-m", model, "-i", source, "-o", out, "--batch-tokens", "100"]
     killed = launch(3, [command], asked("kill@1", env))
@@ -66,11 +81,11 @@ def _student(folder, trained, corpus):
     return path, cfg
 
 
-def test_a_distillation_goes_on_from_the_killed_ranks_share(trained, corpus, tmp_path):
+def test_a_distillation_goes_on_from_the_killed_ranks_share(trained, corpus, tmp_path, cache):
     """Rank 1 killed in the first chunk once rank 0's part of it is done: the rerun keeps
     that part (rank 0 translates none of the first chunk again); the corpus is one
     process's, and so are the chunks' records (their costs to their rounding)."""
-    env = {"MTKIT_CACHE_DIR": str(tmp_path / "measured")}
+    env = cache
     (tmp_path / "alone").mkdir()
     _, alone = _student(tmp_path / "alone", trained, corpus)
     with torch_threads(1):

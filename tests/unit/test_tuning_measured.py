@@ -3,11 +3,13 @@ takes the first process's choice, so that it translates the same input the same 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import signal
 import stat
+import threading
 import time
 
 import pytest
@@ -57,6 +59,44 @@ def test_a_choice_is_measured_once_and_then_kept(kept):
         "kernel": "sdpa"
     }  # another kind
     assert len(json.loads(kept.read_text())) == 3
+
+
+def test_processes_measuring_at_once_take_the_first_finished_choice(kept):
+    """Two measure at once, each to its own kernel (the ranks of a torchrun job loading
+    their models; threads here, each locking the folder as a process does): both take the
+    one kept first, which a later process then takes too."""
+    both_measuring = threading.Barrier(2, timeout=60)  # each has found no entry
+    chosen = {}
+
+    def load(kernel: str) -> None:
+        def measure():
+            both_measuring.wait()
+            return {"kernel": kernel}
+
+        chosen[kernel] = remembered("attention", {"rows": 500}, measure, a_kernel)
+
+    loading = [threading.Thread(target=load, args=(k,)) for k in ("sdpa", "matmul")]
+    for thread in loading:
+        thread.start()
+    for thread in loading:
+        thread.join()
+    assert chosen["sdpa"] == chosen["matmul"]
+    assert json.loads(kept.read_text()) == {'attention {"rows": 500}': chosen["sdpa"]}
+
+
+def test_a_lock_held_too_long_delays_the_write_only_so_long(kept, monkeypatch):
+    """A process forked while another held the folder's lock holds it until it exits:
+    the write waits `LOCK_WAIT_S` at most, then goes on unlocked."""
+    kept.parent.mkdir(parents=True)
+    monkeypatch.setattr(measured, "LOCK_WAIT_S", 0.2)
+    holder = os.open(kept.parent, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        measure, _ = counting({"kernel": "sdpa"})
+        assert remembered("attention", {}, measure, a_kernel) == {"kernel": "sdpa"}
+    finally:
+        os.close(holder)
+    assert json.loads(kept.read_text()) == {"attention {}": {"kernel": "sdpa"}}
 
 
 def test_an_unreadable_or_unwritable_cache_measures_every_time(kept, tmp_path, monkeypatch):
