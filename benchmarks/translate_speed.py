@@ -4,6 +4,7 @@
         [--src data/multi30k/test2016.en.gz] [--limit 1000] [--compare hf] [--device auto]
     python benchmarks/translate_speed.py -m CKPT --options [--ensemble CKPT2] [--rounds 3]
     python benchmarks/translate_speed.py -m CKPT --compare ct2 [--ref data/multi30k/test2016.de.gz]
+        [--compiled]
     python benchmarks/translate_speed.py -m CKPT --constraints --limit 500 (terminology.py)
 
 Translates the source file (Multi30k test2016 by default) with mtkit's batched search,
@@ -33,7 +34,10 @@ excluded), each engine in a process of its own (in one process, one engine's Ope
 threads slow the other). Each engine first gets its best batch size of --batch-sweep
 source tokens. The engines take turns, one timed run each per round, so that a slow
 spell of a shared machine falls on all of them, not on one. It reports sentences/s,
-BLEU against `--ref`, the share of outputs identical to native mtkit fp32, and the peak
+BLEU against `--ref`, the share of outputs identical to native mtkit fp32, each engine's
+start (loading and its first 100 lines: with `--compiled`, each native engine is timed
+again with compiled decoder steps, `--compile on`, and its start holds the compiling,
+from Inductor's disk cache where an earlier run left it), and the peak
 RSS of one `mtkit translate` process per engine (beam 5), also above what a process
 holds once it has imported the engine's runtime (torch or CTranslate2) and the CLI.
 """
@@ -242,21 +246,23 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
     refs = read_source(args.ref, args.limit)
     out: dict = {"cpu": cpu_description(), "native_auto_chose": translator.precision}
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {"native": [args.model, "fp32"]}  # the reference of "identical"
+        engines = {"native": [args.model, "fp32", "off"]}  # the reference of "identical"
         if translator.precision["precision"] != "fp32":  # what --precision auto chose
-            engines["native_auto"] = [args.model, "auto"]
+            engines["native_auto"] = [args.model, "auto", "off"]
         if int8_supported():  # dynamic int8 products (`mtkit.model.int8`), asked for
-            engines["native_int8"] = [args.model, "int8"]
+            engines["native_int8"] = [args.model, "int8", "off"]
+        if args.compiled:  # each of them again with compiled decoder steps (`--compile on`)
+            engines.update({f"{n}_compiled": [m, p, "on"] for n, (m, p, _) in engines.items()})
         for q in ("float32", "int8"):
             export_ctranslate2(args.model, f"{tmp}/{q}", q)
-            engines[f"ct2_{q}"] = [f"{tmp}/{q}", "auto"]
+            engines[f"ct2_{q}"] = [f"{tmp}/{q}", "auto", "off"]
         runs: dict[str, dict] = {}
         # Round by round, each engine in a fresh process of its own for one timed run (the
         # first round also finds its best batch sizes): timings on a shared machine drift
         # by tens of percent within minutes, and taking turns spreads a slow spell over
         # every engine instead of one.
         for _ in range(args.rounds):
-            for name, (model, precision) in engines.items():
+            for name, (model, precision, compiled) in engines.items():
                 batches = (
                     {mode: r["batch_tokens"] for mode, r in runs[name].items()}
                     if name in runs
@@ -270,6 +276,8 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                         model,
                         "--engine-worker",
                         precision,
+                        "--engine-compile",
+                        compiled,
                         "--src",
                         args.src,
                         "--limit",
@@ -287,6 +295,7 @@ def compare_ct2(translator: TorchEngine, args, lines: list[str]) -> dict:
                     check=True,
                 )
                 result = json.loads(done.stdout.splitlines()[-1])
+                out.setdefault("start_s", {}).setdefault(name, result.pop("start_s"))
                 for mode, r in result.items():
                     if name in runs:
                         r["times"] = runs[name][mode]["times"] + r["times"]
@@ -367,9 +376,13 @@ def engine_worker(args, lines: list[str]) -> dict:
     """In a process of its own: one engine's best batch size of --batch-sweep (or the
     --engine-batches given), then --rounds timed runs, greedy and beam 5 with the
     checkpoint's length penalty (load and warm-up excluded); its outputs."""
-    engine = load_engine(args.model, args.device, precision=args.engine_worker)
+    start = time.perf_counter()
+    engine = load_engine(
+        args.model, args.device, precision=args.engine_worker, compile=args.engine_compile
+    )
     base = SearchOptions.from_config(engine.config.decode)
-    engine.translate(lines[:100], base)  # warm-up
+    engine.translate(lines[:100], base)  # warm-up (and, with --compile on, compiling)
+    started = time.perf_counter() - start
     given = json.loads(args.engine_batches) if args.engine_batches else {}
     result = {}
     for mode, beam in (("greedy", 1), ("beam5", 5)):
@@ -388,6 +401,7 @@ def engine_worker(args, lines: list[str]) -> dict:
             times.append(elapsed)
             texts = [engine.tgt_vocab.decode(o) for o in outputs]
         result[mode] = {"batch_tokens": best, "times": times, "texts": texts}
+    result["start_s"] = round(started, 1)  # loading, and the first 100 lines (compiling)
     return result
 
 
@@ -415,6 +429,12 @@ def main() -> None:
     parser.add_argument("--per-line", type=int, default=2, help="constraints per line")
     parser.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--engine-batches", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--engine-compile", default="off", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="with --compare ct2: each native engine also with compiled steps (--compile on)",
+    )
     args = parser.parse_args()
 
     lines = read_source(args.src, args.limit)

@@ -254,9 +254,9 @@ class DecodeConfig:
     # Decoder steps as CUDA graphs (`mtkit.search.captured`): on and auto take them where
     # the device can capture them (CUDA), off never. Off by default until measured on a GPU.
     cuda_graphs: Literal["auto", "on", "off"] = "off"
-    # Decoder steps compiled by Inductor on a CPU (`mtkit.tuning.compile`): auto times
+    # Decoder steps compiled by Inductor on a CPU (`mtkit.search.compiled`): auto times
     # eager against compiled steps once per machine (measured.json), on compiles unmeasured.
-    # Off by default: on the developers' CPU compiled steps measured slower than eager.
+    # Off by default: compiling takes 6-100 s a process, more than a short file gains.
     compile: Literal["auto", "on", "off"] = "off"
     # Batches translated at once on a CPU, each on its share of the threads
     # (`mtkit.engines.workers`; CTranslate2's inter_threads): 1 = one batch at a time on

@@ -243,7 +243,7 @@ class TorchEngine(EngineBase):
         after another, or spread over helper processes where the engine has them
         (`workers`, on a CPU: `mtkit.engines.workers`)."""
         with self.serial():
-            pool = self.worker_pool(len(jobs), opts)
+            pool = self.worker_pool(len(jobs))
             if pool is None:
                 for i, job in enumerate(jobs):
                     yield i, self.translate_batch(job, opts)
@@ -264,10 +264,10 @@ class TorchEngine(EngineBase):
         else:
             yield
 
-    def worker_pool(self, batches: int, opts: SearchOptions) -> BatchWorkers | None:
+    def worker_pool(self, batches: int) -> BatchWorkers | None:
         """The helper processes that translate batches beside this one: started at the
         first input of several batches where `workers` > 1 on a CPU, then kept. Compiled
-        steps are compiled first, as `opts` search, so that the forked helpers have them
+        steps are compiled first, so that the forked helpers have them
         (`CompiledDecoder.warm`)."""
         if (
             self.workers <= 1
@@ -282,10 +282,9 @@ class TorchEngine(EngineBase):
         if self._pool is None:
             for stepper in self.steppers:  # compiled before the fork: helpers inherit it
                 if isinstance(stepper, CompiledDecoder):  # as a helper will step
-                    hidden = opts.shortlist and self.shortlist is not None
                     share = max(torch.get_num_threads() // self.workers, 1)
                     with torch_threads(share), self.searching():
-                        stepper.warm(len(self.src_vocab), opts.beam, hidden)
+                        stepper.warm(len(self.src_vocab), self.shortlist is not None)
             self._pool = BatchWorkers(
                 self,
                 functools.partial(

@@ -9,8 +9,9 @@ rounding of each input and scaling of each output, norms, residuals, the softmax
 cache's reorder and append), each a pass over memory with Python between them. Inductor
 fuses those into a few loops and calls oneDNN for the products. The step is compiled
 once for every size that a search meets (`dynamic=True`: rows, sentences, source width
-and positions are symbols), so a file of any lengths runs one graph (two where the
-search also asks for the decoder's output before its projection: a shortlist). The cache
+and positions are symbols), so a file of any lengths runs one graph for greedy search
+and one for beam search (one row per sentence, or several), and two more where the search
+asks for the decoder's output before its projection (a shortlist). The cache
 is the search's own (`BeamCache`, grown by one position a step, the recorded reorder
 applied in the same copy); a step in fixed shapes (`mtkit.search.captured`) attends
 over every preallocated position and reorders the whole cache, which costs a CPU more
@@ -22,7 +23,10 @@ apart: a batch's last sentence, the first position), a step while an attention i
 watched (`mtkit.model.attention.watching`: alignments, `mtkit explain`), with gradients,
 or of a cache that is not a `BeamCache` (a server's slots). At most `GRAPHS` graphs are
 compiled in a process; past them, or where compiling fails (no C++ compiler, an
-Inductor error), steps run eagerly, with one log line.
+Inductor error), steps run eagerly, with one log line. A fork of the process that made
+the decoder (a worker helper, `mtkit.engines.workers`) runs the graphs compiled before
+it and compiles none: a kind of step without one runs eagerly there (`warm` compiles
+them before the fork).
 
 `compiled_step_timer` is what `--compile auto` times (`tuning.compile.compile_choice`).
 """
@@ -219,23 +223,23 @@ class CompiledDecoder:
         step = self.model.decode_step if project else self.model.decode_hidden
         return step(token, memory, src_mask, cache)
 
-    def warm(self, src_vocab_size: int, beam: int = 1, hidden: bool = False) -> None:
-        """Compile the step now, as a search of `beam` steps it (greedy and beam search
-        are two graphs: one row per sentence or several), with the projection or without
-        (`hidden`: a shortlist's step), with a search of two seeded sentences, where it
-        would otherwise be compiled at a search's third step: before worker helpers are
-        forked, which inherit it (a fork compiles nothing, see `_step`). Dynamo's graphs
-        hold for the threads and the precision (autocast) they were compiled under: warm
-        under those the search will have."""
+    def warm(self, src_vocab_size: int, hidden: bool = False) -> None:
+        """Compile the steps now, where they would otherwise be compiled at a search's
+        third step: before worker helpers are forked, which inherit them (a fork
+        compiles nothing, see `_step`). Greedy search and beam search are two graphs
+        (one row per sentence, or several), each compiled here by a search of two seeded
+        sentences; `hidden`: also as a shortlist steps (`decode_hidden`, two more).
+        Dynamo's graphs hold for the threads and the precision (autocast) they were
+        compiled under: warm under those the searches will have."""
         generator = torch.Generator().manual_seed(0)
         low = min(EOS + 1, src_vocab_size - 1)
         src = torch.randint(low, src_vocab_size, (2, 4), generator=generator)
         src = src.to(next(self.model.parameters()).device)
-        options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=4)
         with torch.inference_mode():  # as the engine searches: its tensors' own graph
-            (greedy_search if beam == 1 else beam_search)(
-                _Hidden(self) if hidden else self, src, options
-            )
+            for stepper in (self, _Hidden(self)) if hidden else (self,):
+                for beam in (1, 2):
+                    options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=4)
+                    (greedy_search if beam == 1 else beam_search)(stepper, src, options)
 
     def record(self) -> dict:
         """What ran: steps compiled and eager, and why compiling stopped."""

@@ -17,6 +17,7 @@ from mtkit.engines.ct2 import ct2_threads
 from mtkit.engines.loader import load_engine
 from mtkit.engines.pytorch_loading import helper_engine
 from mtkit.engines.workers import BatchJob, BatchWorkers, WorkerError
+from mtkit.tuning.compile import compiler_missing
 
 from conftest import cli, one_line_error, read_lines
 
@@ -67,6 +68,30 @@ def test_helpers_translate_batches_as_the_engine_does(
         assert torch.get_num_threads() == 1  # this process's threads as they were
         again = together.translate(LINES[:12], opts, batch_tokens=60)  # the same helpers
         assert [n[0].tokens for n in again] == [n[0].tokens for n in want[:12]]
+    finally:
+        together.close()
+
+
+@pytest.mark.skipif(compiler_missing() is not None, reason="Inductor needs a C++ compiler")
+def test_forked_helpers_step_what_their_engine_compiled(trained, one_thread, monkeypatch, tmp_path):
+    """`--compile on --workers 2`: the engine compiles its steps (greedy and beam) before
+    it forks its helpers, which run that code (a fork that compiled would hang: Inductor's
+    threads are not in it); every batch's hypotheses are the eager engine's."""
+    monkeypatch.setenv("MTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    alone = load_engine(checkpoint, "cpu", workers=1, compile="off")
+    torch._dynamo.reset()
+    together = load_engine(checkpoint, "cpu", workers=2, compile="on")
+    try:
+        assert together.precision["compile"] == {"compile": "on", "asked": "on"}
+        for beam in (1, 4):
+            opts = SearchOptions(beam=beam)
+            want = alone.translate(LINES, opts, batch_tokens=60)
+            got = together.translate(LINES, opts, batch_tokens=60)
+            assert [n[0].tokens for n in got] == [n[0].tokens for n in want]
+        assert together._pool is not None and together._pool.helped > 0
+        record = together.steppers[0].record()
+        assert record["compiled_steps"] > 0 and "failed" not in record
     finally:
         together.close()
 
