@@ -81,6 +81,7 @@ def test_forked_helpers_step_what_their_engine_compiled(trained, one_thread, mon
     checkpoint = trained / "run" / "checkpoints" / "best.pt"
     alone = load_engine(checkpoint, "cpu", workers=1, compile="off")
     torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # (of the process)
     together = load_engine(checkpoint, "cpu", workers=2, compile="on")
     try:
         assert together.precision["compile"] == {"compile": "on", "asked": "on"}
@@ -92,6 +93,8 @@ def test_forked_helpers_step_what_their_engine_compiled(trained, one_thread, mon
         assert together._pool is not None and together._pool.helped > 0
         record = together.steppers[0].record()
         assert record["compiled_steps"] > 0 and "failed" not in record
+        # greedy and beam, compiled before the fork, and no other in this process
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
     finally:
         together.close()
 
