@@ -247,6 +247,12 @@ def cpu_workers(asked: int, threads: int) -> int:
     return asked or max(min(threads, AUTO_WORKERS), 1)
 
 
+def worker_threads(workers: int, threads: int) -> int:
+    """Each worker's share of `threads` when a CPU translates `workers` batches at once
+    (at least one): what a helper process steps on (`mtkit.engines.workers`)."""
+    return max(threads // workers, 1)
+
+
 def check_workers(value: int, option: str = "--workers") -> None:
     """One line for a number of workers out of 0..MAX_WORKERS (0: auto)."""
     if not 0 <= value <= MAX_WORKERS:

@@ -35,6 +35,7 @@ from mtkit.core.search_options import (
     check_constraints,
     cpu_workers,
     flag,
+    worker_threads,
 )
 from mtkit.core.vocab import BOS, PAD, Vocab
 from mtkit.engines.base import EngineBase
@@ -283,7 +284,7 @@ def ct2_threads(workers: int, device: str) -> tuple[int, int]:
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch else (os.cpu_count() or 1)
     workers = cpu_workers(workers, threads)
-    return workers, max(threads // workers, 1)
+    return workers, worker_threads(workers, threads)
 
 
 def check_format(folder: Path, manifest: dict) -> None:

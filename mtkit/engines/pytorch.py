@@ -42,6 +42,7 @@ from mtkit.core.search_options import (
     SearchOptions,
     check_constraints,
     flag,
+    worker_threads,
 )
 from mtkit.core.vocab import EOS, Vocab
 from mtkit.engines.base import EngineBase
@@ -282,7 +283,7 @@ class TorchEngine(EngineBase):
         if self._pool is None:
             for stepper in self.steppers:  # compiled before the fork: helpers inherit it
                 if isinstance(stepper, CompiledDecoder):  # as a helper will step
-                    share = max(torch.get_num_threads() // self.workers, 1)
+                    share = worker_threads(self.workers, torch.get_num_threads())
                     with torch_threads(share), self.searching():
                         stepper.warm(len(self.src_vocab), self.shortlist is not None)
             self._pool = BatchWorkers(

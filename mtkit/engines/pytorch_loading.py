@@ -23,7 +23,7 @@ from mtkit.core.checkpoint import (
 )
 from mtkit.core.config import Config, config_from_dict
 from mtkit.core.device import resolve_device, tune_cpu_runtime
-from mtkit.core.search_options import cpu_workers
+from mtkit.core.search_options import cpu_workers, worker_threads
 from mtkit.core.vocab import Vocab, entry_vocabs
 from mtkit.engines.pytorch import TorchEngine
 from mtkit.engines.pytorch_precision import in_precision
@@ -147,6 +147,7 @@ def load_torch_engine(
     record["graphs"] = graph_choice(cuda_graphs or cfg.decode.cuda_graphs, dev)
     threads = torch.get_num_threads()
     workers = cpu_workers(cfg.decode.workers if workers is None else workers, threads)
+    step_threads = worker_threads(workers, threads)  # what each batch's steps run on
     record["compile"] = compile_choice(
         compile or cfg.decode.compile,
         dev,
@@ -155,14 +156,14 @@ def load_torch_engine(
             "precision": record["precision"],
             "attention": record["attention"]["kernel"],
             "batch": [cfg.decode.batch_tokens, cfg.decode.beam],
-            "step_threads": max(1, threads // workers),
+            "step_threads": step_threads,
         },
         compiled_step_timer(
             models[0],
             len(src_vocab),
             cfg.decode.batch_tokens,
             cfg.decode.beam,
-            threads=max(1, threads // workers),
+            threads=step_threads,
         ),
     )
     budget = gpu_batch_budget(cfg, dev, len(tgt_vocab), 2 if dtype is not None else 4, len(models))

@@ -72,7 +72,7 @@ from mtkit.core.device import torch_threads
 from mtkit.core.errors import UserError, first_line
 from mtkit.core.faults import fault_point, faults_asked
 from mtkit.core.hypothesis import Hypothesis
-from mtkit.core.search_options import SearchOptions
+from mtkit.core.search_options import SearchOptions, worker_threads
 from mtkit.core.signals import held_while_starting_workers, ignore_in_worker
 from mtkit.engines.helper_pipes import Channel, Outbox, frame, send, write
 
@@ -110,7 +110,7 @@ class BatchWorkers:
         self, engine: Any, load: Callable[[], Any], workers: int, threads: int | None = None
     ):
         self.workers = workers
-        self.threads = max((threads or torch.get_num_threads()) // workers, 1)
+        self.threads = worker_threads(workers, threads or torch.get_num_threads())
         self.helped = 0  # batches the helpers have translated
         self.broken = False  # a helper failed or died: the others were stopped too
         self.forked = self.threads == 1 and "fork" in multiprocessing.get_all_start_methods()

@@ -7,7 +7,8 @@ Inductor on a CPU writes C++ and builds it with the machine's compiler: without 
 (`compiler_missing`) steps run eagerly, with one log line. Its compiled code is cached on
 disk by PyTorch itself (`TORCHINDUCTOR_CACHE_DIR`, by default under /tmp), so a later
 process compiles the same step faster; Dynamo's tracing is paid again in each process.
-Compiled code runs on the threads it was compiled for: a process compiles for its own.
+Compiled kernels take the threads their process has when they run (a worker helper's
+share), and `auto` measures them on those (`search.compiled.compiled_step_timer`).
 
 `auto` times real decoder steps of the model (`compile_choice` with a `StepMeasure`: a
 search of one full batch, eager against compiled, fastest of interleaved runs, on the
