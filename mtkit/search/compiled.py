@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -105,13 +106,43 @@ def grown_step(
     return out, tuple(new_k), tuple(new_v)
 
 
+ISA_FOLDER = "mtkit-cpu-"  # Inductor's disk cache of one vector ISA: ISA_FOLDER + its name
+
+
+def cache_per_isa() -> str | None:
+    """Point Inductor's disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default
+    /tmp/torchinductor_$USER) at a folder of the vector ISA its kernels are written for
+    in this process (`ISA_FOLDER` + "avx512", "avx2", "INVALID_VEC_ISA"...), inside the
+    folder the user chose; returns it (None where PyTorch does not say the ISA).
+    PyTorch's cache key does not hold the ISA, which a process picks from the CPU and
+    `ATEN_CPU_CAPABILITY`: a graph cached for AVX-512 and read back under AVX2 steps
+    its loops 16 floats wide with 8-wide vectors (wrong tokens), and the other way
+    round it writes past its buffers (a crash). Idempotent; a child process that
+    inherits a parent's folder of another ISA gets its own beside it."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another PyTorch's layout: its cache as it is
+        return None
+    isa = re.sub(r"[^A-Za-z0-9_]", "_", str(pick_vec_isa()) or "none")
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    chosen = os.path.abspath(chosen)
+    if os.path.basename(chosen).startswith(ISA_FOLDER):  # an ISA's folder already
+        chosen = os.path.dirname(chosen)
+    folder = os.path.join(chosen, ISA_FOLDER + isa)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
 def inductor(fn: Callable) -> Callable:
     """`fn` compiled by Inductor for symbolic sizes, at most `GRAPHS` graphs of it (one
     more raises: its step then runs eagerly). Its kernels take the threads the process
     has when they run (`cpp.dynamic_threads`), not those it had when they were compiled:
     a worker helper forked after its engine compiled runs them on its own share
     (`mtkit.engines.workers`). Sizes that happen to be equal are not taken to be always
-    equal (no duck sizing: the cache's rows before a step's reorder and after it)."""
+    equal (no duck sizing: the cache's rows before a step's reorder and after it).
+    Compiled kernels are cached on disk per vector ISA (`cache_per_isa`)."""
+    cache_per_isa()
     compiled = torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
 
     def run(*args: Any) -> Any:

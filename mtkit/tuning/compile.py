@@ -5,8 +5,9 @@ the choice, measured or asked for. The compiled steps themselves are
 
 Inductor on a CPU writes C++ and builds it with the machine's compiler: without one
 (`compiler_missing`) steps run eagerly, with one log line. Its compiled code is cached on
-disk by PyTorch itself (`TORCHINDUCTOR_CACHE_DIR`, by default under /tmp), so a later
-process compiles the same step faster; Dynamo's tracing is paid again in each process.
+disk by PyTorch itself (`TORCHINDUCTOR_CACHE_DIR`, by default under /tmp; a folder in it
+per vector ISA, `search.compiled.cache_per_isa`), so a later process compiles the same
+step faster; Dynamo's tracing is paid again in each process.
 Compiled kernels take the threads their process has when they run (a worker helper's
 share), and `auto` measures them on those (`search.compiled.compiled_step_timer`).
 

@@ -6,7 +6,12 @@ a tiny model where a C++ compiler is present."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,13 +23,14 @@ from mtkit.core.errors import OptionError
 from mtkit.core.search_options import SearchOptions
 from mtkit.engines.loader import load_engine
 from mtkit.search.beam import beam_search, greedy_search
-from mtkit.search.compiled import CompiledDecoder, compiled_step_timer
+from mtkit.search.compiled import ISA_FOLDER, CompiledDecoder, cache_per_isa, compiled_step_timer
 from mtkit.tuning import compile as compiling
 from mtkit.tuning.compile import compile_choice, compiler_missing
 
 from conftest import cli, one_line_error
 
 CPU = torch.device("cpu")
+TESTS = str(Path(__file__).resolve().parents[1])
 KEY = {"model": [1, 16, 2, 32, 120, 120], "precision": "fp32", "attention": "sdpa"}
 
 
@@ -193,6 +199,66 @@ def test_inductor_compiles_one_graph_for_every_size_a_search_meets():
     assert stepper.compiled_steps > 4 and "failed" not in stepper.record()
     compiled_now = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
     assert compiled_now == 1  # one graph: rows, sentences, widths and positions are symbols
+
+
+ONE_SEARCH = """
+import json, sys, torch
+from scripted import random_model, random_src
+from mtkit.core.search_options import SearchOptions
+from mtkit.search import compiled
+from mtkit.search.beam import beam_search
+model, src = random_model(3), random_src(6)
+stepper = compiled.CompiledDecoder(model)
+with torch.inference_mode():
+    mine, theirs = (beam_search(m, src, SearchOptions(beam=2)) for m in (stepper, model))
+    same = [h[0].tokens for h in mine] == [h[0].tokens for h in theirs]
+print(json.dumps({"same": same, **stepper.record()}))
+"""
+
+NARROWER = {"AVX512": "avx2", "AVX2": "default"}  # a capability below the CPU's own
+
+
+def search_under(capability: str | None, cache: Path) -> dict:
+    """One compiled beam search of a tiny model in a process of its own, with
+    `ATEN_CPU_CAPABILITY` and Inductor's disk cache `cache`: its record and whether its
+    hypotheses are the eager search's."""
+    path = os.pathsep.join([TESTS, str(Path(TESTS).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": path}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_SEARCH], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(compiler_missing() is not None, reason="Inductor needs a C++ compiler")
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in NARROWER, reason="one vector ISA only"
+)
+def test_kernels_cached_for_one_vector_isa_are_not_read_back_under_another(tmp_path):
+    """PyTorch's cache key lacks the vector ISA: a graph compiled for the CPU's own
+    vectors and read back under narrower ones (`ATEN_CPU_CAPABILITY`) steps wrongly.
+    Each ISA gets its own folder of the cache the user chose."""
+    narrower = NARROWER[torch.backends.cpu.get_cpu_capability()]
+    first = search_under(None, tmp_path)
+    second = search_under(narrower, tmp_path)
+    for record in (first, second):
+        assert record["same"] and record["compiled_steps"] > 4 and "failed" not in record
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(ISA_FOLDER))
+    assert len(folders) == 2  # the CPU's own, and the narrower one
+
+
+def test_the_cache_folder_of_an_isa_is_inside_the_one_chosen(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("torch._inductor.cpu_vec_isa.pick_vec_isa", lambda: "avx2")
+    assert cache_per_isa() == str(tmp_path / f"{ISA_FOLDER}avx2")
+    assert cache_per_isa() == str(tmp_path / f"{ISA_FOLDER}avx2")  # idempotent
+    monkeypatch.setattr("torch._inductor.cpu_vec_isa.pick_vec_isa", lambda: "avx512 vnni")
+    assert cache_per_isa() == str(tmp_path / f"{ISA_FOLDER}avx512_vnni")  # a child's own
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"{ISA_FOLDER}avx512_vnni")
 
 
 def test_auto_times_a_full_batch_and_a_failed_compile_is_one_log_line(kept, caplog):
