@@ -23,14 +23,15 @@ there without measuring again.
   which holds the others) and in metrics.jsonl's `start` record. A resume reuses the
   checkpoint's choices, never measures them again, and refuses a config that asks for
   another value (`auto` always agrees). Under DDP every rank takes rank 0's choice.
-- Translation's CPU choices under `auto` (precision, attention kernel, compiled steps) are kept per
-  machine in measured.json (`measured`: `$MTKIT_CACHE_DIR`, by default
-  `~/.cache/mtkit/measured.json`), keyed by the CPU, torch's version, the threads and the
-  shape measured: every later process on the same machine takes the first one's choice,
-  so that it translates the same input the same way. An entry is measured again only
-  where it is missing or cannot be used (not JSON, not a choice this mtkit makes); delete
-  the file to measure everything again. Distillation stores its teacher's choices with
-  its corpus (`mtkit.stages.distill`), so a resumed distillation translates as it began.
+- Translation's CPU choices under `auto` (precision, attention kernel, compiled steps)
+  are kept per machine in measured.json (`measured`: `$MTKIT_CACHE_DIR`, by default
+  `~/.cache/mtkit/measured.json`), keyed by the CPU, the vector instructions its kernels
+  run, torch's version, the threads and the shape measured: every later process on the
+  same machine takes the first one's choice, so that it translates the same input the
+  same way. An entry is measured again only where it is missing or cannot be used (not
+  JSON, not a choice this mtkit makes); delete the file to measure everything again.
+  Distillation stores its teacher's choices with its corpus (`mtkit.stages.distill`), so
+  a resumed distillation translates as it began.
 - Everything else translation decides (a value asked for; on CUDA bf16 and matmul
   attention, unmeasured; whether decoder steps are captured; int8's weight range; the GPU
   batch budget, from the memory free at load) is decided again at each load, shown in the

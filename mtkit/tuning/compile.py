@@ -16,8 +16,8 @@ search of one full batch, eager against compiled, fastest of interleaved runs, o
 threads translation uses; the compilation itself is timed apart, reported and never
 counted in the step time) and takes compiled steps where they need at most
 `COMPILE_MARGIN` of eager's time. Its record is kept in measured.json
-(`tuning.measured`), keyed by the CPU, torch's version, the threads and what was
-measured, as `--precision auto`'s is.
+(`tuning.measured`), keyed by the CPU, the vector instructions its kernels run, torch's
+version, the threads and what was measured, as `--precision auto`'s is.
 """
 
 from __future__ import annotations

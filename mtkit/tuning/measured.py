@@ -3,13 +3,13 @@ the same ones.
 
 Translation measures two things when it loads a checkpoint on a CPU: the precision
 (`--precision auto`: bf16 where it is clearly faster) and the attention kernel (SDPA or
-matmul + softmax). Where two timings lie near the margin, a new process could choose
-the other way. The kernels round differently, so a few outputs in a thousand could change
+matmul + softmax). Where two timings lie near the margin, a new process could choose the
+other way. The kernels round differently, so a few outputs in a thousand could change
 from one run of the same command to the next. The first measurement is therefore kept,
-keyed by what it depends on (the CPU, torch's version, the threads, the shape measured),
-and every later process on the same machine takes it. A training run keeps its own
-choices in its checkpoints (`mtkit.tuning.run`), and distillation with its corpus: the
-one storage rule is `mtkit.tuning`'s.
+keyed by what it depends on (the CPU, the vector instructions its kernels run, torch's
+version, the threads, the shape measured), and every later process on the same machine
+takes it. A training run keeps its own choices in its checkpoints (`mtkit.tuning.run`),
+and distillation with its corpus: the one storage rule is `mtkit.tuning`'s.
 
 The file is `$MTKIT_CACHE_DIR/measured.json`, by default `$XDG_CACHE_HOME/mtkit` or
 `~/.cache/mtkit`. `MTKIT_CACHE_DIR` set empty keeps nothing (each process measures).

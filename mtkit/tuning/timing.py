@@ -36,10 +36,13 @@ def fastest_interleaved(
 
 
 def machine_key(**shape) -> dict:
-    """What a CPU measurement depends on besides its `shape`: the CPU, torch's version
-    and the threads (the key of a kept choice, `mtkit.tuning.measured`)."""
+    """What a CPU measurement depends on besides its `shape`: the CPU, the vector
+    instructions its kernels run (`ATEN_CPU_CAPABILITY` may hold them below the CPU's:
+    bf16 measured fast on AVX-512 is slow on AVX2's kernels), torch's version and the
+    threads (the key of a kept choice, `mtkit.tuning.measured`)."""
     return {
         "cpu": cpu_description(),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         **shape,

@@ -172,6 +172,27 @@ def test_translations_precision_auto_is_the_first_measurement_on_this_machine(ke
     )  # asked for: nothing measured or kept
 
 
+def test_a_choice_kept_for_one_cpus_kernels_is_measured_again_under_others(kept, monkeypatch):
+    """`ATEN_CPU_CAPABILITY=avx2` on an AVX-512 CPU: its kernels are AVX2's, bf16 among
+    them; a precision measured on the CPU's own is not theirs."""
+    from mtkit.core.config import Config
+    from mtkit.tuning import precision
+    from mtkit.tuning.precision import Calibration
+
+    answers = iter([(torch.bfloat16, Calibration(2.0, 1.0)), (None, Calibration(1.0, 4.0))])
+    monkeypatch.setattr(
+        precision, "resolve_precision", lambda asked, *args, **kwargs: next(answers)
+    )
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert precision.inference_precision("auto", cpu, Config())[0] is torch.bfloat16
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    dtype, record = precision.inference_precision("auto", cpu, Config())
+    assert dtype is None and record["calibration"]["bf16_ms"] == 4000.0  # measured again
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert precision.inference_precision("auto", cpu, Config())[0] is torch.bfloat16  # kept
+
+
 def warnings_of(caplog) -> list[str]:
     return [
         r.getMessage()
