@@ -244,7 +244,7 @@ class TorchEngine(EngineBase):
         after another, or spread over helper processes where the engine has them
         (`workers`, on a CPU: `mtkit.engines.workers`)."""
         with self.serial():
-            pool = self.worker_pool(len(jobs))
+            pool = self.worker_pool(len(jobs), opts.beam)
             if pool is None:
                 for i, job in enumerate(jobs):
                     yield i, self.translate_batch(job, opts)
@@ -265,11 +265,13 @@ class TorchEngine(EngineBase):
         else:
             yield
 
-    def worker_pool(self, batches: int) -> BatchWorkers | None:
+    def worker_pool(self, batches: int, beam: int = 1) -> BatchWorkers | None:
         """The helper processes that translate batches beside this one: started at the
         first input of several batches where `workers` > 1 on a CPU, then kept. Compiled
         steps are compiled first, so that the forked helpers have them
-        (`CompiledDecoder.warm`)."""
+        (`CompiledDecoder.warm`): the kind of search of this first input (`beam` 1:
+        greedy, else beam search), one graph; a later input of the other kind steps
+        eagerly in the helpers."""
         if (
             self.workers <= 1
             or batches < 2
@@ -285,7 +287,8 @@ class TorchEngine(EngineBase):
                 if isinstance(stepper, CompiledDecoder):  # as a helper will step
                     share = worker_threads(self.workers, torch.get_num_threads())
                     with torch_threads(share), self.searching():
-                        stepper.warm(len(self.src_vocab), self.shortlist is not None)
+                        kind = (1,) if beam == 1 else (2,)
+                        stepper.warm(len(self.src_vocab), self.shortlist is not None, kind)
             self._pool = BatchWorkers(
                 self,
                 functools.partial(
