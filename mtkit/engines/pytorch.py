@@ -287,8 +287,8 @@ class TorchEngine(EngineBase):
                 if isinstance(stepper, CompiledDecoder):  # as a helper will step
                     share = worker_threads(self.workers, torch.get_num_threads())
                     with torch_threads(share), self.searching():
-                        kind = (1,) if beam == 1 else (2,)
-                        stepper.warm(len(self.src_vocab), self.shortlist is not None, kind)
+                        beams = (1,) if beam == 1 else (2,)  # greedy's graph or beam's
+                        stepper.warm(len(self.src_vocab), self.shortlist is not None, beams)
             self._pool = BatchWorkers(
                 self,
                 functools.partial(

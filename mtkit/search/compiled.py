@@ -112,7 +112,7 @@ ISA_FOLDER = "mtkit-cpu-"  # Inductor's disk cache of one vector ISA: ISA_FOLDER
 def cache_per_isa() -> str | None:
     """Point Inductor's disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default
     /tmp/torchinductor_$USER) at a folder of the vector ISA its kernels are written for
-    in this process (`ISA_FOLDER` + "avx512", "avx2", "INVALID_VEC_ISA"...), inside the
+    in this process (`ISA_FOLDER` + "avx512_avx512_vnni", "avx2", "INVALID_VEC_ISA"...), in the
     folder the user chose; returns it (None where PyTorch does not say the ISA).
     PyTorch's cache key does not hold the ISA, which a process picks from the CPU and
     `ATEN_CPU_CAPABILITY`: a graph cached for AVX-512 and read back under AVX2 steps
@@ -254,7 +254,9 @@ class CompiledDecoder:
         step = self.model.decode_step if project else self.model.decode_hidden
         return step(token, memory, src_mask, cache)
 
-    def warm(self, src_vocab_size: int, hidden: bool = False, beams: tuple = (1, 2)) -> None:
+    def warm(
+        self, src_vocab_size: int, hidden: bool = False, beams: tuple[int, ...] = (1, 2)
+    ) -> None:
         """Compile the steps now, where they would otherwise be compiled at a search's
         third step: before worker helpers are forked, which inherit them (a fork
         compiles nothing, see `_step`). Greedy search (`beams` 1: one row per sentence)
