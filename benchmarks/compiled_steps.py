@@ -12,10 +12,10 @@ meeting; compile time is the cold run's time less the best warm one's), then
 `--rounds` warm runs taking turns with eager ones (each side its fastest). Both at the
 engine's batch size and `--precision` (eager's too: "identical" is to eager steps in
 that precision), on `--threads` threads (default: all of torch's). Inductor's disk
-cache is PyTorch's own (`TORCHINDUCTOR_CACHE_DIR`, a folder per vector ISA): a second run of this script finds
-it warm, as a second `mtkit translate` does. With `--auto` it runs `--compile auto`'s
-own measurement instead (`compile_choice`, nothing kept). It prints one JSON line, with
-the CPU and the load average.
+cache is PyTorch's own (`TORCHINDUCTOR_CACHE_DIR`, a folder per vector ISA): a second
+run of this script finds it warm, as a second `mtkit translate` does. With `--auto` it
+runs `--compile auto`'s own measurement instead (`compile_choice`, nothing kept). It
+prints one JSON line, with the CPU and the load average.
 """
 
 from __future__ import annotations
