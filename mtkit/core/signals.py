@@ -14,10 +14,19 @@ that no start is cut in half in the main process. The main
 process gets the same signal once the block lifts and decides: the trainer saves a
 checkpoint and exits 130/143 (`StopFlag`), other commands stop at once. The workers end
 when the main process shuts them down, or, if it is killed, when they notice it is gone.
+
+While it starts workers the main process also freezes its objects for the garbage
+collector (`gc.freeze`): a forked worker never collects the objects it inherited. A
+garbage cycle of the parent's collected in a fork runs its objects' destructors there;
+one that holds a C++ object with threads of its own joins threads the fork does not
+have. Seen once in CI: a DataLoader worker of a test process that had run many tests
+before aborted while collecting garbage (`terminate called after throwing an instance
+of 'std::system_error'`, "DataLoader worker (pid N) is killed by signal: Aborted").
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 from collections.abc import Iterator
@@ -44,22 +53,37 @@ def held_while_starting_workers() -> Iterator[None]:
     until `ignore_in_worker` runs. Another thread of this process (a pool's manager) may
     still receive one, and Python would then run the handler here at once: so the
     handlers are swapped for a recorder meanwhile, and a signal that came is raised
-    again when the start is over, to the handler that was in place."""
+    again when the start is over, to the handler that was in place. The process's objects
+    are frozen for the garbage collector meanwhile, so that a forked worker never collects
+    them (see the module)."""
     seen: list[int] = []
     try:
         handlers = {sig: signal.signal(sig, lambda s, _: seen.append(s)) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals are the main thread's anyway
-        yield
+        with _frozen_for_forks():
+            yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        yield
+        with _frozen_for_forks():
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a blocked one is recorded now
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         for sig in dict.fromkeys(seen):
             signal.raise_signal(sig)
+
+
+@contextmanager
+def _frozen_for_forks() -> Iterator[None]:
+    """This process's objects kept from the garbage collector of the processes forked in
+    the block (`gc.freeze`: they stay frozen there), and given back to its own after."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class StopFlag:
