@@ -244,7 +244,7 @@ class TorchEngine(EngineBase):
         after another, or spread over helper processes where the engine has them
         (`workers`, on a CPU: `mtkit.engines.workers`)."""
         with self.serial():
-            pool = self.worker_pool(len(jobs), opts.beam)
+            pool = self.worker_pool(len(jobs), opts)
             if pool is None:
                 for i, job in enumerate(jobs):
                     yield i, self.translate_batch(job, opts)
@@ -265,12 +265,12 @@ class TorchEngine(EngineBase):
         else:
             yield
 
-    def worker_pool(self, batches: int, beam: int = 1) -> BatchWorkers | None:
+    def worker_pool(self, batches: int, opts: SearchOptions) -> BatchWorkers | None:
         """The helper processes that translate batches beside this one: started at the
         first input of several batches where `workers` > 1 on a CPU, then kept. Compiled
         steps are compiled first, so that the forked helpers have them
-        (`CompiledDecoder.warm`): the kind of search of this first input (`beam` 1:
-        greedy, else beam search), one graph; a later input of the other kind steps
+        (`CompiledDecoder.warm`): as `opts`, this first input's, search (greedy or beam
+        search, with a shortlist or not), one graph; a later input of another kind steps
         eagerly in the helpers."""
         if (
             self.workers <= 1
@@ -285,10 +285,10 @@ class TorchEngine(EngineBase):
         if self._pool is None:
             for stepper in self.steppers:  # compiled before the fork: helpers inherit it
                 if isinstance(stepper, CompiledDecoder):  # as a helper will step
+                    hidden = opts.shortlist and self.shortlist is not None
                     share = worker_threads(self.workers, torch.get_num_threads())
                     with torch_threads(share), self.searching():
-                        beams = (1,) if beam == 1 else (2,)  # greedy's graph or beam's
-                        stepper.warm(len(self.src_vocab), self.shortlist is not None, beams)
+                        stepper.warm(len(self.src_vocab), opts.beam, hidden)
             self._pool = BatchWorkers(
                 self,
                 functools.partial(

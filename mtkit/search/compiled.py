@@ -254,25 +254,22 @@ class CompiledDecoder:
         step = self.model.decode_step if project else self.model.decode_hidden
         return step(token, memory, src_mask, cache)
 
-    def warm(
-        self, src_vocab_size: int, hidden: bool = False, beams: tuple[int, ...] = (1, 2)
-    ) -> None:
-        """Compile the steps now, where they would otherwise be compiled at a search's
-        third step: before worker helpers are forked, which inherit them (a fork
-        compiles nothing, see `_step`). Greedy search (`beams` 1: one row per sentence)
-        and beam search (2: several) are two graphs, each compiled here by a search of
-        two seeded sentences; `hidden`: also as a shortlist steps (`decode_hidden`, as
-        many more). Dynamo's graphs hold for the threads and the precision (autocast)
-        they were compiled under: warm under those the searches will have."""
+    def warm(self, src_vocab_size: int, beam: int = 1, hidden: bool = False) -> None:
+        """Compile the step now, as a search of `beam` steps it (greedy and beam search
+        are two graphs: one row per sentence or several), with the projection or without
+        (`hidden`: a shortlist's step), with a search of two seeded sentences, where it
+        would otherwise be compiled at a search's third step: before worker helpers are
+        forked, which inherit it (a fork compiles nothing, see `_step`). Dynamo's graphs
+        hold for the threads and the precision (autocast) they were compiled under: warm
+        under those the search will have."""
         generator = torch.Generator().manual_seed(0)
         low = min(EOS + 1, src_vocab_size - 1)
         src = torch.randint(low, src_vocab_size, (2, 4), generator=generator)
         src = src.to(next(self.model.parameters()).device)
         with torch.inference_mode():  # as the engine searches: its tensors' own graph
-            for stepper in (self, _Hidden(self)) if hidden else (self,):
-                for beam in beams:
-                    options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=4)
-                    (greedy_search if beam == 1 else beam_search)(stepper, src, options)
+            stepper = _Hidden(self) if hidden else self
+            options = SearchOptions(beam=beam, max_len_a=0.0, max_len_b=4)
+            (greedy_search if beam == 1 else beam_search)(stepper, src, options)
 
     def record(self) -> dict:
         """What ran: steps compiled and eager, and why compiling stopped."""
